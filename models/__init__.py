@@ -1,0 +1,188 @@
+"""Model registry: ``@register_model`` on a builder, ``create_model(name)`` to build one.
+
+Every registered model carries a :class:`ModelSpec` (input size, class count,
+normalisation, tensor names) that the pipeline reads instead of guessing. A model
+that is not registered can still be used: ``create_model("pkg.module:factory")`` or
+``create_model("path/to/file.py:factory")`` imports the factory and takes the spec
+from keyword overrides or from attributes the factory sets on the module it returns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import inspect
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What the pipeline needs to know about a model besides its weights."""
+
+    name: str
+    input_size: tuple[int, int, int]  # channels, height, width
+    num_classes: int
+    mean: tuple[float, ...] = IMAGENET_MEAN
+    std: tuple[float, ...] = IMAGENET_STD
+    input_name: str = "input"
+    output_name: str = "logits"
+    # True when the architecture bakes the image size into its parameters (ViT position embeddings).
+    fixed_input_size: bool = False
+    description: str = ""
+
+    def with_overrides(self, **overrides) -> "ModelSpec":
+        return dataclasses.replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+class UnknownModelError(LookupError):
+    """Raised for a model name that is neither registered nor an importable ``module:factory``."""
+
+
+@dataclass
+class _Entry:
+    builder: Callable
+    spec: ModelSpec
+    tags: tuple[str, ...] = field(default_factory=tuple)
+
+
+_REGISTRY: dict[str, _Entry] = {}
+
+
+def register_model(
+    *,
+    input_size: tuple[int, int, int] = (3, 224, 224),
+    num_classes: int = 1000,
+    mean: tuple[float, ...] = IMAGENET_MEAN,
+    std: tuple[float, ...] = IMAGENET_STD,
+    fixed_input_size: bool = False,
+    tags: tuple[str, ...] = (),
+):
+    """Register ``builder(num_classes=..., image_size=...) -> nn.Module`` under its function name."""
+
+    def decorator(builder: Callable) -> Callable:
+        name = builder.__name__
+        if name in _REGISTRY:
+            raise ValueError(f"model {name!r} is registered twice")
+        doc = (builder.__doc__ or "").strip().splitlines()
+        spec = ModelSpec(
+            name=name,
+            input_size=tuple(input_size),
+            num_classes=num_classes,
+            mean=tuple(mean),
+            std=tuple(std),
+            fixed_input_size=fixed_input_size,
+            description=doc[0] if doc else "",
+        )
+        _REGISTRY[name] = _Entry(builder=builder, spec=spec, tags=tuple(tags))
+        return builder
+
+    return decorator
+
+
+def list_models(tag: str | None = None) -> list[str]:
+    return sorted(name for name, entry in _REGISTRY.items() if tag is None or tag in entry.tags)
+
+
+def is_import_path(name: str) -> bool:
+    return ":" in name
+
+
+def get_spec(name: str) -> ModelSpec:
+    """The registered spec of ``name``; raises :class:`UnknownModelError` naming the known models."""
+    try:
+        return _REGISTRY[name].spec
+    except KeyError:
+        raise UnknownModelError(
+            f"unknown model {name!r}; known models: {', '.join(list_models())} "
+            "(or give your own as 'package.module:factory' or 'path/to/file.py:factory')"
+        ) from None
+
+
+def create_model(name: str, *, num_classes: int | None = None, image_size: int | None = None):
+    """Build a registered model, optionally with another class count or (for ViTs) image size.
+
+    Returns ``(module, spec)`` where ``spec`` describes the module actually built.
+    """
+    if is_import_path(name):
+        return _create_user_model(name, num_classes=num_classes, image_size=image_size)
+    spec = get_spec(name)
+    builder = _REGISTRY[name].builder
+    num_classes = num_classes or spec.num_classes
+    size = image_size or spec.input_size[1]
+    module = builder(num_classes=num_classes, image_size=size)
+    return module, spec.with_overrides(num_classes=num_classes, input_size=(spec.input_size[0], size, size))
+
+
+def _load_factory(path: str) -> Callable:
+    module_part, _, attr = path.rpartition(":")
+    if not module_part or not attr:
+        raise UnknownModelError(f"model {path!r}: expected 'package.module:factory' or 'file.py:factory'")
+    try:
+        if module_part.endswith(".py"):
+            file = Path(module_part).expanduser().resolve()
+            if not file.is_file():
+                raise UnknownModelError(f"model {path!r}: file {file} does not exist")
+            mod_name = f"_pipeline_user_model_{file.stem}"
+            spec = importlib.util.spec_from_file_location(mod_name, file)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[mod_name] = module  # dataclasses and pickling look modules up by name
+            spec.loader.exec_module(module)
+        else:
+            if "" not in sys.path and str(Path.cwd()) not in sys.path:
+                sys.path.insert(0, str(Path.cwd()))  # as `python -m` would: the working directory is importable
+            module = importlib.import_module(module_part)
+    except UnknownModelError:
+        raise
+    except Exception as exc:  # the user's module failed to import: say which and why
+        raise UnknownModelError(f"model {path!r}: cannot import {module_part!r}: {type(exc).__name__}: {exc}") from exc
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise UnknownModelError(f"model {path!r}: {module_part!r} has no callable {attr!r}")
+    return factory
+
+
+def _create_user_model(path: str, *, num_classes: int | None, image_size: int | None):
+    factory = _load_factory(path)
+    params = inspect.signature(factory).parameters
+    kwargs = {}
+    if num_classes is not None and "num_classes" in params:
+        kwargs["num_classes"] = num_classes
+    if image_size is not None and "image_size" in params:
+        kwargs["image_size"] = image_size
+    module = factory(**kwargs)
+    if not hasattr(module, "forward"):
+        raise UnknownModelError(f"model {path!r}: factory returned {type(module).__name__}, not an nn.Module")
+
+    def attr(name, default=None):
+        return getattr(module, name, getattr(factory, name, default))
+
+    input_size = attr("input_size")
+    if isinstance(input_size, int):
+        input_size = (3, input_size, input_size)
+    declared_classes = attr("num_classes")
+    spec = ModelSpec(
+        name=path,
+        input_size=tuple(input_size) if input_size else (3, image_size or 224, image_size or 224),
+        num_classes=int(declared_classes) if declared_classes else (num_classes or 0),
+        mean=tuple(attr("mean", IMAGENET_MEAN)),
+        std=tuple(attr("std", IMAGENET_STD)),
+        input_name=attr("input_name", "input"),
+        output_name=attr("output_name", "logits"),
+        fixed_input_size=bool(attr("fixed_input_size", False)),
+        description=(factory.__doc__ or "user model").strip().splitlines()[0],
+    )
+    return module, spec
+
+
+# Importing the architecture modules registers them.
+from models import mobilenet, resnet, tiny, vit  # noqa: E402,F401

@@ -1,0 +1,122 @@
+"""``python -m pipeline bench-train``: training throughput with AMP versus FP32, and what each converges to.
+
+Both precisions run in one process, on the same batches, from the same initial weights, for
+the same number of optimizer steps, so a speed-up that costs convergence is visible next to it.
+This is a benchmark (a command that measures and reports), not a test.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+import time
+
+import torch
+from torch import nn
+
+from pipeline import data as data_mod
+from pipeline import env, modeling
+from pipeline.train import make_optimizer
+
+log = logging.getLogger("pipeline")
+
+
+def _batches(cfg, steps: int):
+    spec = modeling.resolve_spec(cfg)
+    size = modeling.image_size(cfg, spec)
+    mean, std = modeling.normalisation(cfg, spec)
+    bs = cfg.data.batch_size
+    data_cfg = cfg.data
+    if data_cfg.source == "synthetic":  # generate only what the benchmark uses
+        need = math.ceil(steps * bs / (1 - data_cfg.val_fraction) / data_cfg.num_classes) + 2
+        data_cfg = data_cfg.model_copy(update={"samples_per_class": need})
+    splits = data_mod.load(data_cfg, image_size=size, mean=mean, std=std)
+    g = torch.Generator().manual_seed(cfg.train.seed)
+    order = torch.randperm(len(splits.train), generator=g).tolist()
+    batches = []
+    for i in range(steps):
+        idx = [order[(i * bs + j) % len(order)] for j in range(bs)]
+        items = splits.train.__getitems__(idx) if hasattr(splits.train, "__getitems__") else [splits.train[k] for k in idx]
+        batches.append(data_mod.collate(items))
+    return batches, splits.num_classes, size
+
+
+def _train(model, batches, cfg, device, dtype, warmup: int) -> dict:
+    optimizer = make_optimizer(cfg, model)
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
+    criterion = nn.CrossEntropyLoss()
+    losses, times = [], []
+    model.train()
+    for i, (x, y) in enumerate(batches):
+        x, y = x.to(device), y.to(device)
+        if cfg.train.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+            loss = criterion(model(x).float(), y)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+        losses.append(loss.item())
+    timed = times[warmup:]
+    images = len(timed) * batches[0][0].shape[0]
+    return {"images_per_s": images / sum(timed), "step_ms_median": 1000 * sorted(timed)[len(timed) // 2],
+            "losses": losses, "final_loss": sum(losses[-5:]) / len(losses[-5:])}
+
+
+def run(cfg, *, steps: int = 20, amp: str | None = None) -> dict:
+    device = torch.device("cuda" if torch.cuda.is_available() and cfg.train.device != "cpu" else "cpu")
+    amp = amp or ("fp16" if device.type == "cuda" else "bf16")
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[amp]
+    warmup = min(3, max(0, steps // 5))
+    batches, num_classes, size = _batches(cfg, steps + warmup)
+    torch.manual_seed(cfg.train.seed)
+    model, _ = modeling.build(cfg, num_classes, size)
+    model.to(device)
+    if cfg.train.channels_last:
+        model.to(memory_format=torch.channels_last)
+    initial = copy.deepcopy(model.state_dict())
+    log.info("bench-train: %s at %dx%d, batch %d, %d timed steps (+%d warm-up) per precision on %s",
+             cfg.model.name, size, size, cfg.data.batch_size, steps, warmup, device)
+    results = {}
+    for name, dt in (("fp32", None), (amp, dtype)):
+        model.load_state_dict(initial)
+        torch.manual_seed(cfg.train.seed)
+        results[name] = _train(model, batches, cfg, device, dt, warmup)
+        log.info("bench-train: %-4s %8.1f images/s, final loss %.4f", name, results[name]["images_per_s"],
+                 results[name]["final_loss"])
+    return {
+        "model": cfg.model.name,
+        "device": str(device),
+        "cpu": env.cpu_model(),
+        "cpu_native_bf16": env.cpu_has_native_bf16(),
+        "gpu": (env.gpu_info() or {}).get("name"),
+        "threads": torch.get_num_threads(),
+        "image_size": size,
+        "batch_size": cfg.data.batch_size,
+        "channels_last": cfg.train.channels_last,
+        "steps": steps,
+        "amp": amp,
+        "results": results,
+        "speedup": results[amp]["images_per_s"] / results["fp32"]["images_per_s"],
+    }
+
+
+def format_result(r: dict) -> str:
+    fp32, amp = r["results"]["fp32"], r["results"][r["amp"]]
+    hw = r["gpu"] or f"{r['cpu']} ({r['threads']} threads, native bf16: {'yes' if r['cpu_native_bf16'] else 'no'})"
+    return "\n".join([
+        (f"bench-train {r['model']} {r['image_size']}x{r['image_size']}, batch {r['batch_size']}, "
+         f"channels_last={r['channels_last']}, {r['steps']} steps, on {hw}"),
+        f"  {'precision':<10}{'images/s':>10}{'step ms (median)':>18}{'final loss':>12}",
+        f"  {'fp32':<10}{fp32['images_per_s']:>10.1f}{fp32['step_ms_median']:>18.1f}{fp32['final_loss']:>12.4f}",
+        f"  {r['amp']:<10}{amp['images_per_s']:>10.1f}{amp['step_ms_median']:>18.1f}{amp['final_loss']:>12.4f}",
+        f"  speed-up {r['amp']} / fp32: {r['speedup']:.2f}x (same batches, same initial weights)",
+    ])

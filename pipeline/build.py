@@ -1,0 +1,187 @@
+"""The build stage: a strongly typed TensorRT engine from ``model.fp16.onnx``, through Polygraphy.
+
+TensorRT 10.12 deprecated weak typing and TensorRT 11 removed it (no ``BuilderFlag.FP16``, no
+layer precisions). The engine's precisions therefore come from the ONNX graph's types: the
+network is parsed with ``strongly_typed=True`` (required on 10.12-10.x, implied on 11) and the
+builder config carries no precision flag at all. TF32 is a deliberate choice
+(``build.tf32``, default off: the layers AutoCast kept in FP32 then compute in true FP32, as
+verify assumed) and is recorded.
+
+The engine file stays a plain serialized engine; everything about it lives in the sidecar
+``model.fp16.engine.json``. An engine is executable code: :func:`load_engine_bytes` refuses any
+engine whose sidecar is missing, was not written by this tool, whose sha256 no longer matches,
+or that was built for another GPU or TensorRT version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from pathlib import Path
+
+from pipeline import __version__, env
+from pipeline.errors import BackendUnavailable, InputError, StageFailed
+from pipeline.run import RunDir, StageRecord, atomic_write, now, read_json, sha256_file, write_json
+
+log = logging.getLogger("pipeline")
+
+ENGINE = "model.fp16.engine"
+SIDECAR = "model.fp16.engine.json"
+SIDECAR_SCHEMA = "pipeline.engine/1"
+DEFAULT_TIMING_CACHE = "trt_timing.cache"
+
+
+def availability() -> tuple[bool, str]:
+    """Whether an engine can be built here, and if not, the exact reason."""
+    trt, reason = env.tensorrt_status()
+    if trt is None:
+        return False, reason
+    ok, reason = env.cuda_status()
+    if not ok:
+        return False, f"TensorRT {trt.__version__} is installed but there is {reason}"
+    return True, ""
+
+
+def timing_cache_path(cfg, run_dir: RunDir) -> Path:
+    """Beside the run directories, so every run on this machine shares (and merges into) one cache."""
+    if cfg.build.timing_cache:
+        return Path(cfg.build.timing_cache).expanduser()
+    return run_dir.path.resolve().parent / DEFAULT_TIMING_CACHE
+
+
+def profile_shapes(cfg, input_size: list[int]) -> dict[str, list[int]]:
+    b = cfg.build
+    return {"min": [b.min_batch, *input_size], "opt": [b.opt_batch, *input_size], "max": [b.max_batch, *input_size]}
+
+
+def engine_loader(onnx_path: Path, *, input_name: str, shapes: dict, build_cfg, timing_cache: Path | None):
+    """The Polygraphy loader chain; lazy: nothing touches TensorRT until it is called.
+
+    Returns an ``EngineBytesFromNetwork`` that yields the serialized engine.
+    """
+    from polygraphy.backend.trt import CreateConfig, EngineBytesFromNetwork, NetworkFromOnnxPath, Profile
+
+    network = NetworkFromOnnxPath(str(onnx_path), strongly_typed=True)
+    profile = Profile().add(input_name, min=shapes["min"], opt=shapes["opt"], max=shapes["max"])
+    config = CreateConfig(
+        tf32=build_cfg.tf32,
+        profiles=[profile],
+        builder_optimization_level=build_cfg.optimization_level,
+        load_timing_cache=str(timing_cache) if timing_cache and timing_cache.exists() else None,
+    )
+    return EngineBytesFromNetwork(network, config=config, save_timing_cache=str(timing_cache) if timing_cache else None)
+
+
+def current_platform() -> dict:
+    """What an engine is bound to on this machine: TensorRT version and GPU."""
+    trt, _ = env.tensorrt_status()
+    gpu = env.gpu_info() or {}
+    return {"tensorrt": getattr(trt, "__version__", None), "gpu": gpu.get("name"),
+            "compute_capability": gpu.get("compute_capability")}
+
+
+def run(cfg, run_dir: RunDir, record: StageRecord) -> None:
+    from pipeline.export import FP16_ONNX, FP32_ONNX
+
+    card = read_json(run_dir.require("model.json", "train", "build"), "model card")
+    fp16 = run_dir.file(FP16_ONNX).exists()
+    onnx_name = FP16_ONNX if fp16 else FP32_ONNX
+    onnx_path = run_dir.require(onnx_name, "export", "build")
+    ok, reason = availability()
+    if not ok:
+        if "tensorrt" in cfg.require or "cuda" in cfg.require:
+            raise BackendUnavailable(f"TensorRT engine required but {reason}")
+        for stale in (ENGINE, SIDECAR):  # never leave an engine that this run did not build beside its inputs
+            if run_dir.file(stale).exists() and not _sidecar_matches_onnx(run_dir, onnx_path):
+                run_dir.file(stale).unlink()
+        record.skip(reason)
+        return
+
+    spec = card["spec"]
+    shapes = profile_shapes(cfg, spec["input_size"])
+    cache = timing_cache_path(cfg, run_dir)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    loader = engine_loader(onnx_path, input_name=spec["input_name"], shapes=shapes, build_cfg=cfg.build,
+                           timing_cache=cache)
+    log.info("build: %s -> %s (strongly typed, profile %s/%s/%s, optimization level %d, tf32 %s)", onnx_name,
+             ENGINE, shapes["min"][0], shapes["opt"][0], shapes["max"][0], cfg.build.optimization_level,
+             cfg.build.tf32)
+    start = time.perf_counter()
+    try:
+        engine_bytes = bytes(loader())
+    except Exception as exc:
+        raise StageFailed(f"TensorRT engine build failed: {type(exc).__name__}: {exc}") from None
+    seconds = time.perf_counter() - start
+    atomic_write(run_dir.file(ENGINE), engine_bytes)
+    platform = current_platform()
+    export_details = (run_dir.stage_entry("export") or {}).get("details", {}).get("fp16") or {}
+    sidecar = {
+        "schema": SIDECAR_SCHEMA,
+        "built_by": f"pipeline {__version__}",
+        "engine": ENGINE,
+        "sha256": sha256_file(run_dir.file(ENGINE)),
+        "bytes": len(engine_bytes),
+        "onnx": onnx_name,
+        "onnx_sha256": sha256_file(onnx_path),
+        "precision": ("fp16 (strongly typed from model.fp16.onnx; "
+                      f"{export_details.get('fp32_nodes_count', '?')} nodes kept FP32 by AutoCast)") if fp16
+        else "fp32 (strongly typed from model.onnx; FP16 conversion was disabled)",
+        **platform,
+        "profile": {"input": spec["input_name"], **shapes},
+        "flags": {"strongly_typed": True, "precision_flags": [], "tf32": cfg.build.tf32,
+                  "builder_optimization_level": cfg.build.optimization_level},
+        "timing_cache": str(cache),
+        "build_seconds": round(seconds, 2),
+        "built_at": now(),
+    }
+    write_json(run_dir.file(SIDECAR), sidecar)
+    record.details.update({k: sidecar[k] for k in ("precision", "tensorrt", "gpu", "compute_capability", "profile",
+                                                    "flags", "build_seconds", "timing_cache")})
+    record.artifact(ENGINE)
+    record.artifact(SIDECAR)
+    log.info("build: engine %.1f MiB in %.1f s on %s (TensorRT %s)", len(engine_bytes) / 2**20, seconds,
+             platform["gpu"], platform["tensorrt"])
+
+
+def _sidecar_matches_onnx(run_dir: RunDir, onnx_path: Path) -> bool:
+    try:
+        sidecar = read_json(run_dir.file(SIDECAR), "engine sidecar")
+        return sidecar.get("onnx_sha256") == sha256_file(onnx_path)
+    except (FileNotFoundError, InputError):
+        return False
+
+
+def check_sidecar(engine_path: Path, engine_bytes: bytes, sidecar_path: Path, platform: dict) -> dict:
+    """Every condition under which an engine may be deserialized; raises InputError otherwise."""
+    rebuild = f"rebuild it with `python -m pipeline build --run-dir {engine_path.parent}`"
+    if not sidecar_path.is_file():
+        raise InputError(f"{engine_path.name} has no sidecar {sidecar_path.name}: only engines this tool built and "
+                         f"recorded are loaded (an engine is executable code); {rebuild}")
+    sidecar = read_json(sidecar_path, "engine sidecar")
+    if not isinstance(sidecar, dict) or sidecar.get("schema") != SIDECAR_SCHEMA or \
+            not str(sidecar.get("built_by", "")).startswith("pipeline "):
+        raise InputError(f"{sidecar_path.name} is not a pipeline engine sidecar; refusing to load {engine_path.name}; "
+                         f"{rebuild}")
+    actual = hashlib.sha256(engine_bytes).hexdigest()
+    if actual != sidecar.get("sha256"):
+        raise InputError(f"{engine_path.name} does not match its sidecar (sha256 {actual[:12]}..., recorded "
+                         f"{str(sidecar.get('sha256'))[:12]}...): the file was changed after the build; {rebuild}")
+    for key, what in (("tensorrt", "TensorRT version"), ("gpu", "GPU"), ("compute_capability", "compute capability")):
+        if sidecar.get(key) != platform.get(key):
+            raise InputError(f"{engine_path.name} was built for {what} {sidecar.get(key)}, but this machine has "
+                             f"{platform.get(key)}; engines only run where they were built: {rebuild}")
+    return sidecar
+
+
+def load_engine_bytes(run_dir: RunDir, platform: dict | None = None) -> tuple[bytes, dict]:
+    """The engine's bytes, after :func:`check_sidecar` passed on exactly those bytes.
+
+    This is the only way the pipeline reads an engine file.
+    """
+    engine_path = run_dir.file(ENGINE)
+    if not engine_path.is_file():
+        raise InputError(f"{engine_path} does not exist; run `python -m pipeline build --run-dir {run_dir.path}`")
+    data = engine_path.read_bytes()
+    sidecar = check_sidecar(engine_path, data, run_dir.file(SIDECAR), platform or current_platform())
+    return data, sidecar

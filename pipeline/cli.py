@@ -1,0 +1,357 @@
+"""Command line: parses arguments, resolves the config, runs stages, maps exceptions to exit codes.
+
+Nothing else lives here: every command is a thin layer over functions importable from the
+package. Heavy libraries (torch, onnx, TensorRT) are imported only inside the commands that
+need them, so ``--help`` works on any machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import re
+import signal
+import sys
+import traceback
+from pathlib import Path
+
+from pipeline import __version__
+from pipeline.errors import (
+    EXIT_INTERRUPTED,
+    EXIT_RUNTIME,
+    EXIT_USAGE,
+    ConfigError,
+    PipelineError,
+    UsageError,
+)
+
+log = logging.getLogger("pipeline")
+
+STAGE_HELP = {
+    "train": "train the model with mixed precision (CPU, GPU, or torchrun)",
+    "export": "export FP32 ONNX and convert it to mixed-precision FP16 ONNX",
+    "build": "build a strongly typed FP16 TensorRT engine (skipped without GPU/TensorRT)",
+    "verify": "compare every backend with the FP32 PyTorch model and gate on it",
+    "benchmark": "measure latency and throughput of every available backend",
+}
+
+EPILOG = """exit codes: 0 ok, 1 precision check failed, 2 usage/config/input error,
+3 required backend unavailable, 4 other runtime failure, 130 interrupted"""
+
+
+def _add_common(p: argparse.ArgumentParser, *, model: bool = True) -> None:
+    if model:
+        p.add_argument("--model", help="registered model name, or package.module:factory / file.py:factory")
+    p.add_argument("--run-dir", type=Path, help="run directory (default: runs/<model>)")
+    p.add_argument("--config", metavar="FILE", help="YAML config file")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. train.epochs=3")
+
+
+def _add_require(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--require", action="append", choices=["tensorrt", "cuda"], default=[],
+                   help="fail with exit code 3 when this backend is unavailable (repeatable)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline",
+        description="Train an image model, export it to ONNX and FP16, build a TensorRT engine, "
+                    "verify every backend against the FP32 model, and benchmark it.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"pipeline {__version__}")
+    parser.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors")
+    parser.add_argument("--debug", action="store_true", help="debug logging; show tracebacks")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("all", help="train -> export -> build -> verify -> benchmark", epilog=EPILOG)
+    _add_common(p)
+    _add_require(p)
+    p.add_argument("--force", nargs="*", metavar="STAGE", choices=list(STAGE_HELP),
+                   help="re-run these stages (all stages when none is named) even if unchanged")
+    p.add_argument("--auto-fallback", action="store_true", help="verify: move failing FP16 nodes to FP32 and retry")
+
+    for name, text in STAGE_HELP.items():
+        p = sub.add_parser(name, help=text, description=text, epilog=EPILOG)
+        _add_common(p)
+        if name in ("build", "verify"):
+            _add_require(p)
+        if name == "train":
+            p.add_argument("--resume", action="store_true", help="continue from the run's checkpoint.pt")
+        if name in ("train", "benchmark"):
+            p.add_argument("--profile", action="store_true",
+                           help="record a torch.profiler trace (Chrome-trace JSON) of a few steps")
+        if name == "verify":
+            p.add_argument("--auto-fallback", action="store_true",
+                           help="move failing FP16 nodes to FP32 until the gate passes")
+
+    p = sub.add_parser("report", help="write report.html and report.md for a run", epilog=EPILOG)
+    _add_common(p)
+    p = sub.add_parser("bench-train", help="measure training throughput with AMP versus FP32", epilog=EPILOG)
+    _add_common(p)
+    p.add_argument("--steps", type=int, default=20, help="timed optimizer steps per precision")
+    p.add_argument("--amp", choices=["bf16", "fp16"], help="precision to compare against FP32 (default: bf16 "
+                   "on CPU, fp16 on CUDA)")
+    sub.add_parser("models", help="list the registered models")
+    p = sub.add_parser("config", help="print the resolved config (or every key with --keys)")
+    _add_common(p)
+    p.add_argument("--keys", action="store_true", help="list every key with its default and meaning")
+    return parser
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _setup_logging(quiet: bool, debug: bool) -> None:
+    level = logging.DEBUG if debug else logging.WARNING if quiet else logging.INFO
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    log.handlers[:] = [handler]
+    log.setLevel(level)
+    log.propagate = False
+
+
+def _sanitize(name: str) -> str:
+    if ":" in name:
+        module, _, attr = name.rpartition(":")
+        name = f"{Path(module).stem if module.endswith('.py') else module.rsplit('.', 1)[-1]}_{attr}"
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "model"
+
+
+def resolve_config(args) -> tuple[object, "Path"]:
+    """Defaults <- run directory's config.yaml <- --config <- --model <- overrides <- --require."""
+    from pipeline import config as config_mod
+    from pipeline.run import CONFIG
+
+    overrides = list(getattr(args, "overrides", []) or [])
+    if getattr(args, "model", None):
+        overrides.insert(0, f"model.name={args.model}")
+    base = {}
+    run_dir = getattr(args, "run_dir", None)
+    if run_dir is not None and (run_dir / CONFIG).is_file():
+        base = config_mod.load_yaml_file(run_dir / CONFIG)
+    cfg = config_mod.resolve(base, getattr(args, "config", None), overrides)
+    required = sorted(set(cfg.require) | set(getattr(args, "require", []) or []))
+    if required != cfg.require:
+        cfg = cfg.model_copy(update={"require": required})
+    if run_dir is None:
+        run_dir = Path("runs") / _sanitize(cfg.model.name)
+        if (run_dir / CONFIG).is_file():  # the default run directory keeps its own config too
+            base = config_mod.load_yaml_file(run_dir / CONFIG)
+            cfg = config_mod.resolve(base, getattr(args, "config", None), overrides)
+            if required != cfg.require:
+                cfg = cfg.model_copy(update={"require": required})
+    return cfg, run_dir
+
+
+def _check_not_distributed(command: str) -> None:
+    from pipeline.train import launched_by_torchrun
+
+    if launched_by_torchrun() and command != "train":
+        raise UsageError(f"only 'train' runs under torchrun; run '{command}' as a single process")
+
+
+def _open_run(cfg, run_dir: Path):
+    from pipeline import config as config_mod
+    from pipeline.run import CONFIG, RunDir, atomic_write
+
+    run = RunDir(run_dir)
+    run.manifest["model"] = cfg.model.name
+    return run, lambda: atomic_write(run.file(CONFIG), config_mod.dump_yaml(cfg))
+
+
+def _on_sigterm(signum, frame):
+    raise KeyboardInterrupt
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def cmd_models(args) -> int:
+    import models
+
+    rows = [(name, models.get_spec(name)) for name in models.list_models()]
+    print(f"{'model':<24} {'input':<12} {'classes':>7}  description")
+    for name, spec in rows:
+        c, h, w = spec.input_size
+        print(f"{name:<24} {f'{c}x{h}x{w}':<12} {spec.num_classes:>7}  {spec.description}")
+    print("\nAny registered model trains at data.image_size (default 32) with the data set's class count;\n"
+          "a user model is given as --model package.module:factory or --model path/to/file.py:factory.")
+    return 0
+
+
+def cmd_config(args) -> int:
+    from pipeline import config as config_mod
+
+    if args.keys:
+        for key, default, doc in config_mod.describe():
+            print(f"{key:<48} {str(default):<24} {doc}")
+        return 0
+    cfg, _ = resolve_config(args)
+    print(config_mod.dump_yaml(cfg), end="")
+    return 0
+
+
+def cmd_stage(args) -> int:
+    from pipeline import stages
+
+    cfg, run_dir = resolve_config(args)
+    _check_not_distributed(args.command)
+    run, save_config = _open_run(cfg, run_dir)
+    options = {}
+    if args.command == "train":
+        options = {"resume": args.resume, "profile": args.profile}
+    elif args.command == "benchmark":
+        options = {"profile": args.profile}
+    elif args.command == "verify":
+        options = {"auto_fallback": args.auto_fallback or cfg.verify.auto_fallback}
+    with run.locked():
+        save_config()
+        _record_environment(run)
+        entry = stages.run_stage(args.command, cfg, run, **options)
+    _print_stage_line(args.command, entry)
+    return 0
+
+
+def cmd_all(args) -> int:
+    from pipeline import stages
+
+    cfg, run_dir = resolve_config(args)
+    _check_not_distributed("all")
+    run, save_config = _open_run(cfg, run_dir)
+    force = set(stages.ORDER) if args.force == [] else set(args.force or [])
+    options = {"verify": {"auto_fallback": args.auto_fallback or cfg.verify.auto_fallback}}
+    log.info("pipeline %s: %s -> %s", __version__, cfg.model.name, run.path)
+    with run.locked():
+        save_config()
+        _record_environment(run)
+        try:
+            stages.run_all(cfg, run, force=force, options=options)
+        finally:
+            print(summary(run))
+    return 0
+
+
+def cmd_report(args) -> int:
+    from pipeline import report
+
+    cfg, run_dir = resolve_config(args)
+    from pipeline.run import RunDir
+
+    run = RunDir(run_dir, create=False)
+    with run.locked():
+        paths = report.write(run, cfg)
+    for path in paths:
+        print(path)
+    return 0
+
+
+def cmd_bench_train(args) -> int:
+    from pipeline import bench_train
+
+    cfg, _ = resolve_config(args)
+    _check_not_distributed("bench-train")
+    result = bench_train.run(cfg, steps=args.steps, amp=args.amp)
+    print(bench_train.format_result(result))
+    return 0
+
+
+def _record_environment(run) -> None:
+    from pipeline import env
+
+    conflict = env.onnxruntime_conflict()
+    if conflict:
+        log.warning("warning: %s", conflict)
+    run.manifest["environment"] = env.collect()
+    run.save_manifest()
+
+
+def _print_stage_line(name: str, entry: dict) -> None:
+    status = entry.get("status")
+    extra = f": {entry['reason']}" if entry.get("reason") else ""
+    log.info("%s: %s%s (%.1f s)", name, status, extra, entry.get("duration_s", 0.0))
+
+
+def summary(run) -> str:
+    """One line per stage, for the end of ``all``."""
+    from pipeline.stages import ORDER
+
+    lines = [f"\nrun directory: {run.path}"]
+    for name in ORDER:
+        entry = run.stage_entry(name) or {}
+        status = entry.get("status", "not run")
+        d = entry.get("details", {})
+        note = entry.get("reason") or ""
+        if name == "train" and d:
+            note = f"best val acc {100 * d.get('best_val_acc', 0):.1f}% after {d.get('epochs')} epochs, amp {d.get('amp')}"
+        elif name == "export" and d:
+            fp16 = d.get("fp16") or {}
+            note = f"opset {d.get('opset')}, {d.get('exporter')}" + (
+                f"; FP16 nodes {100 * fp16['fp16_fraction']:.1f}%" if fp16.get("fp16_fraction") is not None else "")
+        elif name == "verify" and d:
+            note = ", ".join(f"{c}: {s}" for c, s in d.get("candidates", {}).items())
+        elif name == "benchmark" and d:
+            note = d.get("headline", "")
+        lines.append(f"  {name:<10} {status:<12} {note}")
+    return "\n".join(lines)
+
+
+COMMANDS = {
+    "models": cmd_models,
+    "config": cmd_config,
+    "all": cmd_all,
+    "report": cmd_report,
+    "bench-train": cmd_bench_train,
+    **{name: cmd_stage for name in STAGE_HELP},
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _setup_logging(args.quiet, args.debug)
+    if os.environ.get("RANK", "0") != "0":
+        log.setLevel(logging.WARNING)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        return COMMANDS[args.command](args)
+    except ConfigError as err:
+        for problem in err.problems:
+            print(f"error: config: {problem}", file=sys.stderr)
+        return err.exit_code
+    except PipelineError as err:
+        print(f"error: {_where(args)}: {_one_line(err)}", file=sys.stderr)
+        if args.debug:
+            traceback.print_exc()
+        return err.exit_code
+    except KeyboardInterrupt:
+        print(f"interrupted: {_where(args)} stopped; the manifest marks it interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as err:  # a failure we did not anticipate: one line, the stage, the cause
+        print(f"error: {_where(args)}: {type(err).__name__}: {_one_line(err)}"
+              + ("" if args.debug else " (run with --debug for the traceback)"), file=sys.stderr)
+        if args.debug:
+            traceback.print_exc()
+        return EXIT_RUNTIME
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _where(args) -> str:
+    from pipeline.stages import current_stage
+
+    stage = current_stage.get()
+    return stage if stage != "pipeline" else args.command
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip()
+    # Errors raised inside DataLoader workers arrive wrapped with the worker's traceback.
+    if "Original Traceback" in text:
+        text = text.strip().splitlines()[-1].split(": ", 1)[-1]
+    return " ".join(text.split()) if "\n" in text else text
+
+
+__all__ = ["main", "build_parser", "EXIT_USAGE"]

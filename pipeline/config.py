@@ -1,0 +1,426 @@
+"""Typed configuration: YAML file plus ``key=value`` overrides, validated before any work starts.
+
+The tree below is the single source of truth for every key, its type, default, range and
+meaning (``python -m pipeline config`` prints it). Problems are collected and reported together
+as a :class:`~pipeline.errors.ConfigError` (exit code 2).
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import math
+import re
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from pipeline.errors import ConfigError
+
+MAX_CONFIG_BYTES = 1 << 20
+
+
+class Section(BaseModel):
+    # strict: a string is never silently turned into a number, nor a float into an int.
+    model_config = ConfigDict(extra="forbid", strict=True, validate_default=True)
+
+
+class ModelConfig(Section):
+    name: str = Field("resnet18", description="registered model name, or 'package.module:factory' / 'file.py:factory'")
+    num_classes: Optional[int] = Field(None, gt=0, description="class count for a user model (default: the data set's)")
+    mean: Optional[list[float]] = Field(None, description="per-channel normalisation mean (default: the model's)")
+    std: Optional[list[float]] = Field(None, description="per-channel normalisation std (default: the model's)")
+
+    @model_validator(mode="after")
+    def _std_positive(self):
+        if self.std is not None and any(s <= 0 for s in self.std):
+            raise ValueError("model.std values must be > 0")
+        return self
+
+
+class DataConfig(Section):
+    source: Literal["synthetic", "imagefolder", "cifar10"] = Field("synthetic", description="where images come from")
+    path: Optional[str] = Field(None, description="data directory (imagefolder, cifar10)")
+    image_size: Optional[int] = Field(32, gt=0, le=4096, description="square input size; null: the model's own")
+    num_classes: int = Field(10, ge=2, le=1000, description="classes of the synthetic set")
+    samples_per_class: int = Field(300, ge=2, description="images per class of the synthetic set")
+    val_fraction: float = Field(0.2, gt=0, lt=1, description="held-out share when the data has no val/ split")
+    batch_size: int = Field(64, ge=1, description="training batch size (per process)")
+    workers: int = Field(0, ge=0, description="DataLoader worker processes")
+    augment: bool = Field(False, description="random crop with padding and horizontal flip while training")
+    seed: int = Field(0, ge=0, description="seed of the synthetic set and of the train/val split")
+
+    @model_validator(mode="after")
+    def _path_needed(self):
+        if self.source != "synthetic" and not self.path:
+            raise ValueError(f"data.path is required when data.source is {self.source!r}")
+        return self
+
+
+class TrainConfig(Section):
+    epochs: int = Field(4, ge=1, description="training epochs")
+    optimizer: Literal["sgd", "adamw"] = Field("sgd", description="optimizer")
+    lr: float = Field(0.05, gt=0, description="peak learning rate")
+    momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum")
+    weight_decay: float = Field(5e-4, ge=0, description="weight decay")
+    label_smoothing: float = Field(0.0, ge=0, lt=1, description="cross-entropy label smoothing")
+    warmup_epochs: float = Field(0.5, ge=0, description="linear LR warm-up, then cosine decay to zero")
+    amp: Literal["auto", "fp16", "bf16", "off"] = Field(
+        "auto", description="autocast dtype: auto = fp16 on CUDA, bf16 on CPUs with bf16 units, else off"
+    )
+    fp32_warmup_epochs: int = Field(0, ge=0, description="first epochs in FP32 before mixed precision starts")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="training device")
+    channels_last: bool = Field(True, description="NHWC memory format")
+    accumulate: int = Field(1, ge=1, description="micro-batches per optimizer step")
+    clip_grad_norm: Optional[float] = Field(None, gt=0, description="clip gradients to this total norm")
+    max_nonfinite: int = Field(3, ge=1, description="consecutive non-finite losses (bf16/fp32) before stopping")
+    compile: bool = Field(False, description="torch.compile the model")
+    deterministic: bool = Field(False, description="deterministic algorithms (slower)")
+    seed: int = Field(0, ge=0, description="seed of Python, NumPy and torch")
+    init_weights: Optional[str] = Field(None, description="start from this state dict (.safetensors or .pt)")
+    checkpoint_every: int = Field(0, ge=0, description="also checkpoint every N optimizer steps (0: each epoch)")
+    log_every: int = Field(10, ge=1, description="optimizer steps between metrics.jsonl lines")
+    tensorboard: bool = Field(True, description="write TensorBoard events when tensorboard is installed")
+    profile_steps: int = Field(5, ge=1, description="steps recorded by train --profile")
+
+
+class FP16Config(Section):
+    enabled: bool = Field(True, description="write model.fp16.onnx with ModelOpt AutoCast")
+    calibration_samples: int = Field(64, ge=1, description="real validation images AutoCast measures ranges on")
+    range_rule: bool = Field(True, description="keep nodes whose measured values exceed data_max in FP32")
+    data_max: float = Field(512.0, gt=0, description="largest |value| a node's I/O may reach and run in FP16")
+    init_max: float = Field(65504.0, gt=0, description="largest |initializer| a node may hold and run in FP16")
+    max_depth_of_reduction: Optional[int] = Field(None, gt=0, description="keep deeper reductions in FP32")
+    nodes_to_exclude: list[str] = Field([], description="node-name regexes kept in FP32")
+    op_types_to_exclude: list[str] = Field([], description="op types kept in FP32")
+
+
+class ExportConfig(Section):
+    opset: int = Field(18, ge=17, le=23, description="ONNX opset (>= 17 keeps LayerNormalization one op)")
+    exporter: Literal["torchscript", "dynamo"] = Field("torchscript", description="torch.onnx exporter")
+    dynamic_batch: bool = Field(True, description="dynamic batch axis")
+    fp16: FP16Config = FP16Config()
+
+
+class BuildConfig(Section):
+    min_batch: int = Field(1, ge=1, description="optimization profile: smallest batch")
+    opt_batch: int = Field(8, ge=1, description="optimization profile: batch tuned for")
+    max_batch: int = Field(32, ge=1, description="optimization profile: largest batch")
+    optimization_level: int = Field(3, ge=0, le=5, description="TensorRT builder optimization level")
+    tf32: bool = Field(False, description="allow TF32 in the layers AutoCast kept FP32")
+    timing_cache: Optional[str] = Field(None, description="timing cache path (default: beside the run directories)")
+
+    @model_validator(mode="after")
+    def _profile_order(self):
+        if not self.min_batch <= self.opt_batch <= self.max_batch:
+            raise ValueError("build: need min_batch <= opt_batch <= max_batch")
+        return self
+
+
+Tolerance = float | dict[str, float]
+ErrorStat = Literal["elemwise", "max", "mean", "median", "quantile"]
+
+
+def _check_tolerances(gate):
+    for key in ("atol", "rtol"):
+        value = getattr(gate, key)
+        values = value.values() if isinstance(value, dict) else [value]
+        if any(v is not None and (v < 0 or math.isnan(v)) for v in values):
+            raise ValueError(f"{key} must be >= 0")
+    return gate
+
+
+class _Gate(Section):
+    """Thresholds a candidate must meet: the tensor check and the task check."""
+
+    atol: Tolerance = Field(description="absolute tolerance (or per-output dict, '' = default)")
+    rtol: Tolerance = Field(description="relative tolerance, against the reference")
+    check_error_stat: ErrorStat = Field("elemwise", description="which error statistic is held to atol/rtol")
+    error_quantile: float = Field(0.99, gt=0, le=1, description="quantile for check_error_stat=quantile")
+    min_top1_agreement: float = Field(0.99, ge=0, le=1, description="top-1 agreement with the reference, at least")
+    max_accuracy_drop: float = Field(0.01, ge=0, le=1, description="accuracy the candidate may lose, at most")
+
+    _tolerances = model_validator(mode="after")(_check_tolerances)
+
+
+class FP32Gate(_Gate):
+    atol: Tolerance = Field(1e-4, description="absolute tolerance (or per-output dict, '' = default)")
+    rtol: Tolerance = Field(1e-4, description="relative tolerance, against the reference")
+
+
+class FP16Gate(_Gate):
+    atol: Tolerance = Field(2e-2, description="absolute tolerance (or per-output dict, '' = default)")
+    rtol: Tolerance = Field(2e-2, description="relative tolerance, against the reference")
+
+
+class CandidateConfig(Section):
+    """One candidate: on/off, and thresholds that override its precision's defaults when not null."""
+
+    enabled: bool = Field(True, description="run this candidate")
+    atol: Optional[Tolerance] = Field(None, description="overrides verify.fp32/fp16.atol")
+    rtol: Optional[Tolerance] = Field(None, description="overrides verify.fp32/fp16.rtol")
+    check_error_stat: Optional[ErrorStat] = Field(None, description="overrides check_error_stat")
+    error_quantile: Optional[float] = Field(None, gt=0, le=1, description="overrides error_quantile")
+    min_top1_agreement: Optional[float] = Field(None, ge=0, le=1, description="overrides min_top1_agreement")
+    max_accuracy_drop: Optional[float] = Field(None, ge=0, le=1, description="overrides max_accuracy_drop")
+
+    _tolerances = model_validator(mode="after")(_check_tolerances)
+
+
+class CandidatesConfig(Section):
+    onnxrt_fp32: CandidateConfig = CandidateConfig()
+    fp16_emulation: CandidateConfig = CandidateConfig()
+    onnxrt_fp16_cpu: CandidateConfig = CandidateConfig()
+    tensorrt_fp16: CandidateConfig = CandidateConfig()
+    onnxrt_cuda_fp16: CandidateConfig = CandidateConfig()
+
+
+class VerifyConfig(Section):
+    samples: int = Field(256, ge=1, description="real validation images compared")
+    batch_size: int = Field(32, ge=1, description="images per inference")
+    emulation: Literal["fast", "strict"] = Field("fast", description="FP16 emulation: fast (ORT) or strict (numpy)")
+    fp32: FP32Gate = FP32Gate()
+    fp16: FP16Gate = FP16Gate()
+    candidates: CandidatesConfig = CandidatesConfig()
+    localize: bool = Field(True, description="on failure, find the first node whose error exceeds tolerance")
+    localize_top: int = Field(10, ge=1, description="rows in the worst-nodes table")
+    auto_fallback: bool = Field(False, description="on failure, move offending nodes to FP32 and retry")
+    fallback_iterations: int = Field(8, ge=1, description="fallback rounds before giving up")
+
+
+BenchBackend = Literal[
+    "torch_fp32", "torch_autocast", "torch_compile", "onnxrt_fp32", "onnxrt_fp16", "onnxrt_cuda_fp32",
+    "onnxrt_cuda_fp16", "tensorrt_fp16",
+]
+
+
+class BenchmarkConfig(Section):
+    backends: list[BenchBackend] = Field(
+        ["torch_fp32", "torch_autocast", "onnxrt_fp32", "onnxrt_fp16", "onnxrt_cuda_fp32", "onnxrt_cuda_fp16",
+         "tensorrt_fp16"],
+        description="backends to time (each is skipped with a reason where it cannot run)",
+    )
+    batch_sizes: list[int] = Field([1, 8, 32], min_length=1, description="batch-size sweep")
+    warmup_s: float = Field(0.2, ge=0, description="warm-up time after the first run")
+    min_iterations: int = Field(10, ge=1, description="timed runs per trial, at least")
+    min_duration_s: float = Field(0.5, ge=0, description="timed seconds per trial, at least")
+    trials: int = Field(3, ge=1, description="repeated trials")
+    threads: Optional[int] = Field(None, ge=1, description="CPU intra-op threads (default: all cores)")
+    cuda_graphs: bool = Field(False, description="replay CUDA graphs for PyTorch and TensorRT on GPU")
+    cv_warn: float = Field(0.05, gt=0, description="warn when a trial's coefficient of variation exceeds this")
+    profile_iterations: int = Field(5, ge=1, description="iterations recorded by benchmark --profile")
+
+    @model_validator(mode="after")
+    def _positive_batches(self):
+        if any(b < 1 for b in self.batch_sizes):
+            raise ValueError("benchmark.batch_sizes must all be >= 1")
+        return self
+
+
+class Config(Section):
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    train: TrainConfig = TrainConfig()
+    export: ExportConfig = ExportConfig()
+    build: BuildConfig = BuildConfig()
+    verify: VerifyConfig = VerifyConfig()
+    benchmark: BenchmarkConfig = BenchmarkConfig()
+    require: list[Literal["tensorrt", "cuda"]] = Field(
+        [], description="backends whose absence fails the run with exit code 3"
+    )
+
+    def to_dict(self) -> dict:
+        return self.model_dump(mode="json")
+
+
+# --------------------------------------------------------------------------- YAML
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that also reads ``1e-4`` as a float (YAML 1.1 requires a dot)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+        |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+        |[-+]?\.(?:inf|Inf|INF)
+        |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
+
+
+def parse_yaml(text: str, origin: str) -> Any:
+    try:
+        return yaml.load(text, Loader=_Loader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError([f"{origin}: malformed YAML{where}: {problem}"]) from None
+
+
+def load_yaml_file(path: str | Path) -> dict:
+    path = Path(path)
+    try:
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise ConfigError([f"{path}: config file is larger than {MAX_CONFIG_BYTES} bytes"])
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError([f"{path}: config file not found"]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError([f"{path}: cannot read config file: {exc}"]) from None
+    data = parse_yaml(text, str(path))
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError([f"{path}: top level must be a mapping of sections, got {type(data).__name__}"])
+    return data
+
+
+# --------------------------------------------------------------------------- overrides
+
+
+_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``"train.epochs=3"`` -> ``(["train", "epochs"], 3)``; the value is read as YAML."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep:
+        raise ConfigError([f"override {text!r}: expected key=value, for example train.epochs=3"])
+    if not _KEY.match(key):
+        raise ConfigError([f"override {text!r}: {key!r} is not a dotted key such as train.epochs"])
+    value = parse_yaml(raw, f"override {key}") if raw.strip() else None
+    return key.split("."), value
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    data = copy.deepcopy(data)
+    problems = []
+    for text in overrides:
+        try:
+            path, value = parse_override(text)
+        except ConfigError as err:
+            problems += err.problems
+            continue
+        node = data
+        for i, part in enumerate(path[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            elif not isinstance(child, dict):
+                problems.append(f"override {text!r}: {'.'.join(path[: i + 1])} is not a section")
+                break
+            node = child
+        else:
+            node[path[-1]] = value
+    if problems:
+        raise ConfigError(problems)
+    return data
+
+
+def deep_merge(base: dict, update: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _known_keys(model: type[BaseModel], loc: tuple) -> list[str]:
+    for part in loc:
+        field = model.model_fields.get(part) if isinstance(part, str) else None
+        annotation = getattr(field, "annotation", None)
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            model = annotation
+        else:
+            break
+    return list(model.model_fields)
+
+
+def _format_error(err: dict) -> str:
+    # Union members add their type name to the location; drop those parts.
+    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p in {"float", "int", "str"})))
+    where = ".".join(str(p) for p in loc) or "config"
+    if err["type"] == "extra_forbidden":
+        siblings = _known_keys(Config, loc[:-1])
+        close = difflib.get_close_matches(str(loc[-1]), siblings, n=1)
+        hint = f" (did you mean {'.'.join(map(str, loc[:-1] + (close[0],)))}?)" if close else ""
+        return f"{where}: unknown key{hint}"
+    if err["type"] == "invalid_key":
+        return f"{where}: keys must be strings"
+    msg = err["msg"]
+    if msg.startswith("Value error, "):  # from a model validator: located at its section
+        text = msg[len("Value error, "):]
+        return text if where == "config" or text.startswith(where) else f"{where}: {text}"
+    value = repr(err.get("input"))
+    if len(value) > 60:
+        value = value[:57] + "..."
+    return f"{where}: {msg[0].lower() + msg[1:]} (got {value})"
+
+
+def validate(data: Any) -> Config:
+    if not isinstance(data, dict):
+        raise ConfigError([f"config: top level must be a mapping, got {type(data).__name__}"])
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            line = _format_error(err)
+            if line not in problems:
+                problems.append(line)
+        raise ConfigError(problems) from None
+    except (TypeError, ValueError, RecursionError) as exc:  # e.g. unhashable YAML keys
+        raise ConfigError([f"config: {exc}"]) from None
+
+
+def resolve(base: dict | None = None, config_file: str | None = None, overrides: list[str] = ()) -> Config:
+    """Defaults <- ``base`` (a run directory's saved config) <- YAML file <- overrides."""
+    data = dict(base or {})
+    problems: list[str] = []
+    if config_file:
+        try:
+            data = deep_merge(data, load_yaml_file(config_file))
+        except ConfigError as err:
+            problems += err.problems
+    try:
+        data = apply_overrides(data, list(overrides))
+    except ConfigError as err:
+        problems += err.problems
+    if problems:
+        raise ConfigError(problems)
+    return validate(data)
+
+
+def dump_yaml(config: Config) -> str:
+    return yaml.safe_dump(config.to_dict(), sort_keys=False)
+
+
+def describe() -> list[tuple[str, Any, str]]:
+    """``(key, default, description)`` for every leaf key, for the docs and ``pipeline config --keys``."""
+    rows = []
+
+    def walk(model: type[BaseModel], values: dict, prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            annotation = field.annotation
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                walk(annotation, values[name], f"{prefix}{name}.")
+            else:
+                rows.append((f"{prefix}{name}", values[name], field.description or ""))
+
+    walk(Config, Config().to_dict(), "")
+    return rows

@@ -1,0 +1,375 @@
+"""Data sets behind one interface: the embedded synthetic set, ImageFolder, and CIFAR-10.
+
+Every source yields normalised float images (C, H, W) and integer labels, split into train
+and validation. The split and the synthetic images are deterministic functions of
+``data.seed``; training-time randomness (order, augmentation) is seeded separately per epoch
+and step by the training loop, so a resumed run sees exactly the same batches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset
+
+from pipeline.errors import DataError
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
+
+
+@dataclass
+class DataSplits:
+    train: Dataset
+    val: Dataset
+    classes: list[str]
+    source: str
+    image_size: int
+    details: dict = field(default_factory=dict)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+
+def collate(batch):
+    """Batches from ``__getitems__`` arrive stacked already; single samples are stacked here."""
+    if isinstance(batch, tuple):
+        return batch
+    images, labels = zip(*batch)
+    return torch.stack(images), torch.tensor(labels, dtype=torch.long)
+
+
+def _normalize(images_u8: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    return (images_u8.float().div_(255.0) - mean) / std
+
+
+class TensorImageDataset(Dataset):
+    """uint8 images held in memory, normalised on access."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor, mean, std):
+        assert images.dtype == torch.uint8 and images.ndim == 4
+        self.images = images
+        self.labels = labels.long()
+        self.mean = torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1)
+        self.std = torch.tensor(std, dtype=torch.float32).view(-1, 1, 1)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int):
+        return _normalize(self.images[index], self.mean, self.std), int(self.labels[index])
+
+    def __getitems__(self, indices: list[int]):
+        index = torch.as_tensor(indices, dtype=torch.long)
+        return _normalize(self.images[index], self.mean, self.std), self.labels[index]
+
+
+class FileImageDataset(Dataset):
+    """Images decoded from files with Pillow on access (workers parallelise this)."""
+
+    def __init__(self, files: list[Path], labels: list[int], size: int, mean, std):
+        self.files = files
+        self.labels = labels
+        self.size = size
+        self.mean = torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1)
+        self.std = torch.tensor(std, dtype=torch.float32).view(-1, 1, 1)
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int):
+        image = load_image(self.files[index], self.size)
+        return _normalize(image, self.mean, self.std), self.labels[index]
+
+
+def load_image(path: Path, size: int) -> torch.Tensor:
+    """Decode, convert to RGB, resize the short side to ``size`` and centre-crop: uint8 (3, size, size)."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as img:
+            img = img.convert("RGB")
+            w, h = img.size
+            scale = size / min(w, h)
+            img = img.resize((max(size, round(w * scale)), max(size, round(h * scale))), Image.BILINEAR)
+            w, h = img.size
+            left, top = (w - size) // 2, (h - size) // 2
+            img = img.crop((left, top, left + size, top + size))
+            data = torch.frombuffer(bytearray(img.tobytes()), dtype=torch.uint8)
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
+        raise DataError(f"cannot read image {path}: {exc}") from None
+    return data.view(size, size, 3).permute(2, 0, 1).contiguous()
+
+
+# --------------------------------------------------------------------------- synthetic
+
+
+def synthetic_images(num_classes: int, per_class: int, size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each class is a fixed layout of coloured blobs; every image jitters and obscures it.
+
+    A class prototype is three soft ellipses with class-specific colours, positions and sizes.
+    Each image shifts it by up to 1/8 of its size, may mirror it, blends in a random distractor
+    layout (20-50 %), changes brightness and contrast and adds pixel noise, so the model must
+    learn the layout rather than any single pixel. Deterministic in ``seed``.
+    """
+    g = torch.Generator().manual_seed(seed)
+    n = num_classes * per_class
+    labels = torch.arange(num_classes).repeat_interleave(per_class)
+    labels = labels[torch.randperm(n, generator=g)]
+
+    def uniform(lo, hi, *shape):
+        return lo + (hi - lo) * torch.rand(*shape, generator=g)
+
+    coords = torch.linspace(-1.0, 1.0, size)
+    yy, xx = torch.meshgrid(coords, coords, indexing="ij")
+
+    def layouts(k: int, blobs: int = 3) -> torch.Tensor:
+        """k random layouts: a tinted background plus soft coloured ellipses, (k, 3, size, size) in [0, 1]."""
+        out = uniform(0.2, 0.8, k, 3, 1, 1).expand(k, 3, size, size).clone()
+        for _ in range(blobs):
+            cx, cy = uniform(-0.6, 0.6, k, 1, 1), uniform(-0.6, 0.6, k, 1, 1)
+            rx, ry = uniform(0.2, 0.55, k, 1, 1), uniform(0.2, 0.55, k, 1, 1)
+            mask = torch.sigmoid((1 - ((xx - cx) / rx) ** 2 - ((yy - cy) / ry) ** 2) * 6.0)[:, None]
+            out = out + (uniform(0, 1, k, 3, 1, 1) - out) * mask
+        return out
+
+    prototypes = layouts(num_classes)
+    shift = max(1, size // 8)
+    dy = torch.randint(-shift, shift + 1, (n,), generator=g).tolist()
+    dx = torch.randint(-shift, shift + 1, (n,), generator=g).tolist()
+    images = torch.stack([torch.roll(prototypes[c], (y, x), (1, 2)) for c, y, x in zip(labels.tolist(), dy, dx)])
+    mirror = torch.rand(n, generator=g) < 0.5
+    images[mirror] = images[mirror].flip(-1)
+    blend = uniform(0.2, 0.5, n, 1, 1, 1)
+    images = (1 - blend) * images + blend * layouts(n)
+    images = (images - 0.5) * uniform(0.8, 1.2, n, 1, 1, 1) + 0.5 + uniform(-0.1, 0.1, n, 1, 1, 1)
+    images = images + 0.06 * torch.randn(images.shape, generator=g)
+    images = (images.clamp(0, 1) * 255).round().to(torch.uint8)
+    return images, labels
+
+
+def _split_indices(labels: list[int] | torch.Tensor, val_fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """Stratified split: each class gives ``val_fraction`` of its samples (at least one if it has two)."""
+    labels = torch.as_tensor(labels)
+    g = torch.Generator().manual_seed(seed + 1)
+    train_idx, val_idx = [], []
+    for c in labels.unique().tolist():
+        idx = torch.nonzero(labels == c).flatten()
+        idx = idx[torch.randperm(len(idx), generator=g)].tolist()
+        n_val = round(len(idx) * val_fraction)
+        if len(idx) >= 2:
+            n_val = min(max(n_val, 1), len(idx) - 1)
+        val_idx += idx[:n_val]
+        train_idx += idx[n_val:]
+    return sorted(train_idx), sorted(val_idx)
+
+
+def _synthetic(cfg, size: int, mean, std) -> DataSplits:
+    images, labels = synthetic_images(cfg.num_classes, cfg.samples_per_class, size, cfg.seed)
+    tr, va = _split_indices(labels, cfg.val_fraction, cfg.seed)
+    tr, va = torch.tensor(tr), torch.tensor(va)
+    return DataSplits(
+        train=TensorImageDataset(images[tr], labels[tr], mean, std),
+        val=TensorImageDataset(images[va], labels[va], mean, std),
+        classes=[f"class_{i}" for i in range(cfg.num_classes)],
+        source="synthetic",
+        image_size=size,
+        details={"train_images": len(tr), "val_images": len(va), "generator": "blob layouts", "seed": cfg.seed},
+    )
+
+
+# --------------------------------------------------------------------------- ImageFolder
+
+
+def scan_image_folder(root: Path) -> tuple[list[str], list[Path], list[int]]:
+    """Classes are the sorted sub-folder names; every file in them must be an image."""
+    if not root.is_dir():
+        raise DataError(f"image folder {root} does not exist or is not a directory")
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if not classes:
+        raise DataError(f"image folder {root} has no class sub-folders (expected {root}/<class>/<image>)")
+    files, labels = [], []
+    for index, name in enumerate(classes):
+        class_files = []
+        for path in sorted((root / name).rglob("*")):
+            if path.name.startswith(".") or path.is_dir():
+                continue
+            if path.suffix.lower() not in IMAGE_EXTENSIONS:
+                raise DataError(
+                    f"{path} is not an image file (expected one of {', '.join(IMAGE_EXTENSIONS)}); "
+                    "move it out of the class folder"
+                )
+            class_files.append(path)
+        if not class_files:
+            raise DataError(f"class folder {root / name} contains no images")
+        files += class_files
+        labels += [index] * len(class_files)
+    _check_images(files)
+    return classes, files, labels
+
+
+def _check_images(files: list[Path]) -> None:
+    """Read every header up front, so a corrupt file fails before training starts, naming the file."""
+    from PIL import Image
+
+    for path in files:
+        try:
+            with Image.open(path) as img:
+                img.verify()
+        except Exception as exc:  # Pillow raises many types for bad files
+            raise DataError(f"cannot read image {path}: {type(exc).__name__}: {exc}") from None
+
+
+def _image_folder(cfg, size: int, mean, std) -> DataSplits:
+    root = Path(cfg.path).expanduser()
+    if (root / "train").is_dir() and (root / "val").is_dir():
+        classes, train_files, train_labels = scan_image_folder(root / "train")
+        val_classes, val_files, val_labels = scan_image_folder(root / "val")
+        if val_classes != classes:
+            raise DataError(f"{root}/val has classes {val_classes}, but {root}/train has {classes}")
+        split = "train/ and val/ folders"
+    else:
+        classes, files, labels = scan_image_folder(root)
+        tr, va = _split_indices(labels, cfg.val_fraction, cfg.seed)
+        train_files, train_labels = [files[i] for i in tr], [labels[i] for i in tr]
+        val_files, val_labels = [files[i] for i in va], [labels[i] for i in va]
+        split = f"stratified {cfg.val_fraction:.0%} held out (seed {cfg.seed})"
+    if not val_files:
+        raise DataError(f"image folder {root}: the validation split is empty; add images or raise data.val_fraction")
+    return DataSplits(
+        train=FileImageDataset(train_files, train_labels, size, mean, std),
+        val=FileImageDataset(val_files, val_labels, size, mean, std),
+        classes=classes,
+        source="imagefolder",
+        image_size=size,
+        details={"root": str(root), "split": split, "train_images": len(train_files), "val_images": len(val_files)},
+    )
+
+
+# --------------------------------------------------------------------------- CIFAR-10
+
+# md5 of the files in the official cifar-10-python.tar.gz (as published by the data set's authors
+# and checked by torchvision). The files are pickles: they are unpickled only after their checksum
+# matches, and then only with an unpickler that admits nothing but NumPy arrays and builtins.
+CIFAR10_MD5 = {
+    "data_batch_1": "c99cafc152244af753f735de768cd75f",
+    "data_batch_2": "d4bba439e000b95fd0a9bffe97cbabec",
+    "data_batch_3": "54ebc095f3ab1f0389bbae665268c751",
+    "data_batch_4": "634d18415352ddfa80567beed471001a",
+    "data_batch_5": "482c414d41f54cd18b22e5b47cb7c3cb",
+    "test_batch": "40351d587109b95175f43aff81a1287e",
+    "batches.meta": "5ff9c542aee3614f3951f8cda6e48888",
+}
+
+
+class _NumpyOnlyUnpickler(pickle.Unpickler):
+    ALLOWED = {
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("numpy.core.multiarray", "scalar"),
+        ("numpy._core.multiarray", "scalar"),
+    }
+
+    def find_class(self, module, name):
+        if (module, name) in self.ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
+
+
+def _md5(path: Path) -> str:
+    digest = hashlib.md5(usedforsecurity=False)
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _load_cifar_file(path: Path) -> dict:
+    expected = CIFAR10_MD5[path.name]
+    if not path.is_file():
+        raise DataError(f"CIFAR-10 file {path} is missing")
+    actual = _md5(path)
+    if actual != expected:
+        raise DataError(f"CIFAR-10 file {path} has md5 {actual}, expected {expected}: "
+                        "the file is corrupt or not CIFAR-10")
+    try:
+        with open(path, "rb") as f:
+            return _NumpyOnlyUnpickler(f, encoding="latin1").load()
+    except Exception as exc:
+        raise DataError(f"cannot read CIFAR-10 file {path}: {exc}") from None
+
+
+def _cifar10(cfg, size: int, mean, std) -> DataSplits:
+    root = Path(cfg.path).expanduser()
+    if (root / "cifar-10-batches-py").is_dir():
+        root = root / "cifar-10-batches-py"
+    if not root.is_dir():
+        raise DataError(f"CIFAR-10 directory {root} does not exist")
+
+    def load(names: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        images, labels = [], []
+        for name in names:
+            batch = _load_cifar_file(root / name)
+            try:
+                data, batch_labels = batch["data"], batch["labels"]
+                if (data.dtype.name != "uint8" or data.ndim != 2 or data.shape[1] != 3072
+                        or len(batch_labels) != len(data)):
+                    raise ValueError(f"data {data.dtype.name} {data.shape}, {len(batch_labels)} labels")
+                images.append(torch.from_numpy(data.reshape(-1, 3, 32, 32).copy()))
+                labels.append(torch.tensor(batch_labels, dtype=torch.long))
+                if labels[-1].numel() and (labels[-1].min() < 0 or labels[-1].max() > 9):
+                    raise ValueError("labels outside 0..9")
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                raise DataError(f"CIFAR-10 file {root / name} does not hold a CIFAR-10 batch "
+                                f"(uint8 'data' (N, 3072) and N 'labels'): {exc}") from None
+        return torch.cat(images), torch.cat(labels)
+
+    meta = _load_cifar_file(root / "batches.meta")
+    if not isinstance(meta, dict) or len(meta.get("label_names", ())) != 10:
+        raise DataError(f"CIFAR-10 file {root / 'batches.meta'} has no list of 10 'label_names'")
+    train_x, train_y = load([f"data_batch_{i}" for i in range(1, 6)])
+    val_x, val_y = load(["test_batch"])
+    if size != 32:
+        train_x, val_x = (_resize_u8(x, size) for x in (train_x, val_x))
+    return DataSplits(
+        train=TensorImageDataset(train_x, train_y, mean, std),
+        val=TensorImageDataset(val_x, val_y, mean, std),
+        classes=list(meta["label_names"]),
+        source="cifar10",
+        image_size=size,
+        details={"root": str(root), "train_images": len(train_y), "val_images": len(val_y), "split": "test_batch"},
+    )
+
+
+def _resize_u8(images: torch.Tensor, size: int) -> torch.Tensor:
+    out = torch.nn.functional.interpolate(images.float(), size=(size, size), mode="bilinear", align_corners=False)
+    return out.round().clamp(0, 255).to(torch.uint8)
+
+
+# --------------------------------------------------------------------------- entry point
+
+_SOURCES = {"synthetic": _synthetic, "imagefolder": _image_folder, "cifar10": _cifar10}
+
+
+def load(cfg, *, image_size: int, mean, std) -> DataSplits:
+    """Load the configured data set at ``image_size``, normalised with ``mean``/``std``."""
+    return _SOURCES[cfg.source](cfg, image_size, mean, std)
+
+
+def augment(images: torch.Tensor, generator: torch.Generator, pad: int = 4) -> torch.Tensor:
+    """Random crop from a reflection-padded image and random horizontal flip, per image."""
+    n, _, h, w = images.shape
+    mode = "reflect" if min(h, w) > pad else "replicate"
+    padded = torch.nn.functional.pad(images, (pad, pad, pad, pad), mode=mode)
+    dy = torch.randint(0, 2 * pad + 1, (n,), generator=generator).tolist()
+    dx = torch.randint(0, 2 * pad + 1, (n,), generator=generator).tolist()
+    out = torch.stack([padded[i, :, y : y + h, x : x + w] for i, (y, x) in enumerate(zip(dy, dx))])
+    flip = torch.rand(n, generator=generator) < 0.5
+    out[flip] = out[flip].flip(-1)
+    return out

@@ -1,0 +1,136 @@
+"""What machine and software a run used: recorded in the manifest and in benchmark results."""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import os
+import platform
+import subprocess
+
+
+def package_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def onnxruntime_conflict() -> str | None:
+    """Both ONNX Runtime distributions installed overwrite each other's files: say so."""
+    both = [name for name in ("onnxruntime", "onnxruntime-gpu") if package_version(name)]
+    if len(both) == 2:
+        return ("both onnxruntime and onnxruntime-gpu are installed; they overwrite each other's files. "
+                "Keep the one nvidia-modelopt[onnx] installed: pip uninstall onnxruntime onnxruntime-gpu, then "
+                "pip install --force-reinstall 'nvidia-modelopt[onnx]'")
+    return None
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def cpu_has_native_bf16() -> bool:
+    """True where bf16 matrix math runs in hardware (AMX or AVX512-BF16), so bf16 autocast pays off."""
+    return bool(cpu_flags() & {"amx_bf16", "avx512_bf16"})
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+@functools.lru_cache(maxsize=1)
+def tensorrt_status() -> tuple[object | None, str]:
+    """``(tensorrt_module, "")`` or ``(None, reason)``. Imports TensorRT only when asked."""
+    try:
+        import tensorrt  # noqa: F401
+    except ImportError as exc:
+        return None, f"TensorRT is not installed ({exc}); install the project's 'gpu' extra on a CUDA machine"
+    except Exception as exc:  # a broken install (missing libnvinfer, ...)
+        return None, f"TensorRT failed to import: {type(exc).__name__}: {exc}"
+    return tensorrt, ""
+
+
+def cuda_status() -> tuple[bool, str]:
+    import torch
+
+    if not torch.cuda.is_available():
+        if torch.version.cuda is None:
+            return False, f"no CUDA GPU: this torch build ({torch.__version__}) is CPU-only"
+        return False, "no CUDA GPU visible (torch.cuda.is_available() is False)"
+    return True, ""
+
+
+def gpu_info() -> dict | None:
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    index = torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(index)
+    info = {
+        "name": props.name,
+        "compute_capability": f"{props.major}.{props.minor}",
+        "memory_gib": round(props.total_memory / 2**30, 1),
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(),
+    }
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", f"--id={index}"],
+            capture_output=True, text=True, timeout=10, check=True,
+        )
+        info["driver"] = out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        info["driver"] = None
+    return info
+
+
+def collect() -> dict:
+    """The environment of this process. Imports torch; TensorRT only if it is installed."""
+    import torch
+
+    trt, _ = tensorrt_status()
+    try:
+        import onnxruntime
+
+        ort_providers = onnxruntime.get_available_providers()
+    except ImportError:
+        ort_providers = []
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu": cpu_model(),
+        "cpu_cores": usable_cores(),
+        "cpu_native_bf16": cpu_has_native_bf16(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "onnx": package_version("onnx"),
+        "onnxruntime": package_version("onnxruntime") or package_version("onnxruntime-gpu"),
+        "onnxruntime_providers": ort_providers,
+        "polygraphy": package_version("polygraphy"),
+        "modelopt": package_version("nvidia-modelopt"),
+        "tensorrt": getattr(trt, "__version__", None),
+        "gpu": gpu_info(),
+    }

@@ -1,0 +1,69 @@
+"""The project's exceptions. The CLI maps each class to its exit code, in one place.
+
+=====  ==========================================================================
+code   meaning
+=====  ==========================================================================
+0      every stage that ran succeeded; every required verify candidate passed
+1      a precision check failed (verify's gate)
+2      usage, configuration or input error (bad key, unknown model, missing or
+       corrupt stage input, bad data, unusable run directory)
+3      a backend the user required (``require: [tensorrt]``) is unavailable
+4      any other runtime failure; the message names the stage and the cause
+130    interrupted (Ctrl-C / SIGTERM); the stage is marked ``interrupted``
+=====  ==========================================================================
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_CHECK_FAILED = 1
+EXIT_USAGE = 2
+EXIT_BACKEND_UNAVAILABLE = 3
+EXIT_RUNTIME = 4
+EXIT_INTERRUPTED = 130
+
+
+class PipelineError(Exception):
+    """Base class. ``str(err)`` is the one line shown to the user."""
+
+    exit_code = EXIT_RUNTIME
+
+
+class UsageError(PipelineError):
+    """The user asked for something that cannot work as asked."""
+
+    exit_code = EXIT_USAGE
+
+
+class ConfigError(UsageError):
+    """One or more configuration problems, all collected before any work starts."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        super().__init__("; ".join(self.problems))
+
+
+class InputError(UsageError):
+    """A stage input is missing, corrupt or does not fit (the fix is on the user's side)."""
+
+
+class DataError(InputError):
+    """The data set cannot be read: message names the file or folder."""
+
+
+class CheckFailed(PipelineError):
+    """The precision gate failed."""
+
+    exit_code = EXIT_CHECK_FAILED
+
+
+class BackendUnavailable(PipelineError):
+    """A backend the user required (``require``) cannot run on this machine."""
+
+    exit_code = EXIT_BACKEND_UNAVAILABLE
+
+
+class StageFailed(PipelineError):
+    """A stage failed at run time for a reason that is not the user's input."""
+
+    exit_code = EXIT_RUNTIME

@@ -1,0 +1,152 @@
+"""The export stage: FP32 ONNX with a dynamic batch axis, checked; then mixed-precision FP16 ONNX.
+
+``model.onnx`` comes from ``torch.onnx.export`` (the TorchScript exporter by default: a
+ResNet-18 exported with the dynamo exporter once lost all accuracy, pytorch/pytorch#169178;
+either way verify is what proves the result). ``model.fp16.onnx`` is the FP32 graph converted
+by ModelOpt AutoCast with FP32 inputs and outputs kept, calibrated on real validation images.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+
+from pipeline import data as data_mod
+from pipeline import fp16, modeling, onnx_io
+from pipeline.errors import StageFailed
+from pipeline.run import RunDir, StageRecord, atomic_path, read_json
+
+log = logging.getLogger("pipeline")
+
+FP32_ONNX = "model.onnx"
+FP16_ONNX = "model.fp16.onnx"
+CALIBRATION = "calibration.npz"
+FALLBACK = "fp16_fallback.json"  # nodes verify --auto-fallback moved to FP32 (kept across re-exports)
+
+
+def validation_batch(cfg, card: dict, count: int, offset: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``count`` real validation images (and labels), deterministic: the first ones of the split."""
+    spec = card["spec"]
+    splits = data_mod.load(cfg.data, image_size=spec["input_size"][1], mean=spec["mean"], std=spec["std"])
+    n = min(count, len(splits.val) - offset)
+    indices = list(range(offset, offset + n))
+    if hasattr(splits.val, "__getitems__"):
+        x, y = splits.val.__getitems__(indices)
+    else:
+        x, y = data_mod.collate([splits.val[i] for i in indices])
+    return x.numpy().astype(np.float32), y.numpy()
+
+
+def export_onnx(model: torch.nn.Module, example: torch.Tensor, path: Path, *, opset: int, exporter: str,
+                input_name: str, output_name: str, dynamic_batch: bool) -> list[str]:
+    """Export ``model`` to ``path`` (atomically); returns the exporter's warnings."""
+    with warnings.catch_warnings(record=True) as caught, atomic_path(path) as tmp:
+        warnings.simplefilter("always")
+        try:
+            if exporter == "dynamo":
+                dynamic = {"x": {0: torch.export.Dim("batch", min=1)}} if dynamic_batch else None
+                program = torch.onnx.export(model, (example,), dynamo=True, opset_version=opset,
+                                            input_names=[input_name], output_names=[output_name],
+                                            dynamic_shapes=_dynamic_shapes(model, dynamic), external_data=False,
+                                            verbose=False)
+                program.save(str(tmp))
+            else:
+                axes = {input_name: {0: "batch"}, output_name: {0: "batch"}} if dynamic_batch else None
+                torch.onnx.export(model, (example,), str(tmp), dynamo=False, opset_version=opset,
+                                  input_names=[input_name], output_names=[output_name], dynamic_axes=axes,
+                                  do_constant_folding=True)
+        except Exception as exc:
+            raise StageFailed(f"torch.onnx.export ({exporter}) failed: {type(exc).__name__}: "
+                              f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") from None
+        onnx_io.check(tmp)
+    return [f"{w.category.__name__}: {w.message}" for w in caught
+            if issubclass(w.category, (torch.jit.TracerWarning, UserWarning)) and "deprecat" not in str(w.message)]
+
+
+def _dynamic_shapes(model, dynamic):
+    if dynamic is None:
+        return None
+    import inspect
+
+    params = list(inspect.signature(model.forward).parameters)
+    return {params[0]: dynamic["x"]}
+
+
+def run(cfg, run_dir: RunDir, record: StageRecord) -> None:
+    model, card = modeling.load_trained(cfg, run_dir, "export")
+    spec = card["spec"]
+    ec = cfg.export
+    examples, _ = validation_batch(cfg, card, 2)
+    path = run_dir.file(FP32_ONNX)
+    log.info("export: %s -> %s (opset %d, %s exporter)", cfg.model.name, FP32_ONNX, ec.opset, ec.exporter)
+    tracer_warnings = export_onnx(model, torch.from_numpy(examples), path, opset=ec.opset, exporter=ec.exporter,
+                                  input_name=spec["input_name"], output_name=spec["output_name"],
+                                  dynamic_batch=ec.dynamic_batch)
+    for message in tracer_warnings[:3]:
+        log.warning("export: exporter warning (verify will show whether it matters): %s", message.splitlines()[0])
+    exported = onnx.load(str(path))
+    record.details.update({
+        "exporter": f"torch.onnx.export(dynamo={ec.exporter == 'dynamo'}) {ec.exporter}",
+        "torch": torch.__version__,
+        "onnx": onnx.__version__,
+        "opset": ec.opset,
+        "dynamic_batch": ec.dynamic_batch,
+        "input": {"name": spec["input_name"], "shape": onnx_io.input_shape(exported, spec["input_name"])},
+        "output": spec["output_name"],
+        "nodes": len(exported.graph.node),
+        "checker": "onnx.checker.check_model(full_check=True) passed",
+        "exporter_warnings": tracer_warnings,
+    })
+    record.artifact(FP32_ONNX)
+
+    if not ec.fp16.enabled:
+        run_dir.file(FP16_ONNX).unlink(missing_ok=True)
+        record.details["fp16"] = {"enabled": False, "reason": "export.fp16.enabled is false"}
+        return
+    fallback = read_fallback(run_dir)
+    record.details["fp16"] = convert_fp16(cfg, run_dir, card, fallback)
+    record.artifact(FP16_ONNX)
+    if run_dir.file(CALIBRATION).exists():
+        record.artifact(CALIBRATION)
+
+
+def convert_fp16(cfg, run_dir: RunDir, card: dict, fallback: list[str], out_name: str = FP16_ONNX) -> dict:
+    """AutoCast ``model.onnx`` into ``out_name``, calibrated on real validation images."""
+    fc = cfg.export.fp16
+    calib_path = run_dir.file(CALIBRATION)
+    if fc.range_rule:
+        images, _ = validation_batch(cfg, card, fc.calibration_samples)
+        with atomic_path(calib_path) as tmp:
+            with open(tmp, "wb") as f:
+                np.savez(f, **{card["spec"]["input_name"]: images})
+    model16, report = fp16.convert(run_dir.file(FP32_ONNX), calib_path if fc.range_rule else None, fc, fallback)
+    out = run_dir.file(out_name)
+    with atomic_path(out) as tmp:
+        onnx.save(model16, str(tmp))
+        onnx_io.check(tmp)
+    report["calibration_images"] = fc.calibration_samples if fc.range_rule else 0
+    log.info("export: %s: %d of %d float nodes in FP16 (%.1f%%), %d kept in FP32", out_name, report["fp16_nodes"],
+             report["fp16_nodes"] + report["fp32_nodes_count"], 100 * report["fp16_fraction"],
+             report["fp32_nodes_count"])
+    return report
+
+
+def read_fallback(run_dir: RunDir) -> list[str]:
+    path = run_dir.file(FALLBACK)
+    if not path.exists():
+        return []
+    data = read_json(path, "FP16 fallback list")
+    return list(data.get("nodes", [])) if isinstance(data, dict) else []
+
+
+def write_fallback(run_dir: RunDir, nodes: list[str]) -> None:
+    from pipeline.run import write_json
+
+    write_json(run_dir.file(FALLBACK), {"nodes": nodes, "note": "kept in FP32 by verify --auto-fallback"})
+
+

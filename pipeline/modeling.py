@@ -1,0 +1,215 @@
+"""Building the configured model, loading weights safely, and the ``model.json`` model card."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import models
+from pipeline.errors import InputError, UsageError
+from pipeline.run import RunDir, read_json, write_json
+
+MODEL_CARD = "model.json"
+WEIGHTS = "model.safetensors"
+
+
+def resolve_spec(cfg) -> models.ModelSpec:
+    """The registered spec of ``model.name`` (for a user factory: a provisional one until built)."""
+    name = cfg.model.name
+    if models.is_import_path(name):
+        return models.ModelSpec(name=name, input_size=(3, cfg.data.image_size or 224, cfg.data.image_size or 224),
+                                num_classes=cfg.model.num_classes or 0)
+    try:
+        return models.get_spec(name)
+    except models.UnknownModelError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def image_size(cfg, spec: models.ModelSpec) -> int:
+    return cfg.data.image_size or spec.input_size[1]
+
+
+def normalisation(cfg, spec: models.ModelSpec) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    mean = tuple(cfg.model.mean) if cfg.model.mean else spec.mean
+    std = tuple(cfg.model.std) if cfg.model.std else spec.std
+    if len(mean) != len(std):
+        raise UsageError(f"model.mean has {len(mean)} values but model.std has {len(std)}")
+    return mean, std
+
+
+def build(cfg, num_classes: int, size: int) -> tuple[nn.Module, models.ModelSpec]:
+    """Instantiate the model for ``num_classes`` at ``size`` and check its output shape once."""
+    try:
+        module, spec = models.create_model(cfg.model.name, num_classes=num_classes, image_size=size)
+    except models.UnknownModelError as exc:
+        raise UsageError(str(exc)) from None
+    mean, std = normalisation(cfg, spec)
+    spec = spec.with_overrides(mean=mean, std=std, num_classes=num_classes, input_size=(len(mean), size, size))
+    module.eval()
+    with torch.no_grad():
+        try:
+            out = module(torch.zeros(2, len(mean), size, size))
+        except Exception as exc:
+            raise UsageError(f"model {cfg.model.name!r} cannot run on {len(mean)}x{size}x{size} images: "
+                             f"{type(exc).__name__}: {exc}") from None
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, num_classes):
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise UsageError(
+            f"model {cfg.model.name!r} returns {shape} for a batch of 2, but the data set has {num_classes} classes; "
+            "its factory should accept num_classes (or set model.num_classes to match the data)"
+        )
+    return module, spec
+
+
+def classifier_head(module: nn.Module) -> nn.Linear | None:
+    last = None
+    for m in module.modules():
+        if isinstance(m, nn.Linear):
+            last = m
+    return last
+
+
+def load_state_dict_file(path: str | Path) -> dict[str, torch.Tensor]:
+    """Load weights from ``.safetensors`` or from a ``.pt``/``.pth`` with ``weights_only=True`` (never full pickle)."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise InputError(f"weights file {path} does not exist")
+    if path.suffix == ".safetensors":
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(str(path))
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise InputError(f"{path} is not a readable safetensors file: {exc}") from None
+    state = safe_torch_load(path, what="weights file")
+    if isinstance(state, dict) and isinstance(state.get("model"), dict):
+        state = state["model"]  # a pipeline checkpoint
+    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise InputError(f"{path} does not hold a state dict (a mapping of names to tensors)")
+    return state
+
+
+def safe_torch_load(path: str | Path, what: str):
+    """``torch.load(weights_only=True)``: tensors and plain containers only, never arbitrary objects."""
+    import pickle
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise InputError(_refusal(Path(path), what, str(exc))) from None
+    except (RuntimeError, EOFError, OSError, ValueError, KeyError, AttributeError, IndexError, TypeError,
+            MemoryError, OverflowError, UnicodeDecodeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise InputError(f"{path}: {what} is truncated or corrupt ({type(exc).__name__}: {first[:200]})") from None
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_GLOBAL = re.compile(r"Unsupported global: GLOBAL (\S+)")
+
+
+def _refusal(path: Path, what: str, text: str) -> str:
+    """One line for torch's weights-only refusal, without its advice to retry with ``weights_only=False``."""
+    text = _ANSI.sub("", text)
+    found = _GLOBAL.search(text)
+    if found:
+        return (f"{path}: {what} refused: it references {found.group(1)}, which a weights-only file may not hold "
+                "(a pickle that could run code); only tensors and plain containers are loaded, never arbitrary "
+                "pickles")
+    reason = text.split("WeightsUnpickler error:", 1)[1] if "WeightsUnpickler error:" in text else text
+    reason = " ".join(reason.split("Check the documentation of torch.load")[0].split())[:200] or "unreadable"
+    return (f"{path}: {what} refused: not a weights-only PyTorch file ({reason}); it is corrupt, or a pickle "
+            "with content other than tensors and plain containers, which is never loaded")
+
+
+def load_init_weights(module: nn.Module, path: str) -> dict:
+    """Load ``train.init_weights``; a classifier head of another size is replaced, anything else must fit."""
+    state = load_state_dict_file(path)
+    own = module.state_dict()
+    head = classifier_head(module)
+    head_keys = {f"{name}.{p}" for name, m in module.named_modules() if m is head for p in ("weight", "bias")}
+    replaced, mismatched = [], []
+    for key in list(state):
+        if key in own and tuple(state[key].shape) != tuple(own[key].shape):
+            if key in head_keys:
+                replaced.append(f"{key} {tuple(state[key].shape)} -> {tuple(own[key].shape)}")
+                del state[key]
+            else:
+                mismatched.append(f"{key}: file {tuple(state[key].shape)}, model {tuple(own[key].shape)}")
+    if mismatched:
+        raise InputError(f"{path} does not fit model: " + "; ".join(mismatched[:5])
+                         + (f" (and {len(mismatched) - 5} more)" if len(mismatched) > 5 else ""))
+    result = module.load_state_dict(state, strict=False)
+    missing = [k for k in result.missing_keys if k not in head_keys or not replaced]
+    return {
+        "path": str(path),
+        "missing_keys": missing,
+        "unexpected_keys": list(result.unexpected_keys),
+        "replaced_head": replaced,
+    }
+
+
+def write_card(run: RunDir, card: dict) -> None:
+    write_json(run.file(MODEL_CARD), card)
+
+
+def read_card(run: RunDir, consumer: str) -> dict:
+    path = run.require(MODEL_CARD, "train", consumer)
+    card = read_json(path, "model card")
+    if not isinstance(card, dict) or not isinstance(card.get("spec"), dict):
+        raise InputError(f"{path} is not a pipeline model card; re-run train")
+    problem = _spec_problem(card["spec"])
+    if problem:
+        raise InputError(f"{path} is not a valid model card ({problem}); re-run train")
+    return card
+
+
+def _spec_problem(spec: dict) -> str | None:
+    """What is wrong with a model card's spec (it sizes tensors, so it is checked before use), or None."""
+    def count(v, lo, hi):
+        return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+
+    size = spec.get("input_size")
+    if not (isinstance(size, list) and len(size) == 3 and all(count(d, 1, 4096) for d in size)):
+        return f"spec.input_size {size!r} is not [channels, height, width] of sizes 1..4096"
+    if not count(spec.get("num_classes"), 1, 1_000_000):
+        return f"spec.num_classes {spec.get('num_classes')!r} is not a positive class count"
+    for key in ("input_name", "output_name"):
+        if not isinstance(spec.get(key), str) or not spec.get(key):
+            return f"spec.{key} {spec.get(key)!r} is not a tensor name"
+    for key in ("mean", "std"):
+        values = spec.get(key)
+        if not (isinstance(values, list) and len(values) == size[0]
+                and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)):
+            return f"spec.{key} {values!r} is not {size[0]} numbers"
+    return None
+
+
+def load_trained(cfg, run: RunDir, consumer: str) -> tuple[nn.Module, dict]:
+    """The trained FP32 model (eval mode, CPU) and its model card."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    card = read_card(run, consumer)
+    weights = run.require(WEIGHTS, "train", consumer)
+    spec = card["spec"]
+    if card.get("model") != cfg.model.name:
+        raise InputError(
+            f"{run.path} holds a trained {card.get('model')!r}, but the config asks for {cfg.model.name!r}; "
+            "re-run train or use another --run-dir"
+        )
+    module, _ = build(cfg, spec["num_classes"], spec["input_size"][1])
+    try:
+        state = load_file(str(weights))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise InputError(f"{weights} is truncated or corrupt ({exc}); re-run train") from None
+    try:
+        module.load_state_dict(state, strict=True)
+    except RuntimeError as exc:
+        raise InputError(f"{weights} does not match model {cfg.model.name!r}: {str(exc).splitlines()[0]}") from None
+    return module.eval(), card

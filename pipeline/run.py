@@ -1,0 +1,336 @@
+"""The run directory: atomic writes, the manifest, the lock, and per-stage bookkeeping.
+
+Every file the pipeline writes goes through :func:`atomic_path` (temporary file in the same
+directory, fsync, rename), so a crash leaves the old file or the new one, never a torn one.
+``manifest.json`` records, per stage: status (ok / skipped / failed / interrupted / running),
+times, the fingerprint of its inputs, the artifacts it wrote with their sha256, and details.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import errno
+import hashlib
+import json
+import logging
+import os
+import stat
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from pipeline.errors import InputError, PipelineError, StageFailed, UsageError
+
+MANIFEST = "manifest.json"
+CONFIG = "config.yaml"
+LOCK = ".lock"
+SCHEMA = "pipeline.manifest/1"
+
+log = logging.getLogger("pipeline")
+
+
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _fsync_dir(directory: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+TEMP_PREFIX = "."
+TEMP_SUFFIX = ".tmp"
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where the kernel tells it (Linux >= 4.7)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _final_mode(path: Path) -> int:
+    """Permissions the finished file gets: those of the file it replaces, else what ``open()`` would give.
+
+    ``mkstemp`` creates its file with mode 0600; without this every artifact would be private to its
+    owner, unlike a file the user writes (and unreadable from a container running as another user).
+    """
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        return 0o666 & ~_umask()
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; on success it replaces ``path`` in one rename.
+
+    On any failure the temporary file is removed and ``path`` is left as it was. A full disk or
+    a read-only directory becomes one clear error instead of a traceback, also when the writer
+    (``torch.save``, safetensors) reports the full disk as its own exception type. A process killed
+    mid-write leaves a ``.<name>.*.tmp`` file, which the next :meth:`RunDir.locked` removes.
+    """
+    path = Path(path)
+    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
+    except OSError as exc:
+        raise _write_error(path, exc) from None
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.chmod(tmp, _final_mode(path))
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise _write_error(path, exc) from None
+    except Exception as exc:
+        full = not isinstance(exc, PipelineError) and _disk_full(exc, path.parent)
+        tmp.unlink(missing_ok=True)
+        if full:
+            raise _write_error(path, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))) from None
+        raise
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _disk_full(exc: BaseException, directory: Path) -> bool:
+    """Whether a writer's exception is a full disk in disguise (torch.save raises a bare RuntimeError)."""
+    seen = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno == errno.ENOSPC:
+            return True
+        text = str(seen)
+        if "No space left on device" in text or "os error 28" in text:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    try:
+        return os.statvfs(directory).f_bavail == 0
+    except OSError:
+        return False
+
+
+def _write_error(path: Path, exc: OSError) -> PipelineError:
+    if exc.errno == errno.ENOSPC:
+        return StageFailed(f"cannot write {path}: no space left on device (nothing was replaced)")
+    if exc.errno in (errno.EACCES, errno.EROFS, errno.EPERM):
+        return UsageError(f"cannot write {path}: {os.strerror(exc.errno)}")
+    return StageFailed(f"cannot write {path}: {exc.strerror or exc}")
+
+
+def atomic_write(path: str | Path, data: bytes | str) -> None:
+    with atomic_path(path) as tmp:
+        if isinstance(data, str):
+            tmp.write_text(data, encoding="utf-8")
+        else:
+            tmp.write_bytes(data)
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    atomic_write(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def read_json(path: str | Path, what: str) -> Any:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path}: {what} is unreadable or corrupt ({exc})") from None
+
+
+class StageRecord:
+    """What a stage reports about itself while it runs; saved into the manifest."""
+
+    def __init__(self, run: "RunDir", name: str, entry: dict):
+        self.run = run
+        self.name = name
+        self.entry = entry
+
+    @property
+    def details(self) -> dict:
+        return self.entry.setdefault("details", {})
+
+    def artifact(self, filename: str) -> Path:
+        """Record a file this stage wrote (hash taken now) and return its path."""
+        path = self.run.path / filename
+        self.entry.setdefault("artifacts", {})[filename] = {
+            "sha256": sha256_file(path),
+            "bytes": path.stat().st_size,
+        }
+        return path
+
+    def skip(self, reason: str) -> None:
+        """Mark the stage ``skipped`` with the exact reason (it still ends normally)."""
+        self.entry["status"] = "skipped"
+        self.entry["reason"] = reason
+
+    def save(self) -> None:
+        self.run.save_manifest()
+
+
+class RunDir:
+    """A run directory and its manifest. Use :meth:`locked` around any writing work."""
+
+    def __init__(self, path: str | Path, *, create: bool = True):
+        self.path = Path(path)
+        if self.path.exists() and not self.path.is_dir():
+            raise UsageError(f"run directory {self.path} exists and is not a directory")
+        if create:
+            try:
+                self.path.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise UsageError(f"cannot create run directory {self.path}: {exc.strerror or exc}") from None
+        elif not self.path.is_dir():
+            raise InputError(f"run directory {self.path} does not exist")
+        self._lock_fd: int | None = None
+        self.manifest = self._load_manifest()
+
+    # ------------------------------------------------------------------ manifest
+
+    def _load_manifest(self) -> dict:
+        path = self.path / MANIFEST
+        if not path.exists():
+            return {"schema": SCHEMA, "created": now(), "stages": {}}
+        data = read_json(path, "manifest")
+        if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("stages"), dict):
+            raise InputError(f"{path} is not a pipeline manifest; move it away or use another --run-dir")
+        return data
+
+    def save_manifest(self) -> None:
+        self.manifest["updated"] = now()
+        write_json(self.path / MANIFEST, self.manifest)
+
+    def stage_entry(self, name: str) -> dict | None:
+        return self.manifest["stages"].get(name)
+
+    def file(self, name: str) -> Path:
+        return self.path / name
+
+    def recorded_hash(self, filename: str) -> str | None:
+        for entry in self.manifest["stages"].values():
+            info = entry.get("artifacts", {}).get(filename)
+            if info:
+                return info["sha256"]
+        return None
+
+    def require(self, filename: str, producer: str, consumer: str) -> Path:
+        """The path of an input artifact, or an error telling which stage to run first."""
+        path = self.path / filename
+        if not path.is_file():
+            raise InputError(
+                f"{consumer} needs {filename} in {self.path}, which the {producer} stage writes; "
+                f"run `python -m pipeline {producer} --run-dir {self.path}` first"
+            )
+        return path
+
+    # ------------------------------------------------------------------ locking
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator["RunDir"]:
+        """Hold the run directory's lock; a second process refuses with a clear message."""
+        import fcntl
+
+        lock_path = self.path / LOCK
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise UsageError(f"run directory {self.path} is not writable: {exc.strerror or exc}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise UsageError(
+                f"run directory {self.path} is in use by another pipeline process (pid {holder}); "
+                "wait for it to finish or use another --run-dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._lock_fd = fd
+        try:
+            if os.access(self.path, os.W_OK) is False:
+                raise UsageError(f"run directory {self.path} is not writable")
+            self.remove_stale_temporaries()
+            yield self
+        finally:
+            self._lock_fd = None
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def remove_stale_temporaries(self) -> list[Path]:
+        """Delete ``.<name>.*.tmp`` files that a killed process left behind (call with the lock held)."""
+        removed = []
+        for tmp in self.path.glob(f"{TEMP_PREFIX}*{TEMP_SUFFIX}"):
+            with contextlib.suppress(OSError):
+                if tmp.is_file() and not tmp.is_symlink():
+                    tmp.unlink()
+                    removed.append(tmp)
+        if removed:
+            log.info("removed %d temporary file(s) left by an interrupted process: %s", len(removed),
+                     ", ".join(p.name for p in removed))
+        return removed
+
+    # ------------------------------------------------------------------ stages
+
+    @contextlib.contextmanager
+    def stage(self, name: str, fingerprint: str | None = None) -> Iterator[StageRecord]:
+        """Bookkeeping around one stage: running -> ok / skipped / failed / interrupted."""
+        entry = {"status": "running", "started": now(), "fingerprint": fingerprint, "artifacts": {}, "details": {}}
+        self.manifest["stages"][name] = entry
+        self.save_manifest()
+        record = StageRecord(self, name, entry)
+        start = time.perf_counter()
+
+        def finish(status: str, **extra) -> None:
+            entry.update(extra)
+            if entry["status"] == "running" or status != "ok":
+                entry["status"] = status
+            entry["ended"] = now()
+            entry["duration_s"] = round(time.perf_counter() - start, 3)
+            if status == "ok":
+                self.save_manifest()
+                return
+            # The stage already failed: its own error is the one to report. If the manifest cannot be
+            # written either (a full disk), say so, but do not replace that error with this one.
+            try:
+                self.save_manifest()
+            except PipelineError as exc:
+                log.warning("could not record the %s stage as %s: %s", name, status, exc)
+
+        try:
+            yield record
+        except KeyboardInterrupt:
+            finish("interrupted", error="interrupted by the user")
+            raise
+        except PipelineError as exc:
+            status = "failed"
+            finish(status, error=str(exc), exit_code=exc.exit_code)
+            raise
+        except Exception as exc:
+            finish("failed", error=f"{type(exc).__name__}: {exc}")
+            raise
+        else:
+            finish("ok")

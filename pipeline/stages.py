@@ -1,0 +1,178 @@
+"""The stage table, input fingerprints, and running stages (one at a time or ``all`` in order).
+
+``all`` calls exactly the same stage functions as the subcommands. With nothing changed, a
+stage whose fingerprint (its config sections, the sha256 of its input artifacts, the code
+and library versions, and the relevant hardware) matches the manifest, and whose recorded
+outputs still hash the same, is skipped; a change re-runs that stage and, through the new
+artifact hashes, everything downstream of it.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+import importlib
+import importlib.util
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from pipeline import env
+from pipeline.run import RunDir, read_json, sha256_file
+
+log = logging.getLogger("pipeline")
+
+ORDER = ("train", "export", "build", "verify", "benchmark")
+
+# The stage currently running, for error messages ("error: export: ...").
+current_stage: contextvars.ContextVar[str] = contextvars.ContextVar("current_stage", default="pipeline")
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    module: str  # pipeline.<module>.run(cfg, run_dir, record, **options)
+    config_keys: tuple[str, ...]
+    inputs: tuple[str, ...]  # artifact files whose hashes enter the fingerprint (when present)
+
+    def function(self) -> Callable:
+        return getattr(importlib.import_module(f"pipeline.{self.module}"), "run")
+
+
+STAGES = {
+    "train": Stage("train", "train", ("model", "data", "train"), ()),
+    "export": Stage("export", "export", ("model", "data", "export"),
+                    ("model.safetensors", "model.json", "fp16_fallback.json")),
+    "build": Stage("build", "build", ("build", "require"), ("model.fp16.onnx",)),
+    "verify": Stage("verify", "verify", ("model", "data", "verify", "require"),
+                    ("model.safetensors", "model.json", "model.onnx", "model.fp16.onnx", "model.fp16.engine")),
+    "benchmark": Stage("benchmark", "benchmark", ("model", "data", "benchmark"),
+                       ("model.safetensors", "model.onnx", "model.fp16.onnx", "model.fp16.engine")),
+}
+
+
+# --------------------------------------------------------------------------- fingerprints
+
+
+def _source_files(cfg) -> list[Path]:
+    roots = [Path(__file__).parent, Path(importlib.util.find_spec("models").origin).parent]
+    files = sorted(p for root in roots for p in root.rglob("*.py"))
+    name = cfg.model.name
+    if ":" in name:  # a user model: its source is part of the code version
+        module = name.rpartition(":")[0]
+        if module.endswith(".py"):
+            files.append(Path(module).expanduser().resolve())
+        else:
+            try:
+                spec = importlib.util.find_spec(module)
+                if spec and spec.origin:
+                    files.append(Path(spec.origin))
+            except (ImportError, ValueError):
+                pass
+    return files
+
+
+def code_version(cfg) -> str:
+    digest = hashlib.sha256()
+    for path in _source_files(cfg):
+        if path.is_file():
+            digest.update(path.name.encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _libraries() -> dict:
+    return {name: env.package_version(name) for name in
+            ("torch", "onnx", "onnxruntime", "onnxruntime-gpu", "polygraphy", "nvidia-modelopt", "tensorrt",
+             "tensorrt-cu12", "tensorrt-cu13")}
+
+
+def _hardware(stage: str, cfg) -> dict:
+    if stage == "build":
+        trt, reason = env.tensorrt_status()
+        return {"tensorrt": getattr(trt, "__version__", reason), "gpu": _gpu_name()}
+    if stage == "benchmark":
+        return {"cpu": env.cpu_model(), "cores": env.usable_cores(), "gpu": _gpu_name(),
+                "tensorrt": getattr(env.tensorrt_status()[0], "__version__", None)}
+    if stage == "verify":
+        return {"gpu": _gpu_name(), "tensorrt": getattr(env.tensorrt_status()[0], "__version__", None)}
+    return {}
+
+
+def _gpu_name() -> str | None:
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
+
+
+def _verify_outcome(run: RunDir) -> dict | None:
+    """Benchmark shows verify's verdict per backend, so the verdicts (not the whole report) enter its fingerprint."""
+    path = run.file("verify.json")
+    if not path.exists():
+        return None
+    try:
+        report = read_json(path, "verify report")
+        return {c["name"]: c["status"] for c in report.get("candidates", [])}
+    except Exception:
+        return None
+
+
+def fingerprint(stage: Stage, cfg, run: RunDir) -> str:
+    config = cfg.to_dict()
+    payload = {
+        "stage": stage.name,
+        "config": {key: config[key] for key in stage.config_keys},
+        "inputs": {name: sha256_file(run.file(name)) if run.file(name).is_file() else None for name in stage.inputs},
+        "code": code_version(cfg),
+        "libraries": _libraries(),
+        "hardware": _hardware(stage.name, cfg),
+    }
+    if stage.name == "benchmark":
+        payload["verify"] = _verify_outcome(run)
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def up_to_date(stage: Stage, cfg, run: RunDir) -> tuple[bool, str]:
+    """Whether ``stage`` can be skipped: same fingerprint, finished, outputs still intact."""
+    entry = run.stage_entry(stage.name)
+    if not entry or entry.get("status") not in ("ok", "skipped"):
+        return False, "not run yet" if not entry else f"last run {entry.get('status')}"
+    if entry.get("fingerprint") != fingerprint(stage, cfg, run):
+        return False, "inputs changed"
+    for name, info in entry.get("artifacts", {}).items():
+        path = run.file(name)
+        if not path.is_file() or sha256_file(path) != info["sha256"]:
+            return False, f"{name} is missing or was modified"
+    return True, ""
+
+
+# --------------------------------------------------------------------------- running
+
+
+def run_stage(name: str, cfg, run: RunDir, **options) -> dict:
+    """Run one stage with manifest bookkeeping; returns its manifest entry."""
+    stage = STAGES[name]
+    token = current_stage.set(name)
+    with run.stage(name, fingerprint(stage, cfg, run)) as record:
+        stage.function()(cfg, run, record, **options)
+    current_stage.reset(token)  # left set on failure, so the CLI can name the stage that failed
+    return run.stage_entry(name)
+
+
+def run_all(cfg, run: RunDir, *, force: set[str] | None = None, options: dict | None = None) -> dict:
+    """train -> export -> build -> verify -> benchmark; unchanged stages are skipped unless forced."""
+    force = force or set()
+    options = options or {}
+    for name in ORDER:
+        stage = STAGES[name]
+        if name not in force:
+            fresh, why = up_to_date(stage, cfg, run)
+            if fresh:
+                entry = run.stage_entry(name)
+                log.info("%s: unchanged since %s, skipped (--force %s re-runs it)", name, entry.get("ended"), name)
+                continue
+            log.debug("%s: %s", name, why)
+        run_stage(name, cfg, run, **options.get(name, {}))
+    return run.manifest

@@ -1,0 +1,79 @@
+"""Shared helpers: tiny configurations, the command line in-process and as a subprocess, a trained tiny run."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FAULTS = ROOT / "tests" / "fault_models.py"
+
+# Small enough that every stage runs in seconds on 2 CPU cores.
+TINY = [
+    "data.samples_per_class=12",
+    "data.image_size=16",
+    "data.batch_size=32",
+    "train.epochs=1",
+    "train.log_every=1",
+    "export.fp16.calibration_samples=16",
+    "verify.samples=48",
+    "verify.batch_size=16",
+    "benchmark.batch_sizes=[1,4]",
+    "benchmark.min_duration_s=0.02",
+    "benchmark.min_iterations=3",
+    "benchmark.trials=2",
+    "benchmark.warmup_s=0",
+    "benchmark.backends=[torch_fp32,onnxrt_fp32,onnxrt_fp16]",
+]
+
+
+def cli(*args: str, **kwargs) -> int:
+    """Run the command line in this process; returns the exit code."""
+    from pipeline.cli import main
+
+    return main([str(a) for a in args])
+
+
+def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: int = 600,
+            **kwargs) -> subprocess.CompletedProcess:
+    """Run ``python -m pipeline`` in a subprocess, as a user would."""
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    return subprocess.run([sys.executable, "-m", "pipeline", *map(str, args)], cwd=cwd or ROOT, env=full_env,
+                          capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory) -> Path:
+    """A complete ``all`` run of tiny_cnn; copy it (``clone_run``) before changing anything in it."""
+    run_dir = tmp_path_factory.mktemp("tiny") / "run"
+    assert cli("all", "--model", "tiny_cnn", "--run-dir", run_dir, *TINY) == 0
+    return run_dir
+
+
+@pytest.fixture
+def clone_run(tiny_run, tmp_path):
+    def clone() -> Path:
+        target = tmp_path / "run"
+        shutil.copytree(tiny_run, target)
+        (target / ".lock").unlink(missing_ok=True)
+        return target
+
+    return clone
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` skip, with the reason, where no CUDA GPU is visible."""
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    if not gpu_items:
+        return
+    from pipeline import env
+
+    ok, reason = env.cuda_status()
+    if not ok:
+        for item in gpu_items:
+            item.add_marker(pytest.mark.skip(reason=f"needs a CUDA GPU: {reason}"))

@@ -1,0 +1,65 @@
+"""Models with planted faults, used as user models (``--model tests/fault_models.py:<factory>``).
+
+Each is a small CNN that trains normally in FP32; the fault only shows after export or in FP16.
+"""
+
+import torch
+from torch import nn
+
+
+class _Base(nn.Module):
+    def __init__(self, num_classes: int):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 16, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(16)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(16, num_classes)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.bn(self.conv(x)))
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.flatten(self.pool(h), 1))
+
+
+class Cancellation(_Base):
+    """Adds and subtracts a large constant: every value stays far inside FP16's range (|x| < 400),
+    so no range rule can see it, but FP16 rounding at 384 (steps of 0.25) wipes out the small part."""
+
+    def forward(self, x):
+        f = torch.flatten(self.pool(self.features(x)), 1)
+        f = (f + 384.0) - 384.0
+        return self.fc(f)
+
+
+class Overflow(_Base):
+    """Activations of 80k-400k in the middle (above FP16's 65504), scaled back down afterwards."""
+
+    def forward(self, x):
+        h = self.features(x) + 2.0
+        h = h * 40000.0
+        h = h / 40000.0
+        return self.head(h - 2.0)
+
+
+class BatchBranch(_Base):
+    """A Python branch on the input that the tracer freezes: the export example (2 images) takes
+    the 'fast path', every other batch size the real one, so the exported graph is wrong."""
+
+    def forward(self, x):
+        logits = self.head(self.features(x))
+        if x.shape[0] == 2:
+            return logits * 0.0
+        return logits
+
+
+def cancellation(num_classes: int = 10):
+    return Cancellation(num_classes)
+
+
+def overflow(num_classes: int = 10):
+    return Overflow(num_classes)
+
+
+def batch_branch(num_classes: int = 10):
+    return BatchBranch(num_classes)
