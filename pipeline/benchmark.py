@@ -21,8 +21,8 @@ from typing import Callable
 
 import numpy as np
 
-from pipeline import build, env, export, modeling
-from pipeline.errors import BackendUnavailable
+from pipeline import build, env, export, modeling, onnx_io
+from pipeline.errors import BackendUnavailable, InputError
 from pipeline.run import RunDir, StageRecord, atomic_path, atomic_write, now, read_json, write_json
 
 log = logging.getLogger("pipeline")
@@ -213,6 +213,8 @@ def onnxrt_backend(name: str, model_source, images, *, input_name: str, threads:
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.log_severity_level = 3
+    if not isinstance(model_source, bytes):
+        onnx_io.load(model_source)  # external-data check and a clear error for a corrupt file
     source = str(model_source) if not isinstance(model_source, bytes) else model_source
     session = ort.InferenceSession(source, options, providers=providers)
     if providers[0] == "CUDAExecutionProvider" and "CUDAExecutionProvider" not in session.get_providers():
@@ -319,7 +321,7 @@ def plan_backends(cfg, run_dir: RunDir, model, card, images, threads: int) -> li
                     backends.append(tensorrt_backend(run_dir, images, input_name=spec["input_name"],
                                                      output_name=spec["output_name"],
                                                      cuda_graphs=cfg.benchmark.cuda_graphs))
-        except BackendUnavailable:
+        except (BackendUnavailable, InputError):
             raise
         except Exception as exc:  # one backend that cannot start does not stop the others
             backends.append(Backend(name, "?", device, reason=f"could not start: {type(exc).__name__}: {exc}"))

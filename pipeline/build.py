@@ -158,7 +158,10 @@ def check_sidecar(engine_path: Path, engine_bytes: bytes, sidecar_path: Path, pl
     if not sidecar_path.is_file():
         raise InputError(f"{engine_path.name} has no sidecar {sidecar_path.name}: only engines this tool built and "
                          f"recorded are loaded (an engine is executable code); {rebuild}")
-    sidecar = read_json(sidecar_path, "engine sidecar")
+    try:
+        sidecar = read_json(sidecar_path, "engine sidecar")
+    except InputError as exc:
+        raise InputError(f"{exc}; refusing to load {engine_path.name}; {rebuild}") from None
     if not isinstance(sidecar, dict) or sidecar.get("schema") != SIDECAR_SCHEMA or \
             not str(sidecar.get("built_by", "")).startswith("pipeline "):
         raise InputError(f"{sidecar_path.name} is not a pipeline engine sidecar; refusing to load {engine_path.name}; "

@@ -120,30 +120,33 @@ def _sanitize(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "model"
 
 
-def resolve_config(args) -> tuple[object, "Path"]:
-    """Defaults <- run directory's config.yaml <- --config <- --model <- overrides <- --require."""
+def resolve_config(args) -> tuple[object, Path, object]:
+    """Defaults <- run directory's config.yaml <- --config <- --model <- overrides; then --require.
+
+    Returns ``(cfg, run_dir, saved)``: ``saved`` is what the run directory keeps, without this
+    invocation's ``--require`` flags (those apply to this command only).
+    """
     from pipeline import config as config_mod
     from pipeline.run import CONFIG
 
     overrides = list(getattr(args, "overrides", []) or [])
     if getattr(args, "model", None):
         overrides.insert(0, f"model.name={args.model}")
-    base = {}
     run_dir = getattr(args, "run_dir", None)
-    if run_dir is not None and (run_dir / CONFIG).is_file():
-        base = config_mod.load_yaml_file(run_dir / CONFIG)
-    cfg = config_mod.resolve(base, getattr(args, "config", None), overrides)
-    required = sorted(set(cfg.require) | set(getattr(args, "require", []) or []))
-    if required != cfg.require:
-        cfg = cfg.model_copy(update={"require": required})
-    if run_dir is None:
-        run_dir = Path("runs") / _sanitize(cfg.model.name)
-        if (run_dir / CONFIG).is_file():  # the default run directory keeps its own config too
-            base = config_mod.load_yaml_file(run_dir / CONFIG)
-            cfg = config_mod.resolve(base, getattr(args, "config", None), overrides)
-            if required != cfg.require:
-                cfg = cfg.model_copy(update={"require": required})
-    return cfg, run_dir
+
+    def resolve(directory):
+        base = {}
+        if directory is not None and (directory / CONFIG).is_file():
+            base = config_mod.load_yaml_file(directory / CONFIG)
+        return config_mod.resolve(base, getattr(args, "config", None), overrides)
+
+    saved = resolve(run_dir)
+    if run_dir is None:  # the default run directory keeps its own config too
+        run_dir = Path("runs") / _sanitize(saved.model.name)
+        saved = resolve(run_dir)
+    required = sorted(set(saved.require) | set(getattr(args, "require", []) or []))
+    cfg = saved.model_copy(update={"require": required}) if required != saved.require else saved
+    return cfg, run_dir, saved
 
 
 def _check_not_distributed(command: str) -> None:
@@ -153,13 +156,16 @@ def _check_not_distributed(command: str) -> None:
         raise UsageError(f"only 'train' runs under torchrun; run '{command}' as a single process")
 
 
-def _open_run(cfg, run_dir: Path):
+def _open_run(cfg, run_dir: Path, saved):
+    """Check the model name first (nothing is created for a typo), then open the run directory."""
     from pipeline import config as config_mod
+    from pipeline import modeling
     from pipeline.run import CONFIG, RunDir, atomic_write
 
+    modeling.check_model_name(cfg)
     run = RunDir(run_dir)
     run.manifest["model"] = cfg.model.name
-    return run, lambda: atomic_write(run.file(CONFIG), config_mod.dump_yaml(cfg))
+    return run, lambda: atomic_write(run.file(CONFIG), config_mod.dump_yaml(saved))
 
 
 def _on_sigterm(signum, frame):
@@ -189,7 +195,7 @@ def cmd_config(args) -> int:
         for key, default, doc in config_mod.describe():
             print(f"{key:<48} {str(default):<24} {doc}")
         return 0
-    cfg, _ = resolve_config(args)
+    cfg, _, _ = resolve_config(args)
     print(config_mod.dump_yaml(cfg), end="")
     return 0
 
@@ -197,9 +203,11 @@ def cmd_config(args) -> int:
 def cmd_stage(args) -> int:
     from pipeline import stages
 
-    cfg, run_dir = resolve_config(args)
+    cfg, run_dir, saved = resolve_config(args)
     _check_not_distributed(args.command)
-    run, save_config = _open_run(cfg, run_dir)
+    if args.command == "train" and os.environ.get("RANK", "0") != "0":
+        return _train_worker_rank(cfg, run_dir, args)
+    run, save_config = _open_run(cfg, run_dir, saved)
     options = {}
     if args.command == "train":
         options = {"resume": args.resume, "profile": args.profile}
@@ -215,12 +223,25 @@ def cmd_stage(args) -> int:
     return 0
 
 
+def _train_worker_rank(cfg, run_dir: Path, args) -> int:
+    """torchrun ranks > 0 train in step with rank 0, which alone locks the run directory and writes
+    the config, the manifest and the artifacts."""
+    from pipeline import train
+    from pipeline.run import RunDir, StageRecord
+    from pipeline.stages import current_stage
+
+    run = RunDir(run_dir)
+    current_stage.set("train")
+    train.run(cfg, run, StageRecord(run, "train", {}), resume=args.resume, profile=args.profile)
+    return 0
+
+
 def cmd_all(args) -> int:
     from pipeline import stages
 
-    cfg, run_dir = resolve_config(args)
+    cfg, run_dir, saved = resolve_config(args)
     _check_not_distributed("all")
-    run, save_config = _open_run(cfg, run_dir)
+    run, save_config = _open_run(cfg, run_dir, saved)
     force = set(stages.ORDER) if args.force == [] else set(args.force or [])
     options = {"verify": {"auto_fallback": args.auto_fallback or cfg.verify.auto_fallback}}
     log.info("pipeline %s: %s -> %s", __version__, cfg.model.name, run.path)
@@ -237,7 +258,7 @@ def cmd_all(args) -> int:
 def cmd_report(args) -> int:
     from pipeline import report
 
-    cfg, run_dir = resolve_config(args)
+    cfg, run_dir, _ = resolve_config(args)
     from pipeline.run import RunDir
 
     run = RunDir(run_dir, create=False)
@@ -251,7 +272,7 @@ def cmd_report(args) -> int:
 def cmd_bench_train(args) -> int:
     from pipeline import bench_train
 
-    cfg, _ = resolve_config(args)
+    cfg, _, _ = resolve_config(args)
     _check_not_distributed("bench-train")
     result = bench_train.run(cfg, steps=args.steps, amp=args.amp)
     print(bench_train.format_result(result))
@@ -315,6 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get("RANK", "0") != "0":
         log.setLevel(logging.WARNING)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    from pipeline.stages import current_stage
+
+    stage_token = current_stage.set("pipeline")
     try:
         return COMMANDS[args.command](args)
     except ConfigError as err:
@@ -336,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         return EXIT_RUNTIME
     finally:
+        current_stage.reset(stage_token)
         signal.signal(signal.SIGTERM, previous)
 
 

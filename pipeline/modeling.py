@@ -28,6 +28,17 @@ def resolve_spec(cfg) -> models.ModelSpec:
         raise UsageError(str(exc)) from None
 
 
+def check_model_name(cfg) -> None:
+    """Fail early (exit 2) on an unknown model or a user factory that cannot be imported."""
+    try:
+        if models.is_import_path(cfg.model.name):
+            models._load_factory(cfg.model.name)
+        else:
+            models.get_spec(cfg.model.name)
+    except models.UnknownModelError as exc:
+        raise UsageError(str(exc)) from None
+
+
 def image_size(cfg, spec: models.ModelSpec) -> int:
     return cfg.data.image_size or spec.input_size[1]
 
@@ -121,8 +132,11 @@ def _refusal(path: Path, what: str, text: str) -> str:
         return (f"{path}: {what} refused: it references {found.group(1)}, which a weights-only file may not hold "
                 "(a pickle that could run code); only tensors and plain containers are loaded, never arbitrary "
                 "pickles")
-    reason = text.split("WeightsUnpickler error:", 1)[1] if "WeightsUnpickler error:" in text else text
-    reason = " ".join(reason.split("Check the documentation of torch.load")[0].split())[:200] or "unreadable"
+    if "WeightsUnpickler error:" in text:
+        reason = text.split("WeightsUnpickler error:", 1)[1].split("Check the documentation of torch.load")[0]
+    else:  # never pass on torch's advice to retry with weights_only=False
+        reason = next((line for line in text.splitlines() if line.strip() and "weights_only" not in line), "")
+    reason = " ".join(reason.split())[:200] or "unreadable"
     return (f"{path}: {what} refused: not a weights-only PyTorch file ({reason}); it is corrupt, or a pickle "
             "with content other than tensors and plain containers, which is never loaded")
 

@@ -16,8 +16,8 @@ def _read(path: Path, what: str = "ONNX model", producer: str = "export") -> onn
         return onnx.load(str(path), load_external_data=False)
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise InputError(f"{path}: {what} is truncated or corrupt, not a readable ONNX model "
-                         f"({type(exc).__name__}: {first[:200]}); re-run {producer}") from None
+        raise InputError(f"{path}: {what} is truncated or corrupt ({type(exc).__name__}: {first[:200]}); "
+                         f"re-run {producer}") from None
 
 
 def _external_tensors(model: onnx.ModelProto):

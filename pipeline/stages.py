@@ -15,6 +15,7 @@ import importlib
 import importlib.util
 import json
 import logging
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -36,20 +37,25 @@ class Stage:
     module: str  # pipeline.<module>.run(cfg, run_dir, record, **options)
     config_keys: tuple[str, ...]
     inputs: tuple[str, ...]  # artifact files whose hashes enter the fingerprint (when present)
+    after: tuple[str, ...]  # upstream stages: when one of them re-runs, this stage re-runs too
 
     def function(self) -> Callable:
         return getattr(importlib.import_module(f"pipeline.{self.module}"), "run")
 
 
 STAGES = {
-    "train": Stage("train", "train", ("model", "data", "train"), ()),
+    "train": Stage("train", "train", ("model", "data", "train"), (), ()),
     "export": Stage("export", "export", ("model", "data", "export"),
-                    ("model.safetensors", "model.json", "fp16_fallback.json")),
-    "build": Stage("build", "build", ("build", "require"), ("model.fp16.onnx",)),
+                    ("model.safetensors", "model.json", "fp16_fallback.json"), ("train",)),
+    "build": Stage("build", "build", ("build", "require"), ("model.fp16.onnx",), ("export",)),
     "verify": Stage("verify", "verify", ("model", "data", "verify", "require"),
-                    ("model.safetensors", "model.json", "model.onnx", "model.fp16.onnx", "model.fp16.engine")),
+                    ("model.safetensors", "model.json", "model.onnx", "model.fp16.onnx", "model.fp16.engine"),
+                    ("train", "export", "build")),
+    # Benchmark shows verify's verdicts, so those (not verify's whole report) enter its fingerprint:
+    # a tolerance change that does not flip a verdict does not re-time anything.
     "benchmark": Stage("benchmark", "benchmark", ("model", "data", "benchmark"),
-                       ("model.safetensors", "model.onnx", "model.fp16.onnx", "model.fp16.engine")),
+                       ("model.safetensors", "model.onnx", "model.fp16.onnx", "model.fp16.engine"),
+                       ("train", "export", "build")),
 }
 
 
@@ -128,6 +134,9 @@ def fingerprint(stage: Stage, cfg, run: RunDir) -> str:
         "code": code_version(cfg),
         "libraries": _libraries(),
         "hardware": _hardware(stage.name, cfg),
+        # Each execution of a stage gets a new run id, so downstream stages re-run after it even
+        # when it reproduced byte-identical outputs.
+        "upstream_runs": {name: (run.stage_entry(name) or {}).get("run_id") for name in stage.after},
     }
     if stage.name == "benchmark":
         payload["verify"] = _verify_outcome(run)
@@ -156,6 +165,7 @@ def run_stage(name: str, cfg, run: RunDir, **options) -> dict:
     stage = STAGES[name]
     token = current_stage.set(name)
     with run.stage(name, fingerprint(stage, cfg, run)) as record:
+        record.entry["run_id"] = uuid.uuid4().hex
         stage.function()(cfg, run, record, **options)
     current_stage.reset(token)  # left set on failure, so the CLI can name the stage that failed
     return run.stage_entry(name)

@@ -68,7 +68,7 @@ def clone_run(tiny_run, tmp_path):
 
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``gpu`` skip, with the reason, where no CUDA GPU is visible."""
-    gpu_items = [item for item in items if "gpu" in item.keywords]
+    gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not gpu_items:
         return
     from pipeline import env

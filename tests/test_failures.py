@@ -44,11 +44,6 @@ from pipeline.errors import (
 
 def run_main(capsys, *args) -> tuple[int, str]:
     """The command line in this process (quiet): exit code and stderr."""
-    from pipeline.stages import current_stage
-
-    # A failed stage leaves pipeline.stages.current_stage set in this thread, and main() does not reset it,
-    # so a later in-process call would be labelled with that stage (reported; a separate process is not).
-    current_stage.set("pipeline")
     capsys.readouterr()
     code = cli("-q", *args)
     return code, capsys.readouterr().err
@@ -155,7 +150,7 @@ def test_wrong_types_and_ranges_all_listed_at_once(capsys, tmp_path):
     assert code == EXIT_USAGE
     lines = assert_error(err, "train.epochs: input should be greater than or equal to 1 (got -1)",
                          "data.batch_size: input should be greater than or equal to 1 (got 0)",
-                         "atol must be >= 0",
+                         "verify.fp16: atol must be >= 0",
                          "train.lr: input should be a valid number (got 'fast')",
                          "data.augment: input should be a valid boolean (got 'maybe')",
                          "export.opset: input should be a valid integer (got 12.5)", family="config")
@@ -355,8 +350,6 @@ def test_corrupt_onnx(capsys, clone_run, name, fragment):
     assert_error(err, fragment, "re-run export", family="verify")
 
 
-@pytest.mark.xfail(reason="benchmark.py turns an unreadable model.onnx into a skipped backend and exits 0 "
-                          "(reported with a patch)", strict=False)
 def test_corrupt_onnx_fails_benchmark(capsys, clone_run):
     run = clone_run()
     (run / "model.onnx").write_bytes((run / "model.onnx").read_bytes()[:100])
@@ -512,7 +505,6 @@ def test_disk_full_while_saving_a_checkpoint(capsys, clone_run, monkeypatch):
     import torch
 
     run = clone_run()
-    before = sha(run / "checkpoint.pt")
     real_save = torch.save
 
     def save(obj, f, *args, **kwargs):
@@ -632,6 +624,13 @@ def test_malicious_checkpoint_is_refused_and_never_runs(capsys, clone_run, tmp_p
     assert not marker.exists()
 
 
+def test_the_malicious_payload_is_live(tmp_path):
+    """The control: unpickled without weights_only, the payload above does create its marker."""
+    marker = tmp_path / "pwned"
+    pickle.loads(pickle.dumps({"model": _evil(marker)}, protocol=2))
+    assert marker.exists()
+
+
 def test_malicious_init_weights_are_refused(capsys, tmp_path):
     marker = tmp_path / "pwned"
     evil = tmp_path / "pretrained.pt"
@@ -721,7 +720,7 @@ def _start(run: Path, *args: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
-def _wait_for(predicate, proc: subprocess.Popen, what: str, timeout: float = 90.0) -> None:
+def _wait_for(predicate, proc: subprocess.Popen, what: str, timeout: float = 90.0, poll: float = 0.05) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
@@ -729,7 +728,7 @@ def _wait_for(predicate, proc: subprocess.Popen, what: str, timeout: float = 90.
         if proc.poll() is not None:
             out, err = proc.communicate()
             pytest.fail(f"the process ended (rc {proc.returncode}) before {what}:\n{err[-3000:]}")
-        time.sleep(0.05)
+        time.sleep(poll)
     proc.kill()
     pytest.fail(f"timed out waiting for {what}")
 
@@ -742,34 +741,43 @@ def _training_steps(run: Path) -> int:
 
 
 def test_resume_after_sigkill_at_a_random_moment(capsys, tmp_path):
+    epochs, steps_per_epoch = 3, 320 // 8  # 400 synthetic images, 80 held out, batches of 8
     run = tmp_path / "run"
-    proc = _start(run, "train", *SLOW, "train.epochs=4")
+    # A random moment: after a random number of steps (so the kill never misses the run, however fast or
+    # loaded the machine), plus a random fraction of a step. A checkpoint is written every 2 steps, so the
+    # kill may land in the middle of writing one.
+    target, jitter = random.randint(2, epochs * steps_per_epoch - 20), random.uniform(0.0, 0.01)
+    proc = _start(run, "train", *SLOW, f"train.epochs={epochs}")
     try:
-        _wait_for(lambda: (run / "checkpoint.pt").exists(), proc, "the first checkpoint")
-        delay = random.uniform(0.0, 1.5)
-        time.sleep(delay)
-        proc.kill()  # SIGKILL: no handler runs, no cleanup
+        _wait_for(lambda: _training_steps(run) >= target and (run / "checkpoint.pt").exists(), proc,
+                  f"{target} training steps", poll=0.002)
+        time.sleep(jitter)
+        proc.kill()  # SIGKILL: no handler runs, nothing is cleaned up
     finally:
         proc.kill()
         proc.communicate()
-    assert proc.returncode == -signal.SIGKILL, f"training finished within {delay:.2f} s; make SLOW slower"
+    delay = f"after step {target} + {jitter * 1000:.1f} ms"
+    assert proc.returncode == -signal.SIGKILL, f"training finished before the kill ({delay})"
     assert stage(run, "train")["status"] == "running"  # what a killed process leaves behind
 
     # The checkpoint on disk is a complete one (atomic rename), whatever the moment of the kill.
-    from pipeline.train import load_checkpoint
+    from pipeline.train import load_checkpoint, read_metrics
 
     state = load_checkpoint(run / "checkpoint.pt")
-    resumed_from = (state["epoch"], state["batch"], state["step"])
+    resumed_from = f"killed {delay}; resumed at epoch {state['epoch']}, " \
+                   f"batch {state['batch']}, step {state['step']}"
+    assert 0 < state["step"] < epochs * steps_per_epoch, resumed_from
 
     code, err = run_main(capsys, "train", "--resume", "--run-dir", run)
     assert code == EXIT_OK, err
     entry = stage(run, "train")
-    assert entry["status"] == "ok"
-    assert entry["details"]["steps"] == 4 * (320 // 8), resumed_from  # every step made, none twice
-    events = [json.loads(line)["event"] for line in (run / "metrics.jsonl").read_text().splitlines()
-              if line.startswith("{") and line.endswith("}")]
-    assert events[0] == "start" and "resume" in events
-    assert temporaries(run) == [], f"killed after {delay:.2f} s at {resumed_from}"
+    assert entry["status"] == "ok", resumed_from
+    assert entry["details"]["steps"] == epochs * steps_per_epoch, resumed_from  # every step made, none twice
+    assert [h["epoch"] for h in entry["details"]["history"]] == list(range(state["epoch"] + 1, epochs + 1))
+    assert '"event": "resume"' in (run / "metrics.jsonl").read_text()
+    assert read_metrics(run / "metrics.jsonl")[0]["event"] == "start"
+    assert temporaries(run) == [], resumed_from  # a temporary file the kill left behind is gone
+    assert load_checkpoint(run / "checkpoint.pt")["step"] == epochs * steps_per_epoch
     assert (run / "model.safetensors").is_file() and (run / "model.json").is_file()
 
 
@@ -953,20 +961,15 @@ def test_valid_overrides_resolve_to_the_value_given(pairs):
     cfg = config.resolve(overrides=texts)
     for (key, value), text in zip(pairs, texts):
         assert _resolved(cfg, key) == value, text
-    again = config.validate(yaml.safe_load(config.dump_yaml(cfg)))  # and the saved config.yaml reads back the same
-    assert again == cfg
 
 
-@pytest.mark.xfail(reason="config.dump_yaml writes '1e5' unquoted, and the config's own loader reads it back as a "
-                          "float, so a saved config.yaml can fail to load (reported with a patch)", strict=False)
 def test_saved_config_reads_back_with_the_pipelines_own_loader():
-    cfg = config.resolve(overrides=['model.name="1e5"', 'data.path="1.5e3"', 'export.fp16.nodes_to_exclude=["2e1"]'])
+    """config.yaml in a run directory is read back (by load_yaml_file) on every later command."""
+    cfg = config.resolve(overrides=['model.name="1e5"', 'data.path="1.5e3"', 'export.fp16.nodes_to_exclude=["2e1"]',
+                                    "train.amp=off"])
     assert config.validate(config.parse_yaml(config.dump_yaml(cfg), "config.yaml")) == cfg
 
 
-@pytest.mark.xfail(reason="config._format_error drops key parts containing '[': an unknown top-level key 'a[' "
-                          "crashes it (IndexError, exit 4) and 'train: x[0]' is reported as 'train: unknown key' "
-                          "(reported with a patch)", strict=False)
 def test_unknown_key_with_a_bracket(capsys, tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text('"a[": 1\ntrain:\n  "x[0]": 1\n')
