@@ -101,17 +101,6 @@ def check_matches_spec(model: onnx.ModelProto, path: Path, spec: dict) -> None:
         raise InputError(f"{path} has outputs {outputs}, but the model card expects [{spec['output_name']!r}]")
 
 
-def float_type_of(model: onnx.ModelProto) -> dict[str, int]:
-    """Element type of every typed tensor (inputs, outputs, value_info, initializers)."""
-    types = {}
-    for value in list(model.graph.input) + list(model.graph.output) + list(model.graph.value_info):
-        if value.type.HasField("tensor_type"):
-            types[value.name] = value.type.tensor_type.elem_type
-    for init in model.graph.initializer:
-        types[init.name] = init.data_type
-    return types
-
-
 def mark_all_outputs(model: onnx.ModelProto) -> onnx.ModelProto:
     """Every tensor a node produces becomes a graph output, for layer-by-layer comparison."""
     from polygraphy import constants

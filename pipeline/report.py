@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from pipeline.run import CONFIG, RunDir, atomic_write, now, read_json
+from pipeline.verify_report import fmt
 
 HTML_NAME, MD_NAME = "report.html", "report.md"
 PLOTS = [
@@ -50,14 +51,6 @@ def _esc(value) -> str:
     return html.escape("" if value is None else str(value))
 
 
-def _num(value, spec=".3g") -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, str):
-        return value
-    return format(value, spec)
-
-
 def _table(headers: list[str], rows: list[list], raw_cols: tuple[int, ...] = ()) -> str:
     head = "".join(f"<th>{_esc(h)}</th>" for h in headers)
     body = ""
@@ -91,7 +84,7 @@ def _stage_rows(manifest: dict) -> list[list]:
             rows.append([name, _status("not run"), "", ""])
             continue
         note = entry.get("reason") or entry.get("error") or ""
-        rows.append([name, _status(entry.get("status", "?")), _num(entry.get("duration_s"), ".1f") + " s", _esc(note)])
+        rows.append([name, _status(entry.get("status", "?")), fmt(entry.get("duration_s"), ".1f") + " s", _esc(note)])
     return rows
 
 
@@ -104,19 +97,19 @@ def render_html(run: RunDir, cfg) -> str:
 
     train = m.get("stages", {}).get("train", {}).get("details") or {}
     if train:
-        rows = [[h["epoch"], _num(h["val_loss"], ".4f"), _num(100 * h["val_acc"], ".2f") + " %"]
+        rows = [[h["epoch"], fmt(h["val_loss"], ".4f"), fmt(100 * h["val_acc"], ".2f") + " %"]
                 for h in train.get("history", [])]
         parts += ["<h2>Training</h2>",
                   f"<p>device {_esc(train.get('device'))}, mixed precision {_esc(train.get('amp'))} "
                   f"({_esc(train.get('amp_note'))}), {_esc(train.get('steps'))} optimizer steps, "
-                  f"{_esc(train.get('skipped_steps'))} skipped, {_num(train.get('images_per_s'), '.1f')} images/s.</p>",
+                  f"{_esc(train.get('skipped_steps'))} skipped, {fmt(train.get('images_per_s'), '.1f')} images/s.</p>",
                   _table(["epoch", "val loss", "val accuracy"], rows)]
     export = m.get("stages", {}).get("export", {}).get("details") or {}
     fp16 = export.get("fp16") or {}
     if fp16.get("fp16_fraction") is not None:
         rows = [[n["name"], n["op_type"], n["reason"]] for n in fp16.get("fp32_nodes", [])]
         parts += ["<h2>FP16 conversion</h2>",
-                  f"<p>{_esc(fp16.get('fp16_nodes'))} nodes in FP16 ({_num(100 * fp16['fp16_fraction'], '.1f')} %), "
+                  f"<p>{_esc(fp16.get('fp16_nodes'))} nodes in FP16 ({fmt(100 * fp16['fp16_fraction'], '.1f')} %), "
                   f"{_esc(fp16.get('fp32_nodes_count'))} kept in FP32 by {_esc(fp16.get('converter'))}.</p>",
                   _table(["node kept in FP32", "op", "why"], rows) if rows else ""]
     if s["verify"]:
@@ -126,9 +119,9 @@ def render_html(run: RunDir, cfg) -> str:
             t, k, tol = c.get("tensor_check") or {}, c.get("task_check") or {}, c.get("tolerance") or {}
             rows.append([c["name"], c["precision"], _status(c["status"]) + (
                 f" <span class='muted'>{_esc(c.get('reason'))}</span>" if c.get("reason") else ""),
-                _num(t.get("max_abs_error")), _num(t.get("max_rel_error")),
-                _num(100 * k["top1_agreement"], ".2f") + " %" if k else "-",
-                _num(100 * k["accuracy"], ".2f") + " %" if k else "-",
+                fmt(t.get("max_abs_error")), fmt(t.get("max_rel_error")),
+                fmt(100 * k["top1_agreement"], ".2f") + " %" if k else "-",
+                fmt(100 * k["accuracy"], ".2f") + " %" if k else "-",
                 f"atol {tol.get('atol')}, rtol {tol.get('rtol')}, {tol.get('check_error_stat')}" if tol else ""])
         parts += [f"<h2>Verification: {_status('passed' if v['passed'] else 'failed')}</h2>",
                   f"<p>Reference PyTorch FP32; {_esc(v['inputs']['samples'])} real validation images.</p>",
@@ -136,8 +129,8 @@ def render_html(run: RunDir, cfg) -> str:
                           "accuracy", "tolerance"], rows, raw_cols=(2,))]
         loc = v.get("localization")
         if loc:
-            rows = [[r["name"], r["op_type"], _num(r["max_abs_error"]), _num(r["max_rel_error"]),
-                     f"[{_num(r['fp32_min'])}, {_num(r['fp32_max'])}]", r["nonfinite"]] for r in loc.get("worst", [])]
+            rows = [[r["name"], r["op_type"], fmt(r["max_abs_error"]), fmt(r["max_rel_error"]),
+                     f"[{fmt(r['fp32_min'])}, {fmt(r['fp32_max'])}]", r["nonfinite"]] for r in loc.get("worst", [])]
             first = loc.get("first_divergent")
             parts += ["<h3>Localisation</h3>", f"<p>{_esc(loc.get('method'))}. First node over tolerance: "
                       f"<b>{_esc(first['name'] if first else 'none')}</b></p>",
@@ -146,13 +139,13 @@ def render_html(run: RunDir, cfg) -> str:
             fb = v["fallback"]
             parts += [f"<h3>Automatic FP32 fallback: {_status('passed' if fb['passed'] else 'failed')}</h3>",
                       f"<p>Moved to FP32: {_esc(', '.join(fb['moved_to_fp32']) or 'none')}; FP16 node fraction "
-                      f"{_num(100 * fb['fp16_fraction_before'], '.1f')} % &rarr; "
-                      f"{_num(100 * fb['fp16_fraction_after'], '.1f')} %.</p>"]
+                      f"{fmt(100 * fb['fp16_fraction_before'], '.1f')} % &rarr; "
+                      f"{fmt(100 * fb['fp16_fraction_after'], '.1f')} %.</p>"]
     if s["benchmark"]:
         b = s["benchmark"]
-        rows = [[r["backend"], r["precision"], r["device"], r["batch_size"], _num(r["latency_ms"]["p50"], ".3f"),
-                 _num(r["latency_ms"]["p90"], ".3f"), _num(r["latency_ms"]["p99"], ".3f"),
-                 _num(100 * r["latency_ms"]["cv"], ".1f") + " %", _num(r["throughput_per_s"], ".1f"), r["timing"],
+        rows = [[r["backend"], r["precision"], r["device"], r["batch_size"], fmt(r["latency_ms"]["p50"], ".3f"),
+                 fmt(r["latency_ms"]["p90"], ".3f"), fmt(r["latency_ms"]["p99"], ".3f"),
+                 fmt(100 * r["latency_ms"]["cv"], ".1f") + " %", fmt(r["throughput_per_s"], ".1f"), r["timing"],
                  _status(r["verify"] if r["verify"] in ("passed", "failed") else "skipped")
                  + ("" if r["verify"] in ("passed", "failed") else f" {_esc(r['verify'])}")]
                 for r in b["results"]]
@@ -182,7 +175,7 @@ def render_markdown(run: RunDir, cfg) -> str:
              "|---|---|---|---|"]
     for name in ("train", "export", "build", "verify", "benchmark"):
         e = m.get("stages", {}).get(name) or {}
-        lines.append(f"| {name} | {e.get('status', 'not run')} | {_num(e.get('duration_s'), '.1f')} s | "
+        lines.append(f"| {name} | {e.get('status', 'not run')} | {fmt(e.get('duration_s'), '.1f')} s | "
                      f"{(e.get('reason') or e.get('error') or '').replace('|', '/')} |")
     if run.file("verify.md").exists():
         lines += ["", run.file("verify.md").read_text(encoding="utf-8")]

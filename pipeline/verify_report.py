@@ -63,7 +63,8 @@ def build_payload(cfg, card, candidates, localization, fallback, verdict, sample
     })
 
 
-def _fmt(value, spec=".3g") -> str:
+def fmt(value, spec=".3g") -> str:
+    """A number for a table: 3 significant digits by default; None as '-'; strings as they are."""
     if value is None:
         return "-"
     if isinstance(value, str):
@@ -89,9 +90,9 @@ def markdown(payload: dict) -> str:
             lines.append(f"| {c['name']} | {c['precision']} | {status}: {c.get('reason') or ''} | | | | | |")
             continue
         lines.append(
-            f"| {c['name']} | {c['precision']} | {status} | {_fmt(t.get('max_abs_error'))} | "
-            f"{_fmt(t.get('max_rel_error'))} | {_fmt(100 * k['top1_agreement'], '.2f')}% | "
-            f"{_fmt(100 * k['accuracy'], '.2f')}% ({_fmt(100 * k['reference_accuracy'], '.2f')}%) | "
+            f"| {c['name']} | {c['precision']} | {status} | {fmt(t.get('max_abs_error'))} | "
+            f"{fmt(t.get('max_rel_error'))} | {fmt(100 * k['top1_agreement'], '.2f')}% | "
+            f"{fmt(100 * k['accuracy'], '.2f')}% ({fmt(100 * k['reference_accuracy'], '.2f')}%) | "
             f"atol {tol.get('atol')}, rtol {tol.get('rtol')}, {tol.get('check_error_stat')} |")
     loc = payload.get("localization")
     if loc:
@@ -101,8 +102,8 @@ def markdown(payload: dict) -> str:
                   else "no single tensor exceeds the tolerance (the error builds up across layers)", "",
                   "| node | op | max abs err | max rel err | FP32 range | non-finite |", "|---|---|---|---|---|---|"]
         for row in loc.get("worst", []):
-            lines.append(f"| `{row['name']}` | {row['op_type']} | {_fmt(row['max_abs_error'])} | "
-                         f"{_fmt(row['max_rel_error'])} | [{_fmt(row['fp32_min'])}, {_fmt(row['fp32_max'])}] | "
+            lines.append(f"| `{row['name']}` | {row['op_type']} | {fmt(row['max_abs_error'])} | "
+                         f"{fmt(row['max_rel_error'])} | [{fmt(row['fp32_min'])}, {fmt(row['fp32_max'])}] | "
                          f"{row['nonfinite']} |")
     fb = payload.get("fallback")
     if fb:
@@ -124,11 +125,11 @@ def junit(payload: dict) -> str:
     for c in cases:
         case = ET.SubElement(suite, "testcase", classname=f"verify.{payload['model']}", name=c["name"])
         t, k, tol = c.get("tensor_check") or {}, c.get("task_check") or {}, c.get("tolerance") or {}
-        numbers = (f"max_abs_error={_fmt(t.get('max_abs_error'))} max_rel_error={_fmt(t.get('max_rel_error'))} "
+        numbers = (f"max_abs_error={fmt(t.get('max_abs_error'))} max_rel_error={fmt(t.get('max_rel_error'))} "
                    f"atol={tol.get('atol')} rtol={tol.get('rtol')} stat={tol.get('check_error_stat')} "
                    f"failed_batches={len(t.get('failed_batches', []))}/{t.get('batches')} "
-                   f"nonfinite={t.get('nonfinite')} top1_agreement={_fmt(k.get('top1_agreement'))} "
-                   f"accuracy_drop={_fmt(k.get('accuracy_drop'))}") if t else ""
+                   f"nonfinite={t.get('nonfinite')} top1_agreement={fmt(k.get('top1_agreement'))} "
+                   f"accuracy_drop={fmt(k.get('accuracy_drop'))}") if t else ""
         if c["status"] == "failed":
             el = ET.SubElement(case, "failure", message=f"{c['name']} outside tolerance: {numbers}",
                                type="PrecisionCheckFailed")

@@ -1,0 +1,67 @@
+"""Every registered model, and a user model from a file outside the package, passes every stage on CPU."""
+
+import json
+
+import pytest
+
+import models
+from conftest import TINY, cli
+
+# Smaller still than TINY: the largest models (ResNet-50, ViT-Tiny) train one epoch on 48 images.
+REGISTRY_ARGS = [*TINY, "data.samples_per_class=6", "data.batch_size=16", "verify.samples=32",
+                 "benchmark.batch_sizes=[1]", "benchmark.backends=[torch_fp32,onnxrt_fp32,onnxrt_fp16]"]
+
+
+def stage_statuses(run):
+    manifest = json.loads((run / "manifest.json").read_text())
+    return {name: entry["status"] for name, entry in manifest["stages"].items()}
+
+
+@pytest.mark.parametrize("name", models.list_models())
+def test_every_registered_model_passes_every_stage(name, tmp_path):
+    run = tmp_path / name
+    spec = models.get_spec(name)
+    size = 32 if spec.fixed_input_size else 16  # ViTs need a size their patch divides
+    assert cli("all", "--model", name, "--run-dir", run, *REGISTRY_ARGS, f"data.image_size={size}") == 0
+    statuses = stage_statuses(run)
+    assert statuses["train"] == statuses["export"] == statuses["verify"] == statuses["benchmark"] == "ok"
+    verify = json.loads((run / "verify.json").read_text())
+    by_name = {c["name"]: c["status"] for c in verify["candidates"]}
+    assert by_name["onnxrt_fp32"] == by_name["fp16_emulation"] == "passed"
+    if name.startswith("vit"):
+        import onnx
+
+        ops = {n.op_type for n in onnx.load(str(run / "model.onnx")).graph.node}
+        assert {"LayerNormalization", "Softmax", "MatMul"} <= ops
+
+
+USER_MODEL = '''
+import torch
+from torch import nn
+
+
+def my_net(num_classes: int = 10):
+    """A user's own small CNN."""
+    net = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, num_classes))
+    net.mean, net.std = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
+    return net
+'''
+
+
+def test_user_model_from_a_file_outside_the_package(tmp_path):
+    source = tmp_path / "elsewhere" / "my_net.py"
+    source.parent.mkdir()
+    source.write_text(USER_MODEL)
+    run = tmp_path / "run"
+    assert cli("all", "--model", f"{source}:my_net", "--run-dir", run, *TINY) == 0
+    card = json.loads((run / "model.json").read_text())
+    assert card["spec"]["mean"] == [0.5, 0.5, 0.5] and card["spec"]["num_classes"] == 10
+    assert stage_statuses(run)["verify"] == "ok"
+    # Editing the user's model file changes the code version: train re-runs.
+    source.write_text(USER_MODEL.replace("nn.Conv2d(3, 8", "nn.Conv2d(3, 12").replace("nn.BatchNorm2d(8)",
+                      "nn.BatchNorm2d(12)").replace("nn.Linear(8,", "nn.Linear(12,"))
+    before = json.loads((run / "manifest.json").read_text())["stages"]["train"]["run_id"]
+    assert cli("all", "--run-dir", run) == 0
+    after = json.loads((run / "manifest.json").read_text())["stages"]["train"]["run_id"]
+    assert before != after
