@@ -76,8 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, text in STAGE_HELP.items():
         p = sub.add_parser(name, help=text, description=text, epilog=EPILOG)
         _add_common(p)
-        if name in ("build", "verify"):
-            _add_require(p)
+        _add_require(p)
         if name == "train":
             p.add_argument("--resume", action="store_true", help="continue from the run's checkpoint.pt")
         if name in ("train", "benchmark"):

@@ -233,6 +233,13 @@ class Config(Section):
         [], description="backends whose absence fails the run with exit code 3"
     )
 
+    @model_validator(mode="after")
+    def _verify_batches_fit_the_engine(self):
+        if self.verify.batch_size > self.build.max_batch:
+            raise ValueError(f"verify.batch_size ({self.verify.batch_size}) exceeds build.max_batch "
+                             f"({self.build.max_batch}): the engine's profile could not take such batches")
+        return self
+
     def to_dict(self) -> dict:
         return self.model_dump(mode="json")
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from pipeline import env
+from pipeline.errors import BackendUnavailable
 from pipeline.run import RunDir, read_json, sha256_file
 
 log = logging.getLogger("pipeline")
@@ -166,6 +167,10 @@ def run_stage(name: str, cfg, run: RunDir, **options) -> dict:
     token = current_stage.set(name)
     with run.stage(name, fingerprint(stage, cfg, run)) as record:
         record.entry["run_id"] = uuid.uuid4().hex
+        if "cuda" in cfg.require:
+            ok, reason = env.cuda_status()
+            if not ok:
+                raise BackendUnavailable(f"CUDA required but {reason}")
         stage.function()(cfg, run, record, **options)
     current_stage.reset(token)  # left set on failure, so the CLI can name the stage that failed
     return run.stage_entry(name)

@@ -119,14 +119,19 @@ def replica_checksums(model: nn.Module, world: Dist) -> list[str]:
 # --------------------------------------------------------------------------- precision and device
 
 
-def resolve_device(cfg, world: Dist) -> torch.device:
+def resolve_device(cfg) -> torch.device:
+    """This process's device; under torchrun each process takes the GPU of its LOCAL_RANK.
+
+    Called before the process group starts, because NCCL needs every rank on its own GPU first.
+    """
     want = cfg.train.device
     if want == "cuda" or (want == "auto" and torch.cuda.is_available()):
         ok, reason = env.cuda_status()
         if not ok:
             raise BackendUnavailable(f"train.device=cuda but {reason}")
-        torch.cuda.set_device(world.local_rank)
-        return torch.device("cuda", world.local_rank)
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
     return torch.device("cpu")
 
 
@@ -373,10 +378,8 @@ def _fetch(dataset, indices: list[int]):
 
 def run(cfg, run_dir: RunDir, record: StageRecord, *, resume: bool = False, profile: bool = False) -> None:
     """Train ``cfg.model`` on ``cfg.data`` into ``run_dir`` (checkpoints, weights, metrics, curve)."""
-    device = resolve_device(cfg, Dist())
+    device = resolve_device(cfg)
     world = init_distributed(device.type)
-    if world.enabled and device.type == "cuda":
-        device = torch.device("cuda", world.local_rank)
     if not world.is_main:
         logging.getLogger("pipeline").setLevel(logging.WARNING)
     seed_everything(cfg.train.seed, cfg.train.deterministic)

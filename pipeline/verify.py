@@ -280,10 +280,6 @@ def _failure_message(verdict: dict, localization, export_broken: bool, suggest_f
 
 
 def run(cfg, run_dir: RunDir, record: StageRecord, *, auto_fallback: bool = False) -> None:
-    if "cuda" in cfg.require:
-        ok, reason = env.cuda_status()
-        if not ok:
-            raise BackendUnavailable(f"CUDA required but {reason}")
     model, card = modeling.load_trained(cfg, run_dir, "verify")
     spec = card["spec"]
     fp32_path = run_dir.require(export.FP32_ONNX, "export", "verify")

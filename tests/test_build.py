@@ -9,7 +9,7 @@ from pipeline.run import RunDir
 
 
 def loader_for(tmp_path, **build_overrides):
-    cfg = config.resolve(overrides=[f"build.{k}={v}" for k, v in build_overrides.items()])
+    cfg = config.resolve(overrides=[f"build.{k}={v}" for k, v in build_overrides.items()] + ["verify.batch_size=8"])
     onnx_path = tmp_path / "model.fp16.onnx"
     onnx_path.write_bytes(b"not parsed until the loader is called")
     shapes = build.profile_shapes(cfg, [3, 32, 32])
