@@ -146,10 +146,15 @@ def render_html(run: RunDir, cfg) -> str:
         rows = [[r["backend"], r["precision"], r["device"], r["batch_size"], fmt(r["latency_ms"]["p50"], ".3f"),
                  fmt(r["latency_ms"]["p90"], ".3f"), fmt(r["latency_ms"]["p99"], ".3f"),
                  fmt(100 * r["latency_ms"]["cv"], ".1f") + " %", fmt(r["throughput_per_s"], ".1f"), r["timing"],
-                 _status(r["verify"] if r["verify"] in ("passed", "failed") else "skipped")
-                 + ("" if r["verify"] in ("passed", "failed") else f" {_esc(r['verify'])}")]
+                 _status(r["verify"]) if r["verify"] in ("passed", "failed")
+                 else f"<span class='muted'>{_esc(r['verify'])}</span>"]
                 for r in b["results"]]
-        parts += ["<h2>Benchmark</h2>", f"<p>{_esc(b['method'])}</p>",
+        m = b["method"]
+        method = (f"{m['trials']} trials of at least {m['min_iterations']} runs and {m['min_duration_s']} s each, "
+                  f"after {m['warmup_s']} s of warm-up; percentiles by {m['percentiles']}; "
+                  f"{b['environment'].get('threads')} threads; input {b['input']['shape']} "
+                  f"({b['input']['data']}).")
+        parts += ["<h2>Benchmark</h2>", f"<p>{_esc(method)}</p>",
                   _table(["backend", "precision", "device", "batch", "p50 ms", "p90 ms", "p99 ms", "cv", "images/s",
                           "timing", "verify"], rows, raw_cols=(10,))]
         for skipped in b.get("skipped", []):

@@ -41,7 +41,7 @@ class Stage:
     after: tuple[str, ...]  # upstream stages: when one of them re-runs, this stage re-runs too
 
     def function(self) -> Callable:
-        return getattr(importlib.import_module(f"pipeline.{self.module}"), "run")
+        return importlib.import_module(f"pipeline.{self.module}").run
 
 
 STAGES = {

@@ -1,12 +1,10 @@
 """The command line as users meet it: help anywhere, one-line errors, the end-to-end run, incremental re-runs."""
 
 import json
-import os
 import subprocess
 import sys
 import time
 
-import pytest
 
 from conftest import ROOT, TINY, cli, run_cli
 

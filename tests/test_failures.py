@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import io
 import json
 import os
 import pickle

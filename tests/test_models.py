@@ -11,7 +11,6 @@ import pytest
 import torch
 from torch import nn
 
-import models
 from models import UnknownModelError, create_model, get_spec, list_models
 
 

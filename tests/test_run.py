@@ -11,7 +11,7 @@ import pytest
 
 from pipeline import run as run_mod
 from pipeline.errors import EXIT_RUNTIME, EXIT_USAGE, InputError, PipelineError, StageFailed, UsageError
-from pipeline.run import MANIFEST, RunDir, atomic_path, atomic_write, read_json, write_json
+from pipeline.run import MANIFEST, RunDir, atomic_path, atomic_write, read_json
 
 
 def temporaries(directory) -> list[str]:
@@ -91,7 +91,7 @@ def test_full_disk_reported_by_a_library_in_its_own_words(tmp_path, monkeypatch,
 
 def test_other_writer_errors_are_not_mistaken_for_a_full_disk(tmp_path):
     with pytest.raises(RuntimeError, match="exporter"):
-        with atomic_path(tmp_path / "x") as tmp:
+        with atomic_path(tmp_path / "x"):
             raise RuntimeError("exporter failed")
     assert temporaries(tmp_path) == []
 
