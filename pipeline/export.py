@@ -49,6 +49,8 @@ def export_onnx(model: torch.nn.Module, example: torch.Tensor, path: Path, *, op
         warnings.simplefilter("always")
         try:
             if exporter == "dynamo":
+                # It warns once per torchvision op it cannot register; this tool uses none of them.
+                logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
                 dynamic = {"x": {0: torch.export.Dim("batch", min=1)}} if dynamic_batch else None
                 program = torch.onnx.export(model, (example,), dynamo=True, opset_version=opset,
                                             input_names=[input_name], output_names=[output_name],

@@ -66,3 +66,14 @@ def test_range_rule_keeps_overflowing_nodes_fp32(tmp_path):
     details = json.loads((run / "manifest.json").read_text())["stages"]["export"]["details"]["fp16"]
     kept = {n["name"]: n["reason"] for n in details["fp32_nodes"]}
     assert "/Mul" in kept and "data_max" in kept["/Mul"]
+
+
+def test_dynamo_exporter_is_recorded_and_verified(clone_run):
+    from conftest import cli
+
+    run = clone_run()
+    assert cli("export", "--run-dir", run, "export.exporter=dynamo") == 0
+    details = json.loads((run / "manifest.json").read_text())["stages"]["export"]["details"]
+    assert details["exporter"].startswith("torch.onnx.export(dynamo=True)")
+    assert onnx_io.input_shape(onnx.load(str(run / "model.onnx")), "input")[0] not in (None, 2)  # dynamic batch
+    assert cli("verify", "--run-dir", run) == 0
