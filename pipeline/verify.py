@@ -34,7 +34,7 @@ import onnx
 from pipeline import build, env, export, fp16, localize, modeling, onnx_io
 from pipeline import verify_report as report
 from pipeline.errors import BackendUnavailable, CheckFailed, InputError, StageFailed
-from pipeline.run import RunDir, StageRecord, now
+from pipeline.run import RunDir, StageRecord, now, sha256_file
 from pipeline.runners import TorchRunner, collect, onnxrt_runner, ort_session_uses
 
 log = logging.getLogger("pipeline")
@@ -109,11 +109,8 @@ def _tensorrt_candidate(cfg, run_dir: RunDir, fp16_path: Path | None) -> Candida
         cand.reason = f"no {build.ENGINE}: run `python -m pipeline build --run-dir {run_dir.path}`"
         return cand
     engine_bytes, sidecar = build.load_engine_bytes(run_dir)
-    if fp16_path is not None and sidecar.get("onnx_sha256") not in (None,) and fp16_path.exists():
-        from pipeline.run import sha256_file
-
-        if sidecar["onnx_sha256"] != sha256_file(fp16_path):
-            raise InputError(f"{build.ENGINE} was built from another {sidecar.get('onnx')}; re-run build")
+    if fp16_path is not None and fp16_path.exists() and sidecar.get("onnx_sha256") != sha256_file(fp16_path):
+        raise InputError(f"{build.ENGINE} was built from another {sidecar.get('onnx')}; re-run build")
     cand.make = lambda: _trt_runner(engine_bytes)
     return cand
 
