@@ -473,7 +473,6 @@ def _auto_fallback(cfg, run_dir: RunDir, card, fp32_model, fp16_model, feeds, re
 def _commit_fallback(cfg, run_dir: RunDir, candidate_path: Path, moved: list[str], report_fp16: dict) -> None:
     """Replace model.fp16.onnx by the passing version and keep the export stage's record true."""
     from pipeline import stages
-    from pipeline.run import sha256_file
 
     os.replace(candidate_path, run_dir.file(export.FP16_ONNX))
     export.write_fallback(run_dir, moved)
