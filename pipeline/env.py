@@ -37,7 +37,21 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+# Test hook: a space-separated flag list that replaces /proc/cpuinfo's (e.g. "avx2 fma", or
+# "avx512f amx_bf16 avx512_bf16"), so both sides of every CPU-dependent decision can be tested on any
+# machine. Whatever it simulates is named in the log and recorded in the manifest, never silent.
+CPU_FLAGS_ENV = "PIPELINE_CPU_FLAGS"
+
+
+def cpu_flags_simulated() -> str | None:
+    """The flags given by ``PIPELINE_CPU_FLAGS`` (the test hook), or None when the real CPU is read."""
+    return os.environ.get(CPU_FLAGS_ENV)
+
+
 def cpu_flags() -> set[str]:
+    simulated = cpu_flags_simulated()
+    if simulated is not None:
+        return set(simulated.replace(",", " ").split())
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
@@ -124,6 +138,7 @@ def collect() -> dict:
         "cpu": cpu_model(),
         "cpu_cores": usable_cores(),
         "cpu_native_bf16": cpu_has_native_bf16(),
+        **({"cpu_flags_simulated": cpu_flags_simulated()} if cpu_flags_simulated() is not None else {}),
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
         "onnx": package_version("onnx"),

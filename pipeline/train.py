@@ -17,7 +17,7 @@ import math
 import os
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -137,6 +137,13 @@ def resolve_device(cfg) -> torch.device:
 
 def resolve_amp(requested: str, device: torch.device) -> tuple[torch.dtype | None, str]:
     """Which autocast dtype to use, and a note saying why (recorded in the manifest)."""
+    dtype, note = _choose_amp(requested, device)
+    if device.type == "cpu" and env.cpu_flags_simulated() is not None:
+        note += f" [CPU flags simulated by {env.CPU_FLAGS_ENV}={env.cpu_flags_simulated()!r}]"
+    return dtype, note
+
+
+def _choose_amp(requested: str, device: torch.device) -> tuple[torch.dtype | None, str]:
     if requested == "off":
         return None, "mixed precision off (train.amp=off)"
     if requested == "fp16":
@@ -276,8 +283,16 @@ class MetricsLog:
     def close(self) -> None:
         if self.f:
             self.f.close()
+            self.f = None
         if self.tb is not None:
             self.tb.close()
+            self.tb = None
+
+    def __enter__(self) -> MetricsLog:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def read_metrics(path: Path) -> list[dict]:
@@ -373,6 +388,429 @@ def _fetch(dataset, indices: list[int]):
     return [dataset[i] for i in indices]
 
 
+# --------------------------------------------------------------------------- state and steps
+
+
+@dataclass
+class TrainState:
+    """Where training stands; saved in every checkpoint, so a resumed run continues exactly."""
+
+    epoch: int = 0  # the epoch running (or next to run)
+    batch: int = 0  # the next batch of that epoch
+    step: int = 0  # optimizer steps taken (a skipped step is no step)
+    best_acc: float = -1.0
+    skipped_steps: int = 0
+
+    def state_dict(self) -> dict:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        for key in asdict(self):
+            setattr(self, key, state[key])
+
+
+@dataclass
+class StepResult:
+    skipped: bool  # the weights, buffers and schedule were left as they were
+    nonfinite: bool  # ... because the loss or the gradients were NaN/Inf
+    grad_norm: float | None = None
+
+
+def snapshot_buffers(model: nn.Module) -> list[torch.Tensor]:
+    """Copies of the buffers (BatchNorm running statistics), taken before a step's first forward pass."""
+    return [b.detach().clone() for b in model.buffers()]
+
+
+def restore_buffers(model: nn.Module, saved: list[torch.Tensor]) -> None:
+    with torch.no_grad():
+        for buffer, value in zip(model.buffers(), saved):
+            buffer.copy_(value)
+
+
+def grads_finite(model: nn.Module) -> bool:
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    return not grads or bool(torch.stack([torch.isfinite(g).all() for g in grads]).all())
+
+
+def optimizer_step(*, model: nn.Module, optimizer, scaler, scheduler, clip_grad_norm: float | None,
+                   world: Dist, device, loss_finite: bool) -> StepResult:
+    """One optimizer step, skipped when its loss or gradients are not finite.
+
+    With float16 the GradScaler finds inf/NaN gradients and skips the step. In bf16 and FP32
+    nothing else would, so the same check is made here: a bf16 kernel can return NaN gradients
+    from a finite loss (see docs/training.md), and one such step poisons the weights for good.
+    The decision is reduced over the ranks, so the replicas stay identical. The caller restores
+    the buffers of a skipped step.
+    """
+    if not scaler.is_enabled():
+        ok = loss_finite and grads_finite(model)
+        if all_reduce_sum([0.0 if ok else 1.0], world, device)[0] != 0.0:
+            optimizer.zero_grad(set_to_none=True)
+            return StepResult(skipped=True, nonfinite=True)
+    grad_norm = None
+    if clip_grad_norm:
+        scaler.unscale_(optimizer)
+        grad_norm = float(nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm))
+    scale_before = scaler.get_scale() if scaler.is_enabled() else None
+    # Gradients are all-reduced before this point, so every rank's scaler sees the same inf/NaN
+    # and makes the same skip decision.
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    skipped = scaler.is_enabled() and scaler.get_scale() < scale_before
+    if not skipped:
+        scheduler.step()
+    return StepResult(skipped=skipped, nonfinite=skipped and not loss_finite, grad_norm=grad_norm)
+
+
+class StepProfiler:
+    """torch.profiler over the first ``steps`` optimizer steps; a no-op when profiling is off."""
+
+    def __init__(self, device, steps: int, trace: Path | None):
+        self.steps, self.trace, self.prof = steps, trace, None
+        if trace is not None:
+            from torch.profiler import ProfilerActivity, profile
+
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+            self.prof = profile(activities=activities, record_shapes=False)
+            self.prof.start()
+
+    def step(self) -> None:
+        if self.prof is not None:
+            self.prof.step()
+            if self.prof.step_num >= self.steps:
+                self.finish()
+
+    def finish(self) -> None:
+        """Stop and write the Chrome trace (at the last profiled step or the end of training)."""
+        if self.prof is None:
+            return
+        prof, self.prof = self.prof, None
+        prof.stop()
+        with atomic_path(self.trace) as tmp:
+            prof.export_chrome_trace(str(tmp))
+        table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=10)
+        log.info("train: profile of %d steps written to %s (open in https://ui.perfetto.dev)\n%s", prof.step_num,
+                 self.trace.name, table)
+
+    def close(self) -> None:
+        """Stop without writing (an interrupted or failed run)."""
+        if self.prof is not None:
+            self.prof.stop()
+            self.prof = None
+
+
+# --------------------------------------------------------------------------- the recipe
+
+
+@dataclass
+class StepGroup:
+    """The micro-batches of one optimizer step (``train.accumulate`` of them)."""
+
+    loss: float = 0.0  # their mean loss
+    finite: bool = True  # every loss was finite
+    buffers: list | None = None  # the buffers before the first forward pass, restored if the step is skipped
+
+
+@dataclass
+class Window:
+    """Throughput between two metrics lines."""
+
+    start: float = field(default_factory=time.perf_counter)
+    images: int = 0
+    data_s: float = 0.0
+
+
+def build_loader(cfg, dataset, world: Dist, device) -> tuple[DistributedSampler, EpochBatches, DataLoader]:
+    batch_size = cfg.data.batch_size
+    sampler = DistributedSampler(dataset, num_replicas=world.world_size, rank=world.rank, shuffle=True,
+                                 seed=cfg.train.seed, drop_last=True)
+    if len(sampler) // batch_size < 1:
+        raise UsageError(
+            f"the training split has {len(dataset)} images, fewer than one batch of {batch_size}"
+            f"{f' per process ({world.world_size} processes)' if world.enabled else ''}; lower data.batch_size"
+        )
+    batches = EpochBatches(sampler, batch_size)
+    # Its own generator: each iter(loader) draws a worker base seed, which from the global RNG
+    # would shift the dropout masks of a resumed run (one draw more after a mid-epoch resume, or
+    # with persistent workers one draw less per epoch), so it would no longer match.
+    loader = DataLoader(
+        dataset, batch_sampler=batches, collate_fn=data_mod.collate, num_workers=cfg.data.workers,
+        pin_memory=device.type == "cuda", persistent_workers=cfg.data.workers > 0,
+        generator=torch.Generator().manual_seed(cfg.train.seed),
+    )
+    return sampler, batches, loader
+
+
+def wrap_for_training(model: nn.Module, tc, world: Dist, device) -> nn.Module:
+    """The module the loop calls: torch.compile'd and/or DDP-wrapped as configured."""
+    if tc.compile:
+        model = torch.compile(model)
+    if world.enabled:
+        model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    return model
+
+
+class Trainer:
+    """The training recipe: set up in ``__init__``, then :meth:`train`; each piece below does one thing."""
+
+    def __init__(self, cfg, run_dir: RunDir, model: nn.Module, spec, splits, device, world: Dist, amp_dtype):
+        self.cfg, self.tc, self.run_dir = cfg, cfg.train, run_dir
+        self.model, self.spec, self.splits = model, spec, splits
+        self.device, self.world, self.amp_dtype = device, world, amp_dtype
+        self.sampler, self.batches, self.loader = build_loader(cfg, splits.train, world, device)
+        self.batches_per_epoch = len(self.sampler) // cfg.data.batch_size
+        steps_per_epoch = math.ceil(self.batches_per_epoch / self.tc.accumulate)
+        warmup_steps = round(self.tc.warmup_epochs * steps_per_epoch)
+        model.to(device)
+        if self.tc.channels_last:
+            model.to(memory_format=torch.channels_last)
+        self.optimizer = make_optimizer(cfg, model)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_lambda(self.tc.epochs * steps_per_epoch, warmup_steps))
+        self.scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
+        self.criterion = nn.CrossEntropyLoss(label_smoothing=self.tc.label_smoothing)
+        self.ckpt_path, self.best_path = run_dir.file(CHECKPOINT), run_dir.file(BEST_CHECKPOINT)
+        self.state = TrainState()
+        self.train_model: nn.Module = model
+        self.metrics: MetricsLog | None = None
+        self.profiler = StepProfiler(device, 0, None)
+        self.amp_now = None
+        self.window = Window()
+        self.history: list[dict] = []
+        self.nonfinite_run = 0
+        self.images_seen = 0
+
+    def train(self, *, resume: bool, profile: bool) -> dict:
+        """Run the remaining epochs; returns the facts recorded in the manifest."""
+        self.resume() if resume else self.start_fresh()
+        self.train_model = wrap_for_training(self.model, self.tc, self.world, self.device)
+        t_train = time.perf_counter()
+        trace = self.run_dir.file(TRACE) if profile and self.world.is_main else None
+        # Whatever ends the loop (the end, an error, Ctrl-C) closes the metrics file and the profiler.
+        with contextlib.ExitStack() as stack:
+            self.metrics = stack.enter_context(MetricsLog(
+                self.run_dir.file(METRICS), self.world.is_main,
+                self.run_dir.file("tensorboard") if self.tc.tensorboard else None))
+            self.profiler = StepProfiler(self.device, self.cfg.train.profile_steps, trace)
+            stack.callback(self.profiler.close)
+            self.metrics.write({"event": "resume" if resume else "start", "epoch": self.state.epoch,
+                                "step": self.state.step, "time": time.time()})
+            for epoch in range(self.state.epoch, self.tc.epochs):
+                self.train_epoch(epoch)
+                self.end_epoch(epoch)
+            self.profiler.finish()
+        return self.finish(time.perf_counter() - t_train)
+
+    def start_fresh(self) -> None:
+        if self.world.is_main:
+            for stale in (self.run_dir.file(METRICS), self.ckpt_path, self.best_path):
+                stale.unlink(missing_ok=True)
+
+    def resume(self) -> None:
+        if not self.ckpt_path.exists():
+            raise InputError(f"nothing to resume: {self.ckpt_path} does not exist; run train without --resume")
+        state = load_checkpoint(self.ckpt_path)
+        try:
+            unwrap(self.model).load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.scheduler.load_state_dict(state["scheduler"])
+            self.scaler.load_state_dict(state["scaler"])
+            self.state.load_state_dict(state)
+        except (KeyError, RuntimeError, ValueError) as exc:
+            raise InputError(f"{self.ckpt_path} does not fit this model/config ({str(exc).splitlines()[0]}); "
+                             "train without --resume") from None
+        set_rng_state(state["rng"])
+        made_for = state["config"].get("train", {}).get("epochs")
+        if made_for != self.tc.epochs:
+            log.warning("train: resuming with train.epochs=%d (checkpoint was made for %s): the LR schedule changes",
+                        self.tc.epochs, made_for)
+        log.info("train: resuming from %s at epoch %d, batch %d (step %d)", self.ckpt_path.name,
+                 self.state.epoch + 1, self.state.batch, self.state.step)
+
+    def checkpoint_state(self) -> dict:
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "model": unwrap(self.model).state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            **self.state.state_dict(),
+            "rng": rng_state(),
+            "config": self.cfg.to_dict(),
+            "spec": self.spec.to_dict(),
+            "classes": self.splits.classes,
+        }
+
+    def train_epoch(self, epoch: int) -> None:
+        from tqdm import tqdm
+
+        self.sampler.set_epoch(epoch)
+        self.batches.start = self.state.batch
+        self.amp_now = self.amp_dtype if epoch >= self.tc.fp32_warmup_epochs else None
+        self.train_model.train()
+        self.window = Window()
+        group = StepGroup()
+        with tqdm(total=self.batches_per_epoch, initial=self.batches.start, desc=f"epoch {epoch + 1}/{self.tc.epochs}",
+                  disable=None if self.world.is_main else True, leave=False, dynamic_ncols=True) as bar:
+            t_fetch = time.perf_counter()
+            for batch_index, (x, y) in enumerate(self.loader, start=self.batches.start):
+                self.window.data_s += time.perf_counter() - t_fetch
+                # Micro-batches form groups of `accumulate`; the last group of an epoch may be shorter.
+                group_start = (batch_index // self.tc.accumulate) * self.tc.accumulate
+                group_size = min(self.tc.accumulate, self.batches_per_epoch - group_start)
+                sync = batch_index == group_start + group_size - 1
+                loss_value = self.micro_step(x, y, epoch, batch_index, group, group_size, sync)
+                if sync:
+                    self.step(epoch, batch_index, group)
+                    group = StepGroup()
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss_value:.3f}", lr=f"{self.scheduler.get_last_lr()[0]:.3g}", refresh=False)
+                t_fetch = time.perf_counter()
+
+    def micro_step(self, x, y, epoch: int, batch_index: int, group: StepGroup, group_size: int, sync: bool) -> float:
+        """Forward and backward of one micro-batch; gradients accumulate until ``sync``."""
+        if self.cfg.data.augment:
+            x = data_mod.augment(x, batch_generator(self.tc.seed, epoch, batch_index, self.world.rank))
+        x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+        if self.tc.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        if group.buffers is None:
+            group.buffers = snapshot_buffers(unwrap(self.model))
+        amp = self.amp_now
+        no_sync = self.train_model.no_sync() if self.world.enabled and not sync else contextlib.nullcontext()
+        with no_sync:
+            with torch.autocast(self.device.type, dtype=amp or torch.float32, enabled=amp is not None):
+                logits = self.train_model(x)
+                loss = self.criterion(logits.float(), y)
+            loss_value = loss.item()
+            group.finite = group.finite and math.isfinite(loss_value)
+            group.loss += loss_value / group_size
+            self.scaler.scale(loss / group_size).backward()
+        self.images_seen += x.shape[0]
+        self.window.images += x.shape[0]
+        return loss_value
+
+    def step(self, epoch: int, batch_index: int, group: StepGroup) -> None:
+        """The optimizer step ending a group, then its bookkeeping (skips, log line, periodic checkpoint)."""
+        step_lr = self.optimizer.param_groups[0]["lr"]  # the LR this step uses (the scheduler moves it on)
+        result = optimizer_step(model=self.model, optimizer=self.optimizer, scaler=self.scaler,
+                                scheduler=self.scheduler, clip_grad_norm=self.tc.clip_grad_norm, world=self.world,
+                                device=self.device, loss_finite=group.finite)
+        if result.skipped:
+            restore_buffers(unwrap(self.model), group.buffers)
+        self.count_nonfinite(result, epoch, step_lr)
+        st = self.state
+        st.skipped_steps += int(result.skipped)
+        st.step += int(not result.skipped)
+        st.batch = batch_index + 1
+        self.profiler.step()
+        if result.skipped:
+            return
+        if st.step % self.tc.log_every == 0:  # the same decision on every rank
+            self.log_step(epoch, step_lr, group.loss, result.grad_norm)
+        last_of_epoch = batch_index == self.batches_per_epoch - 1
+        if self.world.is_main and self.tc.checkpoint_every and st.step % self.tc.checkpoint_every == 0 \
+                and not last_of_epoch:
+            save_checkpoint(self.ckpt_path, self.checkpoint_state())
+
+    def count_nonfinite(self, result: StepResult, epoch: int, step_lr: float) -> None:
+        """Consecutive non-finite steps are skipped and counted; ``train.max_nonfinite`` of them stop training."""
+        if not result.nonfinite:
+            self.nonfinite_run = 0
+            return
+        self.nonfinite_run += 1
+        log.warning("train: non-finite loss or gradients at epoch %d step %d (%d in a row): step skipped, "
+                    "weights and BatchNorm statistics kept", epoch + 1, self.state.step, self.nonfinite_run)
+        if self.nonfinite_run >= self.tc.max_nonfinite:
+            raise StageFailed(
+                f"the loss or its gradients were non-finite for {self.nonfinite_run} consecutive steps "
+                f"(epoch {epoch + 1}, step {self.state.step}, lr {step_lr:.3g}); training stopped, "
+                f"{self.kept_checkpoint()}. {self.advice()}")
+
+    def kept_checkpoint(self) -> str:
+        if self.ckpt_path.exists():
+            return f"the last good checkpoint ({self.ckpt_path.name}) is kept"
+        return "no checkpoint had been written yet"
+
+    def advice(self) -> str:
+        tip = f"Lower train.lr (now {self.tc.lr:g})"
+        if self.amp_dtype == torch.bfloat16:
+            return tip + " or use train.amp=off: some CPU bf16 kernels return NaN gradients (docs/training.md)"
+        return tip + (" or use train.amp=off" if self.amp_dtype is not None else " or set train.clip_grad_norm")
+
+    def log_step(self, epoch: int, step_lr: float, group_loss: float, grad_norm: float | None) -> None:
+        # The step's loss: the mean over its micro-batches and over the ranks.
+        step_loss = all_reduce_sum([group_loss], self.world, self.device)[0] / self.world.world_size
+        now = time.perf_counter()
+        elapsed = max(now - self.window.start, 1e-9)
+        self.metrics.write({  # rank 0 only
+            "event": "step", "epoch": epoch, "step": self.state.step, "loss": step_loss, "lr": step_lr,
+            "loss_scale": self.scaler.get_scale() if self.scaler.is_enabled() else None,
+            "skipped_steps": self.state.skipped_steps, "grad_norm": grad_norm,
+            "images_per_s": self.window.images * self.world.world_size / elapsed,
+            "data_time_share": self.window.data_s / elapsed,
+        })
+        self.window = Window(start=now)
+
+    def end_epoch(self, epoch: int) -> None:
+        """Validate, log, fail on divergence, and checkpoint (the best one too when it improved)."""
+        broadcast_buffers(self.model, self.world)
+        val_loss, val_acc = evaluate(self.model, self.splits.val, self.device, self.world, self.amp_now,
+                                     self.tc.channels_last)
+        st = self.state
+        self.history.append({"epoch": epoch + 1, "val_loss": val_loss, "val_acc": val_acc})
+        self.metrics.write({"event": "epoch", "epoch": epoch, "step": st.step, "val_loss": val_loss,
+                            "val_acc": val_acc, "amp": AMP_NAMES[self.amp_now], "skipped_steps": st.skipped_steps})
+        log.info("train: epoch %d/%d  val loss %.4f  val acc %.2f%%  (%d skipped steps)", epoch + 1, self.tc.epochs,
+                 val_loss, 100 * val_acc, st.skipped_steps)
+        if not math.isfinite(val_loss):
+            raise StageFailed(f"training diverged: the validation loss is {val_loss} after epoch {epoch + 1} "
+                              f"({st.skipped_steps} steps skipped); {self.kept_checkpoint()}. {self.advice()}")
+        improved = val_acc >= st.best_acc
+        st.best_acc = max(st.best_acc, val_acc)
+        st.epoch, st.batch = epoch + 1, 0
+        if self.world.is_main:
+            state = self.checkpoint_state()
+            save_checkpoint(self.ckpt_path, state)
+            if improved:
+                save_checkpoint(self.best_path, state)
+
+    def finish(self, seconds: float) -> dict:
+        """Check the replicas agree, write the deployable weights and the curve; the facts for the manifest."""
+        world, st = self.world, self.state
+        checksums = replica_checksums(self.model, world)
+        if world.enabled:
+            if len(set(checksums)) == 1:
+                log.info("train: all %d replicas hold identical weights (sha256 %s)", world.world_size,
+                         checksums[0][:16])
+            else:
+                log.warning("train: the replicas' weights differ (sha256 per rank: %s); rank 0's are saved",
+                            ", ".join(c[:16] for c in checksums))
+        best_state = None
+        if world.is_main:
+            source = self.best_path if self.best_path.exists() else self.ckpt_path
+            _write_outputs(self.run_dir, source, self.cfg, self.spec, self.splits)
+            plot_curves(self.run_dir.file(METRICS), self.run_dir.file(CURVE))
+            best_state = load_checkpoint(self.best_path) if self.best_path.exists() else None
+        last = self.history[-1] if self.history else {"val_loss": float("nan"), "val_acc": float("nan")}
+        return {
+            "epochs": self.tc.epochs,
+            "steps": st.step,
+            "skipped_steps": st.skipped_steps,
+            "final_val_acc": last["val_acc"],
+            "final_val_loss": last["val_loss"],
+            "best_val_acc": st.best_acc,
+            "best_epoch": best_state["epoch"] if best_state else None,
+            "train_seconds": round(seconds, 2),
+            "images_per_s": round(self.images_seen * world.world_size / max(seconds, 1e-9), 1),
+            "history": self.history,
+            "final_weights_sha256": checksums[0],  # the final (not the best) weights, see state_checksum
+            **({"replica_sha256": checksums, "replicas_identical": len(set(checksums)) == 1}
+               if world.enabled else {}),
+        }
+
+
 # --------------------------------------------------------------------------- the stage
 
 
@@ -383,24 +821,11 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, resume: bool = False, prof
     if not world.is_main:
         logging.getLogger("pipeline").setLevel(logging.WARNING)
     seed_everything(cfg.train.seed, cfg.train.deterministic)
-
-    spec = modeling.resolve_spec(cfg)
-    size = modeling.image_size(cfg, spec)
-    mean, std = modeling.normalisation(cfg, spec)
-    splits = data_mod.load(cfg.data, image_size=size, mean=mean, std=std)
-    model, spec = modeling.build(cfg, splits.num_classes, size)
-    init_info = None
-    if cfg.train.init_weights:
-        init_info = modeling.load_init_weights(model, cfg.train.init_weights)
-        log.info("train: initial weights from %s (missing %d, unexpected %d%s)", cfg.train.init_weights,
-                 len(init_info["missing_keys"]), len(init_info["unexpected_keys"]),
-                 f", head replaced: {'; '.join(init_info['replaced_head'])}" if init_info["replaced_head"] else "")
-
+    model, spec, splits, size, init_info = _model_and_data(cfg)
     amp_dtype, amp_note = resolve_amp(cfg.train.amp, device)
     log.info("train: %s on %s (%s), %d classes at %dx%d, %s", cfg.model.name, device,
              f"{world.world_size} processes" if world.enabled else "1 process",
              splits.num_classes, size, size, amp_note)
-
     record.details.update({
         "device": str(device),
         "world_size": world.world_size,
@@ -412,9 +837,8 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, resume: bool = False, prof
         "data": {"source": splits.source, "classes": splits.num_classes, "image_size": size, **splits.details},
         "init_weights": init_info,
     })
-
-    result = train_loop(cfg, run_dir, model, spec, splits, device, world, amp_dtype, resume=resume, profile=profile)
-    record.details.update(result)
+    trainer = Trainer(cfg, run_dir, model, spec, splits, device, world, amp_dtype)
+    record.details.update(trainer.train(resume=resume, profile=profile))
     if world.is_main:
         for name in (CHECKPOINT, BEST_CHECKPOINT, modeling.WEIGHTS, modeling.MODEL_CARD, METRICS, CURVE):
             if run_dir.file(name).exists():
@@ -426,265 +850,19 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, resume: bool = False, prof
         dist.destroy_process_group()
 
 
-def train_loop(cfg, run_dir: RunDir, model: nn.Module, spec, splits, device, world: Dist, amp_dtype,
-               *, resume: bool, profile: bool) -> dict:
-    tc = cfg.train
-    accumulate = tc.accumulate
-    batch_size = cfg.data.batch_size
-    sampler = DistributedSampler(splits.train, num_replicas=world.world_size, rank=world.rank,
-                                 shuffle=True, seed=tc.seed, drop_last=True)
-    batches = EpochBatches(sampler, batch_size)
-    batches_per_epoch = len(sampler) // batch_size
-    if batches_per_epoch < 1:
-        raise UsageError(
-            f"the training split has {len(splits.train)} images, fewer than one batch of {batch_size}"
-            f"{f' per process ({world.world_size} processes)' if world.enabled else ''}; lower data.batch_size"
-        )
-    steps_per_epoch = math.ceil(batches_per_epoch / accumulate)
-    total_steps = tc.epochs * steps_per_epoch
-    warmup_steps = round(tc.warmup_epochs * steps_per_epoch)
-
-    model.to(device)
-    if tc.channels_last:
-        model.to(memory_format=torch.channels_last)
-    optimizer = make_optimizer(cfg, model)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(total_steps, warmup_steps))
-    scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)
-
-    start_epoch, start_batch, step, best_acc, skipped_total = 0, 0, 0, -1.0, 0
-    ckpt_path, best_path = run_dir.file(CHECKPOINT), run_dir.file(BEST_CHECKPOINT)
-    metrics_path = run_dir.file(METRICS)
-    if resume:
-        if not ckpt_path.exists():
-            raise InputError(f"nothing to resume: {ckpt_path} does not exist; run train without --resume")
-        state = load_checkpoint(ckpt_path)
-        try:
-            unwrap(model).load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            scheduler.load_state_dict(state["scheduler"])
-            scaler.load_state_dict(state["scaler"])
-        except (KeyError, RuntimeError, ValueError) as exc:
-            raise InputError(f"{ckpt_path} does not fit this model/config ({str(exc).splitlines()[0]}); "
-                             "train without --resume") from None
-        start_epoch, start_batch, step = state["epoch"], state["batch"], state["step"]
-        best_acc, skipped_total = state["best_acc"], state["skipped_steps"]
-        set_rng_state(state["rng"])
-        if state["config"].get("train", {}).get("epochs") != tc.epochs:
-            log.warning("train: resuming with train.epochs=%d (checkpoint was made for %s): the LR schedule changes",
-                        tc.epochs, state["config"].get("train", {}).get("epochs"))
-        log.info("train: resuming from %s at epoch %d, batch %d (step %d)", ckpt_path.name, start_epoch + 1,
-                 start_batch, step)
-    elif world.is_main:
-        metrics_path.unlink(missing_ok=True)
-        for stale in (ckpt_path, best_path):
-            stale.unlink(missing_ok=True)
-
-    train_model = model
-    if tc.compile:
-        train_model = torch.compile(model)
-    if world.enabled:
-        train_model = nn.parallel.DistributedDataParallel(
-            train_model, device_ids=[device.index] if device.type == "cuda" else None)
-
-    # Its own generator: each iter(loader) draws a worker base seed, which from the global RNG
-    # would shift the dropout masks of a resumed run (one draw more after a mid-epoch resume, or
-    # with persistent workers one draw less per epoch), so it would no longer match.
-    loader = DataLoader(
-        splits.train, batch_sampler=batches, collate_fn=data_mod.collate, num_workers=cfg.data.workers,
-        pin_memory=device.type == "cuda", persistent_workers=cfg.data.workers > 0,
-        generator=torch.Generator().manual_seed(tc.seed),
-    )
-    criterion = nn.CrossEntropyLoss(label_smoothing=tc.label_smoothing)
-    metrics = MetricsLog(metrics_path, world.is_main,
-                         run_dir.file("tensorboard") if tc.tensorboard else None)
-    metrics.write({"event": "start" if not resume else "resume", "epoch": start_epoch, "step": step,
-                   "time": time.time()})
-
-    def checkpoint_state(epoch: int, batch: int) -> dict:
-        return {
-            "format": CHECKPOINT_FORMAT,
-            "model": unwrap(model).state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "scaler": scaler.state_dict(),
-            "epoch": epoch,
-            "batch": batch,
-            "step": step,
-            "best_acc": best_acc,
-            "skipped_steps": skipped_total,
-            "rng": rng_state(),
-            "config": cfg.to_dict(),
-            "spec": spec.to_dict(),
-            "classes": splits.classes,
-        }
-
-    profiler = _start_profiler(device) if profile and world.is_main else None
-    nonfinite_run = 0
-    history = []
-    val_loss = val_acc = float("nan")
-    t_train = time.perf_counter()
-    images_seen = 0
-    from tqdm import tqdm
-
-    for epoch in range(start_epoch, tc.epochs):
-        sampler.set_epoch(epoch)
-        batches.start = start_batch if epoch == start_epoch else 0
-        amp_now = amp_dtype if epoch >= tc.fp32_warmup_epochs else None
-        train_model.train()
-        bar = tqdm(total=batches_per_epoch, initial=batches.start, desc=f"epoch {epoch + 1}/{tc.epochs}",
-                   disable=None if world.is_main else True, leave=False, dynamic_ncols=True)
-        t_data, window_images, window_start = 0.0, 0, time.perf_counter()
-        t_fetch = time.perf_counter()
-        pending_finite, group_loss = True, 0.0
-        for batch_index, (x, y) in enumerate(loader, start=batches.start):
-            t_data += time.perf_counter() - t_fetch
-            if cfg.data.augment:
-                x = data_mod.augment(x, batch_generator(tc.seed, epoch, batch_index, world.rank))
-            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-            if tc.channels_last:
-                x = x.contiguous(memory_format=torch.channels_last)
-            # Micro-batches form groups of `accumulate`; the last group of an epoch may be shorter.
-            group_start = (batch_index // accumulate) * accumulate
-            group_size = min(accumulate, batches_per_epoch - group_start)
-            sync = batch_index == group_start + group_size - 1
-            last_of_epoch = batch_index == batches_per_epoch - 1
-            no_sync = train_model.no_sync() if world.enabled and not sync else contextlib.nullcontext()
-            with no_sync:
-                with torch.autocast(device.type, dtype=amp_now or torch.float32, enabled=amp_now is not None):
-                    logits = train_model(x)
-                    loss = criterion(logits.float(), y)
-                loss_value = loss.item()
-                finite = math.isfinite(loss_value)
-                pending_finite = pending_finite and finite
-                group_loss += loss_value / group_size
-                scaler.scale(loss / group_size).backward()
-            images_seen += x.shape[0]
-            window_images += x.shape[0]
-            if sync:
-                step_lr = optimizer.param_groups[0]["lr"]  # the LR this step uses (the scheduler moves it on)
-                result = _optimizer_step(tc, train_model, model, optimizer, scaler, scheduler, world, device,
-                                         pending_finite, amp_now)
-                pending_finite = True
-                if result["skipped"]:
-                    skipped_total += 1
-                if result["nonfinite"]:
-                    nonfinite_run += 1
-                    log.warning("train: non-finite loss at epoch %d step %d (%d in a row)", epoch + 1, step,
-                                nonfinite_run)
-                    if nonfinite_run >= tc.max_nonfinite:
-                        metrics.close()
-                        bar.close()
-                        if profiler is not None:
-                            profiler.stop()
-                        kept = (f"the last good checkpoint ({ckpt_path.name}) is kept" if ckpt_path.exists()
-                                else "no checkpoint had been written yet")
-                        raise StageFailed(
-                            f"the loss was non-finite for {nonfinite_run} consecutive steps (epoch {epoch + 1}, "
-                            f"step {step}, lr {step_lr:.3g}); training stopped, {kept}. "
-                            "Lower train.lr or use train.amp=fp16/off"
-                        )
-                else:
-                    nonfinite_run = 0
-                step += 1 if not result["skipped"] else 0
-                if profiler is not None:
-                    profiler.step()
-                    if profiler.step_num >= cfg.train.profile_steps:
-                        _finish_profiler(profiler, run_dir.file(TRACE))
-                        profiler = None
-                if step % tc.log_every == 0 and not result["skipped"]:  # the same decision on every rank
-                    # The step's loss: the mean over its micro-batches and over the ranks.
-                    step_loss = all_reduce_sum([group_loss], world, device)[0] / world.world_size
-                    now_t = time.perf_counter()
-                    elapsed = now_t - window_start
-                    metrics.write({  # rank 0 only
-                        "event": "step", "epoch": epoch, "step": step, "loss": step_loss,
-                        "lr": step_lr, "loss_scale": scaler.get_scale() if scaler.is_enabled() else None,
-                        "skipped_steps": skipped_total, "grad_norm": result["grad_norm"],
-                        "images_per_s": window_images * world.world_size / max(elapsed, 1e-9),
-                        "data_time_share": t_data / max(elapsed, 1e-9),
-                    })
-                    window_images, window_start, t_data = 0, now_t, 0.0
-                group_loss = 0.0
-                if (world.is_main and tc.checkpoint_every and step and step % tc.checkpoint_every == 0
-                        and not last_of_epoch and not result["skipped"]):
-                    save_checkpoint(ckpt_path, checkpoint_state(epoch, batch_index + 1))
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss_value:.3f}", lr=f"{scheduler.get_last_lr()[0]:.3g}", refresh=False)
-            t_fetch = time.perf_counter()
-        bar.close()
-
-        broadcast_buffers(model, world)
-        val_loss, val_acc = evaluate(model, splits.val, device, world, amp_now, tc.channels_last)
-        history.append({"epoch": epoch + 1, "val_loss": val_loss, "val_acc": val_acc})
-        metrics.write({"event": "epoch", "epoch": epoch, "step": step, "val_loss": val_loss, "val_acc": val_acc,
-                       "amp": AMP_NAMES[amp_now],
-                       "skipped_steps": skipped_total})
-        log.info("train: epoch %d/%d  val loss %.4f  val acc %.2f%%  (%d skipped steps)", epoch + 1, tc.epochs,
-                 val_loss, 100 * val_acc, skipped_total)
-        improved = val_acc >= best_acc
-        best_acc = max(best_acc, val_acc)
-        if world.is_main:
-            state = checkpoint_state(epoch + 1, 0)
-            save_checkpoint(ckpt_path, state)
-            if improved:
-                save_checkpoint(best_path, state)
-        start_batch = 0
-
-    if profiler is not None:
-        _finish_profiler(profiler, run_dir.file(TRACE))
-    metrics.close()
-    seconds = time.perf_counter() - t_train
-    checksums = replica_checksums(model, world)
-    if world.enabled:
-        if len(set(checksums)) == 1:
-            log.info("train: all %d replicas hold identical weights (sha256 %s)", world.world_size, checksums[0][:16])
-        else:
-            log.warning("train: the replicas' weights differ (sha256 per rank: %s); rank 0's are saved",
-                        ", ".join(c[:16] for c in checksums))
-    if world.is_main:
-        _write_outputs(run_dir, best_path if best_path.exists() else ckpt_path, cfg, spec, splits)
-        plot_curves(metrics_path, run_dir.file(CURVE))
-    best_state = load_checkpoint(best_path) if world.is_main and best_path.exists() else None
-    return {
-        "epochs": tc.epochs,
-        "steps": step,
-        "skipped_steps": skipped_total,
-        "final_val_acc": val_acc,
-        "final_val_loss": val_loss,
-        "best_val_acc": best_acc,
-        "best_epoch": best_state["epoch"] if best_state else None,
-        "train_seconds": round(seconds, 2),
-        "images_per_s": round(images_seen * world.world_size / max(seconds, 1e-9), 1),
-        "history": history,
-        "final_weights_sha256": checksums[0],  # the final (not the best) weights, see state_checksum
-        **({"replica_sha256": checksums, "replicas_identical": len(set(checksums)) == 1} if world.enabled else {}),
-    }
-
-
-def _optimizer_step(tc, train_model, model, optimizer, scaler, scheduler, world: Dist, device, finite: bool,
-                    amp_now) -> dict:
-    """One optimizer step. Returns whether it was skipped (scaler or non-finite loss) and the grad norm."""
-    grad_norm = None
-    if not scaler.is_enabled():
-        # Without a scaler nothing protects the weights from a NaN/Inf loss: skip such a step on
-        # every rank (the decision is reduced so the replicas stay identical).
-        ok = all_reduce_sum([0.0 if finite else 1.0], world, device)[0] == 0.0
-        if not ok:
-            optimizer.zero_grad(set_to_none=True)
-            return {"skipped": True, "nonfinite": True, "grad_norm": None}
-    if tc.clip_grad_norm:
-        scaler.unscale_(optimizer)
-        grad_norm = float(nn.utils.clip_grad_norm_(model.parameters(), tc.clip_grad_norm))
-    scale_before = scaler.get_scale() if scaler.is_enabled() else None
-    # Gradients are all-reduced before this point, so every rank's scaler sees the same inf/NaN
-    # and makes the same skip decision.
-    scaler.step(optimizer)
-    scaler.update()
-    optimizer.zero_grad(set_to_none=True)
-    skipped = scaler.is_enabled() and scaler.get_scale() < scale_before
-    if not skipped:
-        scheduler.step()
-    return {"skipped": skipped, "nonfinite": False, "grad_norm": grad_norm}
+def _model_and_data(cfg):
+    spec = modeling.resolve_spec(cfg)
+    size = modeling.image_size(cfg, spec)
+    mean, std = modeling.normalisation(cfg, spec)
+    splits = data_mod.load(cfg.data, image_size=size, mean=mean, std=std)
+    model, spec = modeling.build(cfg, splits.num_classes, size)
+    init_info = None
+    if cfg.train.init_weights:
+        init_info = modeling.load_init_weights(model, cfg.train.init_weights)
+        log.info("train: initial weights from %s (missing %d, unexpected %d%s)", cfg.train.init_weights,
+                 len(init_info["missing_keys"]), len(init_info["unexpected_keys"]),
+                 f", head replaced: {'; '.join(init_info['replaced_head'])}" if init_info["replaced_head"] else "")
+    return model, spec, splits, size, init_info
 
 
 def _write_outputs(run_dir: RunDir, source: Path, cfg, spec, splits) -> None:
@@ -708,19 +886,3 @@ def _write_outputs(run_dir: RunDir, source: Path, cfg, spec, splits) -> None:
     })
 
 
-def _start_profiler(device):
-    from torch.profiler import ProfilerActivity, profile
-
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    prof = profile(activities=activities, record_shapes=False)
-    prof.start()
-    return prof
-
-
-def _finish_profiler(prof, path: Path) -> None:
-    prof.stop()
-    with atomic_path(path) as tmp:
-        prof.export_chrome_trace(str(tmp))
-    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=10)
-    log.info("train: profile of %d steps written to %s (open in https://ui.perfetto.dev)\n%s", prof.step_num,
-             path.name, table)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import pickle
 import signal
@@ -16,7 +17,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -136,9 +136,13 @@ def test_resolve_amp_auto_with_native_bf16_and_explicit_choices(monkeypatch):
 # --------------------------------------------------------------------------- one shared tiny run
 
 
+# train.amp=auto decides by the CPU (or the PIPELINE_CPU_FLAGS test hook): bf16 where it has bf16 units.
+AUTO_AMP_HERE = "bf16" if env.cpu_has_native_bf16() else "off"
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
-    """tiny_cnn, 2 epochs, warm-up over the first epoch, logging every step."""
+    """tiny_cnn, 2 epochs, warm-up over the first epoch, logging every step, train.amp=auto."""
     run_dir = tmp_path_factory.mktemp("trained") / "run"
     assert cli("train", "--model", "tiny_cnn", "--run-dir", run_dir, *TINY_TRAIN, "train.epochs=2",
                "train.warmup_epochs=1", "train.seed=3") == 0
@@ -181,14 +185,14 @@ def test_metrics_records_curve_and_manifest(trained):
     assert steps[-1]["lr"] == pytest.approx(0.05 * 0.5 * (1 + torch.cos(torch.tensor(torch.pi * 5 / 6)).item()))
     assert [r["epoch"] for r in epochs] == [0, 1]
     for r in epochs:
-        assert 0 <= r["val_acc"] <= 1 and r["val_loss"] > 0 and r["amp"] == "off"
+        assert 0 <= r["val_acc"] <= 1 and r["val_loss"] > 0 and r["amp"] == AUTO_AMP_HERE
     png = (trained / CURVE).read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
     train = manifest(trained)["stages"]["train"]
     assert train["status"] == "ok"
     assert {CHECKPOINT, BEST_CHECKPOINT, METRICS, CURVE, modeling.WEIGHTS} <= set(train["artifacts"])
     d = train["details"]
-    assert d["seed"] == 3 and d["deterministic"] is False and d["amp"] == "off" and d["world_size"] == 1
+    assert d["seed"] == 3 and d["deterministic"] is False and d["amp"] == AUTO_AMP_HERE and d["world_size"] == 1
     assert len(d["history"]) == 2 and d["steps"] == 12
 
 
@@ -386,9 +390,10 @@ def test_two_gloo_processes_sharing_one_run_dir(tmp_path):
 
 
 def test_accumulating_two_batches_of_16_equals_one_batch_of_32(test_models, tmp_path):
-    """plainnet has no BatchNorm (whose batch statistics would differ) and no dropout, so one
-    optimizer step over 2 x 16 images equals one over the same 32 images at once."""
-    common = ["--model", f"{test_models}:plainnet", "data.num_classes=4", "data.samples_per_class=10",
+    """In FP32: plainnet has no BatchNorm (whose batch statistics would differ) and no dropout, so one
+    optimizer step over 2 x 16 images equals one over the same 32 images at once. Under bf16 autocast
+    the two differ by bf16 rounding (about 1e-3 relative), so the equivalence is checked in FP32 only."""
+    common = ["--model", f"{test_models}:plainnet", "train.amp=off", "data.num_classes=4", "data.samples_per_class=10",
               "data.image_size=16", "train.epochs=1", "train.warmup_epochs=0", "train.log_every=1",
               "train.tensorboard=false", "train.clip_grad_norm=1.0"]  # 32 train images
     assert cli("train", "--run-dir", tmp_path / "acc", *common, "data.batch_size=16", "train.accumulate=2") == 0
@@ -421,7 +426,8 @@ def test_huge_lr_stops_with_a_clear_error(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 4
     lines = [line for line in err.splitlines() if line.startswith("error:")]
-    assert len(lines) == 1 and "the loss was non-finite for 2 consecutive steps" in lines[0], err
+    assert len(lines) == 1 and "non-finite for 2 consecutive steps" in lines[0], err
+    assert "Lower train.lr (now 1e+30)" in lines[0]
     assert "no checkpoint had been written yet" in lines[0] and "Traceback" not in err
     entry = manifest(tmp_path / "run")["stages"]["train"]
     assert entry["status"] == "failed" and entry["exit_code"] == 4
@@ -449,11 +455,124 @@ def test_nan_loss_under_bf16_keeps_the_last_good_checkpoint(tmp_path, monkeypatc
     assert rc == 4, err
     assert "non-finite for 3 consecutive steps (epoch 2, step 6" in err
     assert "the last good checkpoint (checkpoint.pt) is kept" in err
-    assert err.count("non-finite loss at epoch 2") == 3  # each occurrence is logged
+    assert err.count("non-finite loss or gradients at epoch 2") == 3  # each occurrence is logged
+    assert "train.amp=off" in err
     state = load_ckpt(run_dir / CHECKPOINT)
     assert (state["epoch"], state["step"], state["skipped_steps"]) == (1, 6, 0)
     assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())
     assert [r["epoch"] for r in metrics(run_dir) if r["event"] == "epoch"] == [0]
+
+
+def plant(monkeypatch, *, train_hook=None, eval_hook=None) -> list[dict]:
+    """Wrap every model the train stage builds with forward hooks; returns the model's state at
+    the start of each training forward pass (weights and buffers), in order.
+
+    ``train_hook(call, output)`` sees the output of training forward number ``call`` (1-based);
+    ``eval_hook(output)`` may replace an evaluation output.
+    """
+    states: list[dict] = []
+    build = modeling.build
+
+    def planted(cfg, num_classes, size):
+        model, spec = build(cfg, num_classes, size)
+
+        def before(module, args):
+            if module.training:
+                states.append({k: v.detach().clone() for k, v in module.state_dict().items()})
+
+        def after(module, args, output):
+            if module.training and train_hook is not None:
+                train_hook(len(states), output)
+            elif not module.training and eval_hook is not None:
+                return eval_hook(output)
+            return None
+
+        model.register_forward_pre_hook(before)
+        model.register_forward_hook(after)
+        return model, spec
+
+    monkeypatch.setattr(modeling, "build", planted)
+    return states
+
+
+def inf_gradient(output: torch.Tensor) -> None:
+    output.register_hook(lambda grad: torch.full_like(grad, float("inf")))
+
+
+@pytest.mark.parametrize("amp", ["off", "bf16"])
+def test_a_planted_nonfinite_gradient_is_skipped_and_leaves_weights_and_batchnorm_untouched(
+        tmp_path, monkeypatch, capsys, amp):
+    """The loss stays finite; only the gradients of step 3 are Inf. bf16 and FP32 have no GradScaler
+    to catch that: the step must be skipped, weights and BatchNorm statistics left as they were."""
+    states = plant(monkeypatch, train_hook=lambda call, out: inf_gradient(out) if call == 3 else None)
+    run_dir = tmp_path / "run"
+    rc = cli("train", "--model", "tiny_cnn", "--run-dir", run_dir, *TINY_TRAIN, "train.epochs=2",
+             f"train.amp={amp}")
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    assert "non-finite loss or gradients at epoch 1 step 2 (1 in a row): step skipped" in err
+    assert any("running_mean" in key for key in states[0])  # tiny_cnn has BatchNorm
+    assert_same_tensors(states[3], states[2])  # the skipped step changed nothing, buffers included
+    with pytest.raises(AssertionError):  # ... while a normal step changes weights and buffers
+        assert_same_tensors(states[2], states[1])
+    d = manifest(run_dir)["stages"]["train"]["details"]
+    assert (d["skipped_steps"], d["steps"]) == (1, 11)  # 2 epochs x 6 batches, one skipped
+    assert all(math.isfinite(h["val_loss"]) for h in d["history"])
+    from safetensors.torch import load_file
+
+    assert all(torch.isfinite(v).all() for v in load_file(str(run_dir / modeling.WEIGHTS)).values())
+
+
+def test_nonfinite_gradients_every_step_stop_training(tmp_path, monkeypatch, capsys):
+    plant(monkeypatch, train_hook=lambda call, out: inf_gradient(out))
+    rc = cli("train", "--model", "tiny_cnn", "--run-dir", tmp_path / "run", *TINY_TRAIN, "train.amp=off",
+             "train.max_nonfinite=2")
+    err = capsys.readouterr().err
+    assert rc == 4, err
+    assert "non-finite for 2 consecutive steps (epoch 1, step 0" in err and "Traceback" not in err
+    assert not (tmp_path / "run" / modeling.WEIGHTS).exists()
+
+
+def test_a_nan_validation_loss_fails_train_as_diverged(tmp_path, monkeypatch, capsys):
+    plant(monkeypatch, eval_hook=lambda out: out * float("nan"))
+    run_dir = tmp_path / "run"
+    rc = cli("train", "--model", "tiny_cnn", "--run-dir", run_dir, *TINY_TRAIN, "train.amp=off")
+    err = capsys.readouterr().err
+    assert rc == 4, err
+    error = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and "training diverged: the validation loss is nan after epoch 1" in error[0]
+    assert "Lower train.lr" in error[0] and "train: ok" not in err
+    assert manifest(run_dir)["stages"]["train"]["status"] == "failed"
+    assert not (run_dir / modeling.WEIGHTS).exists()
+
+
+def test_resnet50_in_bf16_at_16px_never_reports_ok_with_nan(tmp_path, capsys):
+    """Issue 11's reproduction. At 16x16 ResNet-50's layer4 sees 1x1 maps, where oneDNN's bf16
+    weight gradient of a 3x3 stride-2 convolution is intermittently NaN on CPUs with bf16 units.
+    Whatever this CPU does, train ends with finite weights and loss, or fails saying so."""
+    run_dir = tmp_path / "run"
+    rc = cli("train", "--model", "resnet50", "--run-dir", run_dir, "data.samples_per_class=12",
+             "data.image_size=16", "data.batch_size=32", "train.epochs=1", "train.amp=bf16")
+    err = capsys.readouterr().err
+    if rc == 0:
+        d = manifest(run_dir)["stages"]["train"]["details"]
+        assert math.isfinite(d["final_val_loss"]), err
+        from safetensors.torch import load_file
+
+        assert all(torch.isfinite(v).all() for v in load_file(str(run_dir / modeling.WEIGHTS)).values())
+    else:
+        assert rc == 4 and "non-finite for 3 consecutive steps" in err, err
+
+
+@pytest.mark.parametrize("flags, amp", [("sse4_2 avx2 fma", "off"), ("avx512f avx512_bf16 amx_tile amx_bf16", "bf16")],
+                         ids=["avx2-only", "bf16-units"])
+def test_auto_amp_follows_the_cpu_flags_and_says_when_they_are_simulated(tmp_path, monkeypatch, flags, amp):
+    """Both branches of train.amp=auto on any machine, through the PIPELINE_CPU_FLAGS test hook."""
+    monkeypatch.setenv(env.CPU_FLAGS_ENV, flags)
+    assert cli("train", "--model", "tiny_cnn", "--run-dir", tmp_path / "run", *TINY_TRAIN) == 0
+    d = manifest(tmp_path / "run")["stages"]["train"]["details"]
+    assert d["amp"] == amp and f"{env.CPU_FLAGS_ENV}='{flags}'" in d["amp_note"]
+    assert [r["amp"] for r in metrics(tmp_path / "run") if r["event"] == "epoch"] == [amp]
 
 
 def _toy_step_setup(scaler_enabled: bool):
@@ -462,20 +581,20 @@ def _toy_step_setup(scaler_enabled: bool):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, train_mod.lr_lambda(10, 2))
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16, enabled=scaler_enabled)
-    tc = SimpleNamespace(clip_grad_norm=1e6)
-    return model, optimizer, scheduler, scaler, tc
+    step = functools.partial(train_mod.optimizer_step, model=model, optimizer=optimizer, scaler=scaler,
+                             scheduler=scheduler, clip_grad_norm=1e6, world=Dist(), device=CPU)
+    return model, optimizer, scheduler, scaler, step
 
 
 def test_optimizer_step_with_scaler_skips_inf_grads_without_advancing_the_schedule():
-    model, optimizer, scheduler, scaler, tc = _toy_step_setup(True)
+    model, optimizer, scheduler, scaler, step = _toy_step_setup(True)
+    step = functools.partial(step, loss_finite=True)
     x = torch.randn(5, 4)
-    step = functools.partial(train_mod._optimizer_step, tc, model, model, optimizer, scaler, scheduler, Dist(),
-                             CPU, True, torch.float16)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     scaler.scale(model(x).sum()).backward()
     model.weight.grad[0, 0] = float("inf")
     result = step()
-    assert result["skipped"] and not result["nonfinite"]
+    assert result.skipped and not result.nonfinite
     assert scheduler.last_epoch == 0 and scaler.get_scale() == 2.0**15
     assert_same_tensors(model.state_dict(), before)
     assert model.weight.grad is None  # zeroed for the next step
@@ -485,19 +604,34 @@ def test_optimizer_step_with_scaler_skips_inf_grads_without_advancing_the_schedu
     expected_norm = torch.cat([p.grad.flatten() for p in model.parameters()]).norm().item() / scaler.get_scale()
     lr_used = optimizer.param_groups[0]["lr"]
     result = step()
-    assert not result["skipped"] and result["grad_norm"] == pytest.approx(expected_norm, rel=1e-5)
+    assert not result.skipped and result.grad_norm == pytest.approx(expected_norm, rel=1e-5)
     assert scheduler.last_epoch == 1 and optimizer.param_groups[0]["lr"] != lr_used
     assert not torch.equal(model.weight, before["weight"])
 
 
 def test_optimizer_step_without_scaler_skips_a_nonfinite_loss():
-    model, optimizer, scheduler, scaler, tc = _toy_step_setup(False)
+    model, optimizer, scheduler, scaler, step = _toy_step_setup(False)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     model(torch.randn(5, 4)).sum().backward()
-    result = train_mod._optimizer_step(tc, model, model, optimizer, scaler, scheduler, Dist(), CPU, False, None)
-    assert result == {"skipped": True, "nonfinite": True, "grad_norm": None}
+    result = step(loss_finite=False)
+    assert result == train_mod.StepResult(skipped=True, nonfinite=True, grad_norm=None)
     assert scheduler.last_epoch == 0 and model.weight.grad is None
     assert_same_tensors(model.state_dict(), before)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_optimizer_step_without_scaler_skips_nonfinite_gradients_of_a_finite_loss(bad):
+    """bf16/FP32 have no GradScaler: a NaN/Inf gradient under a finite loss must not reach the weights."""
+    model, optimizer, scheduler, scaler, step = _toy_step_setup(False)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    model(torch.randn(5, 4)).sum().backward()
+    model.bias.grad[1] = bad
+    result = step(loss_finite=True)
+    assert result.skipped and result.nonfinite
+    assert scheduler.last_epoch == 0 and model.weight.grad is None
+    assert_same_tensors(model.state_dict(), before)
+    model(torch.randn(5, 4)).sum().backward()  # the next, finite step is taken
+    assert not step(loss_finite=True).skipped and scheduler.last_epoch == 1
 
 
 def test_fp16_loop_counts_skipped_steps_and_keeps_the_schedule_in_step(tmp_path, monkeypatch):
