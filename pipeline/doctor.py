@@ -1,0 +1,232 @@
+"""``python -m pipeline doctor``: the software stack, one line per part, and every mismatch with its fix.
+
+The checks are pure functions of a facts dict (:func:`gather` reads this machine), so tests can
+feed them any stack, such as a CUDA 12 ONNX Runtime beside a CUDA 13 torch. verify and benchmark
+use :func:`provider_loads` and :func:`cuda_mismatches` too, so a provider that is listed but does not
+load is "skipped: <reason>" there, never an error.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import functools
+import glob
+import importlib.metadata
+import os
+import platform
+import re
+import site
+import sys
+from dataclasses import dataclass
+
+from pipeline import env
+from pipeline.errors import BackendUnavailable
+
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
+GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
+
+
+@dataclass(frozen=True)
+class Problem:
+    part: str  # "cuda", "tensorrt", "onnxruntime", ...
+    message: str  # what is wrong and how to fix it, one line
+
+
+def major(version: str | None) -> int | None:
+    match = re.match(r"\s*(\d+)", version or "")
+    return int(match.group(1)) if match else None
+
+
+# --------------------------------------------------------------------------- facts
+
+
+def tensorrt_cuda_major() -> int | None:
+    """The CUDA major TensorRT's wheels were built for, from their names (tensorrt_cu13, tensorrt-cu12-libs)."""
+    for dist in importlib.metadata.distributions():
+        match = re.fullmatch(r"tensorrt[-_]cu(\d+)([-_].*)?", (dist.metadata["Name"] or "").lower())
+        if match:
+            return int(match.group(1))
+    return None
+
+
+def find_libcudart() -> str | None:
+    """The CUDA runtime library: the system's, or a pip wheel's (CUDA 13: nvidia/cu13/lib; 12: nvidia/cuda_runtime/lib)."""
+    roots = [*site.getsitepackages(), site.getusersitepackages(), *sys.path]
+    patterns = [os.path.join(root, "nvidia", sub, "lib", "libcudart.so*") for root in roots
+                for sub in ("cu13", "cuda_runtime")]
+    patterns += [os.path.join(d, "libcudart.so*") for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d]
+    patterns += ["/usr/local/cuda/lib64/libcudart.so*", "/usr/local/cuda/targets/*/lib/libcudart.so*"]
+    for pattern in patterns:
+        found = sorted(glob.glob(pattern))
+        if found:
+            return found[0]
+    return ctypes.util.find_library("cudart")
+
+
+@functools.lru_cache(maxsize=None)
+def provider_loads(provider: str) -> tuple[bool, str]:
+    """Whether ONNX Runtime really runs a one-node model on ``provider`` (listed is not loaded)."""
+    try:
+        import onnxruntime as ort
+        from onnx import TensorProto, helper
+    except ImportError as exc:
+        return False, f"ONNX Runtime is not installed ({exc})"
+    if provider not in ort.get_available_providers():
+        return False, f"ONNX Runtime {ort.__version__} does not list {provider}"
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = min(model.ir_version, 9)
+    options = ort.SessionOptions()
+    options.log_severity_level = 4  # the failure is reported below, in one line
+    try:
+        session = ort.InferenceSession(model.SerializeToString(), options,
+                                       providers=[provider, "CPUExecutionProvider"])
+    except Exception as exc:  # a provider library that fails to load raises from the session
+        return False, f"{provider} failed to load: {str(exc).splitlines()[0][:200]}"
+    if session.get_providers()[0] != provider:
+        return False, f"{provider} is listed but does not load (missing CUDA libraries?); the session fell back to the CPU"
+    return True, ""
+
+
+def onnxruntime_facts() -> dict:
+    try:
+        import onnxruntime as ort
+        from onnxruntime.capi import build_and_package_info as build_info
+    except ImportError:
+        return {"version": None}
+    listed = ort.get_available_providers()
+    return {
+        "version": ort.__version__,
+        "package": getattr(build_info, "package_name", "onnxruntime"),
+        "cuda": getattr(build_info, "cuda_version", None) or None,
+        "listed": listed,
+        "loads": [p for p in listed if p == "CPUExecutionProvider" or provider_loads(p)[0]],
+        "conflict": env.onnxruntime_conflict(),
+    }
+
+
+def gather() -> dict:
+    """This machine's stack. Imports torch and ONNX Runtime; TensorRT only if installed."""
+    import torch
+
+    trt, trt_reason = env.tensorrt_status()
+    gpu_ok, gpu_reason = env.cuda_status()
+    flags = env.cpu_flags()
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "gpu": env.gpu_info() if gpu_ok else None,
+        "gpu_reason": gpu_reason,
+        "onnxruntime": onnxruntime_facts(),
+        "tensorrt": getattr(trt, "__version__", None),
+        "tensorrt_reason": trt_reason,
+        "tensorrt_cuda": tensorrt_cuda_major(),
+        "libcudart": find_libcudart(),
+        "polygraphy": env.package_version("polygraphy"),
+        "modelopt": env.package_version("nvidia-modelopt"),
+        "openvino": env.package_version("openvino"),
+        "threads": {"torch": torch.get_num_threads(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")},
+        "cpu": {"model": env.cpu_model(), "cores": env.usable_cores(),
+                "isa": [f for f in ISA_FLAGS if f in flags], "simulated": env.cpu_flags_simulated()},
+    }
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def cuda_mismatches(facts: dict) -> list[Problem]:
+    """Parts built for another CUDA major than torch's, each with the fix. Empty when torch is CPU-only."""
+    torch_major = major(facts.get("torch_cuda"))
+    problems = []
+    ort = facts.get("onnxruntime") or {}
+    if ort.get("conflict"):
+        problems.append(Problem("onnxruntime", ort["conflict"]))
+    ort_major = major(ort.get("cuda"))
+    if torch_major and ort_major and ort_major != torch_major:
+        fix = ("install onnxruntime-gpu>=1.31 or the CUDA 12 torch" if torch_major >= 13 else
+               "install onnxruntime-gpu 1.24.x (a CUDA 12 build) or the CUDA 13 torch")
+        problems.append(Problem("onnxruntime", f"{ort.get('package')} {ort.get('version')} is a CUDA {ort_major} "
+                                               f"build; torch uses CUDA {facts['torch_cuda']}: {fix}"))
+    trt_major = facts.get("tensorrt_cuda")
+    if torch_major and trt_major and trt_major != torch_major:
+        problems.append(Problem("tensorrt", f"TensorRT {facts.get('tensorrt')} is built for CUDA {trt_major}; torch "
+                                            f"uses CUDA {facts['torch_cuda']}: install tensorrt-cu{torch_major} "
+                                            f"or the CUDA {trt_major} torch"))
+    return problems
+
+
+def problems(facts: dict) -> list[Problem]:
+    """Every mismatch on this stack: CUDA majors, providers that are listed but do not load, libcudart."""
+    found = cuda_mismatches(facts)
+    ort = facts.get("onnxruntime") or {}
+    if facts.get("gpu"):
+        for provider in (p for p in ort.get("listed", []) if p in GPU_PROVIDERS and p not in ort.get("loads", [])):
+            found.append(Problem("onnxruntime", f"{provider} is listed but does not load on this GPU: "
+                                                f"{provider_loads(provider)[1]}"))
+    if facts.get("tensorrt") and not facts.get("libcudart"):
+        found.append(Problem("tensorrt", "libcudart is not found (Polygraphy's TensorRT runner needs it): install "
+                                         "the CUDA runtime wheel (nvidia-cuda-runtime) or add its lib folder to "
+                                         "LD_LIBRARY_PATH"))
+    return found
+
+
+def requirement_problem(facts: dict, required: str) -> str | None:
+    """Why ``--require cuda|tensorrt`` cannot be met here, in one line; None when it can."""
+    if not facts.get("gpu"):
+        return f"--require {required}: {facts.get('gpu_reason') or 'no CUDA GPU'}"
+    if required == "tensorrt" and not facts.get("tensorrt"):
+        return f"--require tensorrt: {facts.get('tensorrt_reason')}"
+    blocking = [p for p in problems(facts) if required == "cuda" or p.part == "tensorrt"]
+    if blocking:
+        return f"--require {required}: {blocking[0].message}"
+    return None
+
+
+# --------------------------------------------------------------------------- report
+
+
+def lines(facts: dict) -> list[str]:
+    """The stack, one line per part."""
+    ort = facts["onnxruntime"]
+    gpu = facts.get("gpu")
+    cpu = facts["cpu"]
+    ort_line = "not installed"
+    if ort.get("version"):
+        ort_line = (f"{ort['package']} {ort['version']}" + (f" (CUDA {ort['cuda']} build)" if ort.get("cuda") else "")
+                    + f"; lists {', '.join(ort['listed'])}; loads {', '.join(ort['loads'])}")
+    return [
+        f"python       {facts['python']}",
+        f"torch        {facts['torch']} ({'CUDA ' + facts['torch_cuda'] if facts['torch_cuda'] else 'CPU-only build'})",
+        "gpu          " + (f"{gpu['name']} (compute {gpu['compute_capability']}), driver {gpu.get('driver') or '?'}"
+                           if gpu else f"none: {facts['gpu_reason']}"),
+        f"onnxruntime  {ort_line}",
+        "tensorrt     " + (f"{facts['tensorrt']} (CUDA {facts['tensorrt_cuda'] or '?'} build)" if facts["tensorrt"]
+                           else f"none: {facts['tensorrt_reason']}"),
+        f"libcudart    {facts['libcudart'] or 'not found'}",
+        f"polygraphy   {facts['polygraphy'] or 'not installed'}",
+        f"modelopt     {facts['modelopt'] or 'not installed'}",
+        f"openvino     {facts['openvino'] or 'not installed'}",
+        f"threads      torch {facts['threads']['torch']}, OMP_NUM_THREADS={facts['threads']['OMP_NUM_THREADS'] or 'unset'}",
+        f"cpu          {cpu['model']}, {cpu['cores']} cores; {' '.join(cpu['isa']) or 'no AVX2'}"
+        + (f" (simulated by {env.CPU_FLAGS_ENV})" if cpu.get("simulated") is not None else ""),
+        "pycuda       not needed (Polygraphy brings its own CUDA wrapper; TensorRT's samples use cuda-python)",
+    ]
+
+
+def run(required: list[str] = ()) -> int:
+    """Print the stack and its problems; 0 when coherent, ``BackendUnavailable`` (exit 3) for an unmet requirement."""
+    facts = gather()
+    for line in lines(facts):
+        print(line)
+    found = problems(facts)
+    for problem in found:
+        print(f"mismatch     {problem.part}: {problem.message}")
+    for required_part in required:
+        reason = requirement_problem(facts, required_part)
+        if reason:
+            raise BackendUnavailable(reason)
+    print("stack        coherent" if not found else f"stack        {len(found)} mismatch(es), see above")
+    return 0
