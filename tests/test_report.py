@@ -1,5 +1,7 @@
 """report.html is one self-contained page: tables and embedded plots, rendered by a real browser."""
 
+import json
+import platform
 import re
 import shutil
 import subprocess
@@ -10,21 +12,76 @@ from conftest import cli
 
 
 @pytest.fixture(scope="module")
-def report_html(tiny_run, tmp_path_factory):
+def report_run(tiny_run, tmp_path_factory):
     run = tmp_path_factory.mktemp("report") / "run"
     shutil.copytree(tiny_run, run)
     assert cli("report", "--run-dir", run) == 0
-    return run / "report.html"
+    return run
+
+
+@pytest.fixture(scope="module")
+def report_html(report_run):
+    return report_run / "report.html"
+
+
+def section(html: str, heading: str) -> str:
+    """The HTML between <h2>heading and the next <h2>."""
+    return html.split(f"<h2>{heading}", 1)[1].split("<h2>", 1)[0]
 
 
 def test_report_is_self_contained(report_html):
     html = report_html.read_text()
     assert html.count("data:image/png;base64,") == 3  # training curve, latency, throughput
     assert not re.search(r"""(src|href)=['"]https?://""", html)  # nothing fetched from the network
-    for heading in ("Stages", "Training", "Verification", "Benchmark", "Configuration", "Environment"):
+    for heading in ("Stages", "Training", "Precision gate", "Benchmark", "Configuration", "Environment"):
         assert f"<h2>{heading}" in html
     assert html.count("<table>") >= 4
-    assert (report_html.parent / "report.md").read_text().startswith("# Run report")
+
+
+def test_report_names_the_model_and_its_environment_with_a_benchmark_present(report_run):
+    """benchmark.json exists in the tiny run: the title and the environment still come from the manifest."""
+    import torch
+
+    assert (report_run / "benchmark.json").exists()
+    html = (report_run / "report.html").read_text()
+    assert "<title>pipeline report: tiny_cnn</title>" in html
+    assert "<h1>Run report: tiny_cnn</h1>" in html
+    env = section(html, "Environment")
+    assert f"<td>{torch.__version__}</td>" in env and f"<td>{platform.python_version()}</td>" in env
+    md = (report_run / "report.md").read_text()
+    assert md.startswith("# Run report: tiny_cnn\n")
+    env_md = md.split("## Environment", 1)[1]
+    assert f"| torch | {torch.__version__} |" in env_md
+
+
+def test_report_tables_carry_the_runs_numbers(report_run):
+    html = (report_run / "report.html").read_text()
+    md = (report_run / "report.md").read_text()
+    verify = json.loads((report_run / "verify.json").read_text())
+    bench = json.loads((report_run / "benchmark.json").read_text())
+    for stage in ("train", "export", "build", "verify", "benchmark"):
+        assert f"<td>{stage}</td>" in section(html, "Stages") and f"| {stage} |" in md
+    for c in verify["candidates"]:
+        assert f"<td>{c['name']}</td>" in section(html, "Precision gate") and f"| {c['name']} |" in md
+    p50 = f"{bench['results'][0]['latency_ms']['p50']:.3f}"
+    assert p50 in section(html, "Benchmark") and p50 in md
+    # verify.md and benchmark.md come from the same rows as the report
+    for c in verify["candidates"]:
+        assert f"| {c['name']} |" in (report_run / "verify.md").read_text()
+    assert p50 in (report_run / "benchmark.md").read_text()
+
+
+@pytest.mark.parametrize("name, key", [("verify.json", "candidates"), ("verify.json", "inputs"),
+                                       ("benchmark.json", "method")])
+def test_report_with_a_key_missing_says_so_in_one_line(clone_run, capsys, name, key):
+    run = clone_run()
+    payload = json.loads((run / name).read_text())
+    del payload[key]
+    (run / name).write_text(json.dumps(payload))
+    assert cli("report", "--run-dir", run) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: report: ")
+    assert name in err and repr(key) in err and "Traceback" not in err
 
 
 def browser():
