@@ -84,6 +84,42 @@ def test_report_with_a_key_missing_says_so_in_one_line(clone_run, capsys, name, 
     assert name in err and repr(key) in err and "Traceback" not in err
 
 
+def failing_payload() -> dict:
+    """A verify.json of a failed gate with localisation and a fallback (what the tiny run does not produce)."""
+    tensor = {"max_abs_error": 0.5, "max_rel_error": 0.25}
+    task = {"top1_agreement": 0.97, "accuracy": 0.8, "reference_accuracy": 0.81}
+    return {
+        "passed": False, "model": "m<x>", "inputs": {"samples": 32, "source": "synthetic"},
+        "candidates": [{"name": "fp16_emulation", "precision": "fp16", "status": "failed", "required": False,
+                        "reason": None, "tolerance": {"atol": 0.02, "rtol": 0.02, "check_error_stat": "elemwise"},
+                        "tensor_check": tensor, "task_check": task},
+                       {"name": "tensorrt_fp16", "precision": "fp16", "status": "skipped", "required": True,
+                        "reason": "no GPU | here"}],
+        "localization": {"method": "all tensors marked", "first_divergent": {"name": "/Sub", "op_type": "Sub"},
+                         "worst": [{"name": "/Sub", "op_type": "Sub", "max_abs_error": 0.12, "max_rel_error": 1.0,
+                                    "fp32_min": -1.0, "fp32_max": 384.0, "nonfinite": 0}]},
+        "fallback": {"passed": True, "iterations": [{}, {}], "moved_to_fp32": ["/Sub", "/Add"],
+                     "fp16_fraction_before": 1.0, "fp16_fraction_after": 0.8},
+    }
+
+
+def test_verify_rows_render_the_same_numbers_in_markdown_and_html():
+    from pipeline import tables, verify_report
+
+    sections = tables.verify_sections(failing_payload())
+    md = verify_report.markdown(failing_payload())
+    assert md.startswith("### Precision gate: FAILED\n")
+    assert "| fp16_emulation | fp16 | failed | 0.5 | 0.25 | 97.00% | 80.00% (81.00%) |" in md
+    assert "| tensorrt_fp16 | fp16 | skipped (required): no GPU / here |" in md  # a '|' cannot break the table
+    assert "#### Localisation" in md and "First node over tolerance: `/Sub` (Sub)." in md
+    assert "#### Automatic FP32 fallback: PASSED" in md and "moved to FP32: `/Sub`, `/Add`" in md
+    assert "100.0% -> 80.0%" in md
+    page = "".join(tables.html(s) for s in sections)
+    assert "Model m&lt;x&gt;." in page and "<x>" not in page  # every text is escaped
+    assert '<td><span class="failed">failed</span></td><td>0.5</td><td>0.25</td><td>97.00%</td>' in page
+    assert "<h3>Automatic FP32 fallback: <span class=\"passed\">passed</span></h3>" in page
+
+
 def browser():
     for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
         if shutil.which(name):
