@@ -433,30 +433,10 @@ def _verify_verdicts(run_dir: RunDir) -> dict:
 
 
 def markdown(payload: dict) -> str:
-    env_ = payload["environment"]
-    gpu = env_.get("gpu") or {}
-    lines = [
-        f"### Benchmark: {payload['model']}",
-        "",
-        f"CPU: {env_.get('cpu')} ({env_.get('cpu_cores')} cores, {env_.get('threads')} threads); "
-        f"GPU: {gpu.get('name', 'none')}; torch {env_.get('torch')}, ONNX Runtime {env_.get('onnxruntime')}, "
-        f"TensorRT {env_.get('tensorrt') or 'not installed'}.",
-        f"Method: {payload['method']['trials']} trials of >= {payload['method']['min_iterations']} runs and "
-        f">= {payload['method']['min_duration_s']} s after {payload['method']['warmup_s']} s warm-up; "
-        f"input {payload['input']['shape']} real validation images.",
-        "",
-        "| backend | precision | device | batch | p50 ms | p90 ms | p99 ms | mean ms | cv | images/s | timing | verify |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in payload["results"]:
-        lat = r["latency_ms"]
-        lines.append(f"| {r['backend']} | {r['precision']} | {r['device']} | {r['batch_size']} | {lat['p50']:.3f} | "
-                     f"{lat['p90']:.3f} | {lat['p99']:.3f} | {lat['mean']:.3f} | {100 * lat['cv']:.1f}%"
-                     f"{' !' if r['cv_warning'] else ''} | {r['throughput_per_s']:.1f} | {r['timing']} | {r['verify']} |")
-    for s in payload["skipped"]:
-        lines.append(f"\nSkipped {s['backend']}" + (f" at batch {s['batch_size']}" if s.get("batch_size") else "")
-                     + f": {s['reason']}")
-    return "\n".join(lines) + "\n"
+    """benchmark.md: the report's benchmark rows (``tables.benchmark_section``), as Markdown."""
+    from pipeline import tables
+
+    return tables.markdown([tables.benchmark_section(payload)], top=3)
 
 
 def write_plots(run_dir: RunDir, payload: dict) -> list[str]:

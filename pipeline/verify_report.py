@@ -11,8 +11,9 @@ import os
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from pipeline import env
+from pipeline import env, tables
 from pipeline.run import RunDir, atomic_write, now, write_json
+from pipeline.tables import fmt
 
 SCHEMA = "pipeline.verify/1"
 JSON, MARKDOWN, JUNIT = "verify.json", "verify.md", "verify.junit.xml"
@@ -63,56 +64,9 @@ def build_payload(cfg, card, candidates, localization, fallback, verdict, sample
     })
 
 
-def fmt(value, spec=".3g") -> str:
-    """A number for a table: 3 significant digits by default; None as '-'; strings as they are."""
-    if value is None:
-        return "-"
-    if isinstance(value, str):
-        return value
-    return format(value, spec)
-
-
 def markdown(payload: dict) -> str:
-    verdict = "PASSED" if payload["passed"] else "FAILED"
-    lines = [
-        f"### Precision gate: {verdict} ({payload['model']})",
-        "",
-        f"Reference: PyTorch FP32. Inputs: {payload['inputs']['samples']} real validation images "
-        f"({payload['inputs']['source']}).",
-        "",
-        "| candidate | precision | status | max abs err | max rel err | top-1 agreement | accuracy (ref) | tolerance |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for c in payload["candidates"]:
-        t, k, tol = c.get("tensor_check") or {}, c.get("task_check") or {}, c.get("tolerance") or {}
-        status = c["status"] + (" (required)" if c["required"] and c["status"] == "skipped" else "")
-        if c["status"] in ("skipped", "error"):
-            lines.append(f"| {c['name']} | {c['precision']} | {status}: {c.get('reason') or ''} | | | | | |")
-            continue
-        lines.append(
-            f"| {c['name']} | {c['precision']} | {status} | {fmt(t.get('max_abs_error'))} | "
-            f"{fmt(t.get('max_rel_error'))} | {fmt(100 * k['top1_agreement'], '.2f')}% | "
-            f"{fmt(100 * k['accuracy'], '.2f')}% ({fmt(100 * k['reference_accuracy'], '.2f')}%) | "
-            f"atol {tol.get('atol')}, rtol {tol.get('rtol')}, {tol.get('check_error_stat')} |")
-    loc = payload.get("localization")
-    if loc:
-        first = loc.get("first_divergent")
-        lines += ["", f"**Localisation** ({loc.get('method')}):",
-                  f"first node over tolerance: `{first['name']}` ({first['op_type']})" if first
-                  else "no single tensor exceeds the tolerance (the error builds up across layers)", "",
-                  "| node | op | max abs err | max rel err | FP32 range | non-finite |", "|---|---|---|---|---|---|"]
-        for row in loc.get("worst", []):
-            lines.append(f"| `{row['name']}` | {row['op_type']} | {fmt(row['max_abs_error'])} | "
-                         f"{fmt(row['max_rel_error'])} | [{fmt(row['fp32_min'])}, {fmt(row['fp32_max'])}] | "
-                         f"{row['nonfinite']} |")
-    fb = payload.get("fallback")
-    if fb:
-        lines += ["", f"**Automatic FP32 fallback**: {'passed' if fb['passed'] else 'did not pass'} after "
-                      f"{len(fb['iterations'])} iteration(s); moved to FP32: "
-                      + (", ".join(f"`{n}`" for n in fb["moved_to_fp32"]) or "none")
-                  + f"; FP16 node fraction {100 * fb['fp16_fraction_before']:.1f}% -> "
-                    f"{100 * fb['fp16_fraction_after']:.1f}%"]
-    return "\n".join(lines) + "\n"
+    """verify.md: the report's precision-gate rows (``tables.verify_sections``), as Markdown."""
+    return tables.markdown(tables.verify_sections(payload), top=3)
 
 
 def junit(payload: dict) -> str:

@@ -1,4 +1,4 @@
-"""Rewrite the config-key table in README.md from pipeline.config (tests/test_readme.py checks it)."""
+"""Rewrite the config-key table in docs/configuration.md from pipeline.config (tests/test_readme.py checks it)."""
 
 import json
 import re
@@ -6,22 +6,29 @@ from pathlib import Path
 
 from pipeline.config import describe
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
+MARKERS = re.compile(r"(<!-- keys:start -->\n).*?(\n<!-- keys:end -->)", re.DOTALL)
 
 
 def table() -> str:
     rows = ["| key | default | meaning |", "|---|---|---|"]
     for key, default, doc in describe():
         if ".candidates." in key and not key.startswith("verify.candidates.onnxrt_fp32."):
-            continue  # every candidate has the same keys; the README says so
+            continue  # every candidate has the same keys; the page says so
         shown = default if isinstance(default, str) else json.dumps(default)
         rows.append(f"| `{key}` | `{shown}` | {doc.replace('|', '/')} |")
     return "\n".join(rows)
 
 
+def rewrite(text: str) -> str:
+    """``text`` with the table between the keys markers regenerated."""
+    if not MARKERS.search(text):
+        raise SystemExit(f"{PAGE}: no <!-- keys:start --> ... <!-- keys:end --> markers")
+    return MARKERS.sub(lambda m: m.group(1) + table() + m.group(2), text)
+
+
 if __name__ == "__main__":
-    text = README.read_text()
-    new = re.sub(r"(<!-- keys:start -->\n).*?(\n<!-- keys:end -->)", lambda m: m.group(1) + table() + m.group(2),
-                 text, flags=re.S)
-    README.write_text(new)
-    print("README.md config table:", "updated" if new != text else "already up to date")
+    text = PAGE.read_text()
+    new = rewrite(text)
+    PAGE.write_text(new)
+    print(f"{PAGE.name} config table:", "updated" if new != text else "already up to date")

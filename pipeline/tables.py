@@ -1,0 +1,248 @@
+"""The rows of every run report, built once: verify.md, benchmark.md, report.md and report.html.
+
+The builders here turn the manifest, ``verify.json`` and ``benchmark.json`` into :class:`Section`s
+(a heading, paragraphs, tables of :class:`Cell`s); they choose and format every number. The two
+renderers, :func:`markdown` and :func:`html`, only lay sections out. A builder reads its payload's
+keys directly, so a payload missing a key raises ``KeyError`` (the report turns that into one line).
+"""
+
+from __future__ import annotations
+
+import html as _html
+from dataclasses import dataclass
+
+from pipeline.stages import ORDER
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One table cell, or one piece of a paragraph."""
+
+    text: str
+    status: str | None = None  # a verdict or stage status (passed, failed, skipped, ok, ...): coloured in HTML
+    note: str = ""  # said after the text: a skip reason, an error
+    code: bool = False  # a node or file name: monospace
+
+
+@dataclass(frozen=True)
+class Table:
+    headers: tuple[str, ...]
+    rows: tuple[tuple[Cell, ...], ...]
+
+
+@dataclass(frozen=True)
+class Section:
+    title: str
+    status: str | None = None  # shown after the title: "Precision gate: FAILED"
+    paragraphs: tuple = ()  # each a str or a tuple of Cells (to mark node names as code)
+    tables: tuple[Table, ...] = ()
+    preformatted: str | None = None  # shown verbatim (the configuration)
+    level: int = 2  # 2: a top section, 3: under the one before
+
+
+def fmt(value, spec=".3g") -> str:
+    """A number for a table: 3 significant digits by default; None as '-'; strings as they are."""
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        return value
+    return format(value, spec)
+
+
+def percent(fraction, spec=".2f") -> str:
+    return "-" if fraction is None else f"{format(100 * fraction, spec)}%"
+
+
+def _row(*cells) -> tuple[Cell, ...]:
+    return tuple(c if isinstance(c, Cell) else Cell(fmt(c)) for c in cells)
+
+
+# --------------------------------------------------------------------------- the manifest
+
+
+def stage_section(manifest: dict) -> Section:
+    """One row per stage of ``stages.ORDER``: status, time, and the reason or error."""
+    rows = []
+    for name in ORDER:
+        entry = manifest.get("stages", {}).get(name) or {}
+        status = entry.get("status", "not run")
+        time = fmt(entry.get("duration_s"), ".1f") + " s" if entry.get("duration_s") is not None else "-"
+        rows.append(_row(name, Cell(status, status=status), time, entry.get("reason") or entry.get("error") or ""))
+    return Section("Stages", tables=(Table(("stage", "status", "time", "note"), tuple(rows)),))
+
+
+def training_section(manifest: dict) -> Section | None:
+    train = manifest.get("stages", {}).get("train", {}).get("details") or {}
+    if not train:
+        return None
+    rows = tuple(_row(h["epoch"], fmt(h["val_loss"], ".4f"), percent(h["val_acc"])) for h in train.get("history", []))
+    text = (f"Device {train.get('device')}, mixed precision {train.get('amp')} ({train.get('amp_note')}), "
+            f"{train.get('steps')} optimizer steps, {train.get('skipped_steps')} skipped, "
+            f"{fmt(train.get('images_per_s'), '.1f')} images/s.")
+    return Section("Training", paragraphs=(text,), tables=(Table(("epoch", "val loss", "val accuracy"), rows),))
+
+
+def fp16_section(manifest: dict) -> Section | None:
+    fp16 = (manifest.get("stages", {}).get("export", {}).get("details") or {}).get("fp16") or {}
+    if fp16.get("fp16_fraction") is None:
+        return None
+    rows = tuple(_row(Cell(n["name"], code=True), n["op_type"], n["reason"]) for n in fp16.get("fp32_nodes", []))
+    text = (f"{fp16.get('fp16_nodes')} nodes in FP16 ({percent(fp16['fp16_fraction'], '.1f')}), "
+            f"{fp16.get('fp32_nodes_count')} kept in FP32 by {fp16.get('converter')}.")
+    tables = (Table(("node kept in FP32", "op", "why"), rows),) if rows else ()
+    return Section("FP16 conversion", paragraphs=(text,), tables=tables)
+
+
+def _flatten(prefix: str, value) -> list[tuple[str, str]]:
+    if isinstance(value, dict):
+        return [pair for key, v in value.items() for pair in _flatten(f"{prefix}.{key}" if prefix else key, v)]
+    if isinstance(value, (list, tuple)):
+        return [(prefix, ", ".join(map(str, value)) or "-")]
+    return [(prefix, "-" if value is None else str(value))]
+
+
+def environment_section(environment: dict) -> Section:
+    """The run's machine and software, one row per fact (nested facts as ``gpu.name``)."""
+    rows = tuple(_row(key, Cell(value)) for key, value in _flatten("", environment))
+    if not rows:
+        return Section("Environment", paragraphs=("Not recorded.",))
+    return Section("Environment", tables=(Table(("what", "value"), rows),))
+
+
+# --------------------------------------------------------------------------- verify.json
+
+
+def _candidate_row(c: dict) -> tuple[Cell, ...]:
+    t, k, tol = c.get("tensor_check") or {}, c.get("task_check") or {}, c.get("tolerance") or {}
+    shown = c["status"] + (" (required)" if c["required"] and c["status"] == "skipped" else "")
+    accuracy = (f"{percent(k['accuracy'])} ({percent(k['reference_accuracy'])})" if k else "-")
+    tolerance = f"atol {tol.get('atol')}, rtol {tol.get('rtol')}, {tol.get('check_error_stat')}" if tol else "-"
+    return _row(c["name"], c["precision"], Cell(shown, status=c["status"], note=c.get("reason") or ""),
+                t.get("max_abs_error"), t.get("max_rel_error"), percent(k.get("top1_agreement")), accuracy,
+                tolerance)
+
+
+def _localization_section(loc: dict) -> Section:
+    first = loc.get("first_divergent")
+    where = ((Cell("First node over tolerance: "), Cell(first["name"], code=True), Cell(f" ({first['op_type']}).")
+              ) if first else "No single tensor exceeds the tolerance (the error builds up across layers).")
+    rows = tuple(_row(Cell(r["name"], code=True), r["op_type"], r["max_abs_error"], r["max_rel_error"],
+                      f"[{fmt(r['fp32_min'])}, {fmt(r['fp32_max'])}]", str(r["nonfinite"]))
+                 for r in loc.get("worst", []))
+    table = Table(("node", "op", "max abs err", "max rel err", "FP32 range", "non-finite"), rows)
+    return Section("Localisation", paragraphs=(f"{loc.get('method')}.", where), tables=(table,), level=3)
+
+
+def _fallback_section(fb: dict) -> Section:
+    moved = tuple(cell for name in fb["moved_to_fp32"] for cell in (Cell(name, code=True), Cell(", ")))[:-1]
+    text = (Cell(f"{len(fb['iterations'])} iteration(s); moved to FP32: "), *(moved or (Cell("none"),)),
+            Cell(f"; FP16 node fraction {percent(fb['fp16_fraction_before'], '.1f')} -> "
+                 f"{percent(fb['fp16_fraction_after'], '.1f')}."))
+    return Section("Automatic FP32 fallback", status="passed" if fb["passed"] else "failed", paragraphs=(text,),
+                   level=3)
+
+
+def verify_sections(payload: dict) -> list[Section]:
+    """The precision gate: one row per candidate, then localisation and fallback when they ran."""
+    inputs = payload["inputs"]
+    text = (f"Model {payload['model']}. Reference: PyTorch FP32. Inputs: {inputs['samples']} real validation "
+            f"images ({inputs['source']}).")
+    table = Table(("candidate", "precision", "status", "max abs err", "max rel err", "top-1 agreement",
+                   "accuracy (ref)", "tolerance"), tuple(_candidate_row(c) for c in payload["candidates"]))
+    sections = [Section("Precision gate", status="passed" if payload["passed"] else "failed", paragraphs=(text,),
+                        tables=(table,))]
+    if payload.get("localization"):
+        sections.append(_localization_section(payload["localization"]))
+    if payload.get("fallback"):
+        sections.append(_fallback_section(payload["fallback"]))
+    return sections
+
+
+# --------------------------------------------------------------------------- benchmark.json
+
+
+def _benchmark_row(r: dict) -> tuple[Cell, ...]:
+    lat = r["latency_ms"]
+    return _row(r["backend"], r["precision"], r["device"], str(r["batch_size"]), fmt(lat["p50"], ".3f"),
+                fmt(lat["p90"], ".3f"), fmt(lat["p99"], ".3f"), fmt(lat["mean"], ".3f"),
+                percent(lat["cv"], ".1f") + (" !" if r["cv_warning"] else ""), fmt(r["throughput_per_s"], ".1f"),
+                r["timing"], Cell(r["verify"], status=r["verify"]))
+
+
+def benchmark_section(payload: dict) -> Section:
+    """Every (backend, batch, timing) measured, the method, the machine, and what was skipped."""
+    env, m = payload["environment"], payload["method"]
+    gpu = env.get("gpu") or {}
+    machine = (f"CPU: {env.get('cpu')} ({env.get('cpu_cores')} cores, {env.get('threads')} threads); "
+               f"GPU: {gpu.get('name', 'none')}; torch {env.get('torch')}, ONNX Runtime {env.get('onnxruntime')}, "
+               f"TensorRT {env.get('tensorrt') or 'not installed'}.")
+    method = (f"Method: {m['trials']} trials of at least {m['min_iterations']} runs and {m['min_duration_s']} s "
+              f"each, after {m['warmup_s']} s of warm-up; percentiles by {m.get('percentiles', '-')}; "
+              f"input {payload['input']['shape']} ({payload['input']['data']}). "
+              f"A '!' after the cv marks a trial whose coefficient of variation exceeded "
+              f"{percent(m.get('cv_warn'), '.0f')}.")
+    skipped = tuple(f"Skipped {s['backend']}" + (f" at batch {s['batch_size']}" if s.get("batch_size") else "")
+                    + f": {s['reason']}" for s in payload.get("skipped", []))
+    table = Table(("backend", "precision", "device", "batch", "p50 ms", "p90 ms", "p99 ms", "mean ms", "cv",
+                   "images/s", "timing", "verify"), tuple(_benchmark_row(r) for r in payload["results"]))
+    return Section(f"Benchmark: {payload['model']}", paragraphs=(machine, method, *skipped), tables=(table,))
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def _md_text(cell: Cell) -> str:
+    text = f"`{cell.text}`" if cell.code else cell.text
+    return f"{text}: {cell.note}" if cell.note else text
+
+
+def _md_paragraph(paragraph) -> str:
+    return paragraph if isinstance(paragraph, str) else "".join(_md_text(c) for c in paragraph)
+
+
+def markdown(sections: list[Section], top: int = 2) -> str:
+    """GitHub-flavoured Markdown; ``top`` is the heading level of a level-2 section."""
+    lines: list[str] = []
+    for s in sections:
+        title = f"{s.title}: {s.status.upper()}" if s.status else s.title
+        lines += [f"{'#' * (top + s.level - 2)} {title}", ""]
+        for paragraph in s.paragraphs:
+            lines += [_md_paragraph(paragraph), ""]
+        for table in s.tables:
+            lines.append("| " + " | ".join(table.headers) + " |")
+            lines.append("|" + "---|" * len(table.headers))
+            lines += ["| " + " | ".join(_md_text(c).replace("|", "/") for c in row) + " |" for row in table.rows]
+            lines.append("")
+        if s.preformatted is not None:
+            lines += ["```", s.preformatted.rstrip("\n"), "```", ""]
+    return "\n".join(lines)
+
+
+def _esc(value) -> str:
+    return _html.escape(str(value))
+
+
+def _html_text(cell: Cell) -> str:
+    text = f"<code>{_esc(cell.text)}</code>" if cell.code else _esc(cell.text)
+    if cell.status:
+        text = f'<span class="{_esc(cell.status.replace(" ", "-"))}">{text}</span>'
+    return text + (f" <span class='muted'>{_esc(cell.note)}</span>" if cell.note else "")
+
+
+def html_table(table: Table) -> str:
+    head = "".join(f"<th>{_esc(h)}</th>" for h in table.headers)
+    body = "".join("<tr>" + "".join(f"<td>{_html_text(c)}</td>" for c in row) + "</tr>" for row in table.rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def html(section: Section) -> str:
+    """One section as HTML (every text escaped)."""
+    title = _esc(section.title) + (f": {_html_text(Cell(section.status, status=section.status))}"
+                                   if section.status else "")
+    parts = [f"<h{section.level}>{title}</h{section.level}>"]
+    parts += [f"<p>{_esc(p) if isinstance(p, str) else ''.join(_html_text(c) for c in p)}</p>"
+              for p in section.paragraphs]
+    parts += [html_table(t) for t in section.tables]
+    if section.preformatted is not None:
+        parts.append(f"<pre>{_esc(section.preformatted)}</pre>")
+    return "\n".join(parts)
