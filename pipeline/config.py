@@ -76,7 +76,7 @@ class TrainConfig(Section):
     channels_last: bool = Field(True, description="NHWC memory format")
     accumulate: int = Field(1, ge=1, description="micro-batches per optimizer step")
     clip_grad_norm: Optional[float] = Field(None, gt=0, description="clip gradients to this total norm")
-    max_nonfinite: int = Field(3, ge=1, description="consecutive non-finite losses (bf16/fp32) before stopping")
+    max_nonfinite: int = Field(3, ge=1, description="consecutive skipped steps (non-finite loss or gradients) before stopping")
     compile: bool = Field(False, description="torch.compile the model")
     deterministic: bool = Field(False, description="deterministic algorithms (slower)")
     seed: int = Field(0, ge=0, description="seed of Python, NumPy and torch")

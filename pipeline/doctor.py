@@ -8,10 +8,12 @@ load is "skipped: <reason>" there, never an error.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes.util
 import functools
 import glob
 import importlib.metadata
+import io
 import os
 import platform
 import re
@@ -80,11 +82,16 @@ def provider_loads(provider: str) -> tuple[bool, str]:
     model.ir_version = min(model.ir_version, 9)
     options = ort.SessionOptions()
     options.log_severity_level = 4  # the failure is reported below, in one line
+    # ONNX Runtime prints a failed provider's errors (stdout and its own logger): the reason is returned instead.
+    ort.set_default_logger_severity(4)
     try:
-        session = ort.InferenceSession(model.SerializeToString(), options,
-                                       providers=[provider, "CPUExecutionProvider"])
+        with contextlib.redirect_stdout(io.StringIO()):
+            session = ort.InferenceSession(model.SerializeToString(), options,
+                                           providers=[provider, "CPUExecutionProvider"])
     except Exception as exc:  # a provider library that fails to load raises from the session
         return False, f"{provider} failed to load: {str(exc).splitlines()[0][:200]}"
+    finally:
+        ort.set_default_logger_severity(2)  # ONNX Runtime's default: warnings
     if session.get_providers()[0] != provider:
         return False, f"{provider} is listed but does not load (missing CUDA libraries?); the session fell back to the CPU"
     return True, ""

@@ -1,0 +1,78 @@
+"""pipeline doctor: the stack's facts, mismatches with their fixes, and --require."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline import doctor
+
+
+def stack(**changes) -> dict:
+    """A coherent CUDA 13 GPU stack; ``changes`` replace parts of it."""
+    facts = {
+        "python": "3.12.3", "torch": "2.13.0+cu130", "torch_cuda": "13.0",
+        "gpu": {"name": "NVIDIA H200", "compute_capability": "9.0", "driver": "580.65"}, "gpu_reason": "",
+        "onnxruntime": {"version": "1.31.0", "package": "onnxruntime-gpu", "cuda": "13.0",
+                        "listed": ["CUDAExecutionProvider", "CPUExecutionProvider"],
+                        "loads": ["CUDAExecutionProvider", "CPUExecutionProvider"], "conflict": None},
+        "tensorrt": "11.1.0", "tensorrt_reason": "", "tensorrt_cuda": 13, "libcudart": "/x/nvidia/cu13/lib/libcudart.so.13",
+        "polygraphy": "0.53.6", "modelopt": "0.47.0", "openvino": None,
+        "threads": {"torch": 8, "OMP_NUM_THREADS": None},
+        "cpu": {"model": "Test CPU", "cores": 8, "isa": ["avx2"], "simulated": None},
+    }
+    facts.update(changes)
+    return facts
+
+
+def test_a_coherent_cuda13_stack_has_no_problems_and_meets_both_requirements():
+    facts = stack()
+    assert doctor.problems(facts) == []
+    assert doctor.requirement_problem(facts, "cuda") is None
+    assert doctor.requirement_problem(facts, "tensorrt") is None
+    assert len(doctor.lines(facts)) == 12
+
+
+def test_a_cuda12_onnxruntime_beside_a_cuda13_torch_is_named_with_the_fix():
+    ort = {**stack()["onnxruntime"], "version": "1.24.4", "cuda": "12.8"}
+    facts = stack(onnxruntime=ort)
+    (problem,) = doctor.problems(facts)
+    assert problem.message == ("onnxruntime-gpu 1.24.4 is a CUDA 12 build; torch uses CUDA 13.0: "
+                               "install onnxruntime-gpu>=1.31 or the CUDA 12 torch")
+    assert doctor.requirement_problem(facts, "cuda") == f"--require cuda: {problem.message}"
+    assert doctor.requirement_problem(facts, "tensorrt") is None  # TensorRT itself is coherent
+
+
+def test_tensorrt_for_another_cuda_major_and_a_missing_libcudart():
+    facts = stack(tensorrt_cuda=12, libcudart=None)
+    messages = [p.message for p in doctor.problems(facts)]
+    assert any("TensorRT 11.1.0 is built for CUDA 12; torch uses CUDA 13.0: install tensorrt-cu13" in m
+               for m in messages)
+    assert any(m.startswith("libcudart is not found") for m in messages)
+    assert doctor.requirement_problem(facts, "tensorrt").startswith("--require tensorrt: TensorRT 11.1.0 is built")
+
+
+def test_a_listed_provider_that_does_not_load_on_a_gpu_is_a_problem(monkeypatch):
+    monkeypatch.setattr(doctor, "provider_loads", lambda p: (False, "libcublasLt.so.13: cannot open"))
+    ort = {**stack()["onnxruntime"], "loads": ["CPUExecutionProvider"]}
+    (problem,) = doctor.problems(stack(onnxruntime=ort))
+    assert "CUDAExecutionProvider is listed but does not load on this GPU: libcublasLt" in problem.message
+
+
+def test_without_a_gpu_both_requirements_fail_with_the_reason():
+    facts = stack(gpu=None, gpu_reason="no CUDA GPU: this torch build (2.13.0+cpu) is CPU-only", torch_cuda=None)
+    assert doctor.problems(facts) == []
+    assert doctor.requirement_problem(facts, "cuda") == "--require cuda: no CUDA GPU: this torch build (2.13.0+cpu) is CPU-only"
+    assert doctor.requirement_problem(facts, "tensorrt").startswith("--require tensorrt: no CUDA GPU")
+
+
+@pytest.mark.parametrize("version, expected", [("13.0", 13), ("12.8", 12), (None, None), ("", None)])
+def test_major(version, expected):
+    assert doctor.major(version) == expected
+
+
+def test_gather_reads_this_machine():
+    facts = doctor.gather()
+    assert facts["python"] and facts["torch"]
+    assert "CPUExecutionProvider" in facts["onnxruntime"]["loads"]
+    assert doctor.provider_loads("CPUExecutionProvider") == (True, "")
+    assert doctor.provider_loads("NoSuchExecutionProvider")[0] is False
