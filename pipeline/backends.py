@@ -137,7 +137,8 @@ def _torch(name: str, *, autocast: bool = False, compile: bool = False) -> Calla
 
         device = "cuda" if ctx.gpu else "cpu"
         dtype = (torch.float16 if device == "cuda" else torch.bfloat16) if autocast else None
-        runner = TorchRunner(ctx.model, name=name, input_name=ctx.spec["input_name"], output_name=ctx.spec["output_name"],
+        runner = TorchRunner(ctx.model, name=name, input_name=ctx.spec["input_name"],
+                             output_name=ctx.spec["output_name"],
                              input_shape=tuple(ctx.spec["input_size"]), device=device, autocast_dtype=dtype,
                              channels_last=ctx.cfg.train.channels_last, compile=compile,
                              cuda_graphs=ctx.cfg.benchmark.cuda_graphs)
@@ -189,7 +190,8 @@ TABLE: list[Backend] = [
     Backend("torch_fp32", "fp32", "auto", None, "PyTorch FP32 (eval mode)", _always, _torch("torch_fp32")),
     Backend("torch_autocast", "mixed", "auto", None, "PyTorch autocast (bf16 on the CPU, fp16 on CUDA)", _always,
             _torch("torch_autocast", autocast=True)),
-    Backend("torch_compile", "fp32", "auto", None, "torch.compile, FP32", _always, _torch("torch_compile", compile=True)),
+    Backend("torch_compile", "fp32", "auto", None, "torch.compile, FP32", _always,
+            _torch("torch_compile", compile=True)),
     Backend("onnxrt_fp32", "fp32", "cpu", FP32_ONNX, "ONNX Runtime CPU, model.onnx", _always,
             _ort("onnxrt_fp32", fp16_graph=False), candidate="onnxrt_fp32", note="ONNX Runtime CPU"),
     Backend("fp16_emulation", "fp16", "cpu", FP16_ONNX, _emulation_label, _needs_fp16, _emulation,

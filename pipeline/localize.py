@@ -69,8 +69,9 @@ def tensor_errors(ref: np.ndarray, cand: np.ndarray, atol: float, rtol: float, q
     if quantile is not None:
         for kind, diff in (("abs", absdiff), ("rel", reldiff)):
             finite = diff[np.isfinite(diff)]
-            for stat, fn in (("mean", np.mean), ("median", np.median), ("quantile", lambda v: np.quantile(v, quantile))):
-                errors[f"{stat}_{kind}_error"] = float(fn(finite)) if finite.size else float("nan")
+            for stat, fn in (("mean", np.mean), ("median", np.median), ("quantile", np.quantile)):
+                value = (fn(finite, quantile) if stat == "quantile" else fn(finite)) if finite.size else np.nan
+                errors[f"{stat}_{kind}_error"] = float(value)
     return errors
 
 

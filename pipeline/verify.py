@@ -126,9 +126,9 @@ def compare(outputs: list[dict], reference: list[dict], labels: np.ndarray, gate
     cand = np.concatenate([o[output_name] for o in outputs]).astype(np.float64)
     ref = np.concatenate([r[output_name] for r in reference]).astype(np.float64)
     # The statistics over all batches, at the tolerance Polygraphy applied to this output.
-    stats = localize.tensor_errors(ref, cand, localize.output_tolerance(gate["atol"], output_name, localize.DEFAULT_ATOL),
-                                   localize.output_tolerance(gate["rtol"], output_name, localize.DEFAULT_RTOL),
-                                   quantile=gate["error_quantile"])
+    atol = localize.output_tolerance(gate["atol"], output_name, localize.DEFAULT_ATOL)
+    rtol = localize.output_tolerance(gate["rtol"], output_name, localize.DEFAULT_RTOL)
+    stats = localize.tensor_errors(ref, cand, atol, rtol, quantile=gate["error_quantile"])
     tensor = {"passed": not failed_batches and stats["nonfinite"] == 0, "statistic": gate["check_error_stat"]}
     for key in (f"{stat}_{kind}_error" for kind in ("abs", "rel") for stat in ("max", "mean", "median", "quantile")):
         tensor[key] = stats[key]

@@ -69,7 +69,8 @@ def failure_message(verdict: dict, localization, export_broken: bool, suggest_fa
     text = (f"{len(failed)} of {verdict['ran']} candidates failed ({', '.join(c.name for c in failed)}); "
             f"{first.name}: {describe_failure(first.result, first.result['tolerance'])}")
     if export_broken:
-        text += f"; the FP32 export itself disagrees with PyTorch, so every ONNX candidate inherits the error: {EXPORT_FIX}"
+        text += f"; the FP32 export itself disagrees with PyTorch, so every ONNX candidate inherits the error: " \
+                f"{EXPORT_FIX}"
     elif localization and localization.get("first_divergent"):
         node = localization["first_divergent"]
         text += f"; first node over tolerance: {node['name']} ({node['op_type']})"

@@ -293,7 +293,7 @@ def test_strict_emulation_mode(clone_run):
     assert emu["status"] == "passed" and "strict" in emu["label"]
 
 
-# --------------------------------------------------------------------------- defects fixed in the backend-table refactor
+# --------------------------------------------------------------------------- defects fixed with the backend table
 
 
 def run_config(run: Path):
