@@ -55,22 +55,36 @@ def profile_shapes(cfg, input_size: list[int]) -> dict[str, list[int]]:
     return {"min": [b.min_batch, *input_size], "opt": [b.opt_batch, *input_size], "max": [b.max_batch, *input_size]}
 
 
-def engine_loader(onnx_path: Path, *, input_name: str, shapes: dict, build_cfg, timing_cache: Path | None):
-    """The Polygraphy loader chain; lazy: nothing touches TensorRT until it is called.
+def network_loader(onnx_path: Path):
+    """The strongly typed network parser (Polygraphy ``NetworkFromOnnxPath``); lazy."""
+    from polygraphy.backend.trt import NetworkFromOnnxPath
 
-    Returns an ``EngineBytesFromNetwork`` that yields the serialized engine.
-    """
-    from polygraphy.backend.trt import CreateConfig, EngineBytesFromNetwork, NetworkFromOnnxPath, Profile
+    return NetworkFromOnnxPath(str(onnx_path), strongly_typed=True)
 
-    network = NetworkFromOnnxPath(str(onnx_path), strongly_typed=True)
+
+def config_loader(*, input_name: str, shapes: dict, build_cfg, timing_cache: Path | None):
+    """The builder config (Polygraphy ``CreateConfig``): one profile, no precision flag; lazy."""
+    from polygraphy.backend.trt import CreateConfig, Profile
+
     profile = Profile().add(input_name, min=shapes["min"], opt=shapes["opt"], max=shapes["max"])
-    config = CreateConfig(
+    return CreateConfig(
         tf32=build_cfg.tf32,
         profiles=[profile],
         builder_optimization_level=build_cfg.optimization_level,
         load_timing_cache=str(timing_cache) if timing_cache and timing_cache.exists() else None,
     )
-    return EngineBytesFromNetwork(network, config=config, save_timing_cache=str(timing_cache) if timing_cache else None)
+
+
+def engine_loader(onnx_path: Path, *, input_name: str, shapes: dict, build_cfg, timing_cache: Path | None):
+    """The Polygraphy loader chain; lazy: nothing touches TensorRT until it is called.
+
+    Returns an ``EngineBytesFromNetwork`` that yields the serialized engine.
+    """
+    from polygraphy.backend.trt import EngineBytesFromNetwork
+
+    config = config_loader(input_name=input_name, shapes=shapes, build_cfg=build_cfg, timing_cache=timing_cache)
+    return EngineBytesFromNetwork(network_loader(onnx_path), config=config,
+                                  save_timing_cache=str(timing_cache) if timing_cache else None)
 
 
 def current_platform() -> dict:

@@ -23,6 +23,10 @@ log = logging.getLogger("pipeline")
 EPS = 2.220446049250313e-16  # Polygraphy's epsilon for zero reference values
 
 
+# Polygraphy's SimpleCompareFunc defaults, for an output that a per-output tolerance dict does not name.
+DEFAULT_ATOL = DEFAULT_RTOL = 1e-5
+
+
 def scalar_tolerance(value, default: float) -> float:
     """Intermediate tensors have no per-output entry: use the default ('') or the tightest value."""
     if isinstance(value, dict):
@@ -30,17 +34,29 @@ def scalar_tolerance(value, default: float) -> float:
     return float(value if value is not None else default)
 
 
-def tensor_errors(ref: np.ndarray, cand: np.ndarray, atol: float, rtol: float) -> dict:
-    """Polygraphy's elementwise rule: an element fails when abs > atol AND rel > rtol (NaN fails)."""
+def output_tolerance(value, output_name: str, default: float) -> float:
+    """The tolerance Polygraphy applies to ``output_name``: its own entry, else '' , else ``default``."""
+    if isinstance(value, dict):
+        return float(value.get(output_name, value.get("", default)))
+    return float(value if value is not None else default)
+
+
+def tensor_errors(ref: np.ndarray, cand: np.ndarray, atol: float, rtol: float, quantile: float | None = None) -> dict:
+    """Polygraphy's elementwise rule: an element fails when abs > atol AND rel > rtol (NaN fails).
+
+    With ``quantile``, also the mean, median and that quantile of the finite absolute and
+    relative errors (NaN when none is finite), as the gate reports them.
+    """
     ref64, cand64 = ref.astype(np.float64), cand.astype(np.float64)
-    absdiff = np.abs(cand64 - ref64)
-    denom = np.abs(ref64)
-    denom[denom == 0] = EPS
-    reldiff = absdiff / denom
+    with np.errstate(all="ignore"):
+        absdiff = np.abs(cand64 - ref64)
+        denom = np.abs(ref64)
+        denom[denom == 0] = EPS
+        reldiff = absdiff / denom
     bad = (np.isnan(absdiff) | (absdiff > atol)) & (np.isnan(reldiff) | (reldiff > rtol))
     finite_ref = ref64[np.isfinite(ref64)]
     absmax = float(np.abs(finite_ref).max()) if finite_ref.size else 0.0
-    return {
+    errors = {
         "max_abs_error": float(np.nanmax(absdiff)) if np.isfinite(absdiff).any() else float("inf"),
         "max_rel_error": float(np.nanmax(reldiff)) if np.isfinite(reldiff).any() else float("inf"),
         "mismatch_fraction": float(bad.mean()) if bad.size else 0.0,
@@ -50,6 +66,13 @@ def tensor_errors(ref: np.ndarray, cand: np.ndarray, atol: float, rtol: float) -
         "scaled_error": float(np.nanmax(absdiff) / max(absmax, 1e-12)) if np.isfinite(absdiff).any() else float("inf"),
         "exceeds": bool(bad.any()),
     }
+    if quantile is not None:
+        for kind, diff in (("abs", absdiff), ("rel", reldiff)):
+            finite = diff[np.isfinite(diff)]
+            for stat, fn in (("mean", np.mean), ("median", np.median), ("quantile", np.quantile)):
+                value = (fn(finite, quantile) if stat == "quantile" else fn(finite)) if finite.size else np.nan
+                errors[f"{stat}_{kind}_error"] = float(value)
+    return errors
 
 
 def _marked_outputs(model: onnx.ModelProto, feed: dict, name: str) -> OrderedDict:

@@ -1,9 +1,17 @@
-"""One runner contract for verify and benchmark: Polygraphy's.
+"""One runner contract for verify and benchmark: Polygraphy's, plus a timing hook.
 
 A runner is a context manager with ``infer(feed_dict) -> OrderedDict[name, array]`` and a
-``name``. ONNX Runtime and TensorRT use Polygraphy's own runners; PyTorch and the strict FP16
-emulation get small runners here, because Polygraphy's PyTorch runner is unusable (it returns
-a tuple, never sets its timing and hard-codes ``.cuda()``).
+``name`` (Polygraphy's ``BaseRunner``); every state it builds on activation is dropped again on
+deactivation. Each runner here adds the timing hook benchmark uses (:class:`Timed`):
+``timers(feed)`` returns labelled zero-argument callables that each run one inference and
+return its latency in milliseconds (wall clock around a synchronous call on the CPU; CUDA
+events on the GPU, optionally over a CUDA graph), and ``batch_reason(batch)`` says why a batch
+size cannot run ("" when it can). Call both only while the runner is active.
+
+ONNX Runtime and TensorRT are Polygraphy's own runners with the hook added; PyTorch and the
+strict FP16 emulation get small runners here, because Polygraphy's PyTorch runner is unusable
+(it returns a tuple, never sets its timing and hard-codes ``.cuda()``). Which runner serves
+which backend is :mod:`pipeline.backends`' table.
 
 Engines are only ever deserialized through :func:`pipeline.build.load_engine_bytes`, which
 checks the sidecar first.
@@ -15,9 +23,12 @@ import copy
 import time
 from collections import OrderedDict
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 from polygraphy.backend.base import BaseRunner
+from polygraphy.backend.onnxrt import OnnxrtRunner
+from polygraphy.backend.trt import TrtRunner  # imports TensorRT lazily, on activation
 from polygraphy.common import TensorMetadata
 
 # Polygraphy prints INFO lines for every session and comparison; the pipeline reports itself.
@@ -25,12 +36,81 @@ from polygraphy.logger import G_LOGGER
 
 G_LOGGER.module_severity = G_LOGGER.CRITICAL
 
+CPU_WALL_CLOCK = "wall-clock, synchronous CPU call"
+Timers = list[tuple[str, Callable[[], float]]]
 
-class TorchRunner(BaseRunner):
-    """Runs an ``nn.Module`` (eval mode, no grad), optionally under autocast, on CPU or CUDA."""
+
+def cpu_timer(fn, *args) -> Callable[[], float]:
+    """One synchronous call of ``fn(*args)``, timed with the wall clock, in ms."""
+    def run_once() -> float:
+        t = time.perf_counter()
+        fn(*args)
+        return (time.perf_counter() - t) * 1000.0
+
+    return run_once
+
+
+def cuda_timers(forward, x_host, cuda_graphs: bool) -> Timers:
+    """GPU compute (CUDA events, input already on the device) and host latency (with both copies)."""
+    import torch
+
+    x_dev = x_host.to("cuda")
+    stream = torch.cuda.Stream()
+    compute = lambda: forward(x_dev)  # noqa: E731
+    if cuda_graphs:
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                forward(x_dev)  # warm up before capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            static_out = forward(x_dev)
+
+        def compute():
+            graph.replay()
+            return static_out
+    start_evt, end_evt = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    pinned = x_host.pin_memory()
+
+    def gpu_compute() -> float:
+        with torch.cuda.stream(stream):
+            start_evt.record(stream)
+            compute()
+            end_evt.record(stream)
+        end_evt.synchronize()
+        return start_evt.elapsed_time(end_evt)
+
+    def host_latency() -> float:
+        t = time.perf_counter()
+        with torch.cuda.stream(stream):
+            x_dev.copy_(pinned, non_blocking=True)
+            compute().float().cpu()
+        stream.synchronize()
+        return (time.perf_counter() - t) * 1000.0
+
+    label = " with CUDA graphs" if cuda_graphs else ""
+    return [(f"GPU compute (CUDA events, device-resident input){label}", gpu_compute),
+            (f"host latency (H2D + compute + D2H){label}", host_latency)]
+
+
+class Timed:
+    """The timing hook every runner here adds to Polygraphy's contract (use while active)."""
+
+    def batch_reason(self, batch: int) -> str:
+        """Why ``batch`` images cannot run in one call ("" when they can)."""
+        return ""
+
+    def timers(self, feed: dict) -> Timers:
+        """Labelled callables, each running one inference on ``feed`` and returning its latency (ms)."""
+        return [(CPU_WALL_CLOCK, cpu_timer(self.infer, feed))]
+
+
+class TorchRunner(Timed, BaseRunner):
+    """Runs an ``nn.Module`` (eval mode, no grad), optionally under autocast or compiled, on CPU or CUDA."""
 
     def __init__(self, model, *, name: str, input_name: str, output_name: str, input_shape: tuple,
-                 device: str = "cpu", autocast_dtype=None, channels_last: bool = False):
+                 device: str = "cpu", autocast_dtype=None, channels_last: bool = False, compile: bool = False,
+                 cuda_graphs: bool = False):
         super().__init__(name=name)
         self.model = model
         self.input_name = input_name
@@ -39,40 +119,62 @@ class TorchRunner(BaseRunner):
         self.device = device
         self.autocast_dtype = autocast_dtype
         self.channels_last = channels_last
+        self.compile = compile
+        self.cuda_graphs = cuda_graphs
+
+    @property
+    def precision(self) -> str:
+        import torch
+
+        return {None: "fp32", torch.bfloat16: "bf16 autocast", torch.float16: "fp16 autocast"}[self.autocast_dtype]
 
     def activate_impl(self):
         import torch
 
-        self.model = self.model.to(self.device).eval()
+        module = self.model.to(self.device).eval()
         if self.channels_last:
-            self.model = self.model.to(memory_format=torch.channels_last)
+            module = module.to(memory_format=torch.channels_last)
+        self.module = torch.compile(module) if self.compile else module
 
     def get_input_metadata_impl(self):
         return TensorMetadata().add(self.input_name, dtype=np.float32, shape=(None, *self.input_shape))
 
-    def infer_impl(self, feed_dict):
+    def _input(self, array):
         import torch
 
-        x = feed_dict[self.input_name]
-        x = torch.as_tensor(x).to(self.device)
-        if self.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
-        start = time.perf_counter()
+        x = torch.as_tensor(array)
+        return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
+
+    def _forward(self, x):
+        import torch
+
         with torch.inference_mode(), torch.autocast(
             x.device.type, dtype=self.autocast_dtype or torch.float32, enabled=self.autocast_dtype is not None
         ):
-            out = self.model(x)
-        out = out.float()
+            return self.module(x)
+
+    def infer_impl(self, feed_dict):
+        import torch
+
+        x = self._input(torch.as_tensor(feed_dict[self.input_name]).to(self.device))
+        start = time.perf_counter()
+        out = self._forward(x).float()
         if out.device.type == "cuda":
             torch.cuda.synchronize()
         self.inference_time = time.perf_counter() - start
         return OrderedDict([(self.output_name, out.cpu().numpy())])
 
+    def timers(self, feed: dict) -> Timers:
+        x = self._input(feed[self.input_name])
+        if self.device == "cpu":
+            return [(CPU_WALL_CLOCK, cpu_timer(self._forward, x))]
+        return cuda_timers(self._forward, x, self.cuda_graphs)
+
     def deactivate_impl(self):
-        pass
+        del self.module
 
 
-class ReferenceRunner(BaseRunner):
+class ReferenceRunner(Timed, BaseRunner):
     """``onnx.reference.ReferenceEvaluator`` over a model: NumPy semantics, FP16 computed in FP16."""
 
     def __init__(self, model, *, name: str):
@@ -101,20 +203,102 @@ class ReferenceRunner(BaseRunner):
         return OrderedDict((n, np.asarray(o)) for n, o in zip(self.output_names, outputs))
 
     def deactivate_impl(self):
-        del self.evaluator
+        del self.evaluator, self.inputs, self.output_names
 
 
-def onnxrt_runner(model: str | Path | bytes, *, name: str, providers: list[str] | None = None):
-    """Polygraphy's ``OnnxrtRunner`` over ``SessionFromOnnx`` (a path or serialized model)."""
-    from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
+class OrtRunner(Timed, OnnxrtRunner):
+    """Polygraphy's ``OnnxrtRunner`` that refuses a silent CPU fallback and can pin the thread count.
 
-    source = str(model) if isinstance(model, Path) else model
-    return OnnxrtRunner(SessionFromOnnx(source, providers=providers or ["cpu"]), name=name)
+    ``threads=None`` keeps ONNX Runtime's defaults (Polygraphy's ``SessionFromOnnx``); a number
+    sets the intra-op threads (one inter-op thread), as benchmark records them.
+    """
+
+    def __init__(self, model: str | Path | bytes, *, name: str, providers: list[str] | None = None,
+                 threads: int | None = None):
+        from polygraphy.backend.onnxrt import SessionFromOnnx
+
+        self.providers = providers or ["cpu"]
+        source = str(model) if isinstance(model, Path) else model
+        session = SessionFromOnnx(source, providers=self.providers) if threads is None else \
+            (lambda: _ort_session(source, self.providers, threads))
+        super().__init__(session, name=name)
+
+    def activate_impl(self):
+        super().activate_impl()
+        if "cuda" in self.providers and not ort_session_uses(self.sess, "CUDAExecutionProvider"):
+            del self.sess
+            raise RuntimeError("ONNX Runtime fell back to the CPU: the CUDA provider failed to load")
+
+    def timers(self, feed: dict) -> Timers:
+        label = "host latency (H2D + compute + D2H), ONNX Runtime CUDA" if "cuda" in self.providers \
+            else CPU_WALL_CLOCK
+        return [(label, cpu_timer(self.sess.run, None, feed))]
+
+
+def _ort_session(source, providers: list[str], threads: int):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    names = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+    return ort.InferenceSession(source, options, providers=[names.get(p, p) for p in providers])
+
+
+def onnxrt_runner(model: str | Path | bytes, *, name: str, providers: list[str] | None = None,
+                  threads: int | None = None) -> OrtRunner:
+    """ONNX Runtime over a path or serialized model (see :class:`OrtRunner`)."""
+    return OrtRunner(model, name=name, providers=providers, threads=threads)
 
 
 def ort_session_uses(session_or_runner, provider: str) -> bool:
     sess = getattr(session_or_runner, "sess", session_or_runner)
     return provider in sess.get_providers()
+
+
+class TensorrtRunner(Timed, TrtRunner):
+    """Polygraphy's ``TrtRunner`` over engine bytes that :func:`pipeline.build.load_engine_bytes` checked.
+
+    Timing: the engine's own execution context on a torch CUDA stream, CUDA events around
+    ``execute_async_v3`` (optionally captured in a CUDA graph), as trtexec's "GPU compute".
+    """
+
+    def __init__(self, engine_bytes: bytes, sidecar: dict, *, name: str, input_name: str, output_name: str,
+                 cuda_graphs: bool = False):
+        from polygraphy.backend.trt import EngineFromBytes
+
+        super().__init__(EngineFromBytes(engine_bytes), name=name)
+        self.profile = sidecar["profile"]
+        self.note = sidecar.get("precision", "")
+        self.input_name, self.output_name, self.cuda_graphs = input_name, output_name, cuda_graphs
+
+    def batch_reason(self, batch: int) -> str:
+        low, high = self.profile["min"][0], self.profile["max"][0]
+        return "" if low <= batch <= high else f"batch {batch} outside the engine's profile [{low}, {high}]"
+
+    def timers(self, feed: dict) -> Timers:
+        import torch
+
+        if not hasattr(self, "bench_context"):
+            self.bench_context = self.engine.create_execution_context()
+        context = self.bench_context
+        x_host = torch.from_numpy(np.ascontiguousarray(feed[self.input_name]))
+        x_dev = x_host.to("cuda")
+        context.set_input_shape(self.input_name, tuple(x_dev.shape))
+        out = torch.empty(tuple(context.get_tensor_shape(self.output_name)), dtype=torch.float32, device="cuda")
+        context.set_tensor_address(self.input_name, x_dev.data_ptr())
+        context.set_tensor_address(self.output_name, out.data_ptr())
+
+        def forward(_):
+            context.execute_async_v3(torch.cuda.current_stream().cuda_stream)
+            return out
+
+        return cuda_timers(forward, x_host, self.cuda_graphs)
+
+    def deactivate_impl(self):
+        self.__dict__.pop("bench_context", None)
+        super().deactivate_impl()
 
 
 def collect(runner, feeds: list[dict]) -> list[OrderedDict]:

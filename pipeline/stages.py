@@ -22,7 +22,7 @@ from typing import Callable
 
 from pipeline import env
 from pipeline.errors import BackendUnavailable
-from pipeline.run import RunDir, read_json, sha256_file
+from pipeline.run import RunDir, sha256_file
 
 log = logging.getLogger("pipeline")
 
@@ -96,7 +96,7 @@ def _libraries() -> dict:
              "tensorrt-cu12", "tensorrt-cu13")}
 
 
-def _hardware(stage: str, cfg) -> dict:
+def _hardware(stage: str) -> dict:
     if stage == "build":
         trt, reason = env.tensorrt_status()
         return {"tensorrt": getattr(trt, "__version__", reason), "gpu": _gpu_name()}
@@ -114,18 +114,6 @@ def _gpu_name() -> str | None:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else None
 
 
-def _verify_outcome(run: RunDir) -> dict | None:
-    """Benchmark shows verify's verdict per backend, so the verdicts (not the whole report) enter its fingerprint."""
-    path = run.file("verify.json")
-    if not path.exists():
-        return None
-    try:
-        report = read_json(path, "verify report")
-        return {c["name"]: c["status"] for c in report.get("candidates", [])}
-    except Exception:
-        return None
-
-
 def fingerprint(stage: Stage, cfg, run: RunDir) -> str:
     config = cfg.to_dict()
     payload = {
@@ -134,13 +122,15 @@ def fingerprint(stage: Stage, cfg, run: RunDir) -> str:
         "inputs": {name: sha256_file(run.file(name)) if run.file(name).is_file() else None for name in stage.inputs},
         "code": code_version(cfg),
         "libraries": _libraries(),
-        "hardware": _hardware(stage.name, cfg),
+        "hardware": _hardware(stage.name),
         # Each execution of a stage gets a new run id, so downstream stages re-run after it even
         # when it reproduced byte-identical outputs.
         "upstream_runs": {name: (run.stage_entry(name) or {}).get("run_id") for name in stage.after},
     }
     if stage.name == "benchmark":
-        payload["verify"] = _verify_outcome(run)
+        from pipeline.verify_report import read_verdicts
+
+        payload["verify"] = read_verdicts(run)  # benchmark shows them; the rest of verify's report does not matter
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -173,7 +163,25 @@ def run_stage(name: str, cfg, run: RunDir, **options) -> dict:
                 raise BackendUnavailable(f"CUDA required but {reason}")
         stage.function()(cfg, run, record, **options)
     current_stage.reset(token)  # left set on failure, so the CLI can name the stage that failed
+    if (run.stage_entry(name).get("details") or {}).get("replaced_artifacts"):
+        _follow_replacement(name, cfg, run)
     return run.stage_entry(name)
+
+
+def _follow_replacement(name: str, cfg, run: RunDir) -> None:
+    """A stage replaced an upstream artifact (verify --auto-fallback: model.fp16.onnx). Re-run the stages
+    that produce and consume it, so every manifest entry describes the files on disk; then the
+    replacing stage is current again, or re-runs where the model or the engine it judged changed."""
+    replaced = run.stage_entry(name)["details"]["replaced_artifacts"]
+    log.info("%s replaced %s: re-running export and build", name, ", ".join(replaced))
+    judged = {artifact: sha256_file(run.file(artifact)) for artifact in replaced}
+    run_stage("export", cfg, run)  # keeps the replacement: the moved nodes are in fp16_fallback.json
+    built = run_stage("build", cfg, run)["status"] == "ok"
+    if built or any(sha256_file(run.file(a)) != h for a, h in judged.items()):
+        run_stage(name, cfg, run)  # judge what is on disk now (a rebuilt engine included)
+    else:
+        run.stage_entry(name)["fingerprint"] = fingerprint(STAGES[name], cfg, run)
+        run.save_manifest()
 
 
 def run_all(cfg, run: RunDir, *, force: set[str] | None = None, options: dict | None = None) -> dict:

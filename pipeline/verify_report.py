@@ -1,4 +1,5 @@
-"""verify.json (schema ``docs/verify.schema.json``), verify.md and verify.junit.xml.
+"""verify's wording: its messages, hints and log lines, and its reports: verify.json (schema
+``docs/verify.schema.json``), verify.md and verify.junit.xml.
 
 verify.md is also appended to the file named by ``GITHUB_STEP_SUMMARY`` when that is set, so a
 GitHub Actions job shows the table on its summary page.
@@ -6,17 +7,128 @@ GitHub Actions job shows the table on its summary page.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from pipeline import env, tables
-from pipeline.run import RunDir, atomic_write, now, write_json
+from pipeline.run import RunDir, atomic_write, now, read_json, write_json
 from pipeline.tables import fmt
+
+log = logging.getLogger("pipeline")
 
 SCHEMA = "pipeline.verify/1"
 JSON, MARKDOWN, JUNIT = "verify.json", "verify.md", "verify.junit.xml"
+
+
+# --------------------------------------------------------------------------- messages and hints
+
+EXPORT_FIX = ("look for data-dependent control flow (exporter warnings in manifest.json) or try "
+              "export.exporter=dynamo")
+EXPORT_BROKEN_HINT = f"the FP32 export disagrees with PyTorch: {EXPORT_FIX}"
+EXPORT_BROKEN_LOG = ("verify: the FP32 export disagrees with PyTorch; FP16 localisation and fallback are skipped "
+                     "(they compare against the FP32 ONNX graph, which is already wrong)")
+STALE_ENGINE = ("the engine was built from the model.fp16.onnx the FP32 fallback replaced: build re-runs and "
+                "verify checks the new engine")
+TENSORRT_LOCALIZE_FAILED = "verify: TensorRT layer-wise localisation failed (%s); using the FP16 emulation"
+
+
+def disabled(name: str) -> str:
+    return f"disabled (verify.candidates.{name}.enabled=false)"
+
+
+def error_reason(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}"
+
+
+def wrong_outputs(produced: list[str], expected: str) -> str:
+    return f"candidate produced {produced}, not {expected!r}"
+
+
+def describe_failure(result: dict, gate: dict) -> str:
+    """The failing criteria only, with their numbers and thresholds."""
+    t, k = result.get("tensor_check", {}), result.get("task_check", {})
+    parts = []
+    if t and not t["passed"]:
+        parts.append(f"max abs error {t['max_abs_error']:.4g}, max rel error {t['max_rel_error']:.4g} "
+                     f"(atol {gate['atol']}, rtol {gate['rtol']}, {t['statistic']}) in "
+                     f"{len(t['failed_batches'])}/{t['batches']} batches"
+                     + (f", {t['nonfinite']} non-finite values" if t["nonfinite"] else ""))
+    if k and k["top1_agreement"] < gate["min_top1_agreement"]:
+        parts.append(f"top-1 agreement {100 * k['top1_agreement']:.2f}% (min {100 * gate['min_top1_agreement']:.2f}%)")
+    if k and k["accuracy_drop"] > gate["max_accuracy_drop"]:
+        parts.append(f"accuracy drop {100 * k['accuracy_drop']:.2f} points (max {100 * gate['max_accuracy_drop']:.2f})")
+    return ", ".join(parts) or result.get("reason", "")
+
+
+def failure_message(verdict: dict, localization, export_broken: bool, suggest_fallback: bool) -> str:
+    failed = verdict["failed"]
+    first = failed[0]
+    text = (f"{len(failed)} of {verdict['ran']} candidates failed ({', '.join(c.name for c in failed)}); "
+            f"{first.name}: {describe_failure(first.result, first.result['tolerance'])}")
+    if export_broken:
+        text += f"; the FP32 export itself disagrees with PyTorch, so every ONNX candidate inherits the error: " \
+                f"{EXPORT_FIX}"
+    elif localization and localization.get("first_divergent"):
+        node = localization["first_divergent"]
+        text += f"; first node over tolerance: {node['name']} ({node['op_type']})"
+    if suggest_fallback and not export_broken:
+        text += "; `verify --auto-fallback` can move the offending nodes to FP32"
+    return text + "; details in verify.md"
+
+
+def missing_required_message(missing) -> str:
+    return "required candidate(s) could not run: " + "; ".join(f"{c.name}: {c.result['reason']}" for c in missing)
+
+
+def errors_message(errors) -> str:
+    return "candidate(s) failed to run: " + "; ".join(f"{c.name}: {c.result['reason']}" for c in errors)
+
+
+def nothing_to_move(first: dict | None) -> str:
+    return f"nothing left to move for {first['name']}" if first else "no node over tolerance to move"
+
+
+def fallback_errors(rechecked) -> str:
+    return "stopped: no candidate failed to localise, but " + "; ".join(
+        f"{c.name}: {c.result.get('reason')}" for c in rechecked if c.status == "error")
+
+
+# --------------------------------------------------------------------------- log lines
+
+
+def log_check(chk) -> None:
+    r = chk.result
+    if r["status"] == "skipped":
+        log.info("verify: %-17s skipped: %s", chk.name, r["reason"])
+    elif r["status"] == "error":
+        log.warning("verify: %-17s error: %s", chk.name, r["reason"])
+    else:
+        t, k = r["tensor_check"], r["task_check"]
+        log.info("verify: %-17s %-6s max abs %.3g  max rel %.3g  top-1 agreement %.2f%%  acc %.2f%% (ref %.2f%%)",
+                 chk.name, r["status"], t["max_abs_error"], t["max_rel_error"], 100 * k["top1_agreement"],
+                 100 * k["accuracy"], 100 * k["reference_accuracy"])
+
+
+def log_localization(result: dict) -> None:
+    first = result.get("first_divergent")
+    if first:
+        log.warning("verify: first node over tolerance: %s (%s): max abs error %.4g, max rel error %.4g, "
+                    "FP32 range [%.4g, %.4g]", first["name"], first["op_type"], first["max_abs_error"],
+                    first["max_rel_error"], first["fp32_min"], first["fp32_max"])
+    else:
+        log.warning("verify: no single tensor exceeds the tolerance; the error builds up across layers")
+
+
+def log_fallback_round(iteration: int, moved: list[str], fraction: float, passed: bool) -> None:
+    log.info("verify: fallback %d: moved %s to FP32 -> FP16 fraction %.1f%%, %s", iteration, ", ".join(moved),
+             100 * fraction, "passes" if passed else "still fails")
+
+
+# --------------------------------------------------------------------------- reports
 
 
 def _clean(value):
@@ -47,7 +159,7 @@ def build_payload(cfg, card, candidates, localization, fallback, verdict, sample
                 "precision": c.precision,
                 "artifact": c.artifact,
                 "required": c.required,
-                "status": c.result["status"],
+                "status": c.status,
                 "reason": c.result.get("reason"),
                 "hint": c.result.get("hint"),
                 "tolerance": c.result.get("tolerance"),
@@ -112,3 +224,17 @@ def write_all(run_dir: RunDir, payload: dict) -> list[Path]:
         with open(summary, "a", encoding="utf-8") as f:
             f.write(md + "\n")
     return [run_dir.file(JSON), run_dir.file(MARKDOWN), run_dir.file(JUNIT)]
+
+
+def read_verdicts(run_dir: RunDir) -> dict | None:
+    """verify.json's status per candidate name; None when there is no readable verify.json.
+
+    The one reader of verify's verdicts (benchmark's verify column, benchmark's fingerprint, the report).
+    """
+    path = run_dir.file(JSON)
+    if not path.exists():
+        return None
+    try:
+        return {c["name"]: c["status"] for c in read_json(path, "verify report").get("candidates", [])}
+    except Exception:  # a damaged report only loses the verdicts; verify itself reports the damage
+        return None

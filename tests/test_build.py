@@ -8,18 +8,22 @@ from pipeline import build, config
 from pipeline.run import RunDir
 
 
-def loader_for(tmp_path, **build_overrides):
+def pieces_for(tmp_path, **build_overrides):
+    """The loader chain's pieces, inspected through their public attributes (no TensorRT needed)."""
     cfg = config.resolve(overrides=[f"build.{k}={v}" for k, v in build_overrides.items()] + ["verify.batch_size=8"])
     onnx_path = tmp_path / "model.fp16.onnx"
     onnx_path.write_bytes(b"not parsed until the loader is called")
     shapes = build.profile_shapes(cfg, [3, 32, 32])
-    return build.engine_loader(onnx_path, input_name="input", shapes=shapes, build_cfg=cfg.build,
-                               timing_cache=tmp_path / "trt_timing.cache"), shapes
+    network = build.network_loader(onnx_path)
+    builder_config = build.config_loader(input_name="input", shapes=shapes, build_cfg=cfg.build,
+                                         timing_cache=tmp_path / "trt_timing.cache")
+    loader = build.engine_loader(onnx_path, input_name="input", shapes=shapes, build_cfg=cfg.build,
+                                 timing_cache=tmp_path / "trt_timing.cache")
+    return network, builder_config, loader
 
 
 def test_loader_chain_is_strongly_typed_with_profile_and_no_precision_flags(tmp_path):
-    loader, shapes = loader_for(tmp_path, min_batch=1, opt_batch=4, max_batch=16, optimization_level=5)
-    network, cfg = loader._network, loader._config
+    network, cfg, loader = pieces_for(tmp_path, min_batch=1, opt_batch=4, max_batch=16, optimization_level=5)
     assert network.strongly_typed is True
     assert str(network.path).endswith("model.fp16.onnx")
     # TensorRT 11 has no FP16/INT8/BF16/FP8 builder flags: none may be requested.
@@ -34,9 +38,19 @@ def test_loader_chain_is_strongly_typed_with_profile_and_no_precision_flags(tmp_
     assert loader.timing_cache_path.endswith("trt_timing.cache")
 
 
+def test_engine_loader_is_built_from_the_public_pieces(tmp_path, monkeypatch):
+    seen = {}
+    monkeypatch.setattr(build, "network_loader", lambda path: seen.setdefault("network", path))
+    monkeypatch.setattr(build, "config_loader", lambda **kw: seen.setdefault("config", kw))
+    cfg = config.resolve()
+    build.engine_loader(tmp_path / "m.onnx", input_name="x", shapes=build.profile_shapes(cfg, [3, 8, 8]),
+                        build_cfg=cfg.build, timing_cache=None)
+    assert seen["network"] == tmp_path / "m.onnx" and seen["config"]["input_name"] == "x"
+
+
 def test_tf32_is_configurable(tmp_path):
-    loader, _ = loader_for(tmp_path, tf32="true")
-    assert loader._config.tf32 is True
+    _, cfg, _ = pieces_for(tmp_path, tf32="true")
+    assert cfg.tf32 is True
 
 
 def test_timing_cache_lives_beside_the_run_directories(tmp_path):

@@ -291,3 +291,101 @@ def test_strict_emulation_mode(clone_run):
     assert cli("verify", "--run-dir", run, "verify.emulation=strict", "verify.samples=16") == 0
     emu = next(c for c in report(run)["candidates"] if c["name"] == "fp16_emulation")
     assert emu["status"] == "passed" and "strict" in emu["label"]
+
+
+# --------------------------------------------------------------------------- defects fixed with the backend table
+
+
+def run_config(run: Path):
+    import yaml
+
+    return config.resolve(base=yaml.safe_load((run / "config.yaml").read_text()))
+
+
+def test_mismatch_fraction_uses_the_per_output_tolerance():
+    ref = outputs([[1.0, 1.0, 1.0, 1.0]])
+    cand = outputs([[1.0, 1.0, 1.0, 1.5]])
+    result = verify.compare(cand, ref, np.array([0]), gate(atol={"": 0.01, "logits": 0.6}, rtol=0.01), "logits")
+    assert result["tensor_check"]["passed"]
+    assert result["tensor_check"]["mismatch_fraction"] == 0.0  # the element Polygraphy let pass is no mismatch
+    strict = verify.compare(cand, ref, np.array([0]), gate(atol={"": 0.6, "logits": 0.01}, rtol=0.01), "logits")
+    assert not strict["tensor_check"]["passed"] and strict["tensor_check"]["mismatch_fraction"] == 0.25
+
+
+def test_fallback_stops_cleanly_when_a_recheck_errors_but_none_fails(trained, tmp_path, monkeypatch, capsys):
+    run = copy(trained("cancellation"), tmp_path)
+    from pipeline import fp16
+
+    real, calls = fp16.candidate_runner, []
+
+    def first_call_only(*args, **kwargs):  # the first check runs; the fallback's re-checks cannot start
+        calls.append(1)
+        if len(calls) > 1:
+            raise RuntimeError("emulation unavailable")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr("pipeline.fp16.candidate_runner", first_call_only)
+    assert cli("verify", "--run-dir", run, "--auto-fallback") == 1  # the gate failed; no StopIteration (exit 4)
+    assert "StopIteration" not in capsys.readouterr().err
+    fb = report(run)["fallback"]
+    assert fb["passed"] is False and "emulation unavailable" in fb["iterations"][-1]["note"]
+
+
+def fake_tensorrt(monkeypatch):
+    from pipeline import build
+
+    monkeypatch.setattr(build, "availability", lambda: (True, ""))
+    monkeypatch.setattr(build, "run", lambda cfg, run_dir, record: record.skip("no TensorRT in this test"))
+
+
+def test_disabled_tensorrt_candidate_never_loads_the_engine(clone_run, monkeypatch):
+    from pipeline import build
+
+    run = clone_run()
+    fake_tensorrt(monkeypatch)
+    (run / build.ENGINE).write_bytes(b"an engine without a sidecar: loading it is refused")
+    assert cli("verify", "--run-dir", run, "verify.candidates.tensorrt_fp16.enabled=false") == 0
+    trt = next(c for c in report(run)["candidates"] if c["name"] == "tensorrt_fp16")
+    assert trt["status"] == "skipped" and trt["reason"] == "disabled (verify.candidates.tensorrt_fp16.enabled=false)"
+
+
+def test_fallback_loads_the_engine_once_and_marks_it_stale(trained, tmp_path, monkeypatch):
+    from pipeline import build
+    from pipeline.run import sha256_file
+
+    run = copy(trained("cancellation"), tmp_path)
+    fake_tensorrt(monkeypatch)
+    (run / build.ENGINE).write_bytes(b"engine")
+    sidecar = {"onnx": "model.fp16.onnx", "onnx_sha256": sha256_file(run / "model.fp16.onnx"), "precision": "fp16",
+               "profile": {"min": [1], "max": [64]}}
+    loads = []
+    monkeypatch.setattr(build, "load_engine_bytes", lambda run_dir, platform=None: loads.append(1) or (b"engine",
+                                                                                                      sidecar))
+    assert cli("verify", "--run-dir", run, "--auto-fallback") == 0
+    assert len(loads) == 1  # not once per fallback round
+    trt = next(c for c in report(run)["candidates"] if c["name"] == "tensorrt_fp16")
+    assert trt["status"] == "skipped" and trt["after_fallback"] and "build re-runs" in trt["reason"]
+
+
+def test_verify_reports_the_replacement_and_runs_no_other_stage(trained, tmp_path):
+    from pipeline import stages
+    from pipeline.run import RunDir
+
+    run = copy(trained("cancellation"), tmp_path)
+    cfg, rd = run_config(run), RunDir(run)
+    before = json.loads((run / "manifest.json").read_text())["stages"]
+    with rd.stage("verify") as record:
+        verify.run(cfg, rd, record, auto_fallback=True)
+    after = json.loads((run / "manifest.json").read_text())["stages"]
+    assert after["verify"]["details"]["replaced_artifacts"] == ["model.fp16.onnx"]
+    assert after["export"] == before["export"] and after.get("build") == before.get("build")
+
+    # The stage runner re-runs export and build; afterwards every stage is current.
+    run = copy(trained("cancellation"), tmp_path / "runner")
+    rd = RunDir(run)
+    stages.run_stage("verify", cfg, rd, auto_fallback=True)
+    after = json.loads((run / "manifest.json").read_text())["stages"]
+    assert after["export"]["run_id"] != before["export"]["run_id"]
+    assert after["verify"]["details"]["fallback"]["passed"] is True
+    for name in ("export", "build", "verify"):
+        assert stages.up_to_date(stages.STAGES[name], cfg, rd)[0], name

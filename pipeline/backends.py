@@ -1,0 +1,235 @@
+"""The one table of backends that verify checks and benchmark times, in the style of Polygraphy's runners.
+
+Each :class:`Backend` names a runtime x precision x device x artifact, says why it cannot run
+here (``unavailable(ctx)``: "" when it can), and makes a runner (``make(ctx)``) that follows
+:mod:`pipeline.runners`' contract: a context manager with ``infer(feed) -> outputs`` plus the
+timing hook ``timers(feed)``. verify checks every entry with a ``candidate`` name against the
+PyTorch FP32 reference; benchmark times the entries named in ``benchmark.backends``. Adding a
+backend (INT8 TensorRT, OpenVINO) is one entry here, its runner, and its tests.
+
+This module imports nothing heavy: the runners and their libraries load inside ``make``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Callable
+
+from pipeline import env
+from pipeline.errors import InputError
+from pipeline.run import RunDir, sha256_file
+
+log = logging.getLogger("pipeline")
+
+FP32_ONNX, FP16_ONNX = "model.onnx", "model.fp16.onnx"  # as pipeline.export names them
+ENGINE = "model.fp16.engine"  # as pipeline.build names it
+REFERENCE = "torch_fp32"
+NO_FP16 = "no model.fp16.onnx (export.fp16.enabled is false)"
+
+
+@dataclass
+class Context:
+    """What the runners of one stage may need; built once by verify or benchmark."""
+
+    cfg: object
+    run_dir: RunDir
+    stage: str  # "verify" or "benchmark", for messages
+    spec: dict  # the model card's spec: input/output names, input size
+    model: object = None  # the trained FP32 nn.Module
+    threads: int | None = None  # ONNX Runtime intra-op threads; None: its defaults (verify)
+    gpu: bool = False  # whether "auto" backends run on CUDA (benchmark on a GPU machine)
+    fp16: object = field(default=None, repr=False)  # an FP16 ModelProto under test (verify's fallback candidates)
+
+    @cached_property
+    def fp16_model(self):
+        """``model.fp16.onnx`` (or the FP16 model under test), loaded and checked once; None without one."""
+        if self.fp16 is not None:
+            return self.fp16
+        from pipeline import onnx_io
+
+        path = self.run_dir.file(FP16_ONNX)
+        return onnx_io.load(path, "FP16 ONNX model") if path.exists() else None
+
+    def fp32_path(self):
+        from pipeline import onnx_io
+
+        path = self.run_dir.require(FP32_ONNX, "export", self.stage)
+        onnx_io.load(path)  # the external-data check, and one clear error for a corrupt file
+        return path
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str  # benchmark.backends entry and benchmark.json "backend"
+    precision: str  # the precision of the arithmetic: "fp32", "fp16", "mixed"; picks verify's default gate
+    device: str  # "cpu", "cuda", or "auto" (CUDA where usable, else the CPU)
+    artifact: str | None  # the run-directory file it runs; None: the trained PyTorch model
+    label: str | Callable[[object], str]  # one line for the reports (or a function of the config)
+    unavailable: Callable[[Context], str]  # why it cannot run here; "" when it can
+    make: Callable[[Context], object]  # its runner (see pipeline.runners)
+    candidate: str | None = None  # verify checks it under this name (verify.candidates.<name>); None: it does not
+    benchmark: bool = True  # benchmark can time it
+    requires: str | None = None  # the `require` entry that makes its absence an error ("tensorrt", "cuda")
+    shown_precision: str = ""  # benchmark.json's precision column, when more telling than ``precision``
+    note: str = ""  # benchmark.json's note
+
+    def on(self, ctx: Context) -> str:
+        return ("cuda" if ctx.gpu else "cpu") if self.device == "auto" else self.device
+
+    def required(self, cfg) -> bool:
+        return self.requires is not None and self.requires in cfg.require
+
+    @property
+    def uses_fp16_model(self) -> bool:
+        """Whether it runs the FP16 model (so localisation and the FP32 fallback concern it)."""
+        return self.artifact in (FP16_ONNX, ENGINE)
+
+
+# --------------------------------------------------------------------------- availability
+
+
+def _always(ctx: Context) -> str:
+    return ""
+
+
+def _needs_fp16(ctx: Context) -> str:
+    return "" if ctx.fp16_model is not None else NO_FP16
+
+
+def _cuda_ort(fp16_graph: bool) -> Callable[[Context], str]:
+    def check(ctx: Context) -> str:
+        if fp16_graph and ctx.fp16_model is None:
+            return NO_FP16
+        ok, reason = env.cuda_status()
+        if not ok:
+            return reason
+        import onnxruntime
+
+        if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+            return "this ONNX Runtime build has no CUDA provider (install onnxruntime-gpu)"
+        return ""
+
+    return check
+
+
+def _tensorrt_unavailable(ctx: Context) -> str:
+    """Cheap checks only: the engine itself is loaded (and checked) when the runner is made."""
+    from pipeline import build
+
+    ok, reason = build.availability()
+    if not ok:
+        return reason
+    if not ctx.run_dir.file(ENGINE).exists():
+        return f"no {ENGINE}: run `python -m pipeline build --run-dir {ctx.run_dir.path}`"
+    return ""
+
+
+# --------------------------------------------------------------------------- runners
+
+
+def _torch(name: str, *, autocast: bool = False, compile: bool = False) -> Callable[[Context], object]:
+    def make(ctx: Context):
+        import torch
+
+        from pipeline.runners import TorchRunner
+
+        device = "cuda" if ctx.gpu else "cpu"
+        dtype = (torch.float16 if device == "cuda" else torch.bfloat16) if autocast else None
+        runner = TorchRunner(ctx.model, name=name, input_name=ctx.spec["input_name"],
+                             output_name=ctx.spec["output_name"],
+                             input_shape=tuple(ctx.spec["input_size"]), device=device, autocast_dtype=dtype,
+                             channels_last=ctx.cfg.train.channels_last, compile=compile,
+                             cuda_graphs=ctx.cfg.benchmark.cuda_graphs)
+        if autocast and device == "cpu" and not env.cpu_has_native_bf16():
+            runner.note = "this CPU has no bf16 matrix units: bf16 is emulated and slow"
+        return runner
+
+    return make
+
+
+def _ort(name: str, *, fp16_graph: bool, cuda: bool = False) -> Callable[[Context], object]:
+    def make(ctx: Context):
+        from pipeline.runners import onnxrt_runner
+
+        source = ctx.fp16_model.SerializeToString() if fp16_graph else ctx.fp32_path()
+        return onnxrt_runner(source, name=name, providers=["cuda"] if cuda else ["cpu"], threads=ctx.threads)
+
+    return make
+
+
+def _emulation(ctx: Context):
+    from pipeline import fp16
+
+    return fp16.candidate_runner(ctx.fp16_model, ctx.cfg.verify.emulation, "fp16_emulation")
+
+
+def _emulation_label(cfg) -> str:
+    mode = cfg.verify.emulation
+    how = "every FP16 tensor rounded, FP32 accumulation" if mode == "fast" else "NumPy float16 reference evaluator"
+    return f"FP16 emulation ({mode}: {how}), model.fp16.onnx"
+
+
+def _tensorrt(ctx: Context):
+    from pipeline import build
+    from pipeline.runners import TensorrtRunner
+
+    engine_bytes, sidecar = build.load_engine_bytes(ctx.run_dir)
+    source = ctx.run_dir.file(sidecar.get("onnx") or FP16_ONNX)
+    if source.exists() and sidecar.get("onnx_sha256") != sha256_file(source):
+        raise InputError(f"{ENGINE} was built from another {sidecar.get('onnx')}; re-run build")
+    return TensorrtRunner(engine_bytes, sidecar, name="tensorrt_fp16", input_name=ctx.spec["input_name"],
+                          output_name=ctx.spec["output_name"], cuda_graphs=ctx.cfg.benchmark.cuda_graphs)
+
+
+# --------------------------------------------------------------------------- the table
+
+# Verify checks candidates in this order; benchmark times them in benchmark.backends' order.
+TABLE: list[Backend] = [
+    Backend("torch_fp32", "fp32", "auto", None, "PyTorch FP32 (eval mode)", _always, _torch("torch_fp32")),
+    Backend("torch_autocast", "mixed", "auto", None, "PyTorch autocast (bf16 on the CPU, fp16 on CUDA)", _always,
+            _torch("torch_autocast", autocast=True)),
+    Backend("torch_compile", "fp32", "auto", None, "torch.compile, FP32", _always,
+            _torch("torch_compile", compile=True)),
+    Backend("onnxrt_fp32", "fp32", "cpu", FP32_ONNX, "ONNX Runtime CPU, model.onnx", _always,
+            _ort("onnxrt_fp32", fp16_graph=False), candidate="onnxrt_fp32", note="ONNX Runtime CPU"),
+    Backend("fp16_emulation", "fp16", "cpu", FP16_ONNX, _emulation_label, _needs_fp16, _emulation,
+            candidate="fp16_emulation", benchmark=False),
+    Backend("onnxrt_fp16", "fp16", "cpu", FP16_ONNX,
+            "ONNX Runtime CPU on model.fp16.onnx (a CPU deployment; computes FP16 regions in FP32)", _needs_fp16,
+            _ort("onnxrt_fp16_cpu", fp16_graph=True), candidate="onnxrt_fp16_cpu", shown_precision="fp16 graph",
+            note="ONNX Runtime CPU runs most FP16 nodes through FP32 kernels"),
+    Backend("tensorrt_fp16", "fp16", "cuda", ENGINE, "TensorRT engine (strongly typed from model.fp16.onnx)",
+            _tensorrt_unavailable, _tensorrt, candidate="tensorrt_fp16", requires="tensorrt",
+            shown_precision="fp16 (strongly typed engine)"),
+    Backend("onnxrt_cuda_fp32", "fp32", "cuda", FP32_ONNX, "ONNX Runtime CUDA provider on model.onnx",
+            _cuda_ort(False), _ort("onnxrt_cuda_fp32", fp16_graph=False, cuda=True), note="ONNX Runtime CUDA"),
+    Backend("onnxrt_cuda_fp16", "fp16", "cuda", FP16_ONNX, "ONNX Runtime CUDA provider on model.fp16.onnx",
+            _cuda_ort(True), _ort("onnxrt_cuda_fp16", fp16_graph=True, cuda=True), candidate="onnxrt_cuda_fp16",
+            requires="cuda", shown_precision="fp16 graph", note="ONNX Runtime CUDA"),
+]
+
+
+def by_name(name: str) -> Backend:
+    for backend in TABLE:
+        if backend.name == name:
+            return backend
+    raise KeyError(f"no backend {name!r} in pipeline.backends.TABLE")
+
+
+def candidates() -> list[Backend]:
+    """The entries verify checks, in table order."""
+    return [b for b in TABLE if b.candidate]
+
+
+def label(backend: Backend, cfg) -> str:
+    """The report label; the FP16 emulation's depends on ``verify.emulation``."""
+    return backend.label(cfg) if callable(backend.label) else backend.label
+
+
+def verified_by(backend: Backend) -> str | None:
+    """The verify candidate that vouches for a benchmarked backend ("reference" for the FP32 model itself)."""
+    if backend.name == REFERENCE:
+        return "reference"
+    return backend.candidate

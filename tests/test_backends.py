@@ -1,0 +1,153 @@
+"""The backend table: one entry makes a backend that verify checks and benchmark times; runners keep the contract."""
+
+import dataclasses
+import json
+import typing
+
+import numpy as np
+import pytest
+from polygraphy import config as polygraphy_config
+
+from conftest import TINY
+from pipeline import backends, config, stages
+from pipeline.errors import CheckFailed
+from pipeline.run import RunDir
+from pipeline.runners import OrtRunner, ReferenceRunner, TorchRunner
+
+
+class Offset:
+    """The trained model with a planted fault: every logit shifted by 0.5 (far outside any tolerance)."""
+
+    def __new__(cls, model):
+        import torch
+
+        class Shifted(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.inner = model
+
+            def forward(self, x):
+                return self.inner(x) + 0.5
+
+        return Shifted()
+
+
+def _offset_runner(ctx):
+    return TorchRunner(Offset(ctx.model), name="torch_offset", input_name=ctx.spec["input_name"],
+                       output_name=ctx.spec["output_name"], input_shape=tuple(ctx.spec["input_size"]))
+
+
+DUMMY = backends.Backend("torch_offset", "fp32", "cpu", None, "PyTorch FP32 with every logit shifted by 0.5",
+                         lambda ctx: "", _offset_runner, candidate="torch_offset")
+
+
+def test_one_entry_adds_a_backend_to_verify_and_benchmark(clone_run, monkeypatch):
+    run = clone_run()
+    monkeypatch.setattr(backends, "TABLE", [*backends.TABLE, DUMMY])
+    cfg = config.resolve(overrides=["model.name=tiny_cnn", *TINY])
+    with pytest.raises(CheckFailed, match="torch_offset"):
+        stages.run_stage("verify", cfg, RunDir(run))
+    verify = json.loads((run / "verify.json").read_text())
+    row = next(c for c in verify["candidates"] if c["name"] == "torch_offset")
+    assert row["status"] == "failed" and row["tensor_check"]["max_abs_error"] == pytest.approx(0.5, rel=1e-3)
+    assert row["label"] == DUMMY.label and row["precision"] == "fp32"
+    assert {c["name"]: c["status"] for c in verify["candidates"]}["onnxrt_fp32"] == "passed"  # the others still run
+
+    cfg.benchmark.backends = ["torch_fp32", "torch_offset"]  # not assignable through the validated config
+    cfg.benchmark.batch_sizes = [1]
+    stages.run_stage("benchmark", cfg, RunDir(run))
+    rows = {r["backend"]: r for r in json.loads((run / "benchmark.json").read_text())["results"]}
+    assert rows["torch_offset"]["verify"] == "failed" and rows["torch_fp32"]["verify"] == "reference"
+    assert rows["torch_offset"]["iterations"] >= 6 and rows["torch_offset"]["device"] == "cpu"
+
+
+def test_table_names_match_the_config():
+    """Every verify candidate has its verify.candidates section and every timed backend its benchmark.backends name."""
+    assert len({b.name for b in backends.TABLE}) == len(backends.TABLE)
+    sections = set(config.CandidatesConfig.model_fields)
+    assert {b.candidate for b in backends.candidates()} == sections
+    timed = {b.name for b in backends.TABLE if b.benchmark}
+    assert timed == set(typing.get_args(config.BenchBackend))
+
+
+def test_verify_candidates_keep_their_order_and_names():
+    assert [b.candidate for b in backends.candidates()] == [
+        "onnxrt_fp32", "fp16_emulation", "onnxrt_fp16_cpu", "tensorrt_fp16", "onnxrt_cuda_fp16"]
+    assert backends.verified_by(backends.by_name("onnxrt_fp16")) == "onnxrt_fp16_cpu"
+    assert backends.verified_by(backends.by_name("torch_fp32")) == "reference"
+    assert backends.verified_by(backends.by_name("torch_autocast")) is None
+
+
+def tiny_onnx(tmp_path):
+    """A linear classifier as a PyTorch module and as the same ONNX graph (Flatten -> Gemm)."""
+    import onnx
+    import torch
+    from onnx import TensorProto, helper, numpy_helper
+
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(12, 3)).eval()
+    weight = numpy_helper.from_array(model[1].weight.detach().numpy(), "W")
+    bias = numpy_helper.from_array(model[1].bias.detach().numpy(), "B")
+    graph = helper.make_graph(
+        [helper.make_node("Flatten", ["input"], ["flat"]), helper.make_node("Gemm", ["flat", "W", "B"], ["logits"],
+                                                                           transB=1)],
+        "linear", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 3, 2, 2])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 3])], [weight, bias])
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return model, path
+
+
+@pytest.fixture
+def correctness_checks(monkeypatch):
+    """Polygraphy's own check that a runner's state after deactivation equals its state before activation."""
+    monkeypatch.setattr(polygraphy_config, "INTERNAL_CORRECTNESS_CHECKS", True)
+
+
+@pytest.mark.parametrize("kind", ["torch", "onnxrt", "reference"])
+def test_runner_contract_state_reset_and_timing_hook(tmp_path, kind, correctness_checks):
+    import onnx
+
+    model, path = tiny_onnx(tmp_path)
+    runner = {"torch": lambda: TorchRunner(model, name="t", input_name="input", output_name="logits",
+                                           input_shape=(3, 2, 2)),
+              "onnxrt": lambda: OrtRunner(path, name="o", threads=1),
+              "reference": lambda: ReferenceRunner(onnx.load(str(path)), name="r")}[kind]()
+    feed = {"input": np.ones((2, 3, 2, 2), np.float32)}
+    for _ in range(2):  # a second activation works on the same object
+        with runner:
+            out = runner.infer(feed)
+            (label, run_once), *_ = runner.timers(feed)
+            assert runner.batch_reason(2) == ""
+            assert run_once() > 0 and "wall-clock" in label
+        assert list(out) == ["logits"] and out["logits"].shape == (2, 3)
+
+
+def test_reference_runner_forgets_its_evaluator(tmp_path):
+    import onnx
+
+    _, path = tiny_onnx(tmp_path)
+    runner = ReferenceRunner(onnx.load(str(path)), name="r")
+    with runner:
+        runner.infer({"input": np.ones((1, 3, 2, 2), np.float32)})
+    assert not hasattr(runner, "evaluator") and not hasattr(runner, "inputs") and not hasattr(runner, "output_names")
+
+
+def test_disabled_entry_is_skipped_before_it_is_checked_for_availability(tmp_path):
+    calls = []
+    entry = dataclasses.replace(DUMMY, candidate="tensorrt_fp16", unavailable=lambda ctx: calls.append(1) or "")
+    cfg = config.resolve(overrides=["verify.candidates.tensorrt_fp16.enabled=false"])
+    from pipeline import verify
+
+    (chk,) = verify.plan(cfg, backends.Context(cfg, RunDir(tmp_path), "verify", {}), [entry])
+    assert chk.reason == "disabled (verify.candidates.tensorrt_fp16.enabled=false)" and not calls
+
+
+def test_read_verdicts(tmp_path):
+    from pipeline.verify_report import read_verdicts
+
+    run = RunDir(tmp_path)
+    assert read_verdicts(run) is None
+    (tmp_path / "verify.json").write_text('{"candidates": [{"name": "onnxrt_fp32", "status": "passed"}]}')
+    assert read_verdicts(run) == {"onnxrt_fp32": "passed"}
+    (tmp_path / "verify.json").write_text("{not json")
+    assert read_verdicts(run) is None
