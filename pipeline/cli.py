@@ -261,8 +261,7 @@ COMMANDS = {
     "all": cmd_all,
     "report": cmd_report,
     "bench-train": cmd_bench_train,
-    **{name: cmd_stage for name in STAGE_HELP},
-}
+}  # every other command is a stage of the table: cmd_stage
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -276,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
 
     stage_token = current_stage.set("pipeline")
     try:
-        return COMMANDS[args.command](args)
+        return COMMANDS.get(args.command, cmd_stage)(args)
     except ConfigError as err:
         for problem in err.problems:
             print(f"error: config: {problem}", file=sys.stderr)
