@@ -42,7 +42,6 @@ def test_native_bf16_follows_the_cpu_flags(monkeypatch, flags, native):
 
 
 def test_collect_records_the_libraries_this_process_uses():
-    import onnxruntime
     import torch
 
     info = env.collect()
