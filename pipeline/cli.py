@@ -17,7 +17,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from pipeline import __version__
+from pipeline import __version__, stages
 from pipeline.artifacts import CONFIG
 from pipeline.errors import (
     EXIT_INTERRUPTED,
@@ -185,8 +185,6 @@ def cmd_config(args) -> int:
 
 
 def cmd_stage(args) -> int:
-    from pipeline import stages
-
     cfg, run_dir, saved = resolve_config(args)
     _check_not_distributed(args.command)
     stage = STAGES[args.command]
@@ -201,9 +199,7 @@ def cmd_stage(args) -> int:
 
 
 def cmd_all(args) -> int:
-    """``stages.run_all``, with the summary printed at the end (also when a stage failed)."""
-    from pipeline import stages
-
+    """What ``stages.run_all`` does (``open_run``, then ``run_stages``), printing the summary even when a stage fails."""
     cfg, run_dir, saved = resolve_config(args)
     _check_not_distributed("all")
     force = set(ORDER) if args.force == [] else set(args.force or [])
@@ -214,7 +210,7 @@ def cmd_all(args) -> int:
         try:
             stages.run_stages(cfg, run, force=force, options=options)
         finally:
-            print(summary(run))
+            print(stages.summary(run))
     return 0
 
 
@@ -248,13 +244,6 @@ def _print_stage_line(name: str, entry: dict) -> None:
     log.info("%s: %s%s (%.1f s)", name, status, extra, entry.get("duration_s", 0.0))
 
 
-def summary(run) -> str:
-    """One line per stage, for the end of ``all``."""
-    from pipeline import stages
-
-    return stages.summary(run)
-
-
 COMMANDS = {
     "models": cmd_models,
     "config": cmd_config,
@@ -271,9 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get("RANK", "0") != "0":
         log.setLevel(logging.WARNING)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
-    from pipeline.stages import current_stage
-
-    stage_token = current_stage.set("pipeline")
+    stage_token = stages.current_stage.set("pipeline")
     try:
         return COMMANDS.get(args.command, cmd_stage)(args)
     except ConfigError as err:
@@ -295,14 +282,12 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         return EXIT_RUNTIME
     finally:
-        current_stage.reset(stage_token)
+        stages.current_stage.reset(stage_token)
         signal.signal(signal.SIGTERM, previous)
 
 
 def _where(args) -> str:
-    from pipeline.stages import current_stage
-
-    stage = current_stage.get()
+    stage = stages.current_stage.get()
     return stage if stage != "pipeline" else args.command
 
 

@@ -1,5 +1,9 @@
 """The stage table, input fingerprints, and running stages (one at a time or ``all`` in order).
 
+Each stage declares what the command line shows of it (help, flags, summary line), so the CLI is
+generic over :data:`STAGES`. :func:`open_run` is the context every stage runs in (lock, config.yaml,
+environment); :func:`run_all` from Python is exactly ``python -m pipeline all``.
+
 ``all`` calls exactly the same stage functions as the subcommands. With nothing changed, a
 stage whose fingerprint (its config sections, the sha256 of its input artifacts, the code
 and library versions, and the relevant hardware) matches the manifest, and whose recorded
