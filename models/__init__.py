@@ -14,7 +14,7 @@ import importlib
 import importlib.util
 import inspect
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -52,7 +52,6 @@ class UnknownModelError(LookupError):
 class _Entry:
     builder: Callable
     spec: ModelSpec
-    tags: tuple[str, ...] = field(default_factory=tuple)
 
 
 _REGISTRY: dict[str, _Entry] = {}
@@ -65,7 +64,6 @@ def register_model(
     mean: tuple[float, ...] = IMAGENET_MEAN,
     std: tuple[float, ...] = IMAGENET_STD,
     fixed_input_size: bool = False,
-    tags: tuple[str, ...] = (),
 ):
     """Register ``builder(num_classes=..., image_size=...) -> nn.Module`` under its function name."""
 
@@ -83,18 +81,44 @@ def register_model(
             fixed_input_size=fixed_input_size,
             description=doc[0] if doc else "",
         )
-        _REGISTRY[name] = _Entry(builder=builder, spec=spec, tags=tuple(tags))
+        _REGISTRY[name] = _Entry(builder=builder, spec=spec)
         return builder
 
     return decorator
 
 
-def list_models(tag: str | None = None) -> list[str]:
-    return sorted(name for name, entry in _REGISTRY.items() if tag is None or tag in entry.tags)
+def list_models() -> list[str]:
+    return sorted(_REGISTRY)
 
 
 def is_import_path(name: str) -> bool:
     return ":" in name
+
+
+def split_import_path(name: str) -> tuple[str, str]:
+    """``"package.module:factory"`` or ``"path/to/file.py:factory"`` -> ``(module part, factory name)``.
+
+    Raises :class:`UnknownModelError` when either part is empty.
+    """
+    module_part, _, attr = name.rpartition(":")
+    if not module_part or not attr:
+        raise UnknownModelError(f"model {name!r}: expected 'package.module:factory' or 'file.py:factory'")
+    return module_part, attr
+
+
+def import_path_source(name: str) -> Path | None:
+    """The source file of a user model's module, found without importing it; None where it cannot be found."""
+    try:
+        module_part, _ = split_import_path(name)
+    except UnknownModelError:
+        return None
+    if module_part.endswith(".py"):
+        return Path(module_part).expanduser().resolve()
+    try:
+        spec = importlib.util.find_spec(module_part)
+    except (ImportError, ValueError):
+        return None
+    return Path(spec.origin) if spec and spec.origin else None
 
 
 def get_spec(name: str) -> ModelSpec:
@@ -123,10 +147,9 @@ def create_model(name: str, *, num_classes: int | None = None, image_size: int |
     return module, spec.with_overrides(num_classes=num_classes, input_size=(spec.input_size[0], size, size))
 
 
-def _load_factory(path: str) -> Callable:
-    module_part, _, attr = path.rpartition(":")
-    if not module_part or not attr:
-        raise UnknownModelError(f"model {path!r}: expected 'package.module:factory' or 'file.py:factory'")
+def load_factory(path: str) -> Callable:
+    """Import the factory a ``module:factory`` model name points at; :class:`UnknownModelError` says why it cannot."""
+    module_part, attr = split_import_path(path)
     try:
         if module_part.endswith(".py"):
             file = Path(module_part).expanduser().resolve()
@@ -152,7 +175,7 @@ def _load_factory(path: str) -> Callable:
 
 
 def _create_user_model(path: str, *, num_classes: int | None, image_size: int | None):
-    factory = _load_factory(path)
+    factory = load_factory(path)
     params = inspect.signature(factory).parameters
     kwargs = {}
     if num_classes is not None and "num_classes" in params:

@@ -120,7 +120,7 @@ class MobileNetV3(nn.Module):
         return self.classifier(torch.flatten(self.avgpool(self.features(x)), 1))
 
 
-@register_model(tags=("mobilenet",))
+@register_model()
 def mobilenet_v3_small(num_classes: int = 1000, image_size: int = 224) -> MobileNetV3:
     """MobileNetV3-Small (2.5M parameters at 1000 classes), torchvision-compatible names."""
     return MobileNetV3(SMALL_SETTINGS, last_channel=1024, num_classes=num_classes)

@@ -108,19 +108,19 @@ class ResNet(nn.Module):
         return self.fc(torch.flatten(self.avgpool(x), 1))
 
 
-@register_model(tags=("resnet",))
+@register_model()
 def resnet18(num_classes: int = 1000, image_size: int = 224) -> ResNet:
     """ResNet-18 (11.7M parameters at 1000 classes), torchvision-compatible names."""
     return ResNet(BasicBlock, [2, 2, 2, 2], num_classes)
 
 
-@register_model(tags=("resnet",))
+@register_model()
 def resnet34(num_classes: int = 1000, image_size: int = 224) -> ResNet:
     """ResNet-34 (21.8M parameters at 1000 classes), torchvision-compatible names."""
     return ResNet(BasicBlock, [3, 4, 6, 3], num_classes)
 
 
-@register_model(tags=("resnet",))
+@register_model()
 def resnet50(num_classes: int = 1000, image_size: int = 224) -> ResNet:
     """ResNet-50 v1.5 (25.6M parameters at 1000 classes), torchvision-compatible names."""
     return ResNet(Bottleneck, [3, 4, 6, 3], num_classes)

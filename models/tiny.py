@@ -27,7 +27,7 @@ class TinyCNN(nn.Module):
         return self.fc(torch.flatten(self.features(x), 1))
 
 
-@register_model(input_size=(3, 32, 32), num_classes=10, tags=("tiny",))
+@register_model(input_size=(3, 32, 32), num_classes=10)
 def tiny_cnn(num_classes: int = 10, image_size: int = 32) -> TinyCNN:
     """Two-convolution CNN (about 6k parameters) for fast tests."""
     return TinyCNN(num_classes)

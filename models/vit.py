@@ -101,13 +101,13 @@ class VisionTransformer(nn.Module):
         return self.head(x[:, 0])
 
 
-@register_model(fixed_input_size=True, tags=("vit",))
+@register_model(fixed_input_size=True)
 def vit_tiny_patch16_224(num_classes: int = 1000, image_size: int = 224) -> VisionTransformer:
     """ViT-Tiny/16 (5.7M parameters at 1000 classes), timm-compatible names."""
     return VisionTransformer(image_size=image_size, patch=16, dim=192, depth=12, heads=3, num_classes=num_classes)
 
 
-@register_model(input_size=(3, 32, 32), num_classes=10, fixed_input_size=True, tags=("vit", "tiny"))
+@register_model(input_size=(3, 32, 32), num_classes=10, fixed_input_size=True)
 def vit_micro(num_classes: int = 10, image_size: int = 32) -> VisionTransformer:
     """Two-block ViT with 4x4 patches (about 0.1M parameters) for fast tests."""
     return VisionTransformer(image_size=image_size, patch=4, dim=64, depth=2, heads=2, num_classes=num_classes)

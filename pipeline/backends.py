@@ -18,13 +18,12 @@ from functools import cached_property
 from typing import Callable
 
 from pipeline import env
+from pipeline.artifacts import ENGINE, FP16_ONNX, FP32_ONNX
 from pipeline.errors import InputError
 from pipeline.run import RunDir, sha256_file
 
 log = logging.getLogger("pipeline")
 
-FP32_ONNX, FP16_ONNX = "model.onnx", "model.fp16.onnx"  # as pipeline.export names them
-ENGINE = "model.fp16.engine"  # as pipeline.build names it
 REFERENCE = "torch_fp32"
 NO_FP16 = "no model.fp16.onnx (export.fp16.enabled is false)"
 

@@ -37,8 +37,7 @@ def _batches(cfg, steps: int):
     batches = []
     for i in range(steps):
         idx = [order[(i * bs + j) % len(order)] for j in range(bs)]
-        items = splits.train.__getitems__(idx) if hasattr(splits.train, "__getitems__") else [splits.train[k] for k in idx]
-        batches.append(data_mod.collate(items))
+        batches.append(data_mod.collate(data_mod.fetch_items(splits.train, idx)))
     return batches, splits.num_classes, size
 
 

@@ -25,16 +25,16 @@ from typing import Callable
 
 import numpy as np
 
-from pipeline import backends, env, export, modeling, verify_report
+from pipeline import artifacts, backends, data, env, modeling, verify_report
 from pipeline.backends import Backend, Context
 from pipeline.errors import BackendUnavailable, InputError
 from pipeline.run import RunDir, StageRecord, atomic_path, atomic_write, now, write_json
 
 log = logging.getLogger("pipeline")
 
-JSON, MARKDOWN = "benchmark.json", "benchmark.md"
-LATENCY_PLOT, THROUGHPUT_PLOT = "benchmark_latency.png", "benchmark_throughput.png"
-TRACE = "benchmark.trace.json"
+JSON, MARKDOWN = artifacts.BENCHMARK_JSON, artifacts.BENCHMARK_MD
+LATENCY_PLOT, THROUGHPUT_PLOT = artifacts.LATENCY_PLOT, artifacts.THROUGHPUT_PLOT
+TRACE = artifacts.BENCHMARK_TRACE
 SCHEMA = "pipeline.benchmark/1"
 
 
@@ -193,7 +193,7 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, profile: bool = False) -> 
     torch.set_num_threads(threads)
     model, card = modeling.load_trained(cfg, run_dir, "benchmark")
     spec = card["spec"]
-    images, _ = export.validation_batch(cfg, card, max(bc.batch_sizes))
+    images, _ = data.validation_batch(cfg, card, max(bc.batch_sizes))
     verdicts = verify_report.read_verdicts(run_dir) or {}
     method = Method(bc.warmup_s, bc.min_iterations, bc.min_duration_s, bc.trials, bc.cv_warn)
     log.info("benchmark: batch sizes %s, %d threads, %d trial(s) of >= %d runs and >= %.2g s after %.2g s warm-up",

@@ -21,15 +21,15 @@ import time
 from pathlib import Path
 
 from pipeline import __version__, env
+from pipeline.artifacts import ENGINE, FP16_ONNX, FP32_ONNX, MODEL_CARD
+from pipeline.artifacts import ENGINE_SIDECAR as SIDECAR
+from pipeline.artifacts import TIMING_CACHE as DEFAULT_TIMING_CACHE
 from pipeline.errors import BackendUnavailable, InputError, StageFailed
 from pipeline.run import RunDir, StageRecord, atomic_write, now, read_json, sha256_file, write_json
 
 log = logging.getLogger("pipeline")
 
-ENGINE = "model.fp16.engine"
-SIDECAR = "model.fp16.engine.json"
 SIDECAR_SCHEMA = "pipeline.engine/1"
-DEFAULT_TIMING_CACHE = "trt_timing.cache"
 
 
 def availability() -> tuple[bool, str]:
@@ -41,6 +41,14 @@ def availability() -> tuple[bool, str]:
     if not ok:
         return False, f"TensorRT {trt.__version__} is installed but there is {reason}"
     return True, ""
+
+
+def check_required(cfg) -> None:
+    """``require: [tensorrt]`` (or ``cuda``) where no engine can be built: :class:`BackendUnavailable`."""
+    if "tensorrt" in cfg.require or "cuda" in cfg.require:
+        ok, reason = availability()
+        if not ok:
+            raise BackendUnavailable(f"TensorRT engine required but {reason}")
 
 
 def timing_cache_path(cfg, run_dir: RunDir) -> Path:
@@ -96,16 +104,13 @@ def current_platform() -> dict:
 
 
 def run(cfg, run_dir: RunDir, record: StageRecord) -> None:
-    from pipeline.export import FP16_ONNX, FP32_ONNX
-
-    card = read_json(run_dir.require("model.json", "train", "build"), "model card")
+    card = read_json(run_dir.require(MODEL_CARD, "train", "build"), "model card")
     fp16 = run_dir.file(FP16_ONNX).exists()
     onnx_name = FP16_ONNX if fp16 else FP32_ONNX
     onnx_path = run_dir.require(onnx_name, "export", "build")
+    check_required(cfg)
     ok, reason = availability()
     if not ok:
-        if "tensorrt" in cfg.require or "cuda" in cfg.require:
-            raise BackendUnavailable(f"TensorRT engine required but {reason}")
         for stale in (ENGINE, SIDECAR):  # never leave an engine that this run did not build beside its inputs
             if run_dir.file(stale).exists() and not _sidecar_matches_onnx(run_dir, onnx_path):
                 run_dir.file(stale).unlink()
@@ -138,9 +143,9 @@ def run(cfg, run_dir: RunDir, record: StageRecord) -> None:
         "bytes": len(engine_bytes),
         "onnx": onnx_name,
         "onnx_sha256": sha256_file(onnx_path),
-        "precision": ("fp16 (strongly typed from model.fp16.onnx; "
+        "precision": (f"fp16 (strongly typed from {FP16_ONNX}; "
                       f"{export_details.get('fp32_nodes_count', '?')} nodes kept FP32 by AutoCast)") if fp16
-        else "fp32 (strongly typed from model.onnx; FP16 conversion was disabled)",
+        else f"fp32 (strongly typed from {FP32_ONNX}; FP16 conversion was disabled)",
         **platform,
         "profile": {"input": spec["input_name"], **shapes},
         "flags": {"strongly_typed": True, "precision_flags": [], "tf32": cfg.build.tf32,

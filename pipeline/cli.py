@@ -8,6 +8,7 @@ need them, so ``--help`` works on any machine.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import re
@@ -16,7 +17,8 @@ import sys
 import traceback
 from pathlib import Path
 
-from pipeline import __version__
+from pipeline import __version__, stages
+from pipeline.artifacts import CONFIG
 from pipeline.errors import (
     EXIT_INTERRUPTED,
     EXIT_RUNTIME,
@@ -25,16 +27,11 @@ from pipeline.errors import (
     PipelineError,
     UsageError,
 )
+from pipeline.stages import ORDER, STAGES
 
 log = logging.getLogger("pipeline")
 
-STAGE_HELP = {
-    "train": "train the model with mixed precision (CPU, GPU, or torchrun)",
-    "export": "export FP32 ONNX and convert it to mixed-precision FP16 ONNX",
-    "build": "build a strongly typed FP16 TensorRT engine (skipped without GPU/TensorRT)",
-    "verify": "compare every backend with the FP32 PyTorch model and gate on it",
-    "benchmark": "measure latency and throughput of every available backend",
-}
+STAGE_HELP = {name: stage.help for name, stage in STAGES.items()}
 
 EPILOG = """exit codes: 0 ok, 1 precision check failed, 2 usage/config/input error,
 3 required backend unavailable, 4 other runtime failure, 130 interrupted"""
@@ -66,25 +63,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="debug logging; show tracebacks")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    p = sub.add_parser("all", help="train -> export -> build -> verify -> benchmark", epilog=EPILOG)
+    p = sub.add_parser("all", help=" -> ".join(ORDER), epilog=EPILOG)
     _add_common(p)
     _add_require(p)
-    p.add_argument("--force", nargs="*", metavar="STAGE", choices=list(STAGE_HELP),
+    p.add_argument("--force", nargs="*", metavar="STAGE", choices=list(ORDER),
                    help="re-run these stages (all stages when none is named) even if unchanged")
-    p.add_argument("--auto-fallback", action="store_true", help="verify: move failing FP16 nodes to FP32 and retry")
+    for stage in STAGES.values():
+        for option in stage.options:
+            if option.in_all:
+                p.add_argument(option.flag, action="store_true", help=f"{stage.name}: {option.help}")
 
-    for name, text in STAGE_HELP.items():
-        p = sub.add_parser(name, help=text, description=text, epilog=EPILOG)
+    for name, stage in STAGES.items():
+        p = sub.add_parser(name, help=stage.help, description=stage.help, epilog=EPILOG)
         _add_common(p)
         _add_require(p)
-        if name == "train":
-            p.add_argument("--resume", action="store_true", help="continue from the run's checkpoint.pt")
-        if name in ("train", "benchmark"):
-            p.add_argument("--profile", action="store_true",
-                           help="record a torch.profiler trace (Chrome-trace JSON) of a few steps")
-        if name == "verify":
-            p.add_argument("--auto-fallback", action="store_true",
-                           help="move failing FP16 nodes to FP32 until the gate passes")
+        for option in stage.options:
+            p.add_argument(option.flag, action="store_true", help=option.help)
 
     p = sub.add_parser("report", help="write report.html and report.md for a run", epilog=EPILOG)
     _add_common(p)
@@ -113,9 +107,12 @@ def _setup_logging(quiet: bool, debug: bool) -> None:
 
 
 def _sanitize(name: str) -> str:
-    if ":" in name:
-        module, _, attr = name.rpartition(":")
-        name = f"{Path(module).stem if module.endswith('.py') else module.rsplit('.', 1)[-1]}_{attr}"
+    if ":" in name:  # a user model (importing the registry only then: it loads torch)
+        import models
+
+        with contextlib.suppress(models.UnknownModelError):  # a malformed name fails later, with its reason
+            module, attr = models.split_import_path(name)
+            name = f"{Path(module).stem if module.endswith('.py') else module.rsplit('.', 1)[-1]}_{attr}"
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name) or "model"
 
 
@@ -126,7 +123,6 @@ def resolve_config(args) -> tuple[object, Path, object]:
     invocation's ``--require`` flags (those apply to this command only).
     """
     from pipeline import config as config_mod
-    from pipeline.run import CONFIG
 
     overrides = list(getattr(args, "overrides", []) or [])
     if getattr(args, "model", None):
@@ -151,20 +147,9 @@ def resolve_config(args) -> tuple[object, Path, object]:
 def _check_not_distributed(command: str) -> None:
     from pipeline.train import launched_by_torchrun
 
-    if launched_by_torchrun() and command != "train":
-        raise UsageError(f"only 'train' runs under torchrun; run '{command}' as a single process")
-
-
-def _open_run(cfg, run_dir: Path, saved):
-    """Check the model name first (nothing is created for a typo), then open the run directory."""
-    from pipeline import config as config_mod
-    from pipeline import modeling
-    from pipeline.run import CONFIG, RunDir, atomic_write
-
-    modeling.check_model_name(cfg)
-    run = RunDir(run_dir)
-    run.manifest["model"] = cfg.model.name
-    return run, lambda: atomic_write(run.file(CONFIG), config_mod.dump_yaml(saved))
+    if launched_by_torchrun() and not (command in STAGES and STAGES[command].distributed):
+        allowed = ", ".join(f"'{name}'" for name, stage in STAGES.items() if stage.distributed)
+        raise UsageError(f"only {allowed} runs under torchrun; run '{command}' as a single process")
 
 
 def _on_sigterm(signum, frame):
@@ -200,57 +185,32 @@ def cmd_config(args) -> int:
 
 
 def cmd_stage(args) -> int:
-    from pipeline import stages
-
     cfg, run_dir, saved = resolve_config(args)
     _check_not_distributed(args.command)
-    if args.command == "train" and os.environ.get("RANK", "0") != "0":
-        return _train_worker_rank(cfg, run_dir, args)
-    run, save_config = _open_run(cfg, run_dir, saved)
-    options = {}
-    if args.command == "train":
-        options = {"resume": args.resume, "profile": args.profile}
-    elif args.command == "benchmark":
-        options = {"profile": args.profile}
-    elif args.command == "verify":
-        options = {"auto_fallback": args.auto_fallback or cfg.verify.auto_fallback}
-    with run.locked():
-        save_config()
-        _record_environment(run)
+    stage = STAGES[args.command]
+    options = {option.dest: getattr(args, option.dest) for option in stage.options}
+    if stage.distributed and os.environ.get("RANK", "0") != "0":
+        stages.run_worker(args.command, cfg, run_dir, **options)
+        return 0
+    with stages.open_run(cfg, run_dir, save=saved) as run:
         entry = stages.run_stage(args.command, cfg, run, **options)
     _print_stage_line(args.command, entry)
     return 0
 
 
-def _train_worker_rank(cfg, run_dir: Path, args) -> int:
-    """torchrun ranks > 0 train in step with rank 0, which alone locks the run directory and writes
-    the config, the manifest and the artifacts."""
-    from pipeline import train
-    from pipeline.run import RunDir, StageRecord
-    from pipeline.stages import current_stage
-
-    run = RunDir(run_dir)
-    current_stage.set("train")
-    train.run(cfg, run, StageRecord(run, "train", {}), resume=args.resume, profile=args.profile)
-    return 0
-
-
 def cmd_all(args) -> int:
-    from pipeline import stages
-
+    """What ``stages.run_all`` does (``open_run``, then ``run_stages``), printing the summary even when a stage fails."""
     cfg, run_dir, saved = resolve_config(args)
     _check_not_distributed("all")
-    run, save_config = _open_run(cfg, run_dir, saved)
-    force = set(stages.ORDER) if args.force == [] else set(args.force or [])
-    options = {"verify": {"auto_fallback": args.auto_fallback or cfg.verify.auto_fallback}}
-    log.info("pipeline %s: %s -> %s", __version__, cfg.model.name, run.path)
-    with run.locked():
-        save_config()
-        _record_environment(run)
+    force = set(ORDER) if args.force == [] else set(args.force or [])
+    options = {stage.name: {o.dest: getattr(args, o.dest) for o in stage.options if o.in_all}
+               for stage in STAGES.values()}
+    log.info("pipeline %s: %s -> %s", __version__, cfg.model.name, run_dir)
+    with stages.open_run(cfg, run_dir, save=saved) as run:
         try:
-            stages.run_all(cfg, run, force=force, options=options)
+            stages.run_stages(cfg, run, force=force, options=options)
         finally:
-            print(summary(run))
+            print(stages.summary(run))
     return 0
 
 
@@ -278,44 +238,10 @@ def cmd_bench_train(args) -> int:
     return 0
 
 
-def _record_environment(run) -> None:
-    from pipeline import env
-
-    conflict = env.onnxruntime_conflict()
-    if conflict:
-        log.warning("warning: %s", conflict)
-    run.manifest["environment"] = env.collect()
-    run.save_manifest()
-
-
 def _print_stage_line(name: str, entry: dict) -> None:
     status = entry.get("status")
     extra = f": {entry['reason']}" if entry.get("reason") else ""
     log.info("%s: %s%s (%.1f s)", name, status, extra, entry.get("duration_s", 0.0))
-
-
-def summary(run) -> str:
-    """One line per stage, for the end of ``all``."""
-    from pipeline.stages import ORDER
-
-    lines = [f"\nrun directory: {run.path}"]
-    for name in ORDER:
-        entry = run.stage_entry(name) or {}
-        status = entry.get("status", "not run")
-        d = entry.get("details", {})
-        note = entry.get("reason") or ""
-        if name == "train" and d:
-            note = f"best val acc {100 * d.get('best_val_acc', 0):.1f}% after {d.get('epochs')} epochs, amp {d.get('amp')}"
-        elif name == "export" and d:
-            fp16 = d.get("fp16") or {}
-            note = f"opset {d.get('opset')}, {d.get('exporter')}" + (
-                f"; FP16 nodes {100 * fp16['fp16_fraction']:.1f}%" if fp16.get("fp16_fraction") is not None else "")
-        elif name == "verify" and d:
-            note = ", ".join(f"{c}: {s}" for c, s in d.get("candidates", {}).items())
-        elif name == "benchmark" and d:
-            note = d.get("headline", "")
-        lines.append(f"  {name:<10} {status:<12} {note}")
-    return "\n".join(lines)
 
 
 COMMANDS = {
@@ -324,8 +250,7 @@ COMMANDS = {
     "all": cmd_all,
     "report": cmd_report,
     "bench-train": cmd_bench_train,
-    **{name: cmd_stage for name in STAGE_HELP},
-}
+}  # every other command is a stage of the table: cmd_stage
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -335,11 +260,9 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get("RANK", "0") != "0":
         log.setLevel(logging.WARNING)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
-    from pipeline.stages import current_stage
-
-    stage_token = current_stage.set("pipeline")
+    stage_token = stages.current_stage.set("pipeline")
     try:
-        return COMMANDS[args.command](args)
+        return COMMANDS.get(args.command, cmd_stage)(args)
     except ConfigError as err:
         for problem in err.problems:
             print(f"error: config: {problem}", file=sys.stderr)
@@ -359,14 +282,12 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         return EXIT_RUNTIME
     finally:
-        current_stage.reset(stage_token)
+        stages.current_stage.reset(stage_token)
         signal.signal(signal.SIGTERM, previous)
 
 
 def _where(args) -> str:
-    from pipeline.stages import current_stage
-
-    stage = current_stage.get()
+    stage = stages.current_stage.get()
     return stage if stage != "pipeline" else args.command
 
 

@@ -18,6 +18,7 @@ from typing import Any, Literal, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from pipeline.artifacts import FP16_ONNX, METRICS
 from pipeline.errors import ConfigError
 
 MAX_CONFIG_BYTES = 1 << 20
@@ -82,13 +83,13 @@ class TrainConfig(Section):
     seed: int = Field(0, ge=0, description="seed of Python, NumPy and torch")
     init_weights: Optional[str] = Field(None, description="start from this state dict (.safetensors or .pt)")
     checkpoint_every: int = Field(0, ge=0, description="also checkpoint every N optimizer steps (0: each epoch)")
-    log_every: int = Field(10, ge=1, description="optimizer steps between metrics.jsonl lines")
+    log_every: int = Field(10, ge=1, description=f"optimizer steps between {METRICS} lines")
     tensorboard: bool = Field(True, description="write TensorBoard events when tensorboard is installed")
     profile_steps: int = Field(5, ge=1, description="steps recorded by train --profile")
 
 
 class FP16Config(Section):
-    enabled: bool = Field(True, description="write model.fp16.onnx with ModelOpt AutoCast")
+    enabled: bool = Field(True, description=f"write {FP16_ONNX} with ModelOpt AutoCast")
     calibration_samples: int = Field(64, ge=1, description="real validation images AutoCast measures ranges on")
     range_rule: bool = Field(True, description="keep nodes whose measured values exceed data_max in FP32")
     data_max: float = Field(512.0, gt=0, description="largest |value| a node's I/O may reach and run in FP16")

@@ -12,11 +12,15 @@ import hashlib
 import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch.utils.data import Dataset
 
 from pipeline.errors import DataError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
 
@@ -41,6 +45,29 @@ def collate(batch):
         return batch
     images, labels = zip(*batch)
     return torch.stack(images), torch.tensor(labels, dtype=torch.long)
+
+
+def fetch_items(dataset: Dataset, indices: list[int]):
+    """The samples at ``indices`` as a DataLoader fetches them, ready for :func:`collate`.
+
+    One ``__getitems__`` call where the data set has one (ours return the stacked batch), else a
+    list of ``dataset[i]``.
+    """
+    if hasattr(dataset, "__getitems__"):
+        return dataset.__getitems__(indices)
+    return [dataset[i] for i in indices]
+
+
+def validation_batch(cfg, card: dict, count: int, offset: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``count`` real validation images (float32) and labels, deterministic: the first ones of the split.
+
+    ``card`` is the run's model card: its spec gives the image size and the normalisation.
+    """
+    spec = card["spec"]
+    splits = load(cfg.data, image_size=spec["input_size"][1], mean=spec["mean"], std=spec["std"])
+    n = min(count, len(splits.val) - offset)
+    x, y = collate(fetch_items(splits.val, list(range(offset, offset + n))))
+    return x.numpy().astype("float32"), y.numpy()
 
 
 def _normalize(images_u8: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:

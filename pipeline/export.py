@@ -16,30 +16,13 @@ import numpy as np
 import onnx
 import torch
 
-from pipeline import data as data_mod
 from pipeline import fp16, modeling, onnx_io
+from pipeline.artifacts import CALIBRATION, FALLBACK, FP16_ONNX, FP32_ONNX
+from pipeline.data import validation_batch
 from pipeline.errors import StageFailed
 from pipeline.run import RunDir, StageRecord, atomic_path, read_json
 
 log = logging.getLogger("pipeline")
-
-FP32_ONNX = "model.onnx"
-FP16_ONNX = "model.fp16.onnx"
-CALIBRATION = "calibration.npz"
-FALLBACK = "fp16_fallback.json"  # nodes verify --auto-fallback moved to FP32 (kept across re-exports)
-
-
-def validation_batch(cfg, card: dict, count: int, offset: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """``count`` real validation images (and labels), deterministic: the first ones of the split."""
-    spec = card["spec"]
-    splits = data_mod.load(cfg.data, image_size=spec["input_size"][1], mean=spec["mean"], std=spec["std"])
-    n = min(count, len(splits.val) - offset)
-    indices = list(range(offset, offset + n))
-    if hasattr(splits.val, "__getitems__"):
-        x, y = splits.val.__getitems__(indices)
-    else:
-        x, y = data_mod.collate([splits.val[i] for i in indices])
-    return x.numpy().astype(np.float32), y.numpy()
 
 
 def export_onnx(model: torch.nn.Module, example: torch.Tensor, path: Path, *, opset: int, exporter: str,

@@ -9,11 +9,9 @@ import torch
 from torch import nn
 
 import models
+from pipeline.artifacts import MODEL_CARD, WEIGHTS
 from pipeline.errors import InputError, UsageError
 from pipeline.run import RunDir, read_json, write_json
-
-MODEL_CARD = "model.json"
-WEIGHTS = "model.safetensors"
 
 
 def resolve_spec(cfg) -> models.ModelSpec:
@@ -32,7 +30,7 @@ def check_model_name(cfg) -> None:
     """Fail early (exit 2) on an unknown model or a user factory that cannot be imported."""
     try:
         if models.is_import_path(cfg.model.name):
-            models._load_factory(cfg.model.name)
+            models.load_factory(cfg.model.name)
         else:
             models.get_spec(cfg.model.name)
     except models.UnknownModelError as exc:

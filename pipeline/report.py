@@ -12,11 +12,11 @@ from pathlib import Path
 
 import yaml
 
-from pipeline import tables
+from pipeline import artifacts, tables
 from pipeline.errors import InputError
 from pipeline.run import CONFIG, RunDir, atomic_write, now, read_json
 
-HTML_NAME, MD_NAME = "report.html", "report.md"
+HTML_NAME, MD_NAME = artifacts.REPORT_HTML, artifacts.REPORT_MD
 PLOTS = [
     ("train_curve.png", "Training curves"),
     ("benchmark_latency.png", "Latency distribution"),

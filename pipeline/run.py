@@ -21,11 +21,9 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+from pipeline.artifacts import CONFIG, LOCK, MANIFEST  # noqa: F401  (CONFIG: re-exported for callers)
 from pipeline.errors import InputError, PipelineError, StageFailed, UsageError
 
-MANIFEST = "manifest.json"
-CONFIG = "config.yaml"
-LOCK = ".lock"
 SCHEMA = "pipeline.manifest/1"
 
 log = logging.getLogger("pipeline")
@@ -187,9 +185,6 @@ class StageRecord:
         self.entry["status"] = "skipped"
         self.entry["reason"] = reason
 
-    def save(self) -> None:
-        self.run.save_manifest()
-
 
 class RunDir:
     """A run directory and its manifest. Use :meth:`locked` around any writing work."""
@@ -228,13 +223,6 @@ class RunDir:
 
     def file(self, name: str) -> Path:
         return self.path / name
-
-    def recorded_hash(self, filename: str) -> str | None:
-        for entry in self.manifest["stages"].values():
-            info = entry.get("artifacts", {}).get(filename)
-            if info:
-                return info["sha256"]
-        return None
 
     def require(self, filename: str, producer: str, consumer: str) -> Path:
         """The path of an input artifact, or an error telling which stage to run first."""

@@ -1,5 +1,9 @@
 """The stage table, input fingerprints, and running stages (one at a time or ``all`` in order).
 
+Each stage declares what the command line shows of it (help, flags, summary line), so the CLI is
+generic over :data:`STAGES`. :func:`open_run` is the context every stage runs in (lock, config.yaml,
+environment); :func:`run_all` from Python is exactly ``python -m pipeline all``.
+
 ``all`` calls exactly the same stage functions as the subcommands. With nothing changed, a
 stage whose fingerprint (its config sections, the sha256 of its input artifacts, the code
 and library versions, and the relevant hardware) matches the manifest, and whose recorded
@@ -9,20 +13,23 @@ artifact hashes, everything downstream of it.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
+import functools
 import hashlib
 import importlib
 import importlib.util
 import json
 import logging
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
+from pipeline import artifacts as a
 from pipeline import env
-from pipeline.errors import BackendUnavailable
-from pipeline.run import RunDir, sha256_file
+from pipeline.errors import BackendUnavailable, UsageError
+from pipeline.run import RunDir, atomic_write, sha256_file
 
 log = logging.getLogger("pipeline")
 
@@ -33,30 +40,102 @@ current_stage: contextvars.ContextVar[str] = contextvars.ContextVar("current_sta
 
 
 @dataclass(frozen=True)
+class Option:
+    """A command-line flag of a stage (on/off), passed to the stage function as the keyword :attr:`dest`."""
+
+    flag: str  # "--auto-fallback" -> auto_fallback=True
+    help: str
+    config: str | None = None  # a config key that turns it on as well ("verify.auto_fallback")
+    in_all: bool = False  # `all` offers the flag too, for this stage
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+    def value(self, cfg, given: bool) -> bool:
+        return bool(given) or bool(self.config and functools.reduce(getattr, self.config.split("."), cfg))
+
+
+@dataclass(frozen=True)
 class Stage:
     name: str
     module: str  # pipeline.<module>.run(cfg, run_dir, record, **options)
     config_keys: tuple[str, ...]
     inputs: tuple[str, ...]  # artifact files whose hashes enter the fingerprint (when present)
     after: tuple[str, ...]  # upstream stages: when one of them re-runs, this stage re-runs too
+    help: str = ""  # one line for the command line
+    options: tuple[Option, ...] = ()
+    summary: Callable[[dict], str] | None = None  # its note in the end-of-run summary, from its manifest entry
+    precheck: str | None = None  # pipeline.<module>.<precheck>(cfg): raises before the stage starts
+    # The stage compares cfg.require with what it ran (verify's required candidates): a run that requires
+    # more than the last one did re-runs it; a requirement is still a check, not a fingerprint input.
+    checks_require: bool = False
+    distributed: bool = False  # may run under torchrun (every rank calls the stage function)
 
     def function(self) -> Callable:
         return importlib.import_module(f"pipeline.{self.module}").run
 
+    def options_for(self, cfg, given: dict) -> dict:
+        """The keyword arguments of the stage function: every declared option, from ``given`` or the config."""
+        unknown = sorted(set(given) - {o.dest for o in self.options})
+        if unknown:
+            known = ", ".join(o.dest for o in self.options) or "none"
+            raise UsageError(f"{self.name} has no option {', '.join(unknown)} (its options: {known})")
+        return {o.dest: o.value(cfg, given.get(o.dest, False)) for o in self.options}
+
+    def line(self, entry: dict) -> str:
+        """Its note in the end-of-run summary: its own summary of the details, else the skip or failure reason."""
+        if self.summary and entry.get("details"):
+            return self.summary(entry)
+        return entry.get("reason") or ""
+
+
+def _train_summary(entry: dict) -> str:
+    d = entry["details"]
+    return f"best val acc {100 * d.get('best_val_acc', 0):.1f}% after {d.get('epochs')} epochs, amp {d.get('amp')}"
+
+
+def _export_summary(entry: dict) -> str:
+    d = entry["details"]
+    fp16 = d.get("fp16") or {}
+    share = fp16.get("fp16_fraction")
+    return f"opset {d.get('opset')}, {d.get('exporter')}" + (f"; FP16 nodes {100 * share:.1f}%" if share is not None
+                                                             else "")
+
+
+def _verify_summary(entry: dict) -> str:
+    return ", ".join(f"{c}: {s}" for c, s in entry["details"].get("candidates", {}).items())
+
+
+def _benchmark_summary(entry: dict) -> str:
+    return entry["details"].get("headline", "")
+
+
+PROFILE = "record a torch.profiler trace (Chrome-trace JSON) of a few steps"
 
 STAGES = {
-    "train": Stage("train", "train", ("model", "data", "train"), (), ()),
+    "train": Stage("train", "train", ("model", "data", "train"), (), (),
+                   help="train the model with mixed precision (CPU, GPU, or torchrun)",
+                   options=(Option("--resume", f"continue from the run's {a.CHECKPOINT}"), Option("--profile", PROFILE)),
+                   summary=_train_summary, distributed=True),
     "export": Stage("export", "export", ("model", "data", "export"),
-                    ("model.safetensors", "model.json", "fp16_fallback.json"), ("train",)),
-    "build": Stage("build", "build", ("build", "require"), ("model.fp16.onnx",), ("export",)),
-    "verify": Stage("verify", "verify", ("model", "data", "verify", "require"),
-                    ("model.safetensors", "model.json", "model.onnx", "model.fp16.onnx", "model.fp16.engine"),
-                    ("train", "export", "build")),
+                    (a.WEIGHTS, a.MODEL_CARD, a.FALLBACK), ("train",),
+                    help="export FP32 ONNX and convert it to mixed-precision FP16 ONNX", summary=_export_summary),
+    "build": Stage("build", "build", ("build",), (a.FP16_ONNX,), ("export",),
+                   help="build a strongly typed FP16 TensorRT engine (skipped without GPU/TensorRT)",
+                   precheck="check_required"),
+    "verify": Stage("verify", "verify", ("model", "data", "verify"),
+                    (a.WEIGHTS, a.MODEL_CARD, a.FP32_ONNX, a.FP16_ONNX, a.ENGINE), ("train", "export", "build"),
+                    help="compare every backend with the FP32 PyTorch model and gate on it",
+                    options=(Option("--auto-fallback", "move failing FP16 nodes to FP32 until the gate passes",
+                                    config="verify.auto_fallback", in_all=True),),
+                    summary=_verify_summary, checks_require=True),
     # Benchmark shows verify's verdicts, so those (not verify's whole report) enter its fingerprint:
     # a tolerance change that does not flip a verdict does not re-time anything.
     "benchmark": Stage("benchmark", "benchmark", ("model", "data", "benchmark"),
-                       ("model.safetensors", "model.onnx", "model.fp16.onnx", "model.fp16.engine"),
-                       ("train", "export", "build")),
+                       (a.WEIGHTS, a.FP32_ONNX, a.FP16_ONNX, a.ENGINE), ("train", "export", "build"),
+                       help="measure latency and throughput of every available backend",
+                       options=(Option("--profile", PROFILE),), summary=_benchmark_summary),
 }
 
 
@@ -64,20 +143,14 @@ STAGES = {
 
 
 def _source_files(cfg) -> list[Path]:
+    import models
+
     roots = [Path(__file__).parent, Path(importlib.util.find_spec("models").origin).parent]
     files = sorted(p for root in roots for p in root.rglob("*.py"))
-    name = cfg.model.name
-    if ":" in name:  # a user model: its source is part of the code version
-        module = name.rpartition(":")[0]
-        if module.endswith(".py"):
-            files.append(Path(module).expanduser().resolve())
-        else:
-            try:
-                spec = importlib.util.find_spec(module)
-                if spec and spec.origin:
-                    files.append(Path(spec.origin))
-            except (ImportError, ValueError):
-                pass
+    if models.is_import_path(cfg.model.name):  # a user model: its source is part of the code version
+        source = models.import_path_source(cfg.model.name)
+        if source is not None:
+            files.append(source)
     return files
 
 
@@ -141,6 +214,8 @@ def up_to_date(stage: Stage, cfg, run: RunDir) -> tuple[bool, str]:
         return False, "not run yet" if not entry else f"last run {entry.get('status')}"
     if entry.get("fingerprint") != fingerprint(stage, cfg, run):
         return False, "inputs changed"
+    if stage.checks_require and not set(cfg.require) <= set(entry.get("require", ())):
+        return False, "it has not checked every required backend yet"
     for name, info in entry.get("artifacts", {}).items():
         path = run.file(name)
         if not path.is_file() or sha256_file(path) != info["sha256"]:
@@ -151,16 +226,60 @@ def up_to_date(stage: Stage, cfg, run: RunDir) -> tuple[bool, str]:
 # --------------------------------------------------------------------------- running
 
 
+@contextlib.contextmanager
+def open_run(cfg, run_dir: str | Path, *, save=None) -> Iterator[RunDir]:
+    """The run directory, locked, with its config.yaml and the environment recorded; what every stage runs in.
+
+    The model name is checked first, so a typo creates nothing. ``save`` is the config that config.yaml
+    keeps (default ``cfg``); the command line passes the one without this invocation's ``--require`` flags.
+    A second process on the same directory gets a :class:`UsageError` naming the holder.
+    """
+    from pipeline import config as config_mod
+    from pipeline import modeling
+
+    modeling.check_model_name(cfg)
+    run = RunDir(run_dir)
+    run.manifest["model"] = cfg.model.name
+    with run.locked():
+        atomic_write(run.file(a.CONFIG), config_mod.dump_yaml(save if save is not None else cfg))
+        record_environment(run)
+        yield run
+
+
+def record_environment(run: RunDir) -> None:
+    conflict = env.onnxruntime_conflict()
+    if conflict:
+        log.warning("warning: %s", conflict)
+    run.manifest["environment"] = env.collect()
+    run.save_manifest()
+
+
+def check_requirements(stage: Stage, cfg) -> None:
+    """Raise :class:`BackendUnavailable` for a required backend this stage cannot have here.
+
+    A requirement is a check, not an input: it runs before the stage starts (also when the stage is
+    up to date) and leaves the stage's manifest entry as it was, so an unmet requirement never makes
+    the next run redo work.
+    """
+    token = current_stage.set(stage.name)
+    if "cuda" in cfg.require:
+        ok, reason = env.cuda_status()
+        if not ok:
+            raise BackendUnavailable(f"CUDA required but {reason}")  # the stage stays named for the error
+    if stage.precheck:
+        getattr(importlib.import_module(f"pipeline.{stage.module}"), stage.precheck)(cfg)
+    current_stage.reset(token)
+
+
 def run_stage(name: str, cfg, run: RunDir, **options) -> dict:
     """Run one stage with manifest bookkeeping; returns its manifest entry."""
     stage = STAGES[name]
+    options = stage.options_for(cfg, options)
+    check_requirements(stage, cfg)
     token = current_stage.set(name)
     with run.stage(name, fingerprint(stage, cfg, run)) as record:
         record.entry["run_id"] = uuid.uuid4().hex
-        if "cuda" in cfg.require:
-            ok, reason = env.cuda_status()
-            if not ok:
-                raise BackendUnavailable(f"CUDA required but {reason}")
+        record.entry["require"] = sorted(cfg.require)
         stage.function()(cfg, run, record, **options)
     current_stage.reset(token)  # left set on failure, so the CLI can name the stage that failed
     if (run.stage_entry(name).get("details") or {}).get("replaced_artifacts"):
@@ -184,18 +303,53 @@ def _follow_replacement(name: str, cfg, run: RunDir) -> None:
         run.save_manifest()
 
 
-def run_all(cfg, run: RunDir, *, force: set[str] | None = None, options: dict | None = None) -> dict:
-    """train -> export -> build -> verify -> benchmark; unchanged stages are skipped unless forced."""
-    force = force or set()
+def run_worker(name: str, cfg, run_dir: str | Path, **options) -> None:
+    """A torchrun rank > 0: the stage function in step with rank 0, which alone locks the run directory
+    and writes the config, the manifest and the artifacts."""
+    from pipeline.run import StageRecord
+
+    stage = STAGES[name]
+    run = RunDir(run_dir)
+    current_stage.set(name)
+    stage.function()(cfg, run, StageRecord(run, name, {}), **stage.options_for(cfg, options))
+
+
+def run_stages(cfg, run: RunDir, *, force: set[str] | None = None, options: dict | None = None) -> dict:
+    """train -> export -> build -> verify -> benchmark in an open run; unchanged stages are skipped unless forced."""
+    force = set(force or ())
     options = options or {}
+    unknown = sorted(force - set(ORDER))
+    if unknown:
+        raise UsageError(f"cannot force {', '.join(unknown)}: the stages are {', '.join(ORDER)}")
     for name in ORDER:
         stage = STAGES[name]
         if name not in force:
             fresh, why = up_to_date(stage, cfg, run)
             if fresh:
+                check_requirements(stage, cfg)
                 entry = run.stage_entry(name)
                 log.info("%s: unchanged since %s, skipped (--force %s re-runs it)", name, entry.get("ended"), name)
                 continue
             log.debug("%s: %s", name, why)
         run_stage(name, cfg, run, **options.get(name, {}))
     return run.manifest
+
+
+def run_all(cfg, run_dir: str | Path, *, force: set[str] | None = None, options: dict | None = None,
+            save=None) -> dict:
+    """Exactly ``python -m pipeline all``: open the run (lock, config.yaml, environment), then every stage.
+
+    ``force`` names stages to re-run even if unchanged; ``options`` maps a stage to its options
+    (``{"verify": {"auto_fallback": True}}``). Returns the manifest.
+    """
+    with open_run(cfg, run_dir, save=save) as run:
+        return run_stages(cfg, run, force=force, options=options)
+
+
+def summary(run: RunDir) -> str:
+    """One line per stage, for the end of ``all``."""
+    lines = [f"\nrun directory: {run.path}"]
+    for name in ORDER:
+        entry = run.stage_entry(name) or {}
+        lines.append(f"  {name:<10} {entry.get('status', 'not run'):<12} {STAGES[name].line(entry)}")
+    return "\n".join(lines)

@@ -28,16 +28,12 @@ from torch.utils.data import DataLoader, DistributedSampler, Sampler
 
 from pipeline import data as data_mod
 from pipeline import env, modeling
+from pipeline.artifacts import BEST_CHECKPOINT, CHECKPOINT, CURVE, METRICS, TENSORBOARD, TRACE
 from pipeline.errors import BackendUnavailable, InputError, StageFailed, UsageError
 from pipeline.run import RunDir, StageRecord, atomic_path
 
 log = logging.getLogger("pipeline")
 
-CHECKPOINT = "checkpoint.pt"
-BEST_CHECKPOINT = "checkpoint.best.pt"
-METRICS = "metrics.jsonl"
-CURVE = "train_curve.png"
-TRACE = "train.trace.json"
 CHECKPOINT_FORMAT = "pipeline.checkpoint/1"
 AMP_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", None: "off"}  # as train.amp spells them
 
@@ -370,7 +366,7 @@ def evaluate(model: nn.Module, dataset, device, world: Dist, amp_dtype, channels
     indices = list(range(world.rank, len(dataset), world.world_size))
     loss_sum, correct = 0.0, 0.0
     for i in range(0, len(indices), batch_size):
-        x, y = data_mod.collate(_fetch(dataset, indices[i : i + batch_size]))
+        x, y = data_mod.collate(data_mod.fetch_items(dataset, indices[i : i + batch_size]))
         x, y = x.to(device), y.to(device)
         if channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
@@ -382,10 +378,6 @@ def evaluate(model: nn.Module, dataset, device, world: Dist, amp_dtype, channels
     return loss_sum / max(count, 1), correct / max(count, 1)
 
 
-def _fetch(dataset, indices: list[int]):
-    if hasattr(dataset, "__getitems__"):
-        return dataset.__getitems__(indices)
-    return [dataset[i] for i in indices]
 
 
 # --------------------------------------------------------------------------- state and steps
@@ -591,7 +583,7 @@ class Trainer:
         with contextlib.ExitStack() as stack:
             self.metrics = stack.enter_context(MetricsLog(
                 self.run_dir.file(METRICS), self.world.is_main,
-                self.run_dir.file("tensorboard") if self.tc.tensorboard else None))
+                self.run_dir.file(TENSORBOARD) if self.tc.tensorboard else None))
             self.profiler = StepProfiler(self.device, self.cfg.train.profile_steps, trace)
             stack.callback(self.profiler.close)
             self.metrics.write({"event": "resume" if resume else "start", "epoch": self.state.epoch,

@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from pipeline import backends, export, fp16, localize, modeling, onnx_io
+from pipeline import backends, data, export, fp16, localize, modeling, onnx_io
+from pipeline.artifacts import FALLBACK_CANDIDATE
 from pipeline import verify_report as report
 from pipeline.backends import Backend, Context
 from pipeline.errors import BackendUnavailable, CheckFailed, InputError, StageFailed
@@ -45,7 +46,6 @@ from pipeline.runners import TorchRunner, collect
 log = logging.getLogger("pipeline")
 
 REFERENCE = backends.REFERENCE
-FALLBACK_CANDIDATE = "model.fp16.fallback.onnx"
 
 
 @dataclass
@@ -198,7 +198,7 @@ def _load_graphs(run_dir: RunDir, spec: dict) -> tuple[onnx.ModelProto, onnx.Mod
 
 def _evidence(cfg, card: dict, model) -> Evidence:
     spec = card["spec"]
-    images, labels = export.validation_batch(cfg, card, cfg.verify.samples)
+    images, labels = data.validation_batch(cfg, card, cfg.verify.samples)
     bs = cfg.verify.batch_size
     feeds = [{spec["input_name"]: images[i : i + bs]} for i in range(0, len(images), bs)]
     log.info("verify: %d validation images in %d batches; reference %s", len(images), len(feeds), REFERENCE)

@@ -13,14 +13,14 @@ import os
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from pipeline import env, tables
+from pipeline import artifacts, env, tables
 from pipeline.run import RunDir, atomic_write, now, read_json, write_json
 from pipeline.tables import fmt
 
 log = logging.getLogger("pipeline")
 
 SCHEMA = "pipeline.verify/1"
-JSON, MARKDOWN, JUNIT = "verify.json", "verify.md", "verify.junit.xml"
+JSON, MARKDOWN, JUNIT = artifacts.VERIFY_JSON, artifacts.VERIFY_MD, artifacts.VERIFY_JUNIT
 
 
 # --------------------------------------------------------------------------- messages and hints

@@ -32,7 +32,7 @@ TINY = [
 ]
 
 
-def cli(*args: str, **kwargs) -> int:
+def cli(*args: str) -> int:
     """Run the command line in this process; returns the exit code."""
     from pipeline.cli import main
 

@@ -56,6 +56,37 @@ def test_synthetic_splits_are_stratified_and_disjoint():
     assert torch.equal(xs[0], x) and ys.tolist()[0] == y
 
 
+def test_fetch_items_gives_the_same_batch_with_or_without_getitems():
+    """One ``__getitems__`` call where the data set has it, else one sample at a time: collate makes them equal."""
+    splits = load(num_classes=4, samples_per_class=10)
+
+    class OneAtATime(torch.utils.data.Dataset):
+        def __len__(self):
+            return len(splits.train)
+
+        def __getitem__(self, index):
+            return splits.train[index]
+
+    indices = [5, 0, 17, 3]
+    batched = data_mod.collate(data_mod.fetch_items(splits.train, indices))
+    single = data_mod.fetch_items(OneAtATime(), indices)
+    assert isinstance(single, list) and len(single) == 4
+    x, y = data_mod.collate(single)
+    assert torch.equal(x, batched[0]) and torch.equal(y, batched[1])
+    assert y.tolist() == [splits.train[i][1] for i in indices]
+
+
+def test_validation_batch_is_the_first_validation_images():
+    cfg = config.resolve(overrides=["data.num_classes=4", "data.samples_per_class=10", "data.image_size=16"])
+    card = {"spec": {"input_size": [3, 16, 16], "mean": list(MEAN), "std": list(STD)}}
+    images, labels = data_mod.validation_batch(cfg, card, 3, offset=2)
+    val = load(num_classes=4, samples_per_class=10).val
+    assert images.dtype == np.float32 and images.shape == (3, 3, 16, 16)
+    assert np.array_equal(images[0], val[2][0].numpy()) and labels.tolist() == [val[i][1] for i in (2, 3, 4)]
+    everything, _ = data_mod.validation_batch(cfg, card, 1000)
+    assert len(everything) == len(val)  # no more than there is
+
+
 def test_a_small_model_learns_the_synthetic_set():
     splits = load(num_classes=4, samples_per_class=24)
     x, y = splits.train.__getitems__(list(range(len(splits.train))))

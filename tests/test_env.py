@@ -1,6 +1,17 @@
 """The environment the pipeline records, and the install rules it relies on."""
 
+import sys
+
+import pytest
+
 from pipeline import env
+
+
+@pytest.fixture
+def fresh_tensorrt_status():
+    env.tensorrt_status.cache_clear()
+    yield
+    env.tensorrt_status.cache_clear()
 
 
 def test_exactly_one_onnxruntime_distribution():
@@ -9,14 +20,51 @@ def test_exactly_one_onnxruntime_distribution():
     assert env.package_version("onnxruntime") or env.package_version("onnxruntime-gpu")
 
 
-def test_collect_names_the_machine():
+def test_both_onnxruntime_distributions_are_named_with_the_fix(monkeypatch):
+    installed = {"onnxruntime": "1.22.0", "onnxruntime-gpu": "1.22.0"}
+    monkeypatch.setattr(env, "package_version", installed.get)
+    message = env.onnxruntime_conflict()
+    assert "both onnxruntime and onnxruntime-gpu are installed" in message and "pip uninstall" in message
+    del installed["onnxruntime"]
+    assert env.onnxruntime_conflict() is None
+
+
+@pytest.mark.parametrize("flags, native", [
+    ({"fpu", "avx2", "amx_bf16", "amx_tile"}, True),  # Sapphire Rapids
+    ({"fpu", "avx512f", "avx512_bf16"}, True),  # Cooper Lake, Zen 4
+    ({"fpu", "avx2", "avx512f"}, False),  # bf16 emulated: autocast would slow training down
+    (set(), False),  # no /proc/cpuinfo
+])
+def test_native_bf16_follows_the_cpu_flags(monkeypatch, flags, native):
+    monkeypatch.setattr(env, "cpu_flags", lambda: flags)
+    assert env.cpu_has_native_bf16() is native
+    assert env.collect()["cpu_native_bf16"] is native
+
+
+def test_collect_records_the_libraries_this_process_uses():
+    import torch
+
     info = env.collect()
-    assert info["cpu"] and info["cpu_cores"] >= 1 and info["torch"] and info["onnx"] and info["polygraphy"]
-    assert isinstance(info["cpu_native_bf16"], bool)
-    if info["gpu"] is None:
-        assert env.cuda_status()[0] is False and env.cuda_status()[1]
+    assert info["torch"] == torch.__version__ and info["torch_threads"] == torch.get_num_threads()
+    assert "CPUExecutionProvider" in info["onnxruntime_providers"]
+    assert info["cpu_cores"] == env.usable_cores() >= 1
+    assert (info["gpu"] is None) is (not torch.cuda.is_available())
 
 
-def test_tensorrt_status_gives_a_reason():
+def test_usable_cores_are_the_ones_this_process_may_run_on(monkeypatch):
+    monkeypatch.setattr(env.os, "sched_getaffinity", lambda pid: {2, 3}, raising=False)
+    assert env.usable_cores() == 2
+
+
+def test_missing_tensorrt_is_a_reason_with_the_install_hint(monkeypatch, fresh_tensorrt_status):
+    monkeypatch.setitem(sys.modules, "tensorrt", None)  # import tensorrt -> ImportError
     trt, reason = env.tensorrt_status()
-    assert (trt is None) == bool(reason)
+    assert trt is None and reason.startswith("TensorRT is not installed") and "'gpu' extra" in reason
+
+
+def test_broken_tensorrt_install_is_a_reason_not_a_crash(monkeypatch, tmp_path, fresh_tensorrt_status):
+    (tmp_path / "tensorrt.py").write_text("raise OSError('libnvinfer.so.10: cannot open shared object file')\n")
+    monkeypatch.delitem(sys.modules, "tensorrt", raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    trt, reason = env.tensorrt_status()
+    assert trt is None and reason == "TensorRT failed to import: OSError: libnvinfer.so.10: cannot open shared object file"

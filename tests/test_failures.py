@@ -527,22 +527,24 @@ def test_disk_full_while_saving_a_checkpoint(capsys, clone_run, monkeypatch):
 # --------------------------------------------------------------------------- required backends
 
 
-@pytest.mark.parametrize("command, require, fragment, failed_stage", [
-    ("build", "tensorrt", "TensorRT engine required but", "build"),
-    ("verify", "tensorrt", "required candidate(s) could not run: tensorrt_fp16:", "verify"),
-    ("verify", "cuda", "CUDA required but", "verify"),
-    ("all", "tensorrt", "TensorRT engine required but", "build"),
+@pytest.mark.parametrize("command, require, fragment, failed_stage, ran", [
+    ("build", "tensorrt", "TensorRT engine required but", "build", False),
+    ("verify", "tensorrt", "required candidate(s) could not run: tensorrt_fp16:", "verify", True),
+    ("verify", "cuda", "CUDA required but", "verify", False),
+    ("all", "tensorrt", "TensorRT engine required but", "build", False),
 ])
-def test_required_backend_unavailable(capsys, clone_run, command, require, fragment, failed_stage):
+def test_required_backend_unavailable(capsys, clone_run, command, require, fragment, failed_stage, ran):
     no_tensorrt()
     run = clone_run()
+    before = manifest(run)["stages"]
     code, err = run_main(capsys, command, "--run-dir", run, "--require", require)
     assert code == EXIT_BACKEND_UNAVAILABLE
     assert_error(err, fragment, family=failed_stage)
-    entry = stage(run, failed_stage)
-    assert entry["status"] == "failed" and entry["exit_code"] == EXIT_BACKEND_UNAVAILABLE
-    if command == "all":
-        assert stage(run, "verify")["status"] == "ok"  # untouched: all stopped at build
+    if ran:  # verify ran, and its report names the required candidate that could not
+        entry = stage(run, failed_stage)
+        assert entry["status"] == "failed" and entry["exit_code"] == EXIT_BACKEND_UNAVAILABLE
+    else:  # a requirement is checked before the stage starts: no stage's record changed
+        assert manifest(run)["stages"] == before
 
 
 # --------------------------------------------------------------------------- engines (unit: no TensorRT needed)

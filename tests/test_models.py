@@ -11,7 +11,15 @@ import pytest
 import torch
 from torch import nn
 
-from models import UnknownModelError, create_model, get_spec, list_models
+from models import (
+    UnknownModelError,
+    create_model,
+    get_spec,
+    import_path_source,
+    list_models,
+    load_factory,
+    split_import_path,
+)
 
 
 def parse_table(text: str) -> dict[str, tuple[int, ...]]:
@@ -407,6 +415,38 @@ def test_user_factory_failures(tmp_path):
     (tmp_path / "empty.py").write_text("")
     with pytest.raises(UnknownModelError, match="no callable 'factory'"):
         create_model(f"{tmp_path / 'empty.py'}:factory")
+
+
+@pytest.mark.parametrize("name, parts", [
+    ("my_pkg.nets:factory", ("my_pkg.nets", "factory")),
+    ("path/to/file.py:make", ("path/to/file.py", "make")),
+    ("C:/models/net.py:make", ("C:/models/net.py", "make")),  # the last colon separates the factory
+])
+def test_split_import_path(name, parts):
+    assert split_import_path(name) == parts
+
+
+@pytest.mark.parametrize("name", ["pkg.module:", ":factory", ":"])
+def test_split_import_path_needs_both_parts(name):
+    with pytest.raises(UnknownModelError, match="expected 'package.module:factory' or 'file.py:factory'"):
+        split_import_path(name)
+    with pytest.raises(UnknownModelError, match="expected"):
+        load_factory(name)
+
+
+def test_import_path_source_finds_the_file_without_importing_it(tmp_path, monkeypatch):
+    (tmp_path / "never_imported_net.py").write_text("raise RuntimeError('imported')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert import_path_source(f"{tmp_path}/never_imported_net.py:f") == tmp_path / "never_imported_net.py"
+    assert import_path_source("never_imported_net:f") == tmp_path / "never_imported_net.py"
+    assert import_path_source("no_such_package_anywhere:f") is None
+    assert import_path_source("broken:") is None
+
+
+def test_load_factory_returns_the_callable(tmp_path):
+    (tmp_path / "net.py").write_text(USER_MODEL)
+    factory = load_factory(f"{tmp_path / 'net.py'}:factory")
+    assert callable(factory) and factory.__doc__ == "A user's own model."
 
 
 @pytest.mark.parametrize(

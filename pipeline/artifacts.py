@@ -1,0 +1,49 @@
+"""Every file name the pipeline reads or writes in a run directory, in one place.
+
+A stage names its outputs and inputs through these constants, so renaming an artifact is one
+edit and the stage table, the report and the docs cannot drift apart. Plain strings only: this
+module imports nothing, so the command line can use it without loading any library.
+"""
+
+# run directory bookkeeping (pipeline/run.py)
+MANIFEST = "manifest.json"
+CONFIG = "config.yaml"
+LOCK = ".lock"
+
+# train
+CHECKPOINT = "checkpoint.pt"
+BEST_CHECKPOINT = "checkpoint.best.pt"
+WEIGHTS = "model.safetensors"
+MODEL_CARD = "model.json"
+METRICS = "metrics.jsonl"
+CURVE = "train_curve.png"
+TRACE = "train.trace.json"
+TENSORBOARD = "tensorboard"  # a directory
+
+# export
+FP32_ONNX = "model.onnx"
+FP16_ONNX = "model.fp16.onnx"
+CALIBRATION = "calibration.npz"
+FALLBACK = "fp16_fallback.json"  # nodes verify --auto-fallback moved to FP32 (kept across re-exports)
+
+# build
+ENGINE = "model.fp16.engine"
+ENGINE_SIDECAR = "model.fp16.engine.json"
+TIMING_CACHE = "trt_timing.cache"  # beside the run directories, shared by every run on the machine
+
+# verify
+VERIFY_JSON = "verify.json"
+VERIFY_MD = "verify.md"
+VERIFY_JUNIT = "verify.junit.xml"
+FALLBACK_CANDIDATE = "model.fp16.fallback.onnx"  # the FP16 model --auto-fallback is trying
+
+# benchmark
+BENCHMARK_JSON = "benchmark.json"
+BENCHMARK_MD = "benchmark.md"
+LATENCY_PLOT = "benchmark_latency.png"
+THROUGHPUT_PLOT = "benchmark_throughput.png"
+BENCHMARK_TRACE = "benchmark.trace.json"
+
+# report
+REPORT_HTML = "report.html"
+REPORT_MD = "report.md"

@@ -1,0 +1,156 @@
+"""The stage table: fingerprints, options, the run it opens, and ``run_all`` from Python being ``python -m pipeline all``."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import types
+
+import pytest
+from conftest import TINY, cli, run_cli
+
+from pipeline import artifacts, config, stages
+from pipeline.errors import UsageError
+from pipeline.run import RunDir
+
+
+def tiny_cfg(*overrides: str):
+    return config.resolve({}, None, ["model.name=tiny_cnn", *TINY, *overrides])
+
+
+def manifest(run_dir) -> dict:
+    return json.loads((run_dir / artifacts.MANIFEST).read_text())
+
+
+def outcome(run_dir) -> dict:
+    """What `all` leaves behind, without the times, hashes and ids that differ between two runs."""
+    m = manifest(run_dir)
+    return {
+        "model": m["model"],
+        "environment": sorted(m["environment"]),
+        "stages": {name: (e["status"], e.get("reason"), sorted(e["artifacts"]), e.get("require"))
+                   for name, e in m["stages"].items()},
+        "config.yaml": (run_dir / artifacts.CONFIG).read_text(),
+    }
+
+
+def run_ids(run_dir) -> dict:
+    return {name: e["run_id"] for name, e in manifest(run_dir)["stages"].items()}
+
+
+def test_run_all_from_python_is_the_all_command(tmp_path):
+    by_cli, by_python = tmp_path / "cli", tmp_path / "python"
+    out = run_cli("all", "--model", "tiny_cnn", "--run-dir", by_cli, *TINY)
+    assert out.returncode == 0, out.stderr
+    returned = stages.run_all(tiny_cfg(), by_python)
+    assert returned["stages"] == manifest(by_python)["stages"]
+    assert outcome(by_python) == outcome(by_cli)
+    assert list(manifest(by_python)["stages"]) == list(stages.ORDER)
+
+    # Unchanged: a second run_all skips every stage, as `all` does.
+    before = run_ids(by_python)
+    stages.run_all(tiny_cfg(), by_python)
+    assert run_ids(by_python) == before
+
+
+def test_run_all_and_the_all_command_refuse_a_locked_run_alike(tmp_path, capsys):
+    holder = RunDir(tmp_path)
+    with holder.locked():
+        with pytest.raises(UsageError, match=rf"in use by another pipeline process \(pid {os.getpid()}\)"):
+            stages.run_all(tiny_cfg(), tmp_path)
+        out = run_cli("all", "--model", "tiny_cnn", "--run-dir", tmp_path, *TINY)
+        assert out.returncode == 2
+        assert f"in use by another pipeline process (pid {os.getpid()})" in out.stderr
+    assert not (tmp_path / artifacts.CONFIG).exists() and not (tmp_path / artifacts.MANIFEST).exists()  # nothing written
+    with RunDir(tmp_path).locked():  # and both let go of nothing they did not hold
+        pass
+
+
+def test_open_run_saves_the_config_and_records_the_environment(tmp_path):
+    cfg = tiny_cfg("require=[cuda]")
+    saved = tiny_cfg()
+    with stages.open_run(cfg, tmp_path / "run", save=saved) as run:
+        assert (tmp_path / "run" / artifacts.LOCK).read_text() == str(os.getpid())
+        with pytest.raises(UsageError, match="in use by another pipeline process"), RunDir(run.path).locked():
+            pass
+    kept = config.load_yaml_file(tmp_path / "run" / artifacts.CONFIG)
+    assert config.resolve(kept, None, []) == saved
+    assert kept["require"] == []  # this call's requirement is not the run's
+    m = manifest(tmp_path / "run")
+    assert m["model"] == "tiny_cnn" and m["environment"]["torch"] and m["environment"]["cpu"]
+
+
+def test_open_run_creates_nothing_for_an_unknown_model(tmp_path):
+    with pytest.raises(UsageError, match="resnet19"), stages.open_run(tiny_cfg("model.name=resnet19"), tmp_path / "r"):
+        pass
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("name", ["build", "verify"])
+def test_a_requirement_is_not_a_fingerprint_input(tmp_path, name):
+    """`--require` checks a backend; it does not change what a stage makes, so it must not invalidate it."""
+    run = RunDir(tmp_path)
+    plain, required = tiny_cfg(), tiny_cfg("require=[tensorrt,cuda]")
+    stage = stages.STAGES[name]
+    assert stages.fingerprint(stage, plain, run) == stages.fingerprint(stage, required, run)
+    assert stages.fingerprint(stage, plain, run) != stages.fingerprint(stage, tiny_cfg(f"{name}.{_a_key(name)}"), run)
+
+
+def _a_key(name: str) -> str:
+    return {"build": "opt_batch=2", "verify": "samples=32"}[name]
+
+
+def test_stage_options_come_from_the_flags_or_the_config():
+    verify = stages.STAGES["verify"]
+    assert verify.options_for(tiny_cfg(), {}) == {"auto_fallback": False}
+    assert verify.options_for(tiny_cfg(), {"auto_fallback": True}) == {"auto_fallback": True}
+    assert verify.options_for(tiny_cfg("verify.auto_fallback=true"), {"auto_fallback": False}) == {"auto_fallback": True}
+    assert stages.STAGES["train"].options_for(tiny_cfg(), {"resume": True}) == {"resume": True, "profile": False}
+    with pytest.raises(UsageError, match="export has no option resume"):
+        stages.STAGES["export"].options_for(tiny_cfg(), {"resume": True})
+
+
+def test_unknown_forced_stage_is_a_usage_error(tmp_path):
+    with pytest.raises(UsageError, match="cannot force trian"):
+        stages.run_stages(tiny_cfg(), RunDir(tmp_path), force={"trian"})
+
+
+def test_a_stage_in_the_table_is_a_command_with_its_options_and_summary(tmp_path, monkeypatch, capsys):
+    """Nothing in the command line knows the stages: one table entry is a subcommand, its flags, its summary."""
+    calls = []
+
+    def run(cfg, run_dir, record, *, shout=False):
+        calls.append(shout)
+        record.details["said"] = "HELLO" if shout else "hello"
+
+    module = types.ModuleType("pipeline._probe_stage")
+    module.run = run
+    monkeypatch.setitem(sys.modules, "pipeline._probe_stage", module)
+    monkeypatch.setitem(stages.STAGES, "probe", stages.Stage(
+        "probe", "_probe_stage", ("model",), (), (), help="say hello",
+        options=(stages.Option("--shout", "say it loudly"),), summary=lambda entry: entry["details"]["said"]))
+
+    with pytest.raises(SystemExit):
+        cli("probe", "--help")
+    assert "--shout" in capsys.readouterr().out
+    assert cli("probe", "--model", "tiny_cnn", "--run-dir", tmp_path, "--shout") == 0
+    assert calls == [True]
+    entry = RunDir(tmp_path).stage_entry("probe")
+    assert entry["status"] == "ok" and stages.STAGES["probe"].line(entry) == "HELLO"
+    assert (tmp_path / artifacts.CONFIG).is_file()  # the same open run as every stage
+
+
+def test_summary_lines_come_from_each_stage(tmp_path):
+    run = RunDir(tmp_path)
+    run.manifest["stages"] = {
+        "train": {"status": "ok", "details": {"best_val_acc": 0.5, "epochs": 2, "amp": "bf16"}},
+        "build": {"status": "skipped", "reason": "TensorRT is not installed", "details": {}},
+        "verify": {"status": "failed", "details": {"candidates": {"onnxrt_fp32": "passed", "onnxrt_fp16_cpu": "failed"}}},
+    }
+    lines = stages.summary(run).splitlines()
+    assert lines[1] == f"run directory: {tmp_path}"
+    assert lines[2].split() == ["train", "ok", "best", "val", "acc", "50.0%", "after", "2", "epochs,", "amp", "bf16"]
+    assert lines[3].split()[:2] == ["export", "not"]
+    assert lines[4].endswith("skipped      TensorRT is not installed")
+    assert lines[5].endswith("onnxrt_fp32: passed, onnxrt_fp16_cpu: failed")
