@@ -87,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=20, help="timed optimizer steps per precision")
     p.add_argument("--amp", choices=["bf16", "fp16"], help="precision to compare against FP32 (default: bf16 "
                    "on CPU, fp16 on CUDA)")
+    p = sub.add_parser("doctor", help="print the software stack and every mismatch in it, with the fix", epilog=EPILOG)
+    _add_require(p)
     sub.add_parser("models", help="list the registered models")
     p = sub.add_parser("config", help="print the resolved config (or every key with --keys)")
     _add_common(p)
@@ -172,6 +174,12 @@ def cmd_models(args) -> int:
     return 0
 
 
+def cmd_doctor(args) -> int:
+    from pipeline import doctor
+
+    return doctor.run(args.require)
+
+
 def cmd_config(args) -> int:
     from pipeline import config as config_mod
 
@@ -206,6 +214,10 @@ def cmd_all(args) -> int:
     options = {stage.name: {o.dest: getattr(args, o.dest) for o in stage.options if o.in_all}
                for stage in STAGES.values()}
     log.info("pipeline %s: %s -> %s", __version__, cfg.model.name, run_dir)
+    from pipeline import doctor
+
+    for problem in doctor.problems(doctor.gather()):
+        log.warning("doctor: %s: %s", problem.part, problem.message)
     with stages.open_run(cfg, run_dir, save=saved) as run:
         try:
             stages.run_stages(cfg, run, force=force, options=options)
@@ -247,6 +259,7 @@ def _print_stage_line(name: str, entry: dict) -> None:
 COMMANDS = {
     "models": cmd_models,
     "config": cmd_config,
+    "doctor": cmd_doctor,
     "all": cmd_all,
     "report": cmd_report,
     "bench-train": cmd_bench_train,

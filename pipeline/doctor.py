@@ -97,7 +97,8 @@ def provider_loads(provider: str) -> tuple[bool, str]:
     return True, ""
 
 
-def onnxruntime_facts() -> dict:
+def onnxruntime_facts(gpu: bool) -> dict:
+    """ONNX Runtime's build and providers; GPU providers are load-tested only where a GPU is visible."""
     try:
         import onnxruntime as ort
         from onnxruntime.capi import build_and_package_info as build_info
@@ -109,7 +110,8 @@ def onnxruntime_facts() -> dict:
         "package": getattr(build_info, "package_name", "onnxruntime"),
         "cuda": getattr(build_info, "cuda_version", None) or None,
         "listed": listed,
-        "loads": [p for p in listed if p == "CPUExecutionProvider" or provider_loads(p)[0]],
+        "loads": [p for p in listed if p == "CPUExecutionProvider"
+                  or ((gpu or p not in GPU_PROVIDERS) and provider_loads(p)[0])],
         "conflict": env.onnxruntime_conflict(),
     }
 
@@ -127,7 +129,7 @@ def gather() -> dict:
         "torch_cuda": torch.version.cuda,
         "gpu": env.gpu_info() if gpu_ok else None,
         "gpu_reason": gpu_reason,
-        "onnxruntime": onnxruntime_facts(),
+        "onnxruntime": onnxruntime_facts(gpu_ok),
         "tensorrt": getattr(trt, "__version__", None),
         "tensorrt_reason": trt_reason,
         "tensorrt_cuda": tensorrt_cuda_major(),

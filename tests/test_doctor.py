@@ -76,3 +76,22 @@ def test_gather_reads_this_machine():
     assert "CPUExecutionProvider" in facts["onnxruntime"]["loads"]
     assert doctor.provider_loads("CPUExecutionProvider") == (True, "")
     assert doctor.provider_loads("NoSuchExecutionProvider")[0] is False
+
+
+def test_doctor_command_prints_the_stack_and_exits_0_here(capsys):
+    from conftest import cli
+
+    assert cli("doctor") == 0
+    out = capsys.readouterr().out
+    for part in ("python", "torch", "onnxruntime", "tensorrt", "libcudart", "polygraphy", "modelopt", "cpu"):
+        assert any(line.startswith(part) for line in out.splitlines()), part
+
+
+@pytest.mark.parametrize("required", ["cuda", "tensorrt"])
+def test_doctor_require_exits_3_with_one_line_where_it_is_missing(capsys, monkeypatch, required):
+    from conftest import cli
+
+    monkeypatch.setattr(doctor.env, "cuda_status", lambda: (False, "no CUDA GPU: simulated"))
+    assert cli("doctor", "--require", required) == 3
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: doctor: --require {required}: no CUDA GPU: simulated"]
