@@ -134,7 +134,7 @@ def resolve_device(cfg) -> torch.device:
 def resolve_amp(requested: str, device: torch.device) -> tuple[torch.dtype | None, str]:
     """Which autocast dtype to use, and a note saying why (recorded in the manifest)."""
     dtype, note = _choose_amp(requested, device)
-    if device.type == "cpu" and env.cpu_flags_simulated() is not None:
+    if device.type == "cpu" and requested in ("auto", "bf16") and env.cpu_flags_simulated() is not None:
         note += f" [CPU flags simulated by {env.CPU_FLAGS_ENV}={env.cpu_flags_simulated()!r}]"
     return dtype, note
 
