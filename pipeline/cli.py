@@ -26,6 +26,7 @@ from pipeline.errors import (
     ConfigError,
     PipelineError,
     UsageError,
+    interrupt_requested,
 )
 from pipeline.stages import ORDER, STAGES
 
@@ -154,7 +155,8 @@ def _check_not_distributed(command: str) -> None:
         raise UsageError(f"only {allowed} runs under torchrun; run '{command}' as a single process")
 
 
-def _on_sigterm(signum, frame):
+def _on_interrupt(signum, frame):
+    interrupt_requested.set()  # see errors.check_interrupt
     raise KeyboardInterrupt
 
 
@@ -272,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging(args.quiet, args.debug)
     if os.environ.get("RANK", "0") != "0":
         log.setLevel(logging.WARNING)
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    interrupt_requested.clear()
+    previous = {sig: signal.signal(sig, _on_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
     stage_token = stages.current_stage.set("pipeline")
     try:
         return COMMANDS.get(args.command, cmd_stage)(args)
@@ -296,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_RUNTIME
     finally:
         stages.current_stage.reset(stage_token)
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _where(args) -> str:

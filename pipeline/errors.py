@@ -15,12 +15,25 @@ code   meaning
 
 from __future__ import annotations
 
+import threading
+
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
 EXIT_USAGE = 2
 EXIT_BACKEND_UNAVAILABLE = 3
 EXIT_RUNTIME = 4
 EXIT_INTERRUPTED = 130
+
+
+# Set by the command line's SIGINT/SIGTERM handler, which also raises KeyboardInterrupt. A signal that
+# lands while Python runs a finalizer (__del__, a weakref callback) raises there, where Python prints
+# "Exception ignored" and carries on: long loops call check_interrupt() so Ctrl-C always stops them.
+interrupt_requested = threading.Event()
+
+
+def check_interrupt() -> None:
+    if interrupt_requested.is_set():
+        raise KeyboardInterrupt
 
 
 class PipelineError(Exception):

@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Sampler
 from pipeline import data as data_mod
 from pipeline import env, modeling
 from pipeline.artifacts import BEST_CHECKPOINT, CHECKPOINT, CURVE, METRICS, TENSORBOARD, TRACE
-from pipeline.errors import BackendUnavailable, InputError, StageFailed, UsageError
+from pipeline.errors import BackendUnavailable, InputError, StageFailed, UsageError, check_interrupt
 from pipeline.run import RunDir, StageRecord, atomic_path
 
 log = logging.getLogger("pipeline")
@@ -662,6 +662,7 @@ class Trainer:
 
     def micro_step(self, x, y, epoch: int, batch_index: int, group: StepGroup, group_size: int, sync: bool) -> float:
         """Forward and backward of one micro-batch; gradients accumulate until ``sync``."""
+        check_interrupt()
         if self.cfg.data.augment:
             x = data_mod.augment(x, batch_generator(self.tc.seed, epoch, batch_index, self.world.rank))
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
