@@ -24,6 +24,7 @@ from pipeline.errors import (
     ConfigError,
     PipelineError,
     UsageError,
+    disk_full,
 )
 
 log = logging.getLogger("pipeline")
@@ -302,8 +303,10 @@ def summary(run) -> str:
     for name in ORDER:
         entry = run.stage_entry(name) or {}
         status = entry.get("status", "not run")
-        d = entry.get("details", {})
+        d = entry.get("details", {}) if status == "ok" else {}
         note = entry.get("reason") or ""
+        if status in ("failed", "interrupted"):  # the details of a stage that did not finish are partial
+            note = " ".join(str(entry.get("error") or "see the error above").split())
         if name == "train" and d:
             note = f"best val acc {100 * d.get('best_val_acc', 0):.1f}% after {d.get('epochs')} epochs, amp {d.get('amp')}"
         elif name == "export" and d:
@@ -353,6 +356,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"interrupted: {_where(args)} stopped; the manifest marks it interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as err:  # a failure we did not anticipate: one line, the stage, the cause
+        if (full := disk_full(err)) is not None:
+            print(f"error: {_where(args)}: {full}", file=sys.stderr)
+            return full.exit_code
         print(f"error: {_where(args)}: {type(err).__name__}: {_one_line(err)}"
               + ("" if args.debug else " (run with --debug for the traceback)"), file=sys.stderr)
         if args.debug:

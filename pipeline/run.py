@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from pipeline.errors import InputError, PipelineError, StageFailed, UsageError
+from pipeline.errors import InputError, PipelineError, StageFailed, UsageError, disk_full
 
 MANIFEST = "manifest.json"
 CONFIG = "config.yaml"
@@ -330,7 +330,9 @@ class RunDir:
             finish(status, error=str(exc), exit_code=exc.exit_code)
             raise
         except Exception as exc:
-            finish("failed", error=f"{type(exc).__name__}: {exc}")
+            full = disk_full(exc)  # recorded as the command line reports it
+            finish("failed", **({"error": str(full), "exit_code": full.exit_code} if full
+                                else {"error": f"{type(exc).__name__}: {exc}"}))
             raise
         else:
             finish("ok")
