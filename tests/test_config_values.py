@@ -49,8 +49,8 @@ def error_lines(err: str) -> list[str]:
     ("train.seed=4294967296", "train.seed: input should be less than 4294967296"),  # exit 4
     ("model.std=[.inf,.inf,.inf]", "model.std[0, 1, 2]: input should be a finite number (got inf)"),  # blank inputs
     ("model.std=[0.25,0,0.25]", "model.std values must be > 0"),
-    ("train.epochs=" + "[" * DEEP + "]" * DEEP, "override train.epochs: malformed YAML (line 1, column 33): "
-                                                "nested deeper than 32 levels"),  # RecursionError, exit 4
+    ("train.epochs=" + "[" * DEEP + "]" * DEEP,  # RecursionError, exit 4
+     "override train.epochs: malformed YAML (line 1, column 33): nested deeper than 32 levels"),
 ])
 def test_bad_value_is_one_line_and_exit_2_before_any_work(capsys, tmp_path, override, message):
     run = tmp_path / "run"
