@@ -26,6 +26,7 @@ from pipeline.errors import (
     ConfigError,
     PipelineError,
     UsageError,
+    disk_full,
     interrupt_requested,
 )
 from pipeline.stages import ORDER, STAGES
@@ -292,6 +293,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"interrupted: {_where(args)} stopped; the manifest marks it interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as err:  # a failure we did not anticipate: one line, the stage, the cause
+        if (full := disk_full(err)) is not None:
+            print(f"error: {_where(args)}: {full}", file=sys.stderr)
+            return full.exit_code
         print(f"error: {_where(args)}: {type(err).__name__}: {_one_line(err)}"
               + ("" if args.debug else " (run with --debug for the traceback)"), file=sys.stderr)
         if args.debug:

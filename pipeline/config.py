@@ -24,9 +24,15 @@ from pipeline.errors import ConfigError
 MAX_CONFIG_BYTES = 1 << 20
 
 
+MAX_YAML_DEPTH = 32  # the config tree is 4 levels deep; deeper YAML is a mistake or an attack
+SEED_LIMIT = 2**32  # numpy.random.seed takes 0 <= seed < 2**32 (train.seed reaches it)
+
+
 class Section(BaseModel):
     # strict: a string is never silently turned into a number, nor a float into an int.
-    model_config = ConfigDict(extra="forbid", strict=True, validate_default=True)
+    # allow_inf_nan=False: every float (also in lists, dicts and unions) must be finite; an
+    # infinite warm-up or std is never meant, and would hang the benchmark or blank the inputs.
+    model_config = ConfigDict(extra="forbid", strict=True, validate_default=True, allow_inf_nan=False)
 
 
 class ModelConfig(Section):
@@ -52,7 +58,7 @@ class DataConfig(Section):
     batch_size: int = Field(64, ge=1, description="training batch size (per process)")
     workers: int = Field(0, ge=0, description="DataLoader worker processes")
     augment: bool = Field(False, description="random crop with padding and horizontal flip while training")
-    seed: int = Field(0, ge=0, description="seed of the synthetic set and of the train/val split")
+    seed: int = Field(0, ge=0, lt=SEED_LIMIT, description="seed of the synthetic set and of the train/val split")
 
     @model_validator(mode="after")
     def _path_needed(self):
@@ -80,7 +86,7 @@ class TrainConfig(Section):
     max_nonfinite: int = Field(3, ge=1, description="consecutive skipped steps (non-finite loss or gradients) before stopping")
     compile: bool = Field(False, description="torch.compile the model")
     deterministic: bool = Field(False, description="deterministic algorithms (slower)")
-    seed: int = Field(0, ge=0, description="seed of Python, NumPy and torch")
+    seed: int = Field(0, ge=0, lt=SEED_LIMIT, description="seed of Python, NumPy and torch")
     init_weights: Optional[str] = Field(None, description="start from this state dict (.safetensors or .pt)")
     checkpoint_every: int = Field(0, ge=0, description="also checkpoint every N optimizer steps (0: each epoch)")
     log_every: int = Field(10, ge=1, description=f"optimizer steps between {METRICS} lines")
@@ -250,7 +256,21 @@ class Config(Section):
 
 class _Loader(yaml.SafeLoader):
     """SafeLoader with YAML 1.2 scalars: ``1e-4`` is a float (1.1 needs a dot) and only true/false
-    are booleans, so ``train.amp=off`` stays the string "off" (1.1 reads on/off/yes/no as booleans)."""
+    are booleans, so ``train.amp=off`` stays the string "off" (1.1 reads on/off/yes/no as booleans).
+    Nesting deeper than :data:`MAX_YAML_DEPTH` is malformed: PyYAML composes recursively, so
+    thousands of ``[`` would otherwise end in a RecursionError."""
+
+    _depth = 0
+
+    def compose_node(self, parent, index):
+        if self._depth >= MAX_YAML_DEPTH:
+            raise yaml.composer.ComposerError(
+                None, None, f"nested deeper than {MAX_YAML_DEPTH} levels", self.peek_event().start_mark)
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 _Loader.yaml_implicit_resolvers = {
@@ -374,12 +394,62 @@ def _known_keys(model: type[BaseModel], loc: tuple) -> list[str]:
     return list(model.model_fields)
 
 
+class _Items(tuple):
+    """List indices that share one problem, shown as ``key[0, 2]``."""
+
+
+def _union_member(part: Any) -> bool:
+    return isinstance(part, str) and ("[" in part or part in {"float", "int", "str"})
+
+
+def _union_at(err: dict) -> tuple | None:
+    loc = tuple(err["loc"])
+    return next((loc[:i] for i, part in enumerate(loc) if _union_member(part)), None)
+
+
+def _relevant_errors(errors: list[dict]) -> list[dict]:
+    """One error per problem. A union reports each member's error: keep the member the value was
+    meant for ("a finite number" over "a valid dictionary"), or the first when none fits. List
+    items with the same problem become one error."""
+    specific = {_union_at(e) for e in errors if not e["type"].endswith("_type")}
+    merged: dict[tuple, dict] = {}
+    for err in errors:
+        union = _union_at(err)
+        if union is not None and err["type"].endswith("_type"):
+            if union in specific or (union, "_type") in merged:
+                continue
+            merged[(union, "_type")] = err
+            continue
+        loc = tuple(err["loc"])
+        if loc and isinstance(loc[-1], int):
+            key = (loc[:-1], err["type"])
+            if key in merged:
+                first = merged[key]
+                first["loc"] = first["loc"][:-1] + (_Items(first["loc"][-1] + (loc[-1],)),)
+                continue
+            err = {**err, "loc": loc[:-1] + (_Items((loc[-1],)),)}
+        else:
+            key = (loc, err["type"], len(merged))
+        merged[key] = err
+    return list(merged.values())
+
+
+def _dotted(loc: tuple) -> str:
+    text = ""
+    for part in loc:
+        if isinstance(part, _Items):
+            text += f"[{', '.join(map(str, part))}]"
+        else:
+            text += ("." if text else "") + (str(part) if part != "" else "''")
+    return text
+
+
 def _format_error(err: dict) -> str:
     if err["type"] == "extra_forbidden":  # the user's own key: keep its path exactly
         loc = tuple(err["loc"])
     else:  # union members add their type name to the location; drop those parts
-        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p in {"float", "int", "str"})))
-    where = ".".join(str(p) for p in loc) or "config"
+        loc = tuple(p for p in err["loc"] if not _union_member(p))
+    where = _dotted(loc) or "config"
     if err["type"] == "extra_forbidden":
         siblings = _known_keys(Config, loc[:-1])
         close = difflib.get_close_matches(str(loc[-1]), siblings, n=1)
@@ -402,7 +472,7 @@ def validate(data: Any) -> Config:
         return Config.model_validate(data)
     except ValidationError as exc:
         problems = []
-        for err in exc.errors():
+        for err in _relevant_errors(exc.errors()):
             line = _format_error(err)
             if line not in problems:
                 problems.append(line)

@@ -15,6 +15,7 @@ code   meaning
 
 from __future__ import annotations
 
+import errno
 import threading
 
 EXIT_OK = 0
@@ -80,3 +81,22 @@ class StageFailed(PipelineError):
     """A stage failed at run time for a reason that is not the user's input."""
 
     exit_code = EXIT_RUNTIME
+
+
+_DISK_FULL = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
+
+
+def disk_full(exc: BaseException) -> StageFailed | None:
+    """A full disk or exhausted quota anywhere in ``exc``'s chain, as one line; else None.
+
+    Artifacts are written through ``run.atomic_path``, which says so itself; this catches the
+    writes around them (metrics.jsonl, TensorBoard events, temporary files of the libraries).
+    """
+    seen, visited = exc, set()
+    while seen is not None and id(seen) not in visited:
+        visited.add(id(seen))
+        if isinstance(seen, OSError) and seen.errno in _DISK_FULL:
+            where = f" while writing {seen.filename}" if seen.filename else ""
+            return StageFailed(f"{_DISK_FULL[seen.errno]}{where}; free space and re-run")
+        seen = seen.__cause__ or seen.__context__
+    return None

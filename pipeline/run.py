@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from pipeline.artifacts import CONFIG, LOCK, MANIFEST  # noqa: F401  (CONFIG: re-exported for callers)
-from pipeline.errors import InputError, PipelineError, StageFailed, UsageError
+from pipeline.errors import InputError, PipelineError, StageFailed, UsageError, disk_full
 
 SCHEMA = "pipeline.manifest/1"
 
@@ -318,7 +318,9 @@ class RunDir:
             finish(status, error=str(exc), exit_code=exc.exit_code)
             raise
         except Exception as exc:
-            finish("failed", error=f"{type(exc).__name__}: {exc}")
+            full = disk_full(exc)  # recorded as the command line reports it
+            finish("failed", **({"error": str(full), "exit_code": full.exit_code} if full
+                                else {"error": f"{type(exc).__name__}: {exc}"}))
             raise
         else:
             finish("ok")

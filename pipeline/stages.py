@@ -85,7 +85,10 @@ class Stage:
 
     def line(self, entry: dict) -> str:
         """Its note in the end-of-run summary: its own summary of the details, else the skip or failure reason."""
-        if self.summary and entry.get("details"):
+        status = entry.get("status")
+        if status in ("failed", "interrupted"):  # the details of a stage that did not finish are partial
+            return " ".join(str(entry.get("error") or "see the error above").split())
+        if self.summary and status == "ok" and entry.get("details"):
             return self.summary(entry)
         return entry.get("reason") or ""
 

@@ -221,7 +221,8 @@ class EpochBatches(Sampler[list[int]]):
 
 
 def batch_generator(seed: int, epoch: int, batch: int, rank: int) -> torch.Generator:
-    return torch.Generator().manual_seed(((seed * 1_000_003 + epoch) * 1_000_003 + batch) * 101 + rank)
+    # modulo 2**64: manual_seed takes no more, which train.seed above about 180,000 would exceed
+    return torch.Generator().manual_seed((((seed * 1_000_003 + epoch) * 1_000_003 + batch) * 101 + rank) % 2**64)
 
 
 # --------------------------------------------------------------------------- schedule
