@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any, Literal, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
+from pipeline import backends as backend_table
 from pipeline.artifacts import FP16_ONNX, METRICS
 from pipeline.errors import ConfigError
 
@@ -177,12 +178,11 @@ class CandidateConfig(Section):
     _tolerances = model_validator(mode="after")(_check_tolerances)
 
 
-class CandidatesConfig(Section):
-    onnxrt_fp32: CandidateConfig = CandidateConfig()
-    fp16_emulation: CandidateConfig = CandidateConfig()
-    onnxrt_fp16_cpu: CandidateConfig = CandidateConfig()
-    tensorrt_fp16: CandidateConfig = CandidateConfig()
-    onnxrt_cuda_fp16: CandidateConfig = CandidateConfig()
+# One section per verify candidate of the backend table, so a new backend needs no edit here.
+CandidatesConfig = create_model(
+    "CandidatesConfig", __base__=Section,
+    **{b.candidate: (CandidateConfig, CandidateConfig()) for b in backend_table.candidates()},
+)
 
 
 class VerifyConfig(Section):
@@ -198,10 +198,7 @@ class VerifyConfig(Section):
     fallback_iterations: int = Field(8, ge=1, description="fallback rounds before giving up")
 
 
-BenchBackend = Literal[
-    "torch_fp32", "torch_autocast", "torch_compile", "onnxrt_fp32", "onnxrt_fp16", "onnxrt_cuda_fp32",
-    "onnxrt_cuda_fp16", "tensorrt_fp16",
-]
+BenchBackend = Literal[tuple(b.name for b in backend_table.TABLE if b.benchmark)]  # as the table names them
 
 
 class BenchmarkConfig(Section):
