@@ -491,7 +491,9 @@ _SOURCES = {"synthetic": _synthetic, "imagefolder": _image_folder, "cifar10": _c
 
 def load(cfg, *, image_size: int, mean, std) -> DataSplits:
     """Load the configured data set at ``image_size``, normalised with ``mean``/``std``."""
-    return _SOURCES[cfg.source](cfg, image_size, mean, std)
+    splits = _SOURCES[cfg.source](cfg, image_size, mean, std)
+    splits.details["normalisation"] = {"mean": [float(v) for v in mean], "std": [float(v) for v in std]}
+    return splits
 
 
 def augment(images: torch.Tensor, generator: torch.Generator, pad: int = 4) -> torch.Tensor:

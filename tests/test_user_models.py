@@ -153,3 +153,126 @@ def test_a_fifo_named_like_an_image_is_skipped_not_opened(tmp_path, caplog):
     assert len(splits.train) + len(splits.val) == 6
     assert splits.details["skipped_not_regular_files"] == [str(fifo)]
     assert "skipped 1 path(s) that are not regular files" in caplog.text and str(fifo) in caplog.text
+
+
+# --------------------------------------------------------------------------- one normalisation
+
+README_FACTORY = '''
+import torch
+from torch import nn
+
+def my_net(num_classes: int = 10):
+    """A small CNN of mine."""
+    net = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
+                        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, num_classes))
+    net.mean, net.std = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)  # optional: the normalisation it expects
+    return net
+'''
+
+
+def test_a_user_models_declared_normalisation_is_what_the_data_is_loaded_with(tmp_path):
+    from pipeline import modeling
+
+    path = tmp_path / "my_net.py"
+    path.write_text(README_FACTORY)
+    cfg = config.resolve(overrides=[f"model.name={path}:my_net"])
+    assert modeling.normalisation(cfg, modeling.resolve_spec(cfg)) == (MEAN, STD)
+    # a config value still wins over the factory's
+    cfg = config.resolve(overrides=[f"model.name={path}:my_net", "model.mean=[0.1,0.2,0.3]"])
+    assert modeling.normalisation(cfg, modeling.resolve_spec(cfg)) == ((0.1, 0.2, 0.3), STD)
+
+
+def test_train_loads_the_data_with_the_normalisation_in_the_model_card(tmp_path):
+    """The README's example: training, the model card and so export, verify and benchmark use one normalisation."""
+    path = tmp_path / "my_net.py"
+    path.write_text(README_FACTORY)
+    run = tmp_path / "run"
+    assert cli("-q", "train", "--model", f"{path}:my_net", "--run-dir", run, *TINY) == EXIT_OK
+    card = json.loads((run / "model.json").read_text())
+    used = json.loads((run / "manifest.json").read_text())["stages"]["train"]["details"]["data"]["normalisation"]
+    assert card["input"]["normalisation"] == used == {"mean": list(MEAN), "std": list(STD)}
+    assert card["spec"]["mean"] == list(MEAN) and card["spec"]["std"] == list(STD)
+
+
+# --------------------------------------------------------------------------- factory failures
+
+FACTORIES = {
+    "raises": ("raise RuntimeError('no GPU here\\nsecond line')", "factory make() raised RuntimeError: no GPU here"),
+    "not a module": ("return [nn.Linear(3, num_classes)]", "factory make returned list, not an nn.Module"),
+    "same names": ("net.input_name = net.output_name = 'x'", "factory make sets input_name and output_name both to 'x'"),
+    "empty input name": ("net.input_name = ''", "factory make sets input_name='': expected a non-empty string"),
+    "bad mean": ("net.mean = (0.5, 0.5)", "factory make sets mean=(0.5, 0.5): expected 3 finite numbers"),
+    "mean not numbers": ("net.mean = 'imagenet'", "factory make sets mean='imagenet'"),
+    "zero std": ("net.std = (0.2, 0.0, 0.2)", "factory make sets std=(0.2, 0.0, 0.2): expected 3 finite numbers"),
+    "bad input size": ("net.input_size = (3, 0, 32)", "factory make sets input_size=(3, 0, 32)"),
+}
+
+
+@pytest.mark.parametrize("case", list(FACTORIES))
+def test_a_broken_factory_is_exit_2_at_train_time_naming_it(tmp_path, capsys, case):
+    line, fragment = FACTORIES[case]
+    path = tmp_path / "broken.py"
+    path.write_text("from torch import nn\n\n\ndef make(num_classes=10):\n"
+                    "    net = nn.Sequential(nn.Flatten(), nn.LazyLinear(num_classes))\n"
+                    f"    {line}\n    return net\n")
+    code, err = run_main(capsys, "train", "--model", f"{path}:make", "--run-dir", tmp_path / "r", *TINY)
+    assert code == EXIT_USAGE, err
+    (message,) = error_lines(err)
+    assert message.startswith("error: train: ") and fragment in message, message
+    assert f"{path}:make" in message and "re-run train" not in message
+    assert not (tmp_path / "r" / "model.json").exists()
+
+
+# --------------------------------------------------------------------------- train.init_weights
+
+
+def _tiny_state(num_classes: int = 10) -> dict:
+    from models.tiny import TinyCNN
+
+    torch.manual_seed(7)
+    return TinyCNN(num_classes).state_dict()
+
+
+def test_init_weights_that_match_no_key_are_refused_naming_the_keys(tmp_path, capsys):
+    from safetensors.torch import save_file
+
+    path = tmp_path / "prefixed.safetensors"
+    save_file({f"backbone.{k}": v for k, v in _tiny_state().items()}, str(path))
+    code, err = run_main(capsys, "train", "--model", "tiny_cnn", "--run-dir", tmp_path / "r", *TINY,
+                         f"train.init_weights={path}")
+    assert code == EXIT_USAGE
+    (message,) = error_lines(err)
+    assert "does not match the model" in message and "keys are not in the file: features.0.weight" in message
+    assert "keys of the file are not in the model: backbone." in message and "backbone.features.0.weight" in message
+    assert "only the classifier head (fc.bias, fc.weight) may differ" in message
+    assert not (tmp_path / "r" / "checkpoint.pt").exists()
+
+
+def test_init_weights_missing_a_layer_or_with_extra_layers_are_refused(tmp_path):
+    from models.tiny import TinyCNN
+    from pipeline import modeling
+    from pipeline.errors import InputError
+
+    state = _tiny_state()
+    partial = {k: v for k, v in state.items() if not k.startswith("features.5.")}  # the second BatchNorm
+    torch.save(partial, tmp_path / "partial.pt")
+    with pytest.raises(InputError, match=r"4 of the model's \d+ keys are not in the file: features\.5\.weight"):
+        modeling.load_init_weights(TinyCNN(10), str(tmp_path / "partial.pt"))
+    torch.save({**state, "extra.conv.weight": torch.zeros(2, 2, 3, 3)}, tmp_path / "extra.pt")
+    with pytest.raises(InputError, match="1 keys of the file are not in the model: extra.conv.weight"):
+        modeling.load_init_weights(TinyCNN(10), str(tmp_path / "extra.pt"))
+
+
+def test_init_weights_may_differ_only_in_the_classifier_head(tmp_path):
+    from models.tiny import TinyCNN
+    from pipeline import modeling
+
+    state = _tiny_state(1000)
+    backbone = {k: v for k, v in state.items() if not k.startswith("fc.")}
+    renamed = {**backbone, "classifier.weight": state["fc.weight"], "classifier.bias": state["fc.bias"]}
+    for name, weights in (("backbone", backbone), ("renamed", renamed), ("other-size", state)):
+        torch.save(weights, tmp_path / f"{name}.pt")
+        module = TinyCNN(10)
+        info = modeling.load_init_weights(module, str(tmp_path / f"{name}.pt"))
+        assert torch.equal(module.state_dict()["features.0.weight"], state["features.0.weight"]), name
+        assert set(info["missing_keys"]) <= {"fc.weight", "fc.bias"}, info
