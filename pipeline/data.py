@@ -238,28 +238,38 @@ def detect_layout(root: Path) -> tuple[str, dict[str, list[tuple[str, Path]]]]:
         base = outer[0]  # one wrapping folder, as an archive unpacks
     splits = _split_folders(base)
     if splits:
-        others = [p.name for p in _subfolders(base) if p not in splits.values()]
-        if others:
-            raise DataError(f"image folder {base} mixes split folders ({', '.join(p.name + '/' for p in splits.values())}) "
-                            f"with other folders ({', '.join(others[:5])}); put the class folders inside the split folders")
-        layout = {split: [(c.name, c) for c in _subfolders(folder)] for split, folder in splits.items()}
-        for split, folder in splits.items():
-            if not layout[split]:
-                raise DataError(f"split folder {folder} has no class sub-folders (expected {folder}/<class>/<image>)")
-        return f"split folders {', '.join(p.name + '/' for p in splits.values())} in {base}", layout
+        return _splits_of_classes(base, splits)
     per_class = {c: _split_folders(c) for c in outer}
     if outer and all(per_class.values()):
-        layout: dict[str, list[tuple[str, Path]]] = {}
-        for c, found in per_class.items():
-            loose = [p for p in c.iterdir() if not p.name.startswith(".") and p not in found.values()]
-            if loose:
-                raise DataError(f"{loose[0]} is outside the split folders of class folder {c}; "
-                                "move it into one of them")
-            for split, folder in found.items():
-                layout.setdefault(split, []).append((c.name, folder))
-        names = ", ".join(f"{s}/" for s in sorted({p.name for found in per_class.values() for p in found.values()}))
-        return f"split folders ({names}) inside each class folder of {root}", layout
+        return _classes_of_splits(root, per_class)
     return f"class folders in {root} (no train/, val/ or test/ split folders)", {"all": [(c.name, c) for c in outer]}
+
+
+def _splits_of_classes(base: Path, splits: dict[str, Path]):
+    """``base/<split>/<class>/``."""
+    names = ", ".join(f"{p.name}/" for p in splits.values())
+    others = [p.name for p in _subfolders(base) if p not in splits.values()]
+    if others:
+        raise DataError(f"image folder {base} mixes split folders ({names}) with other folders "
+                        f"({', '.join(others[:5])}); put the class folders inside the split folders")
+    layout = {split: [(c.name, c) for c in _subfolders(folder)] for split, folder in splits.items()}
+    for split, folder in splits.items():
+        if not layout[split]:
+            raise DataError(f"split folder {folder} has no class sub-folders (expected {folder}/<class>/<image>)")
+    return f"split folders {names} in {base}", layout
+
+
+def _classes_of_splits(root: Path, per_class: dict[Path, dict[str, Path]]):
+    """``root/<class>/<split>/``."""
+    layout: dict[str, list[tuple[str, Path]]] = {}
+    for c, found in per_class.items():
+        loose = [p for p in c.iterdir() if not p.name.startswith(".") and p not in found.values()]
+        if loose:
+            raise DataError(f"{loose[0]} is outside the split folders of class folder {c}; move it into one of them")
+        for split, folder in found.items():
+            layout.setdefault(split, []).append((c.name, folder))
+    names = ", ".join(f"{s}/" for s in sorted({p.name for found in per_class.values() for p in found.values()}))
+    return f"split folders ({names}) inside each class folder of {root}", layout
 
 
 def scan_classes(folders: list[tuple[str, Path]], where: Path,
@@ -324,7 +334,8 @@ def _image_folder(cfg, size: int, mean, std) -> DataSplits:
     layout, folders = detect_layout(root)
     skipped: list[Path] = []
     if "all" not in folders and "train" not in folders:
-        raise DataError(f"image folder {root} has {', '.join(s + '/' for s in ('val', 'test') if s in folders)} but no train/ folder")
+        present = ", ".join(f"{s}/" for s in ("val", "test") if s in folders)
+        raise DataError(f"image folder {root} has {present} but no train/ folder")
     held_out = "val" if "val" in folders else "test" if "test" in folders else None
     classes, train_files, train_labels = scan_classes(folders.get("train") or folders["all"], root, skipped)
     _require_two_classes(root, classes, layout)
@@ -340,8 +351,8 @@ def _image_folder(cfg, size: int, mean, std) -> DataSplits:
             split += " (test/ is not used)"
     else:
         tr, va = _split_indices(train_labels, cfg.val_fraction, cfg.seed)
-        train_files, train_labels, val_files, val_labels = ([train_files[i] for i in tr], [train_labels[i] for i in tr],
-                                                            [train_files[i] for i in va], [train_labels[i] for i in va])
+        val_files, val_labels = [train_files[i] for i in va], [train_labels[i] for i in va]
+        train_files, train_labels = [train_files[i] for i in tr], [train_labels[i] for i in tr]
         split = f"stratified {cfg.val_fraction:.0%} held out (seed {cfg.seed})"
         if "train" in folders:
             split += " of train/ (there is no val/ or test/)"

@@ -195,8 +195,11 @@ def _check_coverage(path, own: dict, state: dict, head_keys: set[str]) -> None:
     missing = [k for k in own if k not in state and k not in head_keys and not k.endswith("num_batches_tracked")]
     extra = [k for k in state if k not in own]
     if missing or (extra and not _another_head(state, extra, head_keys)):
-        problems = ([f"{len(missing)} of the model's {len(own)} keys are not in the file: {listed(missing)}"] if missing
-                    else []) + ([f"{len(extra)} keys of the file are not in the model: {listed(extra)}"] if extra else [])
+        problems = []
+        if missing:
+            problems.append(f"{len(missing)} of the model's {len(own)} keys are not in the file: {listed(missing)}")
+        if extra:
+            problems.append(f"{len(extra)} keys of the file are not in the model: {listed(extra)}")
         raise InputError(f"train.init_weights {path} does not match the model: " + "; ".join(problems)
                          + f"; only the classifier head ({', '.join(sorted(head_keys)) or 'none found'}) may differ")
 

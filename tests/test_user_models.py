@@ -199,7 +199,8 @@ def test_train_loads_the_data_with_the_normalisation_in_the_model_card(tmp_path)
 FACTORIES = {
     "raises": ("raise RuntimeError('no GPU here\\nsecond line')", "factory make() raised RuntimeError: no GPU here"),
     "not a module": ("return [nn.Linear(3, num_classes)]", "factory make returned list, not an nn.Module"),
-    "same names": ("net.input_name = net.output_name = 'x'", "factory make sets input_name and output_name both to 'x'"),
+    "same names": ("net.input_name = net.output_name = 'x'",
+                   "factory make sets input_name and output_name both to 'x'"),
     "empty input name": ("net.input_name = ''", "factory make sets input_name='': expected a non-empty string"),
     "bad mean": ("net.mean = (0.5, 0.5)", "factory make sets mean=(0.5, 0.5): expected 3 finite numbers"),
     "mean not numbers": ("net.mean = 'imagenet'", "factory make sets mean='imagenet'"),
