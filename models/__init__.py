@@ -174,37 +174,84 @@ def load_factory(path: str) -> Callable:
     return factory
 
 
+class InvalidModelError(ValueError):
+    """A user factory that fails, returns something other than an ``nn.Module``, or declares an unusable spec."""
+
+
 def _create_user_model(path: str, *, num_classes: int | None, image_size: int | None):
+    from torch import nn
+
     factory = load_factory(path)
+    where = f"model {path!r}: factory {path.rpartition(':')[2]}"
     params = inspect.signature(factory).parameters
     kwargs = {}
     if num_classes is not None and "num_classes" in params:
         kwargs["num_classes"] = num_classes
     if image_size is not None and "image_size" in params:
         kwargs["image_size"] = image_size
-    module = factory(**kwargs)
-    if not hasattr(module, "forward"):
-        raise UnknownModelError(f"model {path!r}: factory returned {type(module).__name__}, not an nn.Module")
+    try:
+        module = factory(**kwargs)
+    except Exception as exc:  # the user's code failed: one line naming it, the traceback stays under --debug
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise InvalidModelError(f"{where}({', '.join(f'{k}={v}' for k, v in kwargs.items())}) raised "
+                                f"{type(exc).__name__}: {first}") from exc
+    if not isinstance(module, nn.Module):
+        raise InvalidModelError(f"{where} returned {type(module).__name__}, not an nn.Module")
 
     def attr(name, default=None):
         return getattr(module, name, getattr(factory, name, default))
 
-    input_size = attr("input_size")
+    declared = {name: attr(name) for name in ("input_size", "num_classes", "mean", "std", "input_name", "output_name")}
+    problem = _declaration_problem(declared)
+    if problem:
+        raise InvalidModelError(f"{where} sets {problem}")
+    input_size = declared["input_size"]
     if isinstance(input_size, int):
         input_size = (3, input_size, input_size)
-    declared_classes = attr("num_classes")
     spec = ModelSpec(
         name=path,
         input_size=tuple(input_size) if input_size else (3, image_size or 224, image_size or 224),
-        num_classes=int(declared_classes) if declared_classes else (num_classes or 0),
-        mean=tuple(attr("mean", IMAGENET_MEAN)),
-        std=tuple(attr("std", IMAGENET_STD)),
-        input_name=attr("input_name", "input"),
-        output_name=attr("output_name", "logits"),
+        num_classes=int(declared["num_classes"]) if declared["num_classes"] else (num_classes or 0),
+        mean=tuple(float(v) for v in declared["mean"] or IMAGENET_MEAN),
+        std=tuple(float(v) for v in declared["std"] or IMAGENET_STD),
+        input_name=declared["input_name"] or "input",
+        output_name=declared["output_name"] or "logits",
         fixed_input_size=bool(attr("fixed_input_size", False)),
         description=(factory.__doc__ or "user model").strip().splitlines()[0],
     )
     return module, spec
+
+
+def _declaration_problem(declared: dict) -> str | None:
+    """What is wrong with the spec attributes a factory set (None: unset), or None if nothing is."""
+    import math
+
+    def count(v) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+    size, channels = declared["input_size"], 3
+    if size is not None:
+        if not (count(size) or (isinstance(size, (tuple, list)) and len(size) == 3 and all(map(count, size)))):
+            return f"input_size={size!r}: expected an int or (channels, height, width) of positive ints"
+        channels = 3 if isinstance(size, int) else size[0]
+    if declared["num_classes"] is not None and not count(declared["num_classes"]):
+        return f"num_classes={declared['num_classes']!r}: expected a positive int"
+    for key in ("mean", "std"):
+        values = declared[key]
+        if values is None:
+            continue
+        numbers = isinstance(values, (tuple, list)) and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values)
+        if not numbers or len(values) != channels or (key == "std" and min(values) <= 0):
+            return (f"{key}={values!r}: expected {channels} finite numbers (one per input channel)"
+                    + (", all > 0" if key == "std" else ""))
+    for key in ("input_name", "output_name"):
+        if declared[key] is not None and not (isinstance(declared[key], str) and declared[key].strip()):
+            return f"{key}={declared[key]!r}: expected a non-empty string (an ONNX tensor name)"
+    names = (declared["input_name"] or "input", declared["output_name"] or "logits")
+    if names[0] == names[1]:
+        return f"input_name and output_name both to {names[0]!r}: the ONNX input and output need different names"
+    return None
 
 
 # Importing the architecture modules registers them.

@@ -9,6 +9,7 @@ and step by the training loop, so a resumed run sees exactly the same batches.
 from __future__ import annotations
 
 import hashlib
+import logging
 import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,8 @@ from pipeline.errors import DataError
 
 if TYPE_CHECKING:
     import numpy as np
+
+log = logging.getLogger("pipeline")
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
 
@@ -119,7 +122,7 @@ def load_image(path: Path, size: int) -> torch.Tensor:
 
     try:
         with Image.open(path) as img:
-            img = img.convert("RGB")
+            img = _to_rgb(img)
             w, h = img.size
             scale = size / min(w, h)
             img = img.resize((max(size, round(w * scale)), max(size, round(h * scale))), Image.BILINEAR)
@@ -130,6 +133,21 @@ def load_image(path: Path, size: int) -> torch.Tensor:
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
         raise DataError(f"cannot read image {path}: {exc}") from None
     return data.view(size, size, 3).permute(2, 0, 1).contiguous()
+
+
+def _to_rgb(img):
+    """RGB at 8 bits per channel. 16-bit grayscale (``I;16``, and ``I`` holding 16-bit values) is scaled
+    down to 0..255; ``convert("RGB")`` alone would clip it at 255 and saturate all but the darkest pixels."""
+    from PIL import Image
+
+    if img.mode.startswith("I;16") or img.mode == "I":
+        import numpy as np
+
+        values = np.asarray(img).astype(np.float64)
+        if img.mode.startswith("I;16") or values.max(initial=0) > 255:
+            values = np.clip(values, 0, 65535) / 257.0  # 65535 / 257 = 255
+        img = Image.fromarray(np.round(np.clip(values, 0, 255)).astype(np.uint8))
+    return img.convert("RGB")
 
 
 # --------------------------------------------------------------------------- synthetic
@@ -212,31 +230,118 @@ def _synthetic(cfg, size: int, mean, std) -> DataSplits:
 # --------------------------------------------------------------------------- ImageFolder
 
 
-def scan_image_folder(root: Path) -> tuple[list[str], list[Path], list[int]]:
-    """Classes are the sorted sub-folder names; every file in them must be an image."""
+# Split folders are recognised by name (case-insensitively), at the top of data.path, one folder below it
+# (an unpacked archive), or inside every class folder.
+SPLIT_NAMES = {"train": "train", "training": "train", "val": "val", "valid": "val", "validation": "val",
+               "test": "test", "testing": "test"}
+
+
+def _subfolders(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def _split_folders(folder: Path) -> dict[str, Path]:
+    """The split folders directly inside ``folder``: {"train"|"val"|"test": path}."""
+    found: dict[str, Path] = {}
+    for sub in _subfolders(folder):
+        split = SPLIT_NAMES.get(sub.name.lower())
+        if split in found:
+            raise DataError(f"image folder {folder} has two {split} folders: {found[split].name}/ and {sub.name}/")
+        if split:
+            found[split] = sub
+    return found
+
+
+def detect_layout(root: Path) -> tuple[str, dict[str, list[tuple[str, Path]]]]:
+    """How ``root`` is laid out, and for each split the (class name, folder) pairs that hold its images.
+
+    Without split folders the one "split" is ``all``: ``root``'s sub-folders are the classes.
+    """
     if not root.is_dir():
         raise DataError(f"image folder {root} does not exist or is not a directory")
-    classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-    if not classes:
-        raise DataError(f"image folder {root} has no class sub-folders (expected {root}/<class>/<image>)")
+    outer = _subfolders(root)
+    base = root
+    if len(outer) == 1 and not _split_folders(root) and _split_folders(outer[0]):
+        base = outer[0]  # one wrapping folder, as an archive unpacks
+    splits = _split_folders(base)
+    if splits:
+        return _splits_of_classes(base, splits)
+    per_class = {c: _split_folders(c) for c in outer}
+    if outer and all(per_class.values()):
+        return _classes_of_splits(root, per_class)
+    return f"class folders in {root} (no train/, val/ or test/ split folders)", {"all": [(c.name, c) for c in outer]}
+
+
+def _splits_of_classes(base: Path, splits: dict[str, Path]):
+    """``base/<split>/<class>/``."""
+    names = ", ".join(f"{p.name}/" for p in splits.values())
+    others = [p.name for p in _subfolders(base) if p not in splits.values()]
+    if others:
+        raise DataError(f"image folder {base} mixes split folders ({names}) with other folders "
+                        f"({', '.join(others[:5])}); put the class folders inside the split folders")
+    layout = {split: [(c.name, c) for c in _subfolders(folder)] for split, folder in splits.items()}
+    for split, folder in splits.items():
+        if not layout[split]:
+            raise DataError(f"split folder {folder} has no class sub-folders (expected {folder}/<class>/<image>)")
+    return f"split folders {names} in {base}", layout
+
+
+def _classes_of_splits(root: Path, per_class: dict[Path, dict[str, Path]]):
+    """``root/<class>/<split>/``."""
+    layout: dict[str, list[tuple[str, Path]]] = {}
+    for c, found in per_class.items():
+        loose = [p for p in c.iterdir() if not p.name.startswith(".") and p not in found.values()]
+        if loose:
+            raise DataError(f"{loose[0]} is outside the split folders of class folder {c}; move it into one of them")
+        for split, folder in found.items():
+            layout.setdefault(split, []).append((c.name, folder))
+    names = ", ".join(f"{s}/" for s in sorted({p.name for found in per_class.values() for p in found.values()}))
+    return f"split folders ({names}) inside each class folder of {root}", layout
+
+
+def scan_classes(folders: list[tuple[str, Path]], where: Path,
+                 skipped: list[Path] | None = None) -> tuple[list[str], list[Path], list[int]]:
+    """Classes are the sorted folder names; every regular file in them must be an image.
+
+    Anything that is not a regular file (a FIFO, socket, device, broken link) is never opened, since
+    reading one can block forever; it is appended to ``skipped``.
+    """
+    if not folders:
+        raise DataError(f"image folder {where} has no class sub-folders (expected {where}/<class>/<image>)")
+    by_class: dict[str, list[Path]] = {}
+    for name, folder in folders:
+        by_class.setdefault(name, []).append(folder)
+    classes = sorted(by_class)
     files, labels = [], []
     for index, name in enumerate(classes):
         class_files = []
-        for path in sorted((root / name).rglob("*")):
-            if path.name.startswith(".") or path.is_dir():
-                continue
-            if path.suffix.lower() not in IMAGE_EXTENSIONS:
-                raise DataError(
-                    f"{path} is not an image file (expected one of {', '.join(IMAGE_EXTENSIONS)}); "
-                    "move it out of the class folder"
-                )
-            class_files.append(path)
+        for folder in by_class[name]:
+            for path in sorted(folder.rglob("*")):
+                if path.name.startswith(".") or path.is_dir():
+                    continue
+                if not path.is_file():
+                    if skipped is not None:
+                        skipped.append(path)
+                    continue
+                if path.suffix.lower() not in IMAGE_EXTENSIONS:
+                    raise DataError(
+                        f"{path} is not an image file (expected one of {', '.join(IMAGE_EXTENSIONS)}); "
+                        "move it out of the class folder"
+                    )
+                class_files.append(path)
         if not class_files:
-            raise DataError(f"class folder {root / name} contains no images")
+            raise DataError(f"class folder {by_class[name][0]} contains no images")
         files += class_files
         labels += [index] * len(class_files)
     _check_images(files)
     return classes, files, labels
+
+
+def scan_image_folder(root: Path) -> tuple[list[str], list[Path], list[int]]:
+    """The classes, files and labels of one folder of class sub-folders (regular files only)."""
+    if not root.is_dir():
+        raise DataError(f"image folder {root} does not exist or is not a directory")
+    return scan_classes([(c.name, c) for c in _subfolders(root)], root)
 
 
 def _check_images(files: list[Path]) -> None:
@@ -253,28 +358,66 @@ def _check_images(files: list[Path]) -> None:
 
 def _image_folder(cfg, size: int, mean, std) -> DataSplits:
     root = Path(cfg.path).expanduser()
-    if (root / "train").is_dir() and (root / "val").is_dir():
-        classes, train_files, train_labels = scan_image_folder(root / "train")
-        val_classes, val_files, val_labels = scan_image_folder(root / "val")
+    layout, folders = detect_layout(root)
+    skipped: list[Path] = []
+    if "all" not in folders and "train" not in folders:
+        present = ", ".join(f"{s}/" for s in ("val", "test") if s in folders)
+        raise DataError(f"image folder {root} has {present} but no train/ folder")
+    held_out = "val" if "val" in folders else "test" if "test" in folders else None
+    classes, train_files, train_labels = scan_classes(folders.get("train") or folders["all"], root, skipped)
+    _require_two_classes(root, classes, layout)
+    if held_out:
+        val_classes, val_files, val_labels = scan_classes(folders[held_out], root, skipped)
         if val_classes != classes:
-            raise DataError(f"{root}/val has classes {val_classes}, but {root}/train has {classes}")
-        split = "train/ and val/ folders"
+            raise DataError(f"{_split_where(folders[held_out])} has classes {val_classes}, "
+                            f"but {_split_where(folders['train'])} has {classes}")
+        split = f"train/ and {held_out}/ folders"
+        if held_out == "test":
+            split += " (test/ is the validation split: there is no val/)"
+        elif "test" in folders:
+            split += " (test/ is not used)"
     else:
-        classes, files, labels = scan_image_folder(root)
-        tr, va = _split_indices(labels, cfg.val_fraction, cfg.seed)
-        train_files, train_labels = [files[i] for i in tr], [labels[i] for i in tr]
-        val_files, val_labels = [files[i] for i in va], [labels[i] for i in va]
+        tr, va = _split_indices(train_labels, cfg.val_fraction, cfg.seed)
+        val_files, val_labels = [train_files[i] for i in va], [train_labels[i] for i in va]
+        train_files, train_labels = [train_files[i] for i in tr], [train_labels[i] for i in tr]
         split = f"stratified {cfg.val_fraction:.0%} held out (seed {cfg.seed})"
+        if "train" in folders:
+            split += " of train/ (there is no val/ or test/)"
     if not val_files:
         raise DataError(f"image folder {root}: the validation split is empty; add images or raise data.val_fraction")
+    details = {"root": str(root), "layout": layout, "split": split, "train_images": len(train_files),
+               "val_images": len(val_files)}
+    log.info("data: image folder %s: %s; %s", root, layout, split)
+    if skipped:
+        details["skipped_not_regular_files"] = [str(p) for p in skipped[:20]] + (
+            [f"... and {len(skipped) - 20} more"] if len(skipped) > 20 else [])
+        log.warning("data: skipped %d path(s) that are not regular files (a FIFO, socket, device or broken "
+                    "link), never opened: %s", len(skipped),
+                    ", ".join(str(p) for p in skipped[:5]) + (" ..." if len(skipped) > 5 else ""))
     return DataSplits(
         train=FileImageDataset(train_files, train_labels, size, mean, std),
         val=FileImageDataset(val_files, val_labels, size, mean, std),
         classes=classes,
         source="imagefolder",
         image_size=size,
-        details={"root": str(root), "split": split, "train_images": len(train_files), "val_images": len(val_files)},
+        details=details,
     )
+
+
+def _split_where(folders: list[tuple[str, Path]]) -> str:
+    """Where a split's images are, for a message: its folder, or a class folder's split folder as a pattern."""
+    parents = {folder.parent for _, folder in folders}
+    if len(parents) == 1:
+        return str(parents.pop())
+    return str(folders[0][1].parent.parent / "<class>" / folders[0][1].name)
+
+
+def _require_two_classes(root: Path, classes: list[str], layout: str) -> None:
+    if len(classes) < 2:
+        raise DataError(
+            f"image folder {root} has one class ({classes[0]!r}; layout: {layout}); a classifier needs at least "
+            f"two: use {root}/<class>/<image>, or {root}/train/<class>/<image> with optional val/ and test/"
+        )
 
 
 # --------------------------------------------------------------------------- CIFAR-10
@@ -386,7 +529,9 @@ _SOURCES = {"synthetic": _synthetic, "imagefolder": _image_folder, "cifar10": _c
 
 def load(cfg, *, image_size: int, mean, std) -> DataSplits:
     """Load the configured data set at ``image_size``, normalised with ``mean``/``std``."""
-    return _SOURCES[cfg.source](cfg, image_size, mean, std)
+    splits = _SOURCES[cfg.source](cfg, image_size, mean, std)
+    splits.details["normalisation"] = {"mean": [float(v) for v in mean], "std": [float(v) for v in std]}
+    return splits
 
 
 def augment(images: torch.Tensor, generator: torch.Generator, pad: int = 4) -> torch.Tensor:

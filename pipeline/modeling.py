@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -15,14 +16,25 @@ from pipeline.run import RunDir, read_json, write_json
 
 
 def resolve_spec(cfg) -> models.ModelSpec:
-    """The registered spec of ``model.name`` (for a user factory: a provisional one until built)."""
+    """The spec ``model.name`` declares: its input size and normalisation, which the data is loaded with.
+
+    A user factory declares them on the module it returns, so it is called once here to read them; the same
+    declarations then reach the model card through :func:`build`, and every later stage reads the card.
+    """
     name = cfg.model.name
     if models.is_import_path(name):
-        return models.ModelSpec(name=name, input_size=(3, cfg.data.image_size or 224, cfg.data.image_size or 224),
-                                num_classes=cfg.model.num_classes or 0)
+        _, spec = _create(cfg, num_classes=cfg.model.num_classes, size=cfg.data.image_size)
+        return spec
     try:
         return models.get_spec(name)
     except models.UnknownModelError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _create(cfg, *, num_classes: int | None, size: int | None) -> tuple[nn.Module, models.ModelSpec]:
+    try:
+        return models.create_model(cfg.model.name, num_classes=num_classes, image_size=size)
+    except (models.UnknownModelError, models.InvalidModelError) as exc:
         raise UsageError(str(exc)) from None
 
 
@@ -51,12 +63,12 @@ def normalisation(cfg, spec: models.ModelSpec) -> tuple[tuple[float, ...], tuple
 
 def build(cfg, num_classes: int, size: int) -> tuple[nn.Module, models.ModelSpec]:
     """Instantiate the model for ``num_classes`` at ``size`` and check its output shape once."""
-    try:
-        module, spec = models.create_model(cfg.model.name, num_classes=num_classes, image_size=size)
-    except models.UnknownModelError as exc:
-        raise UsageError(str(exc)) from None
+    module, spec = _create(cfg, num_classes=num_classes, size=size)
     mean, std = normalisation(cfg, spec)
     spec = spec.with_overrides(mean=mean, std=std, num_classes=num_classes, input_size=(len(mean), size, size))
+    problem = _spec_problem(spec.to_dict())
+    if problem:
+        raise UsageError(f"model {cfg.model.name!r}: {problem}")
     module.eval()
     with torch.no_grad():
         try:
@@ -140,7 +152,12 @@ def _refusal(path: Path, what: str, text: str) -> str:
 
 
 def load_init_weights(module: nn.Module, path: str) -> dict:
-    """Load ``train.init_weights``; a classifier head of another size is replaced, anything else must fit."""
+    """Load ``train.init_weights``; a classifier head of another size is replaced, anything else must fit.
+
+    Every parameter and buffer except the classifier head must come from the file, and the file may hold
+    nothing the model lacks except one other classifier head: a file that matches little or nothing would
+    otherwise train from scratch while the run claims to start from it.
+    """
     state = load_state_dict_file(path)
     own = module.state_dict()
     head = classifier_head(module)
@@ -156,6 +173,7 @@ def load_init_weights(module: nn.Module, path: str) -> dict:
     if mismatched:
         raise InputError(f"{path} does not fit model: " + "; ".join(mismatched[:5])
                          + (f" (and {len(mismatched) - 5} more)" if len(mismatched) > 5 else ""))
+    _check_coverage(path, own, state, head_keys)
     result = module.load_state_dict(state, strict=False)
     missing = [k for k in result.missing_keys if k not in head_keys or not replaced]
     return {
@@ -164,6 +182,35 @@ def load_init_weights(module: nn.Module, path: str) -> dict:
         "unexpected_keys": list(result.unexpected_keys),
         "replaced_head": replaced,
     }
+
+
+def _check_coverage(path, own: dict, state: dict, head_keys: set[str]) -> None:
+    """Refuse weights that leave model keys other than the head unset, or hold keys other than a head."""
+    def listed(keys: list[str]) -> str:
+        return ", ".join(keys[:5]) + (f" (and {len(keys) - 5} more)" if len(keys) > 5 else "")
+
+    # BatchNorm fills in a missing num_batches_tracked itself (files saved before PyTorch 0.4.1 lack it).
+    missing = [k for k in own if k not in state and k not in head_keys and not k.endswith("num_batches_tracked")]
+    extra = [k for k in state if k not in own]
+    if missing or (extra and not _another_head(state, extra, head_keys)):
+        problems = []
+        if missing:
+            problems.append(f"{len(missing)} of the model's {len(own)} keys are not in the file: {listed(missing)}")
+        if extra:
+            problems.append(f"{len(extra)} keys of the file are not in the model: {listed(extra)}")
+        raise InputError(f"train.init_weights {path} does not match the model: " + "; ".join(problems)
+                         + f"; only the classifier head ({', '.join(sorted(head_keys)) or 'none found'}) may differ")
+
+
+def _another_head(state: dict, extra: list[str], head_keys: set[str]) -> bool:
+    """Whether the file's unmatched keys are one linear layer, a classifier head under another name, standing
+    in for the model's head (which the file then lacks)."""
+    prefixes = {k.rpartition(".")[0] for k in extra}
+    if len(prefixes) != 1 or head_keys & set(state):
+        return False
+    prefix = prefixes.pop()
+    weight = state.get(f"{prefix}.weight")
+    return set(extra) <= {f"{prefix}.weight", f"{prefix}.bias"} and weight is not None and weight.ndim == 2
 
 
 def write_card(run: RunDir, card: dict) -> None:
@@ -187,18 +234,23 @@ def _spec_problem(spec: dict) -> str | None:
         return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
 
     size = spec.get("input_size")
-    if not (isinstance(size, list) and len(size) == 3 and all(count(d, 1, 4096) for d in size)):
+    if not (isinstance(size, (list, tuple)) and len(size) == 3 and all(count(d, 1, 4096) for d in size)):
         return f"spec.input_size {size!r} is not [channels, height, width] of sizes 1..4096"
     if not count(spec.get("num_classes"), 1, 1_000_000):
         return f"spec.num_classes {spec.get('num_classes')!r} is not a positive class count"
     for key in ("input_name", "output_name"):
         if not isinstance(spec.get(key), str) or not spec.get(key):
             return f"spec.{key} {spec.get(key)!r} is not a tensor name"
+    if spec["input_name"] == spec["output_name"]:
+        return f"spec.input_name and spec.output_name are both {spec['input_name']!r}"
     for key in ("mean", "std"):
         values = spec.get(key)
-        if not (isinstance(values, list) and len(values) == size[0]
-                and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)):
-            return f"spec.{key} {values!r} is not {size[0]} numbers"
+        if not (isinstance(values, (list, tuple)) and len(values) == size[0]
+                and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                        for v in values)):
+            return f"spec.{key} {values!r} is not {size[0]} finite numbers"
+        if key == "std" and min(values) <= 0:
+            return f"spec.std {values!r} has a value <= 0"
     return None
 
 
