@@ -244,13 +244,7 @@ def emulation_model(fp16_model: onnx.ModelProto) -> onnx.ModelProto:
         for i, name in enumerate(node.input):
             if name in renamed_inputs:
                 node.input[i] = renamed_inputs[name]
-        for attr in node.attribute:
-            if node.op_type == "Cast" and attr.name == "to" and attr.i == FLOAT16:
-                attr.i = FLOAT
-            elif attr.type == onnx.AttributeProto.TENSOR and attr.t.data_type == FLOAT16:
-                attr.t.CopyFrom(_to_fp32(attr.t))
-            elif attr.name == "dtype" and attr.type == onnx.AttributeProto.INT and attr.i == FLOAT16:
-                attr.i = FLOAT
+        _attributes_to_fp32(node)
         rounding = []
         for i, out in enumerate(node.output):
             if out and types.get(out) == FLOAT16:
@@ -269,6 +263,17 @@ def emulation_model(fp16_model: onnx.ModelProto) -> onnx.ModelProto:
     model = helper.make_model(new_graph, opset_imports=list(fp16_model.opset_import), producer_name="pipeline.fp16")
     model.ir_version = fp16_model.ir_version
     return model
+
+
+def _attributes_to_fp32(node: onnx.NodeProto) -> None:
+    """FP16 in a node's attributes (Cast targets, constant tensors, dtype) becomes FP32, in place."""
+    for attr in node.attribute:
+        if node.op_type == "Cast" and attr.name == "to" and attr.i == FLOAT16:
+            attr.i = FLOAT
+        elif attr.type == onnx.AttributeProto.TENSOR and attr.t.data_type == FLOAT16:
+            attr.t.CopyFrom(_to_fp32(attr.t))
+        elif attr.name == "dtype" and attr.type == onnx.AttributeProto.INT and attr.i == FLOAT16:
+            attr.i = FLOAT
 
 
 def _copy(node: onnx.NodeProto) -> onnx.NodeProto:

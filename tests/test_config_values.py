@@ -13,7 +13,7 @@ from conftest import TINY, cli
 from pydantic import BaseModel
 
 from pipeline import config
-from pipeline.cli import summary
+from pipeline.stages import summary
 from pipeline.errors import EXIT_RUNTIME, EXIT_USAGE, ConfigError, StageFailed, disk_full
 from pipeline.run import RunDir
 
