@@ -86,9 +86,12 @@ class Stage:
     def line(self, entry: dict) -> str:
         """Its note in the end-of-run summary: its own summary of the details, else the skip or failure reason."""
         status = entry.get("status")
-        if status in ("failed", "interrupted"):  # the details of a stage that did not finish are partial
+        # A failed check (exit 1: verify's gate) finished its work, so its summary stands; otherwise the
+        # details of a stage that did not finish are partial, and its error is the note.
+        finished = status == "ok" or (status == "failed" and entry.get("exit_code") == 1)
+        if status in ("failed", "interrupted") and not finished:
             return " ".join(str(entry.get("error") or "see the error above").split())
-        if self.summary and status == "ok" and entry.get("details"):
+        if self.summary and finished and entry.get("details"):
             return self.summary(entry)
         return entry.get("reason") or ""
 

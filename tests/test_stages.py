@@ -146,7 +146,8 @@ def test_summary_lines_come_from_each_stage(tmp_path):
     run.manifest["stages"] = {
         "train": {"status": "ok", "details": {"best_val_acc": 0.5, "epochs": 2, "amp": "bf16"}},
         "build": {"status": "skipped", "reason": "TensorRT is not installed", "details": {}},
-        "verify": {"status": "failed", "details": {"candidates": {"onnxrt_fp32": "passed", "onnxrt_fp16_cpu": "failed"}}},
+        "verify": {"status": "failed", "exit_code": 1,  # the gate failed: its verdicts are complete
+                   "details": {"candidates": {"onnxrt_fp32": "passed", "onnxrt_fp16_cpu": "failed"}}},
     }
     lines = stages.summary(run).splitlines()
     assert lines[1] == f"run directory: {tmp_path}"
