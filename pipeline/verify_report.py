@@ -183,7 +183,8 @@ def build_payload(cfg, card, candidates, localization, fallback, verdict, sample
                 "label": c.label,
                 "precision": c.precision,
                 "artifact": c.artifact,
-                "artifact_sha256": hashes.get(c.artifact) if c.status in ("passed", "failed") else None,
+                "artifact_sha256": (hashes.get(c.artifact or artifacts.WEIGHTS) if c.status in ("passed", "failed")
+                                    else None),
                 "required": c.required,
                 "status": c.status,
                 "reason": c.result.get("reason"),
@@ -276,8 +277,9 @@ def read_verdicts(run_dir: RunDir) -> dict | None:
         weights = payload["reference"].get("weights_sha256")
     except Exception:  # a damaged report only loses the verdicts; verify itself reports the damage
         return None
-    # The artifact of each candidate comes from the backend table, never from the file's own claim.
-    artifact_of = {b.candidate: b.artifact for b in backends.candidates()}
+    # The artifact of each candidate comes from the backend table, never from the file's own claim
+    # (a candidate without one runs the trained PyTorch model: its artifact is the weights).
+    artifact_of = {b.candidate: b.artifact or artifacts.WEIGHTS for b in backends.candidates()}
     current = functools.cache(lambda name: sha256_file(run_dir.file(name)) if run_dir.file(name).is_file() else None)
     verdicts = {}
     for name, status, recorded in cases:
