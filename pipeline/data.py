@@ -438,7 +438,7 @@ def content_summary(data_cfg) -> dict:
     return {"source": data_cfg.source, "root": str(root), "folders": top, "files": files, "sha256": digest.hexdigest()}
 
 
-def check_classes(card: dict, classes: list[str], consumer: str) -> None:
+def check_classes(card: dict, classes: list[str]) -> None:
     """The data's classes must be the ones the model was trained on (the model card's), in the same order."""
     trained = card.get("classes")
     if trained is None or list(trained) == list(classes):
@@ -447,16 +447,16 @@ def check_classes(card: dict, classes: list[str], consumer: str) -> None:
     gone = [c for c in trained if c not in classes]
     what = "; ".join(part for part in (f"new in the data: {', '.join(added)}" if added else "",
                                        f"missing from the data: {', '.join(gone)}" if gone else "") if part)
-    raise DataError(f"{consumer}: the data has classes {list(classes)}, but the model was trained on "
+    raise DataError(f"the data has classes {list(classes)}, but the model was trained on "
                     f"{list(trained)} ({what or 'same names, other order'}); re-run train")
 
 
-def labelled_validation_batch(cfg, card: dict, count: int, consumer: str) -> tuple[np.ndarray, np.ndarray]:
+def labelled_validation_batch(cfg, card: dict, count: int) -> tuple[np.ndarray, np.ndarray]:
     """:func:`validation_batch` for a consumer that judges with the labels: refuses data whose classes
     differ from the model card's (a 2-class model against 3-class labels judges nothing)."""
     spec = card["spec"]
     splits = load(cfg.data, image_size=spec["input_size"][1], mean=spec["mean"], std=spec["std"])
-    check_classes(card, splits.classes, consumer)
+    check_classes(card, splits.classes)
     n = min(count, len(splits.val))
     x, y = collate(fetch_items(splits.val, list(range(n))))
     return x.numpy().astype("float32"), y.numpy()

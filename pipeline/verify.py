@@ -222,7 +222,7 @@ def _load_graphs(cfg, run_dir: RunDir, spec: dict, hashes: dict) -> tuple[onnx.M
 
 def _evidence(cfg, card: dict, model) -> Evidence:
     spec = card["spec"]
-    images, labels = data.labelled_validation_batch(cfg, card, cfg.verify.samples, "verify")
+    images, labels = data.labelled_validation_batch(cfg, card, cfg.verify.samples)
     bs = cfg.verify.batch_size
     feeds = [{spec["input_name"]: images[i : i + bs]} for i in range(0, len(images), bs)]
     log.info("verify: %d validation images in %d batches; reference %s", len(images), len(feeds), REFERENCE)

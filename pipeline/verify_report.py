@@ -274,7 +274,7 @@ def read_verdicts(run_dir: RunDir) -> dict | None:
     try:
         payload = read_json(path, "verify report")
         cases = [(c["name"], c["status"], c.get("artifact_sha256")) for c in payload.get("candidates", [])]
-        weights = payload["reference"].get("weights_sha256")
+        weights = (payload.get("reference") or {}).get("weights_sha256")
     except Exception:  # a damaged report only loses the verdicts; verify itself reports the damage
         return None
     # The artifact of each candidate comes from the backend table, never from the file's own claim
