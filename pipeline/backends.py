@@ -94,12 +94,21 @@ def _always(ctx: Context) -> str:
 
 
 def _needs_fp16(ctx: Context) -> str:
-    return "" if ctx.fp16_model is not None else NO_FP16
+    """"" with an FP16 model; the reason without one, only when the config says export writes none.
+
+    When ``export.fp16.enabled`` is true, a missing ``model.fp16.onnx`` is an :class:`InputError`
+    ("run export first"): skipping its candidates would pass a gate that checked nothing.
+    """
+    if ctx.fp16_model is not None:
+        return ""
+    if ctx.cfg.export.fp16.enabled:
+        ctx.run_dir.require(FP16_ONNX, "export", ctx.stage)  # raises: the file is missing
+    return NO_FP16
 
 
 def _cuda_ort(fp16_graph: bool) -> Callable[[Context], str]:
     def check(ctx: Context) -> str:
-        if fp16_graph and ctx.fp16_model is None:
+        if fp16_graph and _needs_fp16(ctx):
             return NO_FP16
         ok, reason = env.cuda_status()
         if not ok:
@@ -120,8 +129,9 @@ def _tensorrt_unavailable(ctx: Context) -> str:
     ok, reason = build.availability()
     if not ok:
         return reason
-    if not ctx.run_dir.file(ENGINE).exists():
-        return f"no {ENGINE}: run `python -m pipeline build --run-dir {ctx.run_dir.path}`"
+    # TensorRT can run here, so build writes an engine: a missing one is "run build first" (exit 2),
+    # never a skipped candidate that lets the gate pass without it.
+    ctx.run_dir.require(ENGINE, "build", ctx.stage)
     return ""
 
 

@@ -79,16 +79,25 @@ def io_names(model: onnx.ModelProto) -> tuple[list[str], list[str]]:
     return inputs, [o.name for o in model.graph.output]
 
 
-def input_shape(model: onnx.ModelProto, name: str) -> list[int | str | None]:
-    for value in model.graph.input:
+def _shape(values, name: str) -> list[int | str | None]:
+    for value in values:
         if value.name == name:
             dims = value.type.tensor_type.shape.dim
             return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in dims]
     raise KeyError(name)
 
 
+def input_shape(model: onnx.ModelProto, name: str) -> list[int | str | None]:
+    return _shape(model.graph.input, name)
+
+
+def output_shape(model: onnx.ModelProto, name: str) -> list[int | str | None]:
+    return _shape(model.graph.output, name)
+
+
 def check_matches_spec(model: onnx.ModelProto, path: Path, spec: dict) -> None:
-    """The ONNX file's input must be what the model card says (name, channels, height, width)."""
+    """The ONNX file's input and output must be what the model card says (names; input channels, height and
+    width; output ``[batch, num_classes]``), else one InputError ending "re-run export"."""
     inputs, outputs = io_names(model)
     if inputs != [spec["input_name"]]:
         raise InputError(f"{path} has inputs {inputs}, but the model card expects [{spec['input_name']!r}]; re-run export")
@@ -98,7 +107,16 @@ def check_matches_spec(model: onnx.ModelProto, path: Path, spec: dict) -> None:
         raise InputError(f"{path} input {spec['input_name']!r} has shape {shape}, but the model expects "
                          f"[batch, {', '.join(map(str, expected))}]; re-run export")
     if outputs != [spec["output_name"]]:
-        raise InputError(f"{path} has outputs {outputs}, but the model card expects [{spec['output_name']!r}]")
+        raise InputError(f"{path} has outputs {outputs}, but the model card expects [{spec['output_name']!r}]; "
+                         "re-run export")
+    # Checked here, before anything runs: a graph from another run (other classes) otherwise ends in a
+    # NumPy broadcast error deep inside the comparison.
+    out = output_shape(model, spec["output_name"])
+    classes = spec["num_classes"]
+    if out and (len(out) != 2 or (isinstance(out[1], int) and out[1] != classes)):  # []: no static shape
+        raise InputError(f"{path} output {spec['output_name']!r} has shape {out}, but the model card expects "
+                         f"[batch, {classes}] (logits for {classes} classes); the file is from another model or "
+                         "run: re-run export")
 
 
 def mark_all_outputs(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -5,8 +5,8 @@ generic over :data:`STAGES`. :func:`open_run` is the context every stage runs in
 environment); :func:`run_all` from Python is exactly ``python -m pipeline all``.
 
 ``all`` calls exactly the same stage functions as the subcommands. With nothing changed, a
-stage whose fingerprint (its config sections, the sha256 of its input artifacts, the code
-and library versions, and the relevant hardware) matches the manifest, and whose recorded
+stage whose fingerprint (its config sections, a summary of the data's files where it reads data,
+the sha256 of its input artifacts, the code and library versions, and the relevant hardware) matches the manifest, and whose recorded
 outputs still hash the same, is skipped; a change re-runs that stage and, through the new
 artifact hashes, everything downstream of it.
 """
@@ -206,6 +206,10 @@ def fingerprint(stage: Stage, cfg, run: RunDir) -> str:
         # when it reproduced byte-identical outputs.
         "upstream_runs": {name: (run.stage_entry(name) or {}).get("run_id") for name in stage.after},
     }
+    if "data" in stage.config_keys:  # the data's content, not only its config: a new class folder re-trains
+        from pipeline.data import content_summary
+
+        payload["data"] = content_summary(cfg.data)
     if stage.name == "benchmark":
         from pipeline.verify_report import read_verdicts
 

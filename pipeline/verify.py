@@ -36,11 +36,11 @@ import numpy as np
 import onnx
 
 from pipeline import backends, data, export, fp16, localize, modeling, onnx_io
-from pipeline.artifacts import FALLBACK_CANDIDATE
+from pipeline.artifacts import FALLBACK_CANDIDATE, WEIGHTS
 from pipeline import verify_report as report
 from pipeline.backends import Backend, Context
 from pipeline.errors import BackendUnavailable, CheckFailed, InputError, StageFailed
-from pipeline.run import RunDir, StageRecord
+from pipeline.run import RunDir, StageRecord, sha256_file
 from pipeline.runners import TorchRunner, collect
 
 log = logging.getLogger("pipeline")
@@ -165,11 +165,24 @@ def _judge(chk: Check, ctx: Context, evidence: Evidence, gate: dict) -> dict:
         raise
     except Exception as exc:  # a candidate that cannot run is an "error" row, not a dead stage
         return {"status": "error", "reason": report.error_reason(exc)}
-    if evidence.output_name not in outputs[0]:
-        return {"status": "error", "reason": report.wrong_outputs(list(outputs[0]), evidence.output_name)}
+    problem = _output_problem(chk, outputs, evidence)
+    if problem:
+        return {"status": "error", "reason": problem}
     result = compare(outputs, evidence.reference, evidence.labels, gate, evidence.output_name)
     result["status"] = "passed" if result["passed"] else "failed"
     return result
+
+
+def _output_problem(chk: Check, outputs: list[dict], evidence: Evidence) -> str:
+    """A missing output is the candidate's error; an output of another shape than the reference's (a graph
+    without static shapes, from another run) is an InputError, before NumPy fails to broadcast them."""
+    name = evidence.output_name
+    if name not in outputs[0]:
+        return report.wrong_outputs(list(outputs[0]), name)
+    got, want = tuple(outputs[0][name].shape[1:]), tuple(evidence.reference[0][name].shape[1:])
+    if got != want:
+        raise InputError(report.wrong_output_shape(chk.name, chk.artifact, got, want))
+    return ""
 
 
 def _verdict(checks: list[Check]) -> dict:
@@ -184,21 +197,32 @@ def _verdict(checks: list[Check]) -> dict:
 # --------------------------------------------------------------------------- the stage
 
 
-def _load_graphs(run_dir: RunDir, spec: dict) -> tuple[onnx.ModelProto, onnx.ModelProto | None]:
+def _load_graphs(cfg, run_dir: RunDir, spec: dict, hashes: dict) -> tuple[onnx.ModelProto, onnx.ModelProto | None]:
+    """Both graphs, checked against the model card; ``hashes`` gets the sha256 of each file as it is read.
+
+    A ``model.fp16.onnx`` the config says export writes (``export.fp16.enabled``) must be there: its
+    candidates skipped for want of it would let the gate pass without checking FP16 at all.
+    """
     fp32_path = run_dir.require(export.FP32_ONNX, "export", "verify")
+    hashes[export.FP32_ONNX] = sha256_file(fp32_path)
     fp32_model = onnx_io.load(fp32_path)
     onnx_io.check_matches_spec(fp32_model, fp32_path, spec)
     fp16_path = run_dir.file(export.FP16_ONNX)
+    if cfg.export.fp16.enabled:
+        run_dir.require(export.FP16_ONNX, "export", "verify")
     fp16_model = None
     if fp16_path.exists():
+        hashes[export.FP16_ONNX] = sha256_file(fp16_path)
         fp16_model = onnx_io.load(fp16_path, "FP16 ONNX model")
         onnx_io.check_matches_spec(fp16_model, fp16_path, spec)
+    if run_dir.file(backends.ENGINE).is_file():  # loaded (through its sidecar check) by its runner
+        hashes[backends.ENGINE] = sha256_file(run_dir.file(backends.ENGINE))
     return fp32_model, fp16_model
 
 
 def _evidence(cfg, card: dict, model) -> Evidence:
     spec = card["spec"]
-    images, labels = data.validation_batch(cfg, card, cfg.verify.samples)
+    images, labels = data.labelled_validation_batch(cfg, card, cfg.verify.samples)
     bs = cfg.verify.batch_size
     feeds = [{spec["input_name"]: images[i : i + bs]} for i in range(0, len(images), bs)]
     log.info("verify: %d validation images in %d batches; reference %s", len(images), len(feeds), REFERENCE)
@@ -210,10 +234,14 @@ def _evidence(cfg, card: dict, model) -> Evidence:
 def run(cfg, run_dir: RunDir, record: StageRecord, *, auto_fallback: bool = False) -> None:
     model, card = modeling.load_trained(cfg, run_dir, "verify")
     spec = card["spec"]
-    fp32_model, fp16_model = _load_graphs(run_dir, spec)
+    hashes = {WEIGHTS: sha256_file(run_dir.file(WEIGHTS))}  # what each verdict is about (benchmark checks them)
+    fp32_model, fp16_model = _load_graphs(cfg, run_dir, spec, hashes)
     evidence = _evidence(cfg, card, model)
     ctx = Context(cfg, run_dir, "verify", spec, model=model, fp16=fp16_model)
     checks = plan(cfg, ctx)
+    nonfinite = _nonfinite(evidence)
+    if nonfinite:
+        _refuse_broken_reference(cfg, card, run_dir, record, checks, evidence, nonfinite, hashes)
     for chk in checks:
         check(chk, cfg, ctx, evidence)
         report.log_check(chk)
@@ -230,9 +258,11 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, auto_fallback: bool = Fals
     if failing_fp16 and auto_fallback and not export_broken:
         fallback = auto_fallback_loop(cfg, run_dir, card, ctx, fp32_model, evidence, checks, localization)
 
+    if fallback and fallback["passed"]:  # the rechecked FP16 candidates judged the replacement
+        hashes[export.FP16_ONNX] = sha256_file(run_dir.file(export.FP16_ONNX))
     verdict = _verdict(checks)
     payload = report.build_payload(cfg, card, checks, localization, fallback, verdict, len(evidence.labels),
-                                   cfg.verify.batch_size)
+                                   cfg.verify.batch_size, hashes=hashes)
     for p in report.write_all(run_dir, payload):
         record.artifact(p.name)
     record.details.update({
@@ -245,6 +275,29 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, auto_fallback: bool = Fals
     })
     _raise_for(verdict, localization, export_broken, suggest_fallback=bool(failing_fp16) and not auto_fallback)
     log.info("verify: passed (%s)", ", ".join(f"{c.name} {c.status}" for c in checks))
+
+
+def _nonfinite(evidence: Evidence) -> int:
+    """How many validation images the reference itself gives NaN/Inf logits for."""
+    return int(sum((~np.isfinite(r[evidence.output_name])).any(axis=1).sum() for r in evidence.reference))
+
+
+def _refuse_broken_reference(cfg, card, run_dir: RunDir, record: StageRecord, checks: list[Check],
+                             evidence: Evidence, nonfinite: int, hashes: dict) -> None:
+    """The trained model's own FP32 output is NaN/Inf: no candidate can be judged against it, and the
+    fault is the training's, not the export's. The reports say so; the gate fails (exit 1)."""
+    reason = report.reference_nonfinite_reason(nonfinite, len(evidence.labels))
+    for chk in checks:
+        chk.result = {"status": "skipped", "reason": reason, "tolerance": gate_for(cfg, chk.name, chk.precision)}
+        report.log_check(chk)
+    payload = report.build_payload(cfg, card, checks, None, None, {"passed": False}, len(evidence.labels),
+                                   cfg.verify.batch_size, hashes=hashes, reference_nonfinite=nonfinite)
+    for p in report.write_all(run_dir, payload):
+        record.artifact(p.name)
+    record.details.update({"passed": False, "candidates": {c.name: c.status for c in checks},
+                           "samples": len(evidence.labels), "reference_nonfinite": nonfinite,
+                           "fallback": None, "replaced_artifacts": []})
+    raise CheckFailed(report.reference_nonfinite_message(nonfinite, len(evidence.labels)))
 
 
 def _raise_for(verdict: dict, localization, export_broken: bool, suggest_fallback: bool) -> None:

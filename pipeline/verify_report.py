@@ -7,19 +7,21 @@ GitHub Actions job shows the table on its summary page.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from pipeline import artifacts, env, tables
-from pipeline.run import RunDir, atomic_write, now, read_json, write_json
+from pipeline import artifacts, backends, env, tables
+from pipeline.run import RunDir, atomic_write, now, read_json, sha256_file, write_json
 from pipeline.tables import fmt
 
 log = logging.getLogger("pipeline")
 
 SCHEMA = "pipeline.verify/1"
+NOT_VERIFIED = "not verified"
 JSON, MARKDOWN, JUNIT = artifacts.VERIFY_JSON, artifacts.VERIFY_MD, artifacts.VERIFY_JUNIT
 
 
@@ -46,6 +48,23 @@ def error_reason(exc: BaseException) -> str:
 
 def wrong_outputs(produced: list[str], expected: str) -> str:
     return f"candidate produced {produced}, not {expected!r}"
+
+
+def wrong_output_shape(name: str, artifact: str | None, got: tuple, want: tuple) -> str:
+    return (f"{name}: {artifact or 'the candidate'} gives outputs of shape [batch, {', '.join(map(str, got))}], "
+            f"but the trained model gives [batch, {', '.join(map(str, want))}]; the file is from another model or "
+            "run: re-run export")
+
+
+def reference_nonfinite_reason(nonfinite: int, samples: int) -> str:
+    return (f"not compared: the reference (PyTorch FP32, eval mode) gives NaN/Inf logits for {nonfinite} of "
+            f"{samples} validation images")
+
+
+def reference_nonfinite_message(nonfinite: int, samples: int) -> str:
+    return (f"the trained model itself (PyTorch FP32, eval mode) produces NaN/Inf logits for {nonfinite} of "
+            f"{samples} validation images, so no candidate could be judged; the export is not at fault. "
+            "Re-train (e.g. lower train.lr, or train.amp=off), then re-run export and verify")
 
 
 def describe_failure(result: dict, gate: dict) -> str:
@@ -142,14 +161,20 @@ def _clean(value):
     return value
 
 
-def build_payload(cfg, card, candidates, localization, fallback, verdict, samples: int, batch_size: int) -> dict:
+def build_payload(cfg, card, candidates, localization, fallback, verdict, samples: int, batch_size: int, *,
+                  hashes: dict, reference_nonfinite: int = 0) -> dict:
+    """verify.json. ``hashes`` maps each artifact verify read to its sha256: the reference records its
+    weights', each candidate that reached a verdict the file it judged (benchmark shows a verdict only
+    while those still match the files it times)."""
+    reference = {"name": "torch_fp32", "precision": "fp32", "device": "cpu",
+                 "what": "the trained PyTorch model in FP32 (eval mode)", "weights": artifacts.WEIGHTS,
+                 "weights_sha256": hashes.get(artifacts.WEIGHTS), "nonfinite": reference_nonfinite}
     return _clean({
         "schema": SCHEMA,
         "created": now(),
         "passed": verdict["passed"],
         "model": cfg.model.name,
-        "reference": {"name": "torch_fp32", "precision": "fp32", "device": "cpu",
-                      "what": "the trained PyTorch model in FP32 (eval mode)"},
+        "reference": reference,
         "inputs": {"what": "real validation images", "source": cfg.data.source, "samples": samples,
                    "batch_size": batch_size, "input_shape": ["batch", *card["spec"]["input_size"]]},
         "candidates": [
@@ -158,6 +183,8 @@ def build_payload(cfg, card, candidates, localization, fallback, verdict, sample
                 "label": c.label,
                 "precision": c.precision,
                 "artifact": c.artifact,
+                "artifact_sha256": (hashes.get(c.artifact or artifacts.WEIGHTS) if c.status in ("passed", "failed")
+                                    else None),
                 "required": c.required,
                 "status": c.status,
                 "reason": c.result.get("reason"),
@@ -186,8 +213,14 @@ def junit(payload: dict) -> str:
     failures = sum(1 for c in cases if c["status"] == "failed")
     errors = sum(1 for c in cases if c["status"] == "error" or (c["required"] and c["status"] == "skipped"))
     skipped = sum(1 for c in cases if c["status"] == "skipped" and not c["required"])
-    suite = ET.Element("testsuite", name="pipeline.verify", tests=str(len(cases)), failures=str(failures),
-                       errors=str(errors), skipped=str(skipped), timestamp=payload["created"])
+    broken_reference = payload["reference"].get("nonfinite", 0)
+    suite = ET.Element("testsuite", name="pipeline.verify", tests=str(len(cases) + bool(broken_reference)),
+                       failures=str(failures + bool(broken_reference)), errors=str(errors), skipped=str(skipped),
+                       timestamp=payload["created"])
+    if broken_reference:  # every candidate is skipped: the failure is the reference's own
+        case = ET.SubElement(suite, "testcase", classname=f"verify.{payload['model']}", name="torch_fp32_reference")
+        ET.SubElement(case, "failure", type="ReferenceNonFinite",
+                      message=f"the trained model gives NaN/Inf logits for {broken_reference} validation images")
     for c in cases:
         case = ET.SubElement(suite, "testcase", classname=f"verify.{payload['model']}", name=c["name"])
         t, k, tol = c.get("tensor_check") or {}, c.get("task_check") or {}, c.get("tolerance") or {}
@@ -227,14 +260,33 @@ def write_all(run_dir: RunDir, payload: dict) -> list[Path]:
 
 
 def read_verdicts(run_dir: RunDir) -> dict | None:
-    """verify.json's status per candidate name; None when there is no readable verify.json.
+    """verify.json's status per candidate name, for the files in the run directory now; None when there is
+    no readable verify.json.
 
-    The one reader of verify's verdicts (benchmark's verify column, benchmark's fingerprint, the report).
+    A verdict ("passed"/"failed") stands only while the sha256 verify recorded for the candidate's artifact
+    and for the reference's weights match the files here; otherwise (re-trained, re-exported, a model.onnx
+    copied in, or a verify.json from before hashes were recorded) it reads "not verified". The one reader
+    of verify's verdicts (benchmark's verify column, benchmark's fingerprint).
     """
     path = run_dir.file(JSON)
     if not path.exists():
         return None
     try:
-        return {c["name"]: c["status"] for c in read_json(path, "verify report").get("candidates", [])}
+        payload = read_json(path, "verify report")
+        cases = [(c["name"], c["status"], c.get("artifact_sha256")) for c in payload.get("candidates", [])]
+        weights = (payload.get("reference") or {}).get("weights_sha256")
     except Exception:  # a damaged report only loses the verdicts; verify itself reports the damage
         return None
+    # The artifact of each candidate comes from the backend table, never from the file's own claim
+    # (a candidate without one runs the trained PyTorch model: its artifact is the weights).
+    artifact_of = {b.candidate: b.artifact or artifacts.WEIGHTS for b in backends.candidates()}
+    current = functools.cache(lambda name: sha256_file(run_dir.file(name)) if run_dir.file(name).is_file() else None)
+    verdicts = {}
+    for name, status, recorded in cases:
+        if status in ("passed", "failed"):
+            artifact = artifact_of.get(name)
+            fresh = (weights is not None and weights == current(artifacts.WEIGHTS) and artifact is not None
+                     and recorded is not None and recorded == current(artifact))
+            status = status if fresh else NOT_VERIFIED
+        verdicts[name] = status
+    return verdicts

@@ -11,7 +11,7 @@ from polygraphy import config as polygraphy_config
 from conftest import TINY
 from pipeline import backends, config, stages
 from pipeline.errors import CheckFailed
-from pipeline.run import RunDir
+from pipeline.run import RunDir, sha256_file
 from pipeline.runners import OrtRunner, ReferenceRunner, TorchRunner
 
 
@@ -147,7 +147,16 @@ def test_read_verdicts(tmp_path):
 
     run = RunDir(tmp_path)
     assert read_verdicts(run) is None
+    # A verdict stands only with the sha256 of what it judged (issue 13): a report without them verifies nothing.
     (tmp_path / "verify.json").write_text('{"candidates": [{"name": "onnxrt_fp32", "status": "passed"}]}')
-    assert read_verdicts(run) == {"onnxrt_fp32": "passed"}
+    assert read_verdicts(run) == {"onnxrt_fp32": "not verified"}
+    (tmp_path / "model.onnx").write_bytes(b"onnx")
+    (tmp_path / "model.safetensors").write_bytes(b"weights")
+    hashes = {name: sha256_file(tmp_path / name) for name in ("model.onnx", "model.safetensors")}
+    (tmp_path / "verify.json").write_text(json.dumps({
+        "reference": {"weights_sha256": hashes["model.safetensors"]},
+        "candidates": [{"name": "onnxrt_fp32", "status": "passed", "artifact_sha256": hashes["model.onnx"]},
+                       {"name": "onnxrt_fp16_cpu", "status": "skipped", "artifact_sha256": None}]}))
+    assert read_verdicts(run) == {"onnxrt_fp32": "passed", "onnxrt_fp16_cpu": "skipped"}
     (tmp_path / "verify.json").write_text("{not json")
     assert read_verdicts(run) is None
