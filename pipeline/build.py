@@ -10,7 +10,8 @@ verify assumed) and is recorded.
 The engine file stays a plain serialized engine; everything about it lives in the sidecar
 ``model.fp16.engine.json``. An engine is executable code: :func:`load_engine_bytes` refuses any
 engine whose sidecar is missing, was not written by this tool, whose sha256 no longer matches,
-or that was built for another GPU or TensorRT version.
+or that was built for another GPU or TensorRT version, and any engine whose sha256 the build stage
+did not record in the manifest.
 """
 
 from __future__ import annotations
@@ -206,4 +207,21 @@ def load_engine_bytes(run_dir: RunDir, platform: dict | None = None) -> tuple[by
         raise InputError(f"{engine_path} does not exist; run `python -m pipeline build --run-dir {run_dir.path}`")
     data = engine_path.read_bytes()
     sidecar = check_sidecar(engine_path, data, run_dir.file(SIDECAR), platform or current_platform())
+    check_recorded(run_dir, engine_path, hashlib.sha256(data).hexdigest())
     return data, sidecar
+
+
+def check_recorded(run_dir: RunDir, engine_path: Path, sha256: str) -> None:
+    """The engine must be the one the build stage recorded in the manifest (sha256 of these bytes).
+
+    A sidecar alone proves nothing: anyone who can put an engine in the run directory can write a sidecar
+    with its hash and a guessed GPU and TensorRT version. The manifest entry is written only by a build
+    that ran here; the run directory itself is the trust boundary (docs/run-directory.md).
+    """
+    entry = run_dir.stage_entry("build") or {}
+    recorded = (entry.get("artifacts") or {}).get(ENGINE, {}).get("sha256") if entry.get("status") == "ok" else None
+    if recorded != sha256:
+        why = "no build is recorded" if recorded is None else f"the build recorded sha256 {recorded[:12]}..."
+        raise InputError(f"{engine_path.name} (sha256 {sha256[:12]}...) is not the engine the build stage recorded in "
+                         f"the manifest ({why}); only engines this tool built here are loaded (an engine is "
+                         f"executable code); rebuild it with `python -m pipeline build --run-dir {run_dir.path}`")

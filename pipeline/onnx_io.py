@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import onnx
@@ -25,9 +26,45 @@ def _external_tensors(model: onnx.ModelProto):
             if t.data_location == onnx.TensorProto.EXTERNAL]
 
 
+def _attribute_tensors(attr: onnx.AttributeProto) -> Iterator[onnx.TensorProto]:
+    if attr.HasField("t"):
+        yield attr.t
+    yield from attr.tensors
+    sparse = ([attr.sparse_tensor] if attr.HasField("sparse_tensor") else []) + list(attr.sparse_tensors)
+    for tensor in sparse:
+        yield from (tensor.values, tensor.indices)
+    for graph in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+        yield from _graph_tensors(graph)
+
+
+def _graph_tensors(graph: onnx.GraphProto) -> Iterator[onnx.TensorProto]:
+    yield from graph.initializer
+    for sparse in graph.sparse_initializer:
+        yield from (sparse.values, sparse.indices)
+    for node in graph.node:
+        for attr in node.attribute:
+            yield from _attribute_tensors(attr)
+
+
+def all_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    """Every tensor a runtime may read: initializers, sparse initializers (values and indices), and the
+    tensors in node attributes, in subgraphs (If/Loop/Scan bodies) and in model-local functions.
+
+    ``onnx.external_data_helper`` walks initializers and attributes only; ONNX Runtime also reads a sparse
+    initializer's external data, so the location check must see all of them.
+    """
+    yield from _graph_tensors(model.graph)
+    for function in model.functions:
+        for node in function.node:
+            for attr in node.attribute:
+                yield from _attribute_tensors(attr)
+
+
 def _check_locations(model: onnx.ModelProto, path: Path) -> None:
     base = path.parent.resolve()
-    for tensor in _external_tensors(model):
+    for tensor in all_tensors(model):
+        if tensor.data_location != onnx.TensorProto.EXTERNAL and not tensor.external_data:
+            continue
         info = {entry.key: entry.value for entry in tensor.external_data}
         location = info.get("location", "")
         target = Path(location)

@@ -50,6 +50,36 @@ def _fsync_dir(directory: Path) -> None:
             os.close(fd)
 
 
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # absent on Windows, which is not a supported platform
+
+
+def refuse_symlink(path: Path) -> None:
+    """A file the pipeline writes or locks must not be a symbolic link: writing through one would
+    change a file outside the run directory (the link's target), so it is refused, never followed."""
+    if path.is_symlink():
+        raise UsageError(f"refusing to write {path}: it is a symbolic link (to {os.readlink(path)}); the run "
+                         "directory holds plain files only: remove the link or use another --run-dir")
+
+
+def _open_error(path: Path, exc: OSError) -> PipelineError:
+    """``ELOOP`` from ``O_NOFOLLOW`` is a symbolic link that appeared after :func:`refuse_symlink` looked."""
+    if exc.errno == errno.ELOOP:
+        return UsageError(f"refusing to write {path}: it is a symbolic link; the run directory holds plain "
+                          "files only: remove the link or use another --run-dir")
+    return _write_error(path, exc)
+
+
+def open_append(path: str | Path):
+    """``path`` opened for appending text (created if missing), never through a symbolic link."""
+    path = Path(path)
+    refuse_symlink(path)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | NOFOLLOW, 0o666)
+    except OSError as exc:
+        raise _open_error(path, exc) from None
+    return os.fdopen(fd, "a", encoding="utf-8")
+
+
 TEMP_PREFIX = "."
 TEMP_SUFFIX = ".tmp"
 
@@ -87,6 +117,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     mid-write leaves a ``.<name>.*.tmp`` file, which the next :meth:`RunDir.locked` removes.
     """
     path = Path(path)
+    refuse_symlink(path)
     try:
         fd, tmp_name = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
     except OSError as exc:
@@ -95,9 +126,13 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     tmp = Path(tmp_name)
     try:
         yield tmp
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.chmod(tmp, _final_mode(path))
+        fd = os.open(tmp, os.O_RDWR | NOFOLLOW)  # the writer left a plain file here, not a link to one
+        try:
+            os.fsync(fd)
+            os.fchmod(fd, _final_mode(path))
+        finally:
+            os.close(fd)
+        refuse_symlink(path)  # planted while the writer ran: never replace, never follow
         os.replace(tmp, path)
         _fsync_dir(path.parent)
     except OSError as exc:
@@ -201,6 +236,7 @@ class RunDir:
         elif not self.path.is_dir():
             raise InputError(f"run directory {self.path} does not exist")
         self._lock_fd: int | None = None
+        self.config_to_save = None  # what config.yaml gets when the command succeeds (pipeline.stages.open_run)
         self.manifest = self._load_manifest()
 
     # ------------------------------------------------------------------ manifest
@@ -210,8 +246,11 @@ class RunDir:
         if not path.exists():
             return {"schema": SCHEMA, "created": now(), "stages": {}}
         data = read_json(path, "manifest")
-        if not isinstance(data, dict) or data.get("schema") != SCHEMA or not isinstance(data.get("stages"), dict):
+        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
             raise InputError(f"{path} is not a pipeline manifest; move it away or use another --run-dir")
+        from pipeline import manifest
+
+        manifest.validate(data, path)
         return data
 
     def save_manifest(self) -> None:
@@ -242,9 +281,12 @@ class RunDir:
         import fcntl
 
         lock_path = self.path / LOCK
+        refuse_symlink(lock_path)
         try:
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o644)
         except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise _open_error(lock_path, exc) from None
             raise UsageError(f"run directory {self.path} is not writable: {exc.strerror or exc}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

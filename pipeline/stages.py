@@ -238,22 +238,70 @@ def up_to_date(stage: Stage, cfg, run: RunDir) -> tuple[bool, str]:
 
 @contextlib.contextmanager
 def open_run(cfg, run_dir: str | Path, *, save=None) -> Iterator[RunDir]:
-    """The run directory, locked, with its config.yaml and the environment recorded; what every stage runs in.
+    """The run directory, locked, with the environment recorded; what every stage runs in.
 
     The model name is checked first, so a typo creates nothing. ``save`` is the config that config.yaml
     keeps (default ``cfg``); the command line passes the one without this invocation's ``--require`` flags.
-    A second process on the same directory gets a :class:`UsageError` naming the holder.
+    It is saved only when it produced something: after each stage that ends normally and when the
+    command succeeds (or at once in a new run directory), so the overrides of a failed command never
+    become the next run's config. A second process on the same directory gets a :class:`UsageError`.
     """
-    from pipeline import config as config_mod
     from pipeline import modeling
 
     modeling.check_model_name(cfg)
     run = RunDir(run_dir)
-    run.manifest["model"] = cfg.model.name
     with run.locked():
-        atomic_write(run.file(a.CONFIG), config_mod.dump_yaml(save if save is not None else cfg))
+        run.config_to_save = save if save is not None else cfg
+        if not run.file(a.CONFIG).exists() and not run.file(a.CONFIG).is_symlink():
+            save_config(run)  # a new run directory: the next command must not fall back to the defaults
         record_environment(run)
         yield run
+        save_config(run)
+
+
+def save_config(run: RunDir) -> None:
+    """Write the config of the command that opened ``run`` to config.yaml (and the model name to the manifest)."""
+    from pipeline import config as config_mod
+
+    if run.config_to_save is None:
+        return
+    atomic_write(run.file(a.CONFIG), config_mod.dump_yaml(run.config_to_save))
+    if run.manifest.get("model") != run.config_to_save.model.name:
+        run.manifest["model"] = run.config_to_save.model.name
+        run.save_manifest()
+
+
+def _sections(stage: Stage, cfg) -> dict:
+    """The config sections ``stage`` reads, as they are recorded in its manifest entry (plain JSON)."""
+    config = cfg.to_dict()
+    return json.loads(json.dumps({key: config[key] for key in stage.config_keys}, default=str))
+
+
+def _changes(before: dict, after: dict, prefix: str = "") -> list[str]:
+    changes = []
+    for key in sorted(set(before) | set(after), key=str):
+        old, new = before.get(key, "(unset)"), after.get(key, "(unset)")
+        if isinstance(old, dict) and isinstance(new, dict):
+            changes += _changes(old, new, f"{prefix}{key}.")
+        elif old != new:
+            changes.append(f"{prefix}{key} {old} → {new}")
+    return changes
+
+
+def retrain_notice(cfg, run: RunDir, force: set[str]) -> str | None:
+    """The line ``all`` prints before it replaces trained weights without ``--force train``; None if it won't."""
+    stage, entry = STAGES["train"], run.stage_entry("train")
+    if "train" in force or not entry or entry.get("status") != "ok" or not run.file(a.WEIGHTS).is_file():
+        return None
+    if up_to_date(stage, cfg, run)[0]:
+        return None
+    changes = _changes(entry.get("config") or {}, _sections(stage, cfg)) if "config" in entry else []
+    if changes:
+        shown = ", ".join(changes[:3]) + (f", and {len(changes) - 3} more" if len(changes) > 3 else "")
+        why = f"the model/data/train config changed since train ran ({shown})"
+    else:
+        why = "train's inputs changed since it ran (its config, the code, the library versions or the data)"
+    return f"all: {why}: train re-runs and replaces the trained weights ({a.WEIGHTS})"
 
 
 def record_environment(run: RunDir) -> None:
@@ -290,8 +338,10 @@ def run_stage(name: str, cfg, run: RunDir, **options) -> dict:
     with run.stage(name, fingerprint(stage, cfg, run)) as record:
         record.entry["run_id"] = uuid.uuid4().hex
         record.entry["require"] = sorted(cfg.require)
+        record.entry["config"] = _sections(stage, cfg)  # what it ran with: `all` names a change before re-training
         stage.function()(cfg, run, record, **options)
     current_stage.reset(token)  # left set on failure, so the CLI can name the stage that failed
+    save_config(run)  # its artifacts were made with this config
     if (run.stage_entry(name).get("details") or {}).get("replaced_artifacts"):
         _follow_replacement(name, cfg, run)
     return run.stage_entry(name)
@@ -331,6 +381,9 @@ def run_stages(cfg, run: RunDir, *, force: set[str] | None = None, options: dict
     unknown = sorted(force - set(ORDER))
     if unknown:
         raise UsageError(f"cannot force {', '.join(unknown)}: the stages are {', '.join(ORDER)}")
+    notice = retrain_notice(cfg, run, force)
+    if notice:
+        log.warning("%s", notice)
     for name in ORDER:
         stage = STAGES[name]
         if name not in force:

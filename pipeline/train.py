@@ -255,8 +255,10 @@ class MetricsLog:
     """Append-only JSONL (one object per line, flushed), rank 0 only; TensorBoard when installed."""
 
     def __init__(self, path: Path, enabled: bool, tensorboard_dir: Path | None):
+        from pipeline.run import open_append
+
         self.enabled = enabled
-        self.f = open(path, "a", encoding="utf-8") if enabled else None
+        self.f = open_append(path) if enabled else None  # never through a symbolic link
         self.tb = None
         if enabled and tensorboard_dir is not None:
             try:

@@ -92,7 +92,10 @@ def fake_engine(tmp_path, **sidecar_changes):
     sidecar = {"schema": build.SIDECAR_SCHEMA, "built_by": "pipeline 0.1.0", "engine": build.ENGINE,
                "sha256": hashlib.sha256(engine.read_bytes()).hexdigest(), **PLATFORM, **sidecar_changes}
     (tmp_path / build.SIDECAR).write_text(json.dumps(sidecar))
-    return RunDir(tmp_path)
+    run = RunDir(tmp_path)  # as the build stage records it: only recorded engines are loaded
+    run.manifest["stages"]["build"] = {"status": "ok", "artifacts": {build.ENGINE: {
+        "sha256": hashlib.sha256(engine.read_bytes()).hexdigest(), "bytes": engine.stat().st_size}}}
+    return run
 
 
 def test_engine_with_matching_sidecar_loads(tmp_path):

@@ -559,6 +559,12 @@ def _engine(tmp_path: Path, **changes) -> Path:
     sidecar = {"schema": build.SIDECAR_SCHEMA, "built_by": "pipeline 0.1.0", "engine": build.ENGINE,
                "sha256": sha(engine), **PLATFORM, **changes}
     (tmp_path / build.SIDECAR).write_text(json.dumps(sidecar))
+    from pipeline.run import RunDir
+
+    run = RunDir(tmp_path)  # as the build stage records it: only recorded engines are loaded
+    run.manifest["stages"]["build"] = {"status": "ok", "artifacts": {build.ENGINE: {"sha256": sha(engine),
+                                                                                   "bytes": engine.stat().st_size}}}
+    run.save_manifest()
     return engine
 
 
