@@ -21,8 +21,8 @@ def onnxruntime_conflict() -> str | None:
     both = [name for name in ("onnxruntime", "onnxruntime-gpu") if package_version(name)]
     if len(both) == 2:
         return ("both onnxruntime and onnxruntime-gpu are installed; they overwrite each other's files. "
-                "Keep the one nvidia-modelopt[onnx] installed: pip uninstall onnxruntime onnxruntime-gpu, then "
-                "pip install --force-reinstall 'nvidia-modelopt[onnx]'")
+                "Keep one: pip uninstall onnxruntime onnxruntime-gpu, then "
+                "pip install --force-reinstall 'onnxruntime-gpu>=1.31' (the project's declared one on Linux x86-64)")
     return None
 
 

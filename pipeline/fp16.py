@@ -89,7 +89,7 @@ def convert(fp32_path: Path, calibration_npz: Path | None, fp16_cfg, extra_exclu
     try:
         from modelopt.onnx.autocast import convert_to_mixed_precision
     except ImportError as exc:
-        raise StageFailed(f"ModelOpt AutoCast is not installed ({exc}); install nvidia-modelopt[onnx]") from None
+        raise StageFailed(f"ModelOpt AutoCast is not installed ({exc}); reinstall the project (pip install -e .), which declares AutoCast's dependencies") from None
 
     data_max = fp16_cfg.data_max if fp16_cfg.range_rule else math.inf
     init_max = fp16_cfg.init_max if fp16_cfg.range_rule else math.inf
