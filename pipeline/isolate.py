@@ -234,7 +234,8 @@ def _child_env() -> dict:
 def _save(path: Path, arrays: dict) -> None:
     """Names travel beside the arrays: ONNX names may hold characters a zip member name should not."""
     names = list(arrays)
-    np.savez(path, __names__=np.array(json.dumps(names)), **{f"a{i}": np.asarray(arrays[n]) for i, n in enumerate(names)})
+    arrays = {f"a{i}": np.asarray(arrays[n]) for i, n in enumerate(names)}
+    np.savez(path, __names__=np.array(json.dumps(names)), **arrays)
 
 
 def _load(path: Path) -> OrderedDict:

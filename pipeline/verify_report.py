@@ -212,7 +212,8 @@ def markdown(payload: dict) -> str:
 def junit(payload: dict) -> str:
     cases = payload["candidates"]
     failures = sum(1 for c in cases if c["status"] == "failed")
-    errors = sum(1 for c in cases if c["status"] in ("error", "crashed") or (c["required"] and c["status"] == "skipped"))
+    errors = sum(1 for c in cases
+                 if c["status"] in ("error", "crashed") or (c["required"] and c["status"] == "skipped"))
     skipped = sum(1 for c in cases if c["status"] == "skipped" and not c["required"])
     suite = ET.Element("testsuite", name="pipeline.verify", tests=str(len(cases)), failures=str(failures),
                        errors=str(errors), skipped=str(skipped), timestamp=payload["created"])

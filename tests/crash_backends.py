@@ -2,7 +2,8 @@
 
 ``TABLE`` holds the ``onnxrt_fp16`` entry (verify's ``onnxrt_fp16_cpu``) with a runner that crashes
 where ``CRASH_AT`` says: ``start`` (while the session is created), ``infer`` (the first inference) or
-``time`` (the first timed run). The child process finds it here by its ``make``'s module and file.
+``time`` (the first timed run); ``raise`` raises a Python exception instead (an error, not a
+crash). The child process finds it here by its ``make``'s module and file.
 """
 
 import dataclasses
@@ -21,6 +22,8 @@ def _segfault(*args, **kwargs):
 def crashing_make(ctx):
     if os.environ.get("CRASH_AT") == "start":
         _segfault()
+    if os.environ.get("CRASH_AT") == "raise":
+        raise RuntimeError("provider exploded")
     runner = REAL.make(ctx)
     if os.environ.get("CRASH_AT") == "infer":
         runner.infer_impl = _segfault

@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import jsonschema
 import numpy as np
 import pytest
 from conftest import FAULTS, ROOT, TINY, cli, run_cli
@@ -52,6 +53,7 @@ def test_a_segfaulting_candidate_is_crashed_and_the_others_complete(capsys, clon
     assert f"onnxrt_fp16_cpu: crashed: SIGSEGV while {phase} (log: {log})" in err and "Traceback" not in err
 
     report = json.loads((run / "verify.json").read_text())
+    jsonschema.validate(report, json.loads((ROOT / "docs" / "verify.schema.json").read_text()))
     rows = {c["name"]: c for c in report["candidates"]}
     crashed = rows["onnxrt_fp16_cpu"]
     assert crashed["status"] == "crashed" and crashed["reason"] == f"SIGSEGV while {phase}"
@@ -101,6 +103,16 @@ def test_isolated_runner_gives_the_same_outputs_without_torch_in_the_child(clone
     np.testing.assert_array_equal(isolated[card["spec"]["output_name"]], expected[card["spec"]["output_name"]])
     assert runner.torch_imported is False  # the child's start-up stays small
     assert not list(run.glob(".isolate.*"))
+
+
+def test_an_exception_in_the_child_is_an_error_row_not_a_crash(capsys, clone_run, crashing):
+    run = clone_run()
+    crashing("raise")
+    capsys.readouterr()
+    assert cli("-q", "verify", "--run-dir", run) == EXIT_RUNTIME
+    assert "onnxrt_fp16_cpu: RuntimeError: provider exploded" in capsys.readouterr().err
+    row = next(c for c in json.loads((run / "verify.json").read_text())["candidates"] if c["name"] == "onnxrt_fp16_cpu")
+    assert row["status"] == "error" and row["reason"] == "RuntimeError: provider exploded"
 
 
 def test_child_errors_keep_their_type_and_message(clone_run, monkeypatch):

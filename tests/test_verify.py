@@ -273,6 +273,7 @@ def test_candidate_crash_exits_4(clone_run, monkeypatch, capsys):
         raise RuntimeError("provider exploded")
 
     monkeypatch.setattr("pipeline.fp16.candidate_runner", broken)
+    monkeypatch.setattr("pipeline.backends.Backend.isolated", False)  # in this process, where the patch is
     assert cli("verify", "--run-dir", run) == 4
     err = capsys.readouterr().err
     assert "error: verify:" in err and "provider exploded" in err and "Traceback" not in err
