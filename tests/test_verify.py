@@ -326,6 +326,7 @@ def test_fallback_stops_cleanly_when_a_recheck_errors_but_none_fails(trained, tm
         return real(*args, **kwargs)
 
     monkeypatch.setattr("pipeline.fp16.candidate_runner", first_call_only)
+    monkeypatch.setattr("pipeline.backends.Backend.isolated", False)  # in this process, where the patch is
     assert cli("verify", "--run-dir", run, "--auto-fallback") == 1  # the gate failed; no StopIteration (exit 4)
     assert "StopIteration" not in capsys.readouterr().err
     fb = report(run)["fallback"]
@@ -337,6 +338,7 @@ def fake_tensorrt(monkeypatch):
 
     monkeypatch.setattr(build, "availability", lambda: (True, ""))
     monkeypatch.setattr(build, "run", lambda cfg, run_dir, record: record.skip("no TensorRT in this test"))
+    monkeypatch.setattr("pipeline.backends.Backend.isolated", False)  # the fakes live in this process
 
 
 def test_disabled_tensorrt_candidate_never_loads_the_engine(clone_run, monkeypatch):
