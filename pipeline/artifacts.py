@@ -47,3 +47,12 @@ BENCHMARK_TRACE = "benchmark.trace.json"
 # report
 REPORT_HTML = "report.html"
 REPORT_MD = "report.md"
+
+# verify and benchmark: a native runtime's child process (pipeline/isolate.py)
+LOGS = "logs"  # a directory: the stderr of every child, logs/<stage>.<backend>.log
+ISOLATE_PREFIX = ".isolate."  # its temporary folder (inputs and outputs), removed when the child ends
+
+
+def child_log(stage: str, backend: str) -> str:
+    """The log of ``backend``'s child process in ``stage``, relative to the run directory."""
+    return f"{LOGS}/{stage}.{backend}.log"

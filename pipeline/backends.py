@@ -7,6 +7,10 @@ timing hook ``timers(feed)``. verify checks every entry with a ``candidate`` nam
 PyTorch FP32 reference; benchmark times the entries named in ``benchmark.backends``. Adding a
 backend (INT8 TensorRT, OpenVINO) is one entry here, its runner, and its tests.
 
+verify and benchmark get runners through :meth:`Backend.runner`: an entry backed by a native
+runtime (``runtime`` other than PyTorch) runs in a child process (:class:`pipeline.isolate.Isolated`,
+Polygraphy's ``--use-subprocess``), so a crash there becomes that backend's "crashed" row.
+
 This module imports nothing heavy: the runners and their libraries load inside ``make``.
 """
 
@@ -40,6 +44,7 @@ class Context:
     threads: int | None = None  # ONNX Runtime intra-op threads; None: its defaults (verify)
     gpu: bool = False  # whether "auto" backends run on CUDA (benchmark on a GPU machine)
     fp16: object = field(default=None, repr=False)  # an FP16 ModelProto under test (verify's fallback candidates)
+    isolate: bool = True  # native runtimes in a child process (False: in this process, as the child itself does)
 
     @cached_property
     def fp16_model(self):
@@ -73,6 +78,20 @@ class Backend:
     requires: str | None = None  # the `require` entry that makes its absence an error ("tensorrt", "cuda")
     shown_precision: str = ""  # benchmark.json's precision column, when more telling than ``precision``
     note: str = ""  # benchmark.json's note
+    runtime: str = "PyTorch"  # the library that runs it, as crash messages name it
+
+    @property
+    def isolated(self) -> bool:
+        """Whether its runner runs in a child process: every native runtime (a crash there must not kill the stage)."""
+        return self.runtime != "PyTorch"
+
+    def runner(self, ctx: Context):
+        """The runner verify and benchmark use: ``make(ctx)`` here, or in a child process when isolated."""
+        if self.isolated and ctx.isolate:
+            from pipeline.isolate import Isolated
+
+            return Isolated(self, ctx)
+        return self.make(ctx)
 
     def on(self, ctx: Context) -> str:
         return ("cuda" if ctx.gpu else "cpu") if self.device == "auto" else self.device
@@ -162,8 +181,12 @@ def _ort(name: str, *, fp16_graph: bool, cuda: bool = False) -> Callable[[Contex
     def make(ctx: Context):
         from pipeline.runners import onnxrt_runner
 
+        from pipeline.runners import FP16_CPU_DISABLED_OPTIMIZERS
+
         source = ctx.fp16_model.SerializeToString() if fp16_graph else ctx.fp32_path()
-        return onnxrt_runner(source, name=name, providers=["cuda"] if cuda else ["cpu"], threads=ctx.threads)
+        disabled = FP16_CPU_DISABLED_OPTIMIZERS if fp16_graph and not cuda else ()
+        return onnxrt_runner(source, name=name, providers=["cuda"] if cuda else ["cpu"], threads=ctx.threads,
+                             disabled_optimizers=disabled)
 
     return make
 
@@ -194,6 +217,8 @@ def _tensorrt(ctx: Context):
 
 # --------------------------------------------------------------------------- the table
 
+ORT = "ONNX Runtime"
+
 # Verify checks candidates in this order; benchmark times them in benchmark.backends' order.
 TABLE: list[Backend] = [
     Backend("torch_fp32", "fp32", "auto", None, "PyTorch FP32 (eval mode)", _always, _torch("torch_fp32")),
@@ -202,21 +227,23 @@ TABLE: list[Backend] = [
     Backend("torch_compile", "fp32", "auto", None, "torch.compile, FP32", _always,
             _torch("torch_compile", compile=True)),
     Backend("onnxrt_fp32", "fp32", "cpu", FP32_ONNX, "ONNX Runtime CPU, model.onnx", _always,
-            _ort("onnxrt_fp32", fp16_graph=False), candidate="onnxrt_fp32", note="ONNX Runtime CPU"),
+            _ort("onnxrt_fp32", fp16_graph=False), candidate="onnxrt_fp32", note="ONNX Runtime CPU",
+            runtime=ORT),
     Backend("fp16_emulation", "fp16", "cpu", FP16_ONNX, _emulation_label, _needs_fp16, _emulation,
-            candidate="fp16_emulation", benchmark=False),
+            candidate="fp16_emulation", benchmark=False, runtime="FP16 emulation"),
     Backend("onnxrt_fp16", "fp16", "cpu", FP16_ONNX,
             "ONNX Runtime CPU on model.fp16.onnx (a CPU deployment; computes FP16 regions in FP32)", _needs_fp16,
             _ort("onnxrt_fp16_cpu", fp16_graph=True), candidate="onnxrt_fp16_cpu", shown_precision="fp16 graph",
-            note="ONNX Runtime CPU runs most FP16 nodes through FP32 kernels"),
+            note="ONNX Runtime CPU runs most FP16 nodes through FP32 kernels", runtime=ORT),
     Backend("tensorrt_fp16", "fp16", "cuda", ENGINE, "TensorRT engine (strongly typed from model.fp16.onnx)",
             _tensorrt_unavailable, _tensorrt, candidate="tensorrt_fp16", requires="tensorrt",
-            shown_precision="fp16 (strongly typed engine)"),
+            shown_precision="fp16 (strongly typed engine)", runtime="TensorRT"),
     Backend("onnxrt_cuda_fp32", "fp32", "cuda", FP32_ONNX, "ONNX Runtime CUDA provider on model.onnx",
-            _cuda_ort(False), _ort("onnxrt_cuda_fp32", fp16_graph=False, cuda=True), note="ONNX Runtime CUDA"),
+            _cuda_ort(False), _ort("onnxrt_cuda_fp32", fp16_graph=False, cuda=True), note="ONNX Runtime CUDA",
+            runtime=ORT),
     Backend("onnxrt_cuda_fp16", "fp16", "cuda", FP16_ONNX, "ONNX Runtime CUDA provider on model.fp16.onnx",
             _cuda_ort(True), _ort("onnxrt_cuda_fp16", fp16_graph=True, cuda=True), candidate="onnxrt_cuda_fp16",
-            requires="cuda", shown_precision="fp16 graph", note="ONNX Runtime CUDA"),
+            requires="cuda", shown_precision="fp16 graph", note="ONNX Runtime CUDA", runtime=ORT),
 ]
 
 

@@ -19,16 +19,15 @@ from __future__ import annotations
 
 import logging
 import math
-import time
-from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
 from pipeline import artifacts, backends, data, env, modeling, verify_report
 from pipeline.backends import Backend, Context
 from pipeline.errors import BackendUnavailable, InputError
+from pipeline.isolate import Crashed
 from pipeline.run import RunDir, StageRecord, atomic_path, atomic_write, now, write_json
+from pipeline.runners import Method, measure  # noqa: F401  (the timing loop; runs in the child when isolated)
 
 log = logging.getLogger("pipeline")
 
@@ -64,43 +63,6 @@ def summarize(latencies_ms: list[float] | np.ndarray, batch_size: int) -> dict:
     }
 
 
-@dataclass
-class Method:
-    warmup_s: float
-    min_iterations: int
-    min_duration_s: float
-    trials: int
-    cv_warn: float
-
-
-def measure(run_once: Callable[[], float], method: Method) -> dict:
-    """Time ``run_once`` (which runs one inference and returns its latency in ms).
-
-    One untimed first run (lazy initialisation), warm-up for ``warmup_s``, then ``trials``
-    trials, each of at least ``min_iterations`` runs and ``min_duration_s`` seconds.
-    """
-    start = time.perf_counter()
-    first_ms = run_once()
-    init_s = time.perf_counter() - start
-    end = time.perf_counter() + method.warmup_s
-    warmup_runs = 0
-    while time.perf_counter() < end:
-        run_once()
-        warmup_runs += 1
-    samples, trials = [], []
-    for _ in range(method.trials):
-        trial = []
-        t0 = time.perf_counter()
-        while len(trial) < method.min_iterations or time.perf_counter() - t0 < method.min_duration_s:
-            trial.append(run_once())
-        samples += trial
-        mean = float(np.mean(trial))
-        cv = float(np.std(trial, ddof=1) / mean) if len(trial) > 1 and mean > 0 else 0.0
-        trials.append({"mean_ms": mean, "p50_ms": float(np.median(trial)), "cv": cv, "iterations": len(trial)})
-    return {"samples": samples, "trials": trials, "first_run_ms": first_ms, "init_s": init_s,
-            "warmup_runs": warmup_runs, "cv_warning": any(t["cv"] > method.cv_warn for t in trials)}
-
-
 # --------------------------------------------------------------------------- backends
 
 
@@ -117,13 +79,22 @@ def _start(backend: Backend, ctx: Context):
     if reason:
         return None, reason
     try:
-        runner = backend.make(ctx)
+        runner = backend.runner(ctx)  # native runtimes: in a child process (pipeline.isolate)
         runner.activate()
     except (BackendUnavailable, InputError):
         raise
+    except Crashed as exc:
+        return None, crashed(backend, exc)
     except Exception as exc:
         return None, f"could not start: {type(exc).__name__}: {exc}"
     return runner, ""
+
+
+def crashed(backend: Backend, exc: Crashed) -> str:
+    """The skipped row's reason for a backend whose child process died, with the log to read."""
+    log.warning("benchmark: %s crashed: %s; last lines of %s:\n  %s", backend.name, exc, exc.log,
+                "\n  ".join(exc.tail) or "(empty)")
+    return f"crashed: {exc} (log: {exc.log})"
 
 
 def time_backend(backend: Backend, ctx: Context, images, method: Method, verdict: str) -> tuple[list, list]:
@@ -140,10 +111,12 @@ def time_backend(backend: Backend, ctx: Context, images, method: Method, verdict
             if why:
                 skipped.append({"backend": backend.name, "batch_size": batch, "reason": why})
                 continue
-            for label, run_once in runner.timers({ctx.spec["input_name"]: _inputs(images, batch)}):
-                m = measure(run_once, method)
+            for label, m in runner.measurements({ctx.spec["input_name"]: _inputs(images, batch)}, method):
                 results.append(_row(backend, ctx, runner, batch, label, m, verdict))
                 _log_row(results[-1])
+    except Crashed as exc:  # the rows measured so far stand; the rest of this backend is a "crashed" row
+        skipped.append({"backend": backend.name, "batch_size": batch, "reason": crashed(backend, exc), "log": exc.log,
+                        "log_tail": exc.tail})
     finally:
         runner.deactivate()
     return results, skipped
@@ -166,6 +139,7 @@ def _row(backend: Backend, ctx: Context, runner, batch: int, label: str, m: dict
         "cuda_graphs": "CUDA graphs" in label,
         "verify": verdict,
         "note": getattr(runner, "note", "") or backend.note,
+        "workaround": getattr(runner, "workaround", "") or None,
         "samples_ms": [round(s, 5) for s in m["samples"]] if batch == min(ctx.cfg.benchmark.batch_sizes) else None,
     }
 
@@ -219,7 +193,8 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, profile: bool = False) -> 
     if profile:
         profile_torch(cfg, run_dir, model, images, record)
     record.details.update({"results": len(results), "skipped": skipped, "threads": threads,
-                           "headline": _headline(results)})
+                           "headline": _headline(results),
+                           "workarounds": {r["backend"]: r["workaround"] for r in results if r["workaround"]}})
 
 
 def _payload(cfg, spec: dict, threads: int, results: list, skipped: list) -> dict:

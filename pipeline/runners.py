@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -93,8 +94,50 @@ def cuda_timers(forward, x_host, cuda_graphs: bool) -> Timers:
             (f"host latency (H2D + compute + D2H){label}", host_latency)]
 
 
+@dataclass
+class Method:
+    """How benchmark times one backend (its ``benchmark`` config values)."""
+
+    warmup_s: float
+    min_iterations: int
+    min_duration_s: float
+    trials: int
+    cv_warn: float
+
+
+def measure(run_once: Callable[[], float], method: Method) -> dict:
+    """Time ``run_once`` (which runs one inference and returns its latency in ms).
+
+    One untimed first run (lazy initialisation), warm-up for ``warmup_s``, then ``trials``
+    trials, each of at least ``min_iterations`` runs and ``min_duration_s`` seconds.
+    """
+    start = time.perf_counter()
+    first_ms = run_once()
+    init_s = time.perf_counter() - start
+    end = time.perf_counter() + method.warmup_s
+    warmup_runs = 0
+    while time.perf_counter() < end:
+        run_once()
+        warmup_runs += 1
+    samples, trials = [], []
+    for _ in range(method.trials):
+        trial = []
+        t0 = time.perf_counter()
+        while len(trial) < method.min_iterations or time.perf_counter() - t0 < method.min_duration_s:
+            trial.append(run_once())
+        samples += trial
+        mean = float(np.mean(trial))
+        cv = float(np.std(trial, ddof=1) / mean) if len(trial) > 1 and mean > 0 else 0.0
+        trials.append({"mean_ms": mean, "p50_ms": float(np.median(trial)), "cv": cv, "iterations": len(trial)})
+    return {"samples": samples, "trials": trials, "first_run_ms": first_ms, "init_s": init_s,
+            "warmup_runs": warmup_runs, "cv_warning": any(t["cv"] > method.cv_warn for t in trials)}
+
+
 class Timed:
     """The timing hook every runner here adds to Polygraphy's contract (use while active)."""
+
+    # A workaround this runner applies to its runtime (recorded in the reports); "" for none.
+    workaround = ""
 
     def batch_reason(self, batch: int) -> str:
         """Why ``batch`` images cannot run in one call ("" when they can)."""
@@ -103,6 +146,11 @@ class Timed:
     def timers(self, feed: dict) -> Timers:
         """Labelled callables, each running one inference on ``feed`` and returning its latency (ms)."""
         return [(CPU_WALL_CLOCK, cpu_timer(self.infer, feed))]
+
+    def measurements(self, feed: dict, method: Method) -> list[tuple[str, dict]]:
+        """Every timing of ``feed``: ``(label, measure(...))`` per timer. benchmark calls this, so a runner
+        in a child process (:class:`pipeline.isolate.Isolated`) runs the timing loop there."""
+        return [(label, measure(run_once, method)) for label, run_once in self.timers(feed)]
 
 
 class TorchRunner(Timed, BaseRunner):
@@ -211,17 +259,22 @@ class OrtRunner(Timed, OnnxrtRunner):
 
     ``threads=None`` keeps ONNX Runtime's defaults (Polygraphy's ``SessionFromOnnx``); a number
     sets the intra-op threads (one inter-op thread), as benchmark records them.
+    ``disabled_optimizers`` names graph optimizers to leave out (ONNX Runtime's own argument);
+    the runner then records them in ``workaround``.
     """
 
     def __init__(self, model: str | Path | bytes, *, name: str, providers: list[str] | None = None,
-                 threads: int | None = None):
+                 threads: int | None = None, disabled_optimizers: tuple[str, ...] = ()):
         from polygraphy.backend.onnxrt import SessionFromOnnx
 
         self.providers = providers or ["cpu"]
         source = str(model) if isinstance(model, Path) else model
-        session = SessionFromOnnx(source, providers=self.providers) if threads is None else \
-            (lambda: _ort_session(source, self.providers, threads))
+        session = SessionFromOnnx(source, providers=self.providers) if threads is None and not disabled_optimizers \
+            else (lambda: _ort_session(source, self.providers, threads, disabled_optimizers))
         super().__init__(session, name=name)
+        if disabled_optimizers:
+            self.workaround = (f"ONNX Runtime optimizer(s) {', '.join(disabled_optimizers)} disabled: "
+                               + "; ".join(DISABLED_BECAUSE.get(o, "") for o in disabled_optimizers))
 
     def activate_impl(self):
         super().activate_impl()
@@ -229,27 +282,47 @@ class OrtRunner(Timed, OnnxrtRunner):
             del self.sess
             raise RuntimeError("ONNX Runtime fell back to the CPU: the CUDA provider failed to load")
 
+    def infer_impl(self, feed_dict):
+        """Polygraphy's, minus its check for PyTorch tensors, which imports torch (a second of an isolated
+        child's start-up) to learn that NumPy arrays are not tensors."""
+        if not all(isinstance(v, np.ndarray) for v in feed_dict.values()):
+            return super().infer_impl(feed_dict)
+        start = time.perf_counter()
+        outputs = self.sess.run(None, dict(feed_dict))
+        self.inference_time = time.perf_counter() - start
+        return OrderedDict((node.name, out) for node, out in zip(self.sess.get_outputs(), outputs))
+
     def timers(self, feed: dict) -> Timers:
         label = "host latency (H2D + compute + D2H), ONNX Runtime CUDA" if "cuda" in self.providers \
             else CPU_WALL_CLOCK
         return [(label, cpu_timer(self.sess.run, None, feed))]
 
 
-def _ort_session(source, providers: list[str], threads: int):
+# ONNX Runtime's NchwcTransformer dereferences a null pointer on a dynamic-shape Transpose -> Cast(fp16->fp32)
+# -> MatMul chain on x86-64 with AVX-512 (microsoft/onnxruntime#28392, closed without a fix; present in 1.24
+# and 1.32): an FP16 transformer encoder segfaults while the CPU session is created at ORT_ENABLE_ALL.
+FP16_CPU_DISABLED_OPTIMIZERS = ("NchwcTransformer",)
+DISABLED_BECAUSE = {"NchwcTransformer": "it crashes ONNX Runtime's CPU provider on FP16 graphs "
+                                        "(microsoft/onnxruntime#28392); the other optimizations stay on"}
+
+
+def _ort_session(source, providers: list[str], threads: int | None, disabled_optimizers: tuple[str, ...] = ()):
     import onnxruntime as ort
 
     options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
+    if threads is not None:
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
     options.log_severity_level = 3
     names = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
-    return ort.InferenceSession(source, options, providers=[names.get(p, p) for p in providers])
+    extra = {"disabled_optimizers": list(disabled_optimizers)} if disabled_optimizers else {}
+    return ort.InferenceSession(source, options, providers=[names.get(p, p) for p in providers], **extra)
 
 
 def onnxrt_runner(model: str | Path | bytes, *, name: str, providers: list[str] | None = None,
-                  threads: int | None = None) -> OrtRunner:
+                  threads: int | None = None, disabled_optimizers: tuple[str, ...] = ()) -> OrtRunner:
     """ONNX Runtime over a path or serialized model (see :class:`OrtRunner`)."""
-    return OrtRunner(model, name=name, providers=providers, threads=threads)
+    return OrtRunner(model, name=name, providers=providers, threads=threads, disabled_optimizers=disabled_optimizers)
 
 
 def ort_session_uses(session_or_runner, provider: str) -> bool:

@@ -40,6 +40,7 @@ from pipeline.artifacts import FALLBACK_CANDIDATE, WEIGHTS
 from pipeline import verify_report as report
 from pipeline.backends import Backend, Context
 from pipeline.errors import BackendUnavailable, CheckFailed, InputError, StageFailed
+from pipeline.isolate import Crashed
 from pipeline.run import RunDir, StageRecord, sha256_file
 from pipeline.runners import TorchRunner, collect
 
@@ -160,9 +161,12 @@ def _judge(chk: Check, ctx: Context, evidence: Evidence, gate: dict) -> dict:
     if chk.reason:
         return {"status": "skipped", "reason": chk.reason}
     try:
-        outputs = collect(chk.backend.make(ctx), evidence.feeds)
+        runner = chk.backend.runner(ctx)  # native runtimes: in a child process (pipeline.isolate)
+        outputs = collect(runner, evidence.feeds)
     except InputError:
         raise
+    except Crashed as exc:  # the child died (a segfault in the runtime): a "crashed" row, the others go on
+        return report.crashed(exc)
     except Exception as exc:  # a candidate that cannot run is an "error" row, not a dead stage
         return {"status": "error", "reason": report.error_reason(exc)}
     problem = _output_problem(chk, outputs, evidence)
@@ -170,7 +174,7 @@ def _judge(chk: Check, ctx: Context, evidence: Evidence, gate: dict) -> dict:
         return {"status": "error", "reason": problem}
     result = compare(outputs, evidence.reference, evidence.labels, gate, evidence.output_name)
     result["status"] = "passed" if result["passed"] else "failed"
-    return result
+    return {**result, **report.runtime_facts(runner)}  # its child's log, a runtime workaround
 
 
 def _output_problem(chk: Check, outputs: list[dict], evidence: Evidence) -> str:
@@ -188,7 +192,7 @@ def _output_problem(chk: Check, outputs: list[dict], evidence: Evidence) -> str:
 def _verdict(checks: list[Check]) -> dict:
     ran = [c for c in checks if c.status in ("passed", "failed")]
     failed = [c for c in checks if c.status == "failed"]
-    errors = [c for c in checks if c.status == "error"]
+    errors = [c for c in checks if c.status in ("error", "crashed")]  # nothing compared: no verdict on them
     missing = [c for c in checks if c.required and c.status == "skipped" and not c.result.get("after_fallback")]
     return {"passed": not failed and not errors and not missing, "ran": len(ran), "failed": failed,
             "errors": errors, "missing_required": missing}
@@ -268,6 +272,7 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, auto_fallback: bool = Fals
     record.details.update({
         "passed": verdict["passed"],
         "candidates": {c.name: c.status for c in checks},
+        **report.runtime_details(checks),
         "samples": len(evidence.labels),
         "fallback": None if fallback is None else {k: fallback[k] for k in ("passed", "moved_to_fp32")},
         # The stage runner re-runs the stages that produce and consume these (verify runs none itself).

@@ -46,6 +46,28 @@ def error_reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"
 
 
+def crashed(exc) -> dict:
+    """A candidate whose child process died (:class:`pipeline.isolate.Crashed`): the verify.json result."""
+    return {"status": "crashed", "reason": str(exc), "log": exc.log, "log_tail": exc.tail}
+
+
+def runtime_facts(runner) -> dict:
+    """How a candidate ran, for verify.json: its child's log, and a workaround applied to its runtime."""
+    facts = {"log": runner.log} if getattr(runner, "log", None) else {}
+    if getattr(runner, "workaround", ""):
+        facts["workaround"] = runner.workaround
+    return facts
+
+
+def runtime_details(checks) -> dict:
+    """The manifest's record of runtime workarounds and crashes (with the log to read)."""
+    details = {"workarounds": {c.name: c.result["workaround"] for c in checks if c.result.get("workaround")}}
+    crashed = {c.name: f"{c.result['reason']} (log: {c.result['log']})" for c in checks if c.status == "crashed"}
+    if crashed:
+        details["crashed"] = crashed
+    return details
+
+
 def wrong_outputs(produced: list[str], expected: str) -> str:
     return f"candidate produced {produced}, not {expected!r}"
 
@@ -104,7 +126,9 @@ def missing_required_message(missing) -> str:
 
 
 def errors_message(errors) -> str:
-    return "candidate(s) failed to run: " + "; ".join(f"{c.name}: {c.result['reason']}" for c in errors)
+    return "candidate(s) failed to run: " + "; ".join(
+        f"{c.name}: crashed: {c.result['reason']} (log: {c.result['log']})" if c.status == "crashed"
+        else f"{c.name}: {c.result['reason']}" for c in errors)
 
 
 def nothing_to_move(first: dict | None) -> str:
@@ -125,6 +149,9 @@ def log_check(chk) -> None:
         log.info("verify: %-17s skipped: %s", chk.name, r["reason"])
     elif r["status"] == "error":
         log.warning("verify: %-17s error: %s", chk.name, r["reason"])
+    elif r["status"] == "crashed":
+        log.warning("verify: %-17s crashed: %s; last lines of %s:\n  %s", chk.name, r["reason"], r["log"],
+                    "\n  ".join(r["log_tail"]) or "(empty)")
     else:
         t, k = r["tensor_check"], r["task_check"]
         log.info("verify: %-17s %-6s max abs %.3g  max rel %.3g  top-1 agreement %.2f%%  acc %.2f%% (ref %.2f%%)",
@@ -193,6 +220,7 @@ def build_payload(cfg, card, candidates, localization, fallback, verdict, sample
                 "tensor_check": c.result.get("tensor_check"),
                 "task_check": c.result.get("task_check"),
                 "after_fallback": c.result.get("after_fallback", False),
+                **{k: c.result[k] for k in ("log", "log_tail", "workaround") if k in c.result},
             }
             for c in candidates
         ],
@@ -211,7 +239,8 @@ def markdown(payload: dict) -> str:
 def junit(payload: dict) -> str:
     cases = payload["candidates"]
     failures = sum(1 for c in cases if c["status"] == "failed")
-    errors = sum(1 for c in cases if c["status"] == "error" or (c["required"] and c["status"] == "skipped"))
+    errors = sum(1 for c in cases
+                 if c["status"] in ("error", "crashed") or (c["required"] and c["status"] == "skipped"))
     skipped = sum(1 for c in cases if c["status"] == "skipped" and not c["required"])
     broken_reference = payload["reference"].get("nonfinite", 0)
     suite = ET.Element("testsuite", name="pipeline.verify", tests=str(len(cases) + bool(broken_reference)),
@@ -235,6 +264,10 @@ def junit(payload: dict) -> str:
             el.text = numbers
         elif c["status"] == "error":
             ET.SubElement(case, "error", message=c.get("reason") or "error", type="CandidateError")
+        elif c["status"] == "crashed":
+            el = ET.SubElement(case, "error", message=f"crashed: {c.get('reason')} (log: {c.get('log')})",
+                               type="CandidateCrashed")
+            el.text = "\n".join(c.get("log_tail") or [])
         elif c["status"] == "skipped":
             if c["required"]:
                 ET.SubElement(case, "error", message=f"required but unavailable: {c.get('reason')}",

@@ -63,3 +63,26 @@ def overflow(num_classes: int = 10):
 
 def batch_branch(num_classes: int = 10):
     return BatchBranch(num_classes)
+
+
+class TransformerEncoderNet(nn.Module):
+    """A standard ``nn.TransformerEncoder`` classifier: 4x4 stride-4 patch conv, dim 64, 2 layers, 4 heads,
+    ``norm_first``, GELU, ``batch_first``. Converted to FP16, it makes ONNX Runtime's CPU provider segfault while
+    it creates the session on an AVX-512 CPU (microsoft/onnxruntime#28392: NchwcTransformer)."""
+
+    def __init__(self, num_classes: int = 10, dim: int = 64):
+        super().__init__()
+        self.patch = nn.Conv2d(3, dim, kernel_size=4, stride=4)
+        layer = nn.TransformerEncoderLayer(dim, nhead=4, dim_feedforward=2 * dim, dropout=0.0, activation="gelu",
+                                           batch_first=True, norm_first=True)
+        self.encoder = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(dim)
+        self.fc = nn.Linear(dim, num_classes)
+
+    def forward(self, x):
+        tokens = self.patch(x).flatten(2).transpose(1, 2)  # (batch, patches, dim)
+        return self.fc(self.norm(self.encoder(tokens)).mean(1))
+
+
+def transformer_encoder(num_classes: int = 10):
+    return TransformerEncoderNet(num_classes)

@@ -273,6 +273,7 @@ def test_candidate_crash_exits_4(clone_run, monkeypatch, capsys):
         raise RuntimeError("provider exploded")
 
     monkeypatch.setattr("pipeline.fp16.candidate_runner", broken)
+    monkeypatch.setattr("pipeline.backends.Backend.isolated", False)  # in this process, where the patch is
     assert cli("verify", "--run-dir", run) == 4
     err = capsys.readouterr().err
     assert "error: verify:" in err and "provider exploded" in err and "Traceback" not in err
@@ -325,6 +326,7 @@ def test_fallback_stops_cleanly_when_a_recheck_errors_but_none_fails(trained, tm
         return real(*args, **kwargs)
 
     monkeypatch.setattr("pipeline.fp16.candidate_runner", first_call_only)
+    monkeypatch.setattr("pipeline.backends.Backend.isolated", False)  # in this process, where the patch is
     assert cli("verify", "--run-dir", run, "--auto-fallback") == 1  # the gate failed; no StopIteration (exit 4)
     assert "StopIteration" not in capsys.readouterr().err
     fb = report(run)["fallback"]
@@ -336,6 +338,7 @@ def fake_tensorrt(monkeypatch):
 
     monkeypatch.setattr(build, "availability", lambda: (True, ""))
     monkeypatch.setattr(build, "run", lambda cfg, run_dir, record: record.skip("no TensorRT in this test"))
+    monkeypatch.setattr("pipeline.backends.Backend.isolated", False)  # the fakes live in this process
 
 
 def test_disabled_tensorrt_candidate_never_loads_the_engine(clone_run, monkeypatch):

@@ -1,0 +1,185 @@
+"""Native runtimes run in a child process: a crash there is that backend's "crashed" row, not a dead stage.
+
+Also the ONNX Runtime FP16 workaround (a standard transformer encoder in FP16 segfaults ONNX Runtime's CPU
+provider on AVX-512 CPUs) and Ctrl-C while ModelOpt loads its native modules.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+import pytest
+from conftest import FAULTS, ROOT, TINY, cli, run_cli
+
+import crash_backends
+from pipeline import backends, config, isolate
+from pipeline.errors import EXIT_INTERRUPTED, EXIT_RUNTIME
+from pipeline.run import RunDir
+
+
+def manifest(run: Path) -> dict:
+    return json.loads((run / "manifest.json").read_text())
+
+
+@pytest.fixture
+def crashing(monkeypatch):
+    """The ``onnxrt_fp16`` entry replaced by one whose child kills itself with SIGSEGV at ``CRASH_AT``."""
+    table = [crash_backends.TABLE[0] if b.name == "onnxrt_fp16" else b for b in backends.TABLE]
+    monkeypatch.setattr(backends, "TABLE", table)
+
+    def at(where: str) -> None:
+        monkeypatch.setenv("CRASH_AT", where)
+
+    return at
+
+
+@pytest.mark.parametrize("where, phase", [("start", "creating the ONNX Runtime session"),
+                                          ("infer", "running inference on batch 1")])
+def test_a_segfaulting_candidate_is_crashed_and_the_others_complete(capsys, clone_run, crashing, where, phase):
+    run = clone_run()
+    crashing(where)
+    capsys.readouterr()
+    assert cli("-q", "verify", "--run-dir", run) == EXIT_RUNTIME
+    err = capsys.readouterr().err
+    log = "logs/verify.onnxrt_fp16.log"
+    assert f"onnxrt_fp16_cpu: crashed: SIGSEGV while {phase} (log: {log})" in err and "Traceback" not in err
+
+    report = json.loads((run / "verify.json").read_text())
+    jsonschema.validate(report, json.loads((ROOT / "docs" / "verify.schema.json").read_text()))
+    rows = {c["name"]: c for c in report["candidates"]}
+    crashed = rows["onnxrt_fp16_cpu"]
+    assert crashed["status"] == "crashed" and crashed["reason"] == f"SIGSEGV while {phase}"
+    assert crashed["log"] == log and f"[pipeline.isolate] {phase}" in crashed["log_tail"]
+    assert (run / log).is_file()
+    assert rows["onnxrt_fp32"]["status"] == "passed" and rows["fp16_emulation"]["status"] == "passed"
+    assert report["passed"] is False
+    assert 'type="CandidateCrashed"' in (run / "verify.junit.xml").read_text()
+    assert "crashed: SIGSEGV" in (run / "verify.md").read_text()
+    entry = manifest(run)["stages"]["verify"]
+    assert entry["status"] == "failed"
+    assert entry["details"]["crashed"] == {"onnxrt_fp16_cpu": f"SIGSEGV while {phase} (log: {log})"}
+    assert not list(run.glob(".isolate.*")), "the child's temporary folder is left behind"
+
+
+def test_benchmark_records_a_crash_and_completes(capsys, clone_run, crashing):
+    run = clone_run()
+    crashing("time")
+    assert cli("-q", "benchmark", "--run-dir", run, *TINY) == 0
+    payload = json.loads((run / "benchmark.json").read_text())
+    measured = {(r["backend"], r["batch_size"]) for r in payload["results"]}
+    assert measured == {(b, n) for b in ("torch_fp32", "onnxrt_fp32") for n in (1, 4)}
+    (skip,) = [s for s in payload["skipped"] if s["backend"] == "onnxrt_fp16"]
+    assert skip["reason"] == ("crashed: SIGSEGV while timing batch 1 (wall-clock, synchronous CPU call) "
+                              "(log: logs/benchmark.onnxrt_fp16.log)")
+    assert skip["log_tail"][-1] == "[pipeline.isolate] timing batch 1 (wall-clock, synchronous CPU call)"
+    assert "Skipped onnxrt_fp16 at batch 1: crashed: SIGSEGV" in (run / "benchmark.md").read_text()
+    assert manifest(run)["stages"]["benchmark"]["status"] == "ok"
+
+
+def test_isolated_runner_gives_the_same_outputs_without_torch_in_the_child(clone_run):
+    run = clone_run()
+    cfg = config.resolve(overrides=["model.name=tiny_cnn", *TINY])
+    card = json.loads((run / "model.json").read_text())
+    ctx = backends.Context(cfg, RunDir(run), "verify", card["spec"])
+    feed = {card["spec"]["input_name"]: np.random.default_rng(0).normal(size=(4, 3, 16, 16)).astype(np.float32)}
+    entry = backends.by_name("onnxrt_fp32")
+    assert entry.isolated and not backends.by_name("torch_fp32").isolated
+
+    runner = entry.runner(ctx)
+    assert isinstance(runner, isolate.Isolated)
+    with runner:
+        isolated = runner.infer(feed)
+        assert list(run.glob(".isolate.*")), "inputs travel through a folder in the run directory"
+    with entry.make(ctx) as local:
+        expected = local.infer(feed)
+    np.testing.assert_array_equal(isolated[card["spec"]["output_name"]], expected[card["spec"]["output_name"]])
+    assert runner.torch_imported is False  # the child's start-up stays small
+    assert not list(run.glob(".isolate.*"))
+
+
+def test_an_exception_in_the_child_is_an_error_row_not_a_crash(capsys, clone_run, crashing):
+    run = clone_run()
+    crashing("raise")
+    capsys.readouterr()
+    assert cli("-q", "verify", "--run-dir", run) == EXIT_RUNTIME
+    assert "onnxrt_fp16_cpu: RuntimeError: provider exploded" in capsys.readouterr().err
+    row = next(c for c in json.loads((run / "verify.json").read_text())["candidates"] if c["name"] == "onnxrt_fp16_cpu")
+    assert row["status"] == "error" and row["reason"] == "RuntimeError: provider exploded"
+
+
+def test_child_errors_keep_their_type_and_message(clone_run, monkeypatch):
+    """A Python exception in the child is an error row as before (its type name kept), not a crash."""
+    run = clone_run()
+    (run / "model.onnx").write_bytes(b"not an onnx file")
+    cfg = config.resolve(overrides=["model.name=tiny_cnn", *TINY])
+    card = json.loads((run / "model.json").read_text())
+    ctx = backends.Context(cfg, RunDir(run), "benchmark", card["spec"])
+    from pipeline.errors import InputError
+
+    with pytest.raises(InputError, match="model.onnx"):  # the child's InputError is the parent's InputError
+        backends.by_name("onnxrt_fp32").runner(ctx).activate()
+
+
+def test_fp16_transformer_encoder_reaches_a_verdict(tmp_path):
+    """nn.TransformerEncoder in FP16 segfaulted ONNX Runtime's CPU provider (AVX-512) while verify made its session."""
+    run = tmp_path / "run"
+    proc = run_cli("-q", "all", "--model", f"{FAULTS}:transformer_encoder", "--run-dir", run, *TINY)
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    report = json.loads((run / "verify.json").read_text())
+    rows = {c["name"]: c for c in report["candidates"]}
+    assert rows["onnxrt_fp16_cpu"]["status"] in ("passed", "failed")
+    assert "NchwcTransformer" in rows["onnxrt_fp16_cpu"]["workaround"]
+    stages = manifest(run)["stages"]
+    assert "NchwcTransformer" in stages["verify"]["details"]["workarounds"]["onnxrt_fp16_cpu"]
+    assert stages["verify"]["status"] in ("ok", "failed") and stages["benchmark"]["status"] in ("ok", "skipped")
+
+
+BOOT = """
+import os, signal, sys
+
+class SigintOnImport:
+    fired = False
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "lief" and not SigintOnImport.fired:  # ModelOpt's nanobind module starts loading
+            SigintOnImport.fired = True
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, SigintOnImport())
+from pipeline.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_ctrl_c_while_modelopt_loads_ends_with_130(clone_run, tmp_path):
+    """Ctrl-C as ModelOpt's native modules load ended in SIGABRT (134) with the manifest left "running"."""
+    pytest.importorskip("lief")
+    run = clone_run()
+    boot = tmp_path / "boot.py"
+    boot.write_text(BOOT)
+    proc = subprocess.run([sys.executable, str(boot), "-q", "export", "--run-dir", str(run)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.returncode == EXIT_INTERRUPTED, proc.stderr[-2000:]
+    assert "interrupted: export stopped" in proc.stderr
+    assert manifest(run)["stages"]["export"]["status"] == "interrupted"
+
+
+def test_interrupts_deferred_raises_after_the_block():
+    from pipeline.fp16 import interrupts_deferred
+
+    reached = []
+    with pytest.raises(KeyboardInterrupt):
+        with interrupts_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            reached.append(True)
+    assert reached == [True]
