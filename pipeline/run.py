@@ -15,8 +15,10 @@ import hashlib
 import json
 import logging
 import os
+import signal
 import stat
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -118,13 +120,12 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     """
     path = Path(path)
     refuse_symlink(path)
+    tmp = None
     try:
-        fd, tmp_name = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
-    except OSError as exc:
-        raise _write_error(path, exc) from None
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
+        with _signals_held():  # a Ctrl-C lands once `tmp` is known, so the cleanup below removes it
+            fd, tmp_name = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
+            os.close(fd)
+            tmp = Path(tmp_name)
         yield tmp
         fd = os.open(tmp, os.O_RDWR | NOFOLLOW)  # the writer left a plain file here, not a link to one
         try:
@@ -136,17 +137,35 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         os.replace(tmp, path)
         _fsync_dir(path.parent)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
+        _remove(tmp)
         raise _write_error(path, exc) from None
     except Exception as exc:
         full = not isinstance(exc, PipelineError) and _disk_full(exc, path.parent)
-        tmp.unlink(missing_ok=True)
+        _remove(tmp)
         if full:
             raise _write_error(path, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))) from None
         raise
     except BaseException:
-        tmp.unlink(missing_ok=True)
+        _remove(tmp)
         raise
+
+
+def _remove(tmp: Path | None) -> None:
+    if tmp is not None:
+        tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Block SIGINT/SIGTERM for a few statements; a signal that arrived is delivered when they end."""
+    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _disk_full(exc: BaseException, directory: Path) -> bool:
