@@ -28,6 +28,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from pipeline.errors import StageFailed
+from pipeline.run import signals_held
 
 log = logging.getLogger("pipeline")
 
@@ -78,34 +79,6 @@ def _quiet_autocast():
             lg.propagate = propagate
 
 
-@contextlib.contextmanager
-def interrupts_deferred():
-    """Hold Ctrl-C and SIGTERM until the block ends, then raise ``KeyboardInterrupt`` as they would have.
-
-    ModelOpt's import loads LIEF, a nanobind module whose initialisation runs Python code: a
-    ``KeyboardInterrupt`` raised there becomes ``nanobind::python_error`` thrown through C++, and the
-    process ends in ``std::terminate`` (SIGABRT, exit 134, the manifest left "running"). A handler
-    that only takes note keeps the import whole; the interrupt then ends the stage with exit 130.
-    """
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield  # signal handlers belong to the main thread, which also receives the signals
-        return
-    caught: list[int] = []
-    previous = {sig: signal.signal(sig, lambda signum, frame: caught.append(signum))
-                for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    if caught:
-        log.debug("fp16: signal %s arrived during the ModelOpt import; raising it now", caught[0])
-        raise KeyboardInterrupt
-
-
 def exact_name_regex(name: str) -> str:
     """AutoCast matches node names with ``re.match``; anchor an exact name."""
     return f"^{re.escape(name)}$"
@@ -115,7 +88,10 @@ def convert(fp32_path: Path, calibration_npz: Path | None, fp16_cfg, extra_exclu
         onnx.ModelProto, dict]:
     """Run ModelOpt AutoCast (FP32 I/O kept) and return the FP16 model and a precision report."""
     try:
-        with interrupts_deferred():  # its native modules abort the process if Ctrl-C lands inside their init
+        # ModelOpt's import loads LIEF, a nanobind module whose initialisation runs Python code: a
+        # KeyboardInterrupt raised there is thrown through C++ and ends the process in std::terminate
+        # (SIGABRT, exit 134). Held signals arrive after the import, as a KeyboardInterrupt (exit 130).
+        with signals_held():
             from modelopt.onnx.autocast import convert_to_mixed_precision
     except ImportError as exc:
         raise StageFailed(f"ModelOpt AutoCast is not installed ({exc}); reinstall the project (pip install -e .), which declares AutoCast's dependencies") from None

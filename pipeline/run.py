@@ -122,7 +122,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     refuse_symlink(path)
     tmp = None
     try:
-        with _signals_held():  # a Ctrl-C lands once `tmp` is known, so the cleanup below removes it
+        with signals_held():  # a Ctrl-C lands once `tmp` is known, so the cleanup below removes it
             fd, tmp_name = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
             os.close(fd)
             tmp = Path(tmp_name)
@@ -156,16 +156,26 @@ def _remove(tmp: Path | None) -> None:
 
 
 @contextlib.contextmanager
-def _signals_held() -> Iterator[None]:
-    """Block SIGINT/SIGTERM for a few statements; a signal that arrived is delivered when they end."""
-    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
-        yield
+def signals_held() -> Iterator[None]:
+    """Hold SIGINT/SIGTERM for a few statements; one that arrived is raised again when they end.
+
+    A handler that only takes note, rather than a blocked signal mask: the mask is per thread, and the
+    kernel hands a process signal to any thread that does not block it (torch's and ONNX Runtime's
+    threads), whose C handler then runs the Python handler in the main thread anyway.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers belong to the main thread
         return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    caught: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: caught.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if caught:
+            signal.raise_signal(caught[0])  # to the handler in force again: KeyboardInterrupt, usually
 
 
 def _disk_full(exc: BaseException, directory: Path) -> bool:

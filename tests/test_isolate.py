@@ -173,12 +173,12 @@ def test_ctrl_c_while_modelopt_loads_ends_with_130(clone_run, tmp_path):
     assert manifest(run)["stages"]["export"]["status"] == "interrupted"
 
 
-def test_interrupts_deferred_raises_after_the_block():
-    from pipeline.fp16 import interrupts_deferred
+def test_signals_held_raise_after_the_block():
+    from pipeline.run import signals_held
 
     reached = []
     with pytest.raises(KeyboardInterrupt):
-        with interrupts_deferred():
+        with signals_held():
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.05)
             reached.append(True)
