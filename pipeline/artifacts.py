@@ -25,17 +25,23 @@ FP32_ONNX = "model.onnx"
 FP16_ONNX = "model.fp16.onnx"
 CALIBRATION = "calibration.npz"
 FALLBACK = "fp16_fallback.json"  # nodes verify --auto-fallback moved to FP32 (kept across re-exports)
+INT8_ONNX = "model.int8.onnx"  # ModelOpt Q/DQ graph, non-quantized regions FP16 (export.int8)
+INT8_FALLBACK = "int8_fallback.json"  # nodes verify --auto-fallback excluded from quantization
 
 # build
 ENGINE = "model.fp16.engine"
 ENGINE_SIDECAR = "model.fp16.engine.json"
+INT8_ENGINE = "model.int8.engine"  # strongly typed from model.int8.onnx (build.precisions)
+INT8_ENGINE_SIDECAR = "model.int8.engine.json"
 TIMING_CACHE = "trt_timing.cache"  # beside the run directories, shared by every run on the machine
+OPENVINO_DIR = "openvino"  # OpenVINO IR: openvino/<precision>.xml + .bin + .json sidecar (build)
 
 # verify
 VERIFY_JSON = "verify.json"
 VERIFY_MD = "verify.md"
 VERIFY_JUNIT = "verify.junit.xml"
 FALLBACK_CANDIDATE = "model.fp16.fallback.onnx"  # the FP16 model --auto-fallback is trying
+INT8_FALLBACK_CANDIDATE = "model.int8.fallback.onnx"  # the INT8 model --auto-fallback is trying
 
 # benchmark
 BENCHMARK_JSON = "benchmark.json"

@@ -67,7 +67,7 @@ class Context:
 @dataclass(frozen=True)
 class Backend:
     name: str  # benchmark.backends entry and benchmark.json "backend"
-    precision: str  # the precision of the arithmetic: "fp32", "fp16", "mixed"; picks verify's default gate
+    precision: str  # "fp32", "fp16", "int8", "bf16", "mixed": picks the gate verify.<precision> (else verify.fp32)
     device: str  # "cpu", "cuda", or "auto" (CUDA where usable, else the CPU)
     artifact: str | None  # the run-directory file it runs; None: the trained PyTorch model
     label: str | Callable[[object], str]  # one line for the reports (or a function of the config)

@@ -19,7 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from pipeline import backends as backend_table
-from pipeline.artifacts import FP16_ONNX, METRICS
+from pipeline.artifacts import FP16_ONNX, INT8_ONNX, METRICS
 from pipeline.errors import ConfigError
 
 MAX_CONFIG_BYTES = 1 << 20
@@ -106,14 +106,25 @@ class FP16Config(Section):
     op_types_to_exclude: list[str] = Field([], description="op types kept in FP32")
 
 
+class INT8Config(Section):
+    enabled: bool = Field(True, description=f"write {INT8_ONNX} with ModelOpt PTQ (skipped, and said, without ModelOpt)")
+    calibration_method: Literal["max", "entropy"] = Field("max", description="ModelOpt INT8 calibration method")
+    calibration_samples: int = Field(64, ge=1, description="real validation images the ranges are calibrated on")
+    nodes_to_exclude: list[str] = Field([], description="node-name regexes left unquantized")
+    op_types_to_exclude: list[str] = Field([], description="op types left unquantized")
+
+
 class ExportConfig(Section):
     opset: int = Field(18, ge=17, le=23, description="ONNX opset (>= 17 keeps LayerNormalization one op)")
     exporter: Literal["torchscript", "dynamo"] = Field("torchscript", description="torch.onnx exporter")
     dynamic_batch: bool = Field(True, description="dynamic batch axis")
     fp16: FP16Config = FP16Config()
+    int8: INT8Config = INT8Config()
 
 
 class BuildConfig(Section):
+    precisions: list[Literal["fp16", "int8"]] = Field(["fp16", "int8"], description="TensorRT engines to build "
+                                                     "(each from its ONNX graph, where export wrote it)")
     min_batch: int = Field(1, ge=1, description="optimization profile: smallest batch")
     opt_batch: int = Field(8, ge=1, description="optimization profile: batch tuned for")
     max_batch: int = Field(32, ge=1, description="optimization profile: largest batch")
@@ -164,12 +175,23 @@ class FP16Gate(_Gate):
     rtol: Tolerance = Field(2e-2, description="relative tolerance, against the reference")
 
 
+class INT8Gate(_Gate):
+    atol: Tolerance = Field(0.25, description="absolute tolerance (or per-output dict, '' = default)")
+    rtol: Tolerance = Field(0.25, description="relative tolerance, against the reference")
+    min_top1_agreement: float = Field(0.98, ge=0, le=1, description="top-1 agreement with the reference, at least")
+
+
+class BF16Gate(_Gate):
+    atol: Tolerance = Field(0.1, description="absolute tolerance (or per-output dict, '' = default)")
+    rtol: Tolerance = Field(0.1, description="relative tolerance, against the reference")
+
+
 class CandidateConfig(Section):
     """One candidate: on/off, and thresholds that override its precision's defaults when not null."""
 
     enabled: bool = Field(True, description="run this candidate")
-    atol: Optional[Tolerance] = Field(None, description="overrides verify.fp32/fp16.atol")
-    rtol: Optional[Tolerance] = Field(None, description="overrides verify.fp32/fp16.rtol")
+    atol: Optional[Tolerance] = Field(None, description="overrides the precision gate's atol")
+    rtol: Optional[Tolerance] = Field(None, description="overrides the precision gate's rtol")
     check_error_stat: Optional[ErrorStat] = Field(None, description="overrides check_error_stat")
     error_quantile: Optional[float] = Field(None, gt=0, le=1, description="overrides error_quantile")
     min_top1_agreement: Optional[float] = Field(None, ge=0, le=1, description="overrides min_top1_agreement")
@@ -191,6 +213,8 @@ class VerifyConfig(Section):
     emulation: Literal["fast", "strict"] = Field("fast", description="FP16 emulation: fast (ORT) or strict (numpy)")
     fp32: FP32Gate = FP32Gate()
     fp16: FP16Gate = FP16Gate()
+    int8: INT8Gate = INT8Gate()
+    bf16: BF16Gate = BF16Gate()
     candidates: CandidatesConfig = CandidatesConfig()
     localize: bool = Field(True, description="on failure, find the first node whose error exceeds tolerance")
     localize_top: int = Field(10, ge=1, description="rows in the worst-nodes table")

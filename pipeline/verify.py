@@ -88,7 +88,7 @@ class Evidence:
 
 def gate_for(cfg, name: str, precision: str) -> dict:
     """The thresholds of one candidate: its own non-null keys over the precision's defaults."""
-    base = (cfg.verify.fp16 if precision == "fp16" else cfg.verify.fp32).model_dump()
+    base = getattr(cfg.verify, precision, cfg.verify.fp32).model_dump()  # verify.fp16/int8/bf16; else fp32
     section = getattr(cfg.verify.candidates, name, None)  # a table entry without a config section: defaults
     own = section.model_dump() if section is not None else {}
     return {key: own[key] if own.get(key) is not None else value for key, value in base.items()}
