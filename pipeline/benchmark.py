@@ -27,7 +27,7 @@ from pipeline.backends import Backend, Context
 from pipeline.errors import BackendUnavailable, InputError
 from pipeline.isolate import Crashed
 from pipeline.run import RunDir, StageRecord, atomic_path, atomic_write, now, write_json
-from pipeline.runners import Method, measure  # noqa: F401  (the timing loop; runs in the child when isolated)
+from pipeline.runners import Method, measure, one_line  # noqa: F401  (the timing loop; runs in the child when isolated)
 
 log = logging.getLogger("pipeline")
 
@@ -98,28 +98,56 @@ def crashed(backend: Backend, exc: Crashed) -> str:
 
 
 def time_backend(backend: Backend, ctx: Context, images, method: Method, verdict: str) -> tuple[list, list]:
-    """Every timing of one backend over the batch sizes: (result rows, skipped rows)."""
-    bc = ctx.cfg.benchmark
+    """Every timing of one backend over the batch sizes: (result rows, skipped rows).
+
+    Each (batch, timing) is measured on its own: one that fails (CUDA out of memory at a large batch, a CUDA
+    graph capture, a TensorRT call returning False) becomes a skipped row "error: <one line>" and the other
+    batches and timings go on. A child process that dies ends this backend (a "crashed" row).
+    """
     runner, reason = _start(backend, ctx)
     if runner is None:
         log.info("benchmark: %-17s skipped: %s", backend.name, reason)
         return [], [{"backend": backend.name, "reason": reason}]
     results, skipped = [], []
     try:
-        for batch in bc.batch_sizes:
-            why = runner.batch_reason(batch)
-            if why:
-                skipped.append({"backend": backend.name, "batch_size": batch, "reason": why})
-                continue
-            for label, m in runner.measurements({ctx.spec["input_name"]: _inputs(images, batch)}, method):
-                results.append(_row(backend, ctx, runner, batch, label, m, verdict))
-                _log_row(results[-1])
+        for batch in ctx.cfg.benchmark.batch_sizes:
+            rows, skips = _time_batch(backend, ctx, runner, batch, images, method, verdict)
+            results += rows
+            skipped += skips
     except Crashed as exc:  # the rows measured so far stand; the rest of this backend is a "crashed" row
         skipped.append({"backend": backend.name, "batch_size": batch, "reason": crashed(backend, exc), "log": exc.log,
                         "log_tail": exc.tail})
     finally:
         runner.deactivate()
     return results, skipped
+
+
+def _time_batch(backend: Backend, ctx: Context, runner, batch: int, images, method: Method,
+                verdict: str) -> tuple[list, list]:
+    """One batch size of one backend: its rows, or a skipped row saying why (Crashed propagates)."""
+    try:
+        why = runner.batch_reason(batch)
+        if why:
+            return [], [{"backend": backend.name, "batch_size": batch, "reason": why}]
+        timings = runner.measurements({ctx.spec["input_name"]: _inputs(images, batch)}, method)
+    except (Crashed, BackendUnavailable, InputError):
+        raise
+    except Exception as exc:
+        return [], [_error_row(backend, batch, None, one_line(exc))]
+    rows, skips = [], []
+    for label, m in timings:
+        if "error" in m:
+            skips.append(_error_row(backend, batch, label, m["error"]))
+            continue
+        rows.append(_row(backend, ctx, runner, batch, label, m, verdict))
+        _log_row(rows[-1])
+    return rows, skips
+
+
+def _error_row(backend: Backend, batch: int, label: str | None, error: str) -> dict:
+    log.warning("benchmark: %s at batch %d%s failed: %s", backend.name, batch, f" ({label})" if label else "", error)
+    return {"backend": backend.name, "batch_size": batch, **({"timing": label} if label else {}),
+            "reason": f"error: {error}"}
 
 
 def _row(backend: Backend, ctx: Context, runner, batch: int, label: str, m: dict, verdict: str) -> dict:

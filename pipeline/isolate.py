@@ -39,7 +39,7 @@ import numpy as np
 from polygraphy.backend.base import BaseRunner
 
 from pipeline import artifacts, errors
-from pipeline.runners import Method, Timed, measure
+from pipeline.runners import Method, Timed, measure_or_error
 
 JOB = "job.json"
 TAIL_LINES = 15
@@ -317,7 +317,7 @@ class _Child:
         timings = []
         for label, run_once in runner.timers(feed):
             self.phase(f"timing batch {batch} ({label})")
-            timings.append((label, measure(run_once, method)))
+            timings.append((label, measure_or_error(run_once, method)))  # one failed timing is its own row
         return {"timings": timings}
 
 

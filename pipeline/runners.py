@@ -32,10 +32,12 @@ from polygraphy.backend.onnxrt import OnnxrtRunner
 from polygraphy.backend.trt import TrtRunner  # imports TensorRT lazily, on activation
 from polygraphy.common import TensorMetadata
 
-# Polygraphy prints INFO lines for every session and comparison; the pipeline reports itself.
+# Polygraphy prints INFO lines for every session and comparison; the pipeline reports itself. ERROR stays:
+# Polygraphy forwards TensorRT's own ERROR and INTERNAL_ERROR messages (and the ONNX parser's errors) there,
+# and a failure without them says only "Invalid Engine" (pipeline.build also keeps the whole log).
 from polygraphy.logger import G_LOGGER
 
-G_LOGGER.module_severity = G_LOGGER.CRITICAL
+G_LOGGER.module_severity = G_LOGGER.ERROR
 
 CPU_WALL_CLOCK = "wall-clock, synchronous CPU call"
 Timers = list[tuple[str, Callable[[], float]]]
@@ -64,7 +66,7 @@ def cuda_timers(forward, x_host, cuda_graphs: bool) -> Timers:
                 forward(x_dev)  # warm up before capture
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
+        with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
             static_out = forward(x_dev)
 
         def compute():
@@ -92,6 +94,20 @@ def cuda_timers(forward, x_host, cuda_graphs: bool) -> Timers:
     label = " with CUDA graphs" if cuda_graphs else ""
     return [(f"GPU compute (CUDA events, device-resident input){label}", gpu_compute),
             (f"host latency (H2D + compute + D2H){label}", host_latency)]
+
+
+def one_line(exc: BaseException) -> str:
+    """``Type: first line of the message``: how a failed measurement is reported."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
+def measure_or_error(run_once: Callable[[], float], method: Method) -> dict:
+    """:func:`measure`, or ``{"error": one line}`` when a run fails (CUDA out of memory, a failed launch)."""
+    try:
+        return measure(run_once, method)
+    except Exception as exc:
+        return {"error": one_line(exc)}
 
 
 @dataclass
@@ -150,7 +166,7 @@ class Timed:
     def measurements(self, feed: dict, method: Method) -> list[tuple[str, dict]]:
         """Every timing of ``feed``: ``(label, measure(...))`` per timer. benchmark calls this, so a runner
         in a child process (:class:`pipeline.isolate.Isolated`) runs the timing loop there."""
-        return [(label, measure(run_once, method)) for label, run_once in self.timers(feed)]
+        return [(label, measure_or_error(run_once, method)) for label, run_once in self.timers(feed)]
 
 
 class TorchRunner(Timed, BaseRunner):
@@ -330,11 +346,131 @@ def ort_session_uses(session_or_runner, provider: str) -> bool:
     return provider in sess.get_providers()
 
 
+class TensorrtCallFailed(RuntimeError):
+    """A TensorRT binding returned False (or a CUDA graph capture failed): nothing may be timed after it."""
+
+
+def checked(ok, call: str) -> None:
+    """TensorRT's ``set_input_shape``, ``set_tensor_address`` and ``execute_async_v3`` return bool: a False
+    means the call did nothing (TensorRT logged why), so raise instead of timing an empty launch."""
+    if not ok:
+        raise TensorrtCallFailed(f"TensorRT {call} returned False (its log above says why)")
+
+
+class CudaMemory:
+    """Where :class:`TensorrtRunner` keeps its tensors: torch CUDA tensors, pinned host buffers.
+
+    The one seam the contract tests replace (``tests/fake_tensorrt.py``), with CPU tensors whose lifetimes
+    a recording fake of TensorRT checks; nothing else in the pipeline swaps it.
+    """
+
+    device = "cuda"
+
+    def tensor(self, host: np.ndarray):
+        import torch
+
+        return torch.from_numpy(np.ascontiguousarray(host)).to(self.device)
+
+    def empty(self, shape: tuple, dtype):
+        import torch
+
+        return torch.empty(shape, dtype=dtype, device=self.device)
+
+    def pinned(self, host: np.ndarray):
+        import torch
+
+        return torch.from_numpy(np.ascontiguousarray(host)).pin_memory()
+
+    def pinned_empty(self, shape: tuple, dtype):
+        import torch
+
+        return torch.empty(shape, dtype=dtype, pin_memory=True)
+
+
+DEVICE_MEMORY = CudaMemory()
+
+
+def _torch_dtype(trt_dtype):
+    from polygraphy.datatype import DataType
+
+    return DataType.to_dtype(DataType.from_dtype(trt_dtype, source_module="tensorrt"), "torch")
+
+
+class GraphedEngine:
+    """``execute_async_v3`` captured in a CUDA graph: the one thing Polygraphy's ``TrtRunner`` cannot do.
+
+    Every buffer bound to the execution context is an attribute of this object, so it lives exactly as long
+    as the context (and the graph that replays it); every bool the bindings return is checked; the graph is
+    captured in thread-local mode, and a capture that fails raises. The "host latency" copies go into
+    ``self.input``, the very buffer bound with ``set_tensor_address``.
+    """
+
+    def __init__(self, engine, *, input_name: str, output_name: str, host: np.ndarray):
+        import torch
+
+        self.context = engine.create_execution_context()
+        if not self.context:
+            raise TensorrtCallFailed("TensorRT could not create an execution context (its log above says why)")
+        self.input = DEVICE_MEMORY.tensor(host)
+        checked(self.context.set_input_shape(input_name, tuple(self.input.shape)),
+                f"set_input_shape({input_name!r}, {tuple(self.input.shape)})")
+        shape = tuple(self.context.get_tensor_shape(output_name))
+        self.output = DEVICE_MEMORY.empty(shape, _torch_dtype(engine.get_tensor_dtype(output_name)))
+        for name, tensor in ((input_name, self.input), (output_name, self.output)):
+            checked(self.context.set_tensor_address(name, tensor.data_ptr()), f"set_tensor_address({name!r})")
+        self.host_input = DEVICE_MEMORY.pinned(host)
+        self.host_output = DEVICE_MEMORY.pinned_empty(shape, self.output.dtype)
+        self.stream = torch.cuda.Stream()
+        with torch.cuda.stream(self.stream):
+            for _ in range(3):  # warm-up, outside the capture: TensorRT sets itself up on the first enqueues
+                self.enqueue()
+        self.stream.synchronize()
+        self.graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(self.graph, stream=self.stream, capture_error_mode="thread_local"):
+                self.enqueue()
+        except Exception as exc:
+            raise TensorrtCallFailed(f"CUDA graph capture of the TensorRT engine failed: {type(exc).__name__}: "
+                                     f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") from None
+        self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def enqueue(self) -> None:
+        import torch
+
+        checked(self.context.execute_async_v3(torch.cuda.current_stream().cuda_stream), "execute_async_v3")
+
+    def gpu_compute(self) -> float:
+        self.start.record(self.stream)
+        self.graph.replay()
+        self.end.record(self.stream)
+        self.end.synchronize()
+        return self.start.elapsed_time(self.end)
+
+    def host_latency(self) -> float:
+        import torch
+
+        t = time.perf_counter()
+        with torch.cuda.stream(self.stream):
+            self.input.copy_(self.host_input, non_blocking=True)  # into the bound buffer
+            self.graph.replay()
+            self.host_output.copy_(self.output, non_blocking=True)
+        self.stream.synchronize()
+        return (time.perf_counter() - t) * 1000.0
+
+    def close(self) -> None:
+        """The graph first, then the context, then the buffers bound to it."""
+        for name in ("graph", "context", "input", "output"):
+            self.__dict__.pop(name, None)
+
+
 class TensorrtRunner(Timed, TrtRunner):
     """Polygraphy's ``TrtRunner`` over engine bytes that :func:`pipeline.build.load_engine_bytes` checked.
 
-    Timing: the engine's own execution context on a torch CUDA stream, CUDA events around
-    ``execute_async_v3`` (optionally captured in a CUDA graph), as trtexec's "GPU compute".
+    Inference (verify) and the plain timings go through ``TrtRunner.infer`` with device-resident inputs
+    (torch CUDA tensors): "GPU compute" is CUDA events on the runner's stream around an inference whose
+    outputs stay on the device (it includes TrtRunner's few microseconds of Python per call), "host latency"
+    the wall clock around one from pinned host memory with the outputs copied back. With
+    ``benchmark.cuda_graphs`` the engine runs from a :class:`GraphedEngine` instead (trtexec's default).
     """
 
     def __init__(self, engine_bytes: bytes, sidecar: dict, *, name: str, input_name: str, output_name: str,
@@ -350,27 +486,54 @@ class TensorrtRunner(Timed, TrtRunner):
         low, high = self.profile["min"][0], self.profile["max"][0]
         return "" if low <= batch <= high else f"batch {batch} outside the engine's profile [{low}, {high}]"
 
+    def infer(self, feed_dict, check_inputs=True, *args, **kwargs):
+        """NumPy inputs are copied to the device first, so TensorRT reads device-resident tensors."""
+        feed = OrderedDict((k, DEVICE_MEMORY.tensor(v) if isinstance(v, np.ndarray) else v)
+                           for k, v in feed_dict.items())
+        return super().infer(feed, check_inputs, *args, **kwargs)
+
     def timers(self, feed: dict) -> Timers:
+        host = np.ascontiguousarray(feed[self.input_name])
+        self._drop_bench_state()
+        if self.cuda_graphs:
+            self.graphed = GraphedEngine(self.engine, input_name=self.input_name, output_name=self.output_name,
+                                         host=host)
+            return [("GPU compute (CUDA events, device-resident input) with CUDA graphs", self.graphed.gpu_compute),
+                    ("host latency (H2D + compute + D2H) with CUDA graphs", self.graphed.host_latency)]
+        return self._runner_timers(host)
+
+    def _runner_timers(self, host: np.ndarray) -> Timers:
         import torch
 
-        if not hasattr(self, "bench_context"):
-            self.bench_context = self.engine.create_execution_context()
-        context = self.bench_context
-        x_host = torch.from_numpy(np.ascontiguousarray(feed[self.input_name]))
-        x_dev = x_host.to("cuda")
-        context.set_input_shape(self.input_name, tuple(x_dev.shape))
-        out = torch.empty(tuple(context.get_tensor_shape(self.output_name)), dtype=torch.float32, device="cuda")
-        context.set_tensor_address(self.input_name, x_dev.data_ptr())
-        context.set_tensor_address(self.output_name, out.data_ptr())
+        self.bench_feed = {self.input_name: DEVICE_MEMORY.tensor(host)}  # held: bound while the runner lives
+        self.bench_host_feed = {self.input_name: DEVICE_MEMORY.pinned(host)}
+        stream = torch.cuda.ExternalStream(self.stream.ptr)  # TrtRunner's own stream
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
-        def forward(_):
-            context.execute_async_v3(torch.cuda.current_stream().cuda_stream)
-            return out
+        def gpu_compute() -> float:
+            start.record(stream)
+            self.infer(self.bench_feed, check_inputs=False, copy_outputs_to_host=False)
+            end.record(stream)
+            end.synchronize()
+            return start.elapsed_time(end)
 
-        return cuda_timers(forward, x_host, self.cuda_graphs)
+        def host_latency() -> float:
+            t = time.perf_counter()
+            self.infer(self.bench_host_feed, check_inputs=False, copy_outputs_to_host=True)
+            return (time.perf_counter() - t) * 1000.0
+
+        return [("GPU compute (CUDA events around TrtRunner.infer, device-resident input)", gpu_compute),
+                ("host latency (H2D + compute + D2H, TrtRunner.infer)", host_latency)]
+
+    def _drop_bench_state(self) -> None:
+        graphed = self.__dict__.pop("graphed", None)
+        if graphed is not None:
+            graphed.close()
+        self.__dict__.pop("bench_feed", None)
+        self.__dict__.pop("bench_host_feed", None)
 
     def deactivate_impl(self):
-        self.__dict__.pop("bench_context", None)
+        self._drop_bench_state()
         super().deactivate_impl()
 
 

@@ -95,3 +95,64 @@ def test_profile_writes_a_trace(clone_run):
                "benchmark.batch_sizes=[1]") == 0
     trace = json.loads((run / "benchmark.trace.json").read_text())
     assert trace["traceEvents"]
+
+
+class _FailsAtBatch:
+    """A CPU runner with the benchmark hooks whose timer raises at one batch size (as CUDA OOM would),
+    or whose second timer fails at that batch while the first works."""
+
+    def __init__(self, bad_batch: int, where: str):
+        self.bad_batch, self.where, self.active = bad_batch, where, False
+        self.precision = self.note = self.workaround = ""
+
+    def activate(self):
+        self.active = True
+
+    def deactivate(self):
+        self.active = False
+
+    def batch_reason(self, batch):
+        return ""
+
+    def measurements(self, feed, method):
+        from pipeline.runners import Timed
+
+        return Timed.measurements(self, feed, method)
+
+    def timers(self, feed):
+        batch = len(next(iter(feed.values())))
+        if self.where == "timers" and batch == self.bad_batch:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nsecond line")
+
+        def ok():
+            return 1.0
+
+        def bad():
+            raise RuntimeError("TensorRT execute_async_v3 returned False")
+
+        second = bad if self.where == "timer" and batch == self.bad_batch else ok
+        return [("first", ok), ("second", second)]
+
+
+@pytest.mark.parametrize("where", ["timers", "timer"])
+def test_a_failing_measurement_is_an_error_row_and_the_rest_go_on(where):
+    from pipeline import backends, config
+    from pipeline.backends import Backend, Context
+
+    cfg = config.resolve(overrides=["benchmark.batch_sizes=[1,4,8]"])
+    runner = _FailsAtBatch(4, where)
+    backend = Backend("fails_at_4", "fp32", "cpu", None, "test", lambda ctx: "", lambda ctx: runner)
+    ctx = Context(cfg, None, "benchmark", {"input_name": "x"})
+    images = np.zeros((2, 3, 4, 4), np.float32)
+    rows, skipped = benchmark.time_backend(backend, ctx, images, benchmark.Method(0.0, 3, 0.0, 1, 0.5), "n/a")
+    measured = sorted((r["batch_size"], r["timing"]) for r in rows)
+    errors = [s for s in skipped if s["reason"].startswith("error: ")]
+    assert len(errors) == 1 and errors[0]["batch_size"] == 4
+    if where == "timers":  # the whole batch failed before anything ran
+        assert measured == [(1, "first"), (1, "second"), (8, "first"), (8, "second")]
+        assert errors[0]["reason"] == "error: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    else:  # only that (batch, timing) failed
+        assert measured == [(1, "first"), (1, "second"), (4, "first"), (8, "first"), (8, "second")]
+        assert errors[0]["timing"] == "second" and "execute_async_v3 returned False" in errors[0]["reason"]
+    assert not runner.active  # deactivated once, after every batch
+    assert backends  # the table module stays importable beside the test backend

@@ -1,0 +1,433 @@
+"""A recording fake of the TensorRT Python bindings and of the CUDA memory under them, for tests only.
+
+It checks the CALLS the pipeline makes to TensorRT, not TensorRT's numerics: the "engine" runs its ONNX
+file with ONNX Runtime on the CPU, so verify's numbers are real but say nothing about TensorRT kernels.
+
+What it checks (each breach is appended to ``FakeTensorRT.violations`` and makes the call return False,
+as TensorRT does, so unchecked returns also show up as wrong results):
+
+* signatures: the methods have the parameters of TensorRT's bindings (tensorrt-stubs 10.13, TensorRT 11's
+  ``pyCore.cpp``): ``set_input_shape(name, shape) -> bool``, ``set_tensor_address(name, memory: int) -> bool``,
+  ``execute_async_v3(stream_handle: int) -> bool``, ``get_tensor_shape(name) -> Dims`` (a tuple here, -1 for
+  an unset dynamic dimension), ``set_output_allocator(name, allocator) -> bool``;
+* ``set_input_shape`` was called for every dynamic input before ``execute_async_v3``, within the profile;
+* every address bound with ``set_tensor_address`` is a live device allocation when the engine runs, and
+  stays the SAME allocation it was when bound (a buffer freed and its address reused counts as freed):
+  device memory is either Polygraphy's (its ``cuda.wrapper()`` is replaced by :class:`FakeCudart`, host
+  memory standing in for device memory) or the pipeline's torch tensors (``pipeline.runners.DEVICE_MEMORY``
+  is replaced by :class:`FakeDeviceMemory`, CPU tensors tracked by weak reference);
+* CUDA graphs: ``torch.cuda.graph`` must be called with ``capture_error_mode="thread_local"``; launches during
+  a capture are recorded and run (with the lifetime checks) at ``replay()``.
+
+``fail`` injects failures: ``fail["execute_async_v3"] = {4}`` makes ``execute_async_v3`` return False at
+batch 4 (no violation: TensorRT may legitimately fail), as with ``set_input_shape``; ``fail["capture"]`` makes
+an execute during capture return False.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import enum
+import itertools
+import json
+import types
+import weakref
+
+import numpy as np
+
+MAGIC = b"FAKE-TRT-ENGINE\n"
+STREAM = 0x5EED
+
+
+class DataType(enum.IntEnum):
+    FLOAT = 0
+    HALF = 1
+    INT8 = 2
+    INT32 = 3
+    BOOL = 4
+
+
+class TensorIOMode(enum.IntEnum):
+    NONE = 0
+    INPUT = 1
+    OUTPUT = 2
+
+
+class TensorFormat(enum.IntEnum):
+    LINEAR = 0
+    HWC = 8
+    CHW16 = 3
+
+
+class Severity(enum.IntEnum):
+    INTERNAL_ERROR = 0
+    ERROR = 1
+    WARNING = 2
+    INFO = 3
+    VERBOSE = 4
+
+
+class ILogger:
+    pass
+
+
+class Logger(ILogger):
+    INTERNAL_ERROR, ERROR, WARNING, INFO, VERBOSE = list(Severity)
+
+
+class IOutputAllocator:
+    pass
+
+
+class IDebugListener:
+    pass
+
+
+_ONNX_TYPES = {1: (DataType.FLOAT, np.float32), 10: (DataType.HALF, np.float16)}
+
+
+class FakeCudart:
+    """Polygraphy's ``cuda.wrapper()`` over host memory: every allocation is tracked until ``free``."""
+
+    def __init__(self, fake: "FakeTensorRT"):
+        self.fake, self.blocks = fake, {}
+
+    def malloc(self, nbytes: int) -> int:
+        block = np.zeros(max(int(nbytes), 1), np.uint8)
+        ptr = block.ctypes.data
+        self.blocks[ptr] = block
+        self.fake.live[ptr] = (next(self.fake.ids), block.nbytes, lambda: ptr in self.blocks)
+        return ptr
+
+    def free(self, ptr: int) -> None:
+        self.blocks.pop(ptr, None)
+
+    def memcpy(self, dst, src, nbytes, kind, stream_ptr=None):
+        ctypes.memmove(dst, src, int(nbytes))
+
+    def create_stream(self):
+        return STREAM
+
+    def stream_synchronize(self, ptr):
+        pass
+
+    def destroy_stream(self, ptr):
+        pass
+
+
+class FakeDeviceMemory:
+    """``pipeline.runners.DEVICE_MEMORY`` with CPU tensors; each "device" tensor is tracked by weak reference."""
+
+    device = "cpu"
+
+    def __init__(self, fake: "FakeTensorRT"):
+        self.fake = fake
+
+    def _track(self, tensor):
+        ref = weakref.ref(tensor)
+        self.fake.live[tensor.data_ptr()] = (next(self.fake.ids), tensor.nbytes, lambda: ref() is not None)
+        return tensor
+
+    def tensor(self, host):
+        import torch
+
+        return self._track(torch.from_numpy(np.array(host, copy=True)))
+
+    def empty(self, shape, dtype):
+        import torch
+
+        return self._track(torch.empty(shape, dtype=dtype))
+
+    def pinned(self, host):
+        import torch
+
+        return torch.from_numpy(np.array(host, copy=True))
+
+    def pinned_empty(self, shape, dtype):
+        import torch
+
+        return torch.empty(shape, dtype=dtype)
+
+
+class FakeEngine:
+    """An ``ICudaEngine`` whose serialized form is a header plus the ONNX file it "compiled"."""
+
+    def __init__(self, fake: "FakeTensorRT", blob: bytes):
+        import onnx
+        import onnxruntime as ort
+
+        header, model = blob[len(MAGIC):].split(b"\n", 1)
+        self.fake, self.header = fake, json.loads(header)
+        self.session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+        proto = onnx.load_from_string(model)
+        self.io = {}
+        for value, mode in [(v, TensorIOMode.INPUT) for v in proto.graph.input] + \
+                           [(v, TensorIOMode.OUTPUT) for v in proto.graph.output]:
+            dims = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in value.type.tensor_type.shape.dim)
+            self.io[value.name] = (mode, dims, _ONNX_TYPES[value.type.tensor_type.elem_type])
+
+    @property
+    def num_io_tensors(self) -> int:
+        return len(self.io)
+
+    def get_tensor_name(self, index: int) -> str:
+        return list(self.io)[index]
+
+    def get_tensor_mode(self, name: str) -> TensorIOMode:
+        return self.io[name][0]
+
+    def get_tensor_shape(self, name: str) -> tuple:
+        return self.io[name][1]
+
+    def get_tensor_dtype(self, name: str) -> DataType:
+        return self.io[name][2][0]
+
+    def get_tensor_format(self, name: str, profile_index: int = 0) -> TensorFormat:
+        return TensorFormat.LINEAR
+
+    def is_shape_inference_io(self, name: str) -> bool:
+        return False
+
+    def get_tensor_profile_shape(self, name: str, profile_index: int) -> list:
+        p = self.header["profile"]
+        return [tuple(p["min"]), tuple(p["opt"]), tuple(p["max"])]
+
+    def create_execution_context(self, strategy=None) -> "FakeContext":
+        self.fake.record("create_execution_context")
+        return FakeContext(self)
+
+
+class ICudaEngine(FakeEngine):
+    pass
+
+
+class FakeContext:
+    """An ``IExecutionContext`` that checks shapes, addresses and lifetimes when it runs."""
+
+    def __init__(self, engine: FakeEngine):
+        self.engine, self.fake = engine, engine.fake
+        self.shapes, self.addresses, self.allocators = {}, {}, {}
+        self.active_optimization_profile = 0
+
+    def set_input_shape(self, name: str, shape) -> bool:
+        shape = tuple(int(d) for d in shape)
+        self.fake.record("set_input_shape", name, shape)
+        mode, dims, _ = self.engine.io.get(name, (None, (), None))
+        p = self.engine.header["profile"]
+        in_profile = mode == TensorIOMode.INPUT and len(shape) == len(dims) and all(
+            lo <= d <= hi for d, lo, hi in zip(shape, p["min"], p["max"]))
+        if not in_profile or shape[0] in self.fake.fail.get("set_input_shape", ()):
+            return False
+        self.shapes[name] = shape
+        return True
+
+    def get_tensor_shape(self, name: str) -> tuple:
+        if self.engine.get_tensor_mode(name) == TensorIOMode.INPUT:
+            return self.shapes.get(name, self.engine.io[name][1])
+        batch = next(iter(self.shapes.values()), (-1,))[0]
+        return (batch, *self.engine.io[name][1][1:])
+
+    def get_tensor_address(self, name: str) -> int:
+        return self.addresses.get(name, (0, None))[0]
+
+    def set_tensor_address(self, name: str, memory: int) -> bool:
+        self.fake.record("set_tensor_address", name, memory)
+        if not isinstance(memory, int) or name not in self.engine.io:
+            return False
+        block = self.fake.block_at(memory)
+        if block is None:
+            self.fake.violation(f"set_tensor_address({name!r}, {memory:#x}): not a device allocation")
+            return False
+        self.addresses[name] = (memory, block[0])
+        return True
+
+    def set_output_allocator(self, name: str, output_allocator) -> bool:
+        self.allocators[name] = output_allocator
+        return True
+
+    def set_optimization_profile_async(self, profile_index: int, stream_handle: int) -> bool:
+        return profile_index == 0
+
+    def execute_async_v3(self, stream_handle: int) -> bool:
+        self.fake.record("execute_async_v3", stream_handle)
+        if not isinstance(stream_handle, int):
+            self.fake.violation(f"execute_async_v3({stream_handle!r}): the stream handle must be an int")
+            return False
+        if self.fake.capturing is not None:
+            if self.fake.fail.get("capture"):
+                return False
+            self.fake.capturing.launches.append(self._run)
+            return True
+        return self._run()
+
+    def _run(self) -> bool:
+        feeds = {}
+        for name, (mode, dims, (_, np_dtype)) in self.engine.io.items():
+            if mode != TensorIOMode.INPUT:
+                continue
+            if -1 in dims and name not in self.shapes:
+                return self.fake.violation(f"execute_async_v3: dynamic input {name!r} has no shape "
+                                           "(set_input_shape was not called)")
+            shape = self.shapes.get(name, dims)
+            if shape[0] in self.fake.fail.get("execute_async_v3", ()):
+                return False
+            data = self._live(name, int(np.prod(shape)) * np.dtype(np_dtype).itemsize)
+            if data is None:
+                return False
+            feeds[name] = np.frombuffer(data, np_dtype).reshape(shape).copy()
+        outputs = self.engine.session.run(None, feeds)
+        for (name, (mode, _, (_, np_dtype))), value in zip(
+                [(n, v) for n, v in self.engine.io.items() if v[0] == TensorIOMode.OUTPUT], outputs):
+            value = np.ascontiguousarray(value.astype(np_dtype))
+            if name in self.allocators:
+                ptr = self.allocators[name].reallocate_output_async(name, 0, value.nbytes, 256, STREAM)
+                self.allocators[name].notify_shape(name, tuple(value.shape))
+                self.addresses[name] = (ptr, self.fake.block_at(ptr)[0])
+            if self._live(name, value.nbytes) is None:
+                return False
+            ctypes.memmove(self.addresses[name][0], value.ctypes.data, value.nbytes)
+        self.fake.runs.append({k: v.shape for k, v in feeds.items()})
+        return True
+
+    def _live(self, name: str, nbytes: int):
+        if name not in self.addresses:
+            self.fake.violation(f"execute_async_v3: no address was set for {name!r}")
+            return None
+        ptr, block_id = self.addresses[name]
+        block = self.fake.block_at(ptr)
+        if block is None or block[0] != block_id:
+            self.fake.violation(f"execute_async_v3: the buffer bound to {name!r} at {ptr:#x} was freed "
+                                "(it must live as long as the context bound to it)")
+            return None
+        if block[1] < nbytes:
+            self.fake.violation(f"execute_async_v3: the buffer bound to {name!r} holds {block[1]} bytes, "
+                                f"{nbytes} needed")
+            return None
+        return (ctypes.c_char * nbytes).from_address(ptr)
+
+
+class Runtime:
+    def __init__(self, logger):
+        self.logger = logger
+
+    def deserialize_cuda_engine(self, serialized_engine) -> FakeEngine | None:
+        blob = bytes(serialized_engine)
+        if not blob.startswith(MAGIC):
+            return None
+        return ICudaEngine(FAKE[0], blob)
+
+
+class FakeGraph:
+    def __init__(self):
+        self.launches = []
+
+    def replay(self):
+        for launch in self.launches:
+            launch()
+
+
+class FakeEvent:
+    def __init__(self, enable_timing=False):
+        self.t = None
+
+    def record(self, stream=None):
+        import time
+
+        self.t = time.perf_counter()
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, end) -> float:
+        return (end.t - self.t) * 1000.0
+
+
+class FakeStream:
+    cuda_stream = STREAM
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def synchronize(self):
+        pass
+
+
+FAKE: list = []
+
+
+class FakeTensorRT:
+    """The state of one installed fake: calls, violations, injected failures."""
+
+    def __init__(self):
+        self.calls, self.violations, self.runs, self.capture_modes = [], [], [], []
+        self.fail: dict = {}
+        self.live: dict = {}  # address -> (allocation id, bytes, is_alive())
+        self.ids = itertools.count(1)
+        self.capturing = None
+
+    def record(self, *call):
+        self.calls.append(call)
+
+    def violation(self, text: str):
+        self.violations.append(text)
+        return False
+
+    def block_at(self, ptr: int):
+        for start, (block_id, nbytes, alive) in self.live.items():
+            if start <= ptr < start + max(nbytes, 1) and alive():
+                return block_id, nbytes - (ptr - start)
+        return None
+
+    @contextlib.contextmanager
+    def graph(self, graph, pool=None, stream=None, capture_error_mode="global"):
+        self.capture_modes.append(capture_error_mode)
+        if capture_error_mode != "thread_local":
+            self.violation(f"torch.cuda.graph(capture_error_mode={capture_error_mode!r}): TensorRT's enqueue must "
+                           "be captured in thread-local mode")
+        self.capturing = graph
+        try:
+            yield
+        finally:
+            self.capturing = None
+
+
+def serialize(onnx_bytes: bytes, profile: dict) -> bytes:
+    """What the fake "builder" writes: the ONNX model behind a header (for the build stage's tests)."""
+    return MAGIC + json.dumps({"profile": profile}).encode() + b"\n" + onnx_bytes
+
+
+def install(monkeypatch, *, gpu_name: str = "Fake GPU (tests/fake_tensorrt.py)") -> FakeTensorRT:
+    """Put the fake in place for this test: ``import tensorrt``, Polygraphy's CUDA wrapper, the runner's device
+    memory and torch's CUDA stream/event/graph calls, and a GPU for :mod:`pipeline.env`."""
+    import sys
+
+    import torch
+    from polygraphy import cuda as pcuda
+
+    from pipeline import env, runners
+
+    fake = FakeTensorRT()
+    FAKE[:] = [fake]
+    module = types.ModuleType("tensorrt")
+    module.__version__ = "10.13.0.35"
+    for name, value in dict(DataType=DataType, TensorIOMode=TensorIOMode, TensorFormat=TensorFormat,
+                            ILogger=ILogger, Logger=Logger, IOutputAllocator=IOutputAllocator,
+                            IDebugListener=IDebugListener, Runtime=Runtime, ICudaEngine=ICudaEngine,
+                            IExecutionContext=FakeContext, float32=DataType.FLOAT, float16=DataType.HALF,
+                            int8=DataType.INT8, int32=DataType.INT32, bool=DataType.BOOL,
+                            init_libnvinfer_plugins=lambda logger, namespace: True).items():
+        setattr(module, name, value)
+    monkeypatch.setitem(sys.modules, "tensorrt", module)
+    env.tensorrt_status.cache_clear()
+    monkeypatch.setattr(env, "cuda_status", lambda: (True, ""))
+    monkeypatch.setattr(env, "gpu_info", lambda: {"name": gpu_name, "compute_capability": "0.0", "cuda": None,
+                                                  "driver": None})
+    monkeypatch.setattr(pcuda.cuda, "G_CUDA", FakeCudart(fake))
+    monkeypatch.setattr(runners, "DEVICE_MEMORY", FakeDeviceMemory(fake))
+    for name, value in dict(Stream=FakeStream, ExternalStream=FakeStream, Event=FakeEvent, CUDAGraph=FakeGraph,
+                            graph=fake.graph, stream=lambda s: contextlib.nullcontext(),
+                            current_stream=lambda: FakeStream(), synchronize=lambda: None).items():
+        monkeypatch.setattr(torch.cuda, name, value)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # Polygraphy: no torch CUDA output buffers
+    return fake
