@@ -59,6 +59,9 @@ LOGS = "logs"  # a directory: the stderr of every child, logs/<stage>.<backend>.
 ISOLATE_PREFIX = ".isolate."  # its temporary folder (inputs and outputs), removed when the child ends
 
 
+BUILD_LOG = f"{LOGS}/build.tensorrt.log"  # everything TensorRT, its ONNX parser and Polygraphy logged while building
+
+
 def child_log(stage: str, backend: str) -> str:
     """The log of ``backend``'s child process in ``stage``, relative to the run directory."""
     return f"{LOGS}/{stage}.{backend}.log"

@@ -16,13 +16,15 @@ did not record in the manifest.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
+import re
 import time
 from pathlib import Path
 
 from pipeline import __version__, env
-from pipeline.artifacts import ENGINE, FP16_ONNX, FP32_ONNX, MODEL_CARD
+from pipeline.artifacts import BUILD_LOG, ENGINE, FP16_ONNX, FP32_ONNX, MODEL_CARD
 from pipeline.artifacts import ENGINE_SIDECAR as SIDECAR
 from pipeline.artifacts import TIMING_CACHE as DEFAULT_TIMING_CACHE
 from pipeline.errors import BackendUnavailable, InputError, StageFailed
@@ -96,6 +98,44 @@ def engine_loader(onnx_path: Path, *, input_name: str, shapes: dict, build_cfg, 
                                   save_timing_cache=str(timing_cache) if timing_cache else None)
 
 
+@contextlib.contextmanager
+def tensorrt_log(path: Path):
+    """Everything TensorRT, its ONNX parser and Polygraphy log while building, written to ``path``; yields the
+    list of ERROR lines (TensorRT's ERROR/INTERNAL_ERROR and the parser's errors), filled as they come.
+
+    Polygraphy forwards TensorRT's logger to its own; for the build it goes through Python logging, so the
+    whole log lands in the file, and the errors reach the console and the stage's failure message.
+    """
+    from polygraphy.logger import G_LOGGER
+
+    errors: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            text = re.sub(r"^\s*\[[A-Z]\]\s*", "", record.getMessage())  # Polygraphy's "[E] " prefix
+            if record.levelno >= logging.ERROR and not text.startswith("[!]"):
+                errors.extend(line.strip() for line in text.splitlines() if line.strip())
+                log.error("build: TensorRT: %s", text)
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    saved = G_LOGGER.module_severity, G_LOGGER.use_python_logging_system, G_LOGGER.log_file
+    G_LOGGER.module_severity = G_LOGGER.VERBOSE  # TensorRT's INFO arrives as Polygraphy VERBOSE
+    G_LOGGER.use_python_logging_system = True
+    G_LOGGER.log_file = str(path)
+    polygraphy_log = logging.getLogger("Polygraphy")
+    handler, propagate = Collect(), polygraphy_log.propagate
+    polygraphy_log.addHandler(handler)
+    polygraphy_log.propagate = False  # the file has it all; the console gets the errors only
+    try:
+        yield errors
+    finally:
+        polygraphy_log.removeHandler(handler)
+        polygraphy_log.propagate = propagate
+        G_LOGGER.log_file = saved[2]
+        G_LOGGER.use_python_logging_system = saved[1]
+        G_LOGGER.module_severity = saved[0]
+
+
 def current_platform() -> dict:
     """What an engine is bound to on this machine: TensorRT version and GPU."""
     trt, _ = env.tensorrt_status()
@@ -128,10 +168,13 @@ def run(cfg, run_dir: RunDir, record: StageRecord) -> None:
              ENGINE, shapes["min"][0], shapes["opt"][0], shapes["max"][0], cfg.build.optimization_level,
              cfg.build.tf32)
     start = time.perf_counter()
-    try:
-        engine_bytes = bytes(loader())
-    except Exception as exc:
-        raise StageFailed(f"TensorRT engine build failed: {type(exc).__name__}: {exc}") from None
+    with tensorrt_log(run_dir.file(BUILD_LOG)) as errors:
+        try:
+            engine_bytes = bytes(loader())
+        except Exception as exc:
+            first = "; ".join(errors[:3]) or f"{type(exc).__name__}: {str(exc).strip()}"
+            raise StageFailed(f"TensorRT engine build failed: {first} (whole log: {BUILD_LOG})") from None
+    record.details["log"] = BUILD_LOG  # not an artifact: logs/ is not a plain file name
     seconds = time.perf_counter() - start
     atomic_write(run_dir.file(ENGINE), engine_bytes)
     platform = current_platform()

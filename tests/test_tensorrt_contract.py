@@ -122,3 +122,28 @@ def test_fake_calls_graphed_engine_keeps_its_buffers_and_checks_shapes(fake_trt,
     assert fresh.execute_async_v3(fake_tensorrt.STREAM) is False
     assert "set_input_shape was not called" in fake_trt.violations[-1]
     assert fresh.set_tensor_address("y", host.ctypes.data) is False  # host memory is not a device allocation
+
+
+def test_fake_calls_a_failed_build_names_tensorrt_errors_and_keeps_the_log(fake_trt, clone_run, monkeypatch,
+                                                                            capsys):
+    """TensorRT's errors reach the user: the first in the message, every line in logs/build.tensorrt.log."""
+    from polygraphy.logger import G_LOGGER
+
+    def failing_builder(onnx_path, **kw):
+        def build_it():
+            G_LOGGER.verbose("[TRT] detail the console does not need")
+            G_LOGGER.error("ModelImporter.cpp:914: While parsing node number 3 [Conv]: unsupported padding")
+            G_LOGGER.critical("Invalid Engine. Please ensure the engine was built correctly")
+
+        return build_it
+
+    monkeypatch.setattr(build, "engine_loader", failing_builder)
+    run = clone_run()
+    severity = G_LOGGER.module_severity.get()
+    assert cli("build", "--run-dir", run) == 4
+    err = capsys.readouterr().err
+    assert "TensorRT engine build failed: ModelImporter.cpp:914: While parsing node number 3 [Conv]" in err
+    assert "logs/build.tensorrt.log" in err
+    text = (run / "logs" / "build.tensorrt.log").read_text()
+    assert "unsupported padding" in text and "detail the console does not need" in text and "Invalid Engine" in text
+    assert G_LOGGER.module_severity.get() == severity  # restored
