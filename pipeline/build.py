@@ -42,7 +42,7 @@ def availability() -> tuple[bool, str]:
         return False, reason
     ok, reason = env.cuda_status()
     if not ok:
-        return False, f"TensorRT {trt.__version__} is installed but there is {reason}"
+        return False, f"TensorRT {getattr(trt, '__version__', '?')} is installed but there is {reason}"
     return True, ""
 
 

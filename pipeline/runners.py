@@ -24,7 +24,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 from polygraphy.backend.base import BaseRunner
@@ -38,6 +38,9 @@ from polygraphy.common import TensorMetadata
 from polygraphy.logger import G_LOGGER
 
 G_LOGGER.module_severity = G_LOGGER.ERROR
+
+if TYPE_CHECKING:  # type-checked against tensorrt-stubs (tests/test_typecheck.py); never imported at run time
+    import tensorrt as trt
 
 CPU_WALL_CLOCK = "wall-clock, synchronous CPU call"
 Timers = list[tuple[str, Callable[[], float]]]
@@ -137,7 +140,7 @@ def measure(run_once: Callable[[], float], method: Method) -> dict:
         warmup_runs += 1
     samples, trials = [], []
     for _ in range(method.trials):
-        trial = []
+        trial: list[float] = []
         t0 = time.perf_counter()
         while len(trial) < method.min_iterations or time.perf_counter() - t0 < method.min_duration_s:
             trial.append(run_once())
@@ -161,7 +164,7 @@ class Timed:
 
     def timers(self, feed: dict) -> Timers:
         """Labelled callables, each running one inference on ``feed`` and returning its latency (ms)."""
-        return [(CPU_WALL_CLOCK, cpu_timer(self.infer, feed))]
+        return [(CPU_WALL_CLOCK, cpu_timer(self.infer, feed))]  # type: ignore[attr-defined]
 
     def measurements(self, feed: dict, method: Method) -> list[tuple[str, dict]]:
         """Every timing of ``feed``: ``(label, measure(...))`` per timer. benchmark calls this, so a runner
@@ -405,16 +408,17 @@ class GraphedEngine:
     ``self.input``, the very buffer bound with ``set_tensor_address``.
     """
 
-    def __init__(self, engine, *, input_name: str, output_name: str, host: np.ndarray):
+    def __init__(self, engine: trt.ICudaEngine, *, input_name: str, output_name: str, host: np.ndarray):
         import torch
 
-        self.context = engine.create_execution_context()
+        self.context: trt.IExecutionContext = engine.create_execution_context()
         if not self.context:
             raise TensorrtCallFailed("TensorRT could not create an execution context (its log above says why)")
         self.input = DEVICE_MEMORY.tensor(host)
         checked(self.context.set_input_shape(input_name, tuple(self.input.shape)),
                 f"set_input_shape({input_name!r}, {tuple(self.input.shape)})")
-        shape = tuple(self.context.get_tensor_shape(output_name))
+        dims = self.context.get_tensor_shape(output_name)
+        shape = tuple(int(dims[i]) for i in range(len(dims)))
         self.output = DEVICE_MEMORY.empty(shape, _torch_dtype(engine.get_tensor_dtype(output_name)))
         for name, tensor in ((input_name, self.input), (output_name, self.output)):
             checked(self.context.set_tensor_address(name, tensor.data_ptr()), f"set_tensor_address({name!r})")
