@@ -83,6 +83,10 @@ def tensorrt_status() -> tuple[object | None, str]:
         return None, f"TensorRT is not installed ({exc}); install the project's 'gpu' extra on a CUDA machine"
     except Exception as exc:  # a broken install (missing libnvinfer, ...)
         return None, f"TensorRT failed to import: {type(exc).__name__}: {exc}"
+    if not getattr(tensorrt, "__version__", None):  # e.g. tensorrt-stubs' tensorrt/__init__.pyi: a namespace only
+        where = list(getattr(tensorrt, "__path__", None) or []) or getattr(tensorrt, "__file__", None)
+        return None, (f"TensorRT is not installed: tensorrt is importable but has no __version__ (type stubs only?) "
+                      f"from {where}; install the project's 'gpu' extra on a CUDA machine")
     return tensorrt, ""
 
 

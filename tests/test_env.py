@@ -68,3 +68,19 @@ def test_broken_tensorrt_install_is_a_reason_not_a_crash(monkeypatch, tmp_path, 
     monkeypatch.syspath_prepend(str(tmp_path))
     trt, reason = env.tensorrt_status()
     assert trt is None and reason == "TensorRT failed to import: OSError: libnvinfer.so.10: cannot open shared object file"
+
+
+def test_tensorrt_type_stubs_alone_count_as_not_installed(monkeypatch, tmp_path, fresh_tensorrt_status):
+    """tensorrt-stubs puts tensorrt/__init__.pyi in site-packages: `import tensorrt` then succeeds as an empty
+    namespace package with no __version__, which must not pass for an installed TensorRT."""
+    (tmp_path / "tensorrt").mkdir()
+    (tmp_path / "tensorrt" / "__init__.pyi").write_text("from tensorrt_bindings import tensorrt\n")
+    monkeypatch.delitem(sys.modules, "tensorrt", raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import tensorrt  # the namespace package really imports
+
+    assert not hasattr(tensorrt, "__version__")
+    trt, reason = env.tensorrt_status()
+    assert trt is None and reason.startswith("TensorRT is not installed")
+    assert "tensorrt is importable but has no __version__ (type stubs only?)" in reason and str(tmp_path) in reason
+    assert env.collect()["tensorrt"] is None
