@@ -19,9 +19,20 @@ as TensorRT does, so unchecked returns also show up as wrong results):
 * CUDA graphs: ``torch.cuda.graph`` must be called with ``capture_error_mode="thread_local"``; launches during
   a capture are recorded and run (with the lifetime checks) at ``replay()``.
 
+* the builder, as Polygraphy's real loaders drive it (``NetworkFromOnnxPath(strongly_typed=True)``,
+  ``CreateConfig``, ``EngineBytesFromNetwork``): ``Builder``, ``create_network(flags)``, ``OnnxParser``
+  (``parse_from_file``, ``num_errors``/``get_error``), ``create_builder_config`` with ``set_flag``/``clear_flag``
+  (recorded; TF32 on by default, as in TensorRT), optimization profiles (``set_shape``), the timing cache
+  (``create_timing_cache``/``set_timing_cache``/``serialize``/``combine``) and ``builder_optimization_level``.
+  ``build_serialized_network`` refuses, as TensorRT does, a dynamic input without a profile and a precision
+  flag (FP16, INT8, BF16, FP8, ...) on a strongly typed network, logging the error through the logger it was
+  given; otherwise it returns the fake engine (:func:`serialize`: a header with the profile and the config's
+  flags, then the ONNX model). It does not optimise, choose tactics or check layer support.
+
 ``fail`` injects failures: ``fail["execute_async_v3"] = {4}`` makes ``execute_async_v3`` return False at
 batch 4 (no violation: TensorRT may legitimately fail), as with ``set_input_shape``; ``fail["capture"]`` makes
-an execute during capture return False.
+an execute during capture return False; ``fail["parse"] = "<message>"`` makes the ONNX parser report that
+error.
 """
 
 from __future__ import annotations
@@ -29,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import enum
+import hashlib
 import itertools
 import json
 import types
@@ -353,6 +365,290 @@ class FakeStream:
         pass
 
 
+
+# --------------------------------------------------------------------------- the builder (Polygraphy's loaders)
+
+
+class BuilderFlag(enum.IntEnum):  # TensorRT 10.13's values (tensorrt-stubs)
+    FP16 = 0
+    INT8 = 1
+    DEBUG = 2
+    GPU_FALLBACK = 3
+    REFIT = 4
+    DISABLE_TIMING_CACHE = 5
+    TF32 = 6
+    SPARSE_WEIGHTS = 7
+    SAFETY_SCOPE = 8
+    OBEY_PRECISION_CONSTRAINTS = 9
+    PREFER_PRECISION_CONSTRAINTS = 10
+    DIRECT_IO = 11
+    REJECT_EMPTY_ALGORITHMS = 12
+    VERSION_COMPATIBLE = 13
+    EXCLUDE_LEAN_RUNTIME = 14
+    FP8 = 15
+    ERROR_ON_TIMING_CACHE_MISS = 16
+    BF16 = 17
+    DISABLE_COMPILATION_CACHE = 18
+    WEIGHTLESS = 19
+    INT4 = 22
+    FP4 = 26
+
+
+# Weak typing's flags: TensorRT 10.12+ rejects them on a strongly typed network, TensorRT 11 removed them.
+PRECISION_FLAGS = {BuilderFlag.FP16, BuilderFlag.INT8, BuilderFlag.BF16, BuilderFlag.FP8, BuilderFlag.INT4,
+                   BuilderFlag.FP4, BuilderFlag.OBEY_PRECISION_CONSTRAINTS, BuilderFlag.PREFER_PRECISION_CONSTRAINTS}
+
+
+class NetworkDefinitionCreationFlag(enum.IntEnum):
+    EXPLICIT_BATCH = 0
+    STRONGLY_TYPED = 1
+
+
+class DeviceType(enum.IntEnum):
+    GPU = 0
+    DLA = 1
+
+
+class ProfilingVerbosity(enum.IntEnum):
+    LAYER_NAMES_ONLY = 0
+    NONE = 1
+    DETAILED = 2
+
+
+class HostMemory(bytes):
+    """``IHostMemory``: a buffer, also a context manager (Polygraphy writes ``with cache.serialize() as buf``)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class FakeTensor:
+    """A network input (``ITensor``): name, dtype, shape with -1 for a dynamic dimension."""
+
+    is_shape_tensor = False
+
+    def __init__(self, name: str, dtype: DataType, shape: tuple):
+        self.name, self.dtype, self.shape = name, dtype, shape
+
+
+class FakeNetwork:
+    """``INetworkDefinition``, filled by the parser: its inputs and the ONNX model it came from."""
+
+    def __init__(self, flags: int):
+        self.flags, self.inputs, self.onnx = flags, [], None
+
+    def get_flag(self, flag) -> bool:
+        return bool(self.flags & (1 << int(flag)))
+
+    @property
+    def num_inputs(self) -> int:
+        return len(self.inputs)
+
+    def get_input(self, index: int) -> FakeTensor:
+        return self.inputs[index]
+
+    num_layers = 0
+
+    def __iter__(self):  # the layers: none that Polygraphy must look at
+        return iter(())
+
+
+class ParserError:
+    def __init__(self, text: str):
+        self.text = text
+
+    def desc(self) -> str:
+        return self.text
+
+    def __str__(self) -> str:
+        return self.text
+
+
+class OnnxParser:
+    """``OnnxParser(network, logger)``: reads the ONNX file into the network's inputs; ``fail["parse"]`` (a
+    message) makes it report that error as TensorRT's parser does (logger ERROR, ``num_errors``, False)."""
+
+    def __init__(self, network: FakeNetwork, logger):
+        self.network, self.logger, self.errors = network, logger, []
+        FAKE[0].record("OnnxParser")
+
+    def parse_from_file(self, model: str) -> bool:
+        FAKE[0].record("parse_from_file", model)
+        import onnx
+
+        try:
+            proto = onnx.load(model)  # with its external data, as the parser reads it beside the file
+        except Exception as exc:
+            return self._error(f"ModelImporter.cpp:771: Failed to parse ONNX model from file: {model}: {exc}")
+        return self._read(proto)
+
+    def parse(self, model, path: str | None = None) -> bool:
+        FAKE[0].record("parse", path)
+        import onnx
+
+        try:
+            return self._read(onnx.load_from_string(bytes(model)))
+        except Exception as exc:
+            return self._error(f"ModelImporter.cpp:771: Failed to parse ONNX model: {exc}")
+
+    def _read(self, proto) -> bool:
+        if FAKE[0].fail.get("parse"):
+            return self._error(FAKE[0].fail["parse"])
+        initializers = {t.name for t in proto.graph.initializer}
+        for value in proto.graph.input:
+            if value.name in initializers:
+                continue
+            dims = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in value.type.tensor_type.shape.dim)
+            self.network.inputs.append(FakeTensor(value.name, _ONNX_TYPES[value.type.tensor_type.elem_type][0], dims))
+        self.network.onnx = proto.SerializeToString()
+        self.logger.log(Severity.INFO, f"----- Parsing of ONNX model {proto.graph.name} is Done ----")
+        return True
+
+    def _error(self, text: str) -> bool:
+        self.errors.append(ParserError(text))
+        self.logger.log(Severity.ERROR, text)
+        return False
+
+    @property
+    def num_errors(self) -> int:
+        return len(self.errors)
+
+    def get_error(self, index: int) -> ParserError:
+        return self.errors[index]
+
+    def clear_errors(self) -> None:
+        self.errors.clear()
+
+
+class FakeOptimizationProfile:
+    """``IOptimizationProfile``: ``set_shape(input, min, opt, max)``; valid (truthy) when min <= opt <= max."""
+
+    def __init__(self):
+        self.shapes: dict = {}
+
+    def set_shape(self, input: str, min, opt, max) -> None:
+        self.shapes[input] = tuple(tuple(int(d) for d in dims) for dims in (min, opt, max))
+        FAKE[0].record("set_shape", input, *self.shapes[input])
+
+    def get_shape(self, input: str) -> list:
+        return list(self.shapes[input])
+
+    def __bool__(self) -> bool:
+        return bool(self.shapes) and all(len(lo) == len(mid) == len(hi) and all(a <= b <= c for a, b, c in
+                                         zip(lo, mid, hi)) for lo, mid, hi in self.shapes.values())
+
+
+class FakeTimingCache:
+    """``ITimingCache``: a set of entries, serialized as JSON; the build adds one per engine it builds."""
+
+    def __init__(self, data: bytes):
+        self.entries = set(json.loads(data)["entries"]) if data else set()
+
+    def serialize(self) -> HostMemory:
+        return HostMemory(json.dumps({"entries": sorted(self.entries)}).encode())
+
+    def combine(self, input_cache: "FakeTimingCache", ignore_mismatch: bool) -> bool:
+        self.entries |= input_cache.entries
+        return True
+
+
+class FakeBuilderConfig:
+    """``IBuilderConfig``: flags, profiles, timing cache and optimization level, every change recorded."""
+
+    DLA_core = -1
+    default_device_type = DeviceType.GPU
+    profiling_verbosity = ProfilingVerbosity.LAYER_NAMES_ONLY
+
+    def __init__(self):
+        self.flags = {BuilderFlag.TF32}  # TensorRT's default: TF32 on
+        self.profiles: list = []
+        self.timing_cache = None
+        self.builder_optimization_level = 3
+
+    def set_flag(self, flag: BuilderFlag) -> None:
+        FAKE[0].record("set_flag", BuilderFlag(flag).name)
+        self.flags.add(BuilderFlag(flag))
+
+    def clear_flag(self, flag: BuilderFlag) -> None:
+        FAKE[0].record("clear_flag", BuilderFlag(flag).name)
+        self.flags.discard(BuilderFlag(flag))
+
+    def get_flag(self, flag: BuilderFlag) -> bool:
+        return BuilderFlag(flag) in self.flags
+
+    def add_optimization_profile(self, profile: FakeOptimizationProfile) -> int:
+        if not profile:
+            return -1
+        self.profiles.append(profile)
+        return len(self.profiles) - 1
+
+    @property
+    def num_optimization_profiles(self) -> int:
+        return len(self.profiles)
+
+    def create_timing_cache(self, serialized_timing_cache) -> FakeTimingCache:
+        FAKE[0].record("create_timing_cache", len(bytes(serialized_timing_cache)))
+        return FakeTimingCache(bytes(serialized_timing_cache))
+
+    def set_timing_cache(self, cache: FakeTimingCache, ignore_mismatch: bool) -> bool:
+        self.timing_cache = cache
+        return True
+
+    def get_timing_cache(self) -> FakeTimingCache:
+        return self.timing_cache
+
+
+class Builder:
+    """``Builder(logger)``: networks, configs, profiles, and ``build_serialized_network``, which writes the fake
+    engine (:func:`serialize`) and checks what TensorRT checks: a profile for every dynamic input, and no
+    precision flag on a strongly typed network."""
+
+    def __init__(self, logger):
+        self.logger = logger
+        FAKE[0].record("Builder")
+
+    def create_network(self, flags: int = 0) -> FakeNetwork:
+        FAKE[0].record("create_network", flags)
+        return FakeNetwork(flags)
+
+    def create_builder_config(self) -> FakeBuilderConfig:
+        FAKE[0].configs.append(FakeBuilderConfig())
+        return FAKE[0].configs[-1]
+
+    def create_optimization_profile(self) -> FakeOptimizationProfile:
+        return FakeOptimizationProfile()
+
+    def build_serialized_network(self, network: FakeNetwork, config: FakeBuilderConfig) -> HostMemory | None:
+        FAKE[0].record("build_serialized_network")
+        error = self._check(network, config)
+        if error:
+            self.logger.log(Severity.ERROR, f"IBuilder::buildSerializedNetwork: Error Code 4: API Usage Error ({error})")
+            return None
+        (inp,) = network.inputs
+        lo, mid, hi = config.profiles[0].shapes[inp.name]
+        if config.timing_cache is not None:
+            config.timing_cache.entries.add(hashlib.sha256(network.onnx).hexdigest()[:16])
+        self.logger.log(Severity.INFO, f"Total Activation Memory: {4 * int(np.prod(hi))} bytes")
+        header = {"strongly_typed": network.get_flag(NetworkDefinitionCreationFlag.STRONGLY_TYPED),
+                  "flags": sorted(f.name for f in config.flags), "level": config.builder_optimization_level}
+        return HostMemory(serialize(network.onnx, {"min": list(lo), "opt": list(mid), "max": list(hi)}, **header))
+
+    @staticmethod
+    def _check(network: FakeNetwork, config: FakeBuilderConfig) -> str:
+        if network.onnx is None:
+            return "the network is empty (nothing was parsed)"
+        typed = network.get_flag(NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+        weak = sorted(f.name for f in config.flags & PRECISION_FLAGS)
+        if typed and weak:
+            return f"precision flags {weak} are not allowed on a strongly typed network"
+        for inp in network.inputs:
+            if -1 in inp.shape and not any(inp.name in p.shapes for p in config.profiles):
+                return f"Network has dynamic or shape inputs, but no optimization profile has been defined ({inp.name})"
+        return ""
+
 FAKE: list = []
 
 
@@ -361,6 +657,7 @@ class FakeTensorRT:
 
     def __init__(self):
         self.calls, self.violations, self.runs, self.capture_modes = [], [], [], []
+        self.configs: list[FakeBuilderConfig] = []
         self.fail: dict = {}
         self.live: dict = {}  # address -> (allocation id, bytes, is_alive())
         self.ids = itertools.count(1)
@@ -392,9 +689,9 @@ class FakeTensorRT:
             self.capturing = None
 
 
-def serialize(onnx_bytes: bytes, profile: dict) -> bytes:
-    """What the fake "builder" writes: the ONNX model behind a header (for the build stage's tests)."""
-    return MAGIC + json.dumps({"profile": profile}).encode() + b"\n" + onnx_bytes
+def serialize(onnx_bytes: bytes, profile: dict, **header) -> bytes:
+    """What the fake builder writes: the ONNX model behind a header (its profile, and what the config held)."""
+    return MAGIC + json.dumps({"profile": profile, **header}).encode() + b"\n" + onnx_bytes
 
 
 def install(monkeypatch, *, gpu_name: str = "Fake GPU (tests/fake_tensorrt.py)") -> FakeTensorRT:
@@ -416,6 +713,11 @@ def install(monkeypatch, *, gpu_name: str = "Fake GPU (tests/fake_tensorrt.py)")
                             IDebugListener=IDebugListener, Runtime=Runtime, ICudaEngine=ICudaEngine,
                             IExecutionContext=FakeContext, float32=DataType.FLOAT, float16=DataType.HALF,
                             int8=DataType.INT8, int32=DataType.INT32, bool=DataType.BOOL,
+                            Builder=Builder, OnnxParser=OnnxParser, BuilderFlag=BuilderFlag,
+                            NetworkDefinitionCreationFlag=NetworkDefinitionCreationFlag, DeviceType=DeviceType,
+                            ProfilingVerbosity=ProfilingVerbosity, IHostMemory=HostMemory,
+                            ITimingCache=FakeTimingCache, IBuilderConfig=FakeBuilderConfig,
+                            INetworkDefinition=FakeNetwork, IOptimizationProfile=FakeOptimizationProfile,
                             init_libnvinfer_plugins=lambda logger, namespace: True).items():
         setattr(module, name, value)
     monkeypatch.setitem(sys.modules, "tensorrt", module)

@@ -3,12 +3,15 @@
 These tests check the CALLS the pipeline makes to TensorRT's bindings and to CUDA memory (signatures, bool
 returns, set_input_shape before execution, buffers alive as long as the context bound to them, thread-local
 graph capture), not TensorRT's numerics: the fake engine runs its ONNX file with ONNX Runtime on the CPU.
-They drive build -> verify -> benchmark through the real TensorRT branches (tensorrt_fp16).
+They drive build -> verify -> benchmark through the real TensorRT branches (tensorrt_fp16), and through
+Polygraphy's real loaders: the build's NetworkFromOnnxPath/CreateConfig/EngineBytesFromNetwork chain and
+TrtRunner run unchanged over the fake bindings.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,22 +26,58 @@ def fake_trt(monkeypatch):
     fake = fake_tensorrt.install(monkeypatch)
     # Runners in this process, so the fake (installed here) serves them; the child process is tested elsewhere.
     monkeypatch.setattr(backends.Backend, "runner", lambda self, ctx: self.make(ctx))
-
-    def fake_builder(onnx_path, **kw):  # the builder's output only: build's own branch runs for real
-        return lambda: fake_tensorrt.serialize(onnx_path.read_bytes(), kw["shapes"])
-
-    monkeypatch.setattr(build, "engine_loader", fake_builder)
     yield fake
     env.tensorrt_status.cache_clear()
+
+
+def built(run, fake, *overrides) -> dict:
+    """Build through Polygraphy's real loaders (NetworkFromOnnxPath, CreateConfig, EngineBytesFromNetwork) over
+    the fake bindings; the engine's sidecar."""
+    assert cli("build", "--run-dir", run, "--require", "tensorrt", "build.max_batch=16", *overrides) == 0
+    assert fake.violations == []
+    return json.loads((run / "model.fp16.engine.json").read_text())
 
 
 @pytest.fixture
 def built_run(fake_trt, clone_run):
     run = clone_run()
-    assert cli("build", "--run-dir", run, "--require", "tensorrt", "build.max_batch=16") == 0
-    sidecar = json.loads((run / "model.fp16.engine.json").read_text())
+    sidecar = built(run, fake_trt)
     assert sidecar["gpu"] == "Fake GPU (tests/fake_tensorrt.py)" and sidecar["tensorrt"] == "10.13.0.35"
     return run
+
+
+def test_fake_calls_build_runs_polygraphy_s_loaders_strongly_typed_without_precision_flags(fake_trt, clone_run):
+    """The builder calls Polygraphy makes for build: a strongly typed network parsed from the ONNX file, one
+    profile equal to build.min/opt/max batch, no precision flag (TF32 only when build.tf32), the optimization
+    level, and the timing cache loaded and saved."""
+    run = clone_run()
+    sidecar = built(run, fake_trt, "build.min_batch=2", "build.opt_batch=4", "build.optimization_level=2")
+    calls = [c[0] for c in fake_trt.calls]
+    assert calls.index("create_network") < calls.index("parse_from_file") < calls.index("build_serialized_network")
+    (flags,) = [c[1] for c in fake_trt.calls if c[0] == "create_network"]
+    assert flags == 1 << int(fake_tensorrt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+    (parsed,) = [c[1] for c in fake_trt.calls if c[0] == "parse_from_file"]
+    assert parsed.endswith("model.fp16.onnx")  # parse_from_file: external weights are found beside the file
+    (config,) = fake_trt.configs
+    assert not config.flags & fake_tensorrt.PRECISION_FLAGS
+    assert not any(c[0] == "set_flag" for c in fake_trt.calls)  # build.tf32 is false: nothing set, TF32 cleared
+    assert ("clear_flag", "TF32") in fake_trt.calls and fake_tensorrt.BuilderFlag.TF32 not in config.flags
+    assert config.builder_optimization_level == 2
+    (profile,) = config.profiles
+    size = sidecar["profile"]["min"][1:]
+    assert profile.shapes == {sidecar["profile"]["input"]: ((2, *size), (4, *size), (16, *size))}
+    assert sidecar["profile"]["min"][0] == 2 and sidecar["profile"]["opt"][0] == 4
+    header = json.loads((run / "model.fp16.engine").read_bytes()[len(fake_tensorrt.MAGIC):].split(b"\n", 1)[0])
+    assert header["strongly_typed"] and header["level"] == 2 and header["flags"] == []
+    cache = json.loads(Path(sidecar["timing_cache"]).read_text())  # saved by EngineBytesFromNetwork
+    assert len(cache["entries"]) == 1
+    log = (run / "logs" / "build.tensorrt.log").read_text()  # TensorRT's INFO lines, through Polygraphy's logger
+    assert "Parsing of ONNX model" in log and "Total Activation Memory" in log
+    fake_trt.calls.clear()
+    built(run, fake_trt, "build.tf32=true")  # the second build loads the saved cache, and TF32 is asked for
+    assert ("set_flag", "TF32") in fake_trt.calls
+    assert not fake_trt.configs[-1].flags & fake_tensorrt.PRECISION_FLAGS
+    assert any(c[0] == "create_timing_cache" and c[1] > 0 for c in fake_trt.calls)
 
 
 def bench(run, *extra):
@@ -124,20 +163,13 @@ def test_fake_calls_graphed_engine_keeps_its_buffers_and_checks_shapes(fake_trt,
     assert fresh.set_tensor_address("y", host.ctypes.data) is False  # host memory is not a device allocation
 
 
-def test_fake_calls_a_failed_build_names_tensorrt_errors_and_keeps_the_log(fake_trt, clone_run, monkeypatch,
-                                                                            capsys):
-    """TensorRT's errors reach the user: the first in the message, every line in logs/build.tensorrt.log."""
+def test_fake_calls_a_failed_build_names_tensorrt_errors_and_keeps_the_log(fake_trt, clone_run, capsys):
+    """TensorRT's errors reach the user: the parser's error (as the fake parser reports it, through Polygraphy's
+    real NetworkFromOnnxPath) first in the message, every line TensorRT and Polygraphy logged in
+    logs/build.tensorrt.log."""
     from polygraphy.logger import G_LOGGER
 
-    def failing_builder(onnx_path, **kw):
-        def build_it():
-            G_LOGGER.verbose("[TRT] detail the console does not need")
-            G_LOGGER.error("ModelImporter.cpp:914: While parsing node number 3 [Conv]: unsupported padding")
-            G_LOGGER.critical("Invalid Engine. Please ensure the engine was built correctly")
-
-        return build_it
-
-    monkeypatch.setattr(build, "engine_loader", failing_builder)
+    fake_trt.fail["parse"] = "ModelImporter.cpp:914: While parsing node number 3 [Conv]: unsupported padding"
     run = clone_run()
     severity = G_LOGGER.module_severity.get()
     assert cli("build", "--run-dir", run) == 4
@@ -145,5 +177,20 @@ def test_fake_calls_a_failed_build_names_tensorrt_errors_and_keeps_the_log(fake_
     assert "TensorRT engine build failed: ModelImporter.cpp:914: While parsing node number 3 [Conv]" in err
     assert "logs/build.tensorrt.log" in err
     text = (run / "logs" / "build.tensorrt.log").read_text()
-    assert "unsupported padding" in text and "detail the console does not need" in text and "Invalid Engine" in text
+    assert "unsupported padding" in text and "Could not parse ONNX correctly" in text
+    assert not (run / "model.fp16.engine").exists()
     assert G_LOGGER.module_severity.get() == severity  # restored
+
+
+def test_fake_calls_a_builder_error_is_the_failure_message(fake_trt, clone_run, monkeypatch, capsys):
+    """A builder that returns no engine (here: a precision flag on the strongly typed network, which TensorRT
+    10.12+ rejects) is a failed build with TensorRT's error, not "Invalid Engine" alone."""
+    from polygraphy.backend.trt import CreateConfig
+
+    made = build.config_loader
+    monkeypatch.setattr(build, "config_loader", lambda **kw: CreateConfig(bf16=True, profiles=made(**kw).profiles))
+    run = clone_run()
+    assert cli("build", "--run-dir", run) == 4
+    err = capsys.readouterr().err
+    assert "TensorRT engine build failed: IBuilder::buildSerializedNetwork: Error Code 4: API Usage Error " \
+           "(precision flags ['BF16'] are not allowed on a strongly typed network)" in err
