@@ -49,6 +49,7 @@ BENCHMARK_MD = "benchmark.md"
 LATENCY_PLOT = "benchmark_latency.png"
 THROUGHPUT_PLOT = "benchmark_throughput.png"
 BENCHMARK_TRACE = "benchmark.trace.json"
+TRTEXEC_DIR = "trtexec"  # trtexec beside the TensorRT rows: <backend>.b<batch>.<kind>.times.json/.profile.json/.log
 
 # report
 REPORT_HTML = "report.html"

@@ -22,7 +22,7 @@ import math
 
 import numpy as np
 
-from pipeline import artifacts, backends, data, env, modeling, verify_report
+from pipeline import artifacts, backends, data, env, modeling, trtexec, verify_report
 from pipeline.backends import Backend, Context
 from pipeline.errors import BackendUnavailable, InputError
 from pipeline.isolate import Crashed
@@ -207,6 +207,7 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, profile: bool = False) -> 
         rows, skips = time_backend(backend, ctx, images, method, verify_column(backend, verdicts))
         results += rows
         skipped += skips
+    trtexec.side_by_side(run_dir, results, backends.by_name, spec["input_name"], spec["input_size"], method)
     noisy = [f"{r['backend']}@{r['batch_size']}" for r in results if r["cv_warning"]]
     if noisy:
         log.warning("benchmark: warning: %d of %d measurements had a trial with a coefficient of variation above "

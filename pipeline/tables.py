@@ -185,7 +185,11 @@ def benchmark_section(payload: dict) -> Section:
                     + f": {s['reason']}" for s in payload.get("skipped", []))
     table = Table(("backend", "precision", "device", "batch", "p50 ms", "p90 ms", "p99 ms", "mean ms", "cv",
                    "images/s", "timing", "verify"), tuple(_benchmark_row(r) for r in payload["results"]))
-    return Section(f"Benchmark: {payload['model']}", paragraphs=(machine, method, *skipped), tables=(table,))
+    from pipeline import trtexec
+
+    side = trtexec.table(payload)  # trtexec on the same engines, when it was on PATH
+    return Section(f"Benchmark: {payload['model']}", paragraphs=(machine, method, *skipped),
+                   tables=(table, *((side,) if side else ())))
 
 
 # --------------------------------------------------------------------------- rendering

@@ -1,0 +1,82 @@
+"""A stand-in for NVIDIA's ``trtexec``, put on PATH by tests/test_trtexec.py: it checks the PLUMBING (the
+arguments benchmark passes, the JSON it reads back), not trtexec.
+
+It refuses (exit 2, a trtexec-style "[E]" line) a command that real trtexec would not run as benchmark means it:
+an engine that is not the fake TensorRT engine, ``--shapes`` that are not ``<input>:<b>x<c>x<h>x<w>``, no
+``--useCudaGraph``, an ``--exportProfile`` without ``--separateProfileRun``, an unknown flag. Otherwise it writes
+``--exportTimes`` in trtexec's format (``samples/common/sampleReporting.cpp``: one record per timed inference
+with ``startEnqMs … endD2hMs``, ``h2dMs``, ``computeMs``, ``d2hMs``, ``latencyMs`` = h2d + compute + d2h; the
+transfers are 0 with ``--noDataTransfers``) and ``--exportProfile`` (``[{"count": N}, {"name", "timeMs",
+"averageMs", "medianMs", "percentage"}, ...]``).
+
+Environment: FAKE_TRTEXEC_COMPUTE_MS (the compute time per inference, default 1.0), FAKE_TRTEXEC_FAIL_BATCH
+(exit 1 at that batch), FAKE_TRTEXEC_SLEEP_BATCH (hang at that batch), FAKE_TRTEXEC_GARBAGE (bad JSON),
+FAKE_TRTEXEC_CALLS (a file each command line is appended to, as JSON).
+"""
+
+import json
+import os
+import sys
+import time
+
+MAGIC = b"FAKE-TRT-ENGINE\n"
+KNOWN = {"--loadEngine", "--shapes", "--useCudaGraph", "--noDataTransfers", "--warmUp", "--iterations", "--duration",
+         "--exportTimes", "--exportProfile", "--separateProfileRun"}
+
+
+def fail(text: str, code: int = 2):
+    print(f"[E] {text}")
+    sys.exit(code)
+
+
+def main(argv):
+    args = dict(a[2:].split("=", 1) if "=" in a else (a[2:], True) for a in argv)
+    if os.environ.get("FAKE_TRTEXEC_CALLS"):
+        with open(os.environ["FAKE_TRTEXEC_CALLS"], "a") as f:
+            f.write(json.dumps(argv) + "\n")
+    unknown = [a for a in argv if a.split("=", 1)[0] not in KNOWN]
+    if unknown:
+        fail(f"Unknown option: {unknown[0]}")
+    with open(args["loadEngine"], "rb") as f:
+        if not f.read().startswith(MAGIC):
+            fail("Error[1]: IRuntime::deserializeCudaEngine: Error Code 1: Serialization (not an engine)")
+    name, _, dims = str(args.get("shapes", "")).rpartition(":")
+    shape = [int(d) for d in dims.split("x") if d.isdigit()]
+    if not name or len(shape) != 4:
+        fail(f"Invalid --shapes: {args.get('shapes')}")
+    if "useCudaGraph" not in args or ("exportProfile" in args and "separateProfileRun" not in args):
+        fail("fake trtexec: expected --useCudaGraph, and --separateProfileRun with --exportProfile")
+    batch = shape[0]
+    if str(batch) == os.environ.get("FAKE_TRTEXEC_FAIL_BATCH"):
+        fail("Error[2]: [executionContext.cpp::setInputShape]: out of memory", 1)
+    if str(batch) == os.environ.get("FAKE_TRTEXEC_SLEEP_BATCH"):
+        time.sleep(60)
+    write_times(args["exportTimes"], batch, "noDataTransfers" in args, int(args["iterations"]))
+    if "exportProfile" in args:
+        with open(args["exportProfile"], "w") as f:
+            json.dump([{"count": 10}, {"name": "conv1", "timeMs": 5.0, "averageMs": 0.5, "medianMs": 0.5,
+                                       "percentage": 100.0}], f)
+    print("&&&& PASSED TensorRT.trtexec [TensorRT v101300] # trtexec " + " ".join(argv))
+
+
+def write_times(path, batch, no_transfers, iterations):
+    if os.environ.get("FAKE_TRTEXEC_GARBAGE"):
+        with open(path, "w") as f:
+            f.write("[ { \"startEnqMs\" : ")
+        return
+    compute = float(os.environ.get("FAKE_TRTEXEC_COMPUTE_MS", "1.0"))
+    records, t = [], 100.0
+    for i in range(max(iterations, 10)):
+        c = compute * (1 + 0.01 * (i % 5))  # a little spread, so the percentiles differ
+        h2d = d2h = 0.0 if no_transfers else 0.002 * batch
+        r = {"startEnqMs": t, "endEnqMs": t + 0.01, "startH2dMs": t, "endH2dMs": t + h2d,
+             "startComputeMs": t + h2d, "endComputeMs": t + h2d + c, "startD2hMs": t + h2d + c,
+             "endD2hMs": t + h2d + c + d2h, "h2dMs": h2d, "computeMs": c, "d2hMs": d2h, "latencyMs": h2d + c + d2h}
+        records.append(r)
+        t += h2d + c + d2h
+    with open(path, "w") as f:
+        json.dump(records, f)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
