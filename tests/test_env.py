@@ -75,7 +75,8 @@ def test_tensorrt_type_stubs_alone_count_as_not_installed(monkeypatch, tmp_path,
     namespace package with no __version__, which must not pass for an installed TensorRT."""
     (tmp_path / "tensorrt").mkdir()
     (tmp_path / "tensorrt" / "__init__.pyi").write_text("from tensorrt_bindings import tensorrt\n")
-    monkeypatch.delitem(sys.modules, "tensorrt", raising=False)
+    monkeypatch.setitem(sys.modules, "tensorrt", None)  # so that teardown removes the namespace package again
+    del sys.modules["tensorrt"]
     monkeypatch.syspath_prepend(str(tmp_path))
     import tensorrt  # the namespace package really imports
 
