@@ -97,7 +97,8 @@ def crashed(backend: Backend, exc: Crashed) -> str:
     return f"crashed: {exc} (log: {exc.log})"
 
 
-def time_backend(backend: Backend, ctx: Context, images, method: Method, verdict: str) -> tuple[list, list]:
+def time_backend(backend: Backend, ctx: Context, images, method: Method, verdict: str,
+                 accuracy: float | None = None) -> tuple[list, list]:
     """Every timing of one backend over the batch sizes: (result rows, skipped rows)."""
     bc = ctx.cfg.benchmark
     runner, reason = _start(backend, ctx)
@@ -112,7 +113,7 @@ def time_backend(backend: Backend, ctx: Context, images, method: Method, verdict
                 skipped.append({"backend": backend.name, "batch_size": batch, "reason": why})
                 continue
             for label, m in runner.measurements({ctx.spec["input_name"]: _inputs(images, batch)}, method):
-                results.append(_row(backend, ctx, runner, batch, label, m, verdict))
+                results.append({**_row(backend, ctx, runner, batch, label, m, verdict), "accuracy": accuracy})
                 _log_row(results[-1])
     except Crashed as exc:  # the rows measured so far stand; the rest of this backend is a "crashed" row
         skipped.append({"backend": backend.name, "batch_size": batch, "reason": crashed(backend, exc), "log": exc.log,
@@ -169,6 +170,7 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, profile: bool = False) -> 
     spec = card["spec"]
     images, _ = data.validation_batch(cfg, card, max(bc.batch_sizes))
     verdicts = verify_report.read_verdicts(run_dir) or {}
+    accuracies = verify_report.read_accuracies(run_dir)
     method = Method(bc.warmup_s, bc.min_iterations, bc.min_duration_s, bc.trials, bc.cv_warn)
     log.info("benchmark: batch sizes %s, %d threads, %d trial(s) of >= %d runs and >= %.2g s after %.2g s warm-up",
              bc.batch_sizes, threads, bc.trials, bc.min_iterations, bc.min_duration_s, bc.warmup_s)
@@ -176,7 +178,8 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, profile: bool = False) -> 
     results, skipped = [], []
     for name in bc.backends:
         backend = backends.by_name(name)
-        rows, skips = time_backend(backend, ctx, images, method, verify_column(backend, verdicts))
+        rows, skips = time_backend(backend, ctx, images, method, verify_column(backend, verdicts),
+                                   accuracies.get(backends.verified_by(backend)))
         results += rows
         skipped += skips
     noisy = [f"{r['backend']}@{r['batch_size']}" for r in results if r["cv_warning"]]

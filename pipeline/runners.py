@@ -264,13 +264,14 @@ class OrtRunner(Timed, OnnxrtRunner):
     """
 
     def __init__(self, model: str | Path | bytes, *, name: str, providers: list[str] | None = None,
-                 threads: int | None = None, disabled_optimizers: tuple[str, ...] = ()):
+                 threads: int | None = None, disabled_optimizers: tuple[str, ...] = (), optimize: bool = True):
         from polygraphy.backend.onnxrt import SessionFromOnnx
 
         self.providers = providers or ["cpu"]
         source = str(model) if isinstance(model, Path) else model
-        session = SessionFromOnnx(source, providers=self.providers) if threads is None and not disabled_optimizers \
-            else (lambda: _ort_session(source, self.providers, threads, disabled_optimizers))
+        session = SessionFromOnnx(source, providers=self.providers) \
+            if threads is None and not disabled_optimizers and optimize \
+            else (lambda: _ort_session(source, self.providers, threads, disabled_optimizers, optimize))
         super().__init__(session, name=name)
         if disabled_optimizers:
             self.workaround = (f"ONNX Runtime optimizer(s) {', '.join(disabled_optimizers)} disabled: "
@@ -306,10 +307,13 @@ DISABLED_BECAUSE = {"NchwcTransformer": "it crashes ONNX Runtime's CPU provider 
                                         "(microsoft/onnxruntime#28392); the other optimizations stay on"}
 
 
-def _ort_session(source, providers: list[str], threads: int | None, disabled_optimizers: tuple[str, ...] = ()):
+def _ort_session(source, providers: list[str], threads: int | None, disabled_optimizers: tuple[str, ...] = (),
+                 optimize: bool = True):
     import onnxruntime as ort
 
     options = ort.SessionOptions()
+    if not optimize:  # every node computed as the graph writes it (the INT8 Q/DQ graph's exact execution)
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     if threads is not None:
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
@@ -320,9 +324,11 @@ def _ort_session(source, providers: list[str], threads: int | None, disabled_opt
 
 
 def onnxrt_runner(model: str | Path | bytes, *, name: str, providers: list[str] | None = None,
-                  threads: int | None = None, disabled_optimizers: tuple[str, ...] = ()) -> OrtRunner:
-    """ONNX Runtime over a path or serialized model (see :class:`OrtRunner`)."""
-    return OrtRunner(model, name=name, providers=providers, threads=threads, disabled_optimizers=disabled_optimizers)
+                  threads: int | None = None, disabled_optimizers: tuple[str, ...] = (),
+                  optimize: bool = True) -> OrtRunner:
+    """ONNX Runtime over a path or serialized model (see :class:`OrtRunner`); ``optimize=False``: ORT_DISABLE_ALL."""
+    return OrtRunner(model, name=name, providers=providers, threads=threads, disabled_optimizers=disabled_optimizers,
+                     optimize=optimize)
 
 
 def ort_session_uses(session_or_runner, provider: str) -> bool:
