@@ -127,7 +127,7 @@ def quantize_int8(cfg, run_dir: RunDir, card: dict, fallback: list[str], out_nam
     with atomic_path(run_dir.file(out_name)) as tmp:
         report = int8.quantize(run_dir.file(FP32_ONNX), images, card["spec"]["input_name"], ic, tmp, fallback)
         onnx_io.check(tmp)
-    log.info("export: %s: %d Q/DQ pairs, %d nodes INT8 (%.1f%% of the compute nodes), %d FP16, %d FP32 (%.1f s)",
+    log.info("export: %s: %d Q/DQ pairs, %d nodes INT8 (%.1f%% of the matrix ops), %d FP16, %d FP32 (%.1f s)",
              out_name, report["qdq_pairs"], report["int8_nodes"], 100 * report["int8_fraction"],
              report["fp16_nodes"], report["fp32_nodes_count"], report["seconds"])
     return report

@@ -41,6 +41,8 @@ QUANTIZER = "modelopt.onnx.quantization.quantize(quantize_mode='int8')"
 # minus the copy and activation ops ModelOpt removes from it).
 QUANTIZABLE = ("Add", "AveragePool", "BatchNormalization", "Clip", "Conv", "ConvTranspose", "Gemm",
                "GlobalAveragePool", "MatMul", "MaxPool", "Mul")
+# The matrix ops, where INT8 kernels pay: the INT8 fraction is taken over these, and each one not in INT8 is listed.
+MATRIX_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 
 
 # --------------------------------------------------------------------------- quantization
@@ -126,8 +128,8 @@ def node_precisions(fp32_model: onnx.ModelProto, int8_model: onnx.ModelProto) ->
 
 
 def int8_fraction(precisions: dict) -> float:
-    """The share of the compute nodes (ModelOpt's quantizable op types) that run INT8."""
-    compute = [p for op, p in precisions.values() if op in QUANTIZABLE]
+    """The share of the matrix ops (Conv, Gemm, MatMul) that compute on INT8 inputs."""
+    compute = [p for op, p in precisions.values() if op in MATRIX_OPS]
     return sum(1 for p in compute if p == "int8") / max(1, len(compute))
 
 
@@ -139,7 +141,7 @@ def precision_report(fp32_model, int8_model, int8_cfg, fallback: set[str]) -> di
             continue
         why = _why_unquantized(name, op, int8_cfg, fallback)
         why_counts[why] = why_counts.get(why, 0) + 1
-        if op in QUANTIZABLE:  # a non-compute op (Relu, Flatten, ...) is listed by count only
+        if op in MATRIX_OPS:  # other ops (Relu, Add, Flatten, ...) are counted by reason only
             left.append({"name": name, "op_type": op, "precision": precision, "reason": why})
     counts = {k: sum(1 for _, p in precisions.values() if p == k) for k in ("int8", "fp16", "fp32")}
     return {

@@ -106,7 +106,7 @@ def _export_summary(entry: dict) -> str:
     fp16 = d.get("fp16") or {}
     share = fp16.get("fp16_fraction")
     int8 = d.get("int8") or {}
-    q = f"; INT8 {100 * int8['int8_fraction']:.1f}% of compute nodes" if int8.get("int8_fraction") is not None else ""
+    q = f"; INT8 {100 * int8['int8_fraction']:.1f}% of matrix ops" if int8.get("int8_fraction") is not None else ""
     return f"opset {d.get('opset')}, {d.get('exporter')}" + (f"; FP16 nodes {100 * share:.1f}%" if share is not None
                                                              else "") + q
 

@@ -104,7 +104,7 @@ def int8_section(manifest: dict) -> Section | None:
         status = "disabled" if int8.get("enabled") is False else "skipped"
         return Section("INT8 quantization", status=status, paragraphs=(f"No model.int8.onnx: {why}.",))
     text = (f"{int8['qdq_pairs']} Q/DQ pairs; {int8['int8_nodes']} nodes compute on INT8 inputs "
-            f"({percent(int8['int8_fraction'], '.1f')} of the quantizable compute nodes), {int8['fp16_nodes']} in "
+            f"({percent(int8['int8_fraction'], '.1f')} of the matrix ops: Conv, Gemm, MatMul), {int8['fp16_nodes']} in "
             f"FP16, {int8['fp32_nodes_count']} in FP32; {int8.get('quantizer')}, calibration "
             f"{int8.get('calibration_method')} on {int8.get('calibration_images')} real validation images, "
             f"{fmt(int8.get('seconds'), '.1f')} s.")
@@ -112,7 +112,7 @@ def int8_section(manifest: dict) -> Section | None:
                              or "none") + "."
     rows = tuple(_row(Cell(n["name"], code=True), n["op_type"], n["precision"], n["reason"])
                  for n in int8.get("unquantized_nodes", []))
-    tables = (Table(("compute node not in INT8", "op", "precision", "why"), rows),) if rows else ()
+    tables = (Table(("matrix op not in INT8", "op", "precision", "why"), rows),) if rows else ()
     return Section("INT8 quantization", paragraphs=(text, counts), tables=tables)
 
 
@@ -168,7 +168,7 @@ def _fallback_section(fb: dict) -> Section:
 def _int8_fallback_section(fb: dict) -> Section:
     moved = tuple(cell for name in fb["excluded_from_int8"] for cell in (Cell(name, code=True), Cell(", ")))[:-1]
     text = (Cell(f"{len(fb['iterations'])} iteration(s); left unquantized: "), *(moved or (Cell("none"),)),
-            Cell(f"; INT8 share of the compute nodes {percent(fb['int8_fraction_before'], '.1f')} -> "
+            Cell(f"; INT8 share of the matrix ops {percent(fb['int8_fraction_before'], '.1f')} -> "
                  f"{percent(fb['int8_fraction_after'], '.1f')}."))
     return Section("Automatic INT8 fallback", status="passed" if fb["passed"] else "failed", paragraphs=(text,),
                    level=3)
@@ -236,7 +236,7 @@ def benchmark_section(payload: dict) -> Section:
                    "images/s", "accuracy", "timing", "verify"), tuple(_benchmark_row(r) for r in payload["results"]))
     choice = Table(("backend", "precision", "device", "p50 ms (smallest batch)", "images/s (largest batch)",
                     "accuracy", "verify"), _precision_rows(payload["results"]))
-    side = ("FP32, FP16 and INT8 side by side (accuracy: verify's, on its real validation images, for the "
+    side = ("Every precision side by side (accuracy: verify's, on its real validation images, for the "
             "artifact timed here; a backend that failed verify is not a candidate, however fast).")
     return Section(f"Benchmark: {payload['model']}", paragraphs=(machine, method, *skipped, side),
                    tables=(choice, table))
