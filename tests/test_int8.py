@@ -6,12 +6,13 @@ import json
 import shutil
 from pathlib import Path
 
+import jsonschema
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import FAULTS, TINY, cli
+from conftest import FAULTS, ROOT, TINY, cli
 from pipeline import backends, int8
 from pipeline.backends import Context
 
@@ -125,7 +126,9 @@ def _copy(run: Path, tmp_path: Path) -> Path:
 
 
 def _report(run: Path) -> dict:
-    return json.loads((run / "verify.json").read_text())
+    report = json.loads((run / "verify.json").read_text())
+    jsonschema.validate(report, json.loads((ROOT / "docs" / "verify.schema.json").read_text()))
+    return report
 
 
 def _status(run: Path) -> dict:
