@@ -178,8 +178,12 @@ class FP16Gate(_Gate):
 
 
 class INT8Gate(_Gate):
-    atol: Tolerance = Field(0.25, description="absolute tolerance (or per-output dict, '' = default)")
-    rtol: Tolerance = Field(0.25, description="relative tolerance, against the reference")
+    """INT8 errors have a heavy tail (an 8-bit activation step per layer): the 99th percentile of each batch's
+    errors is held to atol/rtol, the task check catches what a quantile could hide (docs/verify.md)."""
+
+    atol: Tolerance = Field(0.5, description="absolute tolerance (or per-output dict, '' = default)")
+    rtol: Tolerance = Field(0.5, description="relative tolerance, against the reference")
+    check_error_stat: ErrorStat = Field("quantile", description="which error statistic is held to atol/rtol")
     min_top1_agreement: float = Field(0.98, ge=0, le=1, description="top-1 agreement with the reference, at least")
 
 

@@ -21,6 +21,7 @@ ONNX graph (implicit calibration is gone in 11), so every INT8 decision lives in
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import re
 import time
@@ -65,8 +66,9 @@ def _quiet_modelopt():
     captured afterwards (pipeline.fp16)."""
     names = ["modelopt.onnx", *(n for n in logging.root.manager.loggerDict if n.startswith("modelopt.onnx."))]
     saved = [(lg, lg.level, lg.handlers[:], lg.propagate) for lg in map(logging.getLogger, names)]
-    try:
-        yield
+    try:  # ONNX Runtime's entropy calibrator prints its progress (print and tqdm): keep it out too
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            yield
     finally:
         for lg, level, handlers, propagate in saved:
             lg.setLevel(level)

@@ -300,7 +300,8 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, auto_fallback: bool = Fals
     })
     failing_first = verdict["failed"][0] if verdict["failed"] else None
     shown_loc = int8_loc if failing_first is not None and failing_first.backend.uses_int8_model else localization
-    fixable = any(c.backend.uses_fp16_model or c.backend.uses_int8_model for c in verdict["failed"])
+    fixable = any((c.backend.uses_fp16_model or c.backend.uses_int8_model) and not c.result.get("hint")
+                  for c in verdict["failed"])
     _raise_for(verdict, shown_loc, export_broken, suggest_fallback=fixable and not auto_fallback)
     log.info("verify: passed (%s)", ", ".join(f"{c.name} {c.status}" for c in checks))
 
@@ -459,6 +460,10 @@ def _int8_gate(cfg, run_dir: RunDir, card, ctx: Context, fp32_model, evidence: E
     offending layers. Returns (localisation, fallback), each None when it did not run."""
     failing = [c for c in checks if c.backend.uses_int8_model and c.status == "failed"]
     if not failing or export_broken:
+        return None, None
+    if any(c.name == "int8_exact" and c.status == "passed" for c in checks):  # the Q/DQ graph itself is sound
+        for chk in failing:
+            chk.result["hint"] = report.INT8_KERNELS_HINT
         return None, None
     loc = _localize_int8(cfg, fp32_model, ctx.int8_model, evidence, failing[0]) if cfg.verify.localize else None
     if not auto_fallback:

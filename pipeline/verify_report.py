@@ -34,6 +34,8 @@ EXPORT_BROKEN_LOG = ("verify: the FP32 export disagrees with PyTorch; FP16 local
                      "(they compare against the FP32 ONNX graph, which is already wrong)")
 STALE_ENGINE = ("the engine was built from the model.fp16.onnx the FP32 fallback replaced: build re-runs and "
                 "verify checks the new engine")
+INT8_KERNELS_HINT = ("the Q/DQ graph itself passes (int8_exact): this runtime's int8 kernels compute it differently "
+                     "(fused integer kernels); deploy it elsewhere (TensorRT) or exclude it from benchmark.backends")
 STALE_INT8_ENGINE = ("the engine was built from the model.int8.onnx the INT8 fallback replaced: build re-runs and "
                      "verify checks the new engine")
 TENSORRT_LOCALIZE_FAILED = "verify: TensorRT layer-wise localisation failed (%s); using the FP16 emulation"
@@ -119,6 +121,8 @@ def failure_message(verdict: dict, localization, export_broken: bool, suggest_fa
         node = localization["first_divergent"]
         what = "first quantized node" if first.backend.uses_int8_model else "first node"
         text += f"; {what} over tolerance: {node['name']} ({node['op_type']})"
+    if first.result.get("hint") and first.backend.uses_int8_model:
+        text += f"; {first.result['hint']}"
     if suggest_fallback and not export_broken:
         text += ("; `verify --auto-fallback` can leave the offending layers unquantized"
                  if first.backend.uses_int8_model else "; `verify --auto-fallback` can move the offending nodes to FP32")
