@@ -22,7 +22,7 @@ from functools import cached_property
 from typing import Callable
 
 from pipeline import env
-from pipeline.artifacts import ENGINE, FP16_ONNX, FP32_ONNX
+from pipeline.artifacts import ENGINE, FP16_ONNX, FP32_ONNX, INT8_ENGINE, INT8_ONNX
 from pipeline.errors import InputError
 from pipeline.run import RunDir, sha256_file
 
@@ -30,6 +30,7 @@ log = logging.getLogger("pipeline")
 
 REFERENCE = "torch_fp32"
 NO_FP16 = "no model.fp16.onnx (export.fp16.enabled is false)"
+NO_INT8 = "no model.int8.onnx (export.int8.enabled is false)"
 
 
 @dataclass
@@ -45,6 +46,7 @@ class Context:
     gpu: bool = False  # whether "auto" backends run on CUDA (benchmark on a GPU machine)
     fp16: object = field(default=None, repr=False)  # an FP16 ModelProto under test (verify's fallback candidates)
     isolate: bool = True  # native runtimes in a child process (False: in this process, as the child itself does)
+    int8: object = field(default=None, repr=False)  # an INT8 Q/DQ ModelProto under test (verify's fallback candidates)
 
     @cached_property
     def fp16_model(self):
@@ -55,6 +57,16 @@ class Context:
 
         path = self.run_dir.file(FP16_ONNX)
         return onnx_io.load(path, "FP16 ONNX model") if path.exists() else None
+
+    @cached_property
+    def int8_model(self):
+        """``model.int8.onnx`` (or the INT8 model under test), loaded and checked once; None without one."""
+        if self.int8 is not None:
+            return self.int8
+        from pipeline import onnx_io
+
+        path = self.run_dir.file(INT8_ONNX)
+        return onnx_io.load(path, "INT8 ONNX model") if path.exists() else None
 
     def fp32_path(self):
         from pipeline import onnx_io
@@ -104,6 +116,11 @@ class Backend:
         """Whether it runs the FP16 model (so localisation and the FP32 fallback concern it)."""
         return self.artifact in (FP16_ONNX, ENGINE)
 
+    @property
+    def uses_int8_model(self) -> bool:
+        """Whether it runs the INT8 Q/DQ model (so INT8 localisation and fallback concern it)."""
+        return self.artifact in (INT8_ONNX, INT8_ENGINE)
+
 
 # --------------------------------------------------------------------------- availability
 
@@ -123,6 +140,20 @@ def _needs_fp16(ctx: Context) -> str:
     if ctx.cfg.export.fp16.enabled:
         ctx.run_dir.require(FP16_ONNX, "export", ctx.stage)  # raises: the file is missing
     return NO_FP16
+
+
+def _needs_int8(ctx: Context) -> str:
+    """"" with an INT8 model; the reason without one: disabled by the config, or the reason export recorded
+    for skipping it (no ModelOpt). Otherwise a missing ``model.int8.onnx`` is an :class:`InputError`."""
+    if ctx.int8_model is not None:
+        return ""
+    if not ctx.cfg.export.int8.enabled:
+        return NO_INT8
+    skipped = ((ctx.run_dir.stage_entry("export") or {}).get("details") or {}).get("int8", {}).get("skipped")
+    if skipped:
+        return f"no model.int8.onnx: export skipped INT8 ({skipped})"
+    ctx.run_dir.require(INT8_ONNX, "export", ctx.stage)  # raises: the file is missing
+    return NO_INT8
 
 
 def _cuda_ort(fp16_graph: bool) -> Callable[[Context], str]:
@@ -203,6 +234,19 @@ def _emulation_label(cfg) -> str:
     return f"FP16 emulation ({mode}: {how}), model.fp16.onnx"
 
 
+def _int8_exact(ctx: Context):
+    from pipeline import int8
+
+    return int8.exact_runner(ctx.int8_model, "int8_exact")
+
+
+def _ort_int8(ctx: Context):
+    from pipeline.runners import INT8_CPU_DISABLED_OPTIMIZERS, onnxrt_runner
+
+    return onnxrt_runner(ctx.int8_model.SerializeToString(), name="onnxrt_int8_cpu", threads=ctx.threads,
+                         disabled_optimizers=INT8_CPU_DISABLED_OPTIMIZERS)
+
+
 def _tensorrt(ctx: Context):
     from pipeline import build
     from pipeline.runners import TensorrtRunner
@@ -235,6 +279,14 @@ TABLE: list[Backend] = [
             "ONNX Runtime CPU on model.fp16.onnx (a CPU deployment; computes FP16 regions in FP32)", _needs_fp16,
             _ort("onnxrt_fp16_cpu", fp16_graph=True), candidate="onnxrt_fp16_cpu", shown_precision="fp16 graph",
             note="ONNX Runtime CPU runs most FP16 nodes through FP32 kernels", runtime=ORT),
+    Backend("int8_exact", "int8", "cpu", INT8_ONNX,
+            "INT8 Q/DQ graph executed exactly (ONNX Runtime, optimisations off: every Q/DQ as written, FP16 regions "
+            "rounded as the FP16 emulation does), model.int8.onnx", _needs_int8, _int8_exact, candidate="int8_exact",
+            benchmark=False, runtime=ORT),
+    Backend("onnxrt_int8_cpu", "int8", "cpu", INT8_ONNX,
+            "ONNX Runtime CPU int8 kernels on model.int8.onnx (a CPU deployment; fuses Q/DQ into int8 ops)",
+            _needs_int8, _ort_int8, candidate="onnxrt_int8_cpu", shown_precision="int8 (Q/DQ graph)",
+            note="ONNX Runtime CPU int8 kernels", runtime=ORT),
     Backend("tensorrt_fp16", "fp16", "cuda", ENGINE, "TensorRT engine (strongly typed from model.fp16.onnx)",
             _tensorrt_unavailable, _tensorrt, candidate="tensorrt_fp16", requires="tensorrt",
             shown_precision="fp16 (strongly typed engine)", runtime="TensorRT"),

@@ -97,7 +97,8 @@ def crashed(backend: Backend, exc: Crashed) -> str:
     return f"crashed: {exc} (log: {exc.log})"
 
 
-def time_backend(backend: Backend, ctx: Context, images, method: Method, verdict: str) -> tuple[list, list]:
+def time_backend(backend: Backend, ctx: Context, images, method: Method, verdict: str,
+                 accuracy: float | None = None) -> tuple[list, list]:
     """Every timing of one backend over the batch sizes: (result rows, skipped rows).
 
     Each (batch, timing) is measured on its own: one that fails (CUDA out of memory at a large batch, a CUDA
@@ -112,7 +113,7 @@ def time_backend(backend: Backend, ctx: Context, images, method: Method, verdict
     try:
         for batch in ctx.cfg.benchmark.batch_sizes:
             rows, skips = _time_batch(backend, ctx, runner, batch, images, method, verdict)
-            results += rows
+            results += [{**row, "accuracy": accuracy} for row in rows]
             skipped += skips
     except Crashed as exc:  # the rows measured so far stand; the rest of this backend is a "crashed" row
         skipped.append({"backend": backend.name, "batch_size": batch, "reason": crashed(backend, exc), "log": exc.log,
@@ -197,6 +198,7 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, profile: bool = False) -> 
     spec = card["spec"]
     images, _ = data.validation_batch(cfg, card, max(bc.batch_sizes))
     verdicts = verify_report.read_verdicts(run_dir) or {}
+    accuracies = verify_report.read_accuracies(run_dir)
     method = Method(bc.warmup_s, bc.min_iterations, bc.min_duration_s, bc.trials, bc.cv_warn)
     log.info("benchmark: batch sizes %s, %d threads, %d trial(s) of >= %d runs and >= %.2g s after %.2g s warm-up",
              bc.batch_sizes, threads, bc.trials, bc.min_iterations, bc.min_duration_s, bc.warmup_s)
@@ -204,7 +206,8 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, profile: bool = False) -> 
     results, skipped = [], []
     for name in bc.backends:
         backend = backends.by_name(name)
-        rows, skips = time_backend(backend, ctx, images, method, verify_column(backend, verdicts))
+        rows, skips = time_backend(backend, ctx, images, method, verify_column(backend, verdicts),
+                                   accuracies.get(backends.verified_by(backend)))
         results += rows
         skipped += skips
     trtexec.side_by_side(run_dir, results, backends.by_name, spec["input_name"], spec["input_size"], method)

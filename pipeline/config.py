@@ -108,7 +108,9 @@ class FP16Config(Section):
 
 class INT8Config(Section):
     enabled: bool = Field(True, description=f"write {INT8_ONNX} with ModelOpt PTQ (skipped, and said, without ModelOpt)")
-    calibration_method: Literal["max", "entropy"] = Field("max", description="ModelOpt INT8 calibration method")
+    calibration_method: Literal["max", "entropy"] = Field(
+        "max", description="activation ranges: max (per-tensor absolute max) or entropy (KL-optimal clipping); the "
+        "two ModelOpt 0.47 offers for INT8 (no percentile)")
     calibration_samples: int = Field(64, ge=1, description="real validation images the ranges are calibrated on")
     nodes_to_exclude: list[str] = Field([], description="node-name regexes left unquantized")
     op_types_to_exclude: list[str] = Field([], description="op types left unquantized")
@@ -176,8 +178,12 @@ class FP16Gate(_Gate):
 
 
 class INT8Gate(_Gate):
-    atol: Tolerance = Field(0.25, description="absolute tolerance (or per-output dict, '' = default)")
-    rtol: Tolerance = Field(0.25, description="relative tolerance, against the reference")
+    """INT8 errors have a heavy tail (an 8-bit activation step per layer): the 99th percentile of each batch's
+    errors is held to atol/rtol, the task check catches what a quantile could hide (docs/verify.md)."""
+
+    atol: Tolerance = Field(0.5, description="absolute tolerance (or per-output dict, '' = default)")
+    rtol: Tolerance = Field(0.5, description="relative tolerance, against the reference")
+    check_error_stat: ErrorStat = Field("quantile", description="which error statistic is held to atol/rtol")
     min_top1_agreement: float = Field(0.98, ge=0, le=1, description="top-1 agreement with the reference, at least")
 
 
@@ -227,8 +233,8 @@ BenchBackend = Literal[tuple(b.name for b in backend_table.TABLE if b.benchmark)
 
 class BenchmarkConfig(Section):
     backends: list[BenchBackend] = Field(
-        ["torch_fp32", "torch_autocast", "onnxrt_fp32", "onnxrt_fp16", "onnxrt_cuda_fp32", "onnxrt_cuda_fp16",
-         "tensorrt_fp16"],
+        ["torch_fp32", "torch_autocast", "onnxrt_fp32", "onnxrt_fp16", "onnxrt_int8_cpu", "onnxrt_cuda_fp32",
+         "onnxrt_cuda_fp16", "tensorrt_fp16"],
         description="backends to time (each is skipped with a reason where it cannot run)",
     )
     batch_sizes: list[int] = Field([1, 8, 32], min_length=1, description="batch-size sweep")

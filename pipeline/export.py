@@ -1,9 +1,11 @@
-"""The export stage: FP32 ONNX with a dynamic batch axis, checked; then mixed-precision FP16 ONNX.
+"""The export stage: FP32 ONNX with a dynamic batch axis, checked; then mixed-precision FP16 and INT8 ONNX.
 
 ``model.onnx`` comes from ``torch.onnx.export`` (the TorchScript exporter by default: a
 ResNet-18 exported with the dynamo exporter once lost all accuracy, pytorch/pytorch#169178;
 either way verify is what proves the result). ``model.fp16.onnx`` is the FP32 graph converted
 by ModelOpt AutoCast with FP32 inputs and outputs kept, calibrated on real validation images.
+``model.int8.onnx`` is the FP32 graph quantized by ModelOpt's INT8 PTQ (explicit Q/DQ, FP16
+elsewhere; see :mod:`pipeline.int8`), calibrated on the first images of the same set.
 """
 
 from __future__ import annotations
@@ -16,8 +18,8 @@ import numpy as np
 import onnx
 import torch
 
-from pipeline import fp16, modeling, onnx_io
-from pipeline.artifacts import CALIBRATION, FALLBACK, FP16_ONNX, FP32_ONNX
+from pipeline import fp16, int8, modeling, onnx_io
+from pipeline.artifacts import CALIBRATION, FALLBACK, FP16_ONNX, FP32_ONNX, INT8_FALLBACK, INT8_ONNX
 from pipeline.data import validation_batch
 from pipeline.errors import StageFailed
 from pipeline.run import RunDir, StageRecord, atomic_path, read_json
@@ -92,12 +94,43 @@ def run(cfg, run_dir: RunDir, record: StageRecord) -> None:
     if not ec.fp16.enabled:
         run_dir.file(FP16_ONNX).unlink(missing_ok=True)
         record.details["fp16"] = {"enabled": False, "reason": "export.fp16.enabled is false"}
+    else:
+        fallback = read_fallback(run_dir)
+        record.details["fp16"] = convert_fp16(cfg, run_dir, card, fallback)
+        record.artifact(FP16_ONNX)
+        if run_dir.file(CALIBRATION).exists():
+            record.artifact(CALIBRATION)
+    export_int8(cfg, run_dir, card, record)
+
+
+def export_int8(cfg, run_dir: RunDir, card: dict, record: StageRecord) -> None:
+    """``model.int8.onnx`` when ``export.int8.enabled``; without ModelOpt, "skipped: <reason>" in the record."""
+    path = run_dir.file(INT8_ONNX)
+    if not cfg.export.int8.enabled:
+        path.unlink(missing_ok=True)
+        record.details["int8"] = {"enabled": False, "reason": "export.int8.enabled is false"}
         return
-    fallback = read_fallback(run_dir)
-    record.details["fp16"] = convert_fp16(cfg, run_dir, card, fallback)
-    record.artifact(FP16_ONNX)
-    if run_dir.file(CALIBRATION).exists():
-        record.artifact(CALIBRATION)
+    reason = int8.availability()
+    if reason:
+        path.unlink(missing_ok=True)
+        log.warning("export: INT8 skipped: %s", reason)
+        record.details["int8"] = {"enabled": True, "skipped": reason}
+        return
+    record.details["int8"] = quantize_int8(cfg, run_dir, card, read_fallback(run_dir, INT8_FALLBACK))
+    record.artifact(INT8_ONNX)
+
+
+def quantize_int8(cfg, run_dir: RunDir, card: dict, fallback: list[str], out_name: str = INT8_ONNX) -> dict:
+    """ModelOpt INT8 PTQ of ``model.onnx`` into ``out_name``, calibrated on real validation images."""
+    ic = cfg.export.int8
+    images, _ = validation_batch(cfg, card, ic.calibration_samples)
+    with atomic_path(run_dir.file(out_name)) as tmp:
+        report = int8.quantize(run_dir.file(FP32_ONNX), images, card["spec"]["input_name"], ic, tmp, fallback)
+        onnx_io.check(tmp)
+    log.info("export: %s: %d Q/DQ pairs, %d nodes INT8 (%.1f%% of the matrix ops), %d FP16, %d FP32 (%.1f s)",
+             out_name, report["qdq_pairs"], report["int8_nodes"], 100 * report["int8_fraction"],
+             report["fp16_nodes"], report["fp32_nodes_count"], report["seconds"])
+    return report
 
 
 def convert_fp16(cfg, run_dir: RunDir, card: dict, fallback: list[str], out_name: str = FP16_ONNX) -> dict:
@@ -121,17 +154,20 @@ def convert_fp16(cfg, run_dir: RunDir, card: dict, fallback: list[str], out_name
     return report
 
 
-def read_fallback(run_dir: RunDir) -> list[str]:
-    path = run_dir.file(FALLBACK)
+def read_fallback(run_dir: RunDir, name: str = FALLBACK) -> list[str]:
+    """The nodes verify --auto-fallback moved (FP16: to FP32; ``INT8_FALLBACK``: out of quantization)."""
+    path = run_dir.file(name)
     if not path.exists():
         return []
-    data = read_json(path, "FP16 fallback list")
+    data = read_json(path, "INT8 fallback list" if name == INT8_FALLBACK else "FP16 fallback list")
     return list(data.get("nodes", [])) if isinstance(data, dict) else []
 
 
-def write_fallback(run_dir: RunDir, nodes: list[str]) -> None:
+def write_fallback(run_dir: RunDir, nodes: list[str], name: str = FALLBACK) -> None:
     from pipeline.run import write_json
 
-    write_json(run_dir.file(FALLBACK), {"nodes": nodes, "note": "kept in FP32 by verify --auto-fallback"})
+    note = "left unquantized by verify --auto-fallback" if name == INT8_FALLBACK else \
+        "kept in FP32 by verify --auto-fallback"
+    write_json(run_dir.file(name), {"nodes": nodes, "note": note})
 
 

@@ -76,7 +76,7 @@ def sections(run: RunDir, cfg) -> dict:
     config_yaml = (run.file(CONFIG).read_text(encoding="utf-8") if run.file(CONFIG).exists()
                    else yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     body = [_built("manifest.json", f, manifest) for f in (tables.stage_section, tables.training_section,
-                                                             tables.fp16_section)]
+                                                             tables.fp16_section, tables.int8_section)]
     if verify is not None:
         body += _built("verify.json", tables.verify_sections, verify)
     if bench is not None:

@@ -105,8 +105,10 @@ def _export_summary(entry: dict) -> str:
     d = entry["details"]
     fp16 = d.get("fp16") or {}
     share = fp16.get("fp16_fraction")
+    int8 = d.get("int8") or {}
+    q = f"; INT8 {100 * int8['int8_fraction']:.1f}% of matrix ops" if int8.get("int8_fraction") is not None else ""
     return f"opset {d.get('opset')}, {d.get('exporter')}" + (f"; FP16 nodes {100 * share:.1f}%" if share is not None
-                                                             else "")
+                                                             else "") + q
 
 
 def _verify_summary(entry: dict) -> str:
@@ -125,13 +127,14 @@ STAGES = {
                    options=(Option("--resume", f"continue from the run's {a.CHECKPOINT}"), Option("--profile", PROFILE)),
                    summary=_train_summary, distributed=True),
     "export": Stage("export", "export", ("model", "data", "export"),
-                    (a.WEIGHTS, a.MODEL_CARD, a.FALLBACK), ("train",),
-                    help="export FP32 ONNX and convert it to mixed-precision FP16 ONNX", summary=_export_summary),
+                    (a.WEIGHTS, a.MODEL_CARD, a.FALLBACK, a.INT8_FALLBACK), ("train",),
+                    help="export FP32 ONNX, convert it to mixed-precision FP16 ONNX and quantize it to INT8 Q/DQ ONNX", summary=_export_summary),
     "build": Stage("build", "build", ("build",), (a.FP16_ONNX,), ("export",),
                    help="build a strongly typed FP16 TensorRT engine (skipped without GPU/TensorRT)",
                    precheck="check_required"),
     "verify": Stage("verify", "verify", ("model", "data", "verify"),
-                    (a.WEIGHTS, a.MODEL_CARD, a.FP32_ONNX, a.FP16_ONNX, a.ENGINE), ("train", "export", "build"),
+                    (a.WEIGHTS, a.MODEL_CARD, a.FP32_ONNX, a.FP16_ONNX, a.ENGINE, a.INT8_ONNX),
+                    ("train", "export", "build"),
                     help="compare every backend with the FP32 PyTorch model and gate on it",
                     options=(Option("--auto-fallback", "move failing FP16 nodes to FP32 until the gate passes",
                                     config="verify.auto_fallback", in_all=True),),
@@ -139,7 +142,8 @@ STAGES = {
     # Benchmark shows verify's verdicts, so those (not verify's whole report) enter its fingerprint:
     # a tolerance change that does not flip a verdict does not re-time anything.
     "benchmark": Stage("benchmark", "benchmark", ("model", "data", "benchmark"),
-                       (a.WEIGHTS, a.FP32_ONNX, a.FP16_ONNX, a.ENGINE), ("train", "export", "build"),
+                       (a.WEIGHTS, a.FP32_ONNX, a.FP16_ONNX, a.ENGINE, a.INT8_ONNX),
+                       ("train", "export", "build"),
                        help="measure latency and throughput of every available backend",
                        options=(Option("--profile", PROFILE),), summary=_benchmark_summary),
 }
@@ -348,8 +352,8 @@ def run_stage(name: str, cfg, run: RunDir, **options) -> dict:
 
 
 def _follow_replacement(name: str, cfg, run: RunDir) -> None:
-    """A stage replaced an upstream artifact (verify --auto-fallback: model.fp16.onnx). Re-run the stages
-    that produce and consume it, so every manifest entry describes the files on disk; then the
+    """A stage replaced an upstream artifact (verify --auto-fallback: model.fp16.onnx or model.int8.onnx). Re-run
+    the stages that produce and consume it, so every manifest entry describes the files on disk; then the
     replacing stage is current again, or re-runs where the model or the engine it judged changed."""
     replaced = run.stage_entry(name)["details"]["replaced_artifacts"]
     log.info("%s replaced %s: re-running export and build", name, ", ".join(replaced))

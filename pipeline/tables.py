@@ -93,6 +93,29 @@ def fp16_section(manifest: dict) -> Section | None:
     return Section("FP16 conversion", paragraphs=(text,), tables=tables)
 
 
+def int8_section(manifest: dict) -> Section | None:
+    """INT8 quantization: the Q/DQ count, the nodes that run INT8, FP16 and FP32, and why a compute node is not INT8."""
+    export = manifest.get("stages", {}).get("export", {}).get("details") or {}
+    int8 = export.get("int8")
+    if not int8:
+        return None
+    if int8.get("int8_fraction") is None:
+        why = int8.get("reason") or int8.get("skipped") or "-"
+        status = "disabled" if int8.get("enabled") is False else "skipped"
+        return Section("INT8 quantization", status=status, paragraphs=(f"No model.int8.onnx: {why}.",))
+    text = (f"{int8['qdq_pairs']} Q/DQ pairs; {int8['int8_nodes']} nodes compute on INT8 inputs "
+            f"({percent(int8['int8_fraction'], '.1f')} of the matrix ops: Conv, Gemm, MatMul), {int8['fp16_nodes']} in "
+            f"FP16, {int8['fp32_nodes_count']} in FP32; {int8.get('quantizer')}, calibration "
+            f"{int8.get('calibration_method')} on {int8.get('calibration_images')} real validation images, "
+            f"{fmt(int8.get('seconds'), '.1f')} s.")
+    counts = "Not INT8: " + ("; ".join(f"{n} {why}" for why, n in int8.get("unquantized_reasons", {}).items())
+                             or "none") + "."
+    rows = tuple(_row(Cell(n["name"], code=True), n["op_type"], n["precision"], n["reason"])
+                 for n in int8.get("unquantized_nodes", []))
+    tables = (Table(("matrix op not in INT8", "op", "precision", "why"), rows),) if rows else ()
+    return Section("INT8 quantization", paragraphs=(text, counts), tables=tables)
+
+
 def _flatten(prefix: str, value) -> list[tuple[str, str]]:
     if isinstance(value, dict):
         return [pair for key, v in value.items() for pair in _flatten(f"{prefix}.{key}" if prefix else key, v)]
@@ -122,7 +145,7 @@ def _candidate_row(c: dict) -> tuple[Cell, ...]:
                 tolerance)
 
 
-def _localization_section(loc: dict) -> Section:
+def _localization_section(loc: dict, title: str = "Localisation") -> Section:
     first = loc.get("first_divergent")
     where = ((Cell("First node over tolerance: "), Cell(first["name"], code=True), Cell(f" ({first['op_type']}).")
               ) if first else "No single tensor exceeds the tolerance (the error builds up across layers).")
@@ -130,7 +153,7 @@ def _localization_section(loc: dict) -> Section:
                       f"[{fmt(r['fp32_min'])}, {fmt(r['fp32_max'])}]", str(r["nonfinite"]))
                  for r in loc.get("worst", []))
     table = Table(("node", "op", "max abs err", "max rel err", "FP32 range", "non-finite"), rows)
-    return Section("Localisation", paragraphs=(f"{loc.get('method')}.", where), tables=(table,), level=3)
+    return Section(title, paragraphs=(f"{loc.get('method')}.", where), tables=(table,), level=3)
 
 
 def _fallback_section(fb: dict) -> Section:
@@ -139,6 +162,15 @@ def _fallback_section(fb: dict) -> Section:
             Cell(f"; FP16 node fraction {percent(fb['fp16_fraction_before'], '.1f')} -> "
                  f"{percent(fb['fp16_fraction_after'], '.1f')}."))
     return Section("Automatic FP32 fallback", status="passed" if fb["passed"] else "failed", paragraphs=(text,),
+                   level=3)
+
+
+def _int8_fallback_section(fb: dict) -> Section:
+    moved = tuple(cell for name in fb["excluded_from_int8"] for cell in (Cell(name, code=True), Cell(", ")))[:-1]
+    text = (Cell(f"{len(fb['iterations'])} iteration(s); left unquantized: "), *(moved or (Cell("none"),)),
+            Cell(f"; INT8 share of the matrix ops {percent(fb['int8_fraction_before'], '.1f')} -> "
+                 f"{percent(fb['int8_fraction_after'], '.1f')}."))
+    return Section("Automatic INT8 fallback", status="passed" if fb["passed"] else "failed", paragraphs=(text,),
                    level=3)
 
 
@@ -155,6 +187,10 @@ def verify_sections(payload: dict) -> list[Section]:
         sections.append(_localization_section(payload["localization"]))
     if payload.get("fallback"):
         sections.append(_fallback_section(payload["fallback"]))
+    if payload.get("int8_localization"):
+        sections.append(_localization_section(payload["int8_localization"], "INT8 localisation (Q/DQ graph)"))
+    if payload.get("int8_fallback"):
+        sections.append(_int8_fallback_section(payload["int8_fallback"]))
     return sections
 
 
@@ -166,7 +202,20 @@ def _benchmark_row(r: dict) -> tuple[Cell, ...]:
     return _row(r["backend"], r["precision"], r["device"], str(r["batch_size"]), fmt(lat["p50"], ".3f"),
                 fmt(lat["p90"], ".3f"), fmt(lat["p99"], ".3f"), fmt(lat["mean"], ".3f"),
                 percent(lat["cv"], ".1f") + (" !" if r["cv_warning"] else ""), fmt(r["throughput_per_s"], ".1f"),
-                r["timing"], Cell(r["verify"], status=r["verify"]))
+                percent(r.get("accuracy")), r["timing"], Cell(r["verify"], status=r["verify"]))
+
+
+def _precision_rows(results: list[dict]) -> tuple[tuple[Cell, ...], ...]:
+    """One row per backend and timing: batch-1 latency and largest-batch throughput, accuracy and verdict."""
+    rows = []
+    for key in dict.fromkeys((r["backend"], r["timing"]) for r in results):
+        mine = sorted((r for r in results if (r["backend"], r["timing"]) == key), key=lambda r: r["batch_size"])
+        small, large = mine[0], mine[-1]
+        rows.append(_row(small["backend"], small["precision"], small["device"],
+                         f"{fmt(small['latency_ms']['p50'], '.3f')} (b={small['batch_size']})",
+                         f"{fmt(large['throughput_per_s'], '.1f')} (b={large['batch_size']})",
+                         percent(small.get("accuracy")), Cell(small["verify"], status=small["verify"])))
+    return tuple(rows)
 
 
 def benchmark_section(payload: dict) -> Section:
@@ -184,12 +233,16 @@ def benchmark_section(payload: dict) -> Section:
     skipped = tuple(f"Skipped {s['backend']}" + (f" at batch {s['batch_size']}" if s.get("batch_size") else "")
                     + f": {s['reason']}" for s in payload.get("skipped", []))
     table = Table(("backend", "precision", "device", "batch", "p50 ms", "p90 ms", "p99 ms", "mean ms", "cv",
-                   "images/s", "timing", "verify"), tuple(_benchmark_row(r) for r in payload["results"]))
+                   "images/s", "accuracy", "timing", "verify"), tuple(_benchmark_row(r) for r in payload["results"]))
+    choice = Table(("backend", "precision", "device", "p50 ms (smallest batch)", "images/s (largest batch)",
+                    "accuracy", "verify"), _precision_rows(payload["results"]))
+    side = ("Every precision side by side (accuracy: verify's, on its real validation images, for the "
+            "artifact timed here; a backend that failed verify is not a candidate, however fast).")
     from pipeline import trtexec
 
-    side = trtexec.table(payload)  # trtexec on the same engines, when it was on PATH
-    return Section(f"Benchmark: {payload['model']}", paragraphs=(machine, method, *skipped),
-                   tables=(table, *((side,) if side else ())))
+    anchor = trtexec.table(payload)  # trtexec on the same engines, when it was on PATH
+    return Section(f"Benchmark: {payload['model']}", paragraphs=(machine, method, *skipped, side),
+                   tables=(choice, table, *((anchor,) if anchor else ())))
 
 
 # --------------------------------------------------------------------------- rendering

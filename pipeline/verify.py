@@ -10,6 +10,9 @@ onnxrt_fp32        fp32       ONNX Runtime (CPU) on ``model.onnx``
 fp16_emulation     fp16       ``model.fp16.onnx`` with every FP16 tensor rounded (see fp16.py)
 onnxrt_fp16_cpu    fp16       ONNX Runtime CPU on ``model.fp16.onnx``: a CPU deployment; it
                               computes FP16 regions in FP32, so it is no evidence for TensorRT
+int8_exact         int8       ``model.int8.onnx`` executed exactly (ORT, optimisations off, FP16
+                              regions rounded; see int8.py): the Q/DQ arithmetic TensorRT computes
+onnxrt_int8_cpu    int8       ONNX Runtime CPU int8 kernels on ``model.int8.onnx`` (a CPU deployment)
 tensorrt_fp16      fp16       the TensorRT engine (GPU + TensorRT only)
 onnxrt_cuda_fp16   fp16       ONNX Runtime's CUDA provider on ``model.fp16.onnx`` (GPU only)
 =================  =========  ==============================================================
@@ -35,8 +38,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from pipeline import backends, data, export, fp16, localize, modeling, onnx_io
-from pipeline.artifacts import FALLBACK_CANDIDATE, WEIGHTS
+from pipeline import backends, data, export, fp16, int8, localize, modeling, onnx_io
+from pipeline.artifacts import FALLBACK_CANDIDATE, INT8_ENGINE, INT8_FALLBACK, INT8_FALLBACK_CANDIDATE, INT8_ONNX, WEIGHTS
 from pipeline import verify_report as report
 from pipeline.backends import Backend, Context
 from pipeline.errors import BackendUnavailable, CheckFailed, InputError, StageFailed
@@ -224,6 +227,17 @@ def _load_graphs(cfg, run_dir: RunDir, spec: dict, hashes: dict) -> tuple[onnx.M
     return fp32_model, fp16_model
 
 
+def _load_int8(run_dir: RunDir, spec: dict, hashes: dict) -> onnx.ModelProto | None:
+    """``model.int8.onnx`` when present, checked against the model card (its absence: ``backends._needs_int8``)."""
+    path = run_dir.file(INT8_ONNX)
+    if not path.exists():
+        return None
+    hashes[INT8_ONNX] = sha256_file(path)
+    model = onnx_io.load(path, "INT8 ONNX model")
+    onnx_io.check_matches_spec(model, path, spec)
+    return model
+
+
 def _evidence(cfg, card: dict, model) -> Evidence:
     spec = card["spec"]
     images, labels = data.labelled_validation_batch(cfg, card, cfg.verify.samples)
@@ -240,8 +254,9 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, auto_fallback: bool = Fals
     spec = card["spec"]
     hashes = {WEIGHTS: sha256_file(run_dir.file(WEIGHTS))}  # what each verdict is about (benchmark checks them)
     fp32_model, fp16_model = _load_graphs(cfg, run_dir, spec, hashes)
+    int8_model = _load_int8(run_dir, spec, hashes)
     evidence = _evidence(cfg, card, model)
-    ctx = Context(cfg, run_dir, "verify", spec, model=model, fp16=fp16_model)
+    ctx = Context(cfg, run_dir, "verify", spec, model=model, fp16=fp16_model, int8=int8_model)
     checks = plan(cfg, ctx)
     nonfinite = _nonfinite(evidence)
     if nonfinite:
@@ -261,12 +276,15 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, auto_fallback: bool = Fals
                                  failing_fp16[0], spec)
     if failing_fp16 and auto_fallback and not export_broken:
         fallback = auto_fallback_loop(cfg, run_dir, card, ctx, fp32_model, evidence, checks, localization)
-
     if fallback and fallback["passed"]:  # the rechecked FP16 candidates judged the replacement
         hashes[export.FP16_ONNX] = sha256_file(run_dir.file(export.FP16_ONNX))
+    int8_loc, int8_fb = _int8_gate(cfg, run_dir, card, ctx, fp32_model, evidence, checks, hashes,
+                                   auto_fallback=auto_fallback and not export_broken, export_broken=export_broken)
+
     verdict = _verdict(checks)
     payload = report.build_payload(cfg, card, checks, localization, fallback, verdict, len(evidence.labels),
-                                   cfg.verify.batch_size, hashes=hashes)
+                                   cfg.verify.batch_size, hashes=hashes, int8_localization=int8_loc,
+                                   int8_fallback=int8_fb)
     for p in report.write_all(run_dir, payload):
         record.artifact(p.name)
     record.details.update({
@@ -275,10 +293,16 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, auto_fallback: bool = Fals
         **report.runtime_details(checks),
         "samples": len(evidence.labels),
         "fallback": None if fallback is None else {k: fallback[k] for k in ("passed", "moved_to_fp32")},
+        "int8_fallback": None if int8_fb is None else {k: int8_fb[k] for k in ("passed", "excluded_from_int8",
+                                                                                 "int8_fraction_after")},
         # The stage runner re-runs the stages that produce and consume these (verify runs none itself).
-        "replaced_artifacts": fallback["replaced"] if fallback else [],
+        "replaced_artifacts": (fallback["replaced"] if fallback else []) + (int8_fb["replaced"] if int8_fb else []),
     })
-    _raise_for(verdict, localization, export_broken, suggest_fallback=bool(failing_fp16) and not auto_fallback)
+    failing_first = verdict["failed"][0] if verdict["failed"] else None
+    shown_loc = int8_loc if failing_first is not None and failing_first.backend.uses_int8_model else localization
+    fixable = any((c.backend.uses_fp16_model or c.backend.uses_int8_model) and not c.result.get("hint")
+                  for c in verdict["failed"])
+    _raise_for(verdict, shown_loc, export_broken, suggest_fallback=fixable and not auto_fallback)
     log.info("verify: passed (%s)", ", ".join(f"{c.name} {c.status}" for c in checks))
 
 
@@ -399,9 +423,9 @@ def _fp16_fraction(precisions: dict) -> float:
     return sum(1 for _, p in precisions.values() if p == "fp16") / max(1, len(precisions))
 
 
-def _recheck(cfg, ctx: Context, evidence: Evidence) -> list[Check]:
-    """The candidates that run the FP16 ONNX model itself, on the fallback's candidate model."""
-    rechecked = plan(cfg, ctx, [b for b in backends.candidates() if b.artifact == backends.FP16_ONNX])
+def _recheck(cfg, ctx: Context, evidence: Evidence, artifact: str = backends.FP16_ONNX) -> list[Check]:
+    """The candidates that run ``artifact`` (an ONNX model) itself, on the fallback's candidate model."""
+    rechecked = plan(cfg, ctx, [b for b in backends.candidates() if b.artifact == artifact])
     for chk in rechecked:
         check(chk, cfg, ctx, evidence)
     return rechecked
@@ -424,4 +448,92 @@ def _commit(run_dir: RunDir, candidate_path, moved: list[str], checks: list[Chec
             chk.result = {**by_name[chk.name].result, "after_fallback": True}
         elif chk.artifact == backends.ENGINE and chk.status != "skipped":
             chk.result = {"status": "skipped", "reason": report.STALE_ENGINE, "after_fallback": True,
+                          "tolerance": chk.result.get("tolerance")}
+
+
+# --------------------------------------------------------------------------- INT8: localisation and fallback
+
+
+def _int8_gate(cfg, run_dir: RunDir, card, ctx: Context, fp32_model, evidence: Evidence, checks: list[Check],
+               hashes: dict, *, auto_fallback: bool, export_broken: bool) -> tuple[dict | None, dict | None]:
+    """A failing INT8 candidate: localise on the Q/DQ graph, then (``--auto-fallback``) re-quantize without the
+    offending layers. Returns (localisation, fallback), each None when it did not run."""
+    failing = [c for c in checks if c.backend.uses_int8_model and c.status == "failed"]
+    if not failing or export_broken:
+        return None, None
+    if any(c.name == "int8_exact" and c.status == "passed" for c in checks):  # the Q/DQ graph itself is sound
+        for chk in failing:
+            chk.result["hint"] = report.INT8_KERNELS_HINT
+        return None, None
+    loc = _localize_int8(cfg, fp32_model, ctx.int8_model, evidence, failing[0]) if cfg.verify.localize else None
+    if not auto_fallback:
+        return loc, None
+    fb = int8_fallback_loop(cfg, run_dir, card, ctx, fp32_model, evidence, checks, loc)
+    if fb["passed"]:
+        hashes[INT8_ONNX] = sha256_file(run_dir.file(INT8_ONNX))
+    return loc, fb
+
+
+def _localize_int8(cfg, fp32_model, int8_model, evidence: Evidence, chk: Check) -> dict:
+    gate = chk.result["tolerance"]
+    result = int8.localize(fp32_model, int8_model, _worst_batch(chk, evidence.feeds),
+                           localize.scalar_tolerance(gate["atol"], 0.0), localize.scalar_tolerance(gate["rtol"], 0.0),
+                           cfg.verify.localize_top)
+    result["candidate"] = chk.name
+    report.log_localization(result)
+    return result
+
+
+def int8_fallback_loop(cfg, run_dir: RunDir, card, ctx: Context, fp32_model, evidence: Evidence,
+                       checks: list[Check], localization) -> dict:
+    """Leave the first divergent quantized layer (or the nearest quantized ones upstream) unquantized,
+    re-quantize, re-check the candidates that run ``model.int8.onnx``; repeat. A passing model replaces
+    ``model.int8.onnx`` and the excluded nodes go to ``int8_fallback.json`` (re-exports keep them)."""
+    moved = list(export.read_fallback(run_dir, INT8_FALLBACK))
+    before = int8.int8_fraction(int8.node_precisions(fp32_model, ctx.int8_model))
+    candidate_path = run_dir.file(INT8_FALLBACK_CANDIDATE)
+    iterations, current, loc, passed = [], ctx.int8_model, localization, False
+    try:
+        for i in range(cfg.verify.fallback_iterations):
+            first = (loc or {}).get("first_divergent")
+            new = int8.nodes_to_exclude(first["name"], fp32_model, current, set(moved)) if first else []
+            if not new:
+                iterations.append({"iteration": i + 1, "moved": [], "note": report.nothing_to_move(first)})
+                break
+            moved += new
+            quantized = export.quantize_int8(cfg, run_dir, card, moved, out_name=INT8_FALLBACK_CANDIDATE)
+            current = onnx.load(str(candidate_path))
+            rechecked = _recheck(cfg, dataclasses.replace(ctx, int8=current), evidence, INT8_ONNX)
+            passed = all(c.status in ("passed", "skipped") for c in rechecked)
+            iterations.append({"iteration": i + 1, "moved": new, "divergent_node": first["name"],
+                               "int8_fraction": quantized["int8_fraction"], "passed": passed,
+                               "results": {c.name: c.status for c in rechecked}})
+            report.log_int8_fallback_round(i + 1, new, quantized["int8_fraction"], passed)
+            if passed:
+                _commit_int8(run_dir, candidate_path, moved, checks, rechecked)
+                break
+            failing = [c for c in rechecked if c.status == "failed"]
+            if not failing:
+                iterations[-1]["note"] = report.fallback_errors(rechecked)
+                break
+            loc = _localize_int8(cfg, fp32_model, current, evidence, failing[0])
+    finally:
+        candidate_path.unlink(missing_ok=True)
+    after = int8.int8_fraction(int8.node_precisions(fp32_model, current)) if passed else before
+    return {"passed": passed, "excluded_from_int8": moved, "iterations": iterations,
+            "int8_fraction_before": before, "int8_fraction_after": after, "budget": cfg.verify.fallback_iterations,
+            "replaced": [INT8_ONNX] if passed else []}
+
+
+def _commit_int8(run_dir: RunDir, candidate_path, moved: list[str], checks: list[Check],
+                 rechecked: list[Check]) -> None:
+    """Replace model.int8.onnx by the passing version, remember the excluded nodes, update the results."""
+    os.replace(candidate_path, run_dir.file(INT8_ONNX))
+    export.write_fallback(run_dir, moved, INT8_FALLBACK)
+    by_name = {c.name: c for c in rechecked}
+    for chk in checks:
+        if chk.name in by_name:
+            chk.result = {**by_name[chk.name].result, "after_fallback": True}
+        elif chk.artifact == INT8_ENGINE and chk.status != "skipped":
+            chk.result = {"status": "skipped", "reason": report.STALE_INT8_ENGINE, "after_fallback": True,
                           "tolerance": chk.result.get("tolerance")}

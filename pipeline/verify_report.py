@@ -34,6 +34,10 @@ EXPORT_BROKEN_LOG = ("verify: the FP32 export disagrees with PyTorch; FP16 local
                      "(they compare against the FP32 ONNX graph, which is already wrong)")
 STALE_ENGINE = ("the engine was built from the model.fp16.onnx the FP32 fallback replaced: build re-runs and "
                 "verify checks the new engine")
+INT8_KERNELS_HINT = ("the Q/DQ graph itself passes (int8_exact): this runtime's int8 kernels compute it differently "
+                     "(fused integer kernels); deploy it elsewhere (TensorRT) or exclude it from benchmark.backends")
+STALE_INT8_ENGINE = ("the engine was built from the model.int8.onnx the INT8 fallback replaced: build re-runs and "
+                     "verify checks the new engine")
 TENSORRT_LOCALIZE_FAILED = "verify: TensorRT layer-wise localisation failed (%s); using the FP16 emulation"
 
 
@@ -115,9 +119,13 @@ def failure_message(verdict: dict, localization, export_broken: bool, suggest_fa
                 f"{EXPORT_FIX}"
     elif localization and localization.get("first_divergent"):
         node = localization["first_divergent"]
-        text += f"; first node over tolerance: {node['name']} ({node['op_type']})"
+        what = "first quantized node" if first.backend.uses_int8_model else "first node"
+        text += f"; {what} over tolerance: {node['name']} ({node['op_type']})"
+    if first.result.get("hint") and first.backend.uses_int8_model:
+        text += f"; {first.result['hint']}"
     if suggest_fallback and not export_broken:
-        text += "; `verify --auto-fallback` can move the offending nodes to FP32"
+        text += ("; `verify --auto-fallback` can leave the offending layers unquantized"
+                 if first.backend.uses_int8_model else "; `verify --auto-fallback` can move the offending nodes to FP32")
     return text + "; details in verify.md"
 
 
@@ -169,6 +177,11 @@ def log_localization(result: dict) -> None:
         log.warning("verify: no single tensor exceeds the tolerance; the error builds up across layers")
 
 
+def log_int8_fallback_round(iteration: int, excluded: list[str], fraction: float, passed: bool) -> None:
+    log.info("verify: INT8 fallback %d: left %s unquantized -> INT8 fraction %.1f%%, %s", iteration,
+             ", ".join(excluded), 100 * fraction, "passes" if passed else "still fails")
+
+
 def log_fallback_round(iteration: int, moved: list[str], fraction: float, passed: bool) -> None:
     log.info("verify: fallback %d: moved %s to FP32 -> FP16 fraction %.1f%%, %s", iteration, ", ".join(moved),
              100 * fraction, "passes" if passed else "still fails")
@@ -189,7 +202,7 @@ def _clean(value):
 
 
 def build_payload(cfg, card, candidates, localization, fallback, verdict, samples: int, batch_size: int, *,
-                  hashes: dict, reference_nonfinite: int = 0) -> dict:
+                  hashes: dict, reference_nonfinite: int = 0, int8_localization=None, int8_fallback=None) -> dict:
     """verify.json. ``hashes`` maps each artifact verify read to its sha256: the reference records its
     weights', each candidate that reached a verdict the file it judged (benchmark shows a verdict only
     while those still match the files it times)."""
@@ -226,6 +239,8 @@ def build_payload(cfg, card, candidates, localization, fallback, verdict, sample
         ],
         "localization": localization,
         "fallback": fallback,
+        "int8_localization": int8_localization,
+        "int8_fallback": int8_fallback,
         "environment": {k: v for k, v in env.collect().items() if k in ("cpu", "gpu", "torch", "onnxruntime",
                                                                           "polygraphy", "modelopt", "tensorrt")},
     })
@@ -323,3 +338,22 @@ def read_verdicts(run_dir: RunDir) -> dict | None:
             status = status if fresh else NOT_VERIFIED
         verdicts[name] = status
     return verdicts
+
+
+def read_accuracies(run_dir: RunDir) -> dict:
+    """verify.json's task accuracy per candidate name (and ``"reference"``: the FP32 model's), only where
+    :func:`read_verdicts` still vouches for the verdict: benchmark's accuracy column."""
+    verdicts = read_verdicts(run_dir)
+    if not verdicts:
+        return {}
+    try:
+        payload = read_json(run_dir.file(JSON), "verify report")
+        tasks = {c["name"]: c.get("task_check") or {} for c in payload.get("candidates", [])}
+    except Exception:  # a damaged report only loses the column
+        return {}
+    accuracies = {name: task.get("accuracy") for name, task in tasks.items()
+                  if verdicts.get(name) in ("passed", "failed") and task.get("accuracy") is not None}
+    reference = next((t.get("reference_accuracy") for n, t in tasks.items() if n in accuracies), None)
+    if reference is not None:
+        accuracies["reference"] = reference
+    return accuracies

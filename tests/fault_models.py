@@ -53,6 +53,26 @@ class BatchBranch(_Base):
         return logits
 
 
+class OutlierChannel(_Base):
+    """INT8 fault: one activation channel 1000x larger than the other 15 (a fixed per-channel scale), fed to a
+    1x1 convolution that scales it back (a frozen diagonal mix; weights are quantized per output channel, so
+    they stay exact). Per-tensor max calibration of that convolution's input sets the INT8 step to ~8x the
+    largest ordinary activation, so every other channel rounds to zero. FP32 and FP16 are unaffected."""
+
+    def __init__(self, num_classes: int):
+        super().__init__(num_classes)
+        scale = torch.ones(16)
+        scale[0] = 1000.0
+        self.register_buffer("outlier", scale.view(1, 16, 1, 1))
+        self.mix = nn.Conv2d(16, 16, 1, bias=False)
+        with torch.no_grad():
+            self.mix.weight.copy_(torch.diag(1.0 / scale).view(16, 16, 1, 1))
+        self.mix.weight.requires_grad_(False)
+
+    def forward(self, x):
+        return self.head(self.mix(self.features(x) * self.outlier))
+
+
 def cancellation(num_classes: int = 10):
     return Cancellation(num_classes)
 
@@ -63,6 +83,10 @@ def overflow(num_classes: int = 10):
 
 def batch_branch(num_classes: int = 10):
     return BatchBranch(num_classes)
+
+
+def outlier_channel(num_classes: int = 10):
+    return OutlierChannel(num_classes)
 
 
 class TransformerEncoderNet(nn.Module):

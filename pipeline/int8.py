@@ -1,0 +1,234 @@
+"""INT8: ModelOpt post-training quantization to a Q/DQ graph, its precision report, the graph's exact
+execution on any CPU, localisation on the Q/DQ graph and the nodes its fallback excludes.
+
+TensorRT 10+/11 builds INT8 only from explicit QuantizeLinear/DequantizeLinear (Q/DQ) pairs in the
+ONNX graph (implicit calibration is gone in 11), so every INT8 decision lives in ``model.int8.onnx``:
+
+* :func:`quantize` runs ``modelopt.onnx.quantization.quantize(quantize_mode="int8")`` on
+  ``model.onnx``, calibrated on real validation images, with the regions it leaves unquantized in
+  FP16 (``high_precision_dtype="fp16"``), so an engine built from it is a true INT8/FP16 mix.
+  Activations are quantized per tensor (symmetric), weights per output channel.
+* :func:`exact_runner` executes that graph as written: ONNX Runtime with graph optimisations off
+  (``ORT_DISABLE_ALL``: no Q/DQ fusion, every Q and DQ computed on its own, in FP32) on the FP16
+  emulation graph of :func:`pipeline.fp16.emulation_model` (every FP16 tensor rounded to FP16).
+  TensorRT computes the same Q/DQ arithmetic, with int32 accumulation of the int8 products.
+* :func:`localize` compares the FP32 graph and the Q/DQ graph tensor by tensor (a quantized node's
+  output is computed from the dequantized inputs, so it shows what quantization did) and names the
+  first quantized node over tolerance; :func:`nodes_to_exclude` picks what the fallback leaves
+  unquantized next.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from pipeline import fp16
+from pipeline.errors import StageFailed
+from pipeline.run import signals_held
+
+log = logging.getLogger("pipeline")
+
+Q, DQ = "QuantizeLinear", "DequantizeLinear"
+QUANTIZER = "modelopt.onnx.quantization.quantize(quantize_mode='int8')"
+# What ModelOpt 0.47's INT8 mode quantizes (its int8.quantize docstring; ONNX Runtime's QDQ registry
+# minus the copy and activation ops ModelOpt removes from it).
+QUANTIZABLE = ("Add", "AveragePool", "BatchNormalization", "Clip", "Conv", "ConvTranspose", "Gemm",
+               "GlobalAveragePool", "MatMul", "MaxPool", "Mul")
+# The matrix ops, where INT8 kernels pay: the INT8 fraction is taken over these, and each one not in INT8 is listed.
+MATRIX_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+
+
+# --------------------------------------------------------------------------- quantization
+
+
+def availability() -> str:
+    """"" when ModelOpt's ONNX quantization imports here; else the reason (a skipped INT8 export says it)."""
+    try:
+        with signals_held():  # ModelOpt's import loads LIEF (see pipeline.fp16.convert)
+            import modelopt.onnx.quantization  # noqa: F401
+    except ImportError as exc:
+        return f"ModelOpt's ONNX quantization is not installed ({exc}); reinstall the project (pip install -e .)"
+    return ""
+
+
+@contextlib.contextmanager
+def _quiet_modelopt():
+    """ModelOpt's quantize reconfigures the level and stdout handler of every ``modelopt.onnx`` logger (it logs
+    an ERROR on every machine without NVML); put them back as they were, so AutoCast's reasons are still
+    captured afterwards (pipeline.fp16)."""
+    names = ["modelopt.onnx", *(n for n in logging.root.manager.loggerDict if n.startswith("modelopt.onnx."))]
+    saved = [(lg, lg.level, lg.handlers[:], lg.propagate) for lg in map(logging.getLogger, names)]
+    try:  # ONNX Runtime's entropy calibrator prints its progress (print and tqdm): keep it out too
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        for lg, level, handlers, propagate in saved:
+            lg.setLevel(level)
+            lg.handlers[:] = handlers
+            lg.propagate = propagate
+
+
+def exact_name_regex(name: str) -> str:
+    return fp16.exact_name_regex(name)
+
+
+def quantize(fp32_path: Path, images: np.ndarray, input_name: str, int8_cfg, out_path: Path,
+             extra_excluded: list[str] = ()) -> dict:
+    """Quantize ``fp32_path`` into ``out_path`` (INT8 Q/DQ, FP16 elsewhere); returns the precision report."""
+    from modelopt.onnx.quantization import quantize as modelopt_quantize
+
+    excludes = list(int8_cfg.nodes_to_exclude) + [exact_name_regex(n) for n in extra_excluded]
+    batch = min(8, len(images))
+    images = images[: len(images) - len(images) % batch]  # whole calibration batches
+    shape = "x".join(str(d) for d in (batch, *images.shape[1:]))
+    start = time.perf_counter()
+    with _quiet_modelopt():
+        try:
+            modelopt_quantize(
+                str(fp32_path), quantize_mode="int8", calibration_data={input_name: images},
+                calibration_method=int8_cfg.calibration_method, calibration_shapes=f"{input_name}:{shape}",
+                calibration_eps=["cpu"], nodes_to_exclude=excludes or None,
+                op_types_to_exclude=list(int8_cfg.op_types_to_exclude) or None, high_precision_dtype="fp16",
+                output_path=str(out_path), log_level="CRITICAL")
+        except Exception as exc:
+            raise StageFailed(f"ModelOpt INT8 quantization failed: {type(exc).__name__}: "
+                              f"{(str(exc).strip().splitlines() or [''])[0]}") from None
+    seconds = time.perf_counter() - start
+    report = precision_report(onnx.load(str(fp32_path), load_external_data=False), onnx.load(str(out_path)),
+                              int8_cfg, set(extra_excluded))
+    report.update({"quantizer": QUANTIZER, "calibration_method": int8_cfg.calibration_method,
+                   "calibration": "real validation images (the first of the set AutoCast calibrates on)",
+                   "calibration_images": len(images), "high_precision_dtype": "fp16",
+                   "activations": "per tensor, symmetric", "weights": "per output channel, symmetric",
+                   "nodes_to_exclude": excludes, "op_types_to_exclude": list(int8_cfg.op_types_to_exclude),
+                   "seconds": round(seconds, 2)})
+    return report
+
+
+# --------------------------------------------------------------------------- the precision report
+
+
+def quantized_nodes(model: onnx.ModelProto) -> set[str]:
+    """Names of the nodes that compute on dequantized INT8 values (an input produced by a DequantizeLinear)."""
+    dq_outputs = {o for n in model.graph.node if n.op_type == DQ for o in n.output}
+    return {n.name for n in model.graph.node if n.op_type not in (Q, DQ) and any(i in dq_outputs for i in n.input)}
+
+
+def node_precisions(fp32_model: onnx.ModelProto, int8_model: onnx.ModelProto) -> dict[str, tuple[str, str]]:
+    """``{node name: (op type, "int8" | "fp16" | "fp32")}`` for the FP32 graph's nodes that produce float tensors."""
+    floats = fp16.node_precisions(fp32_model, int8_model)
+    quantized = quantized_nodes(int8_model)
+    return {name: (op, "int8" if name in quantized else precision) for name, (op, precision) in floats.items()}
+
+
+def int8_fraction(precisions: dict) -> float:
+    """The share of the matrix ops (Conv, Gemm, MatMul) that compute on INT8 inputs."""
+    compute = [p for op, p in precisions.values() if op in MATRIX_OPS]
+    return sum(1 for p in compute if p == "int8") / max(1, len(compute))
+
+
+def precision_report(fp32_model, int8_model, int8_cfg, fallback: set[str]) -> dict:
+    precisions = node_precisions(fp32_model, int8_model)
+    left, why_counts = [], {}
+    for name, (op, precision) in precisions.items():
+        if precision == "int8":
+            continue
+        why = _why_unquantized(name, op, int8_cfg, fallback)
+        why_counts[why] = why_counts.get(why, 0) + 1
+        if op in MATRIX_OPS:  # other ops (Relu, Add, Flatten, ...) are counted by reason only
+            left.append({"name": name, "op_type": op, "precision": precision, "reason": why})
+    counts = {k: sum(1 for _, p in precisions.values() if p == k) for k in ("int8", "fp16", "fp32")}
+    return {
+        "int8_nodes": counts["int8"],
+        "fp16_nodes": counts["fp16"],
+        "fp32_nodes_count": counts["fp32"],
+        "qdq_pairs": sum(1 for n in int8_model.graph.node if n.op_type == Q),
+        "dq_nodes": sum(1 for n in int8_model.graph.node if n.op_type == DQ),
+        "int8_fraction": int8_fraction(precisions),
+        "unquantized_reasons": why_counts,
+        "unquantized_nodes": left,
+    }
+
+
+def _why_unquantized(name: str, op: str, int8_cfg, fallback: set[str]) -> str:
+    if name in fallback:
+        return "excluded by verify --auto-fallback"
+    if any(re.match(pattern, name) for pattern in int8_cfg.nodes_to_exclude):
+        return "excluded by name (export.int8.nodes_to_exclude)"
+    if op in int8_cfg.op_types_to_exclude:
+        return "excluded by op type (export.int8.op_types_to_exclude)"
+    if op not in QUANTIZABLE:
+        return "not a quantizable op"
+    return "left unquantized by ModelOpt's Q/DQ placement (no INT8 kernel gain there, or an unsupported shape)"
+
+
+# --------------------------------------------------------------------------- exact execution
+
+
+def exact_model(int8_model: onnx.ModelProto) -> onnx.ModelProto:
+    """The Q/DQ graph with every FP16 tensor rounded to FP16 and computed in FP32 (pipeline.fp16's emulation)."""
+    return fp16.emulation_model(int8_model)
+
+
+def exact_runner(int8_model: onnx.ModelProto, name: str, threads: int | None = None):
+    """ONNX Runtime, optimisations off, on :func:`exact_model`: each Q and DQ computed as written."""
+    from pipeline.runners import onnxrt_runner
+
+    return onnxrt_runner(exact_model(int8_model).SerializeToString(), name=name, threads=threads, optimize=False)
+
+
+# --------------------------------------------------------------------------- localisation and fallback
+
+
+def localize(fp32_model: onnx.ModelProto, int8_model: onnx.ModelProto, feed: dict, atol: float, rtol: float,
+             top: int) -> dict:
+    """FP32 ONNX Runtime vs the exact Q/DQ execution, every tensor marked; the first quantized node over tolerance."""
+    from pipeline import localize as loc
+    from pipeline import onnx_io
+    from pipeline.runners import collect, onnxrt_runner
+
+    ref = collect(onnxrt_runner(onnx_io.mark_all_outputs(fp32_model).SerializeToString(), name="fp32-layers"),
+                  [feed])[0]
+    marked = onnx_io.mark_all_outputs(exact_model(int8_model))
+    cand = collect(onnxrt_runner(marked.SerializeToString(), name="int8-exact-layers", optimize=False), [feed])[0]
+    order = {node.name: i for i, node in enumerate(fp32_model.graph.node)}
+    result = loc.compare_layers(fp32_model, ref, cand, atol, rtol, top=len(order))
+    quantized = quantized_nodes(int8_model)
+    over = sorted((r for r in result["worst"] if r["exceeds"] and r["name"] in quantized), key=lambda r: order[r["name"]])
+    if over:  # else: compare_layers' first node over tolerance (nodes_to_exclude walks upstream from it)
+        result["first_divergent"] = over[0]
+    result["worst"] = result["worst"][:top]
+    result["method"] = ("ONNX Runtime, FP32 graph vs the Q/DQ graph executed exactly (optimisations off), every "
+                        "tensor marked as output; the first quantized node over tolerance")
+    return result
+
+
+def nodes_to_exclude(node_name: str, fp32_model: onnx.ModelProto, int8_model: onnx.ModelProto,
+                     already: set[str]) -> list[str]:
+    """What to leave unquantized next: the divergent node if it is quantized, else the nearest quantized
+    nodes upstream of it (its error comes from inputs they quantized)."""
+    quantized = quantized_nodes(int8_model) - set(already)
+    if node_name in quantized:
+        return [node_name]
+    producers = {out: node for node in fp32_model.graph.node for out in node.output}
+    by_name = {n.name: n for n in fp32_model.graph.node}
+    frontier, seen, found = [node_name], set(), []
+    while frontier and not found:
+        next_frontier = []
+        for name in frontier:
+            for tensor in getattr(by_name.get(name), "input", ()):
+                producer = producers.get(tensor)
+                if producer is None or producer.name in seen:
+                    continue
+                seen.add(producer.name)
+                (found if producer.name in quantized else next_frontier).append(producer.name)
+        frontier = next_frontier
+    return found

@@ -1,0 +1,248 @@
+"""INT8: the exact Q/DQ execution computes the Q/DQ arithmetic, the INT8 gate fails a planted outlier
+channel and names its layer, --auto-fallback leaves that layer unquantized, and export.int8.enabled=false
+leaves no INT8 trace but "disabled"."""
+
+import json
+import shutil
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from conftest import FAULTS, ROOT, TINY, cli
+from pipeline import backends, int8
+from pipeline.backends import Context
+
+# A tiny model trained long enough that its logits are not near-ties (top-1 agreement is then a fair test).
+TRAINED = [*TINY, "data.samples_per_class=30", "train.epochs=4", "export.int8.calibration_samples=16",
+           "export.int8.enabled=true", "verify.samples=60", "verify.batch_size=30"]
+
+
+# --------------------------------------------------------------------------- exact Q/DQ arithmetic
+
+
+def _qdq_matmul(x_scale: float, x_zero: int, w_q: np.ndarray, w_scale: float) -> onnx.ModelProto:
+    """x -> QuantizeLinear -> DequantizeLinear -> MatMul <- DequantizeLinear <- int8 weight."""
+    k, n = w_q.shape
+    inits = [numpy_helper.from_array(np.array(x_scale, np.float32), "xs"),
+             numpy_helper.from_array(np.array(x_zero, np.int8), "xz"),
+             numpy_helper.from_array(w_q.astype(np.int8), "wq"),
+             numpy_helper.from_array(np.array(w_scale, np.float32), "ws"),
+             numpy_helper.from_array(np.array(0, np.int8), "wz")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["x_q"], name="q_x"),
+             helper.make_node("DequantizeLinear", ["x_q", "xs", "xz"], ["x_dq"], name="dq_x"),
+             helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["w_dq"], name="dq_w"),
+             helper.make_node("MatMul", ["x_dq", "w_dq"], ["y"], name="matmul")]
+    graph = helper.make_graph(nodes, "qdq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, n])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _numpy_qdq_matmul(x, x_scale, x_zero, w_q, w_scale) -> np.ndarray:
+    """Quantize (round half to even, saturate to int8), integer product with int32 accumulation, dequantize."""
+    x_q = np.clip(np.rint(x / np.float32(x_scale)) + x_zero, -128, 127).astype(np.int32)
+    acc = (x_q - x_zero) @ w_q.astype(np.int32)  # int32: exact
+    assert acc.dtype == np.int32
+    return (acc.astype(np.float64) * x_scale * w_scale).astype(np.float32)
+
+
+def _exact(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
+    ctx = Context(cfg=None, run_dir=None, stage="verify", spec={}, int8=model)
+    runner = backends.by_name("int8_exact").make(ctx)  # the table entry's own runner
+    with runner:
+        return runner.infer({"x": x})["y"]
+
+
+def test_int8_exact_computes_the_qdq_arithmetic_exactly():
+    rng = np.random.default_rng(0)
+    w_q = rng.integers(-128, 128, size=(16, 5))
+    x_scale, w_scale, x_zero = 2.0 ** -3, 2.0 ** -6, 3  # powers of two: every step of the arithmetic is exact
+    x = rng.normal(0, 4, size=(6, 16)).astype(np.float32)
+    # Ties (round half to even: 2.5 -> 2, 3.5 -> 4, -2.5 -> -2) and saturation (+-1000 -> 127 / -128).
+    x[0, :5] = np.array([2.5, 3.5, -2.5, 1000.0, -1000.0], np.float32) * x_scale
+    want = _numpy_qdq_matmul(x, x_scale, x_zero, w_q, w_scale)
+    got = _exact(_qdq_matmul(x_scale, x_zero, w_q, w_scale), x)
+    np.testing.assert_array_equal(got, want)
+    # The ties and the saturation really happened (a round-half-away or wrap-around rule would differ).
+    q = np.clip(np.rint(x[0, :5] / x_scale) + x_zero, -128, 127)
+    assert list(q) == [5, 7, 1, 127, -128]
+
+
+def test_int8_exact_matches_numpy_with_arbitrary_scales():
+    rng = np.random.default_rng(1)
+    w_q = rng.integers(-127, 128, size=(32, 4))
+    x = rng.normal(0, 1, size=(8, 32)).astype(np.float32)
+    want = _numpy_qdq_matmul(x, 0.0173, 0, w_q, 0.00291)
+    got = _exact(_qdq_matmul(0.0173, 0, w_q, 0.00291), x)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    # ... and it is not FP32 arithmetic: the unquantized product differs by far more.
+    assert np.abs(x @ (w_q * 0.00291) - want).max() > 1e-3
+
+
+def _qdq_conv_fp16_bias(bias: float) -> onnx.ModelProto:
+    """ModelOpt's INT8 pattern with FP16 scales and bias: Q/DQ -> Conv(+bias) -> Relu -> Q/DQ, where
+    x_scale * w_scale = 5e-5, so the bias in units of that scale (1e5 for a bias of 5) overflows FP16."""
+    c = 4
+    rng = np.random.default_rng(0)
+    f16 = np.float16
+    inits = [numpy_helper.from_array(np.array(0.05, f16), "xs"), numpy_helper.from_array(np.array(0, np.int8), "z"),
+             numpy_helper.from_array(rng.integers(-127, 128, (c, c, 3, 3)).astype(np.int8), "wq"),
+             numpy_helper.from_array(np.full(c, 0.001, f16), "ws"), numpy_helper.from_array(np.zeros(c, np.int8), "wz"),
+             numpy_helper.from_array(np.full(c, bias, f16), "b"), numpy_helper.from_array(np.array(0.5, f16), "ys")]
+    nodes = [helper.make_node("Cast", ["x"], ["x16"], to=TensorProto.FLOAT16),
+             helper.make_node("QuantizeLinear", ["x16", "xs", "z"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "xs", "z"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["wd"], axis=0),
+             helper.make_node("Conv", ["xd", "wd", "b"], ["c16"], pads=[1, 1, 1, 1], name="conv"),
+             helper.make_node("Relu", ["c16"], ["r16"]),
+             helper.make_node("QuantizeLinear", ["r16", "ys", "z"], ["yq"]),
+             helper.make_node("DequantizeLinear", ["yq", "ys", "z"], ["y16"]),
+             helper.make_node("Cast", ["y16"], ["y"], to=TensorProto.FLOAT)]
+    graph = helper.make_graph(nodes, "qdq_conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, 6, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, 6, 6])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)], ir_version=9)
+
+
+def test_onnxrt_int8_cpu_computes_the_graph_with_fp16_biases():
+    """ONNX Runtime's WeightBiasQuantization turns this FP16 bias into a wrong int32 bias (measured: the output
+    loses the whole bias); onnxrt_int8_cpu leaves that pass out and matches the exact Q/DQ execution."""
+    model = _qdq_conv_fp16_bias(5.0)
+    feed = {"x": np.random.default_rng(1).normal(0, 2, (1, 4, 6, 6)).astype(np.float32)}
+    ctx = Context(cfg=None, run_dir=None, stage="verify", spec={}, int8=model, isolate=False)
+    with int8.exact_runner(model, "int8_exact") as exact:
+        expected = exact.infer(feed)["y"]
+    with backends.by_name("onnxrt_int8_cpu").make(ctx) as runner:
+        actual = runner.infer(feed)["y"]
+        workaround = runner.workaround
+    assert np.abs(expected).max() > 4  # the bias is there
+    np.testing.assert_allclose(actual, expected, atol=0.5)  # one output quantization step
+    assert "WeightBiasQuantization" in workaround  # said in the reports
+
+
+def test_exact_model_rounds_fp16_regions():
+    """FP16 tensors of a Q/DQ graph (ModelOpt's high_precision_dtype) are rounded as the FP16 emulation does."""
+    w = numpy_helper.from_array(np.array(1.0, np.float16), "one")
+    nodes = [helper.make_node("Cast", ["x"], ["x16"], to=TensorProto.FLOAT16, name="to16"),
+             helper.make_node("Add", ["x16", "one"], ["s16"], name="add"),
+             helper.make_node("Cast", ["s16"], ["y"], to=TensorProto.FLOAT, name="to32")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    model.ir_version = 9
+    x = np.array([2048.0], np.float32)  # 2048 + 1 is not an FP16 number: rounds to 2048
+    runner = int8.exact_runner(model, "t")
+    with runner:
+        assert runner.infer({"x": x})["y"][0] == 2048.0
+
+
+# --------------------------------------------------------------------------- the stage, on trained runs
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    runs = {}
+
+    def get(model: str) -> Path:
+        if model not in runs:
+            run = tmp_path_factory.mktemp(model.split(":")[-1]) / "run"
+            assert cli("train", "--model", model, "--run-dir", run, *TRAINED) == 0
+            assert cli("export", "--run-dir", run) == 0
+            runs[model] = run
+        return runs[model]
+
+    return get
+
+
+def _copy(run: Path, tmp_path: Path) -> Path:
+    target = tmp_path / "run"
+    shutil.copytree(run, target)
+    return target
+
+
+def _report(run: Path) -> dict:
+    report = json.loads((run / "verify.json").read_text())
+    jsonschema.validate(report, json.loads((ROOT / "docs" / "verify.schema.json").read_text()))
+    return report
+
+
+def _status(run: Path) -> dict:
+    return {c["name"]: c for c in _report(run)["candidates"]}
+
+
+def _export_int8(run: Path) -> dict:
+    return json.loads((run / "manifest.json").read_text())["stages"]["export"]["details"]["int8"]
+
+
+def test_sound_model_passes_int8_and_reports_its_precision(trained, tmp_path):
+    run = _copy(trained("tiny_cnn"), tmp_path)
+    rep = _export_int8(run)
+    model = onnx.load(str(run / "model.int8.onnx"))
+    assert rep["qdq_pairs"] == sum(1 for n in model.graph.node if n.op_type == "QuantizeLinear") > 0
+    assert rep["int8_nodes"] > 0 and 0 < rep["int8_fraction"] <= 1
+    assert any(i.data_type == TensorProto.FLOAT16 for i in model.graph.initializer)  # FP16 elsewhere
+    assert rep["unquantized_reasons"].get("not a quantizable op", 0) > 0  # Relu, Flatten: said why
+    assert cli("verify", "--run-dir", run) == 0
+    s = _status(run)
+    for name in ("int8_exact", "onnxrt_int8_cpu"):
+        assert s[name]["status"] == "passed", s[name]
+        assert s[name]["tensor_check"]["max_abs_error"] > 0  # quantization error is really there
+        assert s[name]["task_check"]["top1_agreement"] >= 0.98
+    assert "int8_exact" in (run / "verify.md").read_text()
+
+
+def test_outlier_channel_fails_int8_names_the_layer_and_fallback_fixes_it(trained, tmp_path, capsys):
+    run = _copy(trained(f"{FAULTS}:outlier_channel"), tmp_path)
+    original = (run / "model.int8.onnx").read_bytes()
+    assert cli("verify", "--run-dir", run) == 1
+    err = capsys.readouterr().err
+    assert "int8_exact" in err and "/mix/Conv" in err and "unquantized" in err
+    s = _status(run)
+    assert s["int8_exact"]["status"] == "failed"
+    assert s["onnxrt_fp32"]["status"] == s["fp16_emulation"]["status"] == "passed"  # the fault is INT8-only
+    loc = _report(run)["int8_localization"]
+    assert loc["first_divergent"]["name"] == "/mix/Conv"
+    assert (run / "model.int8.onnx").read_bytes() == original  # a failing gate replaces nothing
+
+    assert cli("verify", "--run-dir", run, "--auto-fallback") == 0
+    fb = _report(run)["int8_fallback"]
+    assert fb["passed"] is True and fb["excluded_from_int8"] == ["/mix/Conv"]
+    assert 0 < fb["int8_fraction_after"] < fb["int8_fraction_before"]
+    assert _status(run)["int8_exact"]["status"] == "passed"
+    assert json.loads((run / "int8_fallback.json").read_text())["nodes"] == ["/mix/Conv"]
+    assert not (run / "model.int8.fallback.onnx").exists()
+    # The export record follows the replaced file, and a re-export keeps the excluded layer out of INT8.
+    unquantized = {n["name"]: n["reason"] for n in _export_int8(run)["unquantized_nodes"]}
+    assert unquantized["/mix/Conv"] == "excluded by verify --auto-fallback"
+    assert cli("export", "--run-dir", run) == 0
+    assert cli("verify", "--run-dir", run) == 0
+
+
+def test_int8_disabled_leaves_only_disabled(clone_run):
+    run = clone_run()  # conftest's TINY runs with export.int8.enabled=false
+    assert cli("benchmark", "--run-dir", run, "benchmark.backends=[onnxrt_fp32,onnxrt_int8_cpu]") == 0
+    assert not (run / "model.int8.onnx").exists()
+    assert _export_int8(run) == {"enabled": False, "reason": "export.int8.enabled is false"}
+    for name in ("int8_exact", "onnxrt_int8_cpu"):
+        assert _status(run)[name]["status"] == "skipped"
+        assert _status(run)[name]["reason"] == backends.NO_INT8
+    bench = json.loads((run / "benchmark.json").read_text())
+    assert not [r for r in bench["results"] if "int8" in r["backend"]]
+    assert bench["skipped"] == [{"backend": "onnxrt_int8_cpu", "reason": backends.NO_INT8}]
+    assert cli("report", "--run-dir", run) == 0
+    report_md = (run / "report.md").read_text().split("## Configuration")[0]  # the config lists every key
+    for text in ((run / "verify.md").read_text(), (run / "benchmark.md").read_text(), report_md):
+        lines = [line for line in text.splitlines() if "int8" in line.lower()]
+        assert lines and all("disabled" in line.lower() or "enabled is false" in line for line in lines), lines
+
+
+def test_missing_int8_model_is_run_export_first(clone_run, capsys):
+    run = clone_run()
+    assert cli("verify", "--run-dir", run, "export.int8.enabled=true") == 2
+    err = capsys.readouterr().err
+    assert "verify needs model.int8.onnx" in err and "python -m pipeline export" in err, err
