@@ -22,7 +22,7 @@ from functools import cached_property
 from typing import Callable
 
 from pipeline import env
-from pipeline.artifacts import ENGINE, FP16_ONNX, FP32_ONNX
+from pipeline.artifacts import ENGINE, FP16_ONNX, FP32_ONNX, INT8_ENGINE
 from pipeline.errors import InputError
 from pipeline.run import RunDir, sha256_file
 
@@ -141,17 +141,23 @@ def _cuda_ort(fp16_graph: bool) -> Callable[[Context], str]:
     return check
 
 
-def _tensorrt_unavailable(ctx: Context) -> str:
-    """Cheap checks only: the engine itself is loaded (and checked) when the runner is made."""
-    from pipeline import build
+def _tensorrt_unavailable(engine: str) -> Callable[[Context], str]:
+    def check(ctx: Context) -> str:
+        """Cheap checks only: the engine itself is loaded (and checked) when the runner is made."""
+        from pipeline import build
 
-    ok, reason = build.availability()
-    if not ok:
-        return reason
-    # TensorRT can run here, so build writes an engine: a missing one is "run build first" (exit 2),
-    # never a skipped candidate that lets the gate pass without it.
-    ctx.run_dir.require(ENGINE, "build", ctx.stage)
-    return ""
+        ok, reason = build.availability()
+        if not ok:
+            return reason
+        skipped = build.skip_reason(ctx.cfg, ctx.run_dir, engine)
+        if skipped:
+            return skipped
+        # TensorRT can run here, so build writes this engine: a missing one is "run build first" (exit 2),
+        # never a skipped candidate that lets the gate pass without it.
+        ctx.run_dir.require(engine, "build", ctx.stage)
+        return ""
+
+    return check
 
 
 # --------------------------------------------------------------------------- runners
@@ -203,16 +209,20 @@ def _emulation_label(cfg) -> str:
     return f"FP16 emulation ({mode}: {how}), model.fp16.onnx"
 
 
-def _tensorrt(ctx: Context):
-    from pipeline import build
-    from pipeline.runners import TensorrtRunner
+def _tensorrt(engine: str, name: str) -> Callable[[Context], object]:
+    def make(ctx: Context):
+        from pipeline import build
+        from pipeline.runners import TensorrtRunner
 
-    engine_bytes, sidecar = build.load_engine_bytes(ctx.run_dir)
-    source = ctx.run_dir.file(sidecar.get("onnx") or FP16_ONNX)
-    if source.exists() and sidecar.get("onnx_sha256") != sha256_file(source):
-        raise InputError(f"{ENGINE} was built from another {sidecar.get('onnx')}; re-run build")
-    return TensorrtRunner(engine_bytes, sidecar, name="tensorrt_fp16", input_name=ctx.spec["input_name"],
-                          output_name=ctx.spec["output_name"], cuda_graphs=ctx.cfg.benchmark.cuda_graphs)
+        engine_bytes, sidecar = build.load_engine_bytes(ctx.run_dir, engine=engine)
+        source = ctx.run_dir.file(sidecar.get("onnx") or build.target_of(engine).onnx)
+        if source.exists() and sidecar.get("onnx_sha256") != sha256_file(source):
+            raise InputError(f"{engine} was built from another {sidecar.get('onnx')}; re-run build")
+        env.expose_libcudart()  # before Polygraphy's CUDA wrapper looks for it
+        return TensorrtRunner(engine_bytes, sidecar, name=name, input_name=ctx.spec["input_name"],
+                              output_name=ctx.spec["output_name"], cuda_graphs=ctx.cfg.benchmark.cuda_graphs)
+
+    return make
 
 
 # --------------------------------------------------------------------------- the table
@@ -236,8 +246,12 @@ TABLE: list[Backend] = [
             _ort("onnxrt_fp16_cpu", fp16_graph=True), candidate="onnxrt_fp16_cpu", shown_precision="fp16 graph",
             note="ONNX Runtime CPU runs most FP16 nodes through FP32 kernels", runtime=ORT),
     Backend("tensorrt_fp16", "fp16", "cuda", ENGINE, "TensorRT engine (strongly typed from model.fp16.onnx)",
-            _tensorrt_unavailable, _tensorrt, candidate="tensorrt_fp16", requires="tensorrt",
-            shown_precision="fp16 (strongly typed engine)", runtime="TensorRT"),
+            _tensorrt_unavailable(ENGINE), _tensorrt(ENGINE, "tensorrt_fp16"), candidate="tensorrt_fp16",
+            requires="tensorrt", shown_precision="fp16 (strongly typed engine)", runtime="TensorRT"),
+    Backend("tensorrt_int8", "int8", "cuda", INT8_ENGINE,
+            "TensorRT engine (strongly typed from model.int8.onnx: explicit Q/DQ, other regions FP16)",
+            _tensorrt_unavailable(INT8_ENGINE), _tensorrt(INT8_ENGINE, "tensorrt_int8"), candidate="tensorrt_int8",
+            requires="tensorrt", shown_precision="int8 (strongly typed Q/DQ engine)", runtime="TensorRT"),
     Backend("onnxrt_cuda_fp32", "fp32", "cuda", FP32_ONNX, "ONNX Runtime CUDA provider on model.onnx",
             _cuda_ort(False), _ort("onnxrt_cuda_fp32", fp16_graph=False, cuda=True), note="ONNX Runtime CUDA",
             runtime=ORT),

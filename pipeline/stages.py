@@ -127,11 +127,12 @@ STAGES = {
     "export": Stage("export", "export", ("model", "data", "export"),
                     (a.WEIGHTS, a.MODEL_CARD, a.FALLBACK), ("train",),
                     help="export FP32 ONNX and convert it to mixed-precision FP16 ONNX", summary=_export_summary),
-    "build": Stage("build", "build", ("build",), (a.FP16_ONNX,), ("export",),
-                   help="build a strongly typed FP16 TensorRT engine (skipped without GPU/TensorRT)",
+    "build": Stage("build", "build", ("build",), (a.FP16_ONNX, a.INT8_ONNX), ("export",),
+                   help="build strongly typed TensorRT engines, FP16 and INT8 (skipped without GPU/TensorRT)",
                    precheck="check_required"),
     "verify": Stage("verify", "verify", ("model", "data", "verify"),
-                    (a.WEIGHTS, a.MODEL_CARD, a.FP32_ONNX, a.FP16_ONNX, a.ENGINE), ("train", "export", "build"),
+                    (a.WEIGHTS, a.MODEL_CARD, a.FP32_ONNX, a.FP16_ONNX, a.ENGINE, a.INT8_ENGINE),
+                    ("train", "export", "build"),
                     help="compare every backend with the FP32 PyTorch model and gate on it",
                     options=(Option("--auto-fallback", "move failing FP16 nodes to FP32 until the gate passes",
                                     config="verify.auto_fallback", in_all=True),),
@@ -139,7 +140,8 @@ STAGES = {
     # Benchmark shows verify's verdicts, so those (not verify's whole report) enter its fingerprint:
     # a tolerance change that does not flip a verdict does not re-time anything.
     "benchmark": Stage("benchmark", "benchmark", ("model", "data", "benchmark"),
-                       (a.WEIGHTS, a.FP32_ONNX, a.FP16_ONNX, a.ENGINE), ("train", "export", "build"),
+                       (a.WEIGHTS, a.FP32_ONNX, a.FP16_ONNX, a.ENGINE, a.INT8_ENGINE),
+                       ("train", "export", "build"),
                        help="measure latency and throughput of every available backend",
                        options=(Option("--profile", PROFILE),), summary=_benchmark_summary),
 }
