@@ -79,6 +79,7 @@ class Backend:
     shown_precision: str = ""  # benchmark.json's precision column, when more telling than ``precision``
     note: str = ""  # benchmark.json's note
     runtime: str = "PyTorch"  # the library that runs it, as crash messages name it
+    required_if: Callable[[object], bool] | None = None  # whether the config asks for it at all (None: always)
 
     @property
     def isolated(self) -> bool:
@@ -97,7 +98,10 @@ class Backend:
         return ("cuda" if ctx.gpu else "cpu") if self.device == "auto" else self.device
 
     def required(self, cfg) -> bool:
-        return self.requires is not None and self.requires in cfg.require
+        """Its absence is exit 3: ``require`` names its runtime and the config asks for it (an engine
+        precision left out of ``build.precisions`` or whose export is off is skipped, never required)."""
+        wanted = self.required_if is None or self.required_if(cfg)
+        return self.requires is not None and self.requires in cfg.require and wanted
 
     @property
     def uses_fp16_model(self) -> bool:
@@ -209,6 +213,14 @@ def _emulation_label(cfg) -> str:
     return f"FP16 emulation ({mode}: {how}), model.fp16.onnx"
 
 
+def _engine_wanted(precision: str) -> Callable[[object], bool]:
+    """Whether the config asks build for this precision's engine (INT8 also needs export to write its graph)."""
+    def wanted(cfg) -> bool:
+        return precision in cfg.build.precisions and (precision != "int8" or cfg.export.int8.enabled)
+
+    return wanted
+
+
 def _tensorrt(engine: str, name: str) -> Callable[[Context], object]:
     def make(ctx: Context):
         from pipeline import build
@@ -247,11 +259,13 @@ TABLE: list[Backend] = [
             note="ONNX Runtime CPU runs most FP16 nodes through FP32 kernels", runtime=ORT),
     Backend("tensorrt_fp16", "fp16", "cuda", ENGINE, "TensorRT engine (strongly typed from model.fp16.onnx)",
             _tensorrt_unavailable(ENGINE), _tensorrt(ENGINE, "tensorrt_fp16"), candidate="tensorrt_fp16",
-            requires="tensorrt", shown_precision="fp16 (strongly typed engine)", runtime="TensorRT"),
+            requires="tensorrt", shown_precision="fp16 (strongly typed engine)", runtime="TensorRT",
+            required_if=_engine_wanted("fp16")),
     Backend("tensorrt_int8", "int8", "cuda", INT8_ENGINE,
             "TensorRT engine (strongly typed from model.int8.onnx: explicit Q/DQ, other regions FP16)",
             _tensorrt_unavailable(INT8_ENGINE), _tensorrt(INT8_ENGINE, "tensorrt_int8"), candidate="tensorrt_int8",
-            requires="tensorrt", shown_precision="int8 (strongly typed Q/DQ engine)", runtime="TensorRT"),
+            requires="tensorrt", shown_precision="int8 (strongly typed Q/DQ engine)", runtime="TensorRT",
+            required_if=_engine_wanted("int8")),
     Backend("onnxrt_cuda_fp32", "fp32", "cuda", FP32_ONNX, "ONNX Runtime CUDA provider on model.onnx",
             _cuda_ort(False), _ort("onnxrt_cuda_fp32", fp16_graph=False, cuda=True), note="ONNX Runtime CUDA",
             runtime=ORT),

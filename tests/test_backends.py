@@ -227,3 +227,17 @@ def test_tensorrt_int8_runner_loads_its_own_checked_engine(tmp_path, monkeypatch
     (tmp_path / "model.int8.onnx").write_bytes(b"re-quantized graph")
     with pytest.raises(InputError, match="model.int8.engine was built from another model.int8.onnx"):
         backends.by_name("tensorrt_int8").make(ctx)
+
+
+@pytest.mark.parametrize("overrides, fp16_required, int8_required", [
+    ([], True, True),
+    (["build.precisions=[fp16]"], True, False),
+    (["export.int8.enabled=false"], True, False),
+    (["build.precisions=[int8]"], False, True),
+])
+def test_require_tensorrt_requires_the_engines_the_config_asks_for(overrides, fp16_required, int8_required):
+    """--require tensorrt: an engine precision the config leaves out is skipped with its reason, never exit 3."""
+    cfg = config.resolve(overrides=["require=[tensorrt]", *overrides])
+    assert backends.by_name("tensorrt_fp16").required(cfg) is fp16_required
+    assert backends.by_name("tensorrt_int8").required(cfg) is int8_required
+    assert not backends.by_name("tensorrt_int8").required(config.resolve(overrides=overrides))
