@@ -130,7 +130,8 @@ class BuildConfig(Section):
     max_batch: int = Field(32, ge=1, description="optimization profile: largest batch")
     optimization_level: int = Field(3, ge=0, le=5, description="TensorRT builder optimization level")
     tf32: bool = Field(False, description="allow TF32 in the layers AutoCast kept FP32")
-    timing_cache: Optional[str] = Field(None, description="timing cache path (default: beside the run directories)")
+    timing_cache: Optional[str] = Field(None, description="timing cache path, used as given (default: beside the run "
+                                        "directories, one per TensorRT version and GPU compute capability)")
 
     @model_validator(mode="after")
     def _profile_order(self):
