@@ -249,9 +249,9 @@ def built_precision(run_dir: RunDir, t: Target, onnx_path: Path) -> str:
     """The precision the engine really has, from the graph it was built from (recorded in sidecar and manifest)."""
     if onnx_path.name == FP32_ONNX:
         return f"fp32 (strongly typed from {FP32_ONNX}; FP16 conversion was disabled)"
-    details = ((run_dir.stage_entry("export") or {}).get("details") or {}).get(t.precision) or {}
     if t.precision == "int8":
         return f"int8 (strongly typed from {t.onnx}: explicit Q/DQ, non-quantized regions as the graph types them)"
+    details = ((run_dir.stage_entry("export") or {}).get("details") or {}).get(t.precision) or {}
     return (f"fp16 (strongly typed from {t.onnx}; {details.get('fp32_nodes_count', '?')} nodes kept FP32 by "
             "AutoCast)")
 

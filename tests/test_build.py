@@ -293,3 +293,16 @@ def test_unavailable_tensorrt_skips_every_precision_and_removes_stale_engines(cl
     assert build_entry(run)["reason"] == "TensorRT is not installed (test)"
     assert not (run / build.INT8_ENGINE).exists() and not (run / build.INT8_ENGINE_SIDECAR).exists()
     assert cli("build", "--run-dir", run, "--require", "tensorrt") == 3
+
+
+def test_fp16_graph_missing_while_fp16_export_is_on_is_run_export_first(clone_run, fake_trt, capsys):
+    """Never an FP32 engine under the FP16 name because a file went missing: only export.fp16.enabled=false does that."""
+    from conftest import cli
+
+    run = clone_run()
+    (run / build.FP16_ONNX).unlink()
+    assert cli("build", "--run-dir", run) == 2
+    assert "build needs model.fp16.onnx" in capsys.readouterr().err and fake_trt == []
+    assert cli("build", "--run-dir", run, "export.fp16.enabled=false") == 0
+    assert fake_trt == [build.FP32_ONNX]
+    assert build_entry(run)["details"]["engines"]["fp16"]["precision"].startswith("fp32 (strongly typed from model.onnx")
