@@ -296,7 +296,7 @@ def test_unavailable_tensorrt_skips_every_precision_and_removes_stale_engines(cl
 
 
 def test_fp16_graph_missing_while_fp16_export_is_on_is_run_export_first(clone_run, fake_trt, capsys):
-    """Never an FP32 engine under the FP16 name because a file went missing: only export.fp16.enabled=false does that."""
+    """Never an FP32 engine under the FP16 name because a file went missing (only export.fp16.enabled=false)."""
     from conftest import cli
 
     run = clone_run()
@@ -305,4 +305,5 @@ def test_fp16_graph_missing_while_fp16_export_is_on_is_run_export_first(clone_ru
     assert "build needs model.fp16.onnx" in capsys.readouterr().err and fake_trt == []
     assert cli("build", "--run-dir", run, "export.fp16.enabled=false") == 0
     assert fake_trt == [build.FP32_ONNX]
-    assert build_entry(run)["details"]["engines"]["fp16"]["precision"].startswith("fp32 (strongly typed from model.onnx")
+    precision = build_entry(run)["details"]["engines"]["fp16"]["precision"]
+    assert precision.startswith("fp32 (strongly typed from model.onnx")
