@@ -33,7 +33,6 @@ ENGINE = "model.fp16.engine"
 ENGINE_SIDECAR = "model.fp16.engine.json"
 INT8_ENGINE = "model.int8.engine"  # strongly typed from model.int8.onnx (build.precisions)
 INT8_ENGINE_SIDECAR = "model.int8.engine.json"
-TIMING_CACHE = "trt_timing.cache"  # beside the run directories, shared by every run on the machine
 OPENVINO_DIR = "openvino"  # OpenVINO IR: openvino/<precision>.xml + .bin + .json sidecar (build)
 
 # verify
@@ -66,3 +65,13 @@ BUILD_LOG = f"{LOGS}/build.tensorrt.log"  # everything TensorRT, its ONNX parser
 def child_log(stage: str, backend: str) -> str:
     """The log of ``backend``'s child process in ``stage``, relative to the run directory."""
     return f"{LOGS}/{stage}.{backend}.log"
+
+
+def timing_cache_name(tensorrt: str | None, compute_capability: str | None) -> str:
+    """The TensorRT timing cache beside the run directories, one per TensorRT version and compute capability.
+
+    ``trt_timing.11.4.0.sm90.cache``: TensorRT warns that a cache from another device or version may give
+    functional or performance bugs, so runs share a cache only where both match.
+    """
+    sm = "sm" + str(compute_capability or "unknown").replace(".", "")
+    return f"trt_timing.{tensorrt or 'unknown'}.{sm}.cache"

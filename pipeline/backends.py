@@ -91,6 +91,7 @@ class Backend:
     shown_precision: str = ""  # benchmark.json's precision column, when more telling than ``precision``
     note: str = ""  # benchmark.json's note
     runtime: str = "PyTorch"  # the library that runs it, as crash messages name it
+    required_if: Callable[[object], bool] | None = None  # whether the config asks for it at all (None: always)
 
     @property
     def isolated(self) -> bool:
@@ -109,7 +110,10 @@ class Backend:
         return ("cuda" if ctx.gpu else "cpu") if self.device == "auto" else self.device
 
     def required(self, cfg) -> bool:
-        return self.requires is not None and self.requires in cfg.require
+        """Its absence is exit 3: ``require`` names its runtime and the config asks for it (an engine
+        precision left out of ``build.precisions`` or whose export is off is skipped, never required)."""
+        wanted = self.required_if is None or self.required_if(cfg)
+        return self.requires is not None and self.requires in cfg.require and wanted
 
     @property
     def uses_fp16_model(self) -> bool:
@@ -172,17 +176,23 @@ def _cuda_ort(fp16_graph: bool) -> Callable[[Context], str]:
     return check
 
 
-def _tensorrt_unavailable(ctx: Context) -> str:
-    """Cheap checks only: the engine itself is loaded (and checked) when the runner is made."""
-    from pipeline import build
+def _tensorrt_unavailable(engine: str) -> Callable[[Context], str]:
+    def check(ctx: Context) -> str:
+        """Cheap checks only: the engine itself is loaded (and checked) when the runner is made."""
+        from pipeline import build
 
-    ok, reason = build.availability()
-    if not ok:
-        return reason
-    # TensorRT can run here, so build writes an engine: a missing one is "run build first" (exit 2),
-    # never a skipped candidate that lets the gate pass without it.
-    ctx.run_dir.require(ENGINE, "build", ctx.stage)
-    return ""
+        ok, reason = build.availability()
+        if not ok:
+            return reason
+        skipped = build.skip_reason(ctx.cfg, ctx.run_dir, engine)
+        if skipped:
+            return skipped
+        # TensorRT can run here, so build writes this engine: a missing one is "run build first" (exit 2),
+        # never a skipped candidate that lets the gate pass without it.
+        ctx.run_dir.require(engine, "build", ctx.stage)
+        return ""
+
+    return check
 
 
 # --------------------------------------------------------------------------- runners
@@ -247,16 +257,28 @@ def _ort_int8(ctx: Context):
                          disabled_optimizers=INT8_CPU_DISABLED_OPTIMIZERS)
 
 
-def _tensorrt(ctx: Context):
-    from pipeline import build
-    from pipeline.runners import TensorrtRunner
+def _engine_wanted(precision: str) -> Callable[[object], bool]:
+    """Whether the config asks build for this precision's engine (INT8 also needs export to write its graph)."""
+    def wanted(cfg) -> bool:
+        return precision in cfg.build.precisions and (precision != "int8" or cfg.export.int8.enabled)
 
-    engine_bytes, sidecar = build.load_engine_bytes(ctx.run_dir)
-    source = ctx.run_dir.file(sidecar.get("onnx") or FP16_ONNX)
-    if source.exists() and sidecar.get("onnx_sha256") != sha256_file(source):
-        raise InputError(f"{ENGINE} was built from another {sidecar.get('onnx')}; re-run build")
-    return TensorrtRunner(engine_bytes, sidecar, name="tensorrt_fp16", input_name=ctx.spec["input_name"],
-                          output_name=ctx.spec["output_name"], cuda_graphs=ctx.cfg.benchmark.cuda_graphs)
+    return wanted
+
+
+def _tensorrt(engine: str, name: str) -> Callable[[Context], object]:
+    def make(ctx: Context):
+        from pipeline import build
+        from pipeline.runners import TensorrtRunner
+
+        engine_bytes, sidecar = build.load_engine_bytes(ctx.run_dir, engine=engine)
+        source = ctx.run_dir.file(sidecar.get("onnx") or build.target_of(engine).onnx)
+        if source.exists() and sidecar.get("onnx_sha256") != sha256_file(source):
+            raise InputError(f"{engine} was built from another {sidecar.get('onnx')}; re-run build")
+        env.expose_libcudart()  # before Polygraphy's CUDA wrapper looks for it
+        return TensorrtRunner(engine_bytes, sidecar, name=name, input_name=ctx.spec["input_name"],
+                              output_name=ctx.spec["output_name"], cuda_graphs=ctx.cfg.benchmark.cuda_graphs)
+
+    return make
 
 
 # --------------------------------------------------------------------------- the table
@@ -288,8 +310,14 @@ TABLE: list[Backend] = [
             _needs_int8, _ort_int8, candidate="onnxrt_int8_cpu", shown_precision="int8 (Q/DQ graph)",
             note="ONNX Runtime CPU int8 kernels", runtime=ORT),
     Backend("tensorrt_fp16", "fp16", "cuda", ENGINE, "TensorRT engine (strongly typed from model.fp16.onnx)",
-            _tensorrt_unavailable, _tensorrt, candidate="tensorrt_fp16", requires="tensorrt",
-            shown_precision="fp16 (strongly typed engine)", runtime="TensorRT"),
+            _tensorrt_unavailable(ENGINE), _tensorrt(ENGINE, "tensorrt_fp16"), candidate="tensorrt_fp16",
+            requires="tensorrt", shown_precision="fp16 (strongly typed engine)", runtime="TensorRT",
+            required_if=_engine_wanted("fp16")),
+    Backend("tensorrt_int8", "int8", "cuda", INT8_ENGINE,
+            "TensorRT engine (strongly typed from model.int8.onnx: explicit Q/DQ, other regions FP16)",
+            _tensorrt_unavailable(INT8_ENGINE), _tensorrt(INT8_ENGINE, "tensorrt_int8"), candidate="tensorrt_int8",
+            requires="tensorrt", shown_precision="int8 (strongly typed Q/DQ engine)", runtime="TensorRT",
+            required_if=_engine_wanted("int8")),
     Backend("onnxrt_cuda_fp32", "fp32", "cuda", FP32_ONNX, "ONNX Runtime CUDA provider on model.onnx",
             _cuda_ort(False), _ort("onnxrt_cuda_fp32", fp16_graph=False, cuda=True), note="ONNX Runtime CUDA",
             runtime=ORT),

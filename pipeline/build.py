@@ -1,17 +1,19 @@
-"""The build stage: a strongly typed TensorRT engine from ``model.fp16.onnx``, through Polygraphy.
+"""The build stage: one strongly typed TensorRT engine per precision, each from its ONNX graph, through Polygraphy.
 
-TensorRT 10.12 deprecated weak typing and TensorRT 11 removed it (no ``BuilderFlag.FP16``, no
-layer precisions). The engine's precisions therefore come from the ONNX graph's types: the
-network is parsed with ``strongly_typed=True`` (required on 10.12-10.x, implied on 11) and the
-builder config carries no precision flag at all. TF32 is a deliberate choice
-(``build.tf32``, default off: the layers AutoCast kept in FP32 then compute in true FP32, as
-verify assumed) and is recorded.
+TensorRT 10.12 deprecated weak typing and TensorRT 11 removed it (no ``BuilderFlag.FP16``/``INT8``, no
+layer precisions, no INT8 calibrators). An engine's precisions therefore come from its ONNX graph's
+types: ``model.fp16.onnx`` (AutoCast) gives ``model.fp16.engine``, ``model.int8.onnx`` (explicit Q/DQ)
+gives ``model.int8.engine``. ``build.precisions`` selects which; a precision whose ONNX graph export
+did not write is skipped with its reason. Every network is parsed with ``strongly_typed=True``
+(required on 10.12-10.x, implied on 11) and the builder config carries no precision flag at all.
+TF32 is a deliberate choice (``build.tf32``, default off: the layers AutoCast kept in FP32 then
+compute in true FP32, as verify assumed) and is recorded.
 
-The engine file stays a plain serialized engine; everything about it lives in the sidecar
-``model.fp16.engine.json``. An engine is executable code: :func:`load_engine_bytes` refuses any
-engine whose sidecar is missing, was not written by this tool, whose sha256 no longer matches,
-or that was built for another GPU or TensorRT version, and any engine whose sha256 the build stage
-did not record in the manifest.
+An engine file stays a plain serialized engine; everything about it lives in its sidecar
+(``model.fp16.engine.json``, ``model.int8.engine.json``). An engine is executable code:
+:func:`load_engine_bytes` refuses any engine whose sidecar is missing, was not written by this tool,
+whose sha256 no longer matches, or that was built for another GPU or TensorRT version, and any engine
+whose sha256 the build stage did not record in the manifest.
 """
 
 from __future__ import annotations
@@ -21,18 +23,53 @@ import hashlib
 import logging
 import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import __version__, env
-from pipeline.artifacts import BUILD_LOG, ENGINE, FP16_ONNX, FP32_ONNX, MODEL_CARD
+from pipeline.artifacts import (BUILD_LOG, ENGINE, FP16_ONNX, FP32_ONNX, INT8_ENGINE, INT8_ENGINE_SIDECAR,
+                                INT8_ONNX, MODEL_CARD, timing_cache_name)
 from pipeline.artifacts import ENGINE_SIDECAR as SIDECAR
-from pipeline.artifacts import TIMING_CACHE as DEFAULT_TIMING_CACHE
 from pipeline.errors import BackendUnavailable, InputError, StageFailed
 from pipeline.run import RunDir, StageRecord, atomic_write, now, read_json, sha256_file, write_json
 
 log = logging.getLogger("pipeline")
 
 SIDECAR_SCHEMA = "pipeline.engine/1"
+
+
+@dataclass(frozen=True)
+class Target:
+    """One engine the build stage can make: its precision, its files, and the ONNX graph it comes from."""
+
+    precision: str  # a ``build.precisions`` entry
+    onnx: str  # the strongly typed source graph export writes
+    engine: str
+    sidecar: str
+    switch: str  # the export setting that turns the source graph off
+
+
+TARGETS = (
+    Target("fp16", FP16_ONNX, ENGINE, SIDECAR, "export.fp16.enabled"),
+    Target("int8", INT8_ONNX, INT8_ENGINE, INT8_ENGINE_SIDECAR, "export.int8.enabled"),
+)
+
+
+def target_of(engine: str) -> Target:
+    """The target that writes ``engine``; ValueError for any other name."""
+    for t in TARGETS:
+        if t.engine == engine:
+            return t
+    raise ValueError(f"{engine!r} is not an engine the build stage writes")
+
+
+def skip_reason(cfg, run_dir: RunDir, engine: str) -> str:
+    """Why ``engine`` is not built where TensorRT can run: not selected, or recorded as skipped by build; "" else."""
+    t = target_of(engine)
+    if t.precision not in cfg.build.precisions:
+        return f"build.precisions does not include {t.precision}"
+    skipped = ((run_dir.stage_entry("build") or {}).get("details") or {}).get("skipped") or {}
+    return skipped.get(t.precision, "")
 
 
 def availability() -> tuple[bool, str]:
@@ -54,11 +91,15 @@ def check_required(cfg) -> None:
             raise BackendUnavailable(f"TensorRT engine required but {reason}")
 
 
-def timing_cache_path(cfg, run_dir: RunDir) -> Path:
-    """Beside the run directories, so every run on this machine shares (and merges into) one cache."""
+def timing_cache_path(cfg, run_dir: RunDir, platform: dict | None = None) -> Path:
+    """``build.timing_cache`` when given (the user's choice wins); else beside the run directories, one file
+    per TensorRT version and compute capability (``trt_timing.11.4.0.sm90.cache``), so every run on this
+    machine with this GPU and TensorRT shares (and merges into) one cache, and no other machine's does."""
     if cfg.build.timing_cache:
         return Path(cfg.build.timing_cache).expanduser()
-    return run_dir.path.resolve().parent / DEFAULT_TIMING_CACHE
+    platform = platform or current_platform()
+    return run_dir.path.resolve().parent / timing_cache_name(platform.get("tensorrt"),
+                                                             platform.get("compute_capability"))
 
 
 def profile_shapes(cfg, input_size: list[int]) -> dict[str, list[int]]:
@@ -144,28 +185,75 @@ def current_platform() -> dict:
             "compute_capability": gpu.get("compute_capability")}
 
 
+def plan(cfg, run_dir: RunDir) -> list[tuple[Target, Path | None, str]]:
+    """Per target: the ONNX graph to build it from, or None and why it is skipped.
+
+    FP16 without ``model.fp16.onnx`` because ``export.fp16.enabled`` is false builds ``model.onnx``
+    into the same engine (recorded as fp32); with FP16 enabled a missing file is "run export first".
+    A precision whose graph export did not write (``export.int8.enabled`` false, ModelOpt absent)
+    is skipped with its reason, not an error.
+    """
+    planned = []
+    for t in TARGETS:
+        if t.precision not in cfg.build.precisions:
+            planned.append((t, None, f"build.precisions does not include {t.precision}"))
+        elif run_dir.file(t.onnx).exists():
+            planned.append((t, run_dir.file(t.onnx), ""))
+        elif t.precision == "fp16":
+            if cfg.export.fp16.enabled:
+                run_dir.require(t.onnx, "export", "build")  # raises: export is enabled but wrote nothing
+            planned.append((t, run_dir.require(FP32_ONNX, "export", "build"), ""))
+        else:
+            planned.append((t, None, _no_onnx_reason(cfg, run_dir, t)))
+    return planned
+
+
+def _no_onnx_reason(cfg, run_dir: RunDir, t: Target) -> str:
+    section = getattr(cfg.export, t.precision)
+    if not section.enabled:
+        return f"no {t.onnx} ({t.switch} is false)"
+    said = ((run_dir.stage_entry("export") or {}).get("details") or {}).get(t.precision)
+    why = said.get("reason") if isinstance(said, dict) else None
+    return f"export wrote no {t.onnx}" + (f" ({why})" if why else "; run export")
+
+
 def run(cfg, run_dir: RunDir, record: StageRecord) -> None:
-    card = read_json(run_dir.require(MODEL_CARD, "train", "build"), "model card")
-    fp16 = run_dir.file(FP16_ONNX).exists()
-    onnx_name = FP16_ONNX if fp16 else FP32_ONNX
-    onnx_path = run_dir.require(onnx_name, "export", "build")
+    spec = read_json(run_dir.require(MODEL_CARD, "train", "build"), "model card")["spec"]
+    planned = plan(cfg, run_dir)
     check_required(cfg)
     ok, reason = availability()
     if not ok:
-        for stale in (ENGINE, SIDECAR):  # never leave an engine that this run did not build beside its inputs
-            if run_dir.file(stale).exists() and not _sidecar_matches_onnx(run_dir, onnx_path):
-                run_dir.file(stale).unlink()
+        for t, onnx_path, _ in planned:
+            _remove_stale(run_dir, t, onnx_path)
         record.skip(reason)
         return
+    platform = current_platform()
+    engines, skipped = {}, {}
+    for t, onnx_path, why in planned:
+        if onnx_path is None:
+            _remove_stale(run_dir, t, None)
+            skipped[t.precision] = why
+            log.info("build: %s engine skipped: %s", t.precision, why)
+            continue
+        sidecar = build_engine(cfg, run_dir, t, onnx_path, spec, platform)
+        engines[t.precision] = {k: sidecar[k] for k in ("engine", "precision", "onnx", "profile", "flags",
+                                                          "timing_cache", "build_seconds")}
+        record.artifact(t.engine)
+        record.artifact(t.sidecar)
+    record.details.update({"engines": engines, "skipped": skipped, **platform})
+    if not engines:
+        record.skip("no engine to build: " + "; ".join(f"{p}: {why}" for p, why in skipped.items()))
 
-    spec = card["spec"]
+
+def build_engine(cfg, run_dir: RunDir, t: Target, onnx_path: Path, spec: dict, platform: dict) -> dict:
+    """Build one strongly typed engine from ``onnx_path``; write it and its sidecar; return the sidecar."""
     shapes = profile_shapes(cfg, spec["input_size"])
-    cache = timing_cache_path(cfg, run_dir)
+    cache = timing_cache_path(cfg, run_dir, platform)
     cache.parent.mkdir(parents=True, exist_ok=True)
     loader = engine_loader(onnx_path, input_name=spec["input_name"], shapes=shapes, build_cfg=cfg.build,
                            timing_cache=cache)
-    log.info("build: %s -> %s (strongly typed, profile %s/%s/%s, optimization level %d, tf32 %s)", onnx_name,
-             ENGINE, shapes["min"][0], shapes["opt"][0], shapes["max"][0], cfg.build.optimization_level,
+    log.info("build: %s -> %s (strongly typed, profile %s/%s/%s, optimization level %d, tf32 %s)", onnx_path.name,
+             t.engine, shapes["min"][0], shapes["opt"][0], shapes["max"][0], cfg.build.optimization_level,
              cfg.build.tf32)
     start = time.perf_counter()
     with tensorrt_log(run_dir.file(BUILD_LOG)) as errors:
@@ -173,23 +261,20 @@ def run(cfg, run_dir: RunDir, record: StageRecord) -> None:
             engine_bytes = bytes(loader())
         except Exception as exc:
             first = "; ".join(errors[:3]) or f"{type(exc).__name__}: {str(exc).strip()}"
-            raise StageFailed(f"TensorRT engine build failed: {first} (whole log: {BUILD_LOG})") from None
+            raise StageFailed(f"TensorRT {t.precision} engine build failed: {first} (whole log: {BUILD_LOG})") \
+                from None
     record.details["log"] = BUILD_LOG  # not an artifact: logs/ is not a plain file name
     seconds = time.perf_counter() - start
-    atomic_write(run_dir.file(ENGINE), engine_bytes)
-    platform = current_platform()
-    export_details = (run_dir.stage_entry("export") or {}).get("details", {}).get("fp16") or {}
+    atomic_write(run_dir.file(t.engine), engine_bytes)
     sidecar = {
         "schema": SIDECAR_SCHEMA,
         "built_by": f"pipeline {__version__}",
-        "engine": ENGINE,
-        "sha256": sha256_file(run_dir.file(ENGINE)),
+        "engine": t.engine,
+        "sha256": sha256_file(run_dir.file(t.engine)),
         "bytes": len(engine_bytes),
-        "onnx": onnx_name,
+        "onnx": onnx_path.name,
         "onnx_sha256": sha256_file(onnx_path),
-        "precision": (f"fp16 (strongly typed from {FP16_ONNX}; "
-                      f"{export_details.get('fp32_nodes_count', '?')} nodes kept FP32 by AutoCast)") if fp16
-        else f"fp32 (strongly typed from {FP32_ONNX}; FP16 conversion was disabled)",
+        "precision": built_precision(run_dir, t, onnx_path),
         **platform,
         "profile": {"input": spec["input_name"], **shapes},
         "flags": {"strongly_typed": True, "precision_flags": [], "tf32": cfg.build.tf32,
@@ -198,18 +283,34 @@ def run(cfg, run_dir: RunDir, record: StageRecord) -> None:
         "build_seconds": round(seconds, 2),
         "built_at": now(),
     }
-    write_json(run_dir.file(SIDECAR), sidecar)
-    record.details.update({k: sidecar[k] for k in ("precision", "tensorrt", "gpu", "compute_capability", "profile",
-                                                    "flags", "build_seconds", "timing_cache")})
-    record.artifact(ENGINE)
-    record.artifact(SIDECAR)
-    log.info("build: engine %.1f MiB in %.1f s on %s (TensorRT %s)", len(engine_bytes) / 2**20, seconds,
+    write_json(run_dir.file(t.sidecar), sidecar)
+    log.info("build: %s %.1f MiB in %.1f s on %s (TensorRT %s)", t.engine, len(engine_bytes) / 2**20, seconds,
              platform["gpu"], platform["tensorrt"])
+    return sidecar
 
 
-def _sidecar_matches_onnx(run_dir: RunDir, onnx_path: Path) -> bool:
+def built_precision(run_dir: RunDir, t: Target, onnx_path: Path) -> str:
+    """The precision the engine really has, from the graph it was built from (recorded in sidecar and manifest)."""
+    if onnx_path.name == FP32_ONNX:
+        return f"fp32 (strongly typed from {FP32_ONNX}; FP16 conversion was disabled)"
+    if t.precision == "int8":
+        return f"int8 (strongly typed from {t.onnx}: explicit Q/DQ, non-quantized regions as the graph types them)"
+    details = ((run_dir.stage_entry("export") or {}).get("details") or {}).get(t.precision) or {}
+    return (f"fp16 (strongly typed from {t.onnx}; {details.get('fp32_nodes_count', '?')} nodes kept FP32 by "
+            "AutoCast)")
+
+
+def _remove_stale(run_dir: RunDir, t: Target, onnx_path: Path | None) -> None:
+    """Never leave an engine that this run did not build beside its inputs (unless it was built from them)."""
+    if onnx_path is not None and _sidecar_matches_onnx(run_dir, t, onnx_path):
+        return
+    for stale in (t.engine, t.sidecar):
+        run_dir.file(stale).unlink(missing_ok=True)
+
+
+def _sidecar_matches_onnx(run_dir: RunDir, t: Target, onnx_path: Path) -> bool:
     try:
-        sidecar = read_json(run_dir.file(SIDECAR), "engine sidecar")
+        sidecar = read_json(run_dir.file(t.sidecar), "engine sidecar")
         return sidecar.get("onnx_sha256") == sha256_file(onnx_path)
     except (FileNotFoundError, InputError):
         return False
@@ -229,6 +330,9 @@ def check_sidecar(engine_path: Path, engine_bytes: bytes, sidecar_path: Path, pl
             not str(sidecar.get("built_by", "")).startswith("pipeline "):
         raise InputError(f"{sidecar_path.name} is not a pipeline engine sidecar; refusing to load {engine_path.name}; "
                          f"{rebuild}")
+    if sidecar.get("engine") != engine_path.name:
+        raise InputError(f"{sidecar_path.name} describes {sidecar.get('engine')}, not {engine_path.name}; refusing to "
+                         f"load it; {rebuild}")
     actual = hashlib.sha256(engine_bytes).hexdigest()
     if actual != sidecar.get("sha256"):
         raise InputError(f"{engine_path.name} does not match its sidecar (sha256 {actual[:12]}..., recorded "
@@ -240,16 +344,18 @@ def check_sidecar(engine_path: Path, engine_bytes: bytes, sidecar_path: Path, pl
     return sidecar
 
 
-def load_engine_bytes(run_dir: RunDir, platform: dict | None = None) -> tuple[bytes, dict]:
-    """The engine's bytes, after :func:`check_sidecar` passed on exactly those bytes.
+def load_engine_bytes(run_dir: RunDir, platform: dict | None = None, *, engine: str = ENGINE) -> tuple[bytes, dict]:
+    """The bytes of ``engine`` (``model.fp16.engine`` or ``model.int8.engine``), after :func:`check_sidecar`
+    passed on exactly those bytes and :func:`check_recorded` found them in the manifest.
 
     This is the only way the pipeline reads an engine file.
     """
-    engine_path = run_dir.file(ENGINE)
+    t = target_of(engine)
+    engine_path = run_dir.file(t.engine)
     if not engine_path.is_file():
         raise InputError(f"{engine_path} does not exist; run `python -m pipeline build --run-dir {run_dir.path}`")
     data = engine_path.read_bytes()
-    sidecar = check_sidecar(engine_path, data, run_dir.file(SIDECAR), platform or current_platform())
+    sidecar = check_sidecar(engine_path, data, run_dir.file(t.sidecar), platform or current_platform())
     check_recorded(run_dir, engine_path, hashlib.sha256(data).hexdigest())
     return data, sidecar
 
@@ -262,7 +368,8 @@ def check_recorded(run_dir: RunDir, engine_path: Path, sha256: str) -> None:
     that ran here; the run directory itself is the trust boundary (docs/run-directory.md).
     """
     entry = run_dir.stage_entry("build") or {}
-    recorded = (entry.get("artifacts") or {}).get(ENGINE, {}).get("sha256") if entry.get("status") == "ok" else None
+    artifacts = (entry.get("artifacts") or {}) if entry.get("status") == "ok" else {}
+    recorded = artifacts.get(engine_path.name, {}).get("sha256")
     if recorded != sha256:
         why = "no build is recorded" if recorded is None else f"the build recorded sha256 {recorded[:12]}..."
         raise InputError(f"{engine_path.name} (sha256 {sha256[:12]}...) is not the engine the build stage recorded in "

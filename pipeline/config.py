@@ -132,7 +132,8 @@ class BuildConfig(Section):
     max_batch: int = Field(32, ge=1, description="optimization profile: largest batch")
     optimization_level: int = Field(3, ge=0, le=5, description="TensorRT builder optimization level")
     tf32: bool = Field(False, description="allow TF32 in the layers AutoCast kept FP32")
-    timing_cache: Optional[str] = Field(None, description="timing cache path (default: beside the run directories)")
+    timing_cache: Optional[str] = Field(None, description="timing cache path, used as given (default: beside the run "
+                                        "directories, one per TensorRT version and GPU compute capability)")
 
     @model_validator(mode="after")
     def _profile_order(self):
@@ -234,7 +235,7 @@ BenchBackend = Literal[tuple(b.name for b in backend_table.TABLE if b.benchmark)
 class BenchmarkConfig(Section):
     backends: list[BenchBackend] = Field(
         ["torch_fp32", "torch_autocast", "onnxrt_fp32", "onnxrt_fp16", "onnxrt_int8_cpu", "onnxrt_cuda_fp32",
-         "onnxrt_cuda_fp16", "tensorrt_fp16"],
+         "onnxrt_cuda_fp16", "tensorrt_fp16", "tensorrt_int8"],
         description="backends to time (each is skipped with a reason where it cannot run)",
     )
     batch_sizes: list[int] = Field([1, 8, 32], min_length=1, description="batch-size sweep")

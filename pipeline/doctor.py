@@ -9,16 +9,12 @@ load is "skipped: <reason>" there, never an error.
 from __future__ import annotations
 
 import contextlib
-import ctypes.util
 import functools
-import glob
 import importlib.metadata
 import io
 import os
 import platform
 import re
-import site
-import sys
 from dataclasses import dataclass
 
 from pipeline import env
@@ -52,17 +48,8 @@ def tensorrt_cuda_major() -> int | None:
 
 
 def find_libcudart() -> str | None:
-    """The CUDA runtime library: the system's, or a pip wheel's (CUDA 13: nvidia/cu13/lib; 12: nvidia/cuda_runtime/lib)."""
-    roots = [*site.getsitepackages(), site.getusersitepackages(), *sys.path]
-    patterns = [os.path.join(root, "nvidia", sub, "lib", "libcudart.so*") for root in roots
-                for sub in ("cu13", "cuda_runtime")]
-    patterns += [os.path.join(d, "libcudart.so*") for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d]
-    patterns += ["/usr/local/cuda/lib64/libcudart.so*", "/usr/local/cuda/targets/*/lib/libcudart.so*"]
-    for pattern in patterns:
-        found = sorted(glob.glob(pattern))
-        if found:
-            return found[0]
-    return ctypes.util.find_library("cudart")
+    """The CUDA runtime library, as :func:`pipeline.env.find_libcudart` finds it for Polygraphy's TensorRT runner."""
+    return env.find_libcudart()
 
 
 @functools.lru_cache(maxsize=None)
@@ -214,7 +201,9 @@ def lines(facts: dict) -> list[str]:
         f"onnxruntime  {ort_line}",
         "tensorrt     " + (f"{facts['tensorrt']} (CUDA {facts['tensorrt_cuda'] or '?'} build)" if facts["tensorrt"]
                            else f"none: {facts['tensorrt_reason']}"),
-        f"libcudart    {facts['libcudart'] or 'not found'}",
+        "libcudart    " + (f"found at {facts['libcudart']}" if facts["libcudart"] else
+                           "not found: searched LD_LIBRARY_PATH, site-packages nvidia/cu13/lib and "
+                           "nvidia/cuda_runtime/lib, /usr/local/cuda"),
         f"polygraphy   {facts['polygraphy'] or 'not installed'}",
         f"modelopt     {facts['modelopt'] or 'not installed'}",
         f"openvino     {facts['openvino'] or 'not installed'}",

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import ctypes.util
 import functools
+import glob
 import importlib.metadata
+import importlib.util
 import os
 import platform
+import site
 import subprocess
+import sys
 
 
 def package_version(name: str) -> str | None:
@@ -72,6 +77,56 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return os.cpu_count() or 1
+
+
+# Where pip's CUDA runtime wheels put libcudart: CUDA 13 (nvidia-cuda-runtime 13.x) under nvidia/cu13/lib,
+# CUDA 12 (nvidia-cuda-runtime-cu12) under nvidia/cuda_runtime/lib. Polygraphy's CUDA wrapper searches only
+# LD_LIBRARY_PATH, /usr/local/cuda/lib64, /usr/lib, /lib and nvidia/cuda_runtime/lib.
+CUDART_WHEEL_DIRS = (os.path.join("nvidia", "cu13", "lib"), os.path.join("nvidia", "cuda_runtime", "lib"))
+
+
+def _python_roots() -> list[str]:
+    """site-packages folders and sys.path entries, and where the ``nvidia`` namespace package really lives."""
+    roots = [*site.getsitepackages(), site.getusersitepackages(), *sys.path]
+    try:
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        spec = None
+    roots += [os.path.dirname(loc) for loc in (spec.submodule_search_locations or [])] if spec else []
+    return list(dict.fromkeys(r for r in roots if r and os.path.isdir(r)))
+
+
+def libcudart_search_dirs() -> list[str]:
+    """Where :func:`find_libcudart` looks, in order: LD_LIBRARY_PATH (the user's choice), the pip runtime
+    wheels (CUDA 13, then 12), then the CUDA toolkit."""
+    dirs = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if d]
+    dirs += [os.path.join(root, sub) for sub in CUDART_WHEEL_DIRS for root in _python_roots()]
+    dirs += ["/usr/local/cuda/lib64", *sorted(glob.glob("/usr/local/cuda/targets/*/lib"))]
+    return list(dict.fromkeys(dirs))
+
+
+def find_libcudart() -> str | None:
+    """The CUDA runtime library's path (or its name, when only the system loader knows it); None when absent."""
+    for folder in libcudart_search_dirs():
+        found = sorted(glob.glob(os.path.join(folder, "libcudart.so*")))
+        if found:
+            return found[0]
+    return ctypes.util.find_library("cudart")
+
+
+def expose_libcudart() -> str | None:
+    """Put the folder of :func:`find_libcudart`'s library first on LD_LIBRARY_PATH, where Polygraphy's CUDA wrapper
+    (``polygraphy.cuda``, used by ``TrtRunner``) looks when it is first used; child processes inherit it.
+
+    Call before the first TensorRT runner is made. Returns the library found, or None.
+    """
+    path = find_libcudart()
+    if path and os.path.isabs(path):
+        folder = os.path.dirname(path)
+        current = [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep) if d]
+        if folder not in current:
+            os.environ["LD_LIBRARY_PATH"] = os.pathsep.join([folder, *current])
+    return path
 
 
 @functools.lru_cache(maxsize=1)

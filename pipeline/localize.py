@@ -113,21 +113,38 @@ def localize_emulation(fp32_model: onnx.ModelProto, fp16_model: onnx.ModelProto,
     return result
 
 
-def localize_tensorrt(fp32_model: onnx.ModelProto, fp16_path, feed: dict, atol: float, rtol: float, top: int,
-                      input_name: str, shapes: dict) -> dict:
-    """GPU: the FP16 engine rebuilt with every tensor marked as a network output, against FP32 ONNX Runtime."""
+def tensorrt_layers_engine(onnx_path, *, input_name: str, shapes: dict, build_cfg, timing_cache=None):
+    """The localisation engine's loader: the engine's own network parser and builder config (``build.network_loader``,
+    ``build.config_loader``: strongly typed, same profile, ``build.tf32``, ``build.optimization_level``, the
+    engine's timing cache), with every tensor marked as a network output. Lazy: nothing touches TensorRT."""
     from polygraphy import constants
-    from polygraphy.backend.trt import (CreateConfig, EngineFromNetwork, ModifyNetworkOutputs, NetworkFromOnnxPath,
-                                        Profile, TrtRunner)
+    from polygraphy.backend.trt import EngineFromNetwork, ModifyNetworkOutputs
 
-    network = ModifyNetworkOutputs(NetworkFromOnnxPath(str(fp16_path), strongly_typed=True),
-                                   outputs=constants.MARK_ALL)
-    config = CreateConfig(profiles=[Profile().add(input_name, **shapes)])
+    from pipeline import build
+
+    network = ModifyNetworkOutputs(build.network_loader(onnx_path), outputs=constants.MARK_ALL)
+    config = build.config_loader(input_name=input_name, shapes=shapes, build_cfg=build_cfg, timing_cache=timing_cache)
+    return EngineFromNetwork(network, config=config)
+
+
+def localize_tensorrt(fp32_model: onnx.ModelProto, fp16_path, feed: dict, atol: float, rtol: float, top: int,
+                      input_name: str, shapes: dict, *, build_cfg, timing_cache=None) -> dict:
+    """GPU: the FP16 engine rebuilt with every tensor marked as a network output, against FP32 ONNX Runtime.
+
+    Built with the engine's configuration (:func:`tensorrt_layers_engine`), so it diagnoses the engine that failed.
+    """
+    from polygraphy.backend.trt import TrtRunner
+
+    from pipeline import env
+
+    engine = tensorrt_layers_engine(fp16_path, input_name=input_name, shapes=shapes, build_cfg=build_cfg,
+                                    timing_cache=timing_cache)
     ref = _marked_outputs(fp32_model, feed, "fp32-layers")
-    cand = collect(TrtRunner(EngineFromNetwork(network, config=config), name="tensorrt-layers"), [feed])[0]
+    env.expose_libcudart()  # before Polygraphy's CUDA wrapper looks for it
+    cand = collect(TrtRunner(engine, name="tensorrt-layers"), [feed])[0]
     result = compare_layers(fp32_model, ref, cand, atol, rtol, top)
-    result["method"] = ("TensorRT engine rebuilt with every tensor marked as output (can change fusions) vs "
-                        "FP32 ONNX Runtime")
+    result["method"] = ("TensorRT engine rebuilt with the engine's build config and every tensor marked as output "
+                        "(can change fusions) vs FP32 ONNX Runtime")
     return result
 
 

@@ -196,8 +196,28 @@ def set_rng_state(state: dict) -> None:
     np.random.set_state(("MT19937", npst["keys"].numpy().astype(np.uint32), npst["pos"], npst["has_gauss"],
                          npst["cached"]))
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    restore_cuda_rng(state.get("cuda") or [])
+
+
+def restore_cuda_rng(saved: list) -> None:
+    """The checkpoint's per-GPU CUDA RNG states, on the GPUs that exist here, and say what was restored.
+
+    ``torch.cuda.set_rng_state_all`` raises IndexError for a checkpoint from a machine with more GPUs;
+    on fewer saved states than GPUs the others keep the seed this run set.
+    """
+    if not saved:
+        return
+    here = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    restored = min(len(saved), here)
+    for index in range(restored):
+        torch.cuda.set_rng_state(saved[index], device=index)
+    if restored == len(saved) == here:
+        log.info("train: restored the CUDA RNG state of all %d GPU(s)", restored)
+        return
+    extra = (f"GPU(s) {restored}-{len(saved) - 1} of the checkpoint do not exist here" if len(saved) > here else
+             f"GPU(s) {restored}-{here - 1} here keep this run's seed")
+    log.warning("train: restored the CUDA RNG state of %d of the checkpoint's %d GPU(s) (this machine has %d); %s: "
+                "random numbers on the GPU differ from an uninterrupted run", restored, len(saved), here, extra)
 
 
 # --------------------------------------------------------------------------- data order

@@ -354,8 +354,9 @@ def _localize(cfg, fp32_model, fp16_model, fp16_path, evidence: Evidence, chk: C
 
         try:
             shapes = build.profile_shapes(cfg, spec["input_size"])
+            cache = build.timing_cache_path(cfg, RunDir(fp16_path.parent, create=False))
             result = localize.localize_tensorrt(fp32_model, fp16_path, feed, atol, rtol, cfg.verify.localize_top,
-                                                spec["input_name"], shapes)
+                                                spec["input_name"], shapes, build_cfg=cfg.build, timing_cache=cache)
         except Exception as exc:  # fall back to the emulation, and say so
             log.warning(report.TENSORRT_LOCALIZE_FAILED, exc)
     if result is None:

@@ -73,7 +73,7 @@ def test_table_names_match_the_config():
 def test_verify_candidates_keep_their_order_and_names():
     assert [b.candidate for b in backends.candidates()] == [
         "onnxrt_fp32", "fp16_emulation", "onnxrt_fp16_cpu", "int8_exact", "onnxrt_int8_cpu", "tensorrt_fp16",
-        "onnxrt_cuda_fp16"]
+        "tensorrt_int8", "onnxrt_cuda_fp16"]
     assert backends.verified_by(backends.by_name("onnxrt_int8_cpu")) == "onnxrt_int8_cpu"
     assert backends.verified_by(backends.by_name("onnxrt_fp16")) == "onnxrt_fp16_cpu"
     assert backends.verified_by(backends.by_name("torch_fp32")) == "reference"
@@ -162,3 +162,84 @@ def test_read_verdicts(tmp_path):
     assert read_verdicts(run) == {"onnxrt_fp32": "passed", "onnxrt_fp16_cpu": "skipped"}
     (tmp_path / "verify.json").write_text("{not json")
     assert read_verdicts(run) is None
+
+
+# --------------------------------------------------------------------------- TensorRT, one entry per engine
+# TensorRT is not installed here: build.availability is replaced to reach the checks behind it; no engine runs.
+
+
+def test_tensorrt_int8_entry():
+    entry = backends.by_name("tensorrt_int8")
+    assert (entry.precision, entry.device, entry.artifact, entry.candidate, entry.requires, entry.runtime) == (
+        "int8", "cuda", "model.int8.engine", "tensorrt_int8", "tensorrt", "TensorRT")
+    assert entry.isolated and not entry.uses_fp16_model
+    assert "tensorrt_int8" in config.resolve().benchmark.backends
+
+
+def int8_context(tmp_path, *overrides):
+    cfg = config.resolve(overrides=list(overrides))
+    return backends.Context(cfg, RunDir(tmp_path), "verify", {"input_name": "input", "output_name": "logits"})
+
+
+def test_tensorrt_int8_unavailable_reasons(tmp_path, monkeypatch):
+    from pipeline import build
+    from pipeline.errors import InputError
+
+    check = backends.by_name("tensorrt_int8").unavailable
+    monkeypatch.setattr(build, "availability", lambda: (False, "TensorRT is not installed (simulated)"))
+    assert check(int8_context(tmp_path)) == "TensorRT is not installed (simulated)"
+    monkeypatch.setattr(build, "availability", lambda: (True, ""))
+    assert check(int8_context(tmp_path, "build.precisions=[fp16]")) == "build.precisions does not include int8"
+    ctx = int8_context(tmp_path)
+    with pytest.raises(InputError, match="model.int8.engine.*build"):  # TensorRT runs here: build writes it
+        check(ctx)
+    ctx.run_dir.manifest["stages"]["build"] = {"status": "ok", "details": {
+        "skipped": {"int8": "no model.int8.onnx (export.int8.enabled is false)"}}}
+    assert check(ctx) == "no model.int8.onnx (export.int8.enabled is false)"
+    with pytest.raises(InputError, match="model.fp16.engine"):
+        backends.by_name("tensorrt_fp16").unavailable(ctx)
+    (tmp_path / "model.int8.engine").write_bytes(b"engine")
+    ctx.run_dir.manifest["stages"]["build"] = {"status": "ok", "details": {"skipped": {}}}
+    assert check(ctx) == ""
+
+
+def test_tensorrt_int8_runner_loads_its_own_checked_engine(tmp_path, monkeypatch):
+    import hashlib
+
+    from pipeline import build, env, runners
+    from pipeline.errors import InputError
+
+    platform = {"tensorrt": "11.4.0", "gpu": "NVIDIA H200", "compute_capability": "9.0"}
+    monkeypatch.setattr(build, "current_platform", lambda: dict(platform))
+    monkeypatch.setattr(runners, "TensorrtRunner", lambda data, sidecar, **kw: (data, sidecar, kw))
+    exposed = []
+    monkeypatch.setattr(env, "expose_libcudart", lambda: exposed.append(1))
+    (tmp_path / "model.int8.onnx").write_bytes(b"q/dq graph")
+    (tmp_path / "model.int8.engine").write_bytes(b"int8 engine")
+    sha = hashlib.sha256(b"int8 engine").hexdigest()
+    sidecar = {"schema": build.SIDECAR_SCHEMA, "built_by": "pipeline 0.1.0", "engine": "model.int8.engine",
+               "sha256": sha, "onnx": "model.int8.onnx", "onnx_sha256": sha256_file(tmp_path / "model.int8.onnx"),
+               "precision": "int8 (strongly typed from model.int8.onnx)", "profile": {}, **platform}
+    (tmp_path / "model.int8.engine.json").write_text(json.dumps(sidecar))
+    ctx = int8_context(tmp_path)
+    ctx.run_dir.manifest["stages"]["build"] = {"status": "ok", "artifacts": {"model.int8.engine": {"sha256": sha}}}
+    data, seen, kwargs = backends.by_name("tensorrt_int8").make(ctx)
+    assert data == b"int8 engine" and seen["precision"].startswith("int8") and kwargs["name"] == "tensorrt_int8"
+    assert exposed == [1]
+    (tmp_path / "model.int8.onnx").write_bytes(b"re-quantized graph")
+    with pytest.raises(InputError, match="model.int8.engine was built from another model.int8.onnx"):
+        backends.by_name("tensorrt_int8").make(ctx)
+
+
+@pytest.mark.parametrize("overrides, fp16_required, int8_required", [
+    ([], True, True),
+    (["build.precisions=[fp16]"], True, False),
+    (["export.int8.enabled=false"], True, False),
+    (["build.precisions=[int8]"], False, True),
+])
+def test_require_tensorrt_requires_the_engines_the_config_asks_for(overrides, fp16_required, int8_required):
+    """--require tensorrt: an engine precision the config leaves out is skipped with its reason, never exit 3."""
+    cfg = config.resolve(overrides=["require=[tensorrt]", *overrides])
+    assert backends.by_name("tensorrt_fp16").required(cfg) is fp16_required
+    assert backends.by_name("tensorrt_int8").required(cfg) is int8_required
+    assert not backends.by_name("tensorrt_int8").required(config.resolve(overrides=overrides))

@@ -53,9 +53,22 @@ def test_tf32_is_configurable(tmp_path):
     assert cfg.tf32 is True
 
 
-def test_timing_cache_lives_beside_the_run_directories(tmp_path):
+def test_timing_cache_is_keyed_by_tensorrt_version_and_compute_capability(tmp_path, monkeypatch):
     cfg = config.resolve()
-    assert build.timing_cache_path(cfg, RunDir(tmp_path / "runs" / "m")) == (tmp_path / "runs" / "trt_timing.cache")
+    run = RunDir(tmp_path / "runs" / "m")
+    monkeypatch.setattr(build, "current_platform", lambda: dict(PLATFORM))
+    assert build.timing_cache_path(cfg, run) == tmp_path / "runs" / "trt_timing.11.4.0.sm90.cache"
+    other_gpu = {**PLATFORM, "gpu": "NVIDIA A100-SXM4-80GB", "compute_capability": "8.0"}
+    other_trt = {**PLATFORM, "tensorrt": "10.13.0"}
+    paths = {build.timing_cache_path(cfg, run, p) for p in (PLATFORM, other_gpu, other_trt)}
+    assert len(paths) == 3 and all(p.parent == tmp_path / "runs" for p in paths)
+    assert build.timing_cache_path(cfg, run, other_gpu).name == "trt_timing.11.4.0.sm80.cache"
+
+
+def test_a_given_timing_cache_wins(tmp_path, monkeypatch):
+    monkeypatch.setattr(build, "current_platform", lambda: dict(PLATFORM))
+    cfg = config.resolve(overrides=[f"build.timing_cache={tmp_path / 'mine.cache'}"])
+    assert build.timing_cache_path(cfg, RunDir(tmp_path / "runs" / "m")) == tmp_path / "mine.cache"
 
 
 def test_build_skips_with_reason_without_tensorrt(clone_run):
@@ -153,3 +166,144 @@ def test_engine_build_on_gpu(clone_run):
     assert cli("verify", "--run-dir", run, "--require", "tensorrt") == 0
     report = json.loads((run / "verify.json").read_text())
     assert {c["name"]: c["status"] for c in report["candidates"]}["tensorrt_fp16"] == "passed"
+
+
+# --------------------------------------------------------------------------- one engine per precision
+# TensorRT is not installed here: these tests replace the Polygraphy loader chain by a recorder and check
+# what the build stage plans, writes and records per precision, not TensorRT itself.
+
+
+@pytest.fixture
+def fake_trt(monkeypatch):
+    """TensorRT "available", this machine is PLATFORM, and the engine bytes name the ONNX graph they came from."""
+    built = []
+
+    def engine_loader(onnx_path, **kwargs):
+        built.append(onnx_path.name)
+        return lambda: b"engine from " + onnx_path.read_bytes()[:16]
+
+    monkeypatch.setattr(build, "availability", lambda: (True, ""))
+    monkeypatch.setattr(build, "current_platform", lambda: dict(PLATFORM))
+    monkeypatch.setattr(build, "engine_loader", engine_loader)
+    return built
+
+
+def with_int8_onnx(run):
+    (run / build.INT8_ONNX).write_bytes(b"a Q/DQ graph, not parsed by the recorder")
+    return run
+
+
+def build_entry(run):
+    return json.loads((run / "manifest.json").read_text())["stages"]["build"]
+
+
+def test_build_makes_one_engine_per_precision_from_its_graph(clone_run, fake_trt):
+    from conftest import cli
+
+    run = with_int8_onnx(clone_run())
+    assert cli("build", "--run-dir", run, "--require", "tensorrt") == 0
+    assert fake_trt == [build.FP16_ONNX, build.INT8_ONNX]
+    entry = build_entry(run)
+    assert entry["status"] == "ok" and entry["details"]["skipped"] == {}
+    assert set(entry["artifacts"]) == {build.ENGINE, build.SIDECAR, build.INT8_ENGINE, build.INT8_ENGINE_SIDECAR}
+    engines = entry["details"]["engines"]
+    assert engines["int8"]["precision"].startswith("int8 (strongly typed from model.int8.onnx")
+    assert engines["fp16"]["precision"].startswith("fp16 (strongly typed from model.fp16.onnx")
+    for precision, engine, onnx_name in (("fp16", build.ENGINE, build.FP16_ONNX),
+                                         ("int8", build.INT8_ENGINE, build.INT8_ONNX)):
+        data, sidecar = build.load_engine_bytes(RunDir(run), platform=PLATFORM, engine=engine)
+        assert data == b"engine from " + (run / onnx_name).read_bytes()[:16]
+        assert sidecar["onnx"] == onnx_name and sidecar["precision"] == engines[precision]["precision"]
+        assert sidecar["flags"] == {"strongly_typed": True, "precision_flags": [], "tf32": False,
+                                    "builder_optimization_level": 3}
+        assert sidecar["timing_cache"].endswith("trt_timing.11.4.0.sm90.cache")
+
+
+@pytest.mark.parametrize("overrides, reason", [
+    (["export.int8.enabled=false"], "no model.int8.onnx (export.int8.enabled is false)"),
+    ([], "export wrote no model.int8.onnx; run export"),
+    (["build.precisions=[fp16]"], "build.precisions does not include int8"),
+])
+def test_a_precision_without_its_graph_is_skipped_with_its_reason(clone_run, fake_trt, overrides, reason):
+    from conftest import cli
+
+    run = clone_run()
+    if "build.precisions=[fp16]" in overrides:
+        with_int8_onnx(run)
+    (run / build.INT8_ENGINE).write_bytes(b"an engine of an earlier build")  # stale: removed, never loaded
+    assert cli("build", "--run-dir", run, "--require", "tensorrt", *overrides) == 0
+    entry = build_entry(run)
+    assert entry["status"] == "ok" and entry["details"]["skipped"] == {"int8": reason}
+    assert set(entry["details"]["engines"]) == {"fp16"} and fake_trt == [build.FP16_ONNX]
+    assert not (run / build.INT8_ENGINE).exists() and not (run / build.INT8_ENGINE_SIDECAR).exists()
+
+
+def test_no_engine_to_build_is_a_skipped_stage(clone_run, fake_trt):
+    from conftest import cli
+
+    run = clone_run()
+    assert cli("build", "--run-dir", run, "build.precisions=[int8]", "export.int8.enabled=false") == 0
+    entry = build_entry(run)
+    assert entry["status"] == "skipped" and fake_trt == []
+    assert entry["reason"] == "no engine to build: fp16: build.precisions does not include fp16; int8: no " \
+                              "model.int8.onnx (export.int8.enabled is false)"
+
+
+def test_int8_engine_has_the_same_trust_checks(clone_run, fake_trt):
+    from pipeline.errors import InputError
+    from conftest import cli
+
+    run = with_int8_onnx(clone_run())
+    assert cli("build", "--run-dir", run) == 0
+    rd = RunDir(run)
+    with pytest.raises(InputError, match="built for TensorRT version 11.4.0, but this machine has 10.13.0"):
+        build.load_engine_bytes(rd, platform={**PLATFORM, "tensorrt": "10.13.0"}, engine=build.INT8_ENGINE)
+    (run / build.INT8_ENGINE).write_bytes(b"engine from another graph")
+    with pytest.raises(InputError, match="changed after the build"):
+        build.load_engine_bytes(rd, platform=PLATFORM, engine=build.INT8_ENGINE)
+    # The FP16 engine and sidecar put in the INT8 engine's place: the sidecar names another engine.
+    for src, dst in ((build.ENGINE, build.INT8_ENGINE), (build.SIDECAR, build.INT8_ENGINE_SIDECAR)):
+        (run / dst).write_bytes((run / src).read_bytes())
+    with pytest.raises(InputError, match="describes model.fp16.engine, not model.int8.engine"):
+        build.load_engine_bytes(rd, platform=PLATFORM, engine=build.INT8_ENGINE)
+    (run / build.INT8_ENGINE_SIDECAR).unlink()
+    with pytest.raises(InputError, match="has no sidecar model.int8.engine.json"):
+        build.load_engine_bytes(rd, platform=PLATFORM, engine=build.INT8_ENGINE)
+
+
+def test_an_int8_engine_the_build_did_not_record_is_refused(tmp_path):
+    from pipeline.errors import InputError
+
+    run = fake_engine(tmp_path)  # records only model.fp16.engine
+    (tmp_path / build.INT8_ENGINE).write_bytes((tmp_path / build.ENGINE).read_bytes())
+    sidecar = json.loads((tmp_path / build.SIDECAR).read_text())
+    (tmp_path / build.INT8_ENGINE_SIDECAR).write_text(json.dumps({**sidecar, "engine": build.INT8_ENGINE}))
+    with pytest.raises(InputError, match="not the engine the build stage recorded"):
+        build.load_engine_bytes(run, platform=PLATFORM, engine=build.INT8_ENGINE)
+
+
+def test_unavailable_tensorrt_skips_every_precision_and_removes_stale_engines(clone_run, monkeypatch):
+    from conftest import cli
+
+    monkeypatch.setattr(build, "availability", lambda: (False, "TensorRT is not installed (test)"))
+    run = with_int8_onnx(clone_run())
+    (run / build.INT8_ENGINE).write_bytes(b"stale")
+    (run / build.INT8_ENGINE_SIDECAR).write_text("{}")
+    assert cli("build", "--run-dir", run) == 0
+    assert build_entry(run)["reason"] == "TensorRT is not installed (test)"
+    assert not (run / build.INT8_ENGINE).exists() and not (run / build.INT8_ENGINE_SIDECAR).exists()
+    assert cli("build", "--run-dir", run, "--require", "tensorrt") == 3
+
+
+def test_fp16_graph_missing_while_fp16_export_is_on_is_run_export_first(clone_run, fake_trt, capsys):
+    """Never an FP32 engine under the FP16 name because a file went missing (only export.fp16.enabled=false)."""
+    from conftest import cli
+
+    run = clone_run()
+    (run / build.FP16_ONNX).unlink()
+    assert cli("build", "--run-dir", run) == 2
+    assert "build needs model.fp16.onnx" in capsys.readouterr().err and fake_trt == []
+    assert cli("build", "--run-dir", run, "export.fp16.enabled=false") == 0
+    assert fake_trt == [build.FP32_ONNX]
+    precision = build_entry(run)["details"]["engines"]["fp16"]["precision"]
+    assert precision.startswith("fp32 (strongly typed from model.onnx")

@@ -1,5 +1,6 @@
 """The environment the pipeline records, and the install rules it relies on."""
 
+import os
 import sys
 
 import pytest
@@ -85,3 +86,63 @@ def test_tensorrt_type_stubs_alone_count_as_not_installed(monkeypatch, tmp_path,
     assert trt is None and reason.startswith("TensorRT is not installed")
     assert "tensorrt is importable but has no __version__ (type stubs only?)" in reason and str(tmp_path) in reason
     assert env.collect()["tensorrt"] is None
+
+
+# --------------------------------------------------------------------------- libcudart for Polygraphy
+
+
+@pytest.fixture
+def cu13_wheel(tmp_path, monkeypatch):
+    """A site-packages folder laid out as the CUDA 13 runtime wheel installs it, first on sys.path."""
+    site_packages = tmp_path / "site-packages"
+    lib = site_packages / "nvidia" / "cu13" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "libcudart.so.13").write_bytes(b"\x7fELF not really")
+    monkeypatch.setattr(sys, "path", [str(site_packages), *sys.path])
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/opt/elsewhere")
+    return lib / "libcudart.so.13"
+
+
+def test_libcudart_of_the_cuda13_runtime_wheel_is_found(cu13_wheel):
+    assert env.find_libcudart() == str(cu13_wheel)
+    assert str(cu13_wheel.parent) in env.libcudart_search_dirs()
+
+
+def test_cuda12_wheel_layout_is_found_too(tmp_path, monkeypatch):
+    lib = tmp_path / "sp" / "nvidia" / "cuda_runtime" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "libcudart.so.12").write_bytes(b"")
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "sp"), *sys.path])
+    monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)
+    assert env.find_libcudart() == str(lib / "libcudart.so.12")
+
+
+def test_polygraphy_cuda_wrapper_finds_the_exposed_libcudart(cu13_wheel):
+    """Polygraphy's own search (what ``Cuda()`` loads from) does not look in nvidia/cu13/lib; after
+    ``expose_libcudart`` it finds the wheel's library first. Nothing is loaded: this machine has no GPU."""
+    from polygraphy.cuda import cuda as pg_cuda
+    from polygraphy.util import util as pg_util
+
+    before = pg_util.find_in_dirs("libcudart.so*", pg_cuda._find_cuda_lib_dirs())
+    assert str(cu13_wheel) not in before
+    assert env.expose_libcudart() == str(cu13_wheel)
+    assert os.environ["LD_LIBRARY_PATH"] == f"{cu13_wheel.parent}{os.pathsep}/opt/elsewhere"
+    assert pg_util.find_in_dirs("libcudart.so*", pg_cuda._find_cuda_lib_dirs())[0] == str(cu13_wheel)
+    env.expose_libcudart()  # idempotent
+    assert os.environ["LD_LIBRARY_PATH"].count(str(cu13_wheel.parent)) == 1
+
+
+def test_doctor_shows_where_libcudart_was_found(cu13_wheel, capsys):
+    from conftest import cli
+
+    assert cli("doctor") == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("libcudart"))
+    assert line.split(None, 1)[1] == f"found at {cu13_wheel}"
+
+
+def test_doctor_says_what_it_searched_when_libcudart_is_absent(monkeypatch):
+    from pipeline import doctor
+
+    facts = {**doctor.gather(), "libcudart": None}
+    line = next(line for line in doctor.lines(facts) if line.startswith("libcudart"))
+    assert line.split(None, 1)[1].startswith("not found: searched LD_LIBRARY_PATH, site-packages nvidia/cu13/lib")

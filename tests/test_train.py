@@ -787,3 +787,69 @@ def test_state_checksum_ignores_memory_format_but_sees_values():
     u[0, 0, 0, 0] += 1e-6
     assert train_mod.state_checksum({"w": u}) != a
     assert train_mod.state_checksum({"v": t}) != a
+
+
+# --------------------------------------------------------------------------- resume on another GPU count
+# No GPU here: torch.cuda is replaced by a machine with ``gpus`` devices whose set_rng_state fails for a device
+# that does not exist, as torch's own does (``torch.cuda.default_generators[idx]`` raises IndexError).
+
+
+@pytest.fixture
+def cuda_machine(monkeypatch):
+    import logging
+
+    import torch
+
+    restored, messages = [], []
+
+    def machine(gpus: int):
+        def set_rng_state(new_state, device="cuda"):
+            index = device if isinstance(device, int) else torch.device(device).index
+            if index >= gpus:
+                raise IndexError("list index out of range")
+            restored.append((index, int(new_state[0])))
+
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+        monkeypatch.setattr(torch.cuda, "set_rng_state", set_rng_state)
+        monkeypatch.setattr(torch.cuda.random, "set_rng_state", set_rng_state)  # what set_rng_state_all calls
+        return restored, messages
+
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logger = logging.getLogger("pipeline")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield machine
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+def checkpoint_rng(saved_gpus: int) -> dict:
+    import torch
+
+    return {**train_mod.rng_state(), "cuda": [torch.full((8,), i, dtype=torch.uint8) for i in range(saved_gpus)]}
+
+
+@pytest.mark.parametrize("saved, here, restored_devices, said", [
+    (4, 2, [0, 1], "restored the CUDA RNG state of 2 of the checkpoint's 4 GPU(s) (this machine has 2); "
+                   "GPU(s) 2-3 of the checkpoint do not exist here"),
+    (1, 2, [0], "restored the CUDA RNG state of 1 of the checkpoint's 1 GPU(s) (this machine has 2); "
+                "GPU(s) 1-1 here keep this run's seed"),
+    (2, 0, [], "restored the CUDA RNG state of 0 of the checkpoint's 2 GPU(s) (this machine has 0)"),
+    (2, 2, [0, 1], "restored the CUDA RNG state of all 2 GPU(s)"),
+])
+def test_resume_restores_the_cuda_rng_of_the_gpus_that_exist(cuda_machine, saved, here, restored_devices, said):
+    state = checkpoint_rng(saved)  # taken on this (CPU) machine, then given the saved GPUs' states
+    restored, messages = cuda_machine(here)
+    train_mod.set_rng_state(state)
+    assert restored == [(i, i) for i in restored_devices]  # GPU i gets the checkpoint's state of GPU i
+    assert any(said in m for m in messages), messages
+
+
+def test_a_checkpoint_without_cuda_state_restores_nothing_on_a_gpu(cuda_machine):
+    state = train_mod.rng_state() | {"cuda": []}
+    restored, messages = cuda_machine(2)
+    train_mod.set_rng_state(state)
+    assert restored == [] and not any("CUDA RNG" in m for m in messages)

@@ -338,6 +338,10 @@ def fake_tensorrt(monkeypatch):
 
     monkeypatch.setattr(build, "availability", lambda: (True, ""))
     monkeypatch.setattr(build, "run", lambda cfg, run_dir, record: record.skip("no TensorRT in this test"))
+    # Only the FP16 engine exists in these tests: the INT8 engine is skipped as build records it when export wrote
+    # no model.int8.onnx.
+    monkeypatch.setattr(build, "skip_reason", lambda cfg, run_dir, engine: "" if engine == build.ENGINE
+                        else "no INT8 engine in this test")
     monkeypatch.setattr("pipeline.backends.Backend.isolated", False)  # the fakes live in this process
 
 
@@ -362,8 +366,8 @@ def test_fallback_loads_the_engine_once_and_marks_it_stale(trained, tmp_path, mo
     sidecar = {"onnx": "model.fp16.onnx", "onnx_sha256": sha256_file(run / "model.fp16.onnx"), "precision": "fp16",
                "profile": {"min": [1], "max": [64]}}
     loads = []
-    monkeypatch.setattr(build, "load_engine_bytes", lambda run_dir, platform=None: loads.append(1) or (b"engine",
-                                                                                                      sidecar))
+    monkeypatch.setattr(build, "load_engine_bytes",
+                        lambda run_dir, platform=None, engine=None: loads.append(1) or (b"engine", sidecar))
     assert cli("verify", "--run-dir", run, "--auto-fallback") == 0
     assert len(loads) == 1  # not once per fallback round
     trt = next(c for c in report(run)["candidates"] if c["name"] == "tensorrt_fp16")

@@ -1,0 +1,71 @@
+"""Localisation on TensorRT builds its all-outputs engine with the engine's own build config.
+
+TensorRT is not installed here: the Polygraphy loaders are lazy, so their configuration is inspected
+without building anything (what TensorRT would compute is not checked).
+"""
+
+import numpy as np
+
+from pipeline import backends, build, config, localize, verify
+from pipeline.run import RunDir
+
+OVERRIDES = ["build.tf32=true", "build.optimization_level=5", "build.min_batch=2", "build.opt_batch=4",
+             "build.max_batch=16", "verify.batch_size=4"]
+
+
+def both_loaders(tmp_path):
+    cfg = config.resolve(overrides=OVERRIDES)
+    onnx_path = tmp_path / "model.fp16.onnx"
+    shapes = build.profile_shapes(cfg, [3, 8, 8])
+    cache = tmp_path / "trt_timing.11.4.0.sm90.cache"
+    cache.write_bytes(b"a timing cache")
+    engine = build.engine_loader(onnx_path, input_name="x", shapes=shapes, build_cfg=cfg.build, timing_cache=cache)
+    layers = localize.tensorrt_layers_engine(onnx_path, input_name="x", shapes=shapes, build_cfg=cfg.build,
+                                             timing_cache=cache)
+    return engine, layers
+
+
+def test_localisation_config_is_the_engines(tmp_path, monkeypatch):
+    seen = []
+    real = build.config_loader
+    monkeypatch.setattr(build, "config_loader", lambda **kw: seen.append(kw) or real(**kw))
+    both_loaders(tmp_path)
+    engine_kwargs, layers_kwargs = seen
+    assert layers_kwargs == engine_kwargs
+    assert engine_kwargs["build_cfg"].tf32 is True and engine_kwargs["build_cfg"].optimization_level == 5
+
+
+def test_localisation_builder_config_matches_field_by_field(tmp_path):
+    engine, layers = both_loaders(tmp_path)
+    for attr in ("tf32", "builder_optimization_level", "timing_cache_path", "fp16", "int8", "bf16"):
+        assert getattr(layers._config, attr) == getattr(engine._config, attr), attr
+    assert (layers._config.tf32, layers._config.builder_optimization_level) == (True, 5)
+    assert layers._config.timing_cache_path.endswith("trt_timing.11.4.0.sm90.cache")
+    (engine_profile,), (layers_profile,) = engine._config.profiles, layers._config.profiles
+    for shape in ("min", "opt", "max"):
+        assert tuple(getattr(layers_profile["x"], shape)) == tuple(getattr(engine_profile["x"], shape))
+    assert tuple(layers_profile["x"].min) == (2, 3, 8, 8)
+    parsed = layers._network._network  # ModifyNetworkOutputs(NetworkFromOnnxPath(...))
+    assert parsed.strongly_typed is True and str(parsed.path).endswith("model.fp16.onnx")
+
+
+def test_verify_passes_the_build_config_and_cache_to_tensorrt_localisation(tmp_path, monkeypatch):
+    cfg = config.resolve(overrides=OVERRIDES)
+    monkeypatch.setattr(build, "current_platform", lambda: {"tensorrt": "11.4.0", "gpu": "H200",
+                                                             "compute_capability": "9.0"})
+    seen = {}
+
+    def fake_localize_tensorrt(*args, **kwargs):
+        seen.update(kwargs)
+        return {"first_divergent": None, "worst": [], "compared_nodes": 0}
+
+    monkeypatch.setattr(localize, "localize_tensorrt", fake_localize_tensorrt)
+    run = RunDir(tmp_path / "runs" / "r")
+    chk = verify.Check(backends.by_name("tensorrt_fp16"), "TensorRT", False,
+                       result={"tolerance": {"atol": 1e-3, "rtol": 1e-3}})
+    evidence = verify.Evidence([{"input": np.zeros((1, 3, 8, 8), np.float32)}], [], np.zeros(1), "logits")
+    spec = {"input_name": "input", "input_size": [3, 8, 8]}
+    result = verify._localize(cfg, None, None, run.file("model.fp16.onnx"), evidence, chk, spec)
+    assert result["candidate"] == "tensorrt_fp16"
+    assert seen["build_cfg"] == cfg.build
+    assert seen["timing_cache"] == tmp_path / "runs" / "trt_timing.11.4.0.sm90.cache"
