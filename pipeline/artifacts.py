@@ -59,7 +59,9 @@ LOGS = "logs"  # a directory: the stderr of every child, logs/<stage>.<backend>.
 ISOLATE_PREFIX = ".isolate."  # its temporary folder (inputs and outputs), removed when the child ends
 
 
-BUILD_LOG = f"{LOGS}/build.tensorrt.log"  # everything TensorRT, its ONNX parser and Polygraphy logged while building
+def build_log(precision: str) -> str:
+    """Everything TensorRT, its ONNX parser and Polygraphy logged while building one engine."""
+    return f"{LOGS}/build.tensorrt.{precision}.log"
 
 
 def child_log(stage: str, backend: str) -> str:

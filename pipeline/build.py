@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import __version__, env
-from pipeline.artifacts import (BUILD_LOG, ENGINE, FP16_ONNX, FP32_ONNX, INT8_ENGINE, INT8_ENGINE_SIDECAR,
-                                INT8_ONNX, MODEL_CARD, timing_cache_name)
+from pipeline.artifacts import (ENGINE, FP16_ONNX, FP32_ONNX, INT8_ENGINE, INT8_ENGINE_SIDECAR,
+                                INT8_ONNX, MODEL_CARD, build_log, timing_cache_name)
 from pipeline.artifacts import ENGINE_SIDECAR as SIDECAR
 from pipeline.errors import BackendUnavailable, InputError, StageFailed
 from pipeline.run import RunDir, StageRecord, atomic_write, now, read_json, sha256_file, write_json
@@ -193,7 +193,7 @@ def plan(cfg, run_dir: RunDir) -> list[tuple[Target, Path | None, str]]:
     A precision whose graph export did not write (``export.int8.enabled`` false, ModelOpt absent)
     is skipped with its reason, not an error.
     """
-    planned = []
+    planned: list[tuple[Target, Path | None, str]] = []
     for t in TARGETS:
         if t.precision not in cfg.build.precisions:
             planned.append((t, None, f"build.precisions does not include {t.precision}"))
@@ -213,7 +213,7 @@ def _no_onnx_reason(cfg, run_dir: RunDir, t: Target) -> str:
     if not section.enabled:
         return f"no {t.onnx} ({t.switch} is false)"
     said = ((run_dir.stage_entry("export") or {}).get("details") or {}).get(t.precision)
-    why = said.get("reason") if isinstance(said, dict) else None
+    why = said.get("skipped") if isinstance(said, dict) else None  # e.g. no ModelOpt
     return f"export wrote no {t.onnx}" + (f" ({why})" if why else "; run export")
 
 
@@ -237,7 +237,7 @@ def run(cfg, run_dir: RunDir, record: StageRecord) -> None:
             continue
         sidecar = build_engine(cfg, run_dir, t, onnx_path, spec, platform)
         engines[t.precision] = {k: sidecar[k] for k in ("engine", "precision", "onnx", "profile", "flags",
-                                                          "timing_cache", "build_seconds")}
+                                                          "timing_cache", "log", "build_seconds")}
         record.artifact(t.engine)
         record.artifact(t.sidecar)
     record.details.update({"engines": engines, "skipped": skipped, **platform})
@@ -256,14 +256,13 @@ def build_engine(cfg, run_dir: RunDir, t: Target, onnx_path: Path, spec: dict, p
              t.engine, shapes["min"][0], shapes["opt"][0], shapes["max"][0], cfg.build.optimization_level,
              cfg.build.tf32)
     start = time.perf_counter()
-    with tensorrt_log(run_dir.file(BUILD_LOG)) as errors:
+    with tensorrt_log(run_dir.file(build_log(t.precision))) as errors:
         try:
             engine_bytes = bytes(loader())
         except Exception as exc:
             first = "; ".join(errors[:3]) or f"{type(exc).__name__}: {str(exc).strip()}"
-            raise StageFailed(f"TensorRT {t.precision} engine build failed: {first} (whole log: {BUILD_LOG})") \
-                from None
-    record.details["log"] = BUILD_LOG  # not an artifact: logs/ is not a plain file name
+            raise StageFailed(f"TensorRT engine build failed: {first} ({t.engine}; whole log: "
+                              f"{build_log(t.precision)})") from None
     seconds = time.perf_counter() - start
     atomic_write(run_dir.file(t.engine), engine_bytes)
     sidecar = {
@@ -280,6 +279,7 @@ def build_engine(cfg, run_dir: RunDir, t: Target, onnx_path: Path, spec: dict, p
         "flags": {"strongly_typed": True, "precision_flags": [], "tf32": cfg.build.tf32,
                   "builder_optimization_level": cfg.build.optimization_level},
         "timing_cache": str(cache),
+        "log": build_log(t.precision),  # not a manifest artifact: logs/ is not a plain file name
         "build_seconds": round(seconds, 2),
         "built_at": now(),
     }

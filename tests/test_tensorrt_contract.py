@@ -71,7 +71,7 @@ def test_fake_calls_build_runs_polygraphy_s_loaders_strongly_typed_without_preci
     assert header["strongly_typed"] and header["level"] == 2 and header["flags"] == []
     cache = json.loads(Path(sidecar["timing_cache"]).read_text())  # saved by EngineBytesFromNetwork
     assert len(cache["entries"]) == 1
-    log = (run / "logs" / "build.tensorrt.log").read_text()  # TensorRT's INFO lines, through Polygraphy's logger
+    log = (run / "logs" / "build.tensorrt.fp16.log").read_text()  # TensorRT's INFO lines, through Polygraphy's logger
     assert "Parsing of ONNX model" in log and "Total Activation Memory" in log
     fake_trt.calls.clear()
     built(run, fake_trt, "build.tf32=true")  # the second build loads the saved cache, and TF32 is asked for
@@ -166,7 +166,7 @@ def test_fake_calls_graphed_engine_keeps_its_buffers_and_checks_shapes(fake_trt,
 def test_fake_calls_a_failed_build_names_tensorrt_errors_and_keeps_the_log(fake_trt, clone_run, capsys):
     """TensorRT's errors reach the user: the parser's error (as the fake parser reports it, through Polygraphy's
     real NetworkFromOnnxPath) first in the message, every line TensorRT and Polygraphy logged in
-    logs/build.tensorrt.log."""
+    logs/build.tensorrt.fp16.log."""
     from polygraphy.logger import G_LOGGER
 
     fake_trt.fail["parse"] = "ModelImporter.cpp:914: While parsing node number 3 [Conv]: unsupported padding"
@@ -175,8 +175,8 @@ def test_fake_calls_a_failed_build_names_tensorrt_errors_and_keeps_the_log(fake_
     assert cli("build", "--run-dir", run) == 4
     err = capsys.readouterr().err
     assert "TensorRT engine build failed: ModelImporter.cpp:914: While parsing node number 3 [Conv]" in err
-    assert "logs/build.tensorrt.log" in err
-    text = (run / "logs" / "build.tensorrt.log").read_text()
+    assert "logs/build.tensorrt.fp16.log" in err
+    text = (run / "logs" / "build.tensorrt.fp16.log").read_text()
     assert "unsupported padding" in text and "Could not parse ONNX correctly" in text
     assert not (run / "model.fp16.engine").exists()
     assert G_LOGGER.module_severity.get() == severity  # restored
