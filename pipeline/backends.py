@@ -22,7 +22,7 @@ from functools import cached_property
 from typing import Callable
 
 from pipeline import env
-from pipeline.artifacts import ENGINE, FP16_ONNX, FP32_ONNX
+from pipeline.artifacts import ENGINE, FP16_ONNX, FP32_ONNX, INT8_ONNX, OPENVINO_DIR
 from pipeline.errors import InputError
 from pipeline.run import RunDir, sha256_file
 
@@ -30,6 +30,7 @@ log = logging.getLogger("pipeline")
 
 REFERENCE = "torch_fp32"
 NO_FP16 = "no model.fp16.onnx (export.fp16.enabled is false)"
+NO_INT8 = "no model.int8.onnx (export.int8.enabled is false)"
 
 
 @dataclass
@@ -154,6 +155,34 @@ def _tensorrt_unavailable(ctx: Context) -> str:
     return ""
 
 
+def _openvino_unavailable(precision: str) -> Callable[[Context], str]:
+    """OpenVINO installed; bf16: bf16 units (the pipeline's CPU flags and OpenVINO's capabilities); int8: the
+    Q/DQ model. Cheap checks only: the IR itself is checked (and loaded) when the runner is made."""
+    def check(ctx: Context) -> str:
+        from pipeline import openvino_ir
+
+        ov, reason = openvino_ir.status()
+        if ov is None:
+            return reason
+        if precision == "bf16":
+            return openvino_ir.bf16_reason()
+        if precision == "int8" and not ctx.run_dir.file(INT8_ONNX).is_file():
+            return _no_int8(ctx)
+        return ""
+
+    return check
+
+
+def _no_int8(ctx: Context) -> str:
+    """Without ``model.int8.onnx``: "run export first" where export writes one, else the reason it wrote none."""
+    export = ctx.run_dir.stage_entry("export") or {}
+    if not ctx.cfg.export.int8.enabled:
+        return NO_INT8
+    if INT8_ONNX in (export.get("artifacts") or {}) or "int8" in (export.get("details") or {}):
+        ctx.run_dir.require(INT8_ONNX, "export", ctx.stage)  # raises: export wrote it, and it is gone
+    return "export wrote no model.int8.onnx (this export does not write INT8)"
+
+
 # --------------------------------------------------------------------------- runners
 
 
@@ -215,9 +244,23 @@ def _tensorrt(ctx: Context):
                           output_name=ctx.spec["output_name"], cuda_graphs=ctx.cfg.benchmark.cuda_graphs)
 
 
+def _openvino(precision: str) -> Callable[[Context], object]:
+    def make(ctx: Context):
+        from pipeline import openvino_ir
+        from pipeline.runners import OpenVINORunner
+
+        xml, weights, sidecar = openvino_ir.load(ctx.run_dir, precision)  # refused here, before OpenVINO reads it
+        return OpenVINORunner(xml, weights, sidecar, name=f"openvino_{precision}", input_name=ctx.spec["input_name"],
+                              output_name=ctx.spec["output_name"], threads=ctx.threads)
+
+    return make
+
+
 # --------------------------------------------------------------------------- the table
 
 ORT = "ONNX Runtime"
+OV = "OpenVINO"
+DEPLOYED = ": the deployment runtime itself on this CPU, measured, not an emulation"
 
 # Verify checks candidates in this order; benchmark times them in benchmark.backends' order.
 TABLE: list[Backend] = [
@@ -244,6 +287,18 @@ TABLE: list[Backend] = [
     Backend("onnxrt_cuda_fp16", "fp16", "cuda", FP16_ONNX, "ONNX Runtime CUDA provider on model.fp16.onnx",
             _cuda_ort(True), _ort("onnxrt_cuda_fp16", fp16_graph=True, cuda=True), candidate="onnxrt_cuda_fp16",
             requires="cuda", shown_precision="fp16 graph", note="ONNX Runtime CUDA", runtime=ORT),
+    Backend("openvino_fp32", "fp32", "cpu", f"{OPENVINO_DIR}/fp32.xml",
+            "OpenVINO CPU, openvino/fp32.xml (IR of model.onnx), INFERENCE_PRECISION_HINT=f32" + DEPLOYED,
+            _openvino_unavailable("fp32"), _openvino("fp32"), candidate="openvino_fp32", note="OpenVINO CPU",
+            runtime=OV),
+    Backend("openvino_bf16", "bf16", "cpu", f"{OPENVINO_DIR}/bf16.xml",
+            "OpenVINO CPU, openvino/bf16.xml (IR of model.onnx), INFERENCE_PRECISION_HINT=bf16" + DEPLOYED,
+            _openvino_unavailable("bf16"), _openvino("bf16"), candidate="openvino_bf16", note="OpenVINO CPU, bf16",
+            runtime=OV),
+    Backend("openvino_int8", "int8", "cpu", f"{OPENVINO_DIR}/int8.xml",
+            "OpenVINO CPU, openvino/int8.xml (IR of the Q/DQ model.int8.onnx), int8 kernels" + DEPLOYED,
+            _openvino_unavailable("int8"), _openvino("int8"), candidate="openvino_int8", note="OpenVINO CPU, int8",
+            runtime=OV),
 ]
 
 

@@ -27,7 +27,7 @@ from pipeline.backends import Backend, Context
 from pipeline.errors import BackendUnavailable, InputError
 from pipeline.isolate import Crashed
 from pipeline.run import RunDir, StageRecord, atomic_path, atomic_write, now, write_json
-from pipeline.runners import Method, measure  # noqa: F401  (the timing loop; runs in the child when isolated)
+from pipeline.runners import THROUGHPUT_LABEL, Method, measure  # noqa: F401  (measure: the timing loop)
 
 log = logging.getLogger("pipeline")
 
@@ -179,6 +179,7 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, profile: bool = False) -> 
         rows, skips = time_backend(backend, ctx, images, method, verify_column(backend, verdicts))
         results += rows
         skipped += skips
+    add_ratios(results)
     noisy = [f"{r['backend']}@{r['batch_size']}" for r in results if r["cv_warning"]]
     if noisy:
         log.warning("benchmark: warning: %d of %d measurements had a trial with a coefficient of variation above "
@@ -216,13 +217,49 @@ def _payload(cfg, spec: dict, threads: int, results: list, skipped: list) -> dic
     }
 
 
+def _is_throughput(row: dict) -> bool:
+    return row["timing"].startswith(THROUGHPUT_LABEL)
+
+
 def _headline(results: list[dict]) -> str:
-    b1 = [r for r in results if r["batch_size"] == min(r["batch_size"] for r in results)] if results else []
-    if not b1:
+    """Per device, the fastest backend that passed the gate (or is the reference): by p50 latency at the
+    smallest batch (async throughput rows excluded: their time is per batch amortised), and by images/s at
+    the largest batch (throughput rows included)."""
+    if not results:
         return "no backend measured"
-    fastest = min(b1, key=lambda r: r["latency_ms"]["p50"])
-    return (f"fastest at batch {fastest['batch_size']}: {fastest['backend']} p50 {fastest['latency_ms']['p50']:.3f} ms "
-            f"(verify: {fastest['verify']})")
+    parts = []
+    for device in sorted({r["device"] for r in results}):
+        rows = [r for r in results if r["device"] == device and r["verify"] in ("passed", "reference")]
+        if not rows:
+            parts.append(f"{device}: no measured backend passed the gate")
+            continue
+        small, large = min(r["batch_size"] for r in rows), max(r["batch_size"] for r in rows)
+        latency = [r for r in rows if r["batch_size"] == small and not _is_throughput(r)] or \
+            [r for r in rows if r["batch_size"] == small]
+        best = min(latency, key=lambda r: r["latency_ms"]["p50"])
+        top = max((r for r in rows if r["batch_size"] == large), key=lambda r: r["throughput_per_s"])
+        parts.append(f"{device}: fastest that passed the gate at batch {small}: {best['backend']} p50 "
+                     f"{best['latency_ms']['p50']:.3f} ms{_ratio_text(best)}; at batch {large}: {top['backend']} "
+                     f"{top['throughput_per_s']:.1f} images/s{' (async throughput)' if _is_throughput(top) else ''}"
+                     f"{_ratio_text(top)}")
+    return "; ".join(parts)
+
+
+def _ratio_text(row: dict) -> str:
+    ratio = row.get("vs_eager")
+    return f" ({ratio:.2f}x eager FP32)" if ratio else ""
+
+
+def add_ratios(results: list[dict]) -> None:
+    """``vs_eager``: each row's images/s over eager FP32's (``torch_fp32``) at the same batch on the same device,
+    measured in this run (the same kind of timing where torch_fp32 has it: GPU compute or host latency)."""
+    for row in results:
+        eager = [r for r in results if r["backend"] == backends.REFERENCE and r["batch_size"] == row["batch_size"]
+                 and r["device"] == row["device"]]
+        same = [r for r in eager if r["timing"].split(" ")[0] == row["timing"].split(" ")[0]]
+        base = (same or eager or [None])[0]
+        row["vs_eager"] = row["throughput_per_s"] / base["throughput_per_s"] if base and base["throughput_per_s"] \
+            else None
 
 
 def markdown(payload: dict) -> str:

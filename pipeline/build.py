@@ -21,7 +21,7 @@ import logging
 import time
 from pathlib import Path
 
-from pipeline import __version__, env
+from pipeline import __version__, env, openvino_ir
 from pipeline.artifacts import ENGINE, FP16_ONNX, FP32_ONNX, MODEL_CARD
 from pipeline.artifacts import ENGINE_SIDECAR as SIDECAR
 from pipeline.artifacts import TIMING_CACHE as DEFAULT_TIMING_CACHE
@@ -110,6 +110,7 @@ def run(cfg, run_dir: RunDir, record: StageRecord) -> None:
     onnx_name = FP16_ONNX if fp16 else FP32_ONNX
     onnx_path = run_dir.require(onnx_name, "export", "build")
     check_required(cfg)
+    record.details["openvino"] = openvino_ir.write_all(cfg, run_dir, record)  # the CPU IR, with TensorRT or without
     ok, reason = availability()
     if not ok:
         for stale in (ENGINE, SIDECAR):  # never leave an engine that this run did not build beside its inputs

@@ -228,7 +228,7 @@ BenchBackend = Literal[tuple(b.name for b in backend_table.TABLE if b.benchmark)
 class BenchmarkConfig(Section):
     backends: list[BenchBackend] = Field(
         ["torch_fp32", "torch_autocast", "onnxrt_fp32", "onnxrt_fp16", "onnxrt_cuda_fp32", "onnxrt_cuda_fp16",
-         "tensorrt_fp16"],
+         "tensorrt_fp16", "openvino_fp32", "openvino_bf16", "openvino_int8"],
         description="backends to time (each is skipped with a reason where it cannot run)",
     )
     batch_sizes: list[int] = Field([1, 8, 32], min_length=1, description="batch-size sweep")

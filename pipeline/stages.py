@@ -127,8 +127,8 @@ STAGES = {
     "export": Stage("export", "export", ("model", "data", "export"),
                     (a.WEIGHTS, a.MODEL_CARD, a.FALLBACK), ("train",),
                     help="export FP32 ONNX and convert it to mixed-precision FP16 ONNX", summary=_export_summary),
-    "build": Stage("build", "build", ("build",), (a.FP16_ONNX,), ("export",),
-                   help="build a strongly typed FP16 TensorRT engine (skipped without GPU/TensorRT)",
+    "build": Stage("build", "build", ("build",), (a.FP16_ONNX, a.FP32_ONNX, a.INT8_ONNX), ("export",),
+                   help="build a strongly typed FP16 TensorRT engine (skipped without GPU/TensorRT) and the OpenVINO IR",
                    precheck="check_required"),
     "verify": Stage("verify", "verify", ("model", "data", "verify"),
                     (a.WEIGHTS, a.MODEL_CARD, a.FP32_ONNX, a.FP16_ONNX, a.ENGINE), ("train", "export", "build"),
@@ -172,7 +172,7 @@ def code_version(cfg) -> str:
 def _libraries() -> dict:
     return {name: env.package_version(name) for name in
             ("torch", "onnx", "onnxruntime", "onnxruntime-gpu", "polygraphy", "nvidia-modelopt", "tensorrt",
-             "tensorrt-cu12", "tensorrt-cu13")}
+             "tensorrt-cu12", "tensorrt-cu13", "openvino")}
 
 
 def _hardware(stage: str) -> dict:
