@@ -22,7 +22,7 @@ import math
 
 import numpy as np
 
-from pipeline import artifacts, backends, data, env, modeling, verify_report
+from pipeline import artifacts, backends, benchmark_app, data, env, modeling, verify_report
 from pipeline.backends import Backend, Context
 from pipeline.errors import BackendUnavailable, InputError
 from pipeline.isolate import Crashed
@@ -145,9 +145,10 @@ def _row(backend: Backend, ctx: Context, runner, batch: int, label: str, m: dict
 
 
 def _log_row(r: dict) -> None:
-    log.info("benchmark: %-17s b=%-3d p50 %8.3f ms  p99 %8.3f ms  %9.1f img/s  cv %4.1f%%%s", r["backend"],
+    log.info("benchmark: %-17s b=%-3d p50 %8.3f ms  p99 %8.3f ms  %9.1f img/s  cv %4.1f%%%s%s", r["backend"],
              r["batch_size"], r["latency_ms"]["p50"], r["latency_ms"]["p99"], r["throughput_per_s"],
-             100 * r["latency_ms"]["cv"], "  (noisy)" if r["cv_warning"] else "")
+             100 * r["latency_ms"]["cv"], "  (async throughput; ms per batch)" if _is_throughput(r) else "",
+             "  (noisy)" if r["cv_warning"] else "")
 
 
 def verify_column(backend: Backend, verdicts: dict) -> str:
@@ -186,6 +187,7 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, profile: bool = False) -> 
                     "%.1f%% (%s): the machine was busy or the runs are too short; close other programs or raise "
                     "benchmark.min_duration_s", len(noisy), len(results), 100 * bc.cv_warn, ", ".join(noisy))
     payload = _payload(cfg, spec, threads, results, skipped)
+    payload["benchmark_app"] = benchmark_app.side_by_side(cfg, run_dir, results, spec["input_size"], threads)
     write_json(run_dir.file(JSON), payload)
     atomic_write(run_dir.file(MARKDOWN), markdown(payload))
     plots = write_plots(run_dir, payload)
@@ -266,7 +268,8 @@ def markdown(payload: dict) -> str:
     """benchmark.md: the report's benchmark rows (``tables.benchmark_section``), as Markdown."""
     from pipeline import tables
 
-    return tables.markdown([tables.benchmark_section(payload)], top=3)
+    text = tables.markdown([tables.benchmark_section(payload)], top=3)
+    return text + (benchmark_app.markdown(payload["benchmark_app"]) if "benchmark_app" in payload else "")
 
 
 def write_plots(run_dir: RunDir, payload: dict) -> list[str]:

@@ -241,6 +241,8 @@ class BenchmarkConfig(Section):
     cv_warn: float = Field(0.10, gt=0, description="warn when a trial's coefficient of variation exceeds this "
                            "(trtexec uses 2.5% on GPUs; shared CPUs are noisier)")
     profile_iterations: int = Field(5, ge=1, description="iterations recorded by benchmark --profile")
+    benchmark_app_s: float = Field(2.0, ge=0, description="seconds per OpenVINO benchmark_app run beside the "
+                                   "OpenVINO rows (0: off)")
 
     @model_validator(mode="after")
     def _positive_batches(self):

@@ -4,7 +4,8 @@ The manifest is read back to decide what to skip and which files to hash, so a h
 one must fail as one clear input error (exit 2), not as an ``AttributeError`` deep inside a stage. Only
 the fields the pipeline reads are typed; anything else (details, environment) is kept as it is.
 Artifact names are plain file names (or a plain name in the ``openvino/`` folder): the manifest cannot
-point the pipeline at a file outside the run directory. Imported lazily by :mod:`pipeline.run` (pydantic stays out of ``--help``).
+point the pipeline at a file outside the run directory. Imported lazily by :mod:`pipeline.run` (pydantic
+stays out of ``--help``).
 """
 
 from __future__ import annotations

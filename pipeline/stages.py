@@ -128,7 +128,7 @@ STAGES = {
                     (a.WEIGHTS, a.MODEL_CARD, a.FALLBACK), ("train",),
                     help="export FP32 ONNX and convert it to mixed-precision FP16 ONNX", summary=_export_summary),
     "build": Stage("build", "build", ("build",), (a.FP16_ONNX, a.FP32_ONNX, a.INT8_ONNX), ("export",),
-                   help="build a strongly typed FP16 TensorRT engine (skipped without GPU/TensorRT) and the OpenVINO IR",
+                   help="build a strongly typed FP16 TensorRT engine (skipped without GPU/TensorRT) and OpenVINO IR",
                    precheck="check_required"),
     "verify": Stage("verify", "verify", ("model", "data", "verify"),
                     (a.WEIGHTS, a.MODEL_CARD, a.FP32_ONNX, a.FP16_ONNX, a.ENGINE), ("train", "export", "build"),

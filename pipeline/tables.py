@@ -185,7 +185,8 @@ def benchmark_section(payload: dict) -> Section:
     skipped = tuple(f"Skipped {s['backend']}" + (f" at batch {s['batch_size']}" if s.get("batch_size") else "")
                     + f": {s['reason']}" for s in payload.get("skipped", []))
     table = Table(("backend", "precision", "device", "batch", "p50 ms", "p90 ms", "p99 ms", "mean ms", "cv",
-                   "images/s", "x eager FP32", "timing", "verify"), tuple(_benchmark_row(r) for r in payload["results"]))
+                   "images/s", "x eager FP32", "timing", "verify"),
+                  tuple(_benchmark_row(r) for r in payload["results"]))
     return Section(f"Benchmark: {payload['model']}", paragraphs=(machine, method, *skipped), tables=(table,))
 
 
