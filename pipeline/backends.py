@@ -164,13 +164,25 @@ def _openvino_unavailable(precision: str) -> Callable[[Context], str]:
         ov, reason = openvino_ir.status()
         if ov is None:
             return reason
-        if precision == "bf16":
+        if precision == "bf16" and openvino_ir.bf16_reason():
             return openvino_ir.bf16_reason()
         if precision == "int8" and not ctx.run_dir.file(INT8_ONNX).is_file():
             return _no_int8(ctx)
-        return ""
+        return _no_ir(ctx, precision)
 
     return check
+
+
+def _no_ir(ctx: Context, precision: str) -> str:
+    """Without the IR: "run build first" where the build stage recorded it, else the reason (build has not run)."""
+    from pipeline import openvino_ir
+
+    name = openvino_ir.xml_name(precision)
+    if ctx.run_dir.file(name).is_file():
+        return ""
+    if name in ((ctx.run_dir.stage_entry("build") or {}).get("artifacts") or {}):
+        ctx.run_dir.require(name, "build", ctx.stage)  # raises: build wrote it, and it is gone
+    return f"no {name}: the build stage has not written it (run `python -m pipeline build`)"
 
 
 def _no_int8(ctx: Context) -> str:

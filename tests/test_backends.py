@@ -72,7 +72,8 @@ def test_table_names_match_the_config():
 
 def test_verify_candidates_keep_their_order_and_names():
     assert [b.candidate for b in backends.candidates()] == [
-        "onnxrt_fp32", "fp16_emulation", "onnxrt_fp16_cpu", "tensorrt_fp16", "onnxrt_cuda_fp16"]
+        "onnxrt_fp32", "fp16_emulation", "onnxrt_fp16_cpu", "tensorrt_fp16", "onnxrt_cuda_fp16",
+        "openvino_fp32", "openvino_bf16", "openvino_int8"]
     assert backends.verified_by(backends.by_name("onnxrt_fp16")) == "onnxrt_fp16_cpu"
     assert backends.verified_by(backends.by_name("torch_fp32")) == "reference"
     assert backends.verified_by(backends.by_name("torch_autocast")) is None

@@ -282,3 +282,14 @@ def test_ir_weights_stay_fp32(tiny_run):
     floats = sum(numpy_helper.to_array(t).nbytes for t in model.graph.initializer
                  if numpy_helper.to_array(t).dtype == np.float32)
     assert (tiny_run / "openvino/fp32.bin").stat().st_size >= floats
+
+
+def test_without_a_build_the_ir_candidates_are_skipped_but_a_deleted_recorded_ir_is_an_error(clone_run):
+    run = clone_run()
+    (run / "openvino/fp32.xml").unlink()
+    with pytest.raises(InputError, match="run `python -m pipeline build"):
+        backends.by_name("openvino_fp32").unavailable(_ctx(run))
+    rd = RunDir(run, create=False)
+    del rd.manifest["stages"]["build"]  # a run that never built: nothing to deploy, nothing claimed
+    rd.save_manifest()
+    assert "the build stage has not written it" in backends.by_name("openvino_fp32").unavailable(_ctx(run))
