@@ -180,6 +180,9 @@ def _no_ir(ctx: Context, precision: str) -> str:
     name = openvino_ir.xml_name(precision)
     if ctx.run_dir.file(name).is_file():
         return ""
+    error = openvino_ir.build_error(ctx.run_dir, precision)
+    if error:
+        return f"no {name}: {error}"
     if name in ((ctx.run_dir.stage_entry("build") or {}).get("artifacts") or {}):
         ctx.run_dir.require(name, "build", ctx.stage)  # raises: build wrote it, and it is gone
     return f"no {name}: the build stage has not written it (run `python -m pipeline build`)"

@@ -128,21 +128,35 @@ def write_all(cfg, run_dir: RunDir, record: StageRecord) -> dict:
         if not source.is_file():
             _remove(run_dir, spec.precision)  # never an IR of a model that is no longer there
             continue
-        sidecar = write(ov, source, run_dir, spec)
+        try:
+            sidecar = write(ov, source, run_dir, spec)
+        except StageFailed as exc:  # this IR only: the others are still written, its candidate says why
+            _remove(run_dir, spec.precision)
+            log.warning("build: %s", exc)
+            written[spec.precision] = {"error": str(exc)}
+            continue
         for name in (xml_name(spec.precision), bin_name(spec.precision), sidecar_name(spec.precision)):
             record.artifact(name)
         written[spec.precision] = {k: sidecar[k] for k in ("onnx", "hint", "openvino")}
-    log.info("build: OpenVINO %s IR written to %s/: %s", ov.__version__, OPENVINO_DIR, ", ".join(written) or "none")
+    log.info("build: OpenVINO %s IR written to %s/: %s", ov.__version__, OPENVINO_DIR,
+             ", ".join(p for p, w in written.items() if "error" not in w) or "none")
     return written
+
+
+def build_error(run_dir: RunDir, precision: str) -> str | None:
+    """Why the build stage could not write this IR (OpenVINO could not convert its ONNX file), if it said so."""
+    details = (run_dir.stage_entry("build") or {}).get("details") or {}
+    return ((details.get("openvino") or {}).get(precision) or {}).get("error")
 
 
 def write(ov, source: Path, run_dir: RunDir, spec: Spec) -> dict:
     """Convert ``source`` and save ``openvino/<precision>.xml/.bin`` and the sidecar (files replaced at once)."""
     try:
         model = ov.convert_model(str(source))
-    except Exception as exc:
-        raise StageFailed(f"OpenVINO could not convert {source.name}: {type(exc).__name__}: "
-                          f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") from None
+    except Exception as exc:  # OpenVINO's message: the first line names the C++ file, the next ones the cause
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        what = f"{lines[1][:160]} ... {lines[-1][:200]}" if len(lines) > 2 else " ".join(lines)[:400]
+        raise StageFailed(f"OpenVINO {ov.__version__.split('-')[0]} could not convert {source.name}: {what}") from None
     model.set_rt_info(spec.hint, HINT_RT_INFO)
     where = folder(run_dir)
     where.mkdir(exist_ok=True)

@@ -293,3 +293,30 @@ def test_without_a_build_the_ir_candidates_are_skipped_but_a_deleted_recorded_ir
     del rd.manifest["stages"]["build"]  # a run that never built: nothing to deploy, nothing claimed
     rd.save_manifest()
     assert "the build stage has not written it" in backends.by_name("openvino_fp32").unavailable(_ctx(run))
+
+
+def test_an_onnx_file_openvino_cannot_convert_costs_only_its_own_ir(clone_run, monkeypatch):
+    """OpenVINO 2026.4.1 cannot convert ModelOpt's Q/DQ graph with FP16 regions (CompressWeightsWithFakeQuantize);
+    build still writes the other IR, and the INT8 candidate says why it has none."""
+    import openvino as ov
+
+    from pipeline import stages
+
+    run = clone_run()
+    (run / artifacts.INT8_ONNX).write_bytes((run / artifacts.FP32_ONNX).read_bytes())
+    real = ov.convert_model
+
+    def convert(path, *args, **kwargs):
+        if str(path).endswith(artifacts.INT8_ONNX):
+            raise RuntimeError("Exception from src/core/src/pass/graph_rewrite.cpp:298:\n[Compress...] END\n"
+                               "Tensor data with element type f32, is not representable as pointer to f16")
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(ov, "convert_model", convert)
+    cfg = config.resolve(overrides=["model.name=tiny_cnn", *TINY])
+    stages.run_stage("build", cfg, RunDir(run, create=False))
+    build = manifest(run)["stages"]["build"]
+    assert "openvino/fp32.xml" in build["artifacts"] and "openvino/int8.xml" not in build["artifacts"]
+    assert not (run / "openvino/int8.xml").exists()
+    reason = backends.by_name("openvino_int8").unavailable(_ctx(run))
+    assert "could not convert model.int8.onnx" in reason and "not representable as pointer to f16" in reason
