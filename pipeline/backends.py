@@ -22,7 +22,7 @@ from functools import cached_property
 from typing import Callable
 
 from pipeline import env
-from pipeline.artifacts import ENGINE, FP16_ONNX, FP32_ONNX, INT8_ENGINE, INT8_ONNX
+from pipeline.artifacts import ENGINE, FP16_ONNX, FP32_ONNX, INT8_ENGINE, INT8_ONNX, OPENVINO_DIR
 from pipeline.errors import InputError
 from pipeline.run import RunDir, sha256_file
 
@@ -195,6 +195,39 @@ def _tensorrt_unavailable(engine: str) -> Callable[[Context], str]:
     return check
 
 
+def _openvino_unavailable(precision: str) -> Callable[[Context], str]:
+    """OpenVINO installed; bf16: bf16 units (the pipeline's CPU flags and OpenVINO's capabilities); int8: the
+    Q/DQ model. Cheap checks only: the IR itself is checked (and loaded) when the runner is made."""
+    def check(ctx: Context) -> str:
+        from pipeline import openvino_ir
+
+        ov, reason = openvino_ir.status()
+        if ov is None:
+            return reason
+        if precision == "bf16" and openvino_ir.bf16_reason():
+            return openvino_ir.bf16_reason()
+        if precision == "int8" and _needs_int8(ctx):
+            return _needs_int8(ctx)
+        return _no_ir(ctx, precision)
+
+    return check
+
+
+def _no_ir(ctx: Context, precision: str) -> str:
+    """Without the IR: "run build first" where the build stage recorded it, else the reason (build has not run)."""
+    from pipeline import openvino_ir
+
+    name = openvino_ir.xml_name(precision)
+    if ctx.run_dir.file(name).is_file():
+        return ""
+    error = openvino_ir.build_error(ctx.run_dir, precision)
+    if error:
+        return f"no {name}: {error}"
+    if name in ((ctx.run_dir.stage_entry("build") or {}).get("artifacts") or {}):
+        ctx.run_dir.require(name, "build", ctx.stage)  # raises: build wrote it, and it is gone
+    return f"no {name}: the build stage has not written it (run `python -m pipeline build`)"
+
+
 # --------------------------------------------------------------------------- runners
 
 
@@ -281,9 +314,23 @@ def _tensorrt(engine: str, name: str) -> Callable[[Context], object]:
     return make
 
 
+def _openvino(precision: str) -> Callable[[Context], object]:
+    def make(ctx: Context):
+        from pipeline import openvino_ir
+        from pipeline.runners import OpenVINORunner
+
+        xml, weights, sidecar = openvino_ir.load(ctx.run_dir, precision)  # refused here, before OpenVINO reads it
+        return OpenVINORunner(xml, weights, sidecar, name=f"openvino_{precision}", input_name=ctx.spec["input_name"],
+                              output_name=ctx.spec["output_name"], threads=ctx.threads)
+
+    return make
+
+
 # --------------------------------------------------------------------------- the table
 
 ORT = "ONNX Runtime"
+OV = "OpenVINO"
+DEPLOYED = ": the deployment runtime itself on this CPU, measured, not an emulation"
 
 # Verify checks candidates in this order; benchmark times them in benchmark.backends' order.
 TABLE: list[Backend] = [
@@ -324,6 +371,18 @@ TABLE: list[Backend] = [
     Backend("onnxrt_cuda_fp16", "fp16", "cuda", FP16_ONNX, "ONNX Runtime CUDA provider on model.fp16.onnx",
             _cuda_ort(True), _ort("onnxrt_cuda_fp16", fp16_graph=True, cuda=True), candidate="onnxrt_cuda_fp16",
             requires="cuda", shown_precision="fp16 graph", note="ONNX Runtime CUDA", runtime=ORT),
+    Backend("openvino_fp32", "fp32", "cpu", f"{OPENVINO_DIR}/fp32.xml",
+            "OpenVINO CPU, openvino/fp32.xml (IR of model.onnx), INFERENCE_PRECISION_HINT=f32" + DEPLOYED,
+            _openvino_unavailable("fp32"), _openvino("fp32"), candidate="openvino_fp32", note="OpenVINO CPU",
+            runtime=OV),
+    Backend("openvino_bf16", "bf16", "cpu", f"{OPENVINO_DIR}/bf16.xml",
+            "OpenVINO CPU, openvino/bf16.xml (IR of model.onnx), INFERENCE_PRECISION_HINT=bf16" + DEPLOYED,
+            _openvino_unavailable("bf16"), _openvino("bf16"), candidate="openvino_bf16", note="OpenVINO CPU, bf16",
+            runtime=OV),
+    Backend("openvino_int8", "int8", "cpu", f"{OPENVINO_DIR}/int8.xml",
+            "OpenVINO CPU, openvino/int8.xml (IR of the Q/DQ model.int8.onnx), int8 kernels" + DEPLOYED,
+            _openvino_unavailable("int8"), _openvino("int8"), candidate="openvino_int8", note="OpenVINO CPU, int8",
+            runtime=OV),
 ]
 
 

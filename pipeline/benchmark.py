@@ -22,12 +22,12 @@ import math
 
 import numpy as np
 
-from pipeline import artifacts, backends, data, env, modeling, trtexec, verify_report
+from pipeline import artifacts, backends, benchmark_app, data, env, modeling, trtexec, verify_report
 from pipeline.backends import Backend, Context
 from pipeline.errors import BackendUnavailable, InputError
 from pipeline.isolate import Crashed
 from pipeline.run import RunDir, StageRecord, atomic_path, atomic_write, now, write_json
-from pipeline.runners import Method, measure, one_line  # noqa: F401  (the timing loop; runs in the child when isolated)
+from pipeline.runners import THROUGHPUT_LABEL, Method, measure, one_line  # noqa: F401  (measure: the timing loop)
 
 log = logging.getLogger("pipeline")
 
@@ -174,9 +174,10 @@ def _row(backend: Backend, ctx: Context, runner, batch: int, label: str, m: dict
 
 
 def _log_row(r: dict) -> None:
-    log.info("benchmark: %-17s b=%-3d p50 %8.3f ms  p99 %8.3f ms  %9.1f img/s  cv %4.1f%%%s", r["backend"],
+    log.info("benchmark: %-17s b=%-3d p50 %8.3f ms  p99 %8.3f ms  %9.1f img/s  cv %4.1f%%%s%s", r["backend"],
              r["batch_size"], r["latency_ms"]["p50"], r["latency_ms"]["p99"], r["throughput_per_s"],
-             100 * r["latency_ms"]["cv"], "  (noisy)" if r["cv_warning"] else "")
+             100 * r["latency_ms"]["cv"], "  (async throughput; ms per batch)" if _is_throughput(r) else "",
+             "  (noisy)" if r["cv_warning"] else "")
 
 
 def verify_column(backend: Backend, verdicts: dict) -> str:
@@ -211,12 +212,14 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, profile: bool = False) -> 
         results += rows
         skipped += skips
     trtexec.side_by_side(run_dir, results, backends.by_name, spec["input_name"], spec["input_size"], method)
+    add_ratios(results)
     noisy = [f"{r['backend']}@{r['batch_size']}" for r in results if r["cv_warning"]]
     if noisy:
         log.warning("benchmark: warning: %d of %d measurements had a trial with a coefficient of variation above "
                     "%.1f%% (%s): the machine was busy or the runs are too short; close other programs or raise "
                     "benchmark.min_duration_s", len(noisy), len(results), 100 * bc.cv_warn, ", ".join(noisy))
     payload = _payload(cfg, spec, threads, results, skipped)
+    payload["benchmark_app"] = benchmark_app.side_by_side(cfg, run_dir, results, spec["input_size"], threads)
     write_json(run_dir.file(JSON), payload)
     atomic_write(run_dir.file(MARKDOWN), markdown(payload))
     plots = write_plots(run_dir, payload)
@@ -248,20 +251,57 @@ def _payload(cfg, spec: dict, threads: int, results: list, skipped: list) -> dic
     }
 
 
+def _is_throughput(row: dict) -> bool:
+    return row["timing"].startswith(THROUGHPUT_LABEL)
+
+
 def _headline(results: list[dict]) -> str:
-    b1 = [r for r in results if r["batch_size"] == min(r["batch_size"] for r in results)] if results else []
-    if not b1:
+    """Per device, the fastest backend that passed the gate (or is the reference): by p50 latency at the
+    smallest batch (async throughput rows excluded: their time is per batch amortised), and by images/s at
+    the largest batch (throughput rows included)."""
+    if not results:
         return "no backend measured"
-    fastest = min(b1, key=lambda r: r["latency_ms"]["p50"])
-    return (f"fastest at batch {fastest['batch_size']}: {fastest['backend']} p50 {fastest['latency_ms']['p50']:.3f} ms "
-            f"(verify: {fastest['verify']})")
+    parts = []
+    for device in sorted({r["device"] for r in results}):
+        rows = [r for r in results if r["device"] == device and r["verify"] in ("passed", "reference")]
+        if not rows:
+            parts.append(f"{device}: no measured backend passed the gate")
+            continue
+        small, large = min(r["batch_size"] for r in rows), max(r["batch_size"] for r in rows)
+        latency = [r for r in rows if r["batch_size"] == small and not _is_throughput(r)] or \
+            [r for r in rows if r["batch_size"] == small]
+        best = min(latency, key=lambda r: r["latency_ms"]["p50"])
+        top = max((r for r in rows if r["batch_size"] == large), key=lambda r: r["throughput_per_s"])
+        parts.append(f"{device}: fastest that passed the gate at batch {small}: {best['backend']} p50 "
+                     f"{best['latency_ms']['p50']:.3f} ms{_ratio_text(best)}; at batch {large}: {top['backend']} "
+                     f"{top['throughput_per_s']:.1f} images/s{' (async throughput)' if _is_throughput(top) else ''}"
+                     f"{_ratio_text(top)}")
+    return "; ".join(parts)
+
+
+def _ratio_text(row: dict) -> str:
+    ratio = row.get("vs_eager")
+    return f" ({ratio:.2f}x eager FP32)" if ratio else ""
+
+
+def add_ratios(results: list[dict]) -> None:
+    """``vs_eager``: each row's images/s over eager FP32's (``torch_fp32``) at the same batch on the same device,
+    measured in this run (the same kind of timing where torch_fp32 has it: GPU compute or host latency)."""
+    for row in results:
+        eager = [r for r in results if r["backend"] == backends.REFERENCE and r["batch_size"] == row["batch_size"]
+                 and r["device"] == row["device"]]
+        same = [r for r in eager if r["timing"].split(" ")[0] == row["timing"].split(" ")[0]]
+        base = (same or eager or [None])[0]
+        row["vs_eager"] = row["throughput_per_s"] / base["throughput_per_s"] if base and base["throughput_per_s"] \
+            else None
 
 
 def markdown(payload: dict) -> str:
     """benchmark.md: the report's benchmark rows (``tables.benchmark_section``), as Markdown."""
     from pipeline import tables
 
-    return tables.markdown([tables.benchmark_section(payload)], top=3)
+    text = tables.markdown([tables.benchmark_section(payload)], top=3)
+    return text + (benchmark_app.markdown(payload["benchmark_app"]) if "benchmark_app" in payload else "")
 
 
 def write_plots(run_dir: RunDir, payload: dict) -> list[str]:

@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline import __version__, env
+from pipeline import __version__, env, openvino_ir
 from pipeline.artifacts import (ENGINE, FP16_ONNX, FP32_ONNX, INT8_ENGINE, INT8_ENGINE_SIDECAR,
                                 INT8_ONNX, MODEL_CARD, build_log, timing_cache_name)
 from pipeline.artifacts import ENGINE_SIDECAR as SIDECAR
@@ -221,6 +221,7 @@ def run(cfg, run_dir: RunDir, record: StageRecord) -> None:
     spec = read_json(run_dir.require(MODEL_CARD, "train", "build"), "model card")["spec"]
     planned = plan(cfg, run_dir)
     check_required(cfg)
+    record.details["openvino"] = openvino_ir.write_all(cfg, run_dir, record)  # the CPU IR, with TensorRT or without
     ok, reason = availability()
     if not ok:
         for t, onnx_path, _ in planned:

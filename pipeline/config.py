@@ -235,7 +235,7 @@ BenchBackend = Literal[tuple(b.name for b in backend_table.TABLE if b.benchmark)
 class BenchmarkConfig(Section):
     backends: list[BenchBackend] = Field(
         ["torch_fp32", "torch_autocast", "onnxrt_fp32", "onnxrt_fp16", "onnxrt_int8_cpu", "onnxrt_cuda_fp32",
-         "onnxrt_cuda_fp16", "tensorrt_fp16", "tensorrt_int8"],
+         "onnxrt_cuda_fp16", "tensorrt_fp16", "tensorrt_int8", "openvino_fp32", "openvino_bf16", "openvino_int8"],
         description="backends to time (each is skipped with a reason where it cannot run)",
     )
     batch_sizes: list[int] = Field([1, 8, 32], min_length=1, description="batch-size sweep")
@@ -248,6 +248,8 @@ class BenchmarkConfig(Section):
     cv_warn: float = Field(0.10, gt=0, description="warn when a trial's coefficient of variation exceeds this "
                            "(trtexec uses 2.5% on GPUs; shared CPUs are noisier)")
     profile_iterations: int = Field(5, ge=1, description="iterations recorded by benchmark --profile")
+    benchmark_app_s: float = Field(2.0, ge=0, description="seconds per OpenVINO benchmark_app run beside the "
+                                   "OpenVINO rows (0: off)")
 
     @model_validator(mode="after")
     def _positive_batches(self):

@@ -124,6 +124,7 @@ def gather() -> dict:
         "polygraphy": env.package_version("polygraphy"),
         "modelopt": env.package_version("nvidia-modelopt"),
         "openvino": env.package_version("openvino"),
+        "openvino_capabilities": _openvino_capabilities(),
         "threads": {"torch": torch.get_num_threads(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")},
         "cpu": {"model": env.cpu_model(), "cores": env.usable_cores(),
                 "isa": [f for f in ISA_FLAGS if f in flags], "simulated": env.cpu_flags_simulated()},
@@ -206,11 +207,38 @@ def lines(facts: dict) -> list[str]:
                            "nvidia/cuda_runtime/lib, /usr/local/cuda"),
         f"polygraphy   {facts['polygraphy'] or 'not installed'}",
         f"modelopt     {facts['modelopt'] or 'not installed'}",
-        f"openvino     {facts['openvino'] or 'not installed'}",
+        f"openvino     {facts['openvino'] or 'not installed'}"
+        + (f"; CPU plugin capabilities {' '.join(facts.get('openvino_capabilities') or []) or 'unknown'}"
+           if facts["openvino"] else ""),
+        *cpu_precision_lines(facts),
         f"threads      torch {facts['threads']['torch']}, OMP_NUM_THREADS={facts['threads']['OMP_NUM_THREADS'] or 'unset'}",
         f"cpu          {cpu['model']}, {cpu['cores']} cores; {' '.join(cpu['isa']) or 'no AVX2'}"
         + (f" (simulated by {env.CPU_FLAGS_ENV})" if cpu.get("simulated") is not None else ""),
         "pycuda       not needed (Polygraphy brings its own CUDA wrapper; TensorRT's samples use cuda-python)",
+    ]
+
+
+def _openvino_capabilities() -> list[str]:
+    from pipeline import openvino_ir
+
+    try:
+        return openvino_ir.cpu_capabilities()
+    except Exception:  # a broken OpenVINO install: the version line says what is installed
+        return []
+
+
+def cpu_precision_lines(facts: dict) -> list[str]:
+    """The CPU's bf16 and int8 units, from its flags (``PIPELINE_CPU_FLAGS`` when simulated) and OpenVINO's view."""
+    isa, caps = set(facts["cpu"]["isa"]), facts.get("openvino_capabilities") or []
+    ov = (lambda cap: f"; OpenVINO {'lists' if cap in caps else 'does not list'} {cap}") if facts.get("openvino") \
+        else (lambda cap: "")
+    bf16 = sorted(isa & {"amx_bf16", "avx512_bf16"})
+    int8 = sorted(isa & {"amx_int8", "avx512_vnni", "avx_vnni"})
+    return [
+        "cpu bf16     " + (f"native ({' '.join(bf16)})" if bf16 else "none: no amx_bf16/avx512_bf16 (bf16 emulated, "
+                                                                      "openvino_bf16 skipped)") + ov("BF16"),
+        "cpu int8     " + (f"VNNI/AMX ({' '.join(int8)})" if int8 else "no VNNI/AMX (int8 without dot-product units)")
+        + ov("INT8"),
     ]
 
 

@@ -206,5 +206,6 @@ def collect() -> dict:
         "polygraphy": package_version("polygraphy"),
         "modelopt": package_version("nvidia-modelopt"),
         "tensorrt": getattr(trt, "__version__", None),
+        "openvino": package_version("openvino"),
         "gpu": gpu_info(),
     }

@@ -3,8 +3,9 @@
 The manifest is read back to decide what to skip and which files to hash, so a hand-edited or damaged
 one must fail as one clear input error (exit 2), not as an ``AttributeError`` deep inside a stage. Only
 the fields the pipeline reads are typed; anything else (details, environment) is kept as it is.
-Artifact names are plain file names: the manifest cannot point the pipeline at a file outside the run
-directory. Imported lazily by :mod:`pipeline.run` (pydantic stays out of ``--help``).
+Artifact names are plain file names (or a plain name in the ``openvino/`` folder): the manifest cannot
+point the pipeline at a file outside the run directory. Imported lazily by :mod:`pipeline.run` (pydantic
+stays out of ``--help``).
 """
 
 from __future__ import annotations
@@ -14,15 +15,23 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError, constr
 
+from pipeline.artifacts import OPENVINO_DIR
 from pipeline.errors import InputError
 
 Sha256 = constr(pattern=r"^[0-9a-f]{64}$")
 
 
+# The run directory's one artifact folder: openvino/<file> (the OpenVINO IR, pipeline/openvino_ir.py).
+ARTIFACT_FOLDERS = (OPENVINO_DIR,)
+
+
 def _plain_file_name(name: str) -> str:
-    if (not name or "\0" in name or name in (".", "..") or PurePosixPath(name).name != name
-            or PureWindowsPath(name).name != name):
-        raise ValueError(f"artifact name {name!r} is not a plain file name in the run directory")
+    folder, _, rest = name.partition("/")
+    plain = rest if folder in ARTIFACT_FOLDERS else name
+    if (not plain or "\0" in plain or plain in (".", "..") or PurePosixPath(plain).name != plain
+            or PureWindowsPath(plain).name != plain):
+        raise ValueError(f"artifact name {name!r} is not a plain file name in the run directory "
+                         f"(or in its {', '.join(f'{f}/' for f in ARTIFACT_FOLDERS)} folder)")
     return name
 
 

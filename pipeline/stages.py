@@ -130,8 +130,9 @@ STAGES = {
                     (a.WEIGHTS, a.MODEL_CARD, a.FALLBACK, a.INT8_FALLBACK), ("train",),
                     help="export FP32 ONNX, convert it to mixed-precision FP16 ONNX and quantize it to INT8 Q/DQ ONNX",
                     summary=_export_summary),
-    "build": Stage("build", "build", ("build",), (a.FP16_ONNX, a.INT8_ONNX), ("export",),
-                   help="build strongly typed TensorRT engines, FP16 and INT8 (skipped without GPU/TensorRT)",
+    "build": Stage("build", "build", ("build",), (a.FP16_ONNX, a.FP32_ONNX, a.INT8_ONNX), ("export",),
+                   help="build strongly typed TensorRT engines, FP16 and INT8 (skipped without GPU/TensorRT), and "
+                        "OpenVINO IR",
                    precheck="check_required"),
     "verify": Stage("verify", "verify", ("model", "data", "verify"),
                     (a.WEIGHTS, a.MODEL_CARD, a.FP32_ONNX, a.FP16_ONNX, a.ENGINE, a.INT8_ONNX, a.INT8_ENGINE),
@@ -177,7 +178,7 @@ def code_version(cfg) -> str:
 def _libraries() -> dict:
     return {name: env.package_version(name) for name in
             ("torch", "onnx", "onnxruntime", "onnxruntime-gpu", "polygraphy", "nvidia-modelopt", "tensorrt",
-             "tensorrt-cu12", "tensorrt-cu13")}
+             "tensorrt-cu12", "tensorrt-cu13", "openvino")}
 
 
 def _hardware(stage: str) -> dict:

@@ -202,7 +202,8 @@ def _benchmark_row(r: dict) -> tuple[Cell, ...]:
     return _row(r["backend"], r["precision"], r["device"], str(r["batch_size"]), fmt(lat["p50"], ".3f"),
                 fmt(lat["p90"], ".3f"), fmt(lat["p99"], ".3f"), fmt(lat["mean"], ".3f"),
                 percent(lat["cv"], ".1f") + (" !" if r["cv_warning"] else ""), fmt(r["throughput_per_s"], ".1f"),
-                percent(r.get("accuracy")), r["timing"], Cell(r["verify"], status=r["verify"]))
+                percent(r.get("accuracy")), fmt(r.get("vs_eager"), ".2f") + ("x" if r.get("vs_eager") else ""),
+                r["timing"], Cell(r["verify"], status=r["verify"]))
 
 
 def _precision_rows(results: list[dict]) -> tuple[tuple[Cell, ...], ...]:
@@ -224,7 +225,7 @@ def benchmark_section(payload: dict) -> Section:
     gpu = env.get("gpu") or {}
     machine = (f"CPU: {env.get('cpu')} ({env.get('cpu_cores')} cores, {env.get('threads')} threads); "
                f"GPU: {gpu.get('name', 'none')}; torch {env.get('torch')}, ONNX Runtime {env.get('onnxruntime')}, "
-               f"TensorRT {env.get('tensorrt') or 'not installed'}.")
+               f"TensorRT {env.get('tensorrt') or 'not installed'}, OpenVINO {env.get('openvino') or 'not installed'}.")
     method = (f"Method: {m['trials']} trials of at least {m['min_iterations']} runs and {m['min_duration_s']} s "
               f"each, after {m['warmup_s']} s of warm-up; percentiles by {m.get('percentiles', '-')}; "
               f"input {payload['input']['shape']} ({payload['input']['data']}). "
@@ -233,7 +234,8 @@ def benchmark_section(payload: dict) -> Section:
     skipped = tuple(f"Skipped {s['backend']}" + (f" at batch {s['batch_size']}" if s.get("batch_size") else "")
                     + f": {s['reason']}" for s in payload.get("skipped", []))
     table = Table(("backend", "precision", "device", "batch", "p50 ms", "p90 ms", "p99 ms", "mean ms", "cv",
-                   "images/s", "accuracy", "timing", "verify"), tuple(_benchmark_row(r) for r in payload["results"]))
+                   "images/s", "accuracy", "x eager FP32", "timing", "verify"),
+                  tuple(_benchmark_row(r) for r in payload["results"]))
     choice = Table(("backend", "precision", "device", "p50 ms (smallest batch)", "images/s (largest batch)",
                     "accuracy", "verify"), _precision_rows(payload["results"]))
     side = ("Every precision side by side (accuracy: verify's, on its real validation images, for the "

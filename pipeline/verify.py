@@ -224,6 +224,9 @@ def _load_graphs(cfg, run_dir: RunDir, spec: dict, hashes: dict) -> tuple[onnx.M
         onnx_io.check_matches_spec(fp16_model, fp16_path, spec)
     if run_dir.file(backends.ENGINE).is_file():  # loaded (through its sidecar check) by its runner
         hashes[backends.ENGINE] = sha256_file(run_dir.file(backends.ENGINE))
+    for ir in (b.artifact for b in backends.TABLE if b.runtime == backends.OV):  # checked again by its runner
+        if run_dir.file(ir).is_file():
+            hashes[ir] = sha256_file(run_dir.file(ir))
     return fp32_model, fp16_model
 
 
@@ -276,6 +279,8 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, auto_fallback: bool = Fals
                                  failing_fp16[0], spec)
     if failing_fp16 and auto_fallback and not export_broken:
         fallback = auto_fallback_loop(cfg, run_dir, card, ctx, fp32_model, evidence, checks, localization)
+    for chk in (c for c in checks if c.name == "openvino_bf16" and c.status == "failed"):
+        chk.result["hint"] = report.OPENVINO_BF16_NO_FALLBACK  # the FP32 fallback cannot reach an OpenVINO kernel
     if fallback and fallback["passed"]:  # the rechecked FP16 candidates judged the replacement
         hashes[export.FP16_ONNX] = sha256_file(run_dir.file(export.FP16_ONNX))
     int8_loc, int8_fb = _int8_gate(cfg, run_dir, card, ctx, fp32_model, evidence, checks, hashes,

@@ -55,6 +55,16 @@ def crashed(exc) -> dict:
     return {"status": "crashed", "reason": str(exc), "log": exc.log, "log_tail": exc.tail}
 
 
+# What OpenVINO 2026.4 allows, measured: a node is kept out of BF16 only by the `precise` runtime attribute
+# (ov::DisablePrecisionConversion; Python's RTMap takes only str/int values, so it can be attached only through the
+# IR's XML), and its CPU plugin honours it on some layers (Reduce) but not on MatMul/FullyConnected.
+OPENVINO_BF16_NO_FALLBACK = (
+    "OpenVINO's BF16 is a whole-model runtime hint: the automatic fallback cannot keep single layers in f32 there "
+    "(OpenVINO 2026.4's only per-node mark, the `precise` runtime attribute, is ignored by its CPU plugin on "
+    "MatMul/FullyConnected layers); deploy openvino_fp32 (or openvino_int8 where it passes) for this model, or "
+    "turn the candidate off with verify.candidates.openvino_bf16.enabled=false")
+
+
 def runtime_facts(runner) -> dict:
     """How a candidate ran, for verify.json: its child's log, and a workaround applied to its runtime."""
     facts = {"log": runner.log} if getattr(runner, "log", None) else {}
@@ -242,7 +252,8 @@ def build_payload(cfg, card, candidates, localization, fallback, verdict, sample
         "int8_localization": int8_localization,
         "int8_fallback": int8_fallback,
         "environment": {k: v for k, v in env.collect().items() if k in ("cpu", "gpu", "torch", "onnxruntime",
-                                                                          "polygraphy", "modelopt", "tensorrt")},
+                                                                          "polygraphy", "modelopt", "tensorrt",
+                                                                          "openvino")},
     })
 
 

@@ -73,6 +73,21 @@ class OutlierChannel(_Base):
         return self.head(self.mix(self.features(x) * self.outlier))
 
 
+class ShiftedClassifier(_Base):
+    """The classifier's input shifted by 384 and the shift's contribution subtracted after it: exact in FP32,
+    but a BF16 matrix unit rounds its inputs to 8 significant bits (steps of 2 at 384), which wipes out the
+    features. (OpenVINO folds the cancellation model's ``(f + 384) - 384`` away, or fuses it into one f32
+    kernel, so that model plants no fault in OpenVINO's BF16; this one survives both.)"""
+
+    def forward(self, x):
+        f = torch.flatten(self.pool(self.features(x)), 1)
+        return self.fc(f + 384.0) - 384.0 * self.fc.weight.sum(1)
+
+
+def shifted_classifier(num_classes: int = 10):
+    return ShiftedClassifier(num_classes)
+
+
 def cancellation(num_classes: int = 10):
     return Cancellation(num_classes)
 

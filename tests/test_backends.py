@@ -73,8 +73,7 @@ def test_table_names_match_the_config():
 def test_verify_candidates_keep_their_order_and_names():
     assert [b.candidate for b in backends.candidates()] == [
         "onnxrt_fp32", "fp16_emulation", "onnxrt_fp16_cpu", "int8_exact", "onnxrt_int8_cpu", "tensorrt_fp16",
-        "tensorrt_int8", "onnxrt_cuda_fp16"]
-    assert backends.verified_by(backends.by_name("onnxrt_int8_cpu")) == "onnxrt_int8_cpu"
+        "tensorrt_int8", "onnxrt_cuda_fp16", "openvino_fp32", "openvino_bf16", "openvino_int8"]
     assert backends.verified_by(backends.by_name("onnxrt_fp16")) == "onnxrt_fp16_cpu"
     assert backends.verified_by(backends.by_name("torch_fp32")) == "reference"
     assert backends.verified_by(backends.by_name("torch_autocast")) is None

@@ -76,4 +76,5 @@ def test_dynamo_exporter_is_recorded_and_verified(clone_run):
     details = json.loads((run / "manifest.json").read_text())["stages"]["export"]["details"]
     assert details["exporter"].startswith("torch.onnx.export(dynamo=True)")
     assert onnx_io.input_shape(onnx.load(str(run / "model.onnx")), "input")[0] not in (None, 2)  # dynamic batch
+    assert cli("build", "--run-dir", run) == 0  # the OpenVINO IR of the new model.onnx (the old one is refused)
     assert cli("verify", "--run-dir", run) == 0
