@@ -113,6 +113,38 @@ def quantize(fp32_path: Path, images: np.ndarray, input_name: str, int8_cfg, out
     return report
 
 
+def with_fp32_regions(int8_model: onnx.ModelProto) -> onnx.ModelProto:
+    """The same Q/DQ graph (same nodes, Q/DQ placement, scales and zero points) with its FP16 regions in FP32.
+
+    For CPU runtimes that compute in FP32 anyway: OpenVINO 2026.4 cannot convert ModelOpt's Q/DQ graph with
+    FP16 regions ("Tensor data with element type f32, is not representable as pointer to f16"), and its CPU
+    plugin would run those regions in f32 or bf16. Every FP16 value is exactly representable in FP32, so
+    the INT8 decisions are unchanged; only FP16 rounding between the quantized layers goes away.
+    """
+    from onnx import TensorProto, numpy_helper
+
+    model = onnx.ModelProto()
+    model.CopyFrom(int8_model)
+    graph = model.graph
+
+    def upcast(tensor: onnx.TensorProto) -> None:
+        if tensor.data_type == TensorProto.FLOAT16:
+            tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor).astype(np.float32), tensor.name))
+
+    for init in graph.initializer:
+        upcast(init)
+    for node in graph.node:
+        for attr in node.attribute:
+            if node.op_type == "Cast" and attr.name == "to" and attr.i == TensorProto.FLOAT16:
+                attr.i = TensorProto.FLOAT
+            elif attr.type == onnx.AttributeProto.TENSOR:
+                upcast(attr.t)
+    for info in (*graph.input, *graph.output, *graph.value_info):
+        if info.type.tensor_type.elem_type == TensorProto.FLOAT16:
+            info.type.tensor_type.elem_type = TensorProto.FLOAT
+    return model
+
+
 # --------------------------------------------------------------------------- the precision report
 
 

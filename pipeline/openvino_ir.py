@@ -51,10 +51,11 @@ class Spec:
     precision: str  # "fp32", "bf16", "int8": the file name and the backend's precision
     onnx: str  # the ONNX artifact it is converted from
     hint: str  # INFERENCE_PRECISION_HINT at compile time
+    fp32_regions: bool = False  # the INT8 graph's FP16 regions upcast first (pipeline.int8.with_fp32_regions)
 
 
 SPECS = {s.precision: s for s in (Spec("fp32", FP32_ONNX, "f32"), Spec("bf16", FP32_ONNX, "bf16"),
-                                  Spec("int8", INT8_ONNX, "f32"))}
+                                  Spec("int8", INT8_ONNX, "f32", fp32_regions=True))}
 
 
 def xml_name(precision: str) -> str:
@@ -151,16 +152,17 @@ def build_error(run_dir: RunDir, precision: str) -> str | None:
 
 def write(ov, source: Path, run_dir: RunDir, spec: Spec) -> dict:
     """Convert ``source`` and save ``openvino/<precision>.xml/.bin`` and the sidecar (files replaced at once)."""
-    try:
-        model = ov.convert_model(str(source))
-    except Exception as exc:  # OpenVINO's message: the first line names the C++ file, the next ones the cause
-        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-        what = f"{lines[1][:160]} ... {lines[-1][:200]}" if len(lines) > 2 else " ".join(lines)[:400]
-        raise StageFailed(f"OpenVINO {ov.__version__.split('-')[0]} could not convert {source.name}: {what}") from None
-    model.set_rt_info(spec.hint, HINT_RT_INFO)
     where = folder(run_dir)
     where.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".ir.", dir=where) as tmp:
+        try:
+            model = ov.convert_model(str(_convertible(source, spec, Path(tmp))))
+        except Exception as exc:  # OpenVINO's message: the first line names the C++ file, the next ones the cause
+            lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+            what = f"{lines[1][:160]} ... {lines[-1][:200]}" if len(lines) > 2 else " ".join(lines)[:400]
+            raise StageFailed(f"OpenVINO {ov.__version__.split('-')[0]} could not convert {source.name}: "
+                              f"{what}") from None
+        model.set_rt_info(spec.hint, HINT_RT_INFO)
         ov.save_model(model, str(Path(tmp) / "m.xml"), compress_to_fp16=False)
         os.replace(Path(tmp) / "m.bin", run_dir.file(bin_name(spec.precision)))
         os.replace(Path(tmp) / "m.xml", run_dir.file(xml_name(spec.precision)))
@@ -178,10 +180,29 @@ def write(ov, source: Path, run_dir: RunDir, spec: Spec) -> dict:
         "bin": bin_name(spec.precision),
         "bin_sha256": sha256_file(run_dir.file(bin_name(spec.precision))),
         "compress_to_fp16": False,
+        "fp16_regions": "upcast to FP32 before conversion (the Q/DQ nodes and scales unchanged)" if spec.fp32_regions
+        else None,
         "written_at": now(),
     }
     write_json(run_dir.file(sidecar_name(spec.precision)), sidecar)
     return sidecar
+
+
+def _convertible(source: Path, spec: Spec, tmp: Path) -> Path:
+    """What ``convert_model`` reads: the ONNX file, or for INT8 its FP32-region twin in ``tmp``.
+
+    OpenVINO 2026.4 cannot convert ModelOpt's INT8 graph with FP16 regions; see
+    :func:`pipeline.int8.with_fp32_regions`. The sidecar still records the sha256 of ``model.int8.onnx``.
+    """
+    if not spec.fp32_regions:
+        return source
+    import onnx
+
+    from pipeline import int8
+
+    target = tmp / f"{spec.precision}.fp32-regions.onnx"
+    onnx.save(int8.with_fp32_regions(onnx.load(str(source))), str(target))
+    return target
 
 
 def folder(run_dir: RunDir) -> Path:

@@ -187,9 +187,12 @@ def test_sound_model_passes_int8_and_reports_its_precision(trained, tmp_path):
     assert rep["int8_nodes"] > 0 and 0 < rep["int8_fraction"] <= 1
     assert any(i.data_type == TensorProto.FLOAT16 for i in model.graph.initializer)  # FP16 elsewhere
     assert rep["unquantized_reasons"].get("not a quantizable op", 0) > 0  # Relu, Flatten: said why
+    assert cli("build", "--run-dir", run) == 0  # the OpenVINO IR (TensorRT: skipped here)
+    sidecar = json.loads((run / "openvino" / "int8.json").read_text())
+    assert sidecar["onnx"] == "model.int8.onnx" and sidecar["fp16_regions"].startswith("upcast to FP32")
     assert cli("verify", "--run-dir", run) == 0
     s = _status(run)
-    for name in ("int8_exact", "onnxrt_int8_cpu"):
+    for name in ("int8_exact", "onnxrt_int8_cpu", "openvino_int8"):
         assert s[name]["status"] == "passed", s[name]
         assert s[name]["tensor_check"]["max_abs_error"] > 0  # quantization error is really there
         assert s[name]["task_check"]["top1_agreement"] >= 0.98
