@@ -181,6 +181,8 @@ def _tensorrt_unavailable(engine: str) -> Callable[[Context], str]:
         """Cheap checks only: the engine itself is loaded (and checked) when the runner is made."""
         from pipeline import build
 
+        if engine == INT8_ENGINE and not ctx.cfg.export.int8.enabled:
+            return NO_INT8  # INT8 off: "disabled" everywhere, whatever this machine has
         ok, reason = build.availability()
         if not ok:
             return reason
