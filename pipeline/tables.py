@@ -215,7 +215,8 @@ def _precision_rows(results: list[dict]) -> tuple[tuple[Cell, ...], ...]:
         rows.append(_row(small["backend"], small["precision"], small["device"],
                          f"{fmt(small['latency_ms']['p50'], '.3f')} (b={small['batch_size']})",
                          f"{fmt(large['throughput_per_s'], '.1f')} (b={large['batch_size']})",
-                         percent(small.get("accuracy")), Cell(small["verify"], status=small["verify"])))
+                         percent(small.get("accuracy")), small["timing"],
+                         Cell(small["verify"], status=small["verify"])))
     return tuple(rows)
 
 
@@ -237,7 +238,7 @@ def benchmark_section(payload: dict) -> Section:
                    "images/s", "accuracy", "x eager FP32", "timing", "verify"),
                   tuple(_benchmark_row(r) for r in payload["results"]))
     choice = Table(("backend", "precision", "device", "p50 ms (smallest batch)", "images/s (largest batch)",
-                    "accuracy", "verify"), _precision_rows(payload["results"]))
+                    "accuracy", "timing", "verify"), _precision_rows(payload["results"]))
     side = ("Every precision side by side (accuracy: verify's, on its real validation images, for the "
             "artifact timed here; a backend that failed verify is not a candidate, however fast).")
     from pipeline import trtexec

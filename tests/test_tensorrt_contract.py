@@ -128,7 +128,6 @@ def test_fake_calls_a_failed_graph_capture_fails_loudly(built_run, fake_trt):
 
 def test_fake_calls_graphed_engine_keeps_its_buffers_and_checks_shapes(fake_trt, tmp_path):
     """The hand-written path alone: a freed input, a missing shape or a host pointer are violations."""
-    import onnx
     from onnx import TensorProto, helper
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3])
