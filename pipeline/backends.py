@@ -122,8 +122,9 @@ class Backend:
 
     @property
     def uses_int8_model(self) -> bool:
-        """Whether it runs the INT8 Q/DQ model (so INT8 localisation and fallback concern it)."""
-        return self.artifact in (INT8_ONNX, INT8_ENGINE)
+        """Whether it runs the INT8 Q/DQ model, or an engine or IR made from it (so INT8 localisation and
+        fallback concern it)."""
+        return self.artifact in (INT8_ONNX, INT8_ENGINE, f"{OPENVINO_DIR}/int8.xml")
 
 
 # --------------------------------------------------------------------------- availability

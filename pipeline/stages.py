@@ -188,8 +188,9 @@ def _hardware(stage: str) -> dict:
     if stage == "benchmark":
         return {"cpu": env.cpu_model(), "cores": env.usable_cores(), "gpu": _gpu_name(),
                 "tensorrt": getattr(env.tensorrt_status()[0], "__version__", None)}
-    if stage == "verify":
-        return {"gpu": _gpu_name(), "tensorrt": getattr(env.tensorrt_status()[0], "__version__", None)}
+    if stage == "verify":  # bf16 units decide whether openvino_bf16 runs or is skipped
+        return {"gpu": _gpu_name(), "tensorrt": getattr(env.tensorrt_status()[0], "__version__", None),
+                "cpu_bf16": env.cpu_has_native_bf16()}
     return {}
 
 
@@ -361,7 +362,7 @@ def _follow_replacement(name: str, cfg, run: RunDir) -> None:
     log.info("%s replaced %s: re-running export and build", name, ", ".join(replaced))
     judged = {artifact: sha256_file(run.file(artifact)) for artifact in replaced}
     run_stage("export", cfg, run)  # keeps the replacement: the moved nodes are in fp16_fallback.json
-    built = run_stage("build", cfg, run)["status"] == "ok"
+    built = bool(run_stage("build", cfg, run).get("artifacts"))  # engines, or OpenVINO IR without TensorRT
     if built or any(sha256_file(run.file(a)) != h for a, h in judged.items()):
         run_stage(name, cfg, run)  # judge what is on disk now (a rebuilt engine included)
     else:

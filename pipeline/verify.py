@@ -222,11 +222,10 @@ def _load_graphs(cfg, run_dir: RunDir, spec: dict, hashes: dict) -> tuple[onnx.M
         hashes[export.FP16_ONNX] = sha256_file(fp16_path)
         fp16_model = onnx_io.load(fp16_path, "FP16 ONNX model")
         onnx_io.check_matches_spec(fp16_model, fp16_path, spec)
-    if run_dir.file(backends.ENGINE).is_file():  # loaded (through its sidecar check) by its runner
-        hashes[backends.ENGINE] = sha256_file(run_dir.file(backends.ENGINE))
-    for ir in (b.artifact for b in backends.TABLE if b.runtime == backends.OV):  # checked again by its runner
-        if run_dir.file(ir).is_file():
-            hashes[ir] = sha256_file(run_dir.file(ir))
+    # Engines and IR: loaded (through their sidecar checks) by their runners; hashed for benchmark's verdicts.
+    for artifact in (b.artifact for b in backends.TABLE if b.runtime in ("TensorRT", backends.OV)):
+        if run_dir.file(artifact).is_file():
+            hashes[artifact] = report.artifact_sha256(run_dir, artifact)
     return fp32_model, fp16_model
 
 
@@ -285,7 +284,7 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, auto_fallback: bool = Fals
         hashes[export.FP16_ONNX] = sha256_file(run_dir.file(export.FP16_ONNX))
     int8_loc, int8_fb = _int8_gate(cfg, run_dir, card, ctx, fp32_model, evidence, checks, hashes,
                                    auto_fallback=auto_fallback and not export_broken, export_broken=export_broken)
-
+    fallback, int8_fb = report.with_earlier_fallbacks(run_dir, hashes, fallback, int8_fb)
     verdict = _verdict(checks)
     payload = report.build_payload(cfg, card, checks, localization, fallback, verdict, len(evidence.labels),
                                    cfg.verify.batch_size, hashes=hashes, int8_localization=int8_loc,
@@ -510,7 +509,8 @@ def int8_fallback_loop(cfg, run_dir: RunDir, card, ctx: Context, fp32_model, evi
             quantized = export.quantize_int8(cfg, run_dir, card, moved, out_name=INT8_FALLBACK_CANDIDATE)
             current = onnx.load(str(candidate_path))
             rechecked = _recheck(cfg, dataclasses.replace(ctx, int8=current), evidence, INT8_ONNX)
-            passed = all(c.status in ("passed", "skipped") for c in rechecked)
+            passed = all(c.status in ("passed", "skipped") for c in rechecked) and \
+                any(c.status == "passed" for c in rechecked)  # something judged the replacement
             iterations.append({"iteration": i + 1, "moved": new, "divergent_node": first["name"],
                                "int8_fraction": quantized["int8_fraction"], "passed": passed,
                                "results": {c.name: c.status for c in rechecked}})
@@ -540,6 +540,6 @@ def _commit_int8(run_dir: RunDir, candidate_path, moved: list[str], checks: list
     for chk in checks:
         if chk.name in by_name:
             chk.result = {**by_name[chk.name].result, "after_fallback": True}
-        elif chk.artifact == INT8_ENGINE and chk.status != "skipped":
+        elif chk.backend.uses_int8_model and chk.status != "skipped":  # the engine or IR of the old file
             chk.result = {"status": "skipped", "reason": report.STALE_INT8_ENGINE, "after_fallback": True,
                           "tolerance": chk.result.get("tolerance")}

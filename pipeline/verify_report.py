@@ -8,6 +8,7 @@ GitHub Actions job shows the table on its summary page.
 from __future__ import annotations
 
 import functools
+import hashlib
 import logging
 import math
 import os
@@ -36,8 +37,8 @@ STALE_ENGINE = ("the engine was built from the model.fp16.onnx the FP32 fallback
                 "verify checks the new engine")
 INT8_KERNELS_HINT = ("the Q/DQ graph itself passes (int8_exact): this runtime's int8 kernels compute it differently "
                      "(fused integer kernels); deploy it elsewhere (TensorRT) or exclude it from benchmark.backends")
-STALE_INT8_ENGINE = ("the engine was built from the model.int8.onnx the INT8 fallback replaced: build re-runs and "
-                     "verify checks the new engine")
+STALE_INT8_ENGINE = ("built from the model.int8.onnx the INT8 fallback replaced: build re-runs and verify checks "
+                     "the new engine or IR")
 TENSORRT_LOCALIZE_FAILED = "verify: TensorRT layer-wise localisation failed (%s); using the FP16 emulation"
 
 
@@ -318,6 +319,41 @@ def write_all(run_dir: RunDir, payload: dict) -> list[Path]:
     return [run_dir.file(JSON), run_dir.file(MARKDOWN), run_dir.file(JUNIT)]
 
 
+def with_earlier_fallbacks(run_dir: RunDir, hashes: dict, fallback: dict | None,
+                           int8_fallback: dict | None) -> tuple[dict | None, dict | None]:
+    """This run's fallback sections, or the previous verify's passed ones whose replacement is still the file on
+    disk (``earlier_run``: true; nothing to replace again). verify re-runs after ``--auto-fallback`` once build
+    re-made the engines and IR from the replaced file; its report still says what was moved, and why."""
+    try:
+        previous = read_json(run_dir.file(JSON), "verify report") if run_dir.file(JSON).is_file() else {}
+    except Exception:  # a damaged report: nothing to carry
+        previous = {}
+    judged = {c.get("artifact"): c.get("artifact_sha256") for c in previous.get("candidates", [])}
+
+    def carried(key: str, artifact: str) -> dict | None:
+        section = previous.get(key)
+        if section and section.get("passed") and judged.get(artifact) and judged[artifact] == hashes.get(artifact):
+            return {**section, "replaced": [], "earlier_run": True}
+        return None
+
+    return (fallback or carried("fallback", artifacts.FP16_ONNX),
+            int8_fallback or carried("int8_fallback", artifacts.INT8_ONNX))
+
+
+def artifact_sha256(run_dir: RunDir, name: str) -> str | None:
+    """The sha256 a verdict is tied to; for an OpenVINO IR (``.xml``) one over its ``.xml`` and ``.bin``, since
+    the ``.xml`` alone stays byte-identical when only the weights or quantization scales change."""
+    path = run_dir.file(name)
+    if not path.is_file():
+        return None
+    if path.suffix != ".xml":
+        return sha256_file(path)
+    weights = path.with_suffix(".bin")
+    if not weights.is_file():
+        return None
+    return hashlib.sha256(f"{sha256_file(path)} {sha256_file(weights)}".encode()).hexdigest()
+
+
 def read_verdicts(run_dir: RunDir) -> dict | None:
     """verify.json's status per candidate name, for the files in the run directory now; None when there is
     no readable verify.json.
@@ -339,7 +375,7 @@ def read_verdicts(run_dir: RunDir) -> dict | None:
     # The artifact of each candidate comes from the backend table, never from the file's own claim
     # (a candidate without one runs the trained PyTorch model: its artifact is the weights).
     artifact_of = {b.candidate: b.artifact or artifacts.WEIGHTS for b in backends.candidates()}
-    current = functools.cache(lambda name: sha256_file(run_dir.file(name)) if run_dir.file(name).is_file() else None)
+    current = functools.cache(lambda name: artifact_sha256(run_dir, name))
     verdicts = {}
     for name, status, recorded in cases:
         if status in ("passed", "failed"):

@@ -202,6 +202,7 @@ def test_sound_model_passes_int8_and_reports_its_precision(trained, tmp_path):
 def test_outlier_channel_fails_int8_names_the_layer_and_fallback_fixes_it(trained, tmp_path, capsys):
     run = _copy(trained(f"{FAULTS}:outlier_channel"), tmp_path)
     original = (run / "model.int8.onnx").read_bytes()
+    assert cli("build", "--run-dir", run) == 0  # openvino/int8.xml, made from the faulty model.int8.onnx
     assert cli("verify", "--run-dir", run) == 1
     err = capsys.readouterr().err
     assert "int8_exact" in err and "/mix/Conv" in err and "unquantized" in err
@@ -217,13 +218,19 @@ def test_outlier_channel_fails_int8_names_the_layer_and_fallback_fixes_it(traine
     assert fb["passed"] is True and fb["excluded_from_int8"] == ["/mix/Conv"]
     assert 0 < fb["int8_fraction_after"] < fb["int8_fraction_before"]
     assert _status(run)["int8_exact"]["status"] == "passed"
+    # The replaced file made the IR stale: build re-converted it and verify judged the new one (even though
+    # build is "skipped" for TensorRT here), and its report still says what the fallback moved.
+    assert _status(run)["openvino_int8"]["status"] == "passed"
+    assert _report(run)["int8_fallback"]["earlier_run"] is True
     assert json.loads((run / "int8_fallback.json").read_text())["nodes"] == ["/mix/Conv"]
     assert not (run / "model.int8.fallback.onnx").exists()
     # The export record follows the replaced file, and a re-export keeps the excluded layer out of INT8.
     unquantized = {n["name"]: n["reason"] for n in _export_int8(run)["unquantized_nodes"]}
     assert unquantized["/mix/Conv"] == "excluded by verify --auto-fallback"
     assert cli("export", "--run-dir", run) == 0
+    assert cli("build", "--run-dir", run) == 0
     assert cli("verify", "--run-dir", run) == 0
+    assert _status(run)["openvino_int8"]["status"] == "passed"  # the IR of the new file, judged
 
 
 def test_int8_disabled_leaves_only_disabled(clone_run):

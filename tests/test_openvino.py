@@ -54,11 +54,22 @@ def test_build_writes_the_ir_with_sidecars_and_records_it(tiny_run):
 def test_verify_runs_the_ir_on_this_cpu(tiny_run):
     fp32 = candidate(tiny_run, "openvino_fp32")
     assert fp32["status"] == "passed" and fp32["artifact"] == "openvino/fp32.xml"
-    assert fp32["artifact_sha256"] == sha256_file(tiny_run / "openvino/fp32.xml")
+    assert fp32["artifact_sha256"] == verify_report.artifact_sha256(RunDir(tiny_run, create=False), fp32["artifact"])
+    assert fp32["artifact_sha256"] != sha256_file(tiny_run / "openvino/fp32.xml")  # the .bin is in it too
     assert "not an emulation" in fp32["label"]
     bf16, reason = candidate(tiny_run, "openvino_bf16"), openvino_ir.bf16_reason()
     assert (bf16["status"], bf16["reason"]) == (("skipped", reason) if reason else ("passed", None))
     assert bf16["tolerance"]["atol"] == config.resolve().verify.bf16.atol  # its own gate section
+
+
+def test_a_new_ir_bin_behind_the_same_xml_is_not_verified(clone_run):
+    """The .xml names its .bin but not its contents (new weights or INT8 scales leave it byte-identical), so a
+    verdict covers both files: benchmark must not show "passed" for weights verify never ran."""
+    run = clone_run()
+    assert verify_report.read_verdicts(RunDir(run, create=False))["openvino_fp32"] == "passed"
+    weights = run / "openvino/fp32.bin"
+    weights.write_bytes(weights.read_bytes()[:-4] + b"\0\0\0\0")
+    assert verify_report.read_verdicts(RunDir(run, create=False))["openvino_fp32"] == verify_report.NOT_VERIFIED
 
 
 # --------------------------------------------------------------------------- refused before it is loaded

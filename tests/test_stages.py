@@ -155,3 +155,11 @@ def test_summary_lines_come_from_each_stage(tmp_path):
     assert lines[3].split()[:2] == ["export", "not"]
     assert lines[4].endswith("skipped      TensorRT is not installed")
     assert lines[5].endswith("onnxrt_fp32: passed, onnxrt_fp16_cpu: failed")
+
+
+def test_verify_is_stale_on_a_cpu_with_other_bf16_units(monkeypatch):
+    """openvino_bf16 is skipped without bf16 units: a verify from such a CPU must re-run on one that has them."""
+    monkeypatch.setattr(stages.env, "cpu_has_native_bf16", lambda: False)
+    without = stages._hardware("verify")
+    monkeypatch.setattr(stages.env, "cpu_has_native_bf16", lambda: True)
+    assert stages._hardware("verify") != without
