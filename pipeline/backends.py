@@ -161,6 +161,15 @@ def _needs_int8(ctx: Context) -> str:
     return NO_INT8
 
 
+NO_INT8_DOT_PRODUCT = ("this CPU has no VNNI or AMX int8 units: ONNX Runtime's u8s8 int8 kernels can saturate on it "
+                       "(ONNX Runtime's quantization notes), so they would not compute model.int8.onnx's arithmetic; "
+                       "int8_exact and openvino_int8 still check INT8 here")
+
+
+def _ort_int8_unavailable(ctx: Context) -> str:
+    return _needs_int8(ctx) or ("" if env.cpu_has_int8_dot_product() else NO_INT8_DOT_PRODUCT)
+
+
 def _cuda_ort(fp16_graph: bool) -> Callable[[Context], str]:
     def check(ctx: Context) -> str:
         if fp16_graph and _needs_fp16(ctx):
@@ -357,7 +366,7 @@ TABLE: list[Backend] = [
             benchmark=False, runtime=ORT),
     Backend("onnxrt_int8_cpu", "int8", "cpu", INT8_ONNX,
             "ONNX Runtime CPU int8 kernels on model.int8.onnx (a CPU deployment; fuses Q/DQ into int8 ops)",
-            _needs_int8, _ort_int8, candidate="onnxrt_int8_cpu", shown_precision="int8 (Q/DQ graph)",
+            _ort_int8_unavailable, _ort_int8, candidate="onnxrt_int8_cpu", shown_precision="int8 (Q/DQ graph)",
             note="ONNX Runtime CPU int8 kernels", runtime=ORT),
     Backend("tensorrt_fp16", "fp16", "cuda", ENGINE, "TensorRT engine (strongly typed from model.fp16.onnx)",
             _tensorrt_unavailable(ENGINE), _tensorrt(ENGINE, "tensorrt_fp16"), candidate="tensorrt_fp16",

@@ -72,6 +72,12 @@ def cpu_has_native_bf16() -> bool:
     return bool(cpu_flags() & {"amx_bf16", "avx512_bf16"})
 
 
+def cpu_has_int8_dot_product() -> bool:
+    """True where int8 dot products run without 16-bit saturation (VNNI or AMX): ONNX Runtime's u8s8 int8
+    kernels on AVX2 or AVX-512 without VNNI can saturate (its quantization docs' reduce_range note)."""
+    return bool(cpu_flags() & {"avx512_vnni", "avx_vnni", "amx_int8"})
+
+
 def usable_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))

@@ -188,9 +188,9 @@ def _hardware(stage: str) -> dict:
     if stage == "benchmark":
         return {"cpu": env.cpu_model(), "cores": env.usable_cores(), "gpu": _gpu_name(),
                 "tensorrt": getattr(env.tensorrt_status()[0], "__version__", None)}
-    if stage == "verify":  # bf16 units decide whether openvino_bf16 runs or is skipped
+    if stage == "verify":  # bf16 and int8 units decide whether openvino_bf16 and onnxrt_int8_cpu run
         return {"gpu": _gpu_name(), "tensorrt": getattr(env.tensorrt_status()[0], "__version__", None),
-                "cpu_bf16": env.cpu_has_native_bf16()}
+                "cpu_bf16": env.cpu_has_native_bf16(), "cpu_int8_dot": env.cpu_has_int8_dot_product()}
     return {}
 
 

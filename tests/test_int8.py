@@ -13,7 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from conftest import FAULTS, ROOT, TINY, cli
-from pipeline import backends, int8
+from pipeline import backends, env, int8
 from pipeline.backends import Context
 
 # A tiny model trained long enough that its logits are not near-ties (top-1 agreement is then a fair test).
@@ -192,7 +192,11 @@ def test_sound_model_passes_int8_and_reports_its_precision(trained, tmp_path):
     assert sidecar["onnx"] == "model.int8.onnx" and sidecar["fp16_regions"].startswith("upcast to FP32")
     assert cli("verify", "--run-dir", run) == 0
     s = _status(run)
-    for name in ("int8_exact", "onnxrt_int8_cpu", "openvino_int8"):
+    ort_int8 = ["onnxrt_int8_cpu"] if env.cpu_has_int8_dot_product() else []
+    if not ort_int8:  # AVX2 / AVX-512 without VNNI: ONNX Runtime's int8 kernels can saturate, said and skipped
+        assert (s["onnxrt_int8_cpu"]["status"], s["onnxrt_int8_cpu"]["reason"]) == \
+            ("skipped", backends.NO_INT8_DOT_PRODUCT)
+    for name in ("int8_exact", *ort_int8, "openvino_int8"):
         assert s[name]["status"] == "passed", s[name]
         assert s[name]["tensor_check"]["max_abs_error"] > 0  # quantization error is really there
         assert s[name]["task_check"]["top1_agreement"] >= 0.98
@@ -249,6 +253,17 @@ def test_int8_disabled_leaves_only_disabled(clone_run):
     for text in ((run / "verify.md").read_text(), (run / "benchmark.md").read_text(), report_md):
         lines = [line for line in text.splitlines() if "int8" in line.lower()]
         assert lines and all("disabled" in line.lower() or "enabled is false" in line for line in lines), lines
+
+
+def test_onnxrt_int8_cpu_is_skipped_with_the_reason_without_vnni(trained, tmp_path, monkeypatch):
+    """On a CPU without VNNI/AMX (simulated: an AVX2-only AMD) ONNX Runtime's u8s8 kernels can saturate, so its
+    INT8 candidate is skipped with that reason; the exact Q/DQ execution still checks INT8."""
+    run = _copy(trained("tiny_cnn"), tmp_path)
+    monkeypatch.setenv(env.CPU_FLAGS_ENV, "sse4_2 avx avx2 fma")
+    assert cli("verify", "--run-dir", run) == 0
+    s = _status(run)
+    assert (s["onnxrt_int8_cpu"]["status"], s["onnxrt_int8_cpu"]["reason"]) == ("skipped", backends.NO_INT8_DOT_PRODUCT)
+    assert s["int8_exact"]["status"] == "passed"
 
 
 def test_missing_int8_model_is_run_export_first(clone_run, capsys):
