@@ -328,7 +328,8 @@ def with_earlier_fallbacks(run_dir: RunDir, hashes: dict, fallback: dict | None,
         previous = read_json(run_dir.file(JSON), "verify report") if run_dir.file(JSON).is_file() else {}
     except Exception:  # a damaged report: nothing to carry
         previous = {}
-    judged = {c.get("artifact"): c.get("artifact_sha256") for c in previous.get("candidates", [])}
+    judged = {c.get("artifact"): c["artifact_sha256"] for c in previous.get("candidates", [])
+              if c.get("artifact_sha256")}  # skipped candidates record none
 
     def carried(key: str, artifact: str) -> dict | None:
         section = previous.get(key)
