@@ -192,11 +192,12 @@ def test_sound_model_passes_int8_and_reports_its_precision(trained, tmp_path):
     assert sidecar["onnx"] == "model.int8.onnx" and sidecar["fp16_regions"].startswith("upcast to FP32")
     assert cli("verify", "--run-dir", run) == 0
     s = _status(run)
-    ort_int8 = ["onnxrt_int8_cpu"] if env.cpu_has_int8_dot_product() else []
-    if not ort_int8:  # AVX2 / AVX-512 without VNNI: ONNX Runtime's int8 kernels can saturate, said and skipped
-        assert (s["onnxrt_int8_cpu"]["status"], s["onnxrt_int8_cpu"]["reason"]) == \
-            ("skipped", backends.NO_INT8_DOT_PRODUCT)
-    for name in ("int8_exact", *ort_int8, "openvino_int8"):
+    runtimes = {"onnxrt_int8_cpu": "ONNX Runtime", "openvino_int8": "OpenVINO"}
+    if not env.cpu_has_int8_dot_product():  # AVX2 / AVX-512 without VNNI: int8 kernels can saturate, said and skipped
+        for name, runtime in runtimes.items():
+            assert (s[name]["status"], s[name]["reason"]) == ("skipped", backends.no_int8_dot_product(runtime))
+        runtimes = {}
+    for name in ("int8_exact", *runtimes):
         assert s[name]["status"] == "passed", s[name]
         assert s[name]["tensor_check"]["max_abs_error"] > 0  # quantization error is really there
         assert s[name]["task_check"]["top1_agreement"] >= 0.98
@@ -224,7 +225,8 @@ def test_outlier_channel_fails_int8_names_the_layer_and_fallback_fixes_it(traine
     assert _status(run)["int8_exact"]["status"] == "passed"
     # The replaced file made the IR stale: build re-converted it and verify judged the new one (even though
     # build is "skipped" for TensorRT here), and its report still says what the fallback moved.
-    assert _status(run)["openvino_int8"]["status"] == "passed"
+    ov_int8 = "passed" if env.cpu_has_int8_dot_product() else "skipped"  # no VNNI/AMX: said and skipped
+    assert _status(run)["openvino_int8"]["status"] == ov_int8
     assert _report(run)["int8_fallback"]["earlier_run"] is True
     assert json.loads((run / "int8_fallback.json").read_text())["nodes"] == ["/mix/Conv"]
     assert not (run / "model.int8.fallback.onnx").exists()
@@ -234,7 +236,7 @@ def test_outlier_channel_fails_int8_names_the_layer_and_fallback_fixes_it(traine
     assert cli("export", "--run-dir", run) == 0
     assert cli("build", "--run-dir", run) == 0
     assert cli("verify", "--run-dir", run) == 0
-    assert _status(run)["openvino_int8"]["status"] == "passed"  # the IR of the new file, judged
+    assert _status(run)["openvino_int8"]["status"] == ov_int8  # the IR of the new file, judged
 
 
 def test_int8_disabled_leaves_only_disabled(clone_run):
@@ -255,14 +257,15 @@ def test_int8_disabled_leaves_only_disabled(clone_run):
         assert lines and all("disabled" in line.lower() or "enabled is false" in line for line in lines), lines
 
 
-def test_onnxrt_int8_cpu_is_skipped_with_the_reason_without_vnni(trained, tmp_path, monkeypatch):
-    """On a CPU without VNNI/AMX (simulated: an AVX2-only AMD) ONNX Runtime's u8s8 kernels can saturate, so its
-    INT8 candidate is skipped with that reason; the exact Q/DQ execution still checks INT8."""
+def test_cpu_int8_runtimes_are_skipped_with_the_reason_without_vnni(trained, tmp_path, monkeypatch):
+    """On a CPU without VNNI/AMX (simulated: an AVX2-only AMD) the CPU runtimes' u8s8 kernels can saturate, so
+    their INT8 candidates are skipped with that reason; the exact Q/DQ execution still checks INT8."""
     run = _copy(trained("tiny_cnn"), tmp_path)
     monkeypatch.setenv(env.CPU_FLAGS_ENV, "sse4_2 avx avx2 fma")
     assert cli("verify", "--run-dir", run) == 0
     s = _status(run)
-    assert (s["onnxrt_int8_cpu"]["status"], s["onnxrt_int8_cpu"]["reason"]) == ("skipped", backends.NO_INT8_DOT_PRODUCT)
+    for name, runtime in (("onnxrt_int8_cpu", "ONNX Runtime"), ("openvino_int8", "OpenVINO")):
+        assert (s[name]["status"], s[name]["reason"]) == ("skipped", backends.no_int8_dot_product(runtime))
     assert s["int8_exact"]["status"] == "passed"
 
 
