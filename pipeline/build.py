@@ -31,7 +31,8 @@ from pipeline.artifacts import (ENGINE, FP16_ONNX, FP32_ONNX, INT8_ENGINE, INT8_
                                 INT8_ONNX, MODEL_CARD, build_log, timing_cache_name)
 from pipeline.artifacts import ENGINE_SIDECAR as SIDECAR
 from pipeline.errors import BackendUnavailable, InputError, StageFailed
-from pipeline.run import RunDir, StageRecord, atomic_write, now, read_json, sha256_file, write_json
+from pipeline.run import (RunDir, StageRecord, atomic_write, now, read_json, read_sidecar, sha256_file,
+                          write_json)
 
 log = logging.getLogger("pipeline")
 
@@ -320,17 +321,8 @@ def _sidecar_matches_onnx(run_dir: RunDir, t: Target, onnx_path: Path) -> bool:
 def check_sidecar(engine_path: Path, engine_bytes: bytes, sidecar_path: Path, platform: dict) -> dict:
     """Every condition under which an engine may be deserialized; raises InputError otherwise."""
     rebuild = f"rebuild it with `python -m pipeline build --run-dir {engine_path.parent}`"
-    if not sidecar_path.is_file():
-        raise InputError(f"{engine_path.name} has no sidecar {sidecar_path.name}: only engines this tool built and "
-                         f"recorded are loaded (an engine is executable code); {rebuild}")
-    try:
-        sidecar = read_json(sidecar_path, "engine sidecar")
-    except InputError as exc:
-        raise InputError(f"{exc}; refusing to load {engine_path.name}; {rebuild}") from None
-    if not isinstance(sidecar, dict) or sidecar.get("schema") != SIDECAR_SCHEMA or \
-            not str(sidecar.get("built_by", "")).startswith("pipeline "):
-        raise InputError(f"{sidecar_path.name} is not a pipeline engine sidecar; refusing to load {engine_path.name}; "
-                         f"{rebuild}")
+    sidecar = read_sidecar(sidecar_path, engine_path.name, what="engine", schema=SIDECAR_SCHEMA, author_key="built_by",
+                           rebuild=rebuild, why=" (an engine is executable code)")
     if sidecar.get("engine") != engine_path.name:
         raise InputError(f"{sidecar_path.name} describes {sidecar.get('engine')}, not {engine_path.name}; refusing to "
                          f"load it; {rebuild}")

@@ -38,7 +38,7 @@ from pathlib import Path
 from pipeline import __version__, env
 from pipeline.artifacts import FP32_ONNX, INT8_ONNX, OPENVINO_DIR
 from pipeline.errors import InputError, StageFailed
-from pipeline.run import RunDir, StageRecord, now, read_json, sha256_file, write_json
+from pipeline.run import RunDir, StageRecord, now, read_sidecar, sha256_file, write_json
 
 log = logging.getLogger("pipeline")
 
@@ -245,15 +245,9 @@ def load(run_dir: RunDir, precision: str) -> tuple[bytes, bytes, dict]:
 def check_sidecar(run_dir: RunDir, precision: str, xml: bytes, weights: bytes, rebuild: str) -> dict:
     """The sidecar exists, is ours, matches these bytes, and names the ONNX file in the run directory now."""
     name, path = xml_name(precision), run_dir.file(sidecar_name(precision))
-    if not path.is_file():
-        raise InputError(f"{name} has no sidecar {sidecar_name(precision)}: only IR this tool wrote and recorded is "
-                         f"loaded; {rebuild}")
-    try:
-        sidecar = read_json(path, "OpenVINO IR sidecar")
-    except InputError as exc:
-        raise InputError(f"{exc}; refusing to load {name}; {rebuild}") from None
-    if not isinstance(sidecar, dict) or sidecar.get("schema") != SIDECAR_SCHEMA or \
-            not str(sidecar.get("written_by", "")).startswith("pipeline ") or sidecar.get("precision") != precision:
+    sidecar = read_sidecar(path, name, what="OpenVINO IR", schema=SIDECAR_SCHEMA, author_key="written_by",
+                           rebuild=rebuild)
+    if sidecar.get("precision") != precision:
         raise InputError(f"{sidecar_name(precision)} is not this tool's sidecar of {name}; refusing to load it; "
                          f"{rebuild}")
     for what, data in (("xml", xml), ("bin", weights)):

@@ -223,6 +223,24 @@ def read_json(path: str | Path, what: str) -> Any:
         raise InputError(f"{path}: {what} is unreadable or corrupt ({exc})") from None
 
 
+def read_sidecar(path: Path, of: str, *, what: str, schema: str, author_key: str, rebuild: str,
+                 why: str = "") -> dict:
+    """The sidecar ``path`` of the artifact ``of`` (an engine, an OpenVINO IR): present, parseable, and written by
+    this tool under ``schema``; otherwise :class:`InputError`, one line ending in ``rebuild``. The first of every
+    check made before such an artifact is loaded; the callers then check its hashes and platform."""
+    if not path.is_file():
+        raise InputError(f"{of} has no sidecar {path.name}: only {what}s this tool wrote and recorded are "
+                         f"loaded{why}; {rebuild}")
+    try:
+        sidecar = read_json(path, f"{what} sidecar")
+    except InputError as exc:
+        raise InputError(f"{exc}; refusing to load {of}; {rebuild}") from None
+    if not isinstance(sidecar, dict) or sidecar.get("schema") != schema or \
+            not str(sidecar.get(author_key, "")).startswith("pipeline "):
+        raise InputError(f"{path.name} is not a pipeline {what} sidecar; refusing to load {of}; {rebuild}")
+    return sidecar
+
+
 class StageRecord:
     """What a stage reports about itself while it runs; saved into the manifest."""
 
