@@ -92,6 +92,10 @@ class Backend:
     note: str = ""  # benchmark.json's note
     runtime: str = "PyTorch"  # the library that runs it, as crash messages name it
     required_if: Callable[[object], bool] | None = None  # whether the config asks for it at all (None: always)
+    # Whether its verdict decides verify's exit code under verify.gate=auto: a deployment target (an engine, an
+    # OpenVINO IR, the FP32 export) or the faithful CPU proxy of one (the FP16 emulation, the exact Q/DQ run).
+    # False only for what is neither, which is then run and reported only.
+    gates: bool = True
 
     @property
     def isolated(self) -> bool:
@@ -364,7 +368,7 @@ TABLE: list[Backend] = [
     Backend("onnxrt_fp16", "fp16", "cpu", FP16_ONNX,
             "ONNX Runtime CPU on model.fp16.onnx (a CPU deployment; computes FP16 regions in FP32)", _needs_fp16,
             _ort("onnxrt_fp16_cpu", fp16_graph=True), candidate="onnxrt_fp16_cpu", shown_precision="fp16 graph",
-            note="ONNX Runtime CPU runs most FP16 nodes through FP32 kernels", runtime=ORT),
+            note="ONNX Runtime CPU runs most FP16 nodes through FP32 kernels", runtime=ORT, gates=False),
     Backend("int8_exact", "int8", "cpu", INT8_ONNX,
             "INT8 Q/DQ graph executed exactly (ONNX Runtime, optimisations off: every Q/DQ as written, FP16 regions "
             "rounded as the FP16 emulation does), model.int8.onnx", _needs_int8, _int8_exact, candidate="int8_exact",
@@ -372,7 +376,7 @@ TABLE: list[Backend] = [
     Backend("onnxrt_int8_cpu", "int8", "cpu", INT8_ONNX,
             "ONNX Runtime CPU int8 kernels on model.int8.onnx (a CPU deployment; fuses Q/DQ into int8 ops)",
             _ort_int8_unavailable, _ort_int8, candidate="onnxrt_int8_cpu", shown_precision="int8 (Q/DQ graph)",
-            note="ONNX Runtime CPU int8 kernels", runtime=ORT),
+            note="ONNX Runtime CPU int8 kernels", runtime=ORT, gates=False),
     Backend("tensorrt_fp16", "fp16", "cuda", ENGINE, "TensorRT engine (strongly typed from model.fp16.onnx)",
             _tensorrt_unavailable(ENGINE), _tensorrt(ENGINE, "tensorrt_fp16"), candidate="tensorrt_fp16",
             requires="tensorrt", shown_precision="fp16 (strongly typed engine)", runtime="TensorRT",

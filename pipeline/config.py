@@ -13,7 +13,7 @@ import math
 import re
 import reprlib
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
@@ -155,48 +155,73 @@ def _check_tolerances(gate):
     return gate
 
 
-class _Gate(Section):
-    """Thresholds a candidate must meet: the tensor check and the task check."""
+Criterion = Literal["scaled", "absolute"]
 
-    atol: Tolerance = Field(description="absolute tolerance (or per-output dict, '' = default)")
-    rtol: Tolerance = Field(description="relative tolerance, against the reference")
-    check_error_stat: ErrorStat = Field("elemwise", description="which error statistic is held to atol/rtol")
-    error_quantile: float = Field(0.99, gt=0, le=1, description="quantile for check_error_stat=quantile")
-    min_top1_agreement: float = Field(0.99, ge=0, le=1, description="top-1 agreement with the reference, at least")
-    max_accuracy_drop: float = Field(0.01, ge=0, le=1, description="accuracy the candidate may lose, at most")
+
+class _Gate(Section):
+    """Thresholds a candidate must meet: the tensor check and the task check (docs/verify.md: the criteria and
+    how each default was measured on the gate's corpus)."""
+
+    criterion: Criterion = Field("scaled", description="tensor check: scaled (error / the reference's logit scale) "
+                                 "or absolute (Polygraphy's atol AND rtol per batch)")
+    max_scaled_error: float = Field(description="scaled criterion: largest error per image, in units of the "
+                                    "reference's logit scale, at error_quantile of the images")
+    error_quantile: float = Field(1.0, gt=0, le=1, description="scaled: the share of images held to "
+                                  "max_scaled_error (1.0: every image); absolute with quantile: that quantile")
+    atol: Tolerance = Field(description="absolute criterion: absolute tolerance (or per-output dict, '' = default)")
+    rtol: Tolerance = Field(description="absolute criterion: relative tolerance, against the reference")
+    check_error_stat: ErrorStat = Field("elemwise", description="absolute criterion: the statistic held to "
+                                        "atol/rtol")
+    min_top1_agreement: float = Field(0.99, ge=0, le=1, description="top-1 agreement with the reference, at least "
+                                      "(failed only when the confidence bound shows it is lower)")
+    max_accuracy_drop: float = Field(0.01, ge=0, le=1, description="accuracy the candidate may lose, at most "
+                                     "(failed only when the confidence bound shows it loses more)")
 
     _tolerances = model_validator(mode="after")(_check_tolerances)
 
 
 class FP32Gate(_Gate):
-    atol: Tolerance = Field(1e-4, description="absolute tolerance (or per-output dict, '' = default)")
-    rtol: Tolerance = Field(1e-4, description="relative tolerance, against the reference")
+    max_scaled_error: float = Field(1e-3, ge=0, description="scaled criterion: largest error per image, in units "
+                                    "of the reference's logit scale")
+    atol: Tolerance = Field(1e-4, description="absolute criterion: absolute tolerance (or per-output dict)")
+    rtol: Tolerance = Field(1e-4, description="absolute criterion: relative tolerance, against the reference")
 
 
 class FP16Gate(_Gate):
-    atol: Tolerance = Field(2e-2, description="absolute tolerance (or per-output dict, '' = default)")
-    rtol: Tolerance = Field(2e-2, description="relative tolerance, against the reference")
+    max_scaled_error: float = Field(0.05, ge=0, description="scaled criterion: largest error per image, in units "
+                                    "of the reference's logit scale")
+    atol: Tolerance = Field(2e-2, description="absolute criterion: absolute tolerance (or per-output dict)")
+    rtol: Tolerance = Field(2e-2, description="absolute criterion: relative tolerance, against the reference")
 
 
 class INT8Gate(_Gate):
-    """INT8 errors have a heavy tail (an 8-bit activation step per layer): the 99th percentile of each batch's
-    errors is held to atol/rtol, the task check catches what a quantile could hide (docs/verify.md)."""
+    """INT8 errors have a heavy tail (an 8-bit activation step per layer): the scaled criterion holds the 99th
+    percentile image, the task check catches what a quantile could hide (docs/verify.md)."""
 
-    atol: Tolerance = Field(0.5, description="absolute tolerance (or per-output dict, '' = default)")
-    rtol: Tolerance = Field(0.5, description="relative tolerance, against the reference")
-    check_error_stat: ErrorStat = Field("quantile", description="which error statistic is held to atol/rtol")
+    max_scaled_error: float = Field(0.5, ge=0, description="scaled criterion: largest error per image, in units "
+                                    "of the reference's logit scale, at error_quantile")
+    error_quantile: float = Field(0.99, gt=0, le=1, description="scaled: the share of images held to "
+                                  "max_scaled_error; absolute with quantile: that quantile")
+    atol: Tolerance = Field(0.5, description="absolute criterion: absolute tolerance (or per-output dict)")
+    rtol: Tolerance = Field(0.5, description="absolute criterion: relative tolerance, against the reference")
+    check_error_stat: ErrorStat = Field("quantile", description="absolute criterion: the statistic held to "
+                                        "atol/rtol")
     min_top1_agreement: float = Field(0.98, ge=0, le=1, description="top-1 agreement with the reference, at least")
 
 
 class BF16Gate(_Gate):
-    atol: Tolerance = Field(0.1, description="absolute tolerance (or per-output dict, '' = default)")
-    rtol: Tolerance = Field(0.1, description="relative tolerance, against the reference")
+    max_scaled_error: float = Field(0.2, ge=0, description="scaled criterion: largest error per image, in units "
+                                    "of the reference's logit scale")
+    atol: Tolerance = Field(0.1, description="absolute criterion: absolute tolerance (or per-output dict)")
+    rtol: Tolerance = Field(0.1, description="absolute criterion: relative tolerance, against the reference")
 
 
 class CandidateConfig(Section):
     """One candidate: on/off, and thresholds that override its precision's defaults when not null."""
 
     enabled: bool = Field(True, description="run this candidate")
+    criterion: Optional[Criterion] = Field(None, description="overrides the precision gate's criterion")
+    max_scaled_error: Optional[float] = Field(None, ge=0, description="overrides max_scaled_error")
     atol: Optional[Tolerance] = Field(None, description="overrides the precision gate's atol")
     rtol: Optional[Tolerance] = Field(None, description="overrides the precision gate's rtol")
     check_error_stat: Optional[ErrorStat] = Field(None, description="overrides check_error_stat")
@@ -214,8 +239,19 @@ CandidatesConfig = create_model(
 )
 
 
+CandidateName = Literal[tuple(b.candidate for b in backend_table.candidates())]
+
+
 class VerifyConfig(Section):
-    samples: int = Field(256, ge=1, description="real validation images compared")
+    samples: Optional[int] = Field(None, ge=1, description="real validation images compared (null: every "
+                                   "validation image, up to max_samples)")
+    max_samples: int = Field(1000, ge=1, description="cap on the images compared when samples is null")
+    confidence: float = Field(0.95, ge=0.5, lt=1, description="one-sided confidence of the task check's bounds")
+    inconclusive: Literal["pass", "fail"] = Field("pass", description="a task check the images cannot decide: "
+                                                  "pass with a warning, or fail (exit 5)")
+    gate: Union[Literal["auto"], list[CandidateName]] = Field(
+        "auto", description="the candidates whose verdicts decide the exit code (auto: the deployment targets and "
+        "their faithful CPU proxies, docs/verify.md); every other candidate is run and reported only")
     batch_size: int = Field(32, ge=1, description="images per inference")
     emulation: Literal["fast", "strict"] = Field("fast", description="FP16 emulation: fast (ORT) or strict (numpy)")
     fp32: FP32Gate = FP32Gate()

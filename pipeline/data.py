@@ -596,12 +596,17 @@ def check_classes(card: dict, classes: list[str]) -> None:
                     f"{list(trained)} ({what or 'same names, other order'}); re-run train")
 
 
-def labelled_validation_batch(cfg, card: dict, count: int) -> tuple[np.ndarray, np.ndarray]:
+def labelled_validation_batch(cfg, card: dict, count: int, *, spread: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """:func:`validation_batch` for a consumer that judges with the labels: refuses data whose classes
-    differ from the model card's (a 2-class model against 3-class labels judges nothing)."""
+    differ from the model card's (a 2-class model against 3-class labels judges nothing). ``spread``: when
+    ``count`` is below the split's size, images evenly spaced over the split (an image folder's split is
+    ordered by class, so its first images would be the first classes only)."""
     spec = card["spec"]
     splits = load(cfg.data, image_size=spec["input_size"][1], mean=spec["mean"], std=spec["std"])
     check_classes(card, splits.classes)
     n = min(count, len(splits.val))
-    x, y = collate(fetch_items(splits.val, list(range(n))))
+    indices = list(range(n))
+    if spread and n < len(splits.val):
+        indices = sorted({int(i) for i in torch.linspace(0, len(splits.val) - 1, n).round().tolist()})
+    x, y = collate(fetch_items(splits.val, indices))
     return x.numpy().astype("float32"), y.numpy()

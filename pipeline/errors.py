@@ -9,6 +9,9 @@ code   meaning
        corrupt stage input, bad data, unusable run directory)
 3      a backend the user required (``require: [tensorrt]``) is unavailable
 4      any other runtime failure; the message names the stage and the cause
+5      the gate could not decide: a gating candidate's task check is inconclusive on the
+       images it had (only with ``verify.inconclusive: fail``; the message says how many
+       more images would decide it)
 130    interrupted (Ctrl-C / SIGTERM); the stage is marked ``interrupted``
 =====  ==========================================================================
 """
@@ -23,6 +26,7 @@ EXIT_CHECK_FAILED = 1
 EXIT_USAGE = 2
 EXIT_BACKEND_UNAVAILABLE = 3
 EXIT_RUNTIME = 4
+EXIT_INCONCLUSIVE = 5
 EXIT_INTERRUPTED = 130
 
 
@@ -69,6 +73,12 @@ class CheckFailed(PipelineError):
     """The precision gate failed."""
 
     exit_code = EXIT_CHECK_FAILED
+
+
+class Inconclusive(PipelineError):
+    """The precision gate could not decide on the images it had (``verify.inconclusive: fail``)."""
+
+    exit_code = EXIT_INCONCLUSIVE
 
 
 class BackendUnavailable(PipelineError):

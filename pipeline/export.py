@@ -18,11 +18,11 @@ import numpy as np
 import onnx
 import torch
 
-from pipeline import fp16, int8, modeling, onnx_io
-from pipeline.artifacts import CALIBRATION, FALLBACK, FP16_ONNX, FP32_ONNX, INT8_FALLBACK, INT8_ONNX
+from pipeline import fallback, fp16, int8, modeling, onnx_io
+from pipeline.artifacts import CALIBRATION, FP16_ONNX, FP32_ONNX, INT8_ONNX
 from pipeline.data import validation_batch
 from pipeline.errors import StageFailed
-from pipeline.run import RunDir, StageRecord, atomic_path, read_json
+from pipeline.run import RunDir, StageRecord, atomic_path
 
 log = logging.getLogger("pipeline")
 
@@ -95,8 +95,7 @@ def run(cfg, run_dir: RunDir, record: StageRecord) -> None:
         run_dir.file(FP16_ONNX).unlink(missing_ok=True)
         record.details["fp16"] = {"enabled": False, "reason": "export.fp16.enabled is false"}
     else:
-        fallback = read_fallback(run_dir)
-        record.details["fp16"] = convert_fp16(cfg, run_dir, card, fallback)
+        record.details["fp16"] = convert_fp16(cfg, run_dir, card, fallback.read(run_dir, fallback.FP16_GRAPH).fp32)
         record.artifact(FP16_ONNX)
         if run_dir.file(CALIBRATION).exists():
             record.artifact(CALIBRATION)
@@ -116,16 +115,20 @@ def export_int8(cfg, run_dir: RunDir, card: dict, record: StageRecord) -> None:
         log.warning("export: INT8 skipped: %s", reason)
         record.details["int8"] = {"enabled": True, "skipped": reason}
         return
-    record.details["int8"] = quantize_int8(cfg, run_dir, card, read_fallback(run_dir, INT8_FALLBACK))
+    raised = fallback.read(run_dir, fallback.INT8_GRAPH)  # its own raises, and the FP16 fallback's FP32 nodes
+    record.details["int8"] = quantize_int8(cfg, run_dir, card, raised.out_of_int8, fp32_nodes=raised.fp32)
     record.artifact(INT8_ONNX)
 
 
-def quantize_int8(cfg, run_dir: RunDir, card: dict, fallback: list[str], out_name: str = INT8_ONNX) -> dict:
-    """ModelOpt INT8 PTQ of ``model.onnx`` into ``out_name``, calibrated on real validation images."""
+def quantize_int8(cfg, run_dir: RunDir, card: dict, out_of_int8: list[str], out_name: str = INT8_ONNX,
+                  fp32_nodes: list[str] = ()) -> dict:
+    """ModelOpt INT8 PTQ of ``model.onnx`` into ``out_name``, calibrated on real validation images; the
+    fallback's nodes left out of INT8, and its FP32 nodes kept in FP32 in the FP16 regions."""
     ic = cfg.export.int8
     images, _ = validation_batch(cfg, card, ic.calibration_samples)
     with atomic_path(run_dir.file(out_name)) as tmp:
-        report = int8.quantize(run_dir.file(FP32_ONNX), images, card["spec"]["input_name"], ic, tmp, fallback)
+        report = int8.quantize(run_dir.file(FP32_ONNX), images, card["spec"]["input_name"], ic, tmp, out_of_int8,
+                               list(fp32_nodes))
         onnx_io.check(tmp)
     log.info("export: %s: %d Q/DQ pairs, %d nodes INT8 (%.1f%% of the matrix ops), %d FP16, %d FP32 (%.1f s)",
              out_name, report["qdq_pairs"], report["int8_nodes"], 100 * report["int8_fraction"],
@@ -152,22 +155,3 @@ def convert_fp16(cfg, run_dir: RunDir, card: dict, fallback: list[str], out_name
              report["fp16_nodes"] + report["fp32_nodes_count"], 100 * report["fp16_fraction"],
              report["fp32_nodes_count"])
     return report
-
-
-def read_fallback(run_dir: RunDir, name: str = FALLBACK) -> list[str]:
-    """The nodes verify --auto-fallback moved (FP16: to FP32; ``INT8_FALLBACK``: out of quantization)."""
-    path = run_dir.file(name)
-    if not path.exists():
-        return []
-    data = read_json(path, "INT8 fallback list" if name == INT8_FALLBACK else "FP16 fallback list")
-    return list(data.get("nodes", [])) if isinstance(data, dict) else []
-
-
-def write_fallback(run_dir: RunDir, nodes: list[str], name: str = FALLBACK) -> None:
-    from pipeline.run import write_json
-
-    note = "left unquantized by verify --auto-fallback" if name == INT8_FALLBACK else \
-        "kept in FP32 by verify --auto-fallback"
-    write_json(run_dir.file(name), {"nodes": nodes, "note": note})
-
-

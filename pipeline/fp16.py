@@ -270,6 +270,52 @@ def emulation_model(fp16_model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
+NOT_MOVABLE = ("Cast", "Constant", "QuantizeLinear", "DequantizeLinear")
+
+
+def keep_in_fp32(model: onnx.ModelProto, nodes) -> onnx.ModelProto:
+    """The same graph with ``nodes`` (those that compute in FP16) computing in FP32: their FP16 inputs cast up,
+    their outputs computed in FP32, and cast back to FP16 only for consumers outside the set, so a chain of
+    moved nodes (``(f + 384) - 384``) stays in FP32 throughout. What AutoCast's ``nodes_to_exclude`` gives the
+    FP16 graph, for a graph AutoCast did not make: ModelOpt's INT8 quantization converts the regions it leaves
+    unquantized to FP16 by op type only. Every FP16 value is exact in FP32, so nothing else changes."""
+    types = infer_types(model)
+    moved = {n.name for n in model.graph.node if n.name in set(nodes) and n.op_type not in NOT_MOVABLE
+             and any(types.get(o) == FLOAT16 for o in n.output)}
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    if not moved:
+        return out
+    as_fp32 = {o: f"{o}__fp32" for n in model.graph.node if n.name in moved for o in n.output
+               if types.get(o) == FLOAT16}
+    nodes_out, cast_up = [], {}
+    for node in model.graph.node:
+        if node.name not in moved:
+            nodes_out.append(node)
+            continue
+        node = _copy(node)
+        for i, name in enumerate(node.input):
+            if name in as_fp32:
+                node.input[i] = as_fp32[name]
+            elif name and types.get(name) == FLOAT16:
+                if name not in cast_up:
+                    cast_up[name] = f"{name}__to_fp32"
+                    nodes_out.append(helper.make_node("Cast", [name], [cast_up[name]], name=f"{name}/fallback_to_fp32",
+                                                      to=FLOAT))
+                node.input[i] = cast_up[name]
+        _attributes_to_fp32(node)
+        casts_down = []
+        for i, name in enumerate(node.output):
+            if name in as_fp32:
+                node.output[i] = as_fp32[name]
+                casts_down.append(helper.make_node("Cast", [as_fp32[name]], [name], name=f"{name}/fallback_to_fp16",
+                                                   to=FLOAT16))
+        nodes_out += [node, *casts_down]
+    del out.graph.node[:]
+    out.graph.node.extend(nodes_out)
+    return out
+
+
 def _attributes_to_fp32(node: onnx.NodeProto) -> None:
     """FP16 in a node's attributes (Cast targets, constant tensors, dtype) becomes FP32, in place."""
     for attr in node.attribute:

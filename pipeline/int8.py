@@ -14,8 +14,7 @@ ONNX graph (implicit calibration is gone in 11), so every INT8 decision lives in
   TensorRT computes the same Q/DQ arithmetic, with int32 accumulation of the int8 products.
 * :func:`localize` compares the FP32 graph and the Q/DQ graph tensor by tensor (a quantized node's
   output is computed from the dequantized inputs, so it shows what quantization did) and names the
-  first quantized node over tolerance; :func:`nodes_to_exclude` picks what the fallback leaves
-  unquantized next.
+  first INT8 or FP16 node over tolerance (:mod:`pipeline.fallback` raises its precision).
 """
 
 from __future__ import annotations
@@ -81,8 +80,9 @@ def exact_name_regex(name: str) -> str:
 
 
 def quantize(fp32_path: Path, images: np.ndarray, input_name: str, int8_cfg, out_path: Path,
-             extra_excluded: list[str] = ()) -> dict:
-    """Quantize ``fp32_path`` into ``out_path`` (INT8 Q/DQ, FP16 elsewhere); returns the precision report."""
+             extra_excluded: list[str] = (), fp32_nodes: list[str] = ()) -> dict:
+    """Quantize ``fp32_path`` into ``out_path`` (INT8 Q/DQ, FP16 elsewhere, ``fp32_nodes`` kept in FP32: the
+    automatic fallback's, :func:`pipeline.fp16.keep_in_fp32`); returns the precision report."""
     from modelopt.onnx.quantization import quantize as modelopt_quantize
 
     excludes = list(int8_cfg.nodes_to_exclude) + [exact_name_regex(n) for n in extra_excluded]
@@ -101,9 +101,13 @@ def quantize(fp32_path: Path, images: np.ndarray, input_name: str, int8_cfg, out
         except Exception as exc:
             raise StageFailed(f"ModelOpt INT8 quantization failed: {type(exc).__name__}: "
                               f"{(str(exc).strip().splitlines() or [''])[0]}") from None
+    quantized = onnx.load(str(out_path))
+    if fp32_nodes:
+        quantized = fp16.keep_in_fp32(quantized, fp32_nodes)
+        onnx.save(quantized, str(out_path))
     seconds = time.perf_counter() - start
-    report = precision_report(onnx.load(str(fp32_path), load_external_data=False), onnx.load(str(out_path)),
-                              int8_cfg, set(extra_excluded))
+    report = precision_report(onnx.load(str(fp32_path), load_external_data=False), quantized, int8_cfg,
+                              set(extra_excluded), set(fp32_nodes))
     report.update({"quantizer": QUANTIZER, "calibration_method": int8_cfg.calibration_method,
                    "calibration": "real validation images (the first of the set AutoCast calibrates on)",
                    "calibration_images": len(images), "high_precision_dtype": "fp16",
@@ -167,13 +171,14 @@ def int8_fraction(precisions: dict) -> float:
     return sum(1 for p in compute if p == "int8") / max(1, len(compute))
 
 
-def precision_report(fp32_model, int8_model, int8_cfg, fallback: set[str]) -> dict:
+def precision_report(fp32_model, int8_model, int8_cfg, fallback: set[str], fp32_fallback: set[str] = frozenset()) -> dict:
     precisions = node_precisions(fp32_model, int8_model)
     left, why_counts = [], {}
     for name, (op, precision) in precisions.items():
         if precision == "int8":
             continue
-        why = _why_unquantized(name, op, int8_cfg, fallback)
+        why = "kept in FP32 by verify --auto-fallback" if name in fp32_fallback and precision == "fp32" else \
+            _why_unquantized(name, op, int8_cfg, fallback)
         why_counts[why] = why_counts.get(why, 0) + 1
         if op in MATRIX_OPS:  # other ops (Relu, Add, Flatten, ...) are counted by reason only
             left.append({"name": name, "op_type": op, "precision": precision, "reason": why})
@@ -220,8 +225,7 @@ def exact_runner(int8_model: onnx.ModelProto, name: str, threads: int | None = N
 # --------------------------------------------------------------------------- localisation and fallback
 
 
-def localize(fp32_model: onnx.ModelProto, int8_model: onnx.ModelProto, feed: dict, atol: float, rtol: float,
-             top: int) -> dict:
+def localize(fp32_model: onnx.ModelProto, int8_model: onnx.ModelProto, feed: dict, rule, top: int) -> dict:
     """FP32 ONNX Runtime vs the exact Q/DQ execution, every tensor marked; the first quantized node over tolerance."""
     from pipeline import localize as loc
     from pipeline import onnx_io
@@ -232,35 +236,12 @@ def localize(fp32_model: onnx.ModelProto, int8_model: onnx.ModelProto, feed: dic
     marked = onnx_io.mark_all_outputs(exact_model(int8_model))
     cand = collect(onnxrt_runner(marked.SerializeToString(), name="int8-exact-layers", optimize=False), [feed])[0]
     order = {node.name: i for i, node in enumerate(fp32_model.graph.node)}
-    result = loc.compare_layers(fp32_model, ref, cand, atol, rtol, top=len(order))
-    quantized = quantized_nodes(int8_model)
-    over = sorted((r for r in result["worst"] if r["exceeds"] and r["name"] in quantized), key=lambda r: order[r["name"]])
-    if over:  # else: compare_layers' first node over tolerance (nodes_to_exclude walks upstream from it)
+    result = loc.compare_layers(fp32_model, ref, cand, rule, top=len(order))
+    lowered = {name for name, (_, precision) in node_precisions(fp32_model, int8_model).items() if precision != "fp32"}
+    over = sorted((r for r in result["worst"] if r["exceeds"] and r["name"] in lowered), key=lambda r: order[r["name"]])
+    if over:  # else: compare_layers' first node over tolerance (the fallback walks upstream from it)
         result["first_divergent"] = over[0]
     result["worst"] = result["worst"][:top]
     result["method"] = ("ONNX Runtime, FP32 graph vs the Q/DQ graph executed exactly (optimisations off), every "
-                        "tensor marked as output; the first quantized node over tolerance")
+                        "tensor marked as output; the first INT8 or FP16 node over tolerance")
     return result
-
-
-def nodes_to_exclude(node_name: str, fp32_model: onnx.ModelProto, int8_model: onnx.ModelProto,
-                     already: set[str]) -> list[str]:
-    """What to leave unquantized next: the divergent node if it is quantized, else the nearest quantized
-    nodes upstream of it (its error comes from inputs they quantized)."""
-    quantized = quantized_nodes(int8_model) - set(already)
-    if node_name in quantized:
-        return [node_name]
-    producers = {out: node for node in fp32_model.graph.node for out in node.output}
-    by_name = {n.name: n for n in fp32_model.graph.node}
-    frontier, seen, found = [node_name], set(), []
-    while frontier and not found:
-        next_frontier = []
-        for name in frontier:
-            for tensor in getattr(by_name.get(name), "input", ()):
-                producer = producers.get(tensor)
-                if producer is None or producer.name in seen:
-                    continue
-                seen.add(producer.name)
-                (found if producer.name in quantized else next_frontier).append(producer.name)
-        frontier = next_frontier
-    return found

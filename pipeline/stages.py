@@ -112,7 +112,10 @@ def _export_summary(entry: dict) -> str:
 
 
 def _verify_summary(entry: dict) -> str:
-    return ", ".join(f"{c}: {s}" for c, s in entry["details"].get("candidates", {}).items())
+    d = entry["details"]
+    rows = ", ".join(f"{c}: {s}" for c, s in d.get("candidates", {}).items())
+    deployable = d.get("deployable")
+    return rows if deployable is None else f"{rows}; deployable: {', '.join(deployable) or 'none'}"
 
 
 def _benchmark_summary(entry: dict) -> str:

@@ -138,11 +138,17 @@ def environment_section(environment: dict) -> Section:
 def _candidate_row(c: dict) -> tuple[Cell, ...]:
     t, k, tol = c.get("tensor_check") or {}, c.get("task_check") or {}, c.get("tolerance") or {}
     shown = c["status"] + (" (required)" if c["required"] and c["status"] == "skipped" else "")
+    shown += "" if c.get("gates", True) else " (reported only)"
     accuracy = (f"{percent(k['accuracy'])} ({percent(k['reference_accuracy'])})" if k else "-")
-    tolerance = f"atol {tol.get('atol')}, rtol {tol.get('rtol')}, {tol.get('check_error_stat')}" if tol else "-"
-    return _row(c["name"], c["precision"], Cell(shown, status=c["status"], note=c.get("reason") or ""),
-                t.get("max_abs_error"), t.get("max_rel_error"), percent(k.get("top1_agreement")), accuracy,
-                tolerance)
+    if tol.get("criterion") == "absolute":
+        tolerance, error = f"atol {tol.get('atol')}, rtol {tol.get('rtol')}, {tol.get('check_error_stat')}", "-"
+    elif tol:
+        share = "" if tol.get("error_quantile", 1) >= 1 else f" at q{100 * tol['error_quantile']:g}"
+        tolerance, error = f"scaled <= {tol.get('max_scaled_error')}{share}", t.get("scaled_error_quantile")
+    else:
+        tolerance, error = "-", None
+    return _row(c["name"], c["precision"], Cell(shown, status=c["status"], note=c.get("reason") or ""), error,
+                t.get("max_abs_error"), percent(k.get("top1_agreement")), accuracy, tolerance)
 
 
 def _localization_section(loc: dict, title: str = "Localisation") -> Section:
@@ -156,22 +162,23 @@ def _localization_section(loc: dict, title: str = "Localisation") -> Section:
     return Section(title, paragraphs=(f"{loc.get('method')}.", where), tables=(table,), level=3)
 
 
-def _fallback_section(fb: dict) -> Section:
-    moved = tuple(cell for name in fb["moved_to_fp32"] for cell in (Cell(name, code=True), Cell(", ")))[:-1]
-    text = (Cell(f"{len(fb['iterations'])} iteration(s); moved to FP32: "), *(moved or (Cell("none"),)),
-            Cell(f"; FP16 node fraction {percent(fb['fp16_fraction_before'], '.1f')} -> "
-                 f"{percent(fb['fp16_fraction_after'], '.1f')}."))
-    return Section("Automatic FP32 fallback", status="passed" if fb["passed"] else "failed", paragraphs=(text,),
-                   level=3)
+def _names(names: list[str]) -> tuple[Cell, ...]:
+    return tuple(cell for name in names for cell in (Cell(name, code=True), Cell(", ")))[:-1] or (Cell("none"),)
 
 
-def _int8_fallback_section(fb: dict) -> Section:
-    moved = tuple(cell for name in fb["excluded_from_int8"] for cell in (Cell(name, code=True), Cell(", ")))[:-1]
-    text = (Cell(f"{len(fb['iterations'])} iteration(s); left unquantized: "), *(moved or (Cell("none"),)),
-            Cell(f"; INT8 share of the matrix ops {percent(fb['int8_fraction_before'], '.1f')} -> "
-                 f"{percent(fb['int8_fraction_after'], '.1f')}."))
-    return Section("Automatic INT8 fallback", status="passed" if fb["passed"] else "failed", paragraphs=(text,),
-                   level=3)
+def _fallback_section(fb: dict, precision: str = "fp16") -> Section:
+    """One automatic fallback (every precision's: pipeline.fallback): what moved where, and the share left low."""
+    if precision == "int8":
+        moved = (Cell("left unquantized: "), *_names(fb.get("excluded_from_int8", [])), Cell("; kept in FP32: "),
+                 *_names(fb.get("kept_in_fp32", [])))
+        share = "INT8 share of the matrix ops"
+    else:
+        moved, share = (Cell("moved to FP32: "), *_names(fb["moved_to_fp32"])), "FP16 node fraction"
+    text = (Cell(f"{len(fb['iterations'])} iteration(s); "), *moved,
+            Cell(f"; {share} {percent(fb[f'{precision}_fraction_before'], '.1f')} -> "
+                 f"{percent(fb[f'{precision}_fraction_after'], '.1f')}."))
+    title = "Automatic INT8 fallback" if precision == "int8" else "Automatic FP32 fallback"
+    return Section(title, status="passed" if fb["passed"] else "failed", paragraphs=(text,), level=3)
 
 
 def verify_sections(payload: dict) -> list[Section]:
@@ -179,8 +186,12 @@ def verify_sections(payload: dict) -> list[Section]:
     inputs = payload["inputs"]
     text = (f"Model {payload['model']}. Reference: PyTorch FP32. Inputs: {inputs['samples']} real validation "
             f"images ({inputs['source']}).")
-    table = Table(("candidate", "precision", "status", "max abs err", "max rel err", "top-1 agreement",
+    table = Table(("candidate", "precision", "status", "scaled err", "max abs err", "top-1 agreement",
                    "accuracy (ref)", "tolerance"), tuple(_candidate_row(c) for c in payload["candidates"]))
+    deployable = payload.get("deployable")
+    if deployable is not None:
+        text += (f" Deployable (passed a gating check): {', '.join(deployable) or 'none'}. Rows marked 'reported "
+                 "only' do not decide the exit code (verify.gate).")
     sections = [Section("Precision gate", status="passed" if payload["passed"] else "failed", paragraphs=(text,),
                         tables=(table,))]
     if payload.get("localization"):
@@ -190,7 +201,7 @@ def verify_sections(payload: dict) -> list[Section]:
     if payload.get("int8_localization"):
         sections.append(_localization_section(payload["int8_localization"], "INT8 localisation (Q/DQ graph)"))
     if payload.get("int8_fallback"):
-        sections.append(_int8_fallback_section(payload["int8_fallback"]))
+        sections.append(_fallback_section(payload["int8_fallback"], "int8"))
     return sections
 
 

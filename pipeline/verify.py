@@ -32,17 +32,17 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
 
-from pipeline import backends, data, export, fp16, int8, localize, modeling, onnx_io
-from pipeline.artifacts import FALLBACK_CANDIDATE, INT8_ENGINE, INT8_FALLBACK, INT8_FALLBACK_CANDIDATE, INT8_ONNX, WEIGHTS
+from pipeline import backends, data, export, fallback, gate as criteria, int8, localize, modeling, onnx_io
+from pipeline.artifacts import INT8_ONNX, WEIGHTS
 from pipeline import verify_report as report
 from pipeline.backends import Backend, Context
-from pipeline.errors import BackendUnavailable, CheckFailed, InputError, StageFailed
+from pipeline.errors import BackendUnavailable, CheckFailed, Inconclusive, InputError, StageFailed
 from pipeline.isolate import Crashed
 from pipeline.run import RunDir, StageRecord, sha256_file
 from pipeline.runners import TorchRunner, collect
@@ -61,6 +61,7 @@ class Check:
     required: bool
     reason: str = ""
     result: dict = field(default_factory=dict)
+    gates: bool = True  # its verdict decides the exit code (verify.gate); else it is run and reported only
 
     @property
     def name(self) -> str:
@@ -87,6 +88,7 @@ class Evidence:
     reference: list[dict]
     labels: np.ndarray
     output_name: str
+    confidence: float = 0.95  # of the task check's bounds (verify.confidence)
 
 
 def gate_for(cfg, name: str, precision: str) -> dict:
@@ -106,51 +108,29 @@ def plan(cfg, ctx: Context, entries: list[Backend] | None = None) -> list[Check]
             reason = report.disabled(backend.candidate)
         else:
             reason = backend.unavailable(ctx)
-        checks.append(Check(backend, backends.label(backend, cfg), backend.required(cfg), reason))
+        checks.append(Check(backend, backends.label(backend, cfg), backend.required(cfg), reason,
+                            gates=gates(cfg, backend)))
     return checks
+
+
+def gates(cfg, backend: Backend) -> bool:
+    """Whether a candidate's verdict decides the exit code: named in ``verify.gate``, or (``auto``) a deployment
+    target or its faithful CPU proxy (the table's ``gates``)."""
+    chosen = cfg.verify.gate
+    return backend.gates if chosen == "auto" else backend.candidate in chosen
 
 
 # --------------------------------------------------------------------------- numerics
 
 
-def compare(outputs: list[dict], reference: list[dict], labels: np.ndarray, gate: dict, output_name: str) -> dict:
-    """Tensor check (Polygraphy SimpleCompareFunc per batch) and task check (top-1 agreement, accuracy)."""
-    from polygraphy.comparator import Comparator, RunResults, SimpleCompareFunc
-
-    results = RunResults()
-    results.add(outputs, runner_name="candidate")
-    results.add(reference, runner_name=REFERENCE)
-    func = SimpleCompareFunc(atol=gate["atol"], rtol=gate["rtol"], check_error_stat=gate["check_error_stat"],
-                             error_quantile=gate["error_quantile"], infinities_compare_equal=False)
-    with np.errstate(all="ignore"):  # non-finite candidates are expected here, and fail below
-        accuracy = Comparator.compare_accuracy(results, compare_func=func, comparisons=[(0, 1)])
-    per_batch = list(accuracy[0].values())[0]
-    failed_batches = [i for i, outs in enumerate(per_batch) if not all(bool(v) for v in outs.values())]
-
-    cand = np.concatenate([o[output_name] for o in outputs]).astype(np.float64)
-    ref = np.concatenate([r[output_name] for r in reference]).astype(np.float64)
-    # The statistics over all batches, at the tolerance Polygraphy applied to this output.
-    atol = localize.output_tolerance(gate["atol"], output_name, localize.DEFAULT_ATOL)
-    rtol = localize.output_tolerance(gate["rtol"], output_name, localize.DEFAULT_RTOL)
-    stats = localize.tensor_errors(ref, cand, atol, rtol, quantile=gate["error_quantile"])
-    tensor = {"passed": not failed_batches and stats["nonfinite"] == 0, "statistic": gate["check_error_stat"]}
-    for key in (f"{stat}_{kind}_error" for kind in ("abs", "rel") for stat in ("max", "mean", "median", "quantile")):
-        tensor[key] = stats[key]
-    tensor.update({"mismatch_fraction": stats["mismatch_fraction"], "nonfinite": stats["nonfinite"],
-                   "batches": len(per_batch), "failed_batches": failed_batches})
-    task = task_check(ref, cand, labels, gate)
-    return {"tensor_check": tensor, "task_check": task, "passed": tensor["passed"] and task["passed"]}
+def compare(outputs: list[dict], reference: list[dict], labels: np.ndarray, gate: dict, output_name: str,
+            confidence: float = 0.95) -> dict:
+    """The tensor check and the task check of one candidate (:func:`pipeline.gate.judge`)."""
+    return criteria.judge(outputs, reference, labels, gate, output_name, confidence)
 
 
-def task_check(ref: np.ndarray, cand: np.ndarray, labels: np.ndarray, gate: dict) -> dict:
-    """Top-1 agreement with the reference and accuracy against the labels (NaN never wins a class)."""
-    ref_top1, cand_top1 = ref.argmax(1), np.nan_to_num(cand, nan=-np.inf).argmax(1)
-    agreement = float((ref_top1 == cand_top1).mean())
-    ref_acc, cand_acc = float((ref_top1 == labels).mean()), float((cand_top1 == labels).mean())
-    task = {"top1_agreement": agreement, "reference_accuracy": ref_acc, "accuracy": cand_acc,
-            "accuracy_drop": ref_acc - cand_acc, "disagreements": int((ref_top1 != cand_top1).sum())}
-    task["passed"] = agreement >= gate["min_top1_agreement"] and task["accuracy_drop"] <= gate["max_accuracy_drop"]
-    return task
+def task_check(ref: np.ndarray, cand: np.ndarray, labels: np.ndarray, gate: dict, confidence: float = 0.95) -> dict:
+    return criteria.task_check(ref, cand, labels, gate, confidence)
 
 
 def check(chk: Check, cfg, ctx: Context, evidence: Evidence) -> dict:
@@ -175,8 +155,7 @@ def _judge(chk: Check, ctx: Context, evidence: Evidence, gate: dict) -> dict:
     problem = _output_problem(chk, outputs, evidence)
     if problem:
         return {"status": "error", "reason": problem}
-    result = compare(outputs, evidence.reference, evidence.labels, gate, evidence.output_name)
-    result["status"] = "passed" if result["passed"] else "failed"
+    result = compare(outputs, evidence.reference, evidence.labels, gate, evidence.output_name, evidence.confidence)
     return {**result, **report.runtime_facts(runner)}  # its child's log, a runtime workaround
 
 
@@ -192,13 +171,22 @@ def _output_problem(chk: Check, outputs: list[dict], evidence: Evidence) -> str:
     return ""
 
 
-def _verdict(checks: list[Check]) -> dict:
-    ran = [c for c in checks if c.status in ("passed", "failed")]
-    failed = [c for c in checks if c.status == "failed"]
-    errors = [c for c in checks if c.status in ("error", "crashed")]  # nothing compared: no verdict on them
+JUDGED = ("passed", "failed", "inconclusive")
+
+
+def _verdict(checks: list[Check], inconclusive_fails: bool = False) -> dict:
+    """The gate's verdict over the gating candidates (``Check.gates``); the others are reported only. A required
+    candidate that could not run fails it whether it gates or not."""
+    gating = [c for c in checks if c.gates]
+    ran = [c for c in gating if c.status in JUDGED]
+    failed = [c for c in gating if c.status == "failed"]
+    errors = [c for c in gating if c.status in ("error", "crashed")]  # nothing compared: no verdict on them
+    undecided = [c for c in gating if c.status == "inconclusive"]
     missing = [c for c in checks if c.required and c.status == "skipped" and not c.result.get("after_fallback")]
-    return {"passed": not failed and not errors and not missing, "ran": len(ran), "failed": failed,
-            "errors": errors, "missing_required": missing}
+    passed = not failed and not errors and not missing and not (undecided and inconclusive_fails)
+    return {"passed": passed, "ran": len(ran), "failed": failed, "errors": errors, "missing_required": missing,
+            "inconclusive": undecided, "deployable": [c.name for c in gating if c.status == "passed"],
+            "reported_only": [c.name for c in checks if not c.gates]}
 
 
 # --------------------------------------------------------------------------- the stage
@@ -242,13 +230,25 @@ def _load_int8(run_dir: RunDir, spec: dict, hashes: dict) -> onnx.ModelProto | N
 
 def _evidence(cfg, card: dict, model) -> Evidence:
     spec = card["spec"]
-    images, labels = data.labelled_validation_batch(cfg, card, cfg.verify.samples)
+    images, labels = data.labelled_validation_batch(cfg, card, sample_count(cfg, spec), spread=True)
     bs = cfg.verify.batch_size
     feeds = [{spec["input_name"]: images[i : i + bs]} for i in range(0, len(images), bs)]
     log.info("verify: %d validation images in %d batches; reference %s", len(images), len(feeds), REFERENCE)
     ref_runner = TorchRunner(model, name=REFERENCE, input_name=spec["input_name"], output_name=spec["output_name"],
                              input_shape=tuple(spec["input_size"]))
-    return Evidence(feeds, collect(ref_runner, feeds), labels, spec["output_name"])
+    return Evidence(feeds, collect(ref_runner, feeds), labels, spec["output_name"], cfg.verify.confidence)
+
+
+IMAGE_BYTES_BUDGET = 256 << 20  # the images verify holds (and hands to each child process), at most
+
+
+def sample_count(cfg, spec: dict) -> int:
+    """``verify.samples``, or every validation image up to ``verify.max_samples`` and a memory budget (256 MiB of
+    float32 images: 1,000 at 32x32 and 224x224 alike would be 12 MiB and 602 MiB)."""
+    if cfg.verify.samples is not None:
+        return cfg.verify.samples
+    per_image = 4 * int(np.prod(spec["input_size"]))
+    return max(1, min(cfg.verify.max_samples, IMAGE_BYTES_BUDGET // per_image))
 
 
 def run(cfg, run_dir: RunDir, record: StageRecord, *, auto_fallback: bool = False) -> None:
@@ -266,48 +266,47 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, auto_fallback: bool = Fals
     for chk in checks:
         check(chk, cfg, ctx, evidence)
         report.log_check(chk)
-
     export_broken = any(c.name == "onnxrt_fp32" and c.status == "failed" for c in checks)
-    failing_fp16 = [c for c in checks if c.backend.uses_fp16_model and c.status == "failed"]
-    localization = fallback = None
     if export_broken:
         next(c for c in checks if c.name == "onnxrt_fp32").result["hint"] = report.EXPORT_BROKEN_HINT
         log.warning(report.EXPORT_BROKEN_LOG)
-    elif failing_fp16 and cfg.verify.localize:
-        localization = _localize(cfg, fp32_model, fp16_model, run_dir.file(export.FP16_ONNX), evidence,
-                                 failing_fp16[0], spec)
-    if failing_fp16 and auto_fallback and not export_broken:
-        fallback = auto_fallback_loop(cfg, run_dir, card, ctx, fp32_model, evidence, checks, localization)
     for chk in (c for c in checks if c.name == "openvino_bf16" and c.status == "failed"):
         chk.result["hint"] = report.OPENVINO_BF16_NO_FALLBACK  # the FP32 fallback cannot reach an OpenVINO kernel
-    if fallback and fallback["passed"]:  # the rechecked FP16 candidates judged the replacement
-        hashes[export.FP16_ONNX] = sha256_file(run_dir.file(export.FP16_ONNX))
-    int8_loc, int8_fb = _int8_gate(cfg, run_dir, card, ctx, fp32_model, evidence, checks, hashes,
-                                   auto_fallback=auto_fallback and not export_broken, export_broken=export_broken)
-    fallback, int8_fb = report.with_earlier_fallbacks(run_dir, hashes, fallback, int8_fb)
-    verdict = _verdict(checks)
-    payload = report.build_payload(cfg, card, checks, localization, fallback, verdict, len(evidence.labels),
-                                   cfg.verify.batch_size, hashes=hashes, int8_localization=int8_loc,
-                                   int8_fallback=int8_fb)
+    gated = {} if export_broken else {
+        graph.precision: _precision_gate(graph, cfg, run_dir, card, ctx, fp32_model, evidence, checks, hashes,
+                                         auto_fallback=auto_fallback)
+        for graph in (fallback.FP16_GRAPH, fallback.INT8_GRAPH)}
+    (loc16, fb16), (loc8, fb8) = gated.get("fp16", (None, None)), gated.get("int8", (None, None))
+    fb16, fb8 = report.with_earlier_fallbacks(run_dir, hashes, fb16, fb8)
+    verdict = _verdict(checks, inconclusive_fails=cfg.verify.inconclusive == "fail")
+    payload = report.build_payload(cfg, card, checks, loc16, fb16, verdict, len(evidence.labels),
+                                   cfg.verify.batch_size, hashes=hashes, int8_localization=loc8, int8_fallback=fb8)
     for p in report.write_all(run_dir, payload):
         record.artifact(p.name)
-    record.details.update({
-        "passed": verdict["passed"],
-        "candidates": {c.name: c.status for c in checks},
-        **report.runtime_details(checks),
-        "samples": len(evidence.labels),
-        "fallback": None if fallback is None else {k: fallback[k] for k in ("passed", "moved_to_fp32")},
-        "int8_fallback": None if int8_fb is None else {k: int8_fb[k] for k in ("passed", "excluded_from_int8",
-                                                                                 "int8_fraction_after")},
-        # The stage runner re-runs the stages that produce and consume these (verify runs none itself).
-        "replaced_artifacts": (fallback["replaced"] if fallback else []) + (int8_fb["replaced"] if int8_fb else []),
-    })
+    record.details.update(_details(checks, verdict, evidence, fb16, fb8))
     failing_first = verdict["failed"][0] if verdict["failed"] else None
-    shown_loc = int8_loc if failing_first is not None and failing_first.backend.uses_int8_model else localization
+    shown_loc = loc8 if failing_first is not None and failing_first.backend.uses_int8_model else loc16
     fixable = any((c.backend.uses_fp16_model or c.backend.uses_int8_model) and not c.result.get("hint")
                   for c in verdict["failed"])
     _raise_for(verdict, shown_loc, export_broken, suggest_fallback=fixable and not auto_fallback)
-    log.info("verify: passed (%s)", ", ".join(f"{c.name} {c.status}" for c in checks))
+    log.info("verify: passed (%s); deployable: %s", ", ".join(f"{c.name} {c.status}" for c in checks),
+             ", ".join(verdict["deployable"]) or "none")
+
+
+def _details(checks: list[Check], verdict: dict, evidence: Evidence, fb16: dict | None, fb8: dict | None) -> dict:
+    """The manifest's summary of verify: what passed, what is deployable, what a fallback replaced."""
+    return {
+        "passed": verdict["passed"],
+        "candidates": {c.name: c.status for c in checks},
+        "deployable": verdict["deployable"],
+        **report.runtime_details(checks),
+        "samples": len(evidence.labels),
+        "fallback": None if fb16 is None else {k: fb16[k] for k in ("passed", "moved_to_fp32")},
+        "int8_fallback": None if fb8 is None else {k: fb8[k] for k in ("passed", "excluded_from_int8", "kept_in_fp32",
+                                                                         "int8_fraction_after") if k in fb8},
+        # The stage runner re-runs the stages that produce and consume these (verify runs none itself).
+        "replaced_artifacts": (fb16["replaced"] if fb16 else []) + (fb8["replaced"] if fb8 else []),
+    }
 
 
 def _nonfinite(evidence: Evidence) -> int:
@@ -340,206 +339,139 @@ def _raise_for(verdict: dict, localization, export_broken: bool, suggest_fallbac
         raise CheckFailed(report.failure_message(verdict, localization, export_broken, suggest_fallback))
     if verdict["errors"]:
         raise StageFailed(report.errors_message(verdict["errors"]))
+    if verdict["inconclusive"] and not verdict["passed"]:
+        raise Inconclusive(report.inconclusive_message(verdict["inconclusive"]))
 
 
-def _worst_batch(chk: Check, feeds) -> dict:
-    failed = chk.result.get("tensor_check", {}).get("failed_batches") or [0]
-    return feeds[failed[0]]
+def _worst_batch(chk: Check, evidence: Evidence) -> dict:
+    """The batch with the candidate's worst image (scaled criterion), or its first failing batch (absolute)."""
+    tensor = chk.result.get("tensor_check", {})
+    if tensor.get("criterion") == "scaled":
+        return evidence.feeds[tensor.get("worst_image", 0) // len(next(iter(evidence.feeds[0].values())))]
+    return evidence.feeds[(tensor.get("failed_batches") or [0])[0]]
 
 
-def _localize(cfg, fp32_model, fp16_model, fp16_path, evidence: Evidence, chk: Check, spec) -> dict:
-    gate = chk.result["tolerance"]
-    atol = localize.scalar_tolerance(gate["atol"], 0.0)
-    rtol = localize.scalar_tolerance(gate["rtol"], 0.0)
-    feed = _worst_batch(chk, evidence.feeds)
-    result = None
-    if chk.artifact == backends.ENGINE:
-        from pipeline import build
-
-        try:
-            shapes = build.profile_shapes(cfg, spec["input_size"])
-            cache = build.timing_cache_path(cfg, RunDir(fp16_path.parent, create=False))
-            result = localize.localize_tensorrt(fp32_model, fp16_path, feed, atol, rtol, cfg.verify.localize_top,
-                                                spec["input_name"], shapes, build_cfg=cfg.build, timing_cache=cache)
-        except Exception as exc:  # fall back to the emulation, and say so
-            log.warning(report.TENSORRT_LOCALIZE_FAILED, exc)
-    if result is None:
-        result = localize.localize_emulation(fp32_model, fp16_model, feed, atol, rtol, cfg.verify.localize_top)
-    result["candidate"] = chk.name
-    report.log_localization(result)
-    return result
+def _runs(chk: Check, graph: fallback.PrecisionGraph) -> bool:
+    """Whether a candidate runs ``graph`` (the file itself, or an engine or IR made from it)."""
+    return chk.backend.uses_int8_model if graph.precision == "int8" else chk.backend.uses_fp16_model
 
 
-# --------------------------------------------------------------------------- automatic FP32 fallback
+# --------------------------------------------------------------------------- localisation and fallback, every precision
 
 
-def auto_fallback_loop(cfg, run_dir: RunDir, card, ctx: Context, fp32_model, evidence: Evidence,
-                       checks: list[Check], localization) -> dict:
-    """Move the first divergent node (or its FP16 inputs) to FP32, reconvert, re-verify; repeat.
-
-    Only the candidates that run ``model.fp16.onnx`` itself are re-checked each round (an engine
-    would need a rebuild, which is the build stage's job). A passing model replaces
-    ``model.fp16.onnx``; the engine-based candidates' results then describe a stale engine and
-    are marked so, for the re-run the stage runner makes after build.
-    """
-    moved = list(export.read_fallback(run_dir))
-    before = fp16.node_precisions(fp32_model, ctx.fp16_model)
-    candidate_path = run_dir.file(FALLBACK_CANDIDATE)
-    iterations, current, loc, passed = [], ctx.fp16_model, localization, False
-    try:
-        for i in range(cfg.verify.fallback_iterations):
-            first = (loc or {}).get("first_divergent")
-            new = localize.nodes_to_move(first["name"], fp32_model, current, set(moved)) if first else []
-            if not new:
-                iterations.append({"iteration": i + 1, "moved": [], "note": report.nothing_to_move(first)})
-                break
-            moved += new
-            report_fp16 = export.convert_fp16(cfg, run_dir, card, moved, out_name=FALLBACK_CANDIDATE)
-            current = onnx.load(str(candidate_path))
-            rechecked = _recheck(cfg, dataclasses.replace(ctx, fp16=current), evidence)
-            passed = all(c.status in ("passed", "skipped") for c in rechecked)
-            iterations.append({"iteration": i + 1, "moved": new, "divergent_node": first["name"],
-                               "fp16_fraction": report_fp16["fp16_fraction"], "passed": passed,
-                               "results": {c.name: c.status for c in rechecked}})
-            report.log_fallback_round(i + 1, new, report_fp16["fp16_fraction"], passed)
-            if passed:
-                _commit(run_dir, candidate_path, moved, checks, rechecked)
-                break
-            failing = [c for c in rechecked if c.status == "failed"]
-            if not failing:  # only errors: nothing left to localise
-                iterations[-1]["note"] = report.fallback_errors(rechecked)
-                break
-            loc = _localize_round(cfg, fp32_model, current, evidence, failing[0])
-    finally:
-        candidate_path.unlink(missing_ok=True)
-    after = fp16.node_precisions(fp32_model, onnx_io.load(run_dir.file(export.FP16_ONNX))) if passed else before
-    return {
-        "passed": passed,
-        "moved_to_fp32": moved,
-        "iterations": iterations,
-        "fp16_fraction_before": _fp16_fraction(before),
-        "fp16_fraction_after": _fp16_fraction(after),
-        "budget": cfg.verify.fallback_iterations,
-        "replaced": [export.FP16_ONNX] if passed else [],
-    }
-
-
-def _fp16_fraction(precisions: dict) -> float:
-    return sum(1 for _, p in precisions.values() if p == "fp16") / max(1, len(precisions))
-
-
-def _recheck(cfg, ctx: Context, evidence: Evidence, artifact: str = backends.FP16_ONNX) -> list[Check]:
-    """The candidates that run ``artifact`` (an ONNX model) itself, on the fallback's candidate model."""
-    rechecked = plan(cfg, ctx, [b for b in backends.candidates() if b.artifact == artifact])
-    for chk in rechecked:
-        check(chk, cfg, ctx, evidence)
-    return rechecked
-
-
-def _localize_round(cfg, fp32_model, current, evidence: Evidence, chk: Check) -> dict:
-    gate = chk.result["tolerance"]
-    return localize.localize_emulation(fp32_model, current, _worst_batch(chk, evidence.feeds),
-                                       localize.scalar_tolerance(gate["atol"], 0.0),
-                                       localize.scalar_tolerance(gate["rtol"], 0.0), cfg.verify.localize_top)
-
-
-def _commit(run_dir: RunDir, candidate_path, moved: list[str], checks: list[Check], rechecked: list[Check]) -> None:
-    """Replace model.fp16.onnx by the passing version, remember the moved nodes, update the results."""
-    os.replace(candidate_path, run_dir.file(export.FP16_ONNX))
-    export.write_fallback(run_dir, moved)
-    by_name = {c.name: c for c in rechecked}
-    for chk in checks:
-        if chk.name in by_name:
-            chk.result = {**by_name[chk.name].result, "after_fallback": True}
-        elif chk.artifact == backends.ENGINE and chk.status != "skipped":
-            chk.result = {"status": "skipped", "reason": report.STALE_ENGINE, "after_fallback": True,
-                          "tolerance": chk.result.get("tolerance")}
-
-
-# --------------------------------------------------------------------------- INT8: localisation and fallback
-
-
-def _int8_gate(cfg, run_dir: RunDir, card, ctx: Context, fp32_model, evidence: Evidence, checks: list[Check],
-               hashes: dict, *, auto_fallback: bool, export_broken: bool) -> tuple[dict | None, dict | None]:
-    """A failing INT8 candidate: localise on the Q/DQ graph, then (``--auto-fallback``) re-quantize without the
-    offending layers. Returns (localisation, fallback), each None when it did not run."""
-    failing = [c for c in checks if c.backend.uses_int8_model and c.status == "failed"]
-    if not failing or export_broken:
+def _precision_gate(graph: fallback.PrecisionGraph, cfg, run_dir: RunDir, card, ctx: Context, fp32_model,
+                    evidence: Evidence, checks: list[Check], hashes: dict, *,
+                    auto_fallback: bool) -> tuple[dict | None, dict | None]:
+    """A failing gating candidate of ``graph``: localise it, then (``--auto-fallback``) raise the precision of the
+    offending nodes until the graph passes. Returns (localisation, fallback), each None when it did not run."""
+    failing = [c for c in checks if c.gates and c.status == "failed" and _runs(c, graph)]
+    if not failing:
         return None, None
-    if any(c.name == "int8_exact" and c.status == "passed" for c in checks):  # the Q/DQ graph itself is sound
-        for chk in failing:
+    if graph.precision == "int8" and any(c.name == "int8_exact" and c.status == "passed" for c in checks):
+        for chk in failing:  # the Q/DQ graph itself is sound: a runtime's kernels compute it differently
             chk.result["hint"] = report.INT8_KERNELS_HINT
         return None, None
-    loc = _localize_int8(cfg, fp32_model, ctx.int8_model, evidence, failing[0]) if cfg.verify.localize else None
+    model = ctx.int8_model if graph.precision == "int8" else ctx.fp16_model
+    loc = _localize(cfg, graph, fp32_model, model, evidence, failing[0], run_dir) if cfg.verify.localize else None
     if not auto_fallback:
         return loc, None
-    fb = int8_fallback_loop(cfg, run_dir, card, ctx, fp32_model, evidence, checks, loc)
-    if fb["passed"]:
-        hashes[INT8_ONNX] = sha256_file(run_dir.file(INT8_ONNX))
-    return loc, fb
+    rounds: list[fallback.Round] = []
+
+    def recheck(current) -> fallback.Round:
+        rounds.append(_recheck_round(graph, cfg, ctx, evidence, current))
+        return rounds[-1]
+
+    result = fallback.run(
+        graph, cfg, run_dir, fp32_model, model, loc, recheck=recheck,
+        remake=lambda raised, out_name: _remake(graph, cfg, run_dir, card, raised, out_name),
+        localize=lambda current, chk: _localize(cfg, graph, fp32_model, current, evidence, chk, None))
+    if result["passed"]:
+        _commit(graph, checks, rounds[-1].checks)
+        hashes[graph.artifact] = sha256_file(run_dir.file(graph.artifact))
+    return loc, _legacy_keys(graph, result)
 
 
-def _localize_int8(cfg, fp32_model, int8_model, evidence: Evidence, chk: Check) -> dict:
-    gate = chk.result["tolerance"]
-    result = int8.localize(fp32_model, int8_model, _worst_batch(chk, evidence.feeds),
-                           localize.scalar_tolerance(gate["atol"], 0.0), localize.scalar_tolerance(gate["rtol"], 0.0),
-                           cfg.verify.localize_top)
+def _remake(graph: fallback.PrecisionGraph, cfg, run_dir: RunDir, card, raised: fallback.Raised, out_name: str):
+    if graph.precision == "int8":
+        return export.quantize_int8(cfg, run_dir, card, raised.out_of_int8, out_name=out_name, fp32_nodes=raised.fp32)
+    return export.convert_fp16(cfg, run_dir, card, raised.fp32, out_name=out_name)
+
+
+def _legacy_keys(graph: fallback.PrecisionGraph, result: dict) -> dict:
+    """verify.json's names for what moved (schemas pipeline.verify/1 and /2), beside the precision core's ``raised``."""
+    if graph.precision == "int8":
+        return {**result, "excluded_from_int8": result["raised"]["out_of_int8"],
+                "kept_in_fp32": result["raised"]["fp32"]}
+    return {**result, "moved_to_fp32": result["raised"]["fp32"]}
+
+
+def _recheck_round(graph: fallback.PrecisionGraph, cfg, ctx: Context, evidence: Evidence, current) -> fallback.Round:
+    """The candidates that run ``graph``'s file itself, on the remade graph; the round passes when every gating one
+    that ran passed (inconclusive counts as passing under ``verify.inconclusive: pass``) and one at least ran."""
+    sub = dataclasses.replace(ctx, **{graph.precision: current})
+    rechecked = plan(cfg, sub, [b for b in backends.candidates() if b.artifact == graph.artifact])
+    for chk in rechecked:
+        check(chk, cfg, sub, evidence)
+    fine = {"passed", "skipped"} | ({"inconclusive"} if cfg.verify.inconclusive == "pass" else set())
+    gating = [c for c in rechecked if c.gates]
+    passed = all(c.status in fine for c in gating) and any(c.status in JUDGED for c in gating)
+    failing = next((c for c in gating if c.status == "failed"), None)
+    note = "" if passed or failing else report.fallback_errors(rechecked)
+    return fallback.Round({c.name: c.status for c in rechecked}, passed, failing, note, rechecked)
+
+
+def _commit(graph: fallback.PrecisionGraph, checks: list[Check], rechecked: list[Check]) -> None:
+    """The passing round's results replace the candidates' of the old file; what was made from the old file
+    (an engine, an OpenVINO IR) is stale until build re-makes it."""
+    by_name = {c.name: c for c in rechecked}
+    stale = report.STALE_INT8_ENGINE if graph.precision == "int8" else report.STALE_ENGINE
+    for chk in checks:
+        if chk.name in by_name:
+            chk.result = {**by_name[chk.name].result, "after_fallback": True}
+        elif _runs(chk, graph) and chk.status != "skipped":
+            chk.result = {"status": "skipped", "reason": stale, "after_fallback": True,
+                          "tolerance": chk.result.get("tolerance")}
+
+
+def _localize(cfg, graph: fallback.PrecisionGraph, fp32_model, model, evidence: Evidence, chk: Check,
+              run_dir: RunDir | None) -> dict:
+    """The first node over the gate's own rule (per tensor), on the candidate's worst batch: the INT8 graph executed
+    exactly, or the FP16 emulation (on a GPU, for the FP16 engine: the engine rebuilt with every tensor marked)."""
+    rule = _localization_rule(chk)
+    feed = _worst_batch(chk, evidence)
+    result = None
+    if graph.precision == "int8":
+        result = int8.localize(fp32_model, model, feed, rule, cfg.verify.localize_top)
+    elif chk.artifact == backends.ENGINE and run_dir is not None:
+        result = _localize_engine(cfg, fp32_model, run_dir, feed, rule, evidence)
+    if result is None:
+        result = localize.localize_emulation(fp32_model, model, feed, rule, cfg.verify.localize_top)
     result["candidate"] = chk.name
     report.log_localization(result)
     return result
 
 
-def int8_fallback_loop(cfg, run_dir: RunDir, card, ctx: Context, fp32_model, evidence: Evidence,
-                       checks: list[Check], localization) -> dict:
-    """Leave the first divergent quantized layer (or the nearest quantized ones upstream) unquantized,
-    re-quantize, re-check the candidates that run ``model.int8.onnx``; repeat. A passing model replaces
-    ``model.int8.onnx`` and the excluded nodes go to ``int8_fallback.json`` (re-exports keep them)."""
-    moved = list(export.read_fallback(run_dir, INT8_FALLBACK))
-    before = int8.int8_fraction(int8.node_precisions(fp32_model, ctx.int8_model))
-    candidate_path = run_dir.file(INT8_FALLBACK_CANDIDATE)
-    iterations, current, loc, passed = [], ctx.int8_model, localization, False
+def _localization_rule(chk: Check) -> criteria.TensorRule:
+    """The gate's rule per tensor; with the scaled criterion, at most half the candidate's own output error, so a
+    candidate that failed on its task check with a smaller error still has its source named (the cancellation
+    fault in the INT8 graph: output error 0.4 of its scale, under INT8's 0.5, but 13 % of the images flipped)."""
+    rule = criteria.TensorRule.of(chk.result["tolerance"])
+    observed = chk.result.get("tensor_check", {}).get("scaled_error_quantile")
+    if rule.criterion == "scaled" and observed is not None and math.isfinite(observed) and observed > 0:
+        return dataclasses.replace(rule, max_scaled_error=min(rule.max_scaled_error, observed / 2))
+    return rule
+
+
+def _localize_engine(cfg, fp32_model, run_dir: RunDir, feed: dict, rule, evidence: Evidence) -> dict | None:
+    from pipeline import build
+
+    spec_input = next(iter(feed))
     try:
-        for i in range(cfg.verify.fallback_iterations):
-            first = (loc or {}).get("first_divergent")
-            new = int8.nodes_to_exclude(first["name"], fp32_model, current, set(moved)) if first else []
-            if not new:
-                iterations.append({"iteration": i + 1, "moved": [], "note": report.nothing_to_move(first)})
-                break
-            moved += new
-            quantized = export.quantize_int8(cfg, run_dir, card, moved, out_name=INT8_FALLBACK_CANDIDATE)
-            current = onnx.load(str(candidate_path))
-            rechecked = _recheck(cfg, dataclasses.replace(ctx, int8=current), evidence, INT8_ONNX)
-            passed = all(c.status in ("passed", "skipped") for c in rechecked) and \
-                any(c.status == "passed" for c in rechecked)  # something judged the replacement
-            iterations.append({"iteration": i + 1, "moved": new, "divergent_node": first["name"],
-                               "int8_fraction": quantized["int8_fraction"], "passed": passed,
-                               "results": {c.name: c.status for c in rechecked}})
-            report.log_int8_fallback_round(i + 1, new, quantized["int8_fraction"], passed)
-            if passed:
-                _commit_int8(run_dir, candidate_path, moved, checks, rechecked)
-                break
-            failing = [c for c in rechecked if c.status == "failed"]
-            if not failing:
-                iterations[-1]["note"] = report.fallback_errors(rechecked)
-                break
-            loc = _localize_int8(cfg, fp32_model, current, evidence, failing[0])
-    finally:
-        candidate_path.unlink(missing_ok=True)
-    after = int8.int8_fraction(int8.node_precisions(fp32_model, current)) if passed else before
-    return {"passed": passed, "excluded_from_int8": moved, "iterations": iterations,
-            "int8_fraction_before": before, "int8_fraction_after": after, "budget": cfg.verify.fallback_iterations,
-            "replaced": [INT8_ONNX] if passed else []}
-
-
-def _commit_int8(run_dir: RunDir, candidate_path, moved: list[str], checks: list[Check],
-                 rechecked: list[Check]) -> None:
-    """Replace model.int8.onnx by the passing version, remember the excluded nodes, update the results."""
-    os.replace(candidate_path, run_dir.file(INT8_ONNX))
-    export.write_fallback(run_dir, moved, INT8_FALLBACK)
-    by_name = {c.name: c for c in rechecked}
-    for chk in checks:
-        if chk.name in by_name:
-            chk.result = {**by_name[chk.name].result, "after_fallback": True}
-        elif chk.backend.uses_int8_model and chk.status != "skipped":  # the engine or IR of the old file
-            chk.result = {"status": "skipped", "reason": report.STALE_INT8_ENGINE, "after_fallback": True,
-                          "tolerance": chk.result.get("tolerance")}
+        shapes = build.profile_shapes(cfg, list(feed[spec_input].shape[1:]))
+        cache = build.timing_cache_path(cfg, run_dir)
+        return localize.localize_tensorrt(fp32_model, run_dir.file(export.FP16_ONNX), feed, rule,
+                                          cfg.verify.localize_top, spec_input, shapes, build_cfg=cfg.build,
+                                          timing_cache=cache)
+    except Exception as exc:  # fall back to the emulation, and say so
+        log.warning(report.TENSORRT_LOCALIZE_FAILED, exc)
+        return None

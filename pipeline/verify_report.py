@@ -21,7 +21,7 @@ from pipeline.tables import fmt
 
 log = logging.getLogger("pipeline")
 
-SCHEMA = "pipeline.verify/1"
+SCHEMA = "pipeline.verify/2"
 NOT_VERIFIED = "not verified"
 JSON, MARKDOWN, JUNIT = artifacts.VERIFY_JSON, artifacts.VERIFY_MD, artifacts.VERIFY_JUNIT
 
@@ -104,20 +104,51 @@ def reference_nonfinite_message(nonfinite: int, samples: int) -> str:
             "Re-train (e.g. lower train.lr, or train.amp=off), then re-run export and verify")
 
 
+def describe_tensor(t: dict, gate: dict) -> str:
+    """The tensor check's numbers against its threshold, in the criterion's own terms."""
+    nonfinite = f", {t['nonfinite']} non-finite values" if t.get("nonfinite") else ""
+    if t.get("criterion") == "absolute":
+        return (f"max abs error {t['max_abs_error']:.4g}, max rel error {t['max_rel_error']:.4g} (atol {gate['atol']}, "
+                f"rtol {gate['rtol']}, {t['statistic']}) in {len(t['failed_batches'])}/{t['batches']} batches"
+                + nonfinite)
+    which = "worst image" if gate["error_quantile"] >= 1 else f"{100 * gate['error_quantile']:g}th-percentile image"
+    return (f"scaled error {t['scaled_error_quantile']:.4g} at the {which} (max {gate['max_scaled_error']:g} of the "
+            f"reference's logit scale {t['scale']:.3g}; {t['images_over']} images over; max abs error "
+            f"{t['max_abs_error']:.4g})" + nonfinite)
+
+
+def describe_task(k: dict) -> list[str]:
+    """The task criteria that failed or could not be decided, with the bound that decided them."""
+    parts, a, d = [], k["agreement"], k["drop"]
+    if a["status"] != "passed":
+        parts.append(f"top-1 agreement {100 * a['value']:.2f}% (min {100 * a['threshold']:.2f}%; upper bound "
+                     f"{100 * a['upper_bound']:.2f}% at {100 * k['confidence']:g}% confidence, {k['samples']} images)")
+    if d["status"] != "passed":
+        parts.append(f"accuracy drop {100 * d['value']:.2f} points (max {100 * d['threshold']:.2f}; lower bound "
+                     f"{100 * d['lower_bound']:.2f} at {100 * k['confidence']:g}% confidence)")
+    return parts
+
+
 def describe_failure(result: dict, gate: dict) -> str:
     """The failing criteria only, with their numbers and thresholds."""
     t, k = result.get("tensor_check", {}), result.get("task_check", {})
-    parts = []
-    if t and not t["passed"]:
-        parts.append(f"max abs error {t['max_abs_error']:.4g}, max rel error {t['max_rel_error']:.4g} "
-                     f"(atol {gate['atol']}, rtol {gate['rtol']}, {t['statistic']}) in "
-                     f"{len(t['failed_batches'])}/{t['batches']} batches"
-                     + (f", {t['nonfinite']} non-finite values" if t["nonfinite"] else ""))
-    if k and k["top1_agreement"] < gate["min_top1_agreement"]:
-        parts.append(f"top-1 agreement {100 * k['top1_agreement']:.2f}% (min {100 * gate['min_top1_agreement']:.2f}%)")
-    if k and k["accuracy_drop"] > gate["max_accuracy_drop"]:
-        parts.append(f"accuracy drop {100 * k['accuracy_drop']:.2f} points (max {100 * gate['max_accuracy_drop']:.2f})")
+    parts = [describe_tensor(t, gate)] if t and not t["passed"] else []
+    parts += describe_task(k) if k else []
     return ", ".join(parts) or result.get("reason", "")
+
+
+def more_images(task: dict) -> str:
+    needed = task.get("more_images")
+    if needed is None:
+        return "the observed value is too close to the threshold for any practical number of images to decide it"
+    return f"about {needed} more validation images would decide it"
+
+
+def inconclusive_message(undecided) -> str:
+    return ("the gate could not decide with the images it had (verify.inconclusive=fail): " + "; ".join(
+        f"{c.name}: {', '.join(describe_task(c.result['task_check']))}: {more_images(c.result['task_check'])}"
+        for c in undecided)
+        + " (raise verify.max_samples, or add validation images)")
 
 
 def failure_message(verdict: dict, localization, export_broken: bool, suggest_fallback: bool) -> str:
@@ -150,10 +181,6 @@ def errors_message(errors) -> str:
         else f"{c.name}: {c.result['reason']}" for c in errors)
 
 
-def nothing_to_move(first: dict | None) -> str:
-    return f"nothing left to move for {first['name']}" if first else "no node over tolerance to move"
-
-
 def fallback_errors(rechecked) -> str:
     return "stopped: no candidate failed to localise, but " + "; ".join(
         f"{c.name}: {c.result.get('reason')}" for c in rechecked if c.status == "error")
@@ -173,9 +200,13 @@ def log_check(chk) -> None:
                     "\n  ".join(r["log_tail"]) or "(empty)")
     else:
         t, k = r["tensor_check"], r["task_check"]
-        log.info("verify: %-17s %-6s max abs %.3g  max rel %.3g  top-1 agreement %.2f%%  acc %.2f%% (ref %.2f%%)",
-                 chk.name, r["status"], t["max_abs_error"], t["max_rel_error"], 100 * k["top1_agreement"],
-                 100 * k["accuracy"], 100 * k["reference_accuracy"])
+        error = (f"scaled {t['scaled_error_quantile']:.3g}" if t.get("criterion") == "scaled"
+                 else f"max rel {t['max_rel_error']:.3g}")
+        log.info("verify: %-17s %-12s max abs %.3g  %s  top-1 agreement %.2f%%  acc %.2f%% (ref %.2f%%)%s",
+                 chk.name, r["status"], t["max_abs_error"], error, 100 * k["top1_agreement"], 100 * k["accuracy"],
+                 100 * k["reference_accuracy"], "" if chk.gates else "  (reported only: not in verify.gate)")
+        if r["status"] == "inconclusive":
+            log.warning("verify: %s inconclusive: %s; %s", chk.name, ", ".join(describe_task(k)), more_images(k))
 
 
 def log_localization(result: dict) -> None:
@@ -186,16 +217,6 @@ def log_localization(result: dict) -> None:
                     first["max_rel_error"], first["fp32_min"], first["fp32_max"])
     else:
         log.warning("verify: no single tensor exceeds the tolerance; the error builds up across layers")
-
-
-def log_int8_fallback_round(iteration: int, excluded: list[str], fraction: float, passed: bool) -> None:
-    log.info("verify: INT8 fallback %d: left %s unquantized -> INT8 fraction %.1f%%, %s", iteration,
-             ", ".join(excluded), 100 * fraction, "passes" if passed else "still fails")
-
-
-def log_fallback_round(iteration: int, moved: list[str], fraction: float, passed: bool) -> None:
-    log.info("verify: fallback %d: moved %s to FP32 -> FP16 fraction %.1f%%, %s", iteration, ", ".join(moved),
-             100 * fraction, "passes" if passed else "still fails")
 
 
 # --------------------------------------------------------------------------- reports
@@ -224,6 +245,8 @@ def build_payload(cfg, card, candidates, localization, fallback, verdict, sample
         "schema": SCHEMA,
         "created": now(),
         "passed": verdict["passed"],
+        "deployable": verdict.get("deployable", []),
+        "inconclusive": [c.name for c in verdict.get("inconclusive", [])],
         "model": cfg.model.name,
         "reference": reference,
         "inputs": {"what": "real validation images", "source": cfg.data.source, "samples": samples,
@@ -234,8 +257,8 @@ def build_payload(cfg, card, candidates, localization, fallback, verdict, sample
                 "label": c.label,
                 "precision": c.precision,
                 "artifact": c.artifact,
-                "artifact_sha256": (hashes.get(c.artifact or artifacts.WEIGHTS) if c.status in ("passed", "failed")
-                                    else None),
+                "artifact_sha256": (hashes.get(c.artifact or artifacts.WEIGHTS)
+                                    if c.status in ("passed", "failed", "inconclusive") else None),
                 "required": c.required,
                 "status": c.status,
                 "reason": c.result.get("reason"),
@@ -244,6 +267,7 @@ def build_payload(cfg, card, candidates, localization, fallback, verdict, sample
                 "tensor_check": c.result.get("tensor_check"),
                 "task_check": c.result.get("task_check"),
                 "after_fallback": c.result.get("after_fallback", False),
+                "gates": c.gates,
                 **{k: c.result[k] for k in ("log", "log_tail", "workaround") if k in c.result},
             }
             for c in candidates
@@ -280,11 +304,12 @@ def junit(payload: dict) -> str:
     for c in cases:
         case = ET.SubElement(suite, "testcase", classname=f"verify.{payload['model']}", name=c["name"])
         t, k, tol = c.get("tensor_check") or {}, c.get("task_check") or {}, c.get("tolerance") or {}
-        numbers = (f"max_abs_error={fmt(t.get('max_abs_error'))} max_rel_error={fmt(t.get('max_rel_error'))} "
-                   f"atol={tol.get('atol')} rtol={tol.get('rtol')} stat={tol.get('check_error_stat')} "
+        numbers = (f"criterion={t.get('criterion')} scaled_error={fmt(t.get('scaled_error_quantile'))} "
+                   f"max_scaled_error={tol.get('max_scaled_error')} max_abs_error={fmt(t.get('max_abs_error'))} "
+                   f"max_rel_error={fmt(t.get('max_rel_error'))} atol={tol.get('atol')} rtol={tol.get('rtol')} "
                    f"failed_batches={len(t.get('failed_batches', []))}/{t.get('batches')} "
                    f"nonfinite={t.get('nonfinite')} top1_agreement={fmt(k.get('top1_agreement'))} "
-                   f"accuracy_drop={fmt(k.get('accuracy_drop'))}") if t else ""
+                   f"accuracy_drop={fmt(k.get('accuracy_drop'))} gates={c.get('gates', True)}") if t else ""
         if c["status"] == "failed":
             el = ET.SubElement(case, "failure", message=f"{c['name']} outside tolerance: {numbers}",
                                type="PrecisionCheckFailed")
@@ -379,7 +404,7 @@ def read_verdicts(run_dir: RunDir) -> dict | None:
     current = functools.cache(lambda name: artifact_sha256(run_dir, name))
     verdicts = {}
     for name, status, recorded in cases:
-        if status in ("passed", "failed"):
+        if status in ("passed", "failed", "inconclusive"):
             artifact = artifact_of.get(name)
             fresh = (weights is not None and weights == current(artifacts.WEIGHTS) and artifact is not None
                      and recorded is not None and recorded == current(artifact))
@@ -400,7 +425,7 @@ def read_accuracies(run_dir: RunDir) -> dict:
     except Exception:  # a damaged report only loses the column
         return {}
     accuracies = {name: task.get("accuracy") for name, task in tasks.items()
-                  if verdicts.get(name) in ("passed", "failed") and task.get("accuracy") is not None}
+                  if verdicts.get(name) in ("passed", "failed", "inconclusive") and task.get("accuracy") is not None}
     reference = next((t.get("reference_accuracy") for n, t in tasks.items() if n in accuracies), None)
     if reference is not None:
         accuracies["reference"] = reference

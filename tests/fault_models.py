@@ -32,6 +32,15 @@ class Cancellation(_Base):
         return self.fc(f)
 
 
+class MildCancellation(_Base):
+    """The cancellation fault at a smaller shift: FP16 steps of 1/32 at 48, so the features lose a few percent."""
+
+    def forward(self, x):
+        f = torch.flatten(self.pool(self.features(x)), 1)
+        f = (f + 48.0) - 48.0
+        return self.fc(f)
+
+
 class Overflow(_Base):
     """Activations of 80k-400k in the middle (above FP16's 65504), scaled back down afterwards."""
 
@@ -73,6 +82,18 @@ class OutlierChannel(_Base):
         return self.head(self.mix(self.features(x) * self.outlier))
 
 
+class MildOutlierChannel(OutlierChannel):
+    """The outlier-channel fault at 100x: the other channels keep a few INT8 steps instead of none."""
+
+    def __init__(self, num_classes: int):
+        super().__init__(num_classes)
+        scale = torch.ones(16)
+        scale[0] = 100.0
+        self.outlier.copy_(scale.view(1, 16, 1, 1))
+        with torch.no_grad():
+            self.mix.weight.copy_(torch.diag(1.0 / scale).view(16, 16, 1, 1))
+
+
 class ShiftedClassifier(_Base):
     """The classifier's input shifted by 384 and the shift's contribution subtracted after it: exact in FP32,
     but a BF16 matrix unit rounds its inputs to 8 significant bits (steps of 2 at 384), which wipes out the
@@ -90,6 +111,14 @@ def shifted_classifier(num_classes: int = 10):
 
 def cancellation(num_classes: int = 10):
     return Cancellation(num_classes)
+
+
+def mild_cancellation(num_classes: int = 10):
+    return MildCancellation(num_classes)
+
+
+def mild_outlier_channel(num_classes: int = 10):
+    return MildOutlierChannel(num_classes)
 
 
 def overflow(num_classes: int = 10):

@@ -125,6 +125,43 @@ def test_onnxrt_int8_cpu_computes_the_graph_with_fp16_biases():
     assert "WeightBiasQuantization" in workaround  # said in the reports
 
 
+def _qdq_conv_half_bias() -> onnx.ModelProto:
+    """Q/DQ -> 1x1 Conv (identity weights, bias 0.5) -> Q/DQ with unit scales. As written, every output is
+    x + 0.5 rounded half to even; ONNX Runtime's fused QLinearConv quantizes the bias to int32 first (0.5 -> 0), so
+    half of its outputs differ by one step (measured: [-8, -7, -6, ...] against [-8, -6, -6, ...])."""
+    c = 4
+    inits = [numpy_helper.from_array(np.array(1.0, np.float32), "s"), numpy_helper.from_array(np.array(0, np.int8), "z"),
+             numpy_helper.from_array(np.eye(c, dtype=np.int8).reshape(c, c, 1, 1), "wq"),
+             numpy_helper.from_array(np.ones(c, np.float32), "ws"), numpy_helper.from_array(np.zeros(c, np.int8), "wz"),
+             numpy_helper.from_array(np.full(c, 0.5, np.float32), "b")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["wd"], axis=0),
+             helper.make_node("Conv", ["xd", "wd", "b"], ["m"], name="conv"),
+             helper.make_node("QuantizeLinear", ["m", "s", "z"], ["yq"]),
+             helper.make_node("DequantizeLinear", ["yq", "s", "z"], ["y"])]
+    graph = helper.make_graph(nodes, "qdq_conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, 2, 2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, 2, 2])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)], ir_version=9)
+
+
+def test_int8_exact_is_the_graph_as_written_where_fused_kernels_differ():
+    """int8_exact computes the Q/DQ graph as the ONNX specification writes it (onnx's reference evaluator), on a
+    graph where ONNX Runtime's fused int8 execution gives other numbers."""
+    from onnx.reference import ReferenceEvaluator
+
+    model = _qdq_conv_half_bias()
+    feed = {"x": (np.arange(16, dtype=np.float32) - 8).reshape(1, 4, 2, 2)}
+    expected = ReferenceEvaluator(model).run(None, feed)[0]
+    ctx = Context(cfg=None, run_dir=None, stage="verify", spec={}, int8=model, isolate=False)
+    with backends.by_name("int8_exact").make(ctx) as runner:
+        np.testing.assert_array_equal(runner.infer(feed)["y"], expected)
+    from pipeline.runners import onnxrt_runner
+
+    with onnxrt_runner(model.SerializeToString(), name="fused", optimize=True) as fused:  # the graph tells them apart
+        assert not np.array_equal(fused.infer(feed)["y"], expected)
+
+
 def test_exact_model_rounds_fp16_regions():
     """FP16 tensors of a Q/DQ graph (ModelOpt's high_precision_dtype) are rounded as the FP16 emulation does."""
     w = numpy_helper.from_array(np.array(1.0, np.float16), "one")
@@ -274,3 +311,26 @@ def test_missing_int8_model_is_run_export_first(clone_run, capsys):
     assert cli("verify", "--run-dir", run, "export.int8.enabled=true") == 2
     err = capsys.readouterr().err
     assert "verify needs model.int8.onnx" in err and "python -m pipeline export" in err, err
+
+
+def test_cancellation_with_int8_on_passes_auto_fallback_over_both_graphs(trained, tmp_path, capsys):
+    """The FP16 cancellation fault lives in the INT8 graph too (ModelOpt leaves the Add/Sub in FP16 there): the
+    same fallback moves it to FP32 in both graphs, and what the FP16 fallback found carries over to the INT8 one."""
+    run = _copy(trained(f"{FAULTS}:cancellation"), tmp_path)
+    assert cli("build", "--run-dir", run) == 0
+    assert cli("verify", "--run-dir", run) == 1
+    s = _status(run)
+    assert s["fp16_emulation"]["status"] == "failed" and s["int8_exact"]["status"] == "failed"
+    assert _report(run)["int8_localization"]["first_divergent"]["name"] in ("/Add", "/Sub")  # an FP16 node
+    capsys.readouterr()
+    assert cli("verify", "--run-dir", run, "--auto-fallback") == 0, capsys.readouterr().err
+    report = _report(run)
+    assert report["fallback"]["passed"] and report["int8_fallback"]["passed"]
+    assert {"/Add", "/Sub"} <= set(report["int8_fallback"]["kept_in_fp32"])
+    assert report["int8_fallback"]["excluded_from_int8"] == []  # nothing INT8 had to go
+    assert json.loads((run / "int8_fallback.json").read_text())["fp32_nodes"]
+    # Re-exported, the INT8 graph keeps the nodes in FP32, and the gate passes without a fallback.
+    assert cli("export", "--run-dir", run) == 0 and cli("build", "--run-dir", run) == 0
+    assert cli("verify", "--run-dir", run) == 0
+    precisions = int8.node_precisions(onnx.load(str(run / "model.onnx")), onnx.load(str(run / "model.int8.onnx")))
+    assert precisions["/Add"][1] == precisions["/Sub"][1] == "fp32"

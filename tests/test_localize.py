@@ -6,7 +6,7 @@ without building anything (what TensorRT would compute is not checked).
 
 import numpy as np
 
-from pipeline import backends, build, config, localize, verify
+from pipeline import fallback, backends, build, config, localize, verify
 from pipeline.run import RunDir
 
 OVERRIDES = ["build.tf32=true", "build.optimization_level=5", "build.min_batch=2", "build.opt_batch=4",
@@ -62,10 +62,10 @@ def test_verify_passes_the_build_config_and_cache_to_tensorrt_localisation(tmp_p
     monkeypatch.setattr(localize, "localize_tensorrt", fake_localize_tensorrt)
     run = RunDir(tmp_path / "runs" / "r")
     chk = verify.Check(backends.by_name("tensorrt_fp16"), "TensorRT", False,
-                       result={"tolerance": {"atol": 1e-3, "rtol": 1e-3}})
+                       result={"tolerance": {"criterion": "scaled", "max_scaled_error": 0.05, "atol": 1e-3,
+                                             "rtol": 1e-3}})
     evidence = verify.Evidence([{"input": np.zeros((1, 3, 8, 8), np.float32)}], [], np.zeros(1), "logits")
-    spec = {"input_name": "input", "input_size": [3, 8, 8]}
-    result = verify._localize(cfg, None, None, run.file("model.fp16.onnx"), evidence, chk, spec)
+    result = verify._localize(cfg, fallback.FP16_GRAPH, None, None, evidence, chk, run)
     assert result["candidate"] == "tensorrt_fp16"
     assert seen["build_cfg"] == cfg.build
     assert seen["timing_cache"] == tmp_path / "runs" / "trt_timing.11.4.0.sm90.cache"

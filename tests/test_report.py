@@ -85,12 +85,13 @@ def test_report_with_a_key_missing_says_so_in_one_line(clone_run, capsys, name, 
 
 def failing_payload() -> dict:
     """A verify.json of a failed gate with localisation and a fallback (what the tiny run does not produce)."""
-    tensor = {"max_abs_error": 0.5, "max_rel_error": 0.25}
+    tensor = {"criterion": "scaled", "scaled_error_quantile": 0.5, "max_abs_error": 0.25}
     task = {"top1_agreement": 0.97, "accuracy": 0.8, "reference_accuracy": 0.81}
     return {
         "passed": False, "model": "m<x>", "inputs": {"samples": 32, "source": "synthetic"},
         "candidates": [{"name": "fp16_emulation", "precision": "fp16", "status": "failed", "required": False,
-                        "reason": None, "tolerance": {"atol": 0.02, "rtol": 0.02, "check_error_stat": "elemwise"},
+                        "reason": None, "tolerance": {"criterion": "scaled", "max_scaled_error": 0.05,
+                                                      "error_quantile": 1.0},
                         "tensor_check": tensor, "task_check": task},
                        {"name": "tensorrt_fp16", "precision": "fp16", "status": "skipped", "required": True,
                         "reason": "no GPU | here"}],

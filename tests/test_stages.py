@@ -163,3 +163,19 @@ def test_verify_is_stale_on_a_cpu_with_other_bf16_units(monkeypatch):
     without = stages._hardware("verify")
     monkeypatch.setattr(stages.env, "cpu_has_native_bf16", lambda: True)
     assert stages._hardware("verify") != without
+
+
+# What each stage reads of the config, written out here rather than read from the stage table: a section dropped
+# from a stage's declaration (the export stage ignoring `export.*`, say) would otherwise pass unnoticed.
+READS = {"train": ("model", "data", "train"), "export": ("model", "data", "export"), "build": ("build",),
+         "verify": ("model", "data", "verify"), "benchmark": ("model", "data", "benchmark")}
+ONE_KEY = {"model": "model.mean=[0.4,0.4,0.4]", "data": "data.seed=3", "train": "train.lr=0.01",
+           "export": "export.opset=17", "build": "build.opt_batch=2", "verify": "verify.fp16.max_scaled_error=0.07",
+           "benchmark": "benchmark.trials=5"}
+
+
+@pytest.mark.parametrize("stage,section", [(s, k) for s, sections in READS.items() for k in sections])
+def test_every_config_section_a_stage_reads_enters_its_fingerprint(tmp_path, stage, section):
+    run = RunDir(tmp_path)
+    before = stages.fingerprint(stages.STAGES[stage], tiny_cfg(), run)
+    assert stages.fingerprint(stages.STAGES[stage], tiny_cfg(ONE_KEY[section]), run) != before
