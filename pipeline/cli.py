@@ -36,7 +36,8 @@ log = logging.getLogger("pipeline")
 STAGE_HELP = {name: stage.help for name, stage in STAGES.items()}
 
 EPILOG = """exit codes: 0 ok, 1 precision check failed, 2 usage/config/input error,
-3 required backend unavailable, 4 other runtime failure, 130 interrupted"""
+3 required backend unavailable, 4 other runtime failure, 5 gate inconclusive
+(only with verify.inconclusive=fail), 130 interrupted"""
 
 
 def _add_common(p: argparse.ArgumentParser, *, model: bool = True) -> None:

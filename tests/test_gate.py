@@ -175,3 +175,97 @@ def test_rule_of_a_tensor_flags_the_first_layer_over_scale():
     assert rule.errors(ref, ref + 0.5)["exceeds"]
     absolute = criteria.TensorRule.of(scaled_gate(criterion="absolute", atol=0.1, rtol=0.1))
     assert absolute.errors(ref, ref + 0.5)["exceeds"]
+
+
+# --------------------------------------------------------------------------- localisation order and the verdict
+
+
+def _chain(int8: bool) -> "onnx.ModelProto":
+    """x -> MatMul mmA -> a -> MatMul mmB -> y; the INT8 version quantizes both inputs, mmA's coarsely (a moderate
+    error), mmB's very coarsely (a huge one): the first node over the rule is mmA, the worst mmB."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    eye = numpy_helper.from_array(np.eye(4, dtype=np.float32), "w")
+    inits = [eye]
+    nodes = []
+    x, a = "x", "a"
+    if int8:
+        inits += [numpy_helper.from_array(np.array(0.05, np.float32), "sx"),
+                  numpy_helper.from_array(np.array(2.0, np.float32), "sa"),
+                  numpy_helper.from_array(np.array(0, np.int8), "z")]
+        nodes += [helper.make_node("QuantizeLinear", ["x", "sx", "z"], ["xq"], name="qx"),
+                  helper.make_node("DequantizeLinear", ["xq", "sx", "z"], ["xd"], name="dqx")]
+        x = "xd"
+    nodes.append(helper.make_node("MatMul", [x, "w"], ["a"], name="mmA"))
+    if int8:
+        nodes += [helper.make_node("QuantizeLinear", ["a", "sa", "z"], ["aq"], name="qa"),
+                  helper.make_node("DequantizeLinear", ["aq", "sa", "z"], ["ad"], name="dqa")]
+        a = "ad"
+    nodes.append(helper.make_node("MatMul", [a, "w"], ["y"], name="mmB"))
+    graph = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 4])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)], ir_version=9)
+
+
+def test_int8_localisation_names_the_first_node_over_the_rule_not_the_worst():
+    from pipeline import int8
+
+    feed = {"x": np.random.default_rng(0).uniform(-1, 1, (8, 4)).astype(np.float32)}
+    rule = criteria.TensorRule.of(scaled_gate(max_scaled_error=0.01))
+    result = int8.localize(_chain(False), _chain(True), feed, rule, top=5)
+    errors = {row["name"]: row["scaled_error"] for row in result["worst"]}
+    assert 0.01 < errors["mmA"] < errors["mmB"]  # both over; mmB far worse
+    assert result["first_divergent"]["name"] == "mmA"
+
+
+def _check(name: str, status: str, *, gates: bool = True, required: bool = False):
+    from pipeline import backends, verify
+
+    return verify.Check(backends.by_name(name), name, required, result={"status": status}, gates=gates)
+
+
+def test_verdict_a_required_candidate_that_was_skipped_fails_the_gate():
+    from pipeline import verify
+
+    verdict = verify._verdict([_check("onnxrt_fp32", "passed"), _check("tensorrt_fp16", "skipped", required=True)])
+    assert not verdict["passed"] and [c.name for c in verdict["missing_required"]] == ["tensorrt_fp16"]
+    assert verify._verdict([_check("onnxrt_fp32", "passed"), _check("tensorrt_fp16", "skipped")])["passed"]
+
+
+def test_verdict_only_gating_candidates_decide_and_inconclusive_follows_the_policy():
+    from pipeline import verify
+
+    reported = _check("onnxrt_int8_cpu", "failed", gates=False)
+    assert verify._verdict([_check("int8_exact", "passed"), reported])["passed"]
+    assert not verify._verdict([_check("int8_exact", "failed"), reported])["passed"]
+    undecided = [_check("int8_exact", "inconclusive"), _check("onnxrt_fp32", "passed")]
+    assert verify._verdict(undecided)["passed"]
+    assert not verify._verdict(undecided, inconclusive_fails=True)["passed"]
+    assert verify._verdict(undecided)["deployable"] == ["onnxrt_fp32"]
+
+
+def test_a_nan_image_fails_even_when_the_quantile_leaves_the_worst_images_out():
+    rng = np.random.default_rng(2)
+    ref = rng.normal(size=(100, 10))
+    cand = ref.copy()
+    cand[7, 3] = np.nan
+    result = judge(ref, cand, max_scaled_error=0.5, error_quantile=0.95)
+    assert result["tensor_check"]["scaled_error_quantile"] == 0.0  # the quantile alone would pass it
+    assert not result["tensor_check"]["passed"] and result["status"] == "failed"
+
+
+def test_an_undecided_gate_under_inconclusive_fail_is_exit_5_and_says_how_many_images():
+    from pipeline import verify
+    from pipeline.errors import EXIT_INCONCLUSIVE, Inconclusive
+
+    ref = np.tile(np.array([[2.0, 1.0]]), (256, 1))
+    cand = ref.copy()
+    cand[:7] = [[1.0, 2.0]]  # 249 of 256 agree: 97.3 % against 98 %
+    chk = _check("int8_exact", "inconclusive")
+    chk.result = {"status": "inconclusive", "task_check": criteria.task_check(
+        ref, cand, np.zeros(256, int), scaled_gate(min_top1_agreement=0.98, max_accuracy_drop=1.0), 0.95)}
+    verdict = verify._verdict([chk], inconclusive_fails=True)
+    with pytest.raises(Inconclusive, match="about 750 more validation images would decide it") as caught:
+        verify._raise_for(verdict, None, False, False)
+    assert caught.value.exit_code == EXIT_INCONCLUSIVE == 5

@@ -1,0 +1,68 @@
+"""A fast subset of the gate's calibration corpus (scripts/gate_corpus.py, docs/verify.md "Defaults and their
+margins"): a real data set (the UCI handwritten digits as scikit-learn ships them, tests/data/digits.npz), a
+sound model and two planted faults, with the default gate. Fails when a default loses its margin: every gating
+candidate of the sound run must stay MARGIN x under its precision's default, and each fault's target MARGIN x
+over it."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import FAULTS, ROOT, cli
+from pipeline import config
+
+MARGIN = 2.0
+DIGITS = ROOT / "tests" / "data" / "digits.npz"  # 1,797 8x8 images, 10 classes (UCI, CC BY 4.0, via scikit-learn)
+COMMON = ["data.source=imagefolder", "data.image_size=16", "data.batch_size=32", "train.log_every=1",
+          "train.amp=off", "export.fp16.calibration_samples=32", "export.int8.calibration_samples=32",
+          "verify.batch_size=32", "benchmark.batch_sizes=[1]"]
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory) -> Path:
+    """Every second digit as an image folder (900 images: 720 to train, 180 to verify)."""
+    data = np.load(DIGITS)
+    root = tmp_path_factory.mktemp("digits") / "data"
+    for i, (image, label) in enumerate(zip(data["images"][::2], data["labels"][::2])):
+        folder = root / f"digit_{label}"
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(image).convert("RGB").save(folder / f"{i:04d}.png")
+    return root
+
+
+def _verify(model: str, epochs: int, digits: Path, tmp_path: Path) -> dict:
+    run = tmp_path / "run"
+    args = ["--run-dir", run, f"data.path={digits}", f"train.epochs={epochs}", *COMMON]
+    assert cli("train", "--model", model, *args) == 0
+    assert cli("export", *args) == 0 and cli("build", *args) == 0
+    cli("verify", *args)  # exit 1 is the point for the faults
+    report = json.loads((run / "verify.json").read_text())
+    return {c["name"]: c for c in report["candidates"]}
+
+
+def _default(precision: str) -> float:
+    return getattr(config.resolve({}, None, []).verify, precision).max_scaled_error
+
+
+@pytest.mark.slow
+def test_a_sound_model_on_real_digits_stays_well_under_every_default(digits, tmp_path):
+    candidates = _verify("tiny_cnn", 6, digits, tmp_path)
+    judged = {n: c for n, c in candidates.items() if c["status"] in ("passed", "failed", "inconclusive")}
+    assert {"onnxrt_fp32", "fp16_emulation", "int8_exact"} <= set(judged)
+    for name, c in judged.items():
+        if not c["gates"]:
+            continue
+        scaled = c["tensor_check"]["scaled_error_quantile"]
+        assert c["status"] == "passed", (name, c["tensor_check"], c["task_check"])
+        assert scaled <= _default(c["precision"]) / MARGIN, (name, scaled, _default(c["precision"]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault,target", [("cancellation", "fp16_emulation"), ("outlier_channel", "int8_exact")])
+def test_planted_faults_on_real_digits_stay_well_over_their_default(digits, tmp_path, fault, target):
+    c = _verify(f"{FAULTS}:{fault}", 3, digits, tmp_path)[target]
+    assert c["status"] == "failed"
+    assert c["tensor_check"]["scaled_error_quantile"] >= _default(c["precision"]) * MARGIN, c["tensor_check"]
