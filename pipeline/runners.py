@@ -411,6 +411,12 @@ class CudaMemory:
 DEVICE_MEMORY = CudaMemory()
 
 
+def trt_module():
+    import tensorrt
+
+    return tensorrt
+
+
 def _numpy_dtype(trt_dtype):
     from polygraphy.datatype import DataType
 
@@ -534,11 +540,11 @@ class TensorrtRunner(Timed, TrtRunner):
         self.note = sidecar.get("precision", "")
         self.input_name, self.output_name, self.cuda_graphs = input_name, output_name, cuda_graphs
 
-    def activate_impl(self):
+    def activate(self):
         self._severity = G_LOGGER.module_severity
         G_LOGGER.module_severity = min(self._severity.get(), G_LOGGER.WARNING)  # TensorRT's runtime warnings too
         try:
-            super().activate_impl()
+            super().activate()
         except BaseException:
             G_LOGGER.module_severity = self._severity
             raise
@@ -568,8 +574,7 @@ class TensorrtRunner(Timed, TrtRunner):
     def _runner_timers(self, host: np.ndarray) -> Timers:
         self.bench_feed = {self.input_name: DEVICE_MEMORY.tensor(host)}  # held: bound while the runner lives
         self.bench_host_feed = {self.input_name: DEVICE_MEMORY.pinned(host)}
-        self.infer(self.bench_host_feed, check_inputs=False)  # Polygraphy sizes its output buffers ...
-        self._pin_output_buffers()  # ... which are then replaced by pinned ones of the same size
+        self._pin_output_buffers(len(host))
         enqueue = EnqueueEvents(self.context, self.stream.ptr)
 
         def gpu_compute() -> float:
@@ -589,11 +594,22 @@ class TensorrtRunner(Timed, TrtRunner):
                  gpu_compute),
                 ("host latency (H2D + compute + D2H, pinned host memory, TrtRunner.infer)", host_latency)]
 
-    def _pin_output_buffers(self) -> None:
-        """Polygraphy copies outputs into ``host_output_buffers`` (pageable ``torch.empty``), keeping a buffer whose
-        size fits; one of the same size in page-locked memory makes the D2H copy a real asynchronous one."""
-        for name, buffer in list(self.host_output_buffers.items()):
-            self.host_output_buffers[name] = DEVICE_MEMORY.pinned_empty(tuple(buffer.shape), buffer.dtype)
+    def _pin_output_buffers(self, batch: int) -> None:
+        """Polygraphy copies outputs into ``host_output_buffers[name]``, a flat byte buffer it allocates pageable
+        (``torch.empty``) unless one of the right size is there: hand it page-locked ones, so the D2H copy is a
+        real asynchronous copy. An output whose size the batch alone does not fix keeps Polygraphy's buffer."""
+        import torch
+
+        for index in range(self.engine.num_io_tensors):
+            name = self.engine.get_tensor_name(index)
+            if self.engine.get_tensor_mode(name) != trt_module().TensorIOMode.OUTPUT:
+                continue
+            dims = [int(d) for d in self.engine.get_tensor_shape(name)]
+            if -1 in dims[1:]:
+                continue
+            itemsize = np.dtype(_numpy_dtype(self.engine.get_tensor_dtype(name))).itemsize
+            nbytes = int(np.prod([batch, *dims[1:]])) * itemsize
+            self.host_output_buffers[name] = DEVICE_MEMORY.pinned_empty((nbytes,), torch.uint8)
 
     def _drop_bench_state(self) -> None:
         graphed = self.__dict__.pop("graphed", None)
@@ -602,10 +618,10 @@ class TensorrtRunner(Timed, TrtRunner):
         self.__dict__.pop("bench_feed", None)
         self.__dict__.pop("bench_host_feed", None)
 
-    def deactivate_impl(self):
+    def deactivate(self):
         self._drop_bench_state()
         try:
-            super().deactivate_impl()
+            super().deactivate()
         finally:
             G_LOGGER.module_severity = self._severity
 

@@ -29,6 +29,7 @@ as TensorRT does, so unchecked returns also show up as wrong results):
   given; otherwise it returns the fake engine (:func:`serialize`: a header with the profile and the config's
   flags, then the ONNX model). It does not optimise, choose tactics or check layer support.
 
+``fail["warning"] = "<text>"`` makes every enqueue log that TensorRT WARNING through the runtime's logger.
 ``fail`` injects failures: ``fail["execute_async_v3"] = {4}`` makes ``execute_async_v3`` return False at
 batch 4 (no violation: TensorRT may legitimately fail), as with ``set_input_shape``; ``fail["capture"]`` makes
 an execute during capture return False; ``fail["parse"] = "<message>"`` makes the ONNX parser report that
@@ -337,6 +338,8 @@ class FakeContext:
         capturing = device.capture is not None and device.capture[0] == stream
         if capturing and (self.fake.fail.get("capture") or not self._capturable()):
             return False
+        if self.fake.fail.get("warning") and self.engine.logger is not None:
+            self.engine.logger.log(Severity.WARNING, self.fake.fail["warning"])
         if self.warn_default_stream(stream):
             device.synchronize()  # what TensorRT does on the legacy default stream
         kernel = self._kernel()
@@ -400,13 +403,15 @@ class FakeContext:
             outputs.append((self.addresses[name][0], np_dtype, nbytes))
         self.fake.runs.append({name: shape for name, _, shape, _, _ in inputs})
 
-        def read():
-            return {name: np.frombuffer(ctypes.string_at(ptr, n), dt).reshape(shape) for name, ptr, shape, dt, n in inputs}
+        def read():  # memory freed since the enqueue reads as poison (on a GPU: undefined, often a crash)
+            return {name: np.frombuffer(ctypes.string_at(ptr, n) if self.fake.block_at(ptr) else b"\xff" * n,
+                                        dt).reshape(shape) for name, ptr, shape, dt, n in inputs}
 
         def write(feeds):
             for (ptr, np_dtype, nbytes), value in zip(outputs, self.engine.session.run(None, feeds)):
                 value = np.ascontiguousarray(value.astype(np_dtype))
-                ctypes.memmove(ptr, value.ctypes.data, min(nbytes, value.nbytes))
+                if self.fake.block_at(ptr):
+                    ctypes.memmove(ptr, value.ctypes.data, min(nbytes, value.nbytes))
 
         return read, write
 

@@ -258,11 +258,17 @@ class Device:
         if kind == "D2H" and (self.capture is None or self.capture[0] != (stream or self.legacy)):
             ctypes.memset(dst, POISON, nbytes)  # the host must not read this before a synchronize
 
+        def alive(ptr: int, on_device: bool) -> bool:
+            """Freed memory is neither read nor written (on a GPU: undefined behaviour, often a crash). A pageable
+            host buffer is only touched while memcpy runs: such a copy is synchronous."""
+            return self.device_memory(ptr) if on_device else (not pinned or self.is_pinned(ptr))
+
         def read() -> bytes:
-            return ctypes.string_at(src, nbytes)
+            return ctypes.string_at(src, nbytes) if alive(src, src_dev) else bytes([POISON]) * nbytes
 
         def write(data: bytes) -> None:
-            ctypes.memmove(dst, data, nbytes)
+            if alive(dst, dst_dev):
+                ctypes.memmove(dst, data, nbytes)
 
         synchronous = stream is None or not pinned  # cudaMemcpy, or pageable memory: the host waits for the copy
         op = self.launch(kind, stream or self.legacy, copy_ns(nbytes, pinned), read=read, write=write,
