@@ -16,8 +16,16 @@ as TensorRT does, so unchecked returns also show up as wrong results):
   device memory is either Polygraphy's (its ``cuda.wrapper()`` is replaced by :class:`FakeCudart`, host
   memory standing in for device memory) or the pipeline's torch tensors (``pipeline.runners.DEVICE_MEMORY``
   is replaced by :class:`FakeDeviceMemory`, CPU tensors tracked by weak reference);
-* CUDA graphs: ``torch.cuda.graph`` must be called with ``capture_error_mode="thread_local"``; launches during
-  a capture are recorded and run (with the lifetime checks) at ``replay()``.
+* CUDA graphs: ``torch.cuda.graph`` must be called with ``capture_error_mode="thread_local"``; an enqueue during
+  a capture needs an earlier enqueue of the same context (TensorRT's warm-up) and is recorded with the shapes
+  and addresses bound then, and run at ``replay()``;
+* streams and time: everything runs on the virtual CUDA device of ``tests/virtual_cuda.py`` (streams with
+  virtual clocks, the legacy default stream's ordering, events, poison until a synchronize; its docstring and
+  docs/gpu-validation.md say what it models). ``execute_async_v3`` is a kernel on the stream whose handle it
+  gets (an unknown handle is a violation; handle 0, the legacy default stream, logs TensorRT's warning and
+  synchronizes, as TensorRT does); the binding calls cost the host virtual time; ``torch.cuda``'s streams,
+  events, graphs, ``current_stream``/``stream`` and ``is_available()`` (True) are the device's, so
+  Polygraphy's ``TrtRunner`` takes its torch-tensor path.
 
 * the builder, as Polygraphy's real loaders drive it (``NetworkFromOnnxPath(strongly_typed=True)``,
   ``CreateConfig``, ``EngineBytesFromNetwork``): ``Builder``, ``create_network(flags)``, ``OnnxParser``

@@ -212,3 +212,38 @@ def test_virtual_gpu_capture_needs_a_side_stream_and_a_warm_up_and_fixes_shapes(
     stream.synchronize()
     assert len(fake_trt.runs) == runs  # a replay enqueues nothing new through the context
     np.testing.assert_array_equal(y.numpy()[:2], np.maximum(HOST, 0))
+
+
+def test_virtual_gpu_the_gpu_check_s_tensorrt_questions_run_on_the_virtual_device(built_run, fake_trt, monkeypatch):
+    """scripts/gpu_timing_check.py's TensorRT section, on the virtual device: (a) the benchmark's graph timer and (b)
+    events around 100 replays on the right stream agree with the kernels' virtual time; the replay's outputs are
+    TrtRunner's; the runner path's overhead is the copies and the synchronize. On a GPU it measures the real ones."""
+    import sys
+
+    from conftest import ROOT
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import gpu_timing_check as check
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    from pipeline import trtexec
+
+    monkeypatch.setattr(trtexec, "find", lambda: None)
+    batch = min(8, json_sidecar(built_run)["profile"]["max"][0])
+    want = expected_ms(built_run, batch)
+    section = check.tensorrt_section(built_run)
+    compute = section["gpu_compute_ms"]
+    assert compute["a_benchmark"] == pytest.approx(want["GPU compute"])
+    assert compute["b_events_100_replays"] == pytest.approx(want["GPU compute"])
+    assert compute["trtrunner_enqueue_events"] == pytest.approx(want["GPU compute"])
+    assert compute["c_trtexec"] == "not run: trtexec is not on PATH"
+    assert section["replay_equals_trtrunner_max_abs"] == 0.0
+    assert section["per_call_overhead_ms"] == pytest.approx(want["host latency"] - want["GPU compute"])
+    assert fake_trt.violations == []
+
+
+def json_sidecar(run):
+    import json
+
+    return json.loads((run / "model.fp16.engine.json").read_text())
