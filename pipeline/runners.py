@@ -24,7 +24,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 from polygraphy.backend.base import BaseRunner
@@ -530,6 +530,9 @@ class TensorrtRunner(Timed, TrtRunner):
     enqueueV3()") pass Polygraphy's logger, which prints them to the process's stdout: the child process's log,
     ``logs/<stage>.<backend>.log``.
     """
+
+    # Polygraphy's execution context; an EnqueueEvents wrapping it while "GPU compute" times one enqueue.
+    context: Any
 
     def __init__(self, engine_bytes: bytes, sidecar: dict, *, name: str, input_name: str, output_name: str,
                  cuda_graphs: bool = False):

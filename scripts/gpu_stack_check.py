@@ -170,8 +170,8 @@ def resolve(requirements: list[str], torch_index: str | None) -> list[dict] | st
 def check_route(route: str) -> int:
     extra, expected, torch_index = ROUTES[route]
     requirements = declared(extra)
-    print(f"route {route}: resolving (Linux x86-64, public index{', torch from ' + torch_index if torch_index else ''}):",
-          " ".join(requirements))
+    where = f"public index, torch from {torch_index}" if torch_index else "public index"
+    print(f"route {route}: resolving (Linux x86-64, {where}):", " ".join(requirements))
     install = resolve(requirements, torch_index)
     if isinstance(install, str):
         print("pip failed:", install)

@@ -16,7 +16,8 @@ with ``startEnqMs … endD2hMs``, ``h2dMs``, ``computeMs``, ``d2hMs``, ``latency
 transfers are 0 with ``--noDataTransfers``) and ``--exportProfile`` (``[{"count": N}, {"name", "timeMs",
 "averageMs", "medianMs", "percentage"}, ...]``).
 
-Environment: FAKE_TRTEXEC_VERSION (10 or 11, default 10), FAKE_TRTEXEC_COMPUTE_MS (the compute time per inference, default 1.0), FAKE_TRTEXEC_FAIL_BATCH
+Environment: FAKE_TRTEXEC_VERSION (10 or 11, default 10),
+FAKE_TRTEXEC_COMPUTE_MS (the compute time per inference, default 1.0), FAKE_TRTEXEC_FAIL_BATCH
 (exit 1 at that batch), FAKE_TRTEXEC_SLEEP_BATCH (hang at that batch), FAKE_TRTEXEC_GARBAGE (bad JSON),
 FAKE_TRTEXEC_CALLS (a file each command line is appended to, as JSON).
 """

@@ -123,8 +123,8 @@ def test_tensorrt_builds_are_read_from_every_installed_distribution(monkeypatch)
 def test_a_driver_older_than_torch_s_cuda_is_named_as_the_cause():
     facts = stack(gpu=None, gpu_reason="no CUDA GPU visible (torch.cuda.is_available() is False)",
                   driver={"version": "570.86.15", "cuda": "12.8"})
-    message = ("the NVIDIA driver 570.86.15 runs CUDA up to 12.8, but torch 2.13.0+cu130 is a CUDA 13.0 build (driver >= "
-               "580.65.06): update the driver, or take the CUDA 12 route (docs/export-and-build.md)")
+    message = ("the NVIDIA driver 570.86.15 runs CUDA up to 12.8, but torch 2.13.0+cu130 is a CUDA 13.0 build "
+               "(driver >= 580.65.06): update the driver, or take the CUDA 12 route (docs/export-and-build.md)")
     assert doctor.problems(facts)[0] == doctor.Problem("driver", message)
     assert doctor.requirement_problem(facts, "cuda") == f"--require cuda: {message}"
     assert f"gpu          none: {message}" in doctor.lines(facts)
