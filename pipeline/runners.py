@@ -626,7 +626,7 @@ class TensorrtRunner(Timed, TrtRunner):
         try:
             super().deactivate()
         finally:
-            G_LOGGER.module_severity = self._severity
+            G_LOGGER.module_severity = getattr(self, "_severity", G_LOGGER.module_severity)
 
 
 class EnqueueEvents:

@@ -101,6 +101,8 @@ def test_virtual_gpu_rejects_an_input_of_another_dtype_on_every_tensorrt_path(fa
     with runner:
         with pytest.raises(runners.TensorrtCallFailed, match="expects float16"):
             runner.timers({"x": HOST})
+        with pytest.raises(Exception, match="unexpected dtype"):  # verify's path: Polygraphy's own input check
+            runner.infer({"x": HOST})
         out = runner.infer({"x": HOST.astype(np.float16)})  # the right dtype runs
     np.testing.assert_array_equal(np.asarray(out["y_out"].numpy(), np.float32), np.maximum(HOST, 0))
 
