@@ -128,14 +128,14 @@ def pip_dry_run(*requirements: str, deps: bool, timeout: int, index: str | None 
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
 
 
-def index_reachable(timeout: float = 10) -> str:
-    """"" when the public index answers, else why not."""
+def index_reachable(timeout: float = 10, index: str = INDEX, project: str = "pip") -> str:
+    """"" when the index answers, else why not."""
     try:
-        with urllib.request.urlopen(INDEX + "pip/", timeout=timeout) as response:
+        with urllib.request.urlopen(index.rstrip("/") + f"/{project}/", timeout=timeout) as response:
             response.read(1)
         return ""
     except OSError as exc:
-        return f"the package index {INDEX} is unreachable ({getattr(exc, 'reason', exc)})"
+        return f"the package index {index} is unreachable ({getattr(exc, 'reason', exc)})"
 
 
 def tensorrt_chain(requirement: str, timeout: int) -> str:
@@ -170,7 +170,11 @@ def resolve(requirements: list[str], torch_index: str | None) -> list[dict] | st
 def check_route(route: str) -> int:
     extra, expected, torch_index = ROUTES[route]
     requirements = declared(extra)
-    where = f"public index, torch from {torch_index}" if torch_index else "public index"
+    unreachable = index_reachable(index=torch_index, project="torch") if torch_index else ""
+    if unreachable:  # judge the rest; torch's CUDA build cannot be read from here
+        print(f"route {route}: torch skipped: {unreachable}")
+        requirements = [r for r in requirements if Requirement(r).name != "torch"]
+    where = f"public index, torch from {torch_index}" if torch_index and not unreachable else "public index"
     print(f"route {route}: resolving (Linux x86-64, {where}):", " ".join(requirements))
     install = resolve(requirements, torch_index)
     if isinstance(install, str):

@@ -111,20 +111,26 @@ def test_both_routes_are_checked_each_against_its_own_cuda_major(monkeypatch, ca
         return SimpleNamespace(returncode=0, stdout=json.dumps({"install": items}), stderr="")
 
     monkeypatch.setattr(check, "pip_dry_run", dry_run)
-    monkeypatch.setattr(check, "index_reachable", lambda: "")
+    monkeypatch.setattr(check, "index_reachable", lambda *a, **k: "")
     assert check.main([]) == 0
     out = capsys.readouterr().out
     assert "stack cuda13: one CUDA major (CUDA 13), one TensorRT" in out
     assert "stack cuda12: one CUDA major (CUDA 12), one TensorRT" in out
     assert (("torch>=2.8",), "https://download.pytorch.org/whl/cu126") in asked
+    asked.clear()  # PyTorch's index unreachable: the rest of the route is still judged, torch is said skipped
+    monkeypatch.setattr(check, "index_reachable", lambda index=check.INDEX, **k: "" if index == check.INDEX else "down")
+    assert check.main(["--route", "cuda12"]) == 0
+    out = capsys.readouterr().out
+    assert "route cuda12: torch skipped: down" in out and "stack cuda12: one CUDA major (CUDA 12)" in out
+    assert all("torch>=2.8" not in requirements for requirements, _ in asked)
 
 
 @pytest.mark.network
 def test_pip_resolves_the_declared_gpu_stack_to_cuda13():
     if os.environ.get("PIPELINE_PIP_CHECK") != "1":
         pytest.skip("set PIPELINE_PIP_CHECK=1 (a separate step of .ci/run) to ask the package index (~45 s)")
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_stack_check.py")], capture_output=True,
-                            text=True, timeout=420)
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_stack_check.py"), "--route", "cuda13"],
+                            capture_output=True, text=True, timeout=420)
     out = result.stdout
     if out.startswith("skipped:"):
         pytest.skip(out.strip())
@@ -134,6 +140,24 @@ def test_pip_resolves_the_declared_gpu_stack_to_cuda13():
     assert any(line.strip().startswith("onnxruntime-gpu ") and ": CUDA 13 (" in line for line in lines), out
     assert any(line.strip().startswith("tensorrt ") and "(tensorrt_cu13==" in line for line in lines), out
     assert "stopped at tensorrt_cu13_libs" in out or "resolved with its dependencies" in out, out
+
+
+@pytest.mark.network
+def test_pip_resolves_the_cuda12_route_to_cuda12_with_one_tensorrt():
+    if os.environ.get("PIPELINE_PIP_CHECK") != "1":
+        pytest.skip("set PIPELINE_PIP_CHECK=1 (a separate step of .ci/run) to ask the package index (~30 s)")
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_stack_check.py"), "--route", "cuda12"],
+                            capture_output=True, text=True, timeout=420)
+    out = result.stdout
+    if out.startswith("skipped:"):
+        pytest.skip(out.strip())
+    assert result.returncode == 0, out + result.stderr
+    lines = [line.strip() for line in out.splitlines()]
+    assert any(line.startswith("onnxruntime-gpu 1.24.") and ": CUDA 12 (" in line for line in lines), out
+    assert any(line.startswith("tensorrt_cu12 ") and ": CUDA 12 (" in line for line in lines), out
+    assert not any(line.startswith("tensorrt ") and ": CUDA" in line for line in lines), out  # one build
+    assert any(line.startswith("torch ") and ": CUDA 12 (" in line for line in lines) or "torch skipped" in out, out
+    assert "stack cuda12: one CUDA major (CUDA 12), one TensorRT" in out, out
 
 
 def test_offline_is_a_skip_with_its_reason(monkeypatch, capsys):

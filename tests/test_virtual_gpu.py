@@ -104,6 +104,9 @@ def test_virtual_gpu_rejects_an_input_of_another_dtype_on_every_tensorrt_path(fa
         with pytest.raises(Exception, match="unexpected dtype"):  # verify's path: Polygraphy's own input check
             runner.infer({"x": HOST})
         out = runner.infer({"x": HOST.astype(np.float16)})  # the right dtype runs
+    import torch
+
+    assert isinstance(out["y_out"], torch.Tensor)  # Polygraphy's torch-tensor path (torch.cuda.is_available())
     np.testing.assert_array_equal(np.asarray(out["y_out"].numpy(), np.float32), np.maximum(HOST, 0))
 
 
