@@ -38,13 +38,60 @@ def major(version: str | None) -> int | None:
 # --------------------------------------------------------------------------- facts
 
 
-def tensorrt_cuda_major() -> int | None:
-    """The CUDA major TensorRT's wheels were built for, from their names (tensorrt_cu13, tensorrt-cu12-libs)."""
+# The oldest Linux driver each CUDA major runs on (CUDA's release notes, table "CUDA Toolkit and Minimum
+# Required Driver Version"; 12.x through minor-version compatibility).
+DRIVER_MIN = {13: "580.65.06", 12: "525.60.13"}
+
+
+def tensorrt_cuda_majors() -> list[int]:
+    """The CUDA majors of the TensorRT builds installed, from their wheels' names (tensorrt_cu13,
+    tensorrt-cu12-libs, ...): two entries mean two TensorRT builds side by side."""
+    majors = set()
     for dist in importlib.metadata.distributions():
         match = re.fullmatch(r"tensorrt[-_]cu(\d+)([-_].*)?", (dist.metadata["Name"] or "").lower())
         if match:
-            return int(match.group(1))
-    return None
+            majors.add(int(match.group(1)))
+    return sorted(majors)
+
+
+def tensorrt_cuda_major() -> int | None:
+    """The CUDA major TensorRT's wheels were built for; None when there is none (or more than one)."""
+    majors = tensorrt_cuda_majors()
+    return majors[0] if len(majors) == 1 else None
+
+
+def nvml_driver() -> dict | None:
+    """The NVIDIA driver as NVML reports it (works where CUDA itself cannot start, e.g. a driver too old for
+    torch's CUDA): ``{"version": "570.86.15", "cuda": "12.8"}``; None without a driver or NVML."""
+    try:
+        import pynvml  # nvidia-ml-py, a dependency of torch's CUDA builds
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # no driver, or no NVIDIA GPU
+        return None
+    try:
+        version = pynvml.nvmlSystemGetDriverVersion()
+        cuda = int(pynvml.nvmlSystemGetCudaDriverVersion())  # 12080 for 12.8: the newest CUDA the driver runs
+        return {"version": version.decode() if isinstance(version, bytes) else str(version),
+                "cuda": f"{cuda // 1000}.{cuda % 1000 // 10}"}
+    except Exception:
+        return None
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
+
+
+def driver_problem(facts: dict) -> str | None:
+    """Why torch's CUDA cannot run on this driver (too old for its CUDA major), in one line; None otherwise."""
+    driver, torch_major = facts.get("driver"), major(facts.get("torch_cuda"))
+    if not driver or not torch_major or major(driver.get("cuda")) is None or major(driver["cuda"]) >= torch_major:
+        return None
+    minimum = DRIVER_MIN.get(torch_major, "a newer one")
+    return (f"the NVIDIA driver {driver['version']} runs CUDA up to {driver['cuda']}, but torch {facts.get('torch')} "
+            f"is a CUDA {facts['torch_cuda']} build (driver >= {minimum}): update the driver, or take the CUDA "
+            f"{major(driver['cuda'])} route (docs/export-and-build.md)")
 
 
 def find_libcudart() -> str | None:
@@ -120,6 +167,8 @@ def gather() -> dict:
         "tensorrt": getattr(trt, "__version__", None),
         "tensorrt_reason": trt_reason,
         "tensorrt_cuda": tensorrt_cuda_major(),
+        "tensorrt_builds": tensorrt_cuda_majors(),
+        "driver": nvml_driver(),
         "libcudart": find_libcudart(),
         "polygraphy": env.package_version("polygraphy"),
         "modelopt": env.package_version("nvidia-modelopt"),
@@ -147,6 +196,15 @@ def cuda_mismatches(facts: dict) -> list[Problem]:
                "install onnxruntime-gpu 1.24.x (a CUDA 12 build) or the CUDA 13 torch")
         problems.append(Problem("onnxruntime", f"{ort.get('package')} {ort.get('version')} is a CUDA {ort_major} "
                                                f"build; torch uses CUDA {facts['torch_cuda']}: {fix}"))
+    builds = facts.get("tensorrt_builds") or []
+    if len(builds) > 1:
+        names = ", ".join(f"tensorrt_cu{b}" for b in builds)
+        keep = torch_major if torch_major in builds else builds[-1]
+        problems.append(Problem("tensorrt", f"{len(builds)} TensorRT builds are installed ({names}); their bindings "
+                                            "may share one top-level folder: pip uninstall -y tensorrt "
+                                            + " ".join(f"tensorrt-cu{b} tensorrt-cu{b}-libs tensorrt-cu{b}-bindings"
+                                                       for b in builds)
+                                            + f", then pip install \"tensorrt-cu{keep}>=10.12\" (one build)"))
     trt_major = facts.get("tensorrt_cuda")
     if torch_major and trt_major and trt_major != torch_major:
         problems.append(Problem("tensorrt", f"TensorRT {facts.get('tensorrt')} is built for CUDA {trt_major}; torch "
@@ -158,6 +216,9 @@ def cuda_mismatches(facts: dict) -> list[Problem]:
 def problems(facts: dict) -> list[Problem]:
     """Every mismatch on this stack: CUDA majors, providers that are listed but do not load, libcudart."""
     found = cuda_mismatches(facts)
+    driver = driver_problem(facts)
+    if driver and not facts.get("gpu"):
+        found.insert(0, Problem("driver", driver))
     ort = facts.get("onnxruntime") or {}
     if facts.get("gpu"):
         for provider in (p for p in ort.get("listed", []) if p in GPU_PROVIDERS and p not in ort.get("loads", [])):
@@ -173,7 +234,7 @@ def problems(facts: dict) -> list[Problem]:
 def requirement_problem(facts: dict, required: str) -> str | None:
     """Why ``--require cuda|tensorrt`` cannot be met here, in one line; None when it can."""
     if not facts.get("gpu"):
-        return f"--require {required}: {facts.get('gpu_reason') or 'no CUDA GPU'}"
+        return f"--require {required}: {driver_problem(facts) or facts.get('gpu_reason') or 'no CUDA GPU'}"
     if required == "tensorrt" and not facts.get("tensorrt"):
         return f"--require tensorrt: {facts.get('tensorrt_reason')}"
     blocking = [p for p in problems(facts) if required == "cuda" or p.part == "tensorrt"]
@@ -198,7 +259,7 @@ def lines(facts: dict) -> list[str]:
         f"python       {facts['python']}",
         f"torch        {facts['torch']} ({'CUDA ' + facts['torch_cuda'] if facts['torch_cuda'] else 'CPU-only build'})",
         "gpu          " + (f"{gpu['name']} (compute {gpu['compute_capability']}), driver {gpu.get('driver') or '?'}"
-                           if gpu else f"none: {facts['gpu_reason']}"),
+                           if gpu else f"none: {driver_problem(facts) or facts['gpu_reason']}"),
         f"onnxruntime  {ort_line}",
         "tensorrt     " + (f"{facts['tensorrt']} (CUDA {facts['tensorrt_cuda'] or '?'} build)" if facts["tensorrt"]
                            else f"none: {facts['tensorrt_reason']}"),

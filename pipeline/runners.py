@@ -24,7 +24,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 from polygraphy.backend.base import BaseRunner
@@ -44,6 +44,11 @@ if TYPE_CHECKING:  # type-checked against tensorrt-stubs (tests/test_typecheck.p
 
 CPU_WALL_CLOCK = "wall-clock, synchronous CPU call"
 Timers = list[tuple[str, Callable[[], float]]]
+
+
+def host_ms() -> float:
+    """The host's clock for "host latency" (ms). The tests' virtual CUDA device replaces it with its own."""
+    return time.perf_counter() * 1000.0
 
 
 def cpu_timer(fn, *args) -> Callable[[], float]:
@@ -87,12 +92,12 @@ def cuda_timers(forward, x_host, cuda_graphs: bool) -> Timers:
         return start_evt.elapsed_time(end_evt)
 
     def host_latency() -> float:
-        t = time.perf_counter()
+        t = host_ms()
         with torch.cuda.stream(stream):
             x_dev.copy_(pinned, non_blocking=True)
             compute().float().cpu()
         stream.synchronize()
-        return (time.perf_counter() - t) * 1000.0
+        return host_ms() - t
 
     label = " with CUDA graphs" if cuda_graphs else ""
     return [(f"GPU compute (CUDA events, device-resident input){label}", gpu_compute),
@@ -406,6 +411,28 @@ class CudaMemory:
 DEVICE_MEMORY = CudaMemory()
 
 
+def trt_module():
+    import tensorrt
+
+    return tensorrt
+
+
+def _numpy_dtype(trt_dtype):
+    from polygraphy.datatype import DataType
+
+    return DataType.to_dtype(DataType.from_dtype(trt_dtype, source_module="tensorrt"), "numpy")
+
+
+def check_dtypes(engine: trt.ICudaEngine, arrays: dict) -> None:
+    """Every input's dtype is the engine's (``get_tensor_dtype``): TensorRT reads raw bytes, so FP32 bytes bound to
+    an FP16 input would be read as garbage without an error. Raises :class:`TensorrtCallFailed` naming both."""
+    for name, dtype in arrays.items():
+        expected = np.dtype(_numpy_dtype(engine.get_tensor_dtype(name)))
+        if np.dtype(dtype) != expected:
+            raise TensorrtCallFailed(f"input {name!r} is {np.dtype(dtype).name} but the engine expects "
+                                     f"{expected.name} (engine.get_tensor_dtype)")
+
+
 def _torch_dtype(trt_dtype):
     from polygraphy.datatype import DataType
 
@@ -427,6 +454,7 @@ class GraphedEngine:
         self.context: trt.IExecutionContext = engine.create_execution_context()
         if not self.context:
             raise TensorrtCallFailed("TensorRT could not create an execution context (its log above says why)")
+        check_dtypes(engine, {input_name: host.dtype})
         self.input = DEVICE_MEMORY.tensor(host)
         checked(self.context.set_input_shape(input_name, tuple(self.input.shape)),
                 f"set_input_shape({input_name!r}, {tuple(self.input.shape)})")
@@ -457,22 +485,28 @@ class GraphedEngine:
         checked(self.context.execute_async_v3(torch.cuda.current_stream().cuda_stream), "execute_async_v3")
 
     def gpu_compute(self) -> float:
-        self.start.record(self.stream)
-        self.graph.replay()
-        self.end.record(self.stream)
+        import torch
+
+        # replay() launches on the CURRENT stream (cudaGraphLaunch(graph, getCurrentCUDAStream())): the events
+        # bracket the replay only when it runs on their stream. On the legacy default stream it would not even
+        # order with them (torch's pool streams are non-blocking).
+        with torch.cuda.stream(self.stream):
+            self.start.record(self.stream)
+            self.graph.replay()
+            self.end.record(self.stream)
         self.end.synchronize()
         return self.start.elapsed_time(self.end)
 
     def host_latency(self) -> float:
         import torch
 
-        t = time.perf_counter()
+        t = host_ms()
         with torch.cuda.stream(self.stream):
             self.input.copy_(self.host_input, non_blocking=True)  # into the bound buffer
             self.graph.replay()
             self.host_output.copy_(self.output, non_blocking=True)
-        self.stream.synchronize()
-        return (time.perf_counter() - t) * 1000.0
+        self.stream.synchronize()  # before the host may read host_output
+        return host_ms() - t
 
     def close(self) -> None:
         """The graph first, then the context, then the buffers bound to it."""
@@ -484,11 +518,21 @@ class TensorrtRunner(Timed, TrtRunner):
     """Polygraphy's ``TrtRunner`` over engine bytes that :func:`pipeline.build.load_engine_bytes` checked.
 
     Inference (verify) and the plain timings go through ``TrtRunner.infer`` with device-resident inputs
-    (torch CUDA tensors): "GPU compute" is CUDA events on the runner's stream around an inference whose
-    outputs stay on the device (it includes TrtRunner's few microseconds of Python per call), "host latency"
-    the wall clock around one from pinned host memory with the outputs copied back. With
-    ``benchmark.cuda_graphs`` the engine runs from a :class:`GraphedEngine` instead (trtexec's default).
+    (torch CUDA tensors). "GPU compute" is CUDA events recorded on the runner's stream immediately before and
+    after the engine's enqueue (``execute_async_v3``) inside that call, so they bracket the engine's kernels
+    and nothing of Polygraphy's Python setup or its synchronize. "host latency" is the host clock around one
+    call from page-locked (pinned) host memory with the outputs copied back into page-locked buffers too
+    (Polygraphy's own output buffers are pageable; the runner hands it pinned ones of the right size), then
+    Polygraphy's synchronize. With ``benchmark.cuda_graphs`` the engine runs from a :class:`GraphedEngine`
+    instead (trtexec's default).
+
+    While the runner is active, TensorRT's runtime WARNINGs (for example "Using default stream in
+    enqueueV3()") pass Polygraphy's logger, which prints them to the process's stdout: the child process's log,
+    ``logs/<stage>.<backend>.log``.
     """
+
+    # Polygraphy's execution context; an EnqueueEvents wrapping it while "GPU compute" times one enqueue.
+    context: Any
 
     def __init__(self, engine_bytes: bytes, sidecar: dict, *, name: str, input_name: str, output_name: str,
                  cuda_graphs: bool = False):
@@ -498,6 +542,15 @@ class TensorrtRunner(Timed, TrtRunner):
         self.profile = sidecar["profile"]
         self.note = sidecar.get("precision", "")
         self.input_name, self.output_name, self.cuda_graphs = input_name, output_name, cuda_graphs
+
+    def activate(self):
+        self._severity = G_LOGGER.module_severity
+        G_LOGGER.module_severity = min(self._severity.get(), G_LOGGER.WARNING)  # TensorRT's runtime warnings too
+        try:
+            super().activate()
+        except BaseException:
+            G_LOGGER.module_severity = self._severity
+            raise
 
     def batch_reason(self, batch: int) -> str:
         low, high = self.profile["min"][0], self.profile["max"][0]
@@ -512,35 +565,54 @@ class TensorrtRunner(Timed, TrtRunner):
     def timers(self, feed: dict) -> Timers:
         host = np.ascontiguousarray(feed[self.input_name])
         self._drop_bench_state()
+        check_dtypes(self.engine, {self.input_name: host.dtype})
         if self.cuda_graphs:
             self.graphed = GraphedEngine(self.engine, input_name=self.input_name, output_name=self.output_name,
                                          host=host)
             return [("GPU compute (CUDA events, device-resident input) with CUDA graphs", self.graphed.gpu_compute),
-                    ("host latency (H2D + compute + D2H) with CUDA graphs", self.graphed.host_latency)]
+                    ("host latency (H2D + compute + D2H, pinned host memory) with CUDA graphs",
+                     self.graphed.host_latency)]
         return self._runner_timers(host)
 
     def _runner_timers(self, host: np.ndarray) -> Timers:
-        import torch
-
         self.bench_feed = {self.input_name: DEVICE_MEMORY.tensor(host)}  # held: bound while the runner lives
         self.bench_host_feed = {self.input_name: DEVICE_MEMORY.pinned(host)}
-        stream = torch.cuda.ExternalStream(self.stream.ptr)  # TrtRunner's own stream
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        self._pin_output_buffers(len(host))
+        enqueue = EnqueueEvents(self.context, self.stream.ptr)
 
         def gpu_compute() -> float:
-            start.record(stream)
-            self.infer(self.bench_feed, check_inputs=False, copy_outputs_to_host=False)
-            end.record(stream)
-            end.synchronize()
-            return start.elapsed_time(end)
+            context, self.context = self.context, enqueue
+            try:
+                self.infer(self.bench_feed, check_inputs=False, copy_outputs_to_host=False)
+            finally:
+                self.context = context
+            return enqueue.elapsed_ms()
 
         def host_latency() -> float:
-            t = time.perf_counter()
+            t = host_ms()
             self.infer(self.bench_host_feed, check_inputs=False, copy_outputs_to_host=True)
-            return (time.perf_counter() - t) * 1000.0
+            return host_ms() - t
 
-        return [("GPU compute (CUDA events around TrtRunner.infer, device-resident input)", gpu_compute),
-                ("host latency (H2D + compute + D2H, TrtRunner.infer)", host_latency)]
+        return [("GPU compute (CUDA events around the engine's enqueue in TrtRunner.infer, device-resident input)",
+                 gpu_compute),
+                ("host latency (H2D + compute + D2H, pinned host memory, TrtRunner.infer)", host_latency)]
+
+    def _pin_output_buffers(self, batch: int) -> None:
+        """Polygraphy copies outputs into ``host_output_buffers[name]``, a flat byte buffer it allocates pageable
+        (``torch.empty``) unless one of the right size is there: hand it page-locked ones, so the D2H copy is a
+        real asynchronous copy. An output whose size the batch alone does not fix keeps Polygraphy's buffer."""
+        import torch
+
+        for index in range(self.engine.num_io_tensors):
+            name = self.engine.get_tensor_name(index)
+            if self.engine.get_tensor_mode(name) != trt_module().TensorIOMode.OUTPUT:
+                continue
+            dims = [int(d) for d in self.engine.get_tensor_shape(name)]
+            if -1 in dims[1:]:
+                continue
+            itemsize = np.dtype(_numpy_dtype(self.engine.get_tensor_dtype(name))).itemsize
+            nbytes = int(np.prod([batch, *dims[1:]])) * itemsize
+            self.host_output_buffers[name] = DEVICE_MEMORY.pinned_empty((nbytes,), torch.uint8)
 
     def _drop_bench_state(self) -> None:
         graphed = self.__dict__.pop("graphed", None)
@@ -549,9 +621,36 @@ class TensorrtRunner(Timed, TrtRunner):
         self.__dict__.pop("bench_feed", None)
         self.__dict__.pop("bench_host_feed", None)
 
-    def deactivate_impl(self):
+    def deactivate(self):
         self._drop_bench_state()
-        super().deactivate_impl()
+        try:
+            super().deactivate()
+        finally:
+            G_LOGGER.module_severity = getattr(self, "_severity", G_LOGGER.module_severity)
+
+
+class EnqueueEvents:
+    """The execution context as ``TrtRunner`` uses it, with CUDA events recorded on the engine's stream right
+    before and right after ``execute_async_v3``: on the GPU they bracket exactly the engine's kernels."""
+
+    def __init__(self, context: trt.IExecutionContext, stream_ptr: int):
+        import torch
+
+        self._context, self._stream = context, torch.cuda.ExternalStream(stream_ptr)
+        self._start, self._end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def __getattr__(self, name):
+        return getattr(self._context, name)
+
+    def execute_async_v3(self, stream_handle: int) -> bool:
+        self._start.record(self._stream)
+        ok = self._context.execute_async_v3(stream_handle)
+        self._end.record(self._stream)
+        return ok
+
+    def elapsed_ms(self) -> float:
+        self._end.synchronize()
+        return self._start.elapsed_time(self._end)
 
 
 class OpenVINORunner(Timed, BaseRunner):

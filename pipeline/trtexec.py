@@ -3,12 +3,18 @@
 When ``trtexec`` is on PATH (it is in NGC images), benchmark runs it for every TensorRT row it measured,
 per batch size, twice:
 
-* GPU compute: ``--loadEngine=<engine> --shapes=<input>:<b>x<c>x<h>x<w> --useCudaGraph --noDataTransfers``
+* GPU compute: ``--loadEngine=<engine> --shapes=<input>:<b>x<c>x<h>x<w>``, CUDA graphs and no data transfers,
   with ``--exportTimes`` and ``--exportProfile`` (per-layer times, from a separate profiling run so they do not
   perturb the timed one); compared with our "GPU compute" row through each record's ``computeMs``;
-* host latency: the same without ``--noDataTransfers``; compared with our "host latency" row through each
-  record's ``latencyMs``, which trtexec defines as H2D + compute + D2H (a sum of CUDA-event intervals, not a
-  wall clock around the three: ours includes the host's wait, so it is expected to be a little higher).
+* host latency: the same with data transfers; compared with our "host latency" row through each record's
+  ``latencyMs``, which trtexec defines as H2D + compute + D2H (a sum of CUDA-event intervals, not a wall clock
+  around the three: ours includes the host's wait, so it is expected to be a little higher).
+
+The flags depend on trtexec's version (its ``[TensorRT vMMmmpp]`` banner, read once from ``trtexec --help``):
+TensorRT 10 needs ``--useCudaGraph``, ``--noDataTransfers`` and ``--separateProfileRun``; from TensorRT 11.0 CUDA
+graphs and separate profiling are the default, data transfers are OFF unless ``--includeDataTransfers`` is given
+(a flag TensorRT 10 does not know), and the three old flags are no-ops with a warning
+(``samples/common/sampleOptions.cpp``). A trtexec whose version cannot be read is a note on its rows.
 
 ``--exportTimes`` writes a JSON list of one record per timed inference (warm-up excluded):
 ``startEnqMs, endEnqMs, startH2dMs, endH2dMs, startComputeMs, endComputeMs, startD2hMs, endD2hMs, h2dMs,
@@ -24,9 +30,11 @@ end of the stage.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -39,10 +47,31 @@ EXECUTABLE = "trtexec"
 TIMEOUT_S = 600  # one trtexec run: engine load + warm-up + timed runs
 FLAG_RELATIVE = 0.25  # |ours - trtexec| / trtexec of the p50s above this is flagged
 RUNTIME = "TensorRT"  # the Backend.runtime of the rows compared
-KINDS = {  # our row's timing label starts with ...: (name, extra flags, exportTimes field)
-    "GPU compute": ("compute", ["--useCudaGraph", "--noDataTransfers"], "computeMs"),
-    "host latency": ("transfers", ["--useCudaGraph"], "latencyMs"),
+KINDS = {  # our row's timing label starts with ...: (name, exportTimes field)
+    "GPU compute": ("compute", "computeMs"),
+    "host latency": ("transfers", "latencyMs"),
 }
+FLAGS = {  # trtexec's TensorRT major -> kind name -> its flags; the profile's flags
+    10: {"compute": ["--useCudaGraph", "--noDataTransfers"], "transfers": ["--useCudaGraph"],
+         "profile": ["--separateProfileRun"]},
+    11: {"compute": [], "transfers": ["--includeDataTransfers"], "profile": []},
+}
+
+
+def flags_for(major: int) -> dict:
+    """The flags of trtexec from TensorRT ``major`` (10 and 11 known; later ones as 11, earlier ones as 10)."""
+    return FLAGS[11] if major >= 11 else FLAGS[10]
+
+
+@functools.lru_cache(maxsize=None)
+def version(exe: str) -> int | None:
+    """trtexec's TensorRT major from the banner every run prints (``[TensorRT v110100]``), or None."""
+    try:
+        done = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = re.search(r"\[TensorRT v(\d{5,})\]", done.stdout + done.stderr)
+    return int(match.group(1)) // 10000 if match else None
 
 
 def find() -> str | None:
@@ -50,14 +79,16 @@ def find() -> str | None:
     return shutil.which(EXECUTABLE)
 
 
-def command(exe: str, engine: Path, shape: str, flags: list[str], times: Path, profile: Path | None,
-            method) -> list[str]:
-    """The trtexec command line: our warm-up, at least our runs and duration, the JSON exports."""
+def command(exe: str, engine: Path, shape: str, kind: str, times: Path, profile: Path | None, method,
+            major: int) -> list[str]:
+    """The trtexec command line for trtexec from TensorRT ``major``: the kind's flags (see :data:`FLAGS`), our
+    warm-up, at least our runs and duration, the JSON exports."""
+    flags = flags_for(major)
     duration = max(1, math.ceil(method.min_duration_s * method.trials))
-    return [exe, f"--loadEngine={engine}", f"--shapes={shape}", *flags, f"--warmUp={round(method.warmup_s * 1000)}",
-            f"--iterations={method.min_iterations * method.trials}", f"--duration={duration}",
-            f"--exportTimes={times}",
-            *([f"--exportProfile={profile}", "--separateProfileRun"] if profile else [])]
+    return [exe, f"--loadEngine={engine}", f"--shapes={shape}", *flags[kind],
+            f"--warmUp={round(method.warmup_s * 1000)}", f"--iterations={method.min_iterations * method.trials}",
+            f"--duration={duration}", f"--exportTimes={times}",
+            *([f"--exportProfile={profile}", *flags["profile"]] if profile else [])]
 
 
 def read_times(path: Path, field: str) -> list[float]:
@@ -95,9 +126,13 @@ def measure(exe: str, engine: Path, shape: str, kind: str, out_dir: Path, stem: 
     """One trtexec run of one kind ("GPU compute" or "host latency"): its statistics, or ``{"error": ...}``."""
     from pipeline.benchmark import summarize
 
-    name, flags, field = KINDS[kind]
+    name, field = KINDS[kind]
+    major = version(exe)
+    if major is None:
+        return {"metric": field, "error": f"trtexec's TensorRT version is unknown (no [TensorRT vNNNNNN] banner in "
+                                          f"`{exe} --help`): its flags depend on it"}
     times, profile = out_dir / f"{stem}.{name}.times.json", out_dir / f"{stem}.{name}.profile.json"
-    cmd = command(exe, engine, shape, flags, times, profile if name == "compute" else None, method)
+    cmd = command(exe, engine, shape, name, times, profile if name == "compute" else None, method, major)
     times.unlink(missing_ok=True)
     error = run_once(cmd, out_dir / f"{stem}.{name}.log")
     if not error:
@@ -105,7 +140,7 @@ def measure(exe: str, engine: Path, shape: str, kind: str, out_dir: Path, stem: 
             stats = summarize(read_times(times, field), batch)
         except ValueError as exc:
             error = f"trtexec {exc}"
-    result = {"command": " ".join(cmd[1:]), "metric": field}
+    result = {"command": " ".join(cmd[1:]), "metric": field, "tensorrt_major": major}
     if error:
         return {**result, "error": error}
     return {**result, **{k: stats[k] for k in ("p50", "p90", "p99", "mean", "iterations")},

@@ -1,28 +1,40 @@
 #!/usr/bin/env bash
-# The whole GPU path on a tiny configuration, in a few minutes: `pipeline doctor` first (the stack, one line
-# per part, every CUDA mismatch), then CUDA AMP training (fp16 + GradScaler), export (FP32, AutoCast FP16 and,
-# where ModelOpt quantizes, Q/DQ INT8 ONNX), one strongly typed TensorRT engine per precision, verify with
-# TensorRT required, benchmark with CUDA events, the GPU-marked tests and bench-train. Where TensorRT is missing
-# it still runs every CUDA step and says what it could not run. docs/gpu-validation.md says what each step checks.
+# The whole GPU path on a tiny configuration, in at most 5 minutes (GPU_CHECK_BUDGET_S, default 300): `pipeline
+# doctor` first (the stack, one line per part, every CUDA mismatch), then CUDA AMP training (fp16 + GradScaler),
+# export (FP32, AutoCast FP16 and, where ModelOpt quantizes, Q/DQ INT8 ONNX), one strongly typed TensorRT engine
+# per precision (TF32 off), verify with TensorRT required, benchmark with CUDA events and CUDA graphs, then
+# scripts/gpu_timing_check.py: the questions the tests' virtual CUDA device cannot answer (graph-replay GPU compute
+# as the benchmark measures it, by events around 100 replays on the right stream and by trtexec, side by side;
+# replay outputs against the runner's; the runner path's per-call overhead; the TF32-off build log; the libcudart
+# copies the benchmark's TensorRT child maps). The GPU-marked tests and bench-train run only while time is left.
+# Where TensorRT is missing it still runs every CUDA step and says what it could not run.
+# docs/gpu-validation.md says what each step checks.
 #
 #   scripts/gpu_check.sh [RUN_DIR]        (default: runs/gpu_check)
 #
+# Writes RUN_DIR/gpu_check.json and RUN_DIR/gpu_check.md (one summary each, with every step's exit code).
 # Exit code: 0 when everything ran and passed, 1 when a step failed, 3 when only TensorRT was missing.
 set -u
 cd "$(dirname "$0")/.."
 RUN="${1:-runs/gpu_check}"
 PY="${PYTHON:-python3}"
+BUDGET_S="${GPU_CHECK_BUDGET_S:-300}"
 TINY=(train.epochs=1 data.samples_per_class=40 data.image_size=32 data.batch_size=32
-      verify.samples=64 benchmark.batch_sizes=[1,8] benchmark.min_duration_s=0.2 benchmark.trials=2)
+      verify.samples=64 benchmark.batch_sizes=[1,8] benchmark.min_duration_s=0.2 benchmark.trials=2
+      benchmark.warmup_s=0.2)
 declare -a SUMMARY=()
+STEPS="$(mktemp)"
+trap 'rm -f "$STEPS"' EXIT
 status=0
-note() { SUMMARY+=("$1"); echo "== $1"; }
-step() {  # step NAME EXPECTED_CODES... -- COMMAND...
+note() { SUMMARY+=("$1"); echo "$1" >> "$STEPS"; echo "== $1"; }
+left() { echo $((BUDGET_S - SECONDS)); }
+step() {  # step NAME EXPECTED_CODES... -- COMMAND...   (killed when the time budget runs out)
     local name=$1; shift
     local ok=()
     while [ "$1" != "--" ]; do ok+=("$1"); shift; done; shift
     local t0=$SECONDS
-    "$@"
+    if [ "$(left)" -le 5 ]; then note "$name: NOT RUN (the ${BUDGET_S}s budget is spent)"; status=1; return 124; fi
+    if declare -F "$1" >/dev/null; then "$@"; else timeout "$(left)" "$@"; fi  # timeout cannot run a function
     local rc=$?
     local took=$((SECONDS - t0))
     if [[ " ${ok[*]} " == *" $rc "* ]]; then
@@ -41,7 +53,7 @@ echo "== doctor"
 DOCTOR_OUT="$(mktemp)"
 doctor() { "$PY" -m pipeline doctor "$@" 2>&1 | tee "$DOCTOR_OUT"; return "${PIPESTATUS[0]}"; }
 step "doctor (the stack; --require cuda)" 0 -- doctor --require cuda
-while IFS= read -r line; do note "doctor: $line"; done < <(grep -E '^(mismatch|libcudart|tensorrt|error)' "$DOCTOR_OUT")
+while IFS= read -r line; do note "doctor: $line"; done < <(grep -E '^(mismatch|gpu|libcudart|tensorrt|error)' "$DOCTOR_OUT")
 rm -f "$DOCTOR_OUT"
 
 have_trt=0
@@ -60,12 +72,19 @@ else
     step "verify (ONNX Runtime CUDA + emulation; TensorRT not installed)" 0 -- "$PY" -m pipeline verify --run-dir "$RUN" --require cuda
     note "NOT RUN: TensorRT engine build, TensorRT verify and TensorRT benchmark (TensorRT is not installed)"
 fi
-step "benchmark (CUDA events + host latency)" 0 -- "$PY" -m pipeline benchmark --run-dir "$RUN"
-step "GPU-marked tests (pytest -m gpu)" 0 -- "$PY" -m pytest -q -m gpu -p no:cacheprovider
-if "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+step "benchmark (CUDA events + host latency, CUDA graphs)" 0 -- "$PY" -m pipeline benchmark --run-dir "$RUN" benchmark.cuda_graphs=true
+step "timing questions (scripts/gpu_timing_check.py)" 0 -- "$PY" scripts/gpu_timing_check.py "$RUN" --steps "$STEPS" --out "$RUN/gpu_check"
+if [ "$(left)" -gt 120 ]; then
+    step "GPU-marked tests (pytest -m gpu)" 0 -- "$PY" -m pytest -q -m gpu -p no:cacheprovider
+else
+    note "NOT RUN: GPU-marked tests (less than 120 s of the ${BUDGET_S}s budget left)"
+fi
+if ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+    note "NOT RUN: bench-train (no CUDA GPU)"; status=1  # on the CPU ResNet-18 at 224x224 takes many minutes
+elif [ "$(left)" -gt 60 ]; then
     step "bench-train (fp16 vs fp32 on the GPU)" 0 -- "$PY" -m pipeline bench-train --model resnet18 --steps 20 data.image_size=224 data.batch_size=64 train.device=cuda
-else  # bench-train falls back to the CPU, where ResNet-18 at 224x224 takes many minutes
-    note "NOT RUN: bench-train (no CUDA GPU)"; status=1
+else
+    note "NOT RUN: bench-train (less than 60 s of the ${BUDGET_S}s budget left)"
 fi
 
 echo
@@ -85,7 +104,11 @@ for precision, reason in details.get("skipped", {}).items():
     print(f"  {precision}: skipped: {reason}")
 PY
 echo
-echo "== summary"
+echo "== summary (${SECONDS}s)"
 printf '  %s\n' "${SUMMARY[@]}"
+note "total: ${SECONDS}s of a ${BUDGET_S}s budget; exit status $status (have TensorRT: $have_trt)"
+# One JSON and one Markdown summary, RUN_DIR/gpu_check.{json,md}: the timing answers gpu_timing_check.py wrote,
+# completed with every step's line (no GPU work is repeated).
+"$PY" scripts/gpu_timing_check.py "$RUN" --steps "$STEPS" --out "$RUN/gpu_check" --steps-only
 if [ $status = 0 ] && [ $have_trt = 0 ]; then exit 3; fi
 exit $status

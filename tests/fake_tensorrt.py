@@ -16,8 +16,16 @@ as TensorRT does, so unchecked returns also show up as wrong results):
   device memory is either Polygraphy's (its ``cuda.wrapper()`` is replaced by :class:`FakeCudart`, host
   memory standing in for device memory) or the pipeline's torch tensors (``pipeline.runners.DEVICE_MEMORY``
   is replaced by :class:`FakeDeviceMemory`, CPU tensors tracked by weak reference);
-* CUDA graphs: ``torch.cuda.graph`` must be called with ``capture_error_mode="thread_local"``; launches during
-  a capture are recorded and run (with the lifetime checks) at ``replay()``.
+* CUDA graphs: ``torch.cuda.graph`` must be called with ``capture_error_mode="thread_local"``; an enqueue during
+  a capture needs an earlier enqueue of the same context (TensorRT's warm-up) and is recorded with the shapes
+  and addresses bound then, and run at ``replay()``;
+* streams and time: everything runs on the virtual CUDA device of ``tests/virtual_cuda.py`` (streams with
+  virtual clocks, the legacy default stream's ordering, events, poison until a synchronize; its docstring and
+  docs/gpu-validation.md say what it models). ``execute_async_v3`` is a kernel on the stream whose handle it
+  gets (an unknown handle is a violation; handle 0, the legacy default stream, logs TensorRT's warning and
+  synchronizes, as TensorRT does); the binding calls cost the host virtual time; ``torch.cuda``'s streams,
+  events, graphs, ``current_stream``/``stream`` and ``is_available()`` (True) are the device's, so
+  Polygraphy's ``TrtRunner`` takes its torch-tensor path.
 
 * the builder, as Polygraphy's real loaders drive it (``NetworkFromOnnxPath(strongly_typed=True)``,
   ``CreateConfig``, ``EngineBytesFromNetwork``): ``Builder``, ``create_network(flags)``, ``OnnxParser``
@@ -29,6 +37,7 @@ as TensorRT does, so unchecked returns also show up as wrong results):
   given; otherwise it returns the fake engine (:func:`serialize`: a header with the profile and the config's
   flags, then the ONNX model). It does not optimise, choose tactics or check layer support.
 
+``fail["warning"] = "<text>"`` makes every enqueue log that TensorRT WARNING through the runtime's logger.
 ``fail`` injects failures: ``fail["execute_async_v3"] = {4}`` makes ``execute_async_v3`` return False at
 batch 4 (no violation: TensorRT may legitimately fail), as with ``set_input_shape``; ``fail["capture"]`` makes
 an execute during capture return False; ``fail["parse"] = "<message>"`` makes the ONNX parser report that
@@ -48,8 +57,10 @@ import weakref
 
 import numpy as np
 
+import virtual_cuda as vc
+
 MAGIC = b"FAKE-TRT-ENGINE\n"
-STREAM = 0x5EED
+STREAM = 0x5EED  # a blocking stream that exists on every virtual device (the first one created)
 
 
 class DataType(enum.IntEnum):
@@ -100,13 +111,14 @@ _ONNX_TYPES = {1: (DataType.FLOAT, np.float32), 10: (DataType.HALF, np.float16)}
 
 
 class FakeCudart:
-    """Polygraphy's ``cuda.wrapper()`` over host memory: every allocation is tracked until ``free``."""
+    """Polygraphy's ``cuda.wrapper()`` on the virtual device: host memory stands in for device memory, every
+    allocation is tracked until ``free``, copies and streams go through :mod:`virtual_cuda`."""
 
     def __init__(self, fake: "FakeTensorRT"):
         self.fake, self.blocks = fake, {}
 
     def malloc(self, nbytes: int) -> int:
-        block = np.zeros(max(int(nbytes), 1), np.uint8)
+        block = np.full(max(int(nbytes), 1), vc.POISON, np.uint8)  # uninitialised device memory
         ptr = block.ctypes.data
         self.blocks[ptr] = block
         self.fake.live[ptr] = (next(self.fake.ids), block.nbytes, lambda: ptr in self.blocks)
@@ -116,63 +128,98 @@ class FakeCudart:
         self.blocks.pop(ptr, None)
 
     def memcpy(self, dst, src, nbytes, kind, stream_ptr=None):
-        ctypes.memmove(dst, src, int(nbytes))
+        stream = None if stream_ptr is None else self.fake.stream(stream_ptr, "memcpy")
+        vc.DEVICE[0].memcpy(int(dst), int(src), int(nbytes), stream)
 
     def create_stream(self):
-        return STREAM
+        return vc.DEVICE[0].new_stream(blocking=True).handle  # cudaStreamCreate: a blocking stream
 
     def stream_synchronize(self, ptr):
-        pass
+        self.fake.stream(ptr, "stream_synchronize").synchronize()
 
     def destroy_stream(self, ptr):
-        pass
+        vc.DEVICE[0].streams.pop(ptr, None)
+
+
+def _virtual_tensor_class():
+    import torch
+
+    class VirtualTensor(torch.Tensor):
+        """A CPU tensor that stands for device or page-locked memory: its ``copy_`` to or from device memory is a
+        copy on the current stream of the virtual device, and ``resize_`` keeps the allocation tracked."""
+
+        __torch_function__ = torch._C._disabled_torch_function_impl  # results of other ops are plain tensors
+
+        def copy_(self, src, non_blocking=False):
+            device = vc.DEVICE[0]
+            if not (device.device_memory(self.data_ptr()) or device.device_memory(src.data_ptr())):
+                return torch.Tensor.copy_(self, src, non_blocking)
+            if src.dtype != self.dtype or src.nbytes != self.nbytes or not src.is_contiguous():
+                raise RuntimeError("virtual device: copy_ between device memory and another dtype, size or layout")
+            host_pinned = device.is_pinned(src.data_ptr()) or device.is_pinned(self.data_ptr())
+            device.memcpy(self.data_ptr(), src.data_ptr(), self.nbytes,
+                          device.current if non_blocking and host_pinned else None)
+            return self
+
+        def resize_(self, *shape, **kwargs):
+            torch.Tensor.resize_(self, *shape, **kwargs)
+            FAKE[0].device_memory_track(self)
+            return self
+
+    return VirtualTensor
 
 
 class FakeDeviceMemory:
-    """``pipeline.runners.DEVICE_MEMORY`` with CPU tensors; each "device" tensor is tracked by weak reference."""
+    """``pipeline.runners.DEVICE_MEMORY`` on the virtual device: "device" tensors are CPU tensors tracked by weak
+    reference (their ``copy_`` is a virtual copy), "pinned" ones are CPU tensors the device knows are page-locked."""
 
     device = "cpu"
 
     def __init__(self, fake: "FakeTensorRT"):
         self.fake = fake
 
-    def _track(self, tensor):
-        ref = weakref.ref(tensor)
-        self.fake.live[tensor.data_ptr()] = (next(self.fake.ids), tensor.nbytes, lambda: ref() is not None)
-        return tensor
+    def _virtual(self, tensor):
+        return tensor.as_subclass(self.fake.tensor_class)
 
     def tensor(self, host):
         import torch
 
-        return self._track(torch.from_numpy(np.array(host, copy=True)))
+        return self.fake.device_memory_track(self._virtual(torch.from_numpy(np.array(host, copy=True))))
 
     def empty(self, shape, dtype):
         import torch
 
-        return self._track(torch.empty(shape, dtype=dtype))
+        tensor = self._virtual(torch.empty(shape, dtype=dtype))
+        tensor.view(torch.uint8).fill_(vc.POISON)  # uninitialised device memory
+        return self.fake.device_memory_track(tensor)
 
     def pinned(self, host):
         import torch
 
-        return torch.from_numpy(np.array(host, copy=True))
+        tensor = self._virtual(torch.from_numpy(np.array(host, copy=True)))
+        vc.DEVICE[0].pin(tensor)
+        return tensor
 
     def pinned_empty(self, shape, dtype):
         import torch
 
-        return torch.empty(shape, dtype=dtype)
+        tensor = self._virtual(torch.empty(shape, dtype=dtype))
+        vc.DEVICE[0].pin(tensor)
+        return tensor
 
 
 class FakeEngine:
     """An ``ICudaEngine`` whose serialized form is a header plus the ONNX file it "compiled"."""
 
-    def __init__(self, fake: "FakeTensorRT", blob: bytes):
+    def __init__(self, fake: "FakeTensorRT", blob: bytes, logger=None):
         import onnx
         import onnxruntime as ort
 
         header, model = blob[len(MAGIC):].split(b"\n", 1)
-        self.fake, self.header = fake, json.loads(header)
+        self.fake, self.header, self.logger = fake, json.loads(header), logger
         self.session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
         proto = onnx.load_from_string(model)
+        self.layers = len(proto.graph.node)  # the kernel's virtual time: vc.LAYER_NS per layer
         self.io = {}
         for value, mode in [(v, TensorIOMode.INPUT) for v in proto.graph.input] + \
                            [(v, TensorIOMode.OUTPUT) for v in proto.graph.output]:
@@ -214,14 +261,32 @@ class ICudaEngine(FakeEngine):
     pass
 
 
+def _host_call(method):
+    """A binding call on the execution context costs the host virtual time (vc.HOST_CALL_NS)."""
+    def timed(self, *args, **kwargs):
+        vc.DEVICE[0].host += vc.HOST_CALL_NS
+        return method(self, *args, **kwargs)
+
+    timed.__name__ = method.__name__
+    return timed
+
+
+DEFAULT_STREAM_WARNING = ("Using default stream in enqueueV3() may lead to performance issues due to additional calls "
+                          "to cudaStreamSynchronize() by TensorRT to ensure correct synchronization. Please use "
+                          "non-default stream instead.")
+
+
 class FakeContext:
-    """An ``IExecutionContext`` that checks shapes, addresses and lifetimes when it runs."""
+    """An ``IExecutionContext`` that checks shapes, addresses and lifetimes when it enqueues, and runs the engine
+    as a kernel on the virtual device (its ONNX graph through ONNX Runtime, at the kernel's virtual end)."""
 
     def __init__(self, engine: FakeEngine):
         self.engine, self.fake = engine, engine.fake
         self.shapes, self.addresses, self.allocators = {}, {}, {}
         self.active_optimization_profile = 0
+        self.launched = 0  # enqueues outside a capture: TensorRT sets itself up on the first one
 
+    @_host_call
     def set_input_shape(self, name: str, shape) -> bool:
         shape = tuple(int(d) for d in shape)
         self.fake.record("set_input_shape", name, shape)
@@ -234,15 +299,21 @@ class FakeContext:
         self.shapes[name] = shape
         return True
 
+    @_host_call
     def get_tensor_shape(self, name: str) -> tuple:
+        return self._shape(name)
+
+    def _shape(self, name: str) -> tuple:
         if self.engine.get_tensor_mode(name) == TensorIOMode.INPUT:
             return self.shapes.get(name, self.engine.io[name][1])
         batch = next(iter(self.shapes.values()), (-1,))[0]
         return (batch, *self.engine.io[name][1][1:])
 
+    @_host_call
     def get_tensor_address(self, name: str) -> int:
         return self.addresses.get(name, (0, None))[0]
 
+    @_host_call
     def set_tensor_address(self, name: str, memory: int) -> bool:
         self.fake.record("set_tensor_address", name, memory)
         if not isinstance(memory, int) or name not in self.engine.io:
@@ -254,6 +325,7 @@ class FakeContext:
         self.addresses[name] = (memory, block[0])
         return True
 
+    @_host_call
     def set_output_allocator(self, name: str, output_allocator) -> bool:
         self.allocators[name] = output_allocator
         return True
@@ -262,45 +334,94 @@ class FakeContext:
         return profile_index == 0
 
     def execute_async_v3(self, stream_handle: int) -> bool:
+        """Enqueue the engine on the stream ``stream_handle``: checked now, computed when the kernel ends."""
         self.fake.record("execute_async_v3", stream_handle)
+        device = vc.DEVICE[0]
         if not isinstance(stream_handle, int):
             self.fake.violation(f"execute_async_v3({stream_handle!r}): the stream handle must be an int")
             return False
-        if self.fake.capturing is not None:
-            if self.fake.fail.get("capture"):
-                return False
-            self.fake.capturing.launches.append(self._run)
-            return True
-        return self._run()
+        stream = self.fake.stream(stream_handle, "execute_async_v3")
+        if stream is None:
+            return False
+        capturing = device.capture is not None and device.capture[0] == stream
+        if capturing and (self.fake.fail.get("capture") or not self._capturable()):
+            return False
+        if self.fake.fail.get("warning") and self.engine.logger is not None:
+            self.engine.logger.log(Severity.WARNING, self.fake.fail["warning"])
+        if self.warn_default_stream(stream):
+            device.synchronize()  # what TensorRT does on the legacy default stream
+        kernel = self._kernel()
+        if kernel is None:
+            return False
+        try:
+            device.launch("kernel", stream, vc.LAYER_NS * self.engine.layers, read=kernel[0], write=kernel[1])
+        except RuntimeError as exc:  # the legacy default stream during a capture: the capture is invalidated
+            self.fake.violation(f"execute_async_v3: {exc}")
+            return False
+        if not capturing:
+            self.launched += 1
+        if self.warn_default_stream(stream, log=False):
+            device.host_wait(stream.ready)
+        return True
 
-    def _run(self) -> bool:
-        feeds = {}
+    def warn_default_stream(self, stream, log: bool = True) -> bool:
+        if stream.handle != vc.LEGACY:
+            return False
+        if log and self.engine.logger is not None:
+            self.engine.logger.log(Severity.WARNING, DEFAULT_STREAM_WARNING)
+        return True
+
+    def _capturable(self) -> bool:
+        """TensorRT's enqueue allocates and sets itself up on the first launch of a context: that cannot be
+        captured in a CUDA graph, so a capture needs a warm-up enqueue first."""
+        if self.launched == 0:
+            self.fake.violation("execute_async_v3 during a CUDA graph capture before any warm-up enqueue of this "
+                                "execution context (TensorRT's first enqueue cannot be captured)")
+            return False
+        return True
+
+    def _kernel(self):
+        """(read, write) of one run with the shapes and addresses bound NOW (a capture fixes them), or None."""
+        inputs = []
         for name, (mode, dims, (_, np_dtype)) in self.engine.io.items():
             if mode != TensorIOMode.INPUT:
                 continue
             if -1 in dims and name not in self.shapes:
                 return self.fake.violation(f"execute_async_v3: dynamic input {name!r} has no shape "
-                                           "(set_input_shape was not called)")
+                                           "(set_input_shape was not called)") or None
             shape = self.shapes.get(name, dims)
             if shape[0] in self.fake.fail.get("execute_async_v3", ()):
-                return False
-            data = self._live(name, int(np.prod(shape)) * np.dtype(np_dtype).itemsize)
-            if data is None:
-                return False
-            feeds[name] = np.frombuffer(data, np_dtype).reshape(shape).copy()
-        outputs = self.engine.session.run(None, feeds)
-        for (name, (mode, _, (_, np_dtype))), value in zip(
-                [(n, v) for n, v in self.engine.io.items() if v[0] == TensorIOMode.OUTPUT], outputs):
-            value = np.ascontiguousarray(value.astype(np_dtype))
+                return None
+            nbytes = int(np.prod(shape)) * np.dtype(np_dtype).itemsize
+            if self._live(name, nbytes) is None:
+                return None
+            inputs.append((name, self.addresses[name][0], shape, np_dtype, nbytes))
+        outputs = []
+        for name, (mode, dims, (_, np_dtype)) in self.engine.io.items():
+            if mode != TensorIOMode.OUTPUT:
+                continue
+            shape = self._shape(name)
+            nbytes = int(np.prod(shape)) * np.dtype(np_dtype).itemsize
             if name in self.allocators:
-                ptr = self.allocators[name].reallocate_output_async(name, 0, value.nbytes, 256, STREAM)
-                self.allocators[name].notify_shape(name, tuple(value.shape))
-                self.addresses[name] = (ptr, self.fake.block_at(ptr)[0])
-            if self._live(name, value.nbytes) is None:
-                return False
-            ctypes.memmove(self.addresses[name][0], value.ctypes.data, value.nbytes)
-        self.fake.runs.append({k: v.shape for k, v in feeds.items()})
-        return True
+                ptr = self.allocators[name].reallocate_output_async(name, 0, nbytes, 256, vc.LEGACY)
+                self.allocators[name].notify_shape(name, tuple(shape))
+                self.addresses[name] = (ptr, self.fake.block_at(ptr)[0]) if self.fake.block_at(ptr) else (ptr, None)
+            if self._live(name, nbytes) is None:
+                return None
+            outputs.append((self.addresses[name][0], np_dtype, nbytes))
+        self.fake.runs.append({name: shape for name, _, shape, _, _ in inputs})
+
+        def read():  # memory freed since the enqueue reads as poison (on a GPU: undefined, often a crash)
+            return {name: np.frombuffer(ctypes.string_at(ptr, n) if self.fake.block_at(ptr) else b"\xff" * n,
+                                        dt).reshape(shape) for name, ptr, shape, dt, n in inputs}
+
+        def write(feeds):
+            for (ptr, np_dtype, nbytes), value in zip(outputs, self.engine.session.run(None, feeds)):
+                value = np.ascontiguousarray(value.astype(np_dtype))
+                if self.fake.block_at(ptr):
+                    ctypes.memmove(ptr, value.ctypes.data, min(nbytes, value.nbytes))
+
+        return read, write
 
     def _live(self, name: str, nbytes: int):
         if name not in self.addresses:
@@ -316,7 +437,7 @@ class FakeContext:
             self.fake.violation(f"execute_async_v3: the buffer bound to {name!r} holds {block[1]} bytes, "
                                 f"{nbytes} needed")
             return None
-        return (ctypes.c_char * nbytes).from_address(ptr)
+        return True
 
 
 class Runtime:
@@ -327,42 +448,7 @@ class Runtime:
         blob = bytes(serialized_engine)
         if not blob.startswith(MAGIC):
             return None
-        return ICudaEngine(FAKE[0], blob)
-
-
-class FakeGraph:
-    def __init__(self):
-        self.launches = []
-
-    def replay(self):
-        for launch in self.launches:
-            launch()
-
-
-class FakeEvent:
-    def __init__(self, enable_timing=False):
-        self.t = None
-
-    def record(self, stream=None):
-        import time
-
-        self.t = time.perf_counter()
-
-    def synchronize(self):
-        pass
-
-    def elapsed_time(self, end) -> float:
-        return (end.t - self.t) * 1000.0
-
-
-class FakeStream:
-    cuda_stream = STREAM
-
-    def __init__(self, *args, **kwargs):
-        pass
-
-    def synchronize(self):
-        pass
+        return ICudaEngine(FAKE[0], blob, self.logger)
 
 
 
@@ -650,6 +736,7 @@ class Builder:
         return ""
 
 FAKE: list = []
+VIRTUAL_TENSOR: list = []  # one subclass of torch.Tensor for every test
 
 
 class FakeTensorRT:
@@ -661,7 +748,8 @@ class FakeTensorRT:
         self.fail: dict = {}
         self.live: dict = {}  # address -> (allocation id, bytes, is_alive())
         self.ids = itertools.count(1)
-        self.capturing = None
+        self.tensor_class = VIRTUAL_TENSOR[0] if VIRTUAL_TENSOR else VIRTUAL_TENSOR.append(_virtual_tensor_class()) \
+            or VIRTUAL_TENSOR[0]
 
     def record(self, *call):
         self.calls.append(call)
@@ -676,17 +764,46 @@ class FakeTensorRT:
                 return block_id, nbytes - (ptr - start)
         return None
 
+    def stream(self, handle: int, call: str):
+        """The virtual device's stream with this handle, or None (a violation: CUDA would fail or crash)."""
+        stream = vc.DEVICE[0].stream(handle)
+        if stream is None:
+            self.violation(f"{call}({handle:#x}): not a stream of this device")
+        return stream
+
+    def device_memory_track(self, tensor):
+        """Register a torch tensor as a device allocation (tracked by weak reference)."""
+        ref = weakref.ref(tensor)
+        self.live[tensor.data_ptr()] = (next(self.ids), tensor.nbytes, lambda: ref() is not None)
+        return tensor
+
     @contextlib.contextmanager
     def graph(self, graph, pool=None, stream=None, capture_error_mode="global"):
         self.capture_modes.append(capture_error_mode)
         if capture_error_mode != "thread_local":
             self.violation(f"torch.cuda.graph(capture_error_mode={capture_error_mode!r}): TensorRT's enqueue must "
                            "be captured in thread-local mode")
-        self.capturing = graph
-        try:
+        with vc.graph_capture(graph, pool, stream, capture_error_mode):
             yield
-        finally:
-            self.capturing = None
+
+
+class VirtualTorch:
+    """What Polygraphy's ``TrtRunner`` sees as ``torch``: the real module, but ``torch.empty(..., device="cuda")``
+    (its output allocator) allocates on the virtual device."""
+
+    def __init__(self, fake: FakeTensorRT):
+        import torch
+
+        self._torch, self._memory = torch, FakeDeviceMemory(fake)
+
+    def empty(self, *shape, dtype=None, device=None, **kwargs):
+        if str(device).startswith("cuda"):
+            size = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+            return self._memory.empty(tuple(size), dtype or self._torch.float32)
+        return self._torch.empty(*shape, dtype=dtype, device=device, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._torch, name)
 
 
 def serialize(onnx_bytes: bytes, profile: dict, **header) -> bytes:
@@ -727,9 +844,39 @@ def install(monkeypatch, *, gpu_name: str = "Fake GPU (tests/fake_tensorrt.py)")
                                                   "driver": None})
     monkeypatch.setattr(pcuda.cuda, "G_CUDA", FakeCudart(fake))
     monkeypatch.setattr(runners, "DEVICE_MEMORY", FakeDeviceMemory(fake))
-    for name, value in dict(Stream=FakeStream, ExternalStream=FakeStream, Event=FakeEvent, CUDAGraph=FakeGraph,
-                            graph=fake.graph, stream=lambda s: contextlib.nullcontext(),
-                            current_stream=lambda: FakeStream(), synchronize=lambda: None).items():
-        monkeypatch.setattr(torch.cuda, name, value)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # Polygraphy: no torch CUDA output buffers
+    install_virtual_cuda(monkeypatch, fake, gpu_name)
     return fake
+
+
+def install_virtual_cuda(monkeypatch, fake: FakeTensorRT, gpu_name: str) -> vc.Device:
+    """A fresh virtual device behind torch.cuda's streams, events and graphs, Polygraphy's view of torch
+    (``torch.cuda.is_available()`` is True, so ``TrtRunner`` takes its torch-tensor path, and a torch tensor is
+    "on the GPU" when it lies in a device allocation), and the runners' host clock."""
+    import torch
+    from polygraphy.backend.trt import runner as polygraphy_runner
+    from polygraphy.util import array
+
+    from pipeline import runners
+
+    device = vc.Device()
+    vc.DEVICE[:] = [device]
+    stream = device.new_stream(blocking=True, handle=STREAM)
+    assert stream.handle == STREAM
+    device.device_memory = lambda ptr: fake.block_at(ptr) is not None
+    for name, value in dict(Stream=lambda *a, **k: device.new_stream(blocking=False),  # PyTorch's pool: non-blocking
+                            ExternalStream=lambda ptr, *a, **k: fake.stream(ptr, "ExternalStream"),
+                            Event=vc.Event, CUDAGraph=vc.Graph, graph=fake.graph, stream=vc.stream_context,
+                            current_stream=lambda *a: device.current, default_stream=lambda *a: device.legacy,
+                            synchronize=lambda *a: device.synchronize(), is_available=lambda: True,
+                            get_device_name=lambda *a: gpu_name).items():
+        monkeypatch.setattr(torch.cuda, name, value)
+    monkeypatch.setattr(polygraphy_runner, "torch", VirtualTorch(fake))
+    real_on_gpu = array.is_on_gpu
+
+    def is_on_gpu(obj) -> bool:
+        return fake.block_at(obj.data_ptr()) is not None if isinstance(obj, torch.Tensor) else real_on_gpu(obj)
+
+    monkeypatch.setattr(array, "is_on_gpu", is_on_gpu)
+    monkeypatch.setattr(array, "is_on_cpu", lambda obj: not is_on_gpu(obj))
+    monkeypatch.setattr(runners, "host_ms", lambda: device.host / 1e6)
+    return device

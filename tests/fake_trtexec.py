@@ -1,15 +1,23 @@
 """A stand-in for NVIDIA's ``trtexec``, put on PATH by tests/test_trtexec.py: it checks the PLUMBING (the
 arguments benchmark passes, the JSON it reads back), not trtexec.
 
+It speaks the trtexec of TensorRT 10.13 (default) or 11.1 (FAKE_TRTEXEC_VERSION=11), as
+``samples/common/sampleOptions.cpp`` defines them: every run (``--help`` too) prints the ``[TensorRT vMMmmpp]``
+banner. TensorRT 10: data transfers are on unless ``--noDataTransfers``; ``--includeDataTransfers`` is an unknown
+option. TensorRT 11: data transfers are OFF unless ``--includeDataTransfers``; ``--noDataTransfers``,
+``--useCudaGraph`` and ``--separateProfileRun`` are accepted as no-ops with a "[W]" warning.
+
 It refuses (exit 2, a trtexec-style "[E]" line) a command that real trtexec would not run as benchmark means it:
-an engine that is not the fake TensorRT engine, ``--shapes`` that are not ``<input>:<b>x<c>x<h>x<w>``, no
-``--useCudaGraph``, an ``--exportProfile`` without ``--separateProfileRun``, an unknown flag. Otherwise it writes
+an engine that is not the fake TensorRT engine, ``--shapes`` that are not ``<input>:<b>x<c>x<h>x<w>``, on
+TensorRT 10 no ``--useCudaGraph`` or an ``--exportProfile`` without ``--separateProfileRun``, an unknown flag.
+Otherwise it writes
 ``--exportTimes`` in trtexec's format (``samples/common/sampleReporting.cpp``: one record per timed inference
 with ``startEnqMs … endD2hMs``, ``h2dMs``, ``computeMs``, ``d2hMs``, ``latencyMs`` = h2d + compute + d2h; the
 transfers are 0 with ``--noDataTransfers``) and ``--exportProfile`` (``[{"count": N}, {"name", "timeMs",
 "averageMs", "medianMs", "percentage"}, ...]``).
 
-Environment: FAKE_TRTEXEC_COMPUTE_MS (the compute time per inference, default 1.0), FAKE_TRTEXEC_FAIL_BATCH
+Environment: FAKE_TRTEXEC_VERSION (10 or 11, default 10),
+FAKE_TRTEXEC_COMPUTE_MS (the compute time per inference, default 1.0), FAKE_TRTEXEC_FAIL_BATCH
 (exit 1 at that batch), FAKE_TRTEXEC_SLEEP_BATCH (hang at that batch), FAKE_TRTEXEC_GARBAGE (bad JSON),
 FAKE_TRTEXEC_CALLS (a file each command line is appended to, as JSON).
 """
@@ -21,7 +29,9 @@ import time
 
 MAGIC = b"FAKE-TRT-ENGINE\n"
 KNOWN = {"--loadEngine", "--shapes", "--useCudaGraph", "--noDataTransfers", "--warmUp", "--iterations", "--duration",
-         "--exportTimes", "--exportProfile", "--separateProfileRun"}
+         "--exportTimes", "--exportProfile", "--separateProfileRun", "--help"}
+NO_OPS_11 = ("--noDataTransfers", "--useCudaGraph", "--separateProfileRun")  # TensorRT 11: warned, ignored
+BANNERS = {"10": "101300", "11": "110100"}
 
 
 def fail(text: str, code: int = 2):
@@ -30,13 +40,22 @@ def fail(text: str, code: int = 2):
 
 
 def main(argv):
+    major = os.environ.get("FAKE_TRTEXEC_VERSION", "10")
+    print(f"&&&& RUNNING TensorRT.trtexec [TensorRT v{BANNERS[major]}] # trtexec " + " ".join(argv))
+    if argv == ["--help"]:
+        print("=== Model Options ===")
+        return
     args = dict(a[2:].split("=", 1) if "=" in a else (a[2:], True) for a in argv)
     if os.environ.get("FAKE_TRTEXEC_CALLS"):
         with open(os.environ["FAKE_TRTEXEC_CALLS"], "a") as f:
             f.write(json.dumps(argv) + "\n")
-    unknown = [a for a in argv if a.split("=", 1)[0] not in KNOWN]
+    known = KNOWN | ({"--includeDataTransfers"} if major == "11" else set())
+    unknown = [a for a in argv if a.split("=", 1)[0] not in known]
     if unknown:
         fail(f"Unknown option: {unknown[0]}")
+    if major == "11":
+        for flag in (f for f in NO_OPS_11 if f[2:] in args):
+            print(f"[W] {flag} is deprecated and has no effect")
     with open(args["loadEngine"], "rb") as f:
         if not f.read().startswith(MAGIC):
             fail("Error[1]: IRuntime::deserializeCudaEngine: Error Code 1: Serialization (not an engine)")
@@ -44,19 +63,20 @@ def main(argv):
     shape = [int(d) for d in dims.split("x") if d.isdigit()]
     if not name or len(shape) != 4:
         fail(f"Invalid --shapes: {args.get('shapes')}")
-    if "useCudaGraph" not in args or ("exportProfile" in args and "separateProfileRun" not in args):
+    if major == "10" and ("useCudaGraph" not in args or ("exportProfile" in args and "separateProfileRun" not in args)):
         fail("fake trtexec: expected --useCudaGraph, and --separateProfileRun with --exportProfile")
     batch = shape[0]
     if str(batch) == os.environ.get("FAKE_TRTEXEC_FAIL_BATCH"):
         fail("Error[2]: [executionContext.cpp::setInputShape]: out of memory", 1)
     if str(batch) == os.environ.get("FAKE_TRTEXEC_SLEEP_BATCH"):
         time.sleep(60)
-    write_times(args["exportTimes"], batch, "noDataTransfers" in args, int(args["iterations"]))
+    transfers = "includeDataTransfers" in args if major == "11" else "noDataTransfers" not in args
+    write_times(args["exportTimes"], batch, not transfers, int(args["iterations"]))
     if "exportProfile" in args:
         with open(args["exportProfile"], "w") as f:
             json.dump([{"count": 10}, {"name": "conv1", "timeMs": 5.0, "averageMs": 0.5, "medianMs": 0.5,
                                        "percentage": 100.0}], f)
-    print("&&&& PASSED TensorRT.trtexec [TensorRT v101300] # trtexec " + " ".join(argv))
+    print(f"&&&& PASSED TensorRT.trtexec [TensorRT v{BANNERS[major]}] # trtexec " + " ".join(argv))
 
 
 def write_times(path, batch, no_transfers, iterations):

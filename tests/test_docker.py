@@ -195,3 +195,57 @@ def test_dockerignore_keeps_artefacts_out_of_the_context():
         assert needed in patterns, f".dockerignore lacks {needed}"
     for kept in ("pyproject.toml", "README.md", "pipeline", "models"):
         assert kept not in patterns
+
+
+# --- the NGC constraint file and the TensorRT the GPU image deploys -------------------------
+
+
+def _ngc_constraints():
+    pytest.importorskip("tomllib", reason="docker/ngc_constraints.py runs on the image's Python 3.12 (tomllib: 3.11+)")
+    sys.path.insert(0, str(DOCKER))
+    try:
+        import ngc_constraints
+    finally:
+        sys.path.remove(str(DOCKER))
+    return ngc_constraints
+
+
+# As NGC 25.x images write /etc/pip/constraint.txt: one exact pin per bundled package.
+NGC_PINS = ["numpy==1.26.4", "onnx==1.18.0", "polygraphy==0.49.26", "torch==2.9.0a0+50eac811a6.nv25.10",
+            "tensorrt==10.13.3.9", "pyyaml==6.0.2", "# a comment", "opencv @ file:///opt/opencv-4.11.0.whl"]
+
+
+def test_ngc_pins_the_project_rejects_are_overridden_by_name_and_the_rest_kept():
+    script = _ngc_constraints()
+    kept, overridden, errors = script.reconcile(NGC_PINS, script.project_requirements(ROOT / "pyproject.toml"))
+    assert errors == []
+    assert [line.split("  #")[0] for line in overridden] == ["onnx==1.18.0", "polygraphy==0.49.26"]
+    assert "the project requires onnx~=1.21.0" in overridden[0]
+    assert kept == [p for p in NGC_PINS if not p.startswith(("onnx==", "polygraphy=="))]  # torch, TensorRT kept
+
+
+def test_a_bundled_torch_or_tensorrt_the_project_rejects_fails_the_build(tmp_path, capsys):
+    script = _ngc_constraints()
+    ngc = tmp_path / "constraint.txt"
+    ngc.write_text("torch==2.7.0\nonnx==1.18.0\n")
+    out, overrides = tmp_path / "pipeline-constraint.txt", tmp_path / "overrides.txt"
+    assert script.main([str(ROOT / "pyproject.toml"), str(ngc), str(out), str(overrides)]) == 1
+    assert "error: the image's bundled package would be replaced: torch==2.7.0" in capsys.readouterr().err
+    ngc.write_text("\n".join(NGC_PINS) + "\n")
+    assert script.main([str(ROOT / "pyproject.toml"), str(ngc), str(out), str(overrides)]) == 0
+    assert "onnx==" not in out.read_text() and "tensorrt==10.13.3.9" in out.read_text()
+    assert overrides.read_text().startswith("onnx==1.18.0")
+
+
+def test_gpu_image_installs_under_the_reconciled_ngc_constraints_and_says_which_tensorrt():
+    steps = instructions(GPU)
+    runs = [i for i, (k, a) in enumerate(steps) if k == "RUN" and "ngc_constraints.py" in a]
+    assert runs, "the GPU image does not reconcile NGC's /etc/pip/constraint.txt with the project"
+    run = steps[runs[0]][1]
+    assert "/etc/pip/constraint.txt /etc/pip/pipeline-constraint.txt" in run
+    env = [i for i, (k, a) in enumerate(steps) if k == "ENV" and "PIP_CONSTRAINT=/etc/pip/pipeline-constraint.txt" in a]
+    gpu_install = next(i for i, (k, a) in enumerate(steps) if k == "RUN" and '".[gpu]"' in a)
+    assert env and runs[0] < env[0] < gpu_install, "the project must be installed under the reconciled constraints"
+    text = GPU.read_text()
+    assert "this image deploys the TensorRT NGC bundles, 10.13" in text
+    assert "deploys TensorRT 10.13" in (ROOT / "docs" / "docker.md").read_text()

@@ -95,3 +95,54 @@ def test_doctor_require_exits_3_with_one_line_where_it_is_missing(capsys, monkey
     assert cli("doctor", "--require", required) == 3
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert errors == [f"error: doctor: --require {required}: no CUDA GPU: simulated"]
+
+
+def test_two_tensorrt_builds_are_a_mismatch_with_the_fix():
+    facts = stack(tensorrt_cuda=None, tensorrt_builds=[12, 13])
+    (problem,) = doctor.problems(facts)
+    assert problem.part == "tensorrt" and problem.message.startswith("2 TensorRT builds are installed "
+                                                                     "(tensorrt_cu12, tensorrt_cu13)")
+    assert "pip uninstall -y tensorrt tensorrt-cu12 " in problem.message
+    assert problem.message.endswith('then pip install "tensorrt-cu13>=10.12" (one build)')  # torch's CUDA 13
+    assert doctor.requirement_problem(facts, "tensorrt") == f"--require tensorrt: {problem.message}"
+
+
+def test_tensorrt_builds_are_read_from_every_installed_distribution(monkeypatch):
+    from types import SimpleNamespace
+
+    names = ["numpy", "tensorrt", "tensorrt_cu13", "tensorrt_cu13_libs", "tensorrt-cu12", "tensorrt_cu12_bindings"]
+    monkeypatch.setattr(doctor.importlib.metadata, "distributions",
+                        lambda: [SimpleNamespace(metadata={"Name": n}) for n in names])
+    assert doctor.tensorrt_cuda_majors() == [12, 13]
+    assert doctor.tensorrt_cuda_major() is None  # not one build: no single answer
+    monkeypatch.setattr(doctor.importlib.metadata, "distributions",
+                        lambda: [SimpleNamespace(metadata={"Name": n}) for n in names[:4]])
+    assert doctor.tensorrt_cuda_majors() == [13] and doctor.tensorrt_cuda_major() == 13
+
+
+def test_a_driver_older_than_torch_s_cuda_is_named_as_the_cause():
+    facts = stack(gpu=None, gpu_reason="no CUDA GPU visible (torch.cuda.is_available() is False)",
+                  driver={"version": "570.86.15", "cuda": "12.8"})
+    message = ("the NVIDIA driver 570.86.15 runs CUDA up to 12.8, but torch 2.13.0+cu130 is a CUDA 13.0 build "
+               "(driver >= 580.65.06): update the driver, or take the CUDA 12 route (docs/export-and-build.md)")
+    assert doctor.problems(facts)[0] == doctor.Problem("driver", message)
+    assert doctor.requirement_problem(facts, "cuda") == f"--require cuda: {message}"
+    assert f"gpu          none: {message}" in doctor.lines(facts)
+    new_enough = stack(gpu=None, gpu_reason="no CUDA GPU visible", driver={"version": "580.65.06", "cuda": "13.0"})
+    assert doctor.requirement_problem(new_enough, "cuda") == "--require cuda: no CUDA GPU visible"
+
+
+def test_nvml_driver_reads_nvml(monkeypatch):
+    import sys
+    from types import SimpleNamespace
+
+    fake = SimpleNamespace(nvmlInit=lambda: None, nvmlShutdown=lambda: None,
+                           nvmlSystemGetDriverVersion=lambda: "570.86.15", nvmlSystemGetCudaDriverVersion=lambda: 12080)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    assert doctor.nvml_driver() == {"version": "570.86.15", "cuda": "12.8"}
+
+    def no_driver():
+        raise RuntimeError("NVML Shared Library Not Found")
+
+    monkeypatch.setitem(sys.modules, "pynvml", SimpleNamespace(nvmlInit=no_driver))
+    assert doctor.nvml_driver() is None

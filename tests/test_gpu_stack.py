@@ -57,12 +57,80 @@ def test_the_check_resolves_what_the_project_declares():
     assert names == ["torch", "onnxruntime-gpu", "tensorrt"]
 
 
+def test_the_cuda12_route_declares_one_tensorrt_and_a_cuda12_onnxruntime():
+    route = check.declared("gpu-cu12")
+    assert [r.split(">")[0].split("<")[0].split("=")[0] for r in route] == ["torch", "onnxruntime-gpu", "tensorrt-cu12"]
+    assert "<1.25" in route[1]  # 1.24.x: the CUDA 12 build
+
+
+# The shape of torch's cu126 wheels' requires_dist (download.pytorch.org/whl/cu126) and of tensorrt-cu12 11.4's.
+TORCH_CU126 = ['nvidia-cuda-runtime-cu12==12.6.77; platform_system == "Linux"',
+               'nvidia-cudnn-cu12==9.10.2.21; platform_system == "Linux"', "filelock"]
+TRT_CU12 = ["tensorrt_cu12_libs==11.4.0.106", "tensorrt_cu12_bindings==11.4.0.106"]
+
+
+def test_a_cuda12_route_is_one_major_and_one_tensorrt():
+    lines, problems = check.judge([wheel("torch", "2.8.0+cu126", TORCH_CU126), wheel("onnxruntime-gpu", "1.24.4",
+                                   ORT_1_24), wheel("tensorrt-cu12", "11.4.0.106", TRT_CU12)], expected=12)
+    assert problems == [] and lines[2].startswith("tensorrt-cu12 11.4.0.106: CUDA 12 (tensorrt_cu12_libs")
+
+
+def test_two_tensorrt_builds_in_one_install_are_a_problem():
+    """The old CUDA 12 command, `pip install -e ".[gpu]" "tensorrt-cu12>=10.12"`: tensorrt (-> tensorrt_cu13) beside
+    tensorrt-cu12."""
+    install = [wheel("torch", "2.8.0+cu126", TORCH_CU126),
+               wheel("tensorrt", "11.4.0.106", ["tensorrt_cu13==11.4.0.106"]), wheel("tensorrt-cu12", "11.4.0.106", TRT_CU12)]
+    assert check.tensorrt_builds(install) == [12, 13]
+    _, problems = check.judge(install, expected=12)
+    assert problems[-1].startswith("2 TensorRT builds in one install (CUDA 12, 13)")
+
+
+def test_both_routes_are_checked_each_against_its_own_cuda_major(monkeypatch, capsys):
+    """main() offline, pip's answers replaced by recorded reports: torch of the CUDA 12 route from its own index."""
+    import json
+    from types import SimpleNamespace
+
+    reports = {"torch": wheel("torch", "2.13.0", TORCH_2_13), "onnxruntime-gpu": wheel("onnxruntime-gpu", "1.31.1",
+               ORT_1_31), "tensorrt": wheel("tensorrt", "11.4.0.106", ["tensorrt_cu13==11.4.0.106"]),
+               "tensorrt-cu12": wheel("tensorrt-cu12", "11.4.0.106", TRT_CU12)}
+    asked = []
+
+    def dry_run(*requirements, deps, timeout, index=None):
+        asked.append((requirements, index))
+        if deps:
+            return SimpleNamespace(returncode=0, stdout="Would install tensorrt", stderr="")
+        items = []
+        for r in requirements:
+            name = check.Requirement(r).name
+            if name == "torch" and index:
+                items.append(wheel("torch", "2.8.0+cu126", TORCH_CU126))
+            elif name == "onnxruntime-gpu" and "<1.25" in r:
+                items.append(wheel("onnxruntime-gpu", "1.24.4", ORT_1_24))
+            else:
+                items.append(reports[name])
+        return SimpleNamespace(returncode=0, stdout=json.dumps({"install": items}), stderr="")
+
+    monkeypatch.setattr(check, "pip_dry_run", dry_run)
+    monkeypatch.setattr(check, "index_reachable", lambda *a, **k: "")
+    assert check.main([]) == 0
+    out = capsys.readouterr().out
+    assert "stack cuda13: one CUDA major (CUDA 13), one TensorRT" in out
+    assert "stack cuda12: one CUDA major (CUDA 12), one TensorRT" in out
+    assert (("torch>=2.8",), "https://download.pytorch.org/whl/cu126") in asked
+    asked.clear()  # PyTorch's index unreachable: the rest of the route is still judged, torch is said skipped
+    monkeypatch.setattr(check, "index_reachable", lambda index=check.INDEX, **k: "" if index == check.INDEX else "down")
+    assert check.main(["--route", "cuda12"]) == 0
+    out = capsys.readouterr().out
+    assert "route cuda12: torch skipped: down" in out and "stack cuda12: one CUDA major (CUDA 12)" in out
+    assert all("torch>=2.8" not in requirements for requirements, _ in asked)
+
+
 @pytest.mark.network
 def test_pip_resolves_the_declared_gpu_stack_to_cuda13():
     if os.environ.get("PIPELINE_PIP_CHECK") != "1":
         pytest.skip("set PIPELINE_PIP_CHECK=1 (a separate step of .ci/run) to ask the package index (~45 s)")
-    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_stack_check.py")], capture_output=True,
-                            text=True, timeout=420)
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_stack_check.py"), "--route", "cuda13"],
+                            capture_output=True, text=True, timeout=420)
     out = result.stdout
     if out.startswith("skipped:"):
         pytest.skip(out.strip())
@@ -72,6 +140,24 @@ def test_pip_resolves_the_declared_gpu_stack_to_cuda13():
     assert any(line.strip().startswith("onnxruntime-gpu ") and ": CUDA 13 (" in line for line in lines), out
     assert any(line.strip().startswith("tensorrt ") and "(tensorrt_cu13==" in line for line in lines), out
     assert "stopped at tensorrt_cu13_libs" in out or "resolved with its dependencies" in out, out
+
+
+@pytest.mark.network
+def test_pip_resolves_the_cuda12_route_to_cuda12_with_one_tensorrt():
+    if os.environ.get("PIPELINE_PIP_CHECK") != "1":
+        pytest.skip("set PIPELINE_PIP_CHECK=1 (a separate step of .ci/run) to ask the package index (~30 s)")
+    result = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_stack_check.py"), "--route", "cuda12"],
+                            capture_output=True, text=True, timeout=420)
+    out = result.stdout
+    if out.startswith("skipped:"):
+        pytest.skip(out.strip())
+    assert result.returncode == 0, out + result.stderr
+    lines = [line.strip() for line in out.splitlines()]
+    assert any(line.startswith("onnxruntime-gpu 1.24.") and ": CUDA 12 (" in line for line in lines), out
+    assert any(line.startswith("tensorrt_cu12 ") and ": CUDA 12 (" in line for line in lines), out
+    assert not any(line.startswith("tensorrt ") and ": CUDA" in line for line in lines), out  # one build
+    assert any(line.startswith("torch ") and ": CUDA 12 (" in line for line in lines) or "torch skipped" in out, out
+    assert "stack cuda12: one CUDA major (CUDA 12), one TensorRT" in out, out
 
 
 def test_offline_is_a_skip_with_its_reason(monkeypatch, capsys):

@@ -63,6 +63,27 @@ def test_trtexec_runs_on_the_same_engine_and_shapes_beside_every_tensorrt_row(bu
     assert "trtexec p50 ms" in md and "large difference" in md
 
 
+def test_trtexec_11_gets_the_flags_of_trtexec_11(built_run, fake_trtexec, monkeypatch):
+    """TensorRT 11's trtexec excludes data transfers unless --includeDataTransfers (unknown to 10) and ignores
+    --noDataTransfers/--useCudaGraph/--separateProfileRun: the command line follows the version it prints."""
+    monkeypatch.setenv("FAKE_TRTEXEC_VERSION", "11")
+    payload = bench(built_run, "benchmark.batch_sizes=[1]")
+    calls = fake_trtexec()
+    assert len(calls) == 2
+    assert not any(a in c for c in calls for a in ("--noDataTransfers", "--useCudaGraph", "--separateProfileRun"))
+    (compute,) = [c for c in calls if any(a.startswith("--exportProfile=") for a in c)]
+    (transfers,) = [c for c in calls if c is not compute]
+    assert "--includeDataTransfers" in transfers and "--includeDataTransfers" not in compute
+    for r in tensorrt_rows(payload):
+        t = r["trtexec"]
+        assert "error" not in t and t["tensorrt_major"] == 11
+        records = json.loads((built_run / t["times_json"]).read_text())
+        transferred = [x["h2dMs"] > 0 and x["d2hMs"] > 0 for x in records]
+        assert all(transferred) if r["timing"].startswith("host") else not any(transferred)
+    logs = list((built_run / "trtexec").glob("*.log")) if (built_run / "trtexec").is_dir() else []
+    assert not any("has no effect" in p.read_text() for p in logs)
+
+
 def test_a_failing_or_hanging_trtexec_is_a_note_on_its_rows_not_the_end_of_the_stage(built_run, fake_trtexec,
                                                                                    monkeypatch):
     monkeypatch.setenv("FAKE_TRTEXEC_FAIL_BATCH", "1")
