@@ -181,14 +181,14 @@ class _Gate(Section):
 
 
 class FP32Gate(_Gate):
-    max_scaled_error: float = Field(1e-3, ge=0, description="scaled criterion: largest error per image, in units "
+    max_scaled_error: float = Field(1e-2, ge=0, description="scaled criterion: largest error per image, in units "
                                     "of the reference's logit scale")
     atol: Tolerance = Field(1e-4, description="absolute criterion: absolute tolerance (or per-output dict)")
     rtol: Tolerance = Field(1e-4, description="absolute criterion: relative tolerance, against the reference")
 
 
 class FP16Gate(_Gate):
-    max_scaled_error: float = Field(0.05, ge=0, description="scaled criterion: largest error per image, in units "
+    max_scaled_error: float = Field(0.02, ge=0, description="scaled criterion: largest error per image, in units "
                                     "of the reference's logit scale")
     atol: Tolerance = Field(2e-2, description="absolute criterion: absolute tolerance (or per-output dict)")
     rtol: Tolerance = Field(2e-2, description="absolute criterion: relative tolerance, against the reference")
