@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import signal
 import stat
 import tempfile
@@ -23,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from pipeline.artifacts import CONFIG, LOCK, MANIFEST  # noqa: F401  (CONFIG: re-exported for callers)
+from pipeline.artifacts import CONFIG, LOCK, LOGS, MANIFEST  # noqa: F401  (CONFIG: re-exported for callers)
 from pipeline.errors import InputError, PipelineError, StageFailed, UsageError, disk_full
 
 SCHEMA = "pipeline.manifest/1"
@@ -69,6 +70,43 @@ def _open_error(path: Path, exc: OSError) -> PipelineError:
         return UsageError(f"refusing to write {path}: it is a symbolic link; the run directory holds plain "
                           "files only: remove the link or use another --run-dir")
     return _write_error(path, exc)
+
+
+def confined(root: Path, name: str | Path) -> Path:
+    """``root / name`` after checking that it stays inside ``root``: no component of ``name`` is a symbolic link
+    (a link could point a read or a write at any file outside), ``..`` or absolute, and what exists there is a
+    regular file or a folder. Otherwise one :class:`UsageError` (exit 2) naming the path."""
+    relative = Path(name)
+    if relative.is_absolute() or ".." in relative.parts:
+        raise UsageError(f"refusing {name}: not a path inside the run directory {root}")
+    path = Path(root)
+    for part in relative.parts:
+        path = path / part
+        if path.is_symlink():
+            raise UsageError(f"refusing to use {path}: it is a symbolic link (to {os.readlink(path)}); the run "
+                             "directory holds plain files only: remove the link or use another --run-dir")
+    if path.exists() and not (path.is_file() or path.is_dir()):
+        raise UsageError(f"refusing to use {path}: not a regular file (a pipe or a device); the run directory "
+                         "holds plain files only: remove it or use another --run-dir")
+    return path
+
+
+@contextlib.contextmanager
+def open_confined(path: str | Path):
+    """``path`` opened for reading in binary, never through a symbolic link, and only if it is a regular file."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UsageError(f"refusing to read {path}: it is a symbolic link; the run directory holds plain "
+                             "files only: remove the link or use another --run-dir") from None
+        raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UsageError(f"refusing to read {path}: not a regular file")
+    with os.fdopen(fd, "rb") as f:
+        yield f
 
 
 def open_append(path: str | Path):
@@ -202,6 +240,33 @@ def _write_error(path: Path, exc: OSError) -> PipelineError:
     return StageFailed(f"cannot write {path}: {exc.strerror or exc}")
 
 
+SCRATCH_PREFIX = "pipeline-scratch."
+
+
+@contextlib.contextmanager
+def scratch_folder(*sources: Path) -> Iterator[Path]:
+    """A private temporary folder outside the run directory, holding copies of ``sources``; removed afterwards.
+
+    Libraries that write files of their own (ModelOpt writes ``model_reconciled.onnx`` beside its input, and
+    rewrites its input in place) get this copy, never the run directory: only the artifacts the pipeline
+    owns enter the run directory, through :func:`install`. Each source is read through :func:`confined_file`.
+    """
+    folder = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX))
+    try:
+        for source in sources:
+            with open_confined(source) as src, open(folder / Path(source).name, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def install(source: Path, path: str | Path) -> None:
+    """Copy ``source`` (a file in a scratch folder) to ``path`` in the run directory through :func:`atomic_path`."""
+    with atomic_path(path) as tmp:
+        shutil.copyfile(source, tmp)
+
+
 def atomic_write(path: str | Path, data: bytes | str) -> None:
     with atomic_path(path) as tmp:
         if isinstance(data, str):
@@ -241,6 +306,10 @@ def read_sidecar(path: Path, of: str, *, what: str, schema: str, author_key: str
     return sidecar
 
 
+def _digest(path: Path) -> dict:
+    return {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+
+
 class StageRecord:
     """What a stage reports about itself while it runs; saved into the manifest."""
 
@@ -254,13 +323,20 @@ class StageRecord:
         return self.entry.setdefault("details", {})
 
     def artifact(self, filename: str) -> Path:
-        """Record a file this stage wrote (hash taken now) and return its path."""
-        path = self.run.path / filename
-        self.entry.setdefault("artifacts", {})[filename] = {
-            "sha256": sha256_file(path),
-            "bytes": path.stat().st_size,
-        }
+        """Record a file this stage wrote and return its path; hashed now and again when the stage ends."""
+        path = self.run.file(filename)
+        self.entry.setdefault("artifacts", {})[filename] = _digest(path)
         return path
+
+    def rehash(self) -> None:
+        """Hash every recorded artifact as it is on disk when the stage ends: a later step of the stage (or a
+        library) that touched a file after it was recorded cannot leave the manifest describing another file."""
+        for name in list(self.entry.get("artifacts", {})):
+            path = self.run.file(name)
+            if path.is_file():
+                self.entry["artifacts"][name] = _digest(path)
+            else:
+                del self.entry["artifacts"][name]
 
     def skip(self, reason: str) -> None:
         """Mark the stage ``skipped`` with the exact reason (it still ends normally)."""
@@ -308,11 +384,12 @@ class RunDir:
         return self.manifest["stages"].get(name)
 
     def file(self, name: str) -> Path:
-        return self.path / name
+        """``name`` in the run directory, confined: the one check every file read or written there goes through."""
+        return confined(self.path, name)
 
     def require(self, filename: str, producer: str, consumer: str) -> Path:
         """The path of an input artifact, or an error telling which stage to run first."""
-        path = self.path / filename
+        path = self.file(filename)
         if not path.is_file():
             raise InputError(
                 f"{consumer} needs {filename} in {self.path}, which the {producer} stage writes; "
@@ -375,6 +452,8 @@ class RunDir:
     @contextlib.contextmanager
     def stage(self, name: str, fingerprint: str | None = None) -> Iterator[StageRecord]:
         """Bookkeeping around one stage: running -> ok / skipped / failed / interrupted."""
+        for previous in [*(self.stage_entry(name) or {}).get("artifacts", {}), LOGS]:
+            self.file(previous)  # refused before anything runs when one was replaced by a link
         entry = {"status": "running", "started": now(), "fingerprint": fingerprint, "artifacts": {}, "details": {}}
         self.manifest["stages"][name] = entry
         self.save_manifest()
@@ -399,6 +478,7 @@ class RunDir:
 
         try:
             yield record
+            record.rehash()
         except KeyboardInterrupt:
             finish("interrupted", error="interrupted by the user")
             raise

@@ -391,6 +391,7 @@ def run_stages(cfg, run: RunDir, *, force: set[str] | None = None, options: dict
     notice = retrain_notice(cfg, run, force)
     if notice:
         log.warning("%s", notice)
+    run.this_invocation = {}  # what summary() may show as this invocation's: the rest is marked as earlier
     for name in ORDER:
         stage = STAGES[name]
         if name not in force:
@@ -398,9 +399,11 @@ def run_stages(cfg, run: RunDir, *, force: set[str] | None = None, options: dict
             if fresh:
                 check_requirements(stage, cfg)
                 entry = run.stage_entry(name)
+                run.this_invocation[name] = "unchanged"
                 log.info("%s: unchanged since %s, skipped (--force %s re-runs it)", name, entry.get("ended"), name)
                 continue
             log.debug("%s: %s", name, why)
+        run.this_invocation[name] = "ran"
         run_stage(name, cfg, run, **options.get(name, {}))
     return run.manifest
 
@@ -419,7 +422,12 @@ def run_all(cfg, run_dir: str | Path, *, force: set[str] | None = None, options:
 def summary(run: RunDir) -> str:
     """One line per stage, for the end of ``all``."""
     lines = [f"\nrun directory: {run.path}"]
+    done = getattr(run, "this_invocation", None)
     for name in ORDER:
         entry = run.stage_entry(name) or {}
-        lines.append(f"  {name:<10} {entry.get('status', 'not run'):<12} {STAGES[name].line(entry)}")
+        line = f"  {name:<10} {entry.get('status', 'not run'):<12} {STAGES[name].line(entry)}"
+        if done is not None and name not in done and entry:  # not reached now: an earlier run's row
+            line = f"  {name:<10} {'earlier':<12} (not run now; an earlier run ended {entry.get('ended')}: " \
+                   f"{entry.get('status')})"
+        lines.append(line)
     return "\n".join(lines)

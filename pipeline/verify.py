@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from pipeline import backends, data, export, fp16, int8, localize, modeling, onnx_io
+from pipeline import backends, data, export, fp16, int8, localize, modeling, onnx_io, provenance
 from pipeline.artifacts import FALLBACK_CANDIDATE, INT8_ENGINE, INT8_FALLBACK, INT8_FALLBACK_CANDIDATE, INT8_ONNX, WEIGHTS
 from pipeline import verify_report as report
 from pipeline.backends import Backend, Context
@@ -257,6 +257,8 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, auto_fallback: bool = Fals
     hashes = {WEIGHTS: sha256_file(run_dir.file(WEIGHTS))}  # what each verdict is about (benchmark checks them)
     fp32_model, fp16_model = _load_graphs(cfg, run_dir, spec, hashes)
     int8_model = _load_int8(run_dir, spec, hashes)
+    provenance.check_graphs(hashes[WEIGHTS], {export.FP32_ONNX: fp32_model, export.FP16_ONNX: fp16_model,
+                                               INT8_ONNX: int8_model})  # never judge a stale graph
     evidence = _evidence(cfg, card, model)
     ctx = Context(cfg, run_dir, "verify", spec, model=model, fp16=fp16_model, int8=int8_model)
     checks = plan(cfg, ctx)
