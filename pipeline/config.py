@@ -250,12 +250,21 @@ class BenchmarkConfig(Section):
     profile_iterations: int = Field(5, ge=1, description="iterations recorded by benchmark --profile")
     benchmark_app_s: float = Field(2.0, ge=0, description="seconds per OpenVINO benchmark_app run beside the "
                                    "OpenVINO rows (0: off)")
+    benchmark_app_rows: Literal["summary", "all"] = Field(
+        "summary", description="OpenVINO rows cross-checked with benchmark_app: those the summary names (the "
+        "fastest that passed, at batch 1 and the largest batch) or all")
 
     @model_validator(mode="after")
     def _positive_batches(self):
         if any(b < 1 for b in self.batch_sizes):
             raise ValueError("benchmark.batch_sizes must all be >= 1")
         return self
+
+
+class IsolateConfig(Section):
+    timeout_s: float = Field(300.0, gt=0, description="seconds a native runtime's child process has to answer, at "
+                             "least (plus a minute to start, a quarter second per image, a timing's own length); "
+                             "then it is killed and its row says `crashed: no answer in N s`")
 
 
 class Config(Section):
@@ -266,6 +275,7 @@ class Config(Section):
     build: BuildConfig = BuildConfig()
     verify: VerifyConfig = VerifyConfig()
     benchmark: BenchmarkConfig = BenchmarkConfig()
+    isolate: IsolateConfig = IsolateConfig()
     require: list[Literal["tensorrt", "cuda"]] = Field(
         [], description="backends whose absence fails the run with exit code 3"
     )
