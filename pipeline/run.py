@@ -24,7 +24,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from pipeline.artifacts import CONFIG, LOCK, LOGS, MANIFEST  # noqa: F401  (CONFIG: re-exported for callers)
+# CONFIG: re-exported for callers
+from pipeline.artifacts import CONFIG, IR_TEMP_PREFIX, ISOLATE_PREFIX, LOCK, LOGS, MANIFEST, OPENVINO_DIR  # noqa: F401
 from pipeline.errors import InputError, PipelineError, StageFailed, UsageError, disk_full
 
 SCHEMA = "pipeline.manifest/1"
@@ -251,7 +252,7 @@ def scratch_folder(*sources: Path) -> Iterator[Path]:
     rewrites its input in place) get this copy, never the run directory: only the artifacts the pipeline
     owns enter the run directory, through :func:`install`. Each source is read through :func:`confined_file`.
     """
-    folder = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX))
+    folder = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}."))  # the pid: see remove_orphaned_scratch
     try:
         for source in sources:
             with open_confined(source) as src, open(folder / Path(source).name, "wb") as dst:
@@ -259,6 +260,40 @@ def scratch_folder(*sources: Path) -> Iterator[Path]:
         yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def remove_orphaned_scratch() -> list[Path]:
+    """Scratch folders (:func:`scratch_folder`) of processes that no longer run: killed before they removed them."""
+    removed = []
+    for folder in Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}*"):
+        pid = folder.name[len(SCRATCH_PREFIX):].split(".")[0]
+        if pid.isdigit() and not _alive(int(pid)) and _remove_real(folder, folder=True):
+            removed.append(folder)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's process: alive, and not ours to clean up
+    return True
+
+
+def _remove_real(path: Path, *, folder: bool) -> bool:
+    """Remove ``path`` if it is a real file (or folder, with what it holds), never a link; whether it was removed."""
+    with contextlib.suppress(OSError):
+        if path.is_symlink():
+            return False
+        if folder and path.is_dir():
+            shutil.rmtree(path)
+            return True
+        if not folder and path.is_file():
+            path.unlink()
+            return True
+    return False
 
 
 def install(source: Path, path: str | Path) -> None:
@@ -435,15 +470,21 @@ class RunDir:
             os.close(fd)
 
     def remove_stale_temporaries(self) -> list[Path]:
-        """Delete ``.<name>.*.tmp`` files that a killed process left behind (call with the lock held)."""
+        """Delete what a killed process left behind (call with the lock held): ``.<name>.*.tmp`` files here and in
+        the artifact folders, the child processes' ``.isolate.*/`` exchange folders, OpenVINO's ``openvino/.ir.*/``
+        conversion folders, and the scratch folders of ModelOpt's work (outside, :func:`scratch_folder`) whose
+        process is gone. Links are never followed: only real files and folders are removed."""
         removed = []
-        for tmp in self.path.glob(f"{TEMP_PREFIX}*{TEMP_SUFFIX}"):
-            with contextlib.suppress(OSError):
-                if tmp.is_file() and not tmp.is_symlink():
-                    tmp.unlink()
-                    removed.append(tmp)
+        for where in (self.path, self.path / OPENVINO_DIR, self.path / LOGS):
+            if where.is_symlink() or not where.is_dir():
+                continue
+            removed += [tmp for tmp in where.glob(f"{TEMP_PREFIX}*{TEMP_SUFFIX}") if _remove_real(tmp, folder=False)]
+        stale = [*self.path.glob(f"{ISOLATE_PREFIX}*"), *self.path.glob(f"{OPENVINO_DIR}/{IR_TEMP_PREFIX}*")]
+        if not (self.path / OPENVINO_DIR).is_symlink():
+            removed += [folder for folder in stale if _remove_real(folder, folder=True)]
+        removed += remove_orphaned_scratch()
         if removed:
-            log.info("removed %d temporary file(s) left by an interrupted process: %s", len(removed),
+            log.info("removed %d temporary file(s) or folder(s) left by an interrupted process: %s", len(removed),
                      ", ".join(p.name for p in removed))
         return removed
 

@@ -178,3 +178,56 @@ def test_a_failed_export_leaves_no_graph_and_the_summary_marks_earlier_rows(defa
     assert rows["export"].split()[1] == "interrupted"
     for stage in ("build", "verify", "benchmark"):  # not run now: never shown as this run's "ok"
         assert rows[stage].split()[1] == "earlier", out
+
+
+# --------------------------------------------------------------------------- §4 leftovers after SIGKILL
+
+
+def _kill_when(proc, pattern_dir: Path, pattern: str) -> None:
+    import signal
+    import time
+
+    deadline = time.monotonic() + 120
+    while True:
+        assert proc.poll() is None and time.monotonic() < deadline, "it ended before making " + pattern
+        if list(pattern_dir.glob(pattern)):
+            proc.send_signal(signal.SIGSTOP)  # frozen, then killed while the folder is surely there
+            if list(pattern_dir.glob(pattern)):
+                break
+            proc.send_signal(signal.SIGCONT)
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
+def test_folders_left_by_a_killed_process_are_removed_by_the_next_command(default_run, tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    run = _clone(default_run, tmp_path)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = {**__import__("os").environ, "TMPDIR": str(scratch)}
+
+    def start(*args):
+        return subprocess.Popen([sys.executable, "-m", "pipeline", *args, "--run-dir", str(run)], cwd=ROOT, env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    _kill_when(start("verify"), run, ".isolate.*/job.json")  # a child's exchange folder, with its job.json
+    exchange = list(run.glob(".isolate.*"))
+    assert exchange and (exchange[0] / "job.json").exists()
+    _kill_when(start("export"), scratch, "pipeline-scratch.*")  # ModelOpt's private copy, outside
+    assert not [p for p in exchange if p.exists()]  # export's start already removed the killed verify's folder
+    (run / artifacts.OPENVINO_DIR / ".ir.killed").mkdir()  # an OpenVINO conversion cut short
+    (run / artifacts.OPENVINO_DIR / ".ir.killed" / "m.xml").write_text("<net/>")
+    left = [*scratch.glob("pipeline-scratch.*"), *run.glob("openvino/.ir.*")]
+    assert len(left) == 2
+    outside = tmp_path / "keep"
+    outside.mkdir()
+    (run / ".isolate.link").symlink_to(outside)  # a link is never followed, nor removed through
+    assert subprocess.run([sys.executable, "-m", "pipeline", "report", "--run-dir", str(run)], cwd=ROOT, env=env,
+                          capture_output=True).returncode == 0
+    assert not [p for p in left if p.exists()]
+    assert outside.is_dir()
