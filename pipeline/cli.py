@@ -112,7 +112,7 @@ def _setup_logging(quiet: bool, debug: bool) -> None:
 
 def _sanitize(name: str) -> str:
     if ":" in name:  # a user model (importing the registry only then: it loads torch)
-        import models
+        from pipeline.registry import models
 
         with contextlib.suppress(models.UnknownModelError):  # a malformed name fails later, with its reason
             module, attr = models.split_import_path(name)
@@ -165,7 +165,7 @@ def _on_interrupt(signum, frame):
 
 
 def cmd_models(args) -> int:
-    import models
+    from pipeline.registry import models
 
     rows = [(name, models.get_spec(name)) for name in models.list_models()]
     print(f"{'model':<24} {'input':<12} {'classes':>7}  description")

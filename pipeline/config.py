@@ -27,6 +27,7 @@ MAX_CONFIG_BYTES = 1 << 20
 
 MAX_YAML_DEPTH = 32  # the config tree is 4 levels deep; deeper YAML is a mistake or an attack
 SEED_LIMIT = 2**32  # numpy.random.seed takes 0 <= seed < 2**32 (train.seed reaches it)
+FLOAT32_TINY = 1.1754943508222875e-38  # numpy.finfo(numpy.float32).tiny, without importing numpy here
 
 
 class Section(BaseModel):
@@ -46,6 +47,9 @@ class ModelConfig(Section):
     def _std_positive(self):
         if self.std is not None and any(s <= 0 for s in self.std):
             raise ValueError("model.std values must be > 0")
+        if self.std is not None and any(s < FLOAT32_TINY for s in self.std):  # the inputs are float32
+            raise ValueError(f"model.std values must be at least {FLOAT32_TINY:.3g} (float32's smallest normal "
+                             "number): smaller ones are zero or lose precision in float32 and blow up the inputs")
         return self
 
 

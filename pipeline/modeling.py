@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-import models
+from pipeline.registry import models
 from pipeline.artifacts import MODEL_CARD, WEIGHTS
 from pipeline.errors import InputError, UsageError
 from pipeline.run import RunDir, read_json, write_json

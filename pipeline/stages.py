@@ -18,7 +18,7 @@ import contextvars
 import functools
 import hashlib
 import importlib
-import importlib.util
+import importlib
 import json
 import logging
 import uuid
@@ -155,9 +155,9 @@ STAGES = {
 
 
 def _source_files(cfg) -> list[Path]:
-    import models
+    from pipeline.registry import models
 
-    roots = [Path(__file__).parent, Path(importlib.util.find_spec("models").origin).parent]
+    roots = [Path(__file__).parent, Path(models.__file__).parent]
     files = sorted(p for root in roots for p in root.rglob("*.py"))
     if models.is_import_path(cfg.model.name):  # a user model: its source is part of the code version
         source = models.import_path_source(cfg.model.name)

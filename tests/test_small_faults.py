@@ -1,0 +1,88 @@
+"""The smaller faults of issue 21 (§5): each is one clear line with its exit code, or simply works."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import cli, run_cli
+from PIL import Image
+
+from pipeline import data
+from pipeline.errors import EXIT_USAGE, DataError
+
+SMALL = ["data.source=imagefolder", "data.image_size=16", "data.batch_size=4", "train.epochs=1"]
+
+
+def _png(path: Path, size=(8, 8)) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(len(str(path)))
+    Image.fromarray(rng.integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)).save(path)
+
+
+def _errors(err: str) -> list[str]:
+    assert "Traceback" not in err, err
+    return [line for line in err.splitlines() if line.startswith("error:")]
+
+
+def test_a_models_folder_in_the_current_directory_is_not_the_registry(tmp_path):
+    (tmp_path / "models").mkdir()
+    marker = tmp_path / "ran"
+    (tmp_path / "models" / "__init__.py").write_text(f"open({str(marker)!r}, 'w').write('imported')\n")
+    result = run_cli("models", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "resnet18" in result.stdout and not marker.exists()
+
+
+def test_an_image_whose_resize_needs_gigabytes_is_one_error_naming_it(tmp_path):
+    path = tmp_path / "long.png"
+    Image.new("L", (5_000_000, 1)).save(path)  # passes the decompression-bomb limit (5 M pixels)
+    with pytest.raises(DataError, match=r"cannot read image .*long\.png: 5000000x1 pixels; resizing .* GiB"):
+        data.load_image(path, 16)
+    assert data.load_image(_png_at(tmp_path / "ok.png", (64, 16)), 16).shape == (3, 16, 16)  # 4:1 is fine
+
+
+def _png_at(path: Path, size) -> Path:
+    _png(path, size)
+    return path
+
+
+def test_non_utf8_file_and_class_names_train(tmp_path, capsys):
+    root = os.fsencode(tmp_path / "data")
+    for cls in (b"cat", b"dog\xff"):
+        for i in range(6):
+            _png(Path(os.fsdecode(root + b"/" + cls + b"/img%d\xfe.png" % i)))
+    run = tmp_path / "run"
+    assert cli("train", "--model", "tiny_cnn", "--run-dir", run, *SMALL, f"data.path={tmp_path / 'data'}") == 0
+    assert cli("train", "--model", "tiny_cnn", "--run-dir", run, *SMALL, f"data.path={tmp_path / 'data'}",
+               "--resume") == 0
+
+
+def test_a_std_that_is_zero_in_float32_is_refused(tmp_path, capsys):
+    code = cli("train", "--model", "tiny_cnn", "--run-dir", tmp_path / "run", "model.std=[1e-300,0.2,0.2]")
+    assert code == EXIT_USAGE
+    (line,) = _errors(capsys.readouterr().err)
+    assert "model.std values must be at least 1.18e-38 (float32's smallest normal number)" in line
+
+
+def test_a_class_with_no_validation_image_is_warned(tmp_path, capsys):
+    for i in range(8):
+        _png(tmp_path / "data" / "many" / f"{i}.png")
+    _png(tmp_path / "data" / "one" / "0.png")
+    assert cli("train", "--model", "tiny_cnn", "--run-dir", tmp_path / "run", *SMALL,
+               f"data.path={tmp_path / 'data'}", "data.val_fraction=0.25") == 0
+    err = capsys.readouterr().err
+    assert "data: class(es) with no validation image (too few images to hold one out): one;" in err
+
+
+def test_a_run_directory_inside_the_data_is_said_so(tmp_path, capsys):
+    for cls in ("a", "b"):
+        for i in range(4):
+            _png(tmp_path / "data" / cls / f"{i}.png")
+    code = cli("train", "--model", "tiny_cnn", "--run-dir", tmp_path / "data" / "run1", *SMALL,
+               f"data.path={tmp_path / 'data'}")
+    assert code == EXIT_USAGE
+    (line,) = _errors(capsys.readouterr().err)
+    assert f"the run directory {tmp_path / 'data' / 'run1'} is inside the data" in line
