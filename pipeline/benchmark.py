@@ -24,7 +24,7 @@ import numpy as np
 
 from pipeline import artifacts, backends, benchmark_app, data, env, modeling, trtexec, verify_report
 from pipeline.backends import Backend, Context
-from pipeline.errors import BackendUnavailable, InputError
+from pipeline.errors import BackendUnavailable, InputError, UsageError
 from pipeline.isolate import Crashed
 from pipeline.run import RunDir, StageRecord, atomic_path, atomic_write, now, write_json
 from pipeline.runners import THROUGHPUT_LABEL, Method, measure, one_line  # noqa: F401  (measure: the timing loop)
@@ -197,6 +197,7 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, profile: bool = False) -> 
     torch.set_num_threads(threads)
     model, card = modeling.load_trained(cfg, run_dir, "benchmark")
     spec = card["spec"]
+    check_batch_sizes(bc.batch_sizes, spec["input_size"], env.memory_bytes())
     images, _ = data.validation_batch(cfg, card, max(bc.batch_sizes))
     verdicts = verify_report.read_verdicts(run_dir) or {}
     accuracies = verify_report.read_accuracies(run_dir)
@@ -231,6 +232,25 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, profile: bool = False) -> 
     record.details.update({"results": len(results), "skipped": skipped, "threads": threads,
                            "headline": _headline(results),
                            "workarounds": {r["backend"]: r["workaround"] for r in results if r["workaround"]}})
+
+
+def check_batch_sizes(batch_sizes: list[int], input_size: list[int], memory: int | None) -> None:
+    """Refuse (exit 2) a batch whose float32 inputs alone exceed an eighth of the machine's memory: the inputs,
+    their copy in each runtime's child and the activations must all fit. Every row would otherwise be skipped
+    with a MemoryError and benchmark would still say ok."""
+    if not memory:
+        return
+    per_image = 4 * math.prod(input_size)
+    for batch in sorted(batch_sizes, reverse=True):
+        if batch * per_image > memory // 8:
+            raise UsageError(f"benchmark.batch_sizes: batch {batch} needs {_gib(batch * per_image)} for its inputs "
+                             f"alone ({'x'.join(map(str, input_size))} float32 images), more than an eighth of this "
+                             f"machine's {_gib(memory)} of memory; the largest batch that fits is "
+                             f"{memory // 8 // per_image}: lower benchmark.batch_sizes")
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.3g} GiB"
 
 
 def _payload(cfg, spec: dict, threads: int, results: list, skipped: list) -> dict:

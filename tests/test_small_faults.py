@@ -86,3 +86,21 @@ def test_a_run_directory_inside_the_data_is_said_so(tmp_path, capsys):
     assert code == EXIT_USAGE
     (line,) = _errors(capsys.readouterr().err)
     assert f"the run directory {tmp_path / 'data' / 'run1'} is inside the data" in line
+
+
+def test_a_batch_the_machine_cannot_hold_is_refused_with_the_whole_reason(clone_run, capsys):
+    run = clone_run()
+    capsys.readouterr()
+    assert cli("benchmark", "--run-dir", run, "benchmark.batch_sizes=[1,10000000000]") == EXIT_USAGE
+    (line,) = _errors(capsys.readouterr().err)
+    assert line.startswith("error: benchmark: benchmark.batch_sizes: batch 10000000000 needs 2.86e+04 GiB for its "
+                           "inputs alone (3x16x16 float32 images), more than an eighth of this machine's ")
+    assert line.endswith(": lower benchmark.batch_sizes")
+
+
+def test_a_failed_measurement_keeps_the_whole_reason_not_openvinos_first_line():
+    from pipeline.runners import one_line
+
+    exc = RuntimeError("Exception from src/inference/src/cpp/core.cpp:117:\n"
+                       "Exception from src/core/src/runtime/tensor.cpp:42:\nCannot allocate 1.2 TB\n")
+    assert one_line(exc) == "RuntimeError: Cannot allocate 1.2 TB"
