@@ -144,7 +144,7 @@ def render_html(run: RunDir, cfg) -> str:
 
 def render_markdown(run: RunDir, cfg) -> str:
     s = sections(run, cfg)
-    lines = [f"# Run report: {s['model']}", "", tables.markdown(s["body"])]
+    lines = [f"# Run report: {tables.md_escape(s['model'])}", "", tables.markdown(s["body"])]
     if s["plots"]:
         lines += ["## Plots", "", *(f"![{title}]({name})\n" for name, title in s["plots"])]
     lines.append(tables.markdown(s["tail"]))

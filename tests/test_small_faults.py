@@ -104,3 +104,20 @@ def test_a_failed_measurement_keeps_the_whole_reason_not_openvinos_first_line():
     exc = RuntimeError("Exception from src/inference/src/cpp/core.cpp:117:\n"
                        "Exception from src/core/src/runtime/tensor.cpp:42:\nCannot allocate 1.2 TB\n")
     assert one_line(exc) == "RuntimeError: Cannot allocate 1.2 TB"
+
+
+def test_markdown_reports_escape_what_comes_from_the_user(tmp_path):
+    """verify.md, report.md and the step summary (verify.md appended) are all written by tables.markdown."""
+    from pipeline import config, report, tables
+    from pipeline.run import RunDir
+
+    hostile = "<img src=x onerror=alert(1)>"
+    section = tables.Section(f"Model {hostile}", paragraphs=[f"path {hostile}"], preformatted="a\n```\n<b>",
+                             tables=[tables.Table(["name"], [[tables.Cell(hostile)], [tables.Cell("`x` " + hostile,
+                                                                                                code=True)]])])
+    text = tables.markdown([section])
+    assert "<img" not in text.replace("`'x' <img src=x onerror=alert(1)>`", "") and "&lt;img src=x" in text
+    assert "\n````\na\n```\n<b>\n````" in text  # the fence outlasts the text's own backticks
+    run = RunDir(tmp_path / "run")
+    run.manifest["model"] = hostile
+    assert "<img" not in report.render_markdown(run, config.resolve())
