@@ -203,7 +203,7 @@ def cmd_stage(args) -> int:
     if stage.distributed and os.environ.get("RANK", "0") != "0":
         stages.run_worker(args.command, cfg, run_dir, **options)
         return 0
-    with stages.open_run(cfg, run_dir, save=saved) as run:
+    with stages.open_run(cfg, run_dir, save=saved, reads_trained=args.command != "train") as run:
         entry = stages.run_stage(args.command, cfg, run, **options)
     _print_stage_line(args.command, entry)
     return 0

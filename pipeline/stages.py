@@ -244,10 +244,11 @@ def up_to_date(stage: Stage, cfg, run: RunDir) -> tuple[bool, str]:
 
 
 @contextlib.contextmanager
-def open_run(cfg, run_dir: str | Path, *, save=None) -> Iterator[RunDir]:
+def open_run(cfg, run_dir: str | Path, *, save=None, reads_trained: bool = False) -> Iterator[RunDir]:
     """The run directory, locked, with the environment recorded; what every stage runs in.
 
-    The model name is checked first, so a typo creates nothing. ``save`` is the config that config.yaml
+    The model name is checked first, so a typo creates nothing (``reads_trained``: against the run's model card
+    before anything is imported). ``save`` is the config that config.yaml
     keeps (default ``cfg``); the command line passes the one without this invocation's ``--require`` flags.
     It is saved only when it produced something: after each stage that ends normally and when the
     command succeeds (or at once in a new run directory), so the overrides of a failed command never
@@ -255,6 +256,8 @@ def open_run(cfg, run_dir: str | Path, *, save=None) -> Iterator[RunDir]:
     """
     from pipeline import modeling
 
+    if reads_trained:  # a stage after train: the run's card is checked before a model file is imported
+        modeling.check_card_first(cfg, run_dir)
     modeling.check_model_name(cfg)
     run = RunDir(run_dir)
     with run.locked():

@@ -121,3 +121,17 @@ def test_markdown_reports_escape_what_comes_from_the_user(tmp_path):
     run = RunDir(tmp_path / "run")
     run.manifest["model"] = hostile
     assert "<img" not in report.render_markdown(run, config.resolve())
+
+
+def test_a_model_file_named_by_a_runs_config_is_not_run_before_the_card_refuses(clone_run, tmp_path, capsys):
+    run = clone_run()
+    marker = tmp_path / "ran"
+    evil = tmp_path / "evil.py"
+    evil.write_text(f"open({str(marker)!r}, 'w').write('imported')\ndef make(num_classes=10):\n    raise SystemExit\n")
+    config_yaml = run / "config.yaml"
+    config_yaml.write_text(config_yaml.read_text().replace("name: tiny_cnn", f"name: {evil}:make"))
+    capsys.readouterr()
+    assert cli("verify", "--run-dir", run) == EXIT_USAGE
+    (line,) = _errors(capsys.readouterr().err)
+    assert f"holds a trained 'tiny_cnn', but the config asks for '{evil}:make'" in line
+    assert not marker.exists()
