@@ -63,6 +63,8 @@ class ChildError(RuntimeError):
 
 def _remote_error(error: dict) -> Exception:
     """The child's exception, as the same pipeline error, or a :class:`ChildError` named like the original."""
+    if error.get("errno") in errors.DISK_FULL_ERRNOS:  # the child's disk is full: the same OSError here
+        return OSError(error["errno"], error["message"])
     cls = getattr(errors, error["type"], None)
     if isinstance(cls, type) and issubclass(cls, errors.PipelineError) and cls is not errors.ConfigError:
         return cls(error["message"])
@@ -312,7 +314,7 @@ class _Child:
 
         traceback.print_exc(file=sys.stderr)
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        self.send(error={"type": type(exc).__name__, "message": text})
+        self.send(error={"type": type(exc).__name__, "message": text, "errno": getattr(exc, "errno", None)})
 
     def serve(self, requests) -> int:
         job = json.loads((self.folder / JOB).read_text(encoding="utf-8"))

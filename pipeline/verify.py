@@ -42,7 +42,7 @@ from pipeline import backends, data, export, fp16, int8, localize, modeling, onn
 from pipeline.artifacts import FALLBACK_CANDIDATE, INT8_ENGINE, INT8_FALLBACK, INT8_FALLBACK_CANDIDATE, INT8_ONNX, WEIGHTS
 from pipeline import verify_report as report
 from pipeline.backends import Backend, Context
-from pipeline.errors import BackendUnavailable, CheckFailed, InputError, StageFailed
+from pipeline.errors import BackendUnavailable, CheckFailed, InputError, StageFailed, disk_full
 from pipeline.isolate import Crashed
 from pipeline.run import RunDir, StageRecord, sha256_file
 from pipeline.runners import TorchRunner, collect
@@ -171,6 +171,8 @@ def _judge(chk: Check, ctx: Context, evidence: Evidence, gate: dict) -> dict:
     except Crashed as exc:  # the child died (a segfault in the runtime): a "crashed" row, the others go on
         return report.crashed(exc)
     except Exception as exc:  # a candidate that cannot run is an "error" row, not a dead stage
+        if disk_full(exc):  # but a full disk ends the stage, with the documented message
+            raise disk_full(exc) from None
         return {"status": "error", "reason": report.error_reason(exc)}
     problem = _output_problem(chk, outputs, evidence)
     if problem:

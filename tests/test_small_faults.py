@@ -135,3 +135,32 @@ def test_a_model_file_named_by_a_runs_config_is_not_run_before_the_card_refuses(
     (line,) = _errors(capsys.readouterr().err)
     assert f"holds a trained 'tiny_cnn', but the config asks for '{evil}:make'" in line
     assert not marker.exists()
+
+
+def test_a_full_disk_during_verify_is_the_documented_disk_full_line(clone_run, capsys, monkeypatch):
+    import errno
+
+    from pipeline import isolate
+
+    run = clone_run()
+
+    def full(path, arrays):  # the parent writes each batch into the child's exchange folder
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(isolate, "_save", full)
+    capsys.readouterr()
+    assert cli("verify", "--run-dir", run) == 4
+    (line,) = _errors(capsys.readouterr().err)
+    assert line.startswith("error: verify: no space left on device while writing ") and "in.npz" in line
+    assert line.endswith("; free space and re-run")
+
+
+def test_a_full_disk_in_the_child_comes_back_as_the_same_oserror():
+    import errno
+
+    from pipeline import isolate
+    from pipeline.errors import disk_full
+
+    exc = isolate._remote_error({"type": "OSError", "message": "[Errno 28] No space left on device",
+                                 "errno": errno.ENOSPC})
+    assert isinstance(exc, OSError) and exc.errno == errno.ENOSPC and disk_full(exc) is not None
