@@ -67,9 +67,11 @@ def _dynamic_shapes(model, dynamic):
 
 
 def run(cfg, run_dir: RunDir, record: StageRecord) -> None:
-    weights_sha256 = sha256_file(run_dir.require(WEIGHTS, "train", "export"))
     model, card = modeling.load_trained(cfg, run_dir, "export")
-    for graph in (FP32_ONNX, FP16_ONNX, INT8_ONNX):  # an export that does not finish leaves no graph to mistake
+    weights_sha256 = sha256_file(run_dir.file(WEIGHTS))  # what every graph of this export records (the lock is held)
+    # An export that does not finish leaves no graph a later stage could take for its output: the derived graphs
+    # go first; model.onnx is replaced atomically, and one from other weights is refused by its stamp (provenance).
+    for graph in (FP16_ONNX, INT8_ONNX):
         run_dir.file(graph).unlink(missing_ok=True)
     spec = card["spec"]
     ec = cfg.export
