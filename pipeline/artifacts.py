@@ -34,6 +34,7 @@ ENGINE_SIDECAR = "model.fp16.engine.json"
 INT8_ENGINE = "model.int8.engine"  # strongly typed from model.int8.onnx (build.precisions)
 INT8_ENGINE_SIDECAR = "model.int8.engine.json"
 OPENVINO_DIR = "openvino"  # OpenVINO IR: openvino/<precision>.xml + .bin + .json sidecar (build)
+IR_TEMP_PREFIX = ".ir."  # openvino/.ir.*/: a conversion's temporary folder, removed when it ends
 
 # verify
 VERIFY_JSON = "verify.json"

@@ -24,7 +24,7 @@ import numpy as np
 
 from pipeline import artifacts, backends, benchmark_app, data, env, modeling, trtexec, verify_report
 from pipeline.backends import Backend, Context
-from pipeline.errors import BackendUnavailable, InputError
+from pipeline.errors import BackendUnavailable, InputError, UsageError
 from pipeline.isolate import Crashed
 from pipeline.run import RunDir, StageRecord, atomic_path, atomic_write, now, write_json
 from pipeline.runners import THROUGHPUT_LABEL, Method, measure, one_line  # noqa: F401  (measure: the timing loop)
@@ -197,6 +197,7 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, profile: bool = False) -> 
     torch.set_num_threads(threads)
     model, card = modeling.load_trained(cfg, run_dir, "benchmark")
     spec = card["spec"]
+    check_batch_sizes(bc.batch_sizes, spec["input_size"], env.memory_bytes())
     images, _ = data.validation_batch(cfg, card, max(bc.batch_sizes))
     verdicts = verify_report.read_verdicts(run_dir) or {}
     accuracies = verify_report.read_accuracies(run_dir)
@@ -219,7 +220,8 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, profile: bool = False) -> 
                     "%.1f%% (%s): the machine was busy or the runs are too short; close other programs or raise "
                     "benchmark.min_duration_s", len(noisy), len(results), 100 * bc.cv_warn, ", ".join(noisy))
     payload = _payload(cfg, spec, threads, results, skipped)
-    payload["benchmark_app"] = benchmark_app.side_by_side(cfg, run_dir, results, spec["input_size"], threads)
+    named = [row for pair in headline_rows(results).values() if pair for row in pair]
+    payload["benchmark_app"] = benchmark_app.side_by_side(cfg, run_dir, results, spec["input_size"], threads, named)
     write_json(run_dir.file(JSON), payload)
     atomic_write(run_dir.file(MARKDOWN), markdown(payload))
     plots = write_plots(run_dir, payload)
@@ -230,6 +232,25 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, profile: bool = False) -> 
     record.details.update({"results": len(results), "skipped": skipped, "threads": threads,
                            "headline": _headline(results),
                            "workarounds": {r["backend"]: r["workaround"] for r in results if r["workaround"]}})
+
+
+def check_batch_sizes(batch_sizes: list[int], input_size: list[int], memory: int | None) -> None:
+    """Refuse (exit 2) a batch whose float32 inputs alone exceed an eighth of the machine's memory: the inputs,
+    their copy in each runtime's child and the activations must all fit. Every row would otherwise be skipped
+    with a MemoryError and benchmark would still say ok."""
+    if not memory:
+        return
+    per_image = 4 * math.prod(input_size)
+    for batch in sorted(batch_sizes, reverse=True):
+        if batch * per_image > memory // 8:
+            raise UsageError(f"benchmark.batch_sizes: batch {batch} needs {_gib(batch * per_image)} for its inputs "
+                             f"alone ({'x'.join(map(str, input_size))} float32 images), more than an eighth of this "
+                             f"machine's {_gib(memory)} of memory; the largest batch that fits is "
+                             f"{memory // 8 // per_image}: lower benchmark.batch_sizes")
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.3g} GiB"
 
 
 def _payload(cfg, spec: dict, threads: int, results: list, skipped: list) -> dict:
@@ -255,27 +276,39 @@ def _is_throughput(row: dict) -> bool:
     return row["timing"].startswith(THROUGHPUT_LABEL)
 
 
-def _headline(results: list[dict]) -> str:
-    """Per device, the fastest backend that passed the gate (or is the reference): by p50 latency at the
-    smallest batch (async throughput rows excluded: their time is per batch amortised), and by images/s at
-    the largest batch (throughput rows included)."""
-    if not results:
-        return "no backend measured"
-    parts = []
+def headline_rows(results: list[dict]) -> dict[str, tuple[dict, dict] | None]:
+    """Per device, the rows the summary names: the fastest that passed the gate (or is the reference) by p50
+    latency at the smallest batch (async throughput rows excluded: their time is per batch amortised), and by
+    images/s at the largest batch (throughput rows included); None where no measured backend passed."""
+    named: dict[str, tuple[dict, dict] | None] = {}
     for device in sorted({r["device"] for r in results}):
         rows = [r for r in results if r["device"] == device and r["verify"] in ("passed", "reference")]
         if not rows:
-            parts.append(f"{device}: no measured backend passed the gate")
+            named[device] = None
             continue
         small, large = min(r["batch_size"] for r in rows), max(r["batch_size"] for r in rows)
         latency = [r for r in rows if r["batch_size"] == small and not _is_throughput(r)] or \
             [r for r in rows if r["batch_size"] == small]
         best = min(latency, key=lambda r: r["latency_ms"]["p50"])
         top = max((r for r in rows if r["batch_size"] == large), key=lambda r: r["throughput_per_s"])
-        parts.append(f"{device}: fastest that passed the gate at batch {small}: {best['backend']} p50 "
-                     f"{best['latency_ms']['p50']:.3f} ms{_ratio_text(best)}; at batch {large}: {top['backend']} "
-                     f"{top['throughput_per_s']:.1f} images/s{' (async throughput)' if _is_throughput(top) else ''}"
-                     f"{_ratio_text(top)}")
+        named[device] = (best, top)
+    return named
+
+
+def _headline(results: list[dict]) -> str:
+    """The summary's line: per device, the rows :func:`headline_rows` names."""
+    if not results:
+        return "no backend measured"
+    parts = []
+    for device, named in headline_rows(results).items():
+        if named is None:
+            parts.append(f"{device}: no measured backend passed the gate")
+            continue
+        best, top = named
+        parts.append(f"{device}: fastest that passed the gate at batch {best['batch_size']}: {best['backend']} p50 "
+                     f"{best['latency_ms']['p50']:.3f} ms{_ratio_text(best)}; at batch {top['batch_size']}: "
+                     f"{top['backend']} {top['throughput_per_s']:.1f} images/s"
+                     f"{' (async throughput)' if _is_throughput(top) else ''}{_ratio_text(top)}")
     return "; ".join(parts)
 
 

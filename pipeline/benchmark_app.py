@@ -1,6 +1,7 @@
 """OpenVINO's own ``benchmark_app`` beside the pipeline's OpenVINO rows: the anchor users trust.
 
-For every OpenVINO backend benchmark timed, at every batch size, ``benchmark_app`` runs on the same
+For the OpenVINO rows the summary names (``benchmark.benchmark_app_rows: summary``, the default; ``all``: every
+OpenVINO backend benchmark timed, at every batch size), ``benchmark_app`` runs on the same
 IR file (checked again through :func:`pipeline.openvino_ir.load` first) with the same shape,
 inference precision hint and thread count: once with ``-hint latency`` (one synchronous request,
 beside our wall-clock row) and once with ``-hint throughput`` (OpenVINO's number of async requests,
@@ -72,14 +73,22 @@ def run_one(exe: str, xml: Path, shape: list[int], mode: str, hint: str, threads
                              + (f": {tail[0][:200]}" if tail else "")}
 
 
-def side_by_side(cfg, run_dir: RunDir, results: list[dict], input_size: list[int], threads: int) -> dict:
-    """benchmark_app's numbers beside ours for every OpenVINO row; ``{"skipped": reason}`` when it cannot run."""
+def side_by_side(cfg, run_dir: RunDir, results: list[dict], input_size: list[int], threads: int,
+                 named: list[dict] = ()) -> dict:
+    """benchmark_app's numbers beside ours for the OpenVINO rows among ``named`` (the rows the summary names:
+    two benchmark_app runs instead of two per OpenVINO row, 18 for resnet18), or for every OpenVINO row with
+    ``benchmark.benchmark_app_rows: all``; ``{"skipped": reason}`` when it cannot run."""
     from pipeline import backends, openvino_ir
 
     seconds = cfg.benchmark.benchmark_app_s
     ours = [r for r in results if backends.by_name(r["backend"]).runtime == backends.OV]
     if not ours:
         return {"skipped": "no OpenVINO row was measured"}
+    if getattr(cfg.benchmark, "benchmark_app_rows", "all") == "summary":
+        ours = [r for r in ours if any(r is n for n in named)]
+        if not ours:
+            return {"skipped": "the summary names no OpenVINO row (benchmark.benchmark_app_rows: all checks every "
+                               "OpenVINO row)"}
     if not seconds:
         return {"skipped": "benchmark.benchmark_app_s is 0"}
     exe = find()

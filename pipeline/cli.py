@@ -113,7 +113,7 @@ def _setup_logging(quiet: bool, debug: bool) -> None:
 
 def _sanitize(name: str) -> str:
     if ":" in name:  # a user model (importing the registry only then: it loads torch)
-        import models
+        from pipeline.registry import models
 
         with contextlib.suppress(models.UnknownModelError):  # a malformed name fails later, with its reason
             module, attr = models.split_import_path(name)
@@ -166,7 +166,7 @@ def _on_interrupt(signum, frame):
 
 
 def cmd_models(args) -> int:
-    import models
+    from pipeline.registry import models
 
     rows = [(name, models.get_spec(name)) for name in models.list_models()]
     print(f"{'model':<24} {'input':<12} {'classes':>7}  description")
@@ -204,7 +204,7 @@ def cmd_stage(args) -> int:
     if stage.distributed and os.environ.get("RANK", "0") != "0":
         stages.run_worker(args.command, cfg, run_dir, **options)
         return 0
-    with stages.open_run(cfg, run_dir, save=saved) as run:
+    with stages.open_run(cfg, run_dir, save=saved, reads_trained=args.command != "train") as run:
         entry = stages.run_stage(args.command, cfg, run, **options)
     _print_stage_line(args.command, entry)
     return 0

@@ -27,6 +27,7 @@ MAX_CONFIG_BYTES = 1 << 20
 
 MAX_YAML_DEPTH = 32  # the config tree is 4 levels deep; deeper YAML is a mistake or an attack
 SEED_LIMIT = 2**32  # numpy.random.seed takes 0 <= seed < 2**32 (train.seed reaches it)
+FLOAT32_TINY = 1.1754943508222875e-38  # numpy.finfo(numpy.float32).tiny, without importing numpy here
 
 
 class Section(BaseModel):
@@ -46,6 +47,9 @@ class ModelConfig(Section):
     def _std_positive(self):
         if self.std is not None and any(s <= 0 for s in self.std):
             raise ValueError("model.std values must be > 0")
+        if self.std is not None and any(s < FLOAT32_TINY for s in self.std):  # the inputs are float32
+            raise ValueError(f"model.std values must be at least {FLOAT32_TINY:.3g} (float32's smallest normal "
+                             "number): smaller ones are zero or lose precision in float32 and blow up the inputs")
         return self
 
 
@@ -286,12 +290,21 @@ class BenchmarkConfig(Section):
     profile_iterations: int = Field(5, ge=1, description="iterations recorded by benchmark --profile")
     benchmark_app_s: float = Field(2.0, ge=0, description="seconds per OpenVINO benchmark_app run beside the "
                                    "OpenVINO rows (0: off)")
+    benchmark_app_rows: Literal["summary", "all"] = Field(
+        "summary", description="OpenVINO rows cross-checked with benchmark_app: those the summary names (the "
+        "fastest that passed, at batch 1 and the largest batch) or all")
 
     @model_validator(mode="after")
     def _positive_batches(self):
         if any(b < 1 for b in self.batch_sizes):
             raise ValueError("benchmark.batch_sizes must all be >= 1")
         return self
+
+
+class IsolateConfig(Section):
+    timeout_s: float = Field(300.0, gt=0, description="seconds a native runtime's child process has to answer, at "
+                             "least (plus a minute to start, a quarter second per image, a timing's own length); "
+                             "then it is killed and its row says `crashed: no answer in N s`")
 
 
 class Config(Section):
@@ -302,6 +315,7 @@ class Config(Section):
     build: BuildConfig = BuildConfig()
     verify: VerifyConfig = VerifyConfig()
     benchmark: BenchmarkConfig = BenchmarkConfig()
+    isolate: IsolateConfig = IsolateConfig()
     require: list[Literal["tensorrt", "cuda"]] = Field(
         [], description="backends whose absence fails the run with exit code 3"
     )

@@ -125,6 +125,7 @@ def load_image(path: Path, size: int) -> torch.Tensor:
             img = _to_rgb(img)
             w, h = img.size
             scale = size / min(w, h)
+            _check_resize_cost(path, w, h, scale)
             img = img.resize((max(size, round(w * scale)), max(size, round(h * scale))), Image.BILINEAR)
             w, h = img.size
             left, top = (w - size) // 2, (h - size) // 2
@@ -133,6 +134,24 @@ def load_image(path: Path, size: int) -> torch.Tensor:
     except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
         raise DataError(f"cannot read image {path}: {exc}") from None
     return data.view(size, size, 3).permute(2, 0, 1).contiguous()
+
+
+# The resized image, before its centre crop, is at most this many pixels (3 bytes each): a 5,000,000x1 PNG
+# passes Pillow's decompression-bomb limit but its short side scaled to 224 would need gigabytes.
+MAX_RESIZED_PIXELS = 1 << 26
+
+
+def _check_resize_cost(path: Path, w: int, h: int, scale: float) -> None:
+    pixels = max(1, round(w * scale)) * max(1, round(h * scale))
+    if pixels > MAX_RESIZED_PIXELS:
+        raise DataError(f"cannot read image {_shown(path)}: {w}x{h} pixels; resizing its short side to "
+                        f"{round(min(w, h) * scale)} would need {pixels * 3 / 2**30:.1f} GiB (limit "
+                        f"{MAX_RESIZED_PIXELS * 3 / 2**30:.1f} GiB); crop it or move it out of the data")
+
+
+def _shown(path: Path) -> str:
+    """``path`` printable in any encoding: a file name that is not UTF-8 shows its bytes escaped, never fails."""
+    return str(path).encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _to_rgb(img):
@@ -324,6 +343,7 @@ def scan_classes(folders: list[tuple[str, Path]], where: Path,
                         skipped.append(path)
                     continue
                 if path.suffix.lower() not in IMAGE_EXTENSIONS:
+                    _refuse_run_dir_in_data(path, where)
                     raise DataError(
                         f"{path} is not an image file (expected one of {', '.join(IMAGE_EXTENSIONS)}); "
                         "move it out of the class folder"
@@ -335,6 +355,25 @@ def scan_classes(folders: list[tuple[str, Path]], where: Path,
         labels += [index] * len(class_files)
     _check_images(files)
     return classes, files, labels
+
+
+def _refuse_run_dir_in_data(path: Path, where: Path) -> None:
+    """A run directory inside ``data.path`` would be read as a class folder: say that, not "not an image file"."""
+    from pipeline.artifacts import CONFIG, MANIFEST
+
+    if path.name in (CONFIG, MANIFEST) or (path.parent / MANIFEST).is_file():
+        raise DataError(f"the run directory {_shown(path.parent)} is inside the data ({_shown(where)}, data.path): "
+                        "its files would be read as images; use a --run-dir outside the data folder")
+
+
+def _warn_classes_without_validation(classes: list[str], labels: list[int], details: dict) -> None:
+    """A class with no validation image is never checked by verify: trained, but not measured; say so."""
+    missing = [c for i, c in enumerate(classes) if i not in set(labels)]
+    if missing:
+        details["classes_without_validation_images"] = missing
+        log.warning("data: class(es) with no validation image (too few images to hold one out): %s; their "
+                    "accuracy is not measured: add images or raise data.val_fraction",
+                    ", ".join(_shown(Path(c)) for c in missing))
 
 
 def scan_image_folder(root: Path) -> tuple[list[str], list[Path], list[int]]:
@@ -387,6 +426,7 @@ def _image_folder(cfg, size: int, mean, std) -> DataSplits:
         raise DataError(f"image folder {root}: the validation split is empty; add images or raise data.val_fraction")
     details = {"root": str(root), "layout": layout, "split": split, "train_images": len(train_files),
                "val_images": len(val_files)}
+    _warn_classes_without_validation(classes, val_labels, details)
     log.info("data: image folder %s: %s; %s", root, layout, split)
     if skipped:
         details["skipped_not_regular_files"] = [str(p) for p in skipped[:20]] + (
@@ -572,15 +612,17 @@ def content_summary(data_cfg) -> dict:
         rel = os.path.relpath(folder, root)
         if rel == ".":
             top = list(dirs)
-        digest.update(f"D {rel}\n".encode())
+        digest.update(f"D {rel}\n".encode(errors="surrogateescape"))  # a non-UTF-8 name: its own bytes
         for name in sorted(n for n in names if not n.startswith(".")):
             try:
                 st = os.stat(os.path.join(folder, name))
             except OSError:  # a dangling link: its name still counts
                 st = None
-            digest.update(f"F {rel}/{name} {st and st.st_size} {st and st.st_mtime_ns}\n".encode())
+            line = f"F {rel}/{name} {st and st.st_size} {st and st.st_mtime_ns}\n"
+            digest.update(line.encode(errors="surrogateescape"))
             files += 1
-    return {"source": data_cfg.source, "root": str(root), "folders": top, "files": files, "sha256": digest.hexdigest()}
+    return {"source": data_cfg.source, "root": _shown(root), "folders": [_shown(Path(d)) for d in top], "files": files,
+            "sha256": digest.hexdigest()}
 
 
 def check_classes(card: dict, classes: list[str]) -> None:

@@ -78,6 +78,14 @@ def cpu_has_int8_dot_product() -> bool:
     return bool(cpu_flags() & {"avx512_vnni", "avx_vnni", "amx_int8"})
 
 
+def memory_bytes() -> int | None:
+    """The machine's physical memory (None where the OS does not say): what bounds a benchmark batch."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
 def usable_cores() -> int:
     try:
         return len(os.sched_getaffinity(0))

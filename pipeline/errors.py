@@ -94,6 +94,7 @@ class StageFailed(PipelineError):
 
 
 _DISK_FULL = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded"}
+DISK_FULL_ERRNOS = tuple(_DISK_FULL)
 
 
 def disk_full(exc: BaseException) -> StageFailed | None:

@@ -18,18 +18,18 @@ import numpy as np
 import onnx
 import torch
 
-from pipeline import fallback, fp16, int8, modeling, onnx_io
-from pipeline.artifacts import CALIBRATION, FP16_ONNX, FP32_ONNX, INT8_ONNX
+from pipeline import fallback, fp16, int8, modeling, onnx_io, provenance
+from pipeline.artifacts import CALIBRATION, FP16_ONNX, FP32_ONNX, INT8_ONNX, WEIGHTS
 from pipeline.data import validation_batch
 from pipeline.errors import StageFailed
-from pipeline.run import RunDir, StageRecord, atomic_path
+from pipeline.run import RunDir, StageRecord, atomic_path, install, scratch_folder, sha256_file
 
 log = logging.getLogger("pipeline")
 
 
 def export_onnx(model: torch.nn.Module, example: torch.Tensor, path: Path, *, opset: int, exporter: str,
-                input_name: str, output_name: str, dynamic_batch: bool) -> list[str]:
-    """Export ``model`` to ``path`` (atomically); returns the exporter's warnings."""
+                input_name: str, output_name: str, dynamic_batch: bool, weights_sha256: str = "") -> list[str]:
+    """Export ``model`` to ``path`` (atomically, stamped with ``weights_sha256``); returns the exporter's warnings."""
     with warnings.catch_warnings(record=True) as caught, atomic_path(path) as tmp:
         warnings.simplefilter("always")
         try:
@@ -50,6 +50,8 @@ def export_onnx(model: torch.nn.Module, example: torch.Tensor, path: Path, *, op
         except Exception as exc:
             raise StageFailed(f"torch.onnx.export ({exporter}) failed: {type(exc).__name__}: "
                               f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") from None
+        if weights_sha256:
+            provenance.stamp_file(tmp, weights_sha256)
         onnx_io.check(tmp)
     return [f"{w.category.__name__}: {w.message}" for w in caught
             if issubclass(w.category, (torch.jit.TracerWarning, UserWarning)) and "deprecat" not in str(w.message)]
@@ -66,6 +68,11 @@ def _dynamic_shapes(model, dynamic):
 
 def run(cfg, run_dir: RunDir, record: StageRecord) -> None:
     model, card = modeling.load_trained(cfg, run_dir, "export")
+    weights_sha256 = sha256_file(run_dir.file(WEIGHTS))  # what every graph of this export records (the lock is held)
+    # An export that does not finish leaves no graph a later stage could take for its output: the derived graphs
+    # go first; model.onnx is replaced atomically, and one from other weights is refused by its stamp (provenance).
+    for graph in (FP16_ONNX, INT8_ONNX):
+        run_dir.file(graph).unlink(missing_ok=True)
     spec = card["spec"]
     ec = cfg.export
     examples, _ = validation_batch(cfg, card, 2)
@@ -73,7 +80,7 @@ def run(cfg, run_dir: RunDir, record: StageRecord) -> None:
     log.info("export: %s -> %s (opset %d, %s exporter)", cfg.model.name, FP32_ONNX, ec.opset, ec.exporter)
     tracer_warnings = export_onnx(model, torch.from_numpy(examples), path, opset=ec.opset, exporter=ec.exporter,
                                   input_name=spec["input_name"], output_name=spec["output_name"],
-                                  dynamic_batch=ec.dynamic_batch)
+                                  dynamic_batch=ec.dynamic_batch, weights_sha256=weights_sha256)
     for message in tracer_warnings[:3]:
         log.warning("export: exporter warning (verify will show whether it matters): %s", message.splitlines()[0])
     exported = onnx.load(str(path))
@@ -126,18 +133,24 @@ def quantize_int8(cfg, run_dir: RunDir, card: dict, out_of_int8: list[str], out_
     fallback's nodes left out of INT8, and its FP32 nodes kept in FP32 in the FP16 regions."""
     ic = cfg.export.int8
     images, _ = validation_batch(cfg, card, ic.calibration_samples)
-    with atomic_path(run_dir.file(out_name)) as tmp:
-        report = int8.quantize(run_dir.file(FP32_ONNX), images, card["spec"]["input_name"], ic, tmp, out_of_int8,
+    # ModelOpt rewrites its input in place and writes intermediates beside it: it gets a private copy.
+    with scratch_folder(run_dir.file(FP32_ONNX)) as scratch:
+        fp32_copy, quantized = scratch / FP32_ONNX, scratch / out_name
+        source = provenance.source_weights(onnx.load(str(fp32_copy), load_external_data=False))
+        report = int8.quantize(fp32_copy, images, card["spec"]["input_name"], ic, quantized, out_of_int8,
                                list(fp32_nodes))
-        onnx_io.check(tmp)
+        provenance.stamp_file(quantized, source or "")
+        onnx_io.check(quantized)
+        install(quantized, run_dir.file(out_name))
     log.info("export: %s: %d Q/DQ pairs, %d nodes INT8 (%.1f%% of the matrix ops), %d FP16, %d FP32 (%.1f s)",
              out_name, report["qdq_pairs"], report["int8_nodes"], 100 * report["int8_fraction"],
              report["fp16_nodes"], report["fp32_nodes_count"], report["seconds"])
     return report
 
 
-def convert_fp16(cfg, run_dir: RunDir, card: dict, fallback: list[str], out_name: str = FP16_ONNX) -> dict:
-    """AutoCast ``model.onnx`` into ``out_name``, calibrated on real validation images."""
+def convert_fp16(cfg, run_dir: RunDir, card: dict, fp32_nodes: list[str], out_name: str = FP16_ONNX) -> dict:
+    """AutoCast ``model.onnx`` into ``out_name``, calibrated on real validation images, ``fp32_nodes`` kept in FP32
+    (the automatic fallback's)."""
     fc = cfg.export.fp16
     calib_path = run_dir.file(CALIBRATION)
     if fc.range_rule:
@@ -145,9 +158,12 @@ def convert_fp16(cfg, run_dir: RunDir, card: dict, fallback: list[str], out_name
         with atomic_path(calib_path) as tmp:
             with open(tmp, "wb") as f:
                 np.savez(f, **{card["spec"]["input_name"]: images})
-    model16, report = fp16.convert(run_dir.file(FP32_ONNX), calib_path if fc.range_rule else None, fc, fallback)
-    out = run_dir.file(out_name)
-    with atomic_path(out) as tmp:
+    with scratch_folder(run_dir.file(FP32_ONNX), *([calib_path] if fc.range_rule else [])) as scratch:
+        fp32_copy = scratch / FP32_ONNX  # AutoCast, a ModelOpt library, also works on a private copy
+        model16, report = fp16.convert(fp32_copy, scratch / CALIBRATION if fc.range_rule else None, fc, fp32_nodes)
+        source = provenance.source_weights(onnx.load(str(fp32_copy), load_external_data=False))
+    provenance.stamp(model16, source or "")
+    with atomic_path(run_dir.file(out_name)) as tmp:
         onnx.save(model16, str(tmp))
         onnx_io.check(tmp)
     report["calibration_images"] = fc.calibration_samples if fc.range_rule else 0

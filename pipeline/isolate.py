@@ -29,6 +29,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import asdict
@@ -43,6 +44,9 @@ from pipeline.runners import Method, Timed, measure_or_error
 
 JOB = "job.json"
 TAIL_LINES = 15
+DEFAULT_TIMEOUT_S = 300.0  # isolate.timeout_s: a TensorRT engine or an OpenVINO model may take minutes to load
+STARTUP_S = 60.0  # importing a runtime and loading a model, on a busy machine, on top of the floor
+SECONDS_PER_IMAGE = 0.25  # generous: a ResNet-50 at 224x224 on 2 CPU cores takes a tenth of a second
 
 
 class Crashed(RuntimeError):
@@ -59,6 +63,8 @@ class ChildError(RuntimeError):
 
 def _remote_error(error: dict) -> Exception:
     """The child's exception, as the same pipeline error, or a :class:`ChildError` named like the original."""
+    if error.get("errno") in errors.DISK_FULL_ERRNOS:  # the child's disk is full: the same OSError here
+        return OSError(error["errno"], error["message"])
     cls = getattr(errors, error["type"], None)
     if isinstance(cls, type) and issubclass(cls, errors.PipelineError) and cls is not errors.ConfigError:
         return cls(error["message"])
@@ -173,23 +179,50 @@ class Isolated(Timed, BaseRunner):
         proc.stdin.write((json.dumps(request) + "\n").encode())
         proc.stdin.flush()
 
-    def _read(self, proc) -> dict:
-        """The next reply; phases on the way are remembered; the end of the stream means the child died."""
-        for line in proc.stdout:
-            message = json.loads(line)
-            if "phase" in message:
-                self.phase = message["phase"]
-                continue
-            return message
+    def _read(self, proc, deadline_s: float | None = None) -> dict:
+        """The next reply; phases on the way are remembered; the end of the stream means the child died.
+
+        A child that gives no reply within ``deadline_s`` (stopped, or a runtime that deadlocked) is killed,
+        so verify and benchmark always end: its row says ``crashed: no answer in N s``.
+        """
+        deadline_s = self.deadline(None) if deadline_s is None else deadline_s
+        fired = threading.Event()
+        timer = threading.Timer(deadline_s, _kill_silent, (proc, fired))
+        timer.daemon = True
+        timer.start()
+        try:
+            for line in proc.stdout:
+                message = json.loads(line)
+                if "phase" in message:
+                    self.phase = message["phase"]
+                    continue
+                return message
+        finally:
+            timer.cancel()
         code = proc.wait()
         if code == -signal.SIGINT:  # Ctrl-C reached the child first: the parent is being interrupted too
             raise KeyboardInterrupt
-        raise Crashed(how_it_ended(code), self.phase, self.log, log_tail(self.ctx.run_dir.file(self.log)))
+        how = f"no answer in {deadline_s:.0f} s" if fired.is_set() else how_it_ended(code)
+        raise Crashed(how, self.phase, self.log, log_tail(self.ctx.run_dir.file(self.log)))
 
-    def _reply(self) -> dict:
+    def deadline(self, request: dict | None, batch: int = 0) -> float:
+        """Seconds the child gets to answer ``request`` (None: starting its runner): ``isolate.timeout_s``, the
+        floor, plus the work it was given: a minute to start; a quarter second per image; a timing's own length."""
+        isolate = getattr(self.ctx.cfg, "isolate", None)
+        floor = float(getattr(isolate, "timeout_s", DEFAULT_TIMEOUT_S))
+        if request is None:
+            return floor + STARTUP_S
+        if request["op"] != "time":
+            return floor + batch * SECONDS_PER_IMAGE
+        m = request["method"]
+        work = m.get("warmup_s", 0) + m.get("trials", 1) * (m.get("min_duration_s", 0) +
+                                                               m.get("min_iterations", 1) * batch * SECONDS_PER_IMAGE)
+        return floor + 4 * work
+
+    def _reply(self, deadline_s: float | None = None) -> dict:
         proc = self.proc
         try:
-            message = self._read(proc)
+            message = self._read(proc, deadline_s)
         except BaseException:
             self._end(kill=True)  # a dead or interrupted child: nothing more to ask it
             raise
@@ -202,11 +235,12 @@ class Isolated(Timed, BaseRunner):
             raise RuntimeError(f"{self.name}: the child process has ended")
         if arrays is not None:
             _save(self.folder / "in.npz", arrays)
+        batch = len(next(iter(arrays.values()))) if arrays else 0
         try:
             self._send(self.proc, request)
         except OSError:
             pass  # it died: _reply says how
-        return self._reply()
+        return self._reply(self.deadline(request, batch))
 
     def infer_impl(self, feed_dict):
         self.calls += 1
@@ -227,6 +261,15 @@ class Isolated(Timed, BaseRunner):
 
     def timers(self, feed: dict):
         raise NotImplementedError("an isolated runner times in its child: use measurements(feed, method)")
+
+
+def _kill_silent(proc, fired: threading.Event) -> None:
+    """The deadline's end: SIGKILL (it also ends a child stopped with SIGSTOP)."""
+    fired.set()
+    try:
+        proc.kill()
+    except OSError:
+        pass  # it ended meanwhile
 
 
 def _child_env() -> dict:
@@ -271,7 +314,7 @@ class _Child:
 
         traceback.print_exc(file=sys.stderr)
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        self.send(error={"type": type(exc).__name__, "message": text})
+        self.send(error={"type": type(exc).__name__, "message": text, "errno": getattr(exc, "errno", None)})
 
     def serve(self, requests) -> int:
         job = json.loads((self.folder / JOB).read_text(encoding="utf-8"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-import models
+from pipeline.registry import models
 from pipeline.artifacts import MODEL_CARD, WEIGHTS
 from pipeline.errors import InputError, UsageError
 from pipeline.run import RunDir, read_json, write_json
@@ -36,6 +37,26 @@ def _create(cfg, *, num_classes: int | None, size: int | None) -> tuple[nn.Modul
         return models.create_model(cfg.model.name, num_classes=num_classes, image_size=size)
     except (models.UnknownModelError, models.InvalidModelError) as exc:
         raise UsageError(str(exc)) from None
+
+
+def _another_model(run_dir, card: dict, cfg) -> str:
+    return (f"{run_dir} holds a trained {card.get('model')!r}, but the config asks for {cfg.model.name!r}; "
+            "re-run train or use another --run-dir")
+
+
+def check_card_first(cfg, run_dir) -> None:
+    """Before :func:`check_model_name` imports a user's model file: a stage that reads the trained model refuses
+    a run whose model card names another model (a ``model.name`` in a run's config.yaml that points at a Python
+    file is then never imported and run). A missing or unreadable card is left to :func:`read_card`."""
+    path = Path(run_dir) / MODEL_CARD
+    if path.is_symlink() or not path.is_file():
+        return
+    try:
+        card = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if isinstance(card, dict) and card.get("model") != cfg.model.name:
+        raise InputError(_another_model(run_dir, card, cfg))
 
 
 def check_model_name(cfg) -> None:
@@ -263,10 +284,7 @@ def load_trained(cfg, run: RunDir, consumer: str) -> tuple[nn.Module, dict]:
     weights = run.require(WEIGHTS, "train", consumer)
     spec = card["spec"]
     if card.get("model") != cfg.model.name:
-        raise InputError(
-            f"{run.path} holds a trained {card.get('model')!r}, but the config asks for {cfg.model.name!r}; "
-            "re-run train or use another --run-dir"
-        )
+        raise InputError(_another_model(run.path, card, cfg))
     module, _ = build(cfg, spec["num_classes"], spec["input_size"][1])
     try:
         state = load_file(str(weights))

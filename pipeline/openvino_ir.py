@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import __version__, env
-from pipeline.artifacts import FP32_ONNX, INT8_ONNX, OPENVINO_DIR
+from pipeline.artifacts import FP32_ONNX, INT8_ONNX, IR_TEMP_PREFIX, OPENVINO_DIR
 from pipeline.errors import InputError, StageFailed
 from pipeline.run import RunDir, StageRecord, now, read_sidecar, sha256_file, write_json
 
@@ -154,7 +154,7 @@ def write(ov, source: Path, run_dir: RunDir, spec: Spec) -> dict:
     """Convert ``source`` and save ``openvino/<precision>.xml/.bin`` and the sidecar (files replaced at once)."""
     where = folder(run_dir)
     where.mkdir(exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".ir.", dir=where) as tmp:
+    with tempfile.TemporaryDirectory(prefix=IR_TEMP_PREFIX, dir=where) as tmp:
         try:
             model = ov.convert_model(str(_convertible(source, spec, Path(tmp))))
         except Exception as exc:  # OpenVINO's message: the first line names the C++ file, the next ones the cause

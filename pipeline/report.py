@@ -14,7 +14,7 @@ import yaml
 
 from pipeline import artifacts, tables
 from pipeline.errors import InputError
-from pipeline.run import CONFIG, RunDir, atomic_write, now, read_json
+from pipeline.run import CONFIG, RunDir, atomic_write, now, open_confined, read_json
 
 HTML_NAME, MD_NAME = artifacts.REPORT_HTML, artifacts.REPORT_MD
 PLOTS = [
@@ -100,10 +100,35 @@ def _html_plots(run: RunDir, plots: list[tuple[str, str]]) -> str:
         return ""
     figures = ["<h2>Plots</h2>"]
     for name, title in plots:
-        data = base64.b64encode(run.file(name).read_bytes()).decode()
+        png, problem = recorded_png(run, name)
+        if png is None:
+            figures.append(f"<figure><figcaption>{_esc(title)}</figcaption><p class='failed'>{_esc(problem)}"
+                           "; not embedded</p></figure>")
+            continue
+        data = base64.b64encode(png).decode()
         figures.append(f"<figure><figcaption>{_esc(title)}</figcaption>"
                        f"<img alt='{_esc(title)}' src='data:image/png;base64,{data}'></figure>")
     return "\n".join(figures)
+
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def recorded_png(run: RunDir, name: str) -> tuple[bytes | None, str]:
+    """The bytes of plot ``name`` if it is a real PNG that a stage of this run wrote (its sha256 in the manifest),
+    read without following a link; else ``(None, why)``. The page is attached to tickets: it must never carry
+    another file's content."""
+    import hashlib
+
+    stage, info = next(((stage, entry["artifacts"][name]) for stage, entry in run.manifest["stages"].items()
+                        if name in entry.get("artifacts", {})), (None, None))
+    with open_confined(run.file(name)) as f:
+        data = f.read()
+    if info is None:
+        return None, f"{name} is not recorded in the manifest"
+    if hashlib.sha256(data).hexdigest() != info["sha256"] or not data.startswith(PNG_SIGNATURE):
+        return None, f"{name} is not the file {stage} recorded"
+    return data, ""
 
 
 def render_html(run: RunDir, cfg) -> str:
@@ -119,7 +144,7 @@ def render_html(run: RunDir, cfg) -> str:
 
 def render_markdown(run: RunDir, cfg) -> str:
     s = sections(run, cfg)
-    lines = [f"# Run report: {s['model']}", "", tables.markdown(s["body"])]
+    lines = [f"# Run report: {tables.md_escape(s['model'])}", "", tables.markdown(s["body"])]
     if s["plots"]:
         lines += ["## Plots", "", *(f"![{title}]({name})\n" for name, title in s["plots"])]
     lines.append(tables.markdown(s["tail"]))
@@ -127,6 +152,10 @@ def render_markdown(run: RunDir, cfg) -> str:
 
 
 def write(run: RunDir, cfg) -> list[Path]:
+    for entry in run.manifest["stages"].values():  # one link in the run directory: refused before anything is read
+        for name in entry.get("artifacts", {}):
+            run.file(name)
+    run.file(artifacts.LOGS)
     atomic_write(run.file(HTML_NAME), render_html(run, cfg))
     atomic_write(run.file(MD_NAME), render_markdown(run, cfg))
     return [run.file(HTML_NAME), run.file(MD_NAME)]

@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import signal
 import stat
 import tempfile
@@ -23,7 +24,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from pipeline.artifacts import CONFIG, LOCK, MANIFEST  # noqa: F401  (CONFIG: re-exported for callers)
+# CONFIG: re-exported for callers
+from pipeline.artifacts import CONFIG, IR_TEMP_PREFIX, ISOLATE_PREFIX, LOCK, LOGS, MANIFEST, OPENVINO_DIR  # noqa: F401
 from pipeline.errors import InputError, PipelineError, StageFailed, UsageError, disk_full
 
 SCHEMA = "pipeline.manifest/1"
@@ -69,6 +71,43 @@ def _open_error(path: Path, exc: OSError) -> PipelineError:
         return UsageError(f"refusing to write {path}: it is a symbolic link; the run directory holds plain "
                           "files only: remove the link or use another --run-dir")
     return _write_error(path, exc)
+
+
+def confined(root: Path, name: str | Path) -> Path:
+    """``root / name`` after checking that it stays inside ``root``: no component of ``name`` is a symbolic link
+    (a link could point a read or a write at any file outside), ``..`` or absolute, and what exists there is a
+    regular file or a folder. Otherwise one :class:`UsageError` (exit 2) naming the path."""
+    relative = Path(name)
+    if relative.is_absolute() or ".." in relative.parts:
+        raise UsageError(f"refusing {name}: not a path inside the run directory {root}")
+    path = Path(root)
+    for part in relative.parts:
+        path = path / part
+        if path.is_symlink():
+            raise UsageError(f"refusing to use {path}: it is a symbolic link (to {os.readlink(path)}); the run "
+                             "directory holds plain files only: remove the link or use another --run-dir")
+    if path.exists() and not (path.is_file() or path.is_dir()):
+        raise UsageError(f"refusing to use {path}: not a regular file (a pipe or a device); the run directory "
+                         "holds plain files only: remove it or use another --run-dir")
+    return path
+
+
+@contextlib.contextmanager
+def open_confined(path: str | Path):
+    """``path`` opened for reading in binary, never through a symbolic link, and only if it is a regular file."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UsageError(f"refusing to read {path}: it is a symbolic link; the run directory holds plain "
+                             "files only: remove the link or use another --run-dir") from None
+        raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UsageError(f"refusing to read {path}: not a regular file")
+    with os.fdopen(fd, "rb") as f:
+        yield f
 
 
 def open_append(path: str | Path):
@@ -202,6 +241,67 @@ def _write_error(path: Path, exc: OSError) -> PipelineError:
     return StageFailed(f"cannot write {path}: {exc.strerror or exc}")
 
 
+SCRATCH_PREFIX = "pipeline-scratch."
+
+
+@contextlib.contextmanager
+def scratch_folder(*sources: Path) -> Iterator[Path]:
+    """A private temporary folder outside the run directory, holding copies of ``sources``; removed afterwards.
+
+    Libraries that write files of their own (ModelOpt writes ``model_reconciled.onnx`` beside its input, and
+    rewrites its input in place) get this copy, never the run directory: only the artifacts the pipeline
+    owns enter the run directory, through :func:`install`. Each source is read through :func:`confined_file`.
+    """
+    folder = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}."))  # the pid: see remove_orphaned_scratch
+    try:
+        for source in sources:
+            with open_confined(source) as src, open(folder / Path(source).name, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def remove_orphaned_scratch() -> list[Path]:
+    """Scratch folders (:func:`scratch_folder`) of processes that no longer run: killed before they removed them."""
+    removed = []
+    for folder in Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}*"):
+        pid = folder.name[len(SCRATCH_PREFIX):].split(".")[0]
+        if pid.isdigit() and not _alive(int(pid)) and _remove_real(folder, folder=True):
+            removed.append(folder)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's process: alive, and not ours to clean up
+    return True
+
+
+def _remove_real(path: Path, *, folder: bool) -> bool:
+    """Remove ``path`` if it is a real file (or folder, with what it holds), never a link; whether it was removed."""
+    with contextlib.suppress(OSError):
+        if path.is_symlink():
+            return False
+        if folder and path.is_dir():
+            shutil.rmtree(path)
+            return True
+        if not folder and path.is_file():
+            path.unlink()
+            return True
+    return False
+
+
+def install(source: Path, path: str | Path) -> None:
+    """Copy ``source`` (a file in a scratch folder) to ``path`` in the run directory through :func:`atomic_path`."""
+    with atomic_path(path) as tmp:
+        shutil.copyfile(source, tmp)
+
+
 def atomic_write(path: str | Path, data: bytes | str) -> None:
     with atomic_path(path) as tmp:
         if isinstance(data, str):
@@ -241,6 +341,10 @@ def read_sidecar(path: Path, of: str, *, what: str, schema: str, author_key: str
     return sidecar
 
 
+def _digest(path: Path) -> dict:
+    return {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+
+
 class StageRecord:
     """What a stage reports about itself while it runs; saved into the manifest."""
 
@@ -254,13 +358,20 @@ class StageRecord:
         return self.entry.setdefault("details", {})
 
     def artifact(self, filename: str) -> Path:
-        """Record a file this stage wrote (hash taken now) and return its path."""
-        path = self.run.path / filename
-        self.entry.setdefault("artifacts", {})[filename] = {
-            "sha256": sha256_file(path),
-            "bytes": path.stat().st_size,
-        }
+        """Record a file this stage wrote and return its path; hashed now and again when the stage ends."""
+        path = self.run.file(filename)
+        self.entry.setdefault("artifacts", {})[filename] = _digest(path)
         return path
+
+    def rehash(self) -> None:
+        """Hash every recorded artifact as it is on disk when the stage ends: a later step of the stage (or a
+        library) that touched a file after it was recorded cannot leave the manifest describing another file."""
+        for name in list(self.entry.get("artifacts", {})):
+            path = self.run.file(name)
+            if path.is_file():
+                self.entry["artifacts"][name] = _digest(path)
+            else:
+                del self.entry["artifacts"][name]
 
     def skip(self, reason: str) -> None:
         """Mark the stage ``skipped`` with the exact reason (it still ends normally)."""
@@ -308,11 +419,12 @@ class RunDir:
         return self.manifest["stages"].get(name)
 
     def file(self, name: str) -> Path:
-        return self.path / name
+        """``name`` in the run directory, confined: the one check every file read or written there goes through."""
+        return confined(self.path, name)
 
     def require(self, filename: str, producer: str, consumer: str) -> Path:
         """The path of an input artifact, or an error telling which stage to run first."""
-        path = self.path / filename
+        path = self.file(filename)
         if not path.is_file():
             raise InputError(
                 f"{consumer} needs {filename} in {self.path}, which the {producer} stage writes; "
@@ -358,15 +470,21 @@ class RunDir:
             os.close(fd)
 
     def remove_stale_temporaries(self) -> list[Path]:
-        """Delete ``.<name>.*.tmp`` files that a killed process left behind (call with the lock held)."""
+        """Delete what a killed process left behind (call with the lock held): ``.<name>.*.tmp`` files here and in
+        the artifact folders, the child processes' ``.isolate.*/`` exchange folders, OpenVINO's ``openvino/.ir.*/``
+        conversion folders, and the scratch folders of ModelOpt's work (outside, :func:`scratch_folder`) whose
+        process is gone. Links are never followed: only real files and folders are removed."""
         removed = []
-        for tmp in self.path.glob(f"{TEMP_PREFIX}*{TEMP_SUFFIX}"):
-            with contextlib.suppress(OSError):
-                if tmp.is_file() and not tmp.is_symlink():
-                    tmp.unlink()
-                    removed.append(tmp)
+        for where in (self.path, self.path / OPENVINO_DIR, self.path / LOGS):
+            if where.is_symlink() or not where.is_dir():
+                continue
+            removed += [tmp for tmp in where.glob(f"{TEMP_PREFIX}*{TEMP_SUFFIX}") if _remove_real(tmp, folder=False)]
+        stale = [*self.path.glob(f"{ISOLATE_PREFIX}*"), *self.path.glob(f"{OPENVINO_DIR}/{IR_TEMP_PREFIX}*")]
+        if not (self.path / OPENVINO_DIR).is_symlink():
+            removed += [folder for folder in stale if _remove_real(folder, folder=True)]
+        removed += remove_orphaned_scratch()
         if removed:
-            log.info("removed %d temporary file(s) left by an interrupted process: %s", len(removed),
+            log.info("removed %d temporary file(s) or folder(s) left by an interrupted process: %s", len(removed),
                      ", ".join(p.name for p in removed))
         return removed
 
@@ -375,6 +493,8 @@ class RunDir:
     @contextlib.contextmanager
     def stage(self, name: str, fingerprint: str | None = None) -> Iterator[StageRecord]:
         """Bookkeeping around one stage: running -> ok / skipped / failed / interrupted."""
+        for previous in [*(self.stage_entry(name) or {}).get("artifacts", {}), LOGS]:
+            self.file(previous)  # refused before anything runs when one was replaced by a link
         entry = {"status": "running", "started": now(), "fingerprint": fingerprint, "artifacts": {}, "details": {}}
         self.manifest["stages"][name] = entry
         self.save_manifest()
@@ -399,6 +519,7 @@ class RunDir:
 
         try:
             yield record
+            record.rehash()
         except KeyboardInterrupt:
             finish("interrupted", error="interrupted by the user")
             raise

@@ -20,6 +20,7 @@ checks the sidecar first.
 from __future__ import annotations
 
 import copy
+import re
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -104,10 +105,18 @@ def cuda_timers(forward, x_host, cuda_graphs: bool) -> Timers:
             (f"host latency (H2D + compute + D2H){label}", host_latency)]
 
 
+ONE_LINE_CHARS = 400
+
+
 def one_line(exc: BaseException) -> str:
-    """``Type: first line of the message``: how a failed measurement is reported."""
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+    """``Type: the message on one line``: how a failed measurement is reported. The whole reason, not its first
+    line: OpenVINO's first line is only where it was raised (``Exception from src/inference/src/cpp/core.cpp:117:``),
+    which is dropped; the cause follows."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    text = " ".join(line for line in lines if not re.fullmatch(r"Exception from \S+:\d+:", line)) or lines[0]
+    return f"{type(exc).__name__}: {text[:ONE_LINE_CHARS]}{' ...' if len(text) > ONE_LINE_CHARS else ''}"
 
 
 def measure_or_error(run_once: Callable[[], float], method: Method) -> dict:

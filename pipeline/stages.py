@@ -18,7 +18,7 @@ import contextvars
 import functools
 import hashlib
 import importlib
-import importlib.util
+import importlib
 import json
 import logging
 import uuid
@@ -158,9 +158,9 @@ STAGES = {
 
 
 def _source_files(cfg) -> list[Path]:
-    import models
+    from pipeline.registry import models
 
-    roots = [Path(__file__).parent, Path(importlib.util.find_spec("models").origin).parent]
+    roots = [Path(__file__).parent, Path(models.__file__).parent]
     files = sorted(p for root in roots for p in root.rglob("*.py"))
     if models.is_import_path(cfg.model.name):  # a user model: its source is part of the code version
         source = models.import_path_source(cfg.model.name)
@@ -247,10 +247,11 @@ def up_to_date(stage: Stage, cfg, run: RunDir) -> tuple[bool, str]:
 
 
 @contextlib.contextmanager
-def open_run(cfg, run_dir: str | Path, *, save=None) -> Iterator[RunDir]:
+def open_run(cfg, run_dir: str | Path, *, save=None, reads_trained: bool = False) -> Iterator[RunDir]:
     """The run directory, locked, with the environment recorded; what every stage runs in.
 
-    The model name is checked first, so a typo creates nothing. ``save`` is the config that config.yaml
+    The model name is checked first, so a typo creates nothing (``reads_trained``: against the run's model card
+    before anything is imported). ``save`` is the config that config.yaml
     keeps (default ``cfg``); the command line passes the one without this invocation's ``--require`` flags.
     It is saved only when it produced something: after each stage that ends normally and when the
     command succeeds (or at once in a new run directory), so the overrides of a failed command never
@@ -258,6 +259,8 @@ def open_run(cfg, run_dir: str | Path, *, save=None) -> Iterator[RunDir]:
     """
     from pipeline import modeling
 
+    if reads_trained:  # a stage after train: the run's card is checked before a model file is imported
+        modeling.check_card_first(cfg, run_dir)
     modeling.check_model_name(cfg)
     run = RunDir(run_dir)
     with run.locked():
@@ -394,6 +397,7 @@ def run_stages(cfg, run: RunDir, *, force: set[str] | None = None, options: dict
     notice = retrain_notice(cfg, run, force)
     if notice:
         log.warning("%s", notice)
+    run.this_invocation = {}  # what summary() may show as this invocation's: the rest is marked as earlier
     for name in ORDER:
         stage = STAGES[name]
         if name not in force:
@@ -401,9 +405,11 @@ def run_stages(cfg, run: RunDir, *, force: set[str] | None = None, options: dict
             if fresh:
                 check_requirements(stage, cfg)
                 entry = run.stage_entry(name)
+                run.this_invocation[name] = "unchanged"
                 log.info("%s: unchanged since %s, skipped (--force %s re-runs it)", name, entry.get("ended"), name)
                 continue
             log.debug("%s: %s", name, why)
+        run.this_invocation[name] = "ran"
         run_stage(name, cfg, run, **options.get(name, {}))
     return run.manifest
 
@@ -422,7 +428,12 @@ def run_all(cfg, run_dir: str | Path, *, force: set[str] | None = None, options:
 def summary(run: RunDir) -> str:
     """One line per stage, for the end of ``all``."""
     lines = [f"\nrun directory: {run.path}"]
+    done = getattr(run, "this_invocation", None)
     for name in ORDER:
         entry = run.stage_entry(name) or {}
-        lines.append(f"  {name:<10} {entry.get('status', 'not run'):<12} {STAGES[name].line(entry)}")
+        line = f"  {name:<10} {entry.get('status', 'not run'):<12} {STAGES[name].line(entry)}"
+        if done is not None and name not in done and entry:  # not reached now: an earlier run's row
+            line = f"  {name:<10} {'earlier':<12} (not run now; an earlier run ended {entry.get('ended')}: " \
+                   f"{entry.get('status')})"
+        lines.append(line)
     return "\n".join(lines)

@@ -9,6 +9,7 @@ keys directly, so a payload missing a key raises ``KeyError`` (the report turns 
 from __future__ import annotations
 
 import html as _html
+import re
 from dataclasses import dataclass
 
 from pipeline.stages import ORDER
@@ -262,13 +263,30 @@ def benchmark_section(payload: dict) -> Section:
 # --------------------------------------------------------------------------- rendering
 
 
+def md_escape(value) -> str:
+    """Text for Markdown that a browser renders (GitHub, a step summary): model names, paths and messages come
+    from the user, so ``<`` is an entity: no tag can open (``<img src=x onerror=...>`` shows, never runs), while
+    ``->`` and ``a & b`` stay readable as plain text."""
+    return str(value).replace("<", "&lt;")
+
+
+def _md_code(value) -> str:
+    """A code span: its content is shown literally, so it is not escaped, but it cannot end early."""
+    return "`" + str(value).replace("`", "'") + "`"
+
+
 def _md_text(cell: Cell) -> str:
-    text = f"`{cell.text}`" if cell.code else cell.text
-    return f"{text}: {cell.note}" if cell.note else text
+    text = _md_code(cell.text) if cell.code else md_escape(cell.text)
+    return f"{text}: {md_escape(cell.note)}" if cell.note else text
 
 
 def _md_paragraph(paragraph) -> str:
-    return paragraph if isinstance(paragraph, str) else "".join(_md_text(c) for c in paragraph)
+    return md_escape(paragraph) if isinstance(paragraph, str) else "".join(_md_text(c) for c in paragraph)
+
+
+def _fence(text: str) -> str:
+    """A code fence longer than any run of backticks in ``text``, so the text cannot close it."""
+    return "`" * max(3, 1 + max((len(run) for run in re.findall(r"`+", text)), default=0))
 
 
 def markdown(sections: list[Section], top: int = 2) -> str:
@@ -276,16 +294,17 @@ def markdown(sections: list[Section], top: int = 2) -> str:
     lines: list[str] = []
     for s in sections:
         title = f"{s.title}: {s.status.upper()}" if s.status else s.title
-        lines += [f"{'#' * (top + s.level - 2)} {title}", ""]
+        lines += [f"{'#' * (top + s.level - 2)} {md_escape(title)}", ""]
         for paragraph in s.paragraphs:
             lines += [_md_paragraph(paragraph), ""]
         for table in s.tables:
-            lines.append("| " + " | ".join(table.headers) + " |")
+            lines.append("| " + " | ".join(md_escape(h) for h in table.headers) + " |")
             lines.append("|" + "---|" * len(table.headers))
             lines += ["| " + " | ".join(_md_text(c).replace("|", "/") for c in row) + " |" for row in table.rows]
             lines.append("")
         if s.preformatted is not None:
-            lines += ["```", s.preformatted.rstrip("\n"), "```", ""]
+            fence = _fence(s.preformatted)
+            lines += [fence, s.preformatted.rstrip("\n"), fence, ""]
     return "\n".join(lines)
 
 

@@ -38,11 +38,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from pipeline import backends, data, export, fallback, gate as criteria, int8, localize, modeling, onnx_io
+from pipeline import backends, data, export, fallback, gate as criteria, int8, localize, modeling, onnx_io, provenance
 from pipeline.artifacts import INT8_ONNX, WEIGHTS
 from pipeline import verify_report as report
 from pipeline.backends import Backend, Context
-from pipeline.errors import BackendUnavailable, CheckFailed, Inconclusive, InputError, StageFailed
+from pipeline.errors import BackendUnavailable, CheckFailed, Inconclusive, InputError, StageFailed, disk_full
 from pipeline.isolate import Crashed
 from pipeline.run import RunDir, StageRecord, sha256_file
 from pipeline.runners import TorchRunner, collect
@@ -151,6 +151,8 @@ def _judge(chk: Check, ctx: Context, evidence: Evidence, gate: dict) -> dict:
     except Crashed as exc:  # the child died (a segfault in the runtime): a "crashed" row, the others go on
         return report.crashed(exc)
     except Exception as exc:  # a candidate that cannot run is an "error" row, not a dead stage
+        if disk_full(exc):  # but a full disk ends the stage, with the documented message
+            raise disk_full(exc) from None
         return {"status": "error", "reason": report.error_reason(exc)}
     problem = _output_problem(chk, outputs, evidence)
     if problem:
@@ -257,6 +259,8 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, auto_fallback: bool = Fals
     hashes = {WEIGHTS: sha256_file(run_dir.file(WEIGHTS))}  # what each verdict is about (benchmark checks them)
     fp32_model, fp16_model = _load_graphs(cfg, run_dir, spec, hashes)
     int8_model = _load_int8(run_dir, spec, hashes)
+    provenance.check_graphs(hashes[WEIGHTS], {export.FP32_ONNX: fp32_model, export.FP16_ONNX: fp16_model,
+                                               INT8_ONNX: int8_model})  # never judge a stale graph
     evidence = _evidence(cfg, card, model)
     ctx = Context(cfg, run_dir, "verify", spec, model=model, fp16=fp16_model, int8=int8_model)
     checks = plan(cfg, ctx)

@@ -2,7 +2,8 @@
 
 ``TABLE`` holds the ``onnxrt_fp16`` entry (verify's ``onnxrt_fp16_cpu``) with a runner that crashes
 where ``CRASH_AT`` says: ``start`` (while the session is created), ``infer`` (the first inference) or
-``time`` (the first timed run); ``raise`` raises a Python exception instead (an error, not a
+``time`` (the first timed run); ``stop`` stops itself with SIGSTOP at the first
+inference (a hang); ``raise`` raises a Python exception instead (an error, not a
 crash). The child process finds it here by its ``make``'s module and file.
 """
 
@@ -19,6 +20,10 @@ def _segfault(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGSEGV)
 
 
+def _stop(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGSTOP)  # a runtime that hangs: no answer, ever
+
+
 def crashing_make(ctx):
     if os.environ.get("CRASH_AT") == "start":
         _segfault()
@@ -27,6 +32,8 @@ def crashing_make(ctx):
     runner = REAL.make(ctx)
     if os.environ.get("CRASH_AT") == "infer":
         runner.infer_impl = _segfault
+    if os.environ.get("CRASH_AT") == "stop":
+        runner.infer_impl = _stop
     if os.environ.get("CRASH_AT") == "time":
         runner.timers = lambda feed: [("wall-clock, synchronous CPU call", _segfault)]
     return runner

@@ -939,7 +939,7 @@ VALID = {
     "data.augment": st.booleans(),
     "model.name": st.text(),
     "model.mean": st.none() | st.lists(st.floats(**finite), max_size=4),
-    "model.std": st.none() | st.lists(st.floats(min_value=0, exclude_min=True, **finite), max_size=4),
+    "model.std": st.none() | st.lists(st.floats(min_value=config.FLOAT32_TINY, **finite), max_size=4),
     "export.opset": st.integers(17, 23),
     "export.fp16.nodes_to_exclude": st.lists(st.text(max_size=10), max_size=3),
     "verify.fp16.atol": tolerance | st.dictionaries(st.text(max_size=8), tolerance, max_size=3),

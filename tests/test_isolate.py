@@ -183,3 +183,22 @@ def test_signals_held_raise_after_the_block():
             time.sleep(0.05)
             reached.append(True)
     assert reached == [True]
+
+
+def test_a_child_that_hangs_is_killed_at_its_deadline_and_its_row_says_so(capsys, clone_run, crashing):
+    """A runtime that never answers (the child stops itself with SIGSTOP) no longer blocks verify for ever
+    (issue 21, §4): killed after isolate.timeout_s plus its work, a "crashed: no answer in N s" row."""
+    run = clone_run()
+    crashing("stop")
+    others = [f"verify.candidates.{b.candidate}.enabled=false" for b in backends.TABLE
+              if b.candidate and b.candidate != "onnxrt_fp16_cpu"]
+    start = time.monotonic()
+    assert cli("-q", "verify", "--run-dir", run, "isolate.timeout_s=2", *others) == EXIT_RUNTIME
+    elapsed = time.monotonic() - start
+    err = capsys.readouterr().err
+    rows = {c["name"]: c for c in json.loads((run / "verify.json").read_text())["candidates"]}
+    # 2 s plus a quarter second per image of the batch of 16 (TINY's verify.batch_size)
+    assert rows["onnxrt_fp16_cpu"]["reason"] == "no answer in 6 s while running inference on batch 1", rows
+    assert rows["onnxrt_fp16_cpu"]["status"] == "crashed" and "crashed: no answer in 6 s" in err
+    assert 6 <= elapsed < 60
+    assert not list(run.glob(".isolate.*"))

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from conftest import FAULTS, TINY, cli
-from pipeline import artifacts, backends, benchmark, config, doctor, openvino_ir, verify_report
+from pipeline import artifacts, backends, benchmark, benchmark_app, config, doctor, openvino_ir, verify_report
 from pipeline.backends import Context
-from pipeline.errors import InputError
+from pipeline.errors import InputError, UsageError
 from pipeline.run import RunDir, sha256_file
 from pipeline.runners import CPU_WALL_CLOCK
 
@@ -116,7 +116,7 @@ def test_missing_sidecar_and_symlinked_folder_are_refused(clone_run, tmp_path):
     elsewhere = tmp_path / "elsewhere"
     (run / "openvino").rename(elsewhere)
     (run / "openvino").symlink_to(elsewhere)
-    with pytest.raises(InputError, match="symlink"):
+    with pytest.raises(UsageError, match="openvino: it is a symbolic link"):  # the run directory's one check
         openvino_ir.load(RunDir(run, create=False), "fp32")
 
 
@@ -214,7 +214,7 @@ def test_benchmark_openvino_rows_throughput_ratios_and_benchmark_app(clone_run, 
     monkeypatch.setenv("PATH", f"{bin_dir}:{Path(sys.executable).parent}:/usr/bin:/bin")
     run = clone_run()
     assert cli("benchmark", "--run-dir", run, "benchmark.backends=[torch_fp32,openvino_fp32]",
-               "benchmark.batch_sizes=[1,2]", "benchmark.benchmark_app_s=1") == 0
+               "benchmark.batch_sizes=[1,2]", "benchmark.benchmark_app_s=1", "benchmark.benchmark_app_rows=all") == 0
     payload = json.loads((run / artifacts.BENCHMARK_JSON).read_text())
     rows = [r for r in payload["results"] if r["backend"] == "openvino_fp32"]
     assert {(r["batch_size"], r["timing"].split(":")[0]) for r in rows} == \
@@ -329,3 +329,23 @@ def test_an_onnx_file_openvino_cannot_convert_costs_only_its_own_ir(clone_run, m
     assert not (run / "openvino/int8.xml").exists()
     reason = backends.by_name("openvino_int8").unavailable(_ctx(run))
     assert "could not convert model.int8.onnx" in reason and "not representable as pointer to f16" in reason
+
+
+def test_benchmark_app_checks_only_the_rows_the_summary_names_by_default(clone_run, tmp_path, monkeypatch):
+    """Two benchmark_app runs (the rows the headline names), not two per OpenVINO row and batch (issue 21, §6)."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls.jsonl"
+    bin_dir.mkdir()
+    fake = bin_dir / "benchmark_app"
+    fake.write_text(FAKE_BENCHMARK_APP.format(python=sys.executable, log=str(calls)))
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{Path(sys.executable).parent}:/usr/bin:/bin")
+    run = clone_run()
+    assert cli("benchmark", "--run-dir", run, "benchmark.backends=[openvino_fp32]", "benchmark.batch_sizes=[1,2]",
+               "benchmark.benchmark_app_s=1") == 0
+    payload = json.loads((run / artifacts.BENCHMARK_JSON).read_text())
+    best, top = benchmark.headline_rows(payload["results"])["cpu"]
+    checked = {(r["backend"], r["batch_size"], r["mode"]) for r in payload["benchmark_app"]["rows"]}
+    assert len(payload["results"]) == 4 and len(calls.read_text().splitlines()) == 2
+    mode = {row["timing"]: next(m for m, start in benchmark_app.MODES.items() if row["timing"].startswith(start))
+            for row in (best, top)}
+    assert checked == {(best["backend"], 1, mode[best["timing"]]), (top["backend"], 2, mode[top["timing"]])}

@@ -243,6 +243,18 @@ def test_onnx_output_shape_of_another_run_is_re_run_export(clone_run, capsys):
     assert "re-run export" in err and "Traceback" not in err
 
 
+def _claim_current_weights(run) -> None:
+    """Stamp every graph in ``run`` with the current weights' sha256 (pipeline.provenance), as export would."""
+    import hashlib
+
+    from pipeline import provenance
+
+    weights = hashlib.sha256((run / "model.safetensors").read_bytes()).hexdigest()
+    for name in ("model.onnx", "model.fp16.onnx", "model.int8.onnx"):
+        if (run / name).exists():
+            provenance.stamp_file(run / name, weights)
+
+
 def test_onnx_without_static_output_shape_is_checked_on_the_outputs(clone_run, capsys):
     import onnx
 
@@ -252,6 +264,7 @@ def test_onnx_without_static_output_shape_is_checked_on_the_outputs(clone_run, c
     model = onnx.load(str(run / "model.onnx"))
     model.graph.output[0].type.tensor_type.ClearField("shape")
     onnx.save(model, str(run / "model.onnx"))
+    _claim_current_weights(run)  # past the stale-graph check, to the shape check under test
     assert cli("verify", "--run-dir", run) == 2
     err = capsys.readouterr().err
     assert f"gives outputs of shape [batch, {classes + 3}], but the trained model gives [batch, {classes}]" in err
@@ -269,6 +282,7 @@ def test_nan_reference_blames_the_trained_model_not_the_export(clone_run, capsys
     key = next(k for k in state if k.endswith("running_var"))
     state[key] = -state[key].abs() - 1.0  # eval mode only: sqrt of a negative variance is NaN
     save_file(state, str(run / "model.safetensors"))
+    _claim_current_weights(run)  # as if export had run from these weights: the export is not at fault here
     assert cli("verify", "--run-dir", run) == 1
     err = capsys.readouterr().err
     assert "the trained model itself (PyTorch FP32, eval mode) produces NaN/Inf" in err
