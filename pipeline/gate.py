@@ -10,7 +10,8 @@ Two checks, both on the same real validation images (docs/verify.md):
   of the ``e_i`` (1.0: the worst image) to ``max_scaled_error``. ``criterion: absolute`` keeps
   Polygraphy's ``SimpleCompareFunc`` semantics (atol AND rtol, per batch) for users who want them.
   NaN or Inf in a candidate (or an image whose error cannot be measured) always fails.
-* **Task check, with confidence bounds.** Top-1 agreement with the reference and the accuracy drop
+* **Task check, with confidence bounds.** Top-1 agreement with the reference (over the images whose
+  reference margin exceeds twice the tolerated error: see :func:`task_check`) and the accuracy drop
   against the labels, each decided by a one-sided bound at ``confidence``: *failed* only when the
   sample shows the threshold is crossed (Wilson bound for agreement; for the accuracy drop, a Wilson
   bound on the discordant pairs, McNemar's conditioning); *passed* when the observed value is
@@ -243,8 +244,8 @@ def _more_images(n: int, decided, limit: int = 1 << 24) -> int | None:
 
 
 def agreement_check(agree: int, n: int, minimum: float, z: float) -> dict:
-    """Top-1 agreement: failed only when Wilson's upper bound is below ``minimum``."""
-    rate = agree / n if n else 0.0
+    """Top-1 agreement: failed only when Wilson's upper bound is below ``minimum`` (no image: nothing to judge)."""
+    rate = agree / n if n else 1.0
     upper = wilson(agree, n, z)[1]
     if rate >= minimum:
         status, needed = PASSED, 0
@@ -284,21 +285,37 @@ def top1(logits: np.ndarray) -> np.ndarray:
     return np.nan_to_num(np.asarray(logits, np.float64), nan=-np.inf).argmax(1)
 
 
-def task_check(ref: np.ndarray, cand: np.ndarray, labels: np.ndarray, gate: dict, confidence: float) -> dict:
-    """Top-1 agreement with the reference and accuracy against the labels, each with its confidence bound."""
+def top1_margins(ref: np.ndarray) -> np.ndarray:
+    """Each image's reference margin: its top logit minus its second (inf with one class)."""
+    r = np.sort(np.nan_to_num(np.asarray(ref, np.float64), nan=-np.inf), axis=1)
+    return r[:, -1] - r[:, -2] if r.shape[1] > 1 else np.full(len(r), np.inf)
+
+
+def task_check(ref: np.ndarray, cand: np.ndarray, labels: np.ndarray, gate: dict, confidence: float,
+               tie_margin: float = 0.0) -> dict:
+    """Top-1 agreement with the reference and accuracy against the labels, each with its confidence bound.
+
+    Agreement is counted over the *decided* images: those whose reference margin (top logit minus second) exceeds
+    ``tie_margin``, twice the error the tensor check tolerates. On a near-tie, that tolerated error alone can swap
+    the top two classes; counting such a flip again would fail every barely trained model for noise the tensor
+    check accepts. The accuracy drop counts every image (gains offset losses there)."""
     ref_top1, cand_top1 = top1(ref), top1(cand)
     n = len(labels)
     z = z_value(confidence)
+    decided = top1_margins(ref) > tie_margin
     ref_right, cand_right = ref_top1 == labels, cand_top1 == labels
-    agreement = agreement_check(int((ref_top1 == cand_top1).sum()), n, gate["min_top1_agreement"], z)
+    agreement = agreement_check(int(((ref_top1 == cand_top1) & decided).sum()), int(decided.sum()),
+                                gate["min_top1_agreement"], z)
     drop = accuracy_drop_check(int((ref_right & ~cand_right).sum()), int((~ref_right & cand_right).sum()), n,
                                gate["max_accuracy_drop"], z)
     statuses = {agreement["status"], drop["status"]}
     status = FAILED if FAILED in statuses else INCONCLUSIVE if INCONCLUSIVE in statuses else PASSED
     return {"status": status, "passed": status == PASSED, "samples": n, "confidence": confidence,
-            "top1_agreement": agreement["value"], "reference_accuracy": float(ref_right.mean()) if n else 0.0,
+            "top1_agreement": float((ref_top1 == cand_top1).mean()) if n else 1.0,
+            "reference_accuracy": float(ref_right.mean()) if n else 0.0,
             "accuracy": float(cand_right.mean()) if n else 0.0, "accuracy_drop": drop["value"],
-            "disagreements": int((ref_top1 != cand_top1).sum()), "agreement": agreement, "drop": drop,
+            "disagreements": int((ref_top1 != cand_top1).sum()), "near_ties": int((~decided).sum()),
+            "tie_margin": tie_margin, "agreement": agreement, "drop": drop,
             "more_images": _most(agreement["more_images"], drop["more_images"], status)}
 
 
@@ -324,6 +341,7 @@ def judge(outputs: list[dict], reference: list[dict], labels: np.ndarray, gate: 
         tensor = scaled_check(ref, cand, gate)
         tensor.update({"batches": len(outputs), "failed_batches": []})
     tensor.update(error_statistics(ref, cand, gate["error_quantile"]))
-    task = task_check(ref, cand, labels, gate, confidence)
+    tie = 2 * gate["max_scaled_error"] * tensor["scale"] if tensor["criterion"] == "scaled" else 0.0
+    task = task_check(ref, cand, labels, gate, confidence, tie_margin=tie)
     status = FAILED if not tensor["passed"] or task["status"] == FAILED else task["status"]
     return {"tensor_check": tensor, "task_check": task, "passed": status == PASSED, "status": status}

@@ -18,7 +18,6 @@ import contextvars
 import functools
 import hashlib
 import importlib
-import importlib
 import json
 import logging
 import uuid

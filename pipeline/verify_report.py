@@ -121,8 +121,10 @@ def describe_task(k: dict) -> list[str]:
     """The task criteria that failed or could not be decided, with the bound that decided them."""
     parts, a, d = [], k["agreement"], k["drop"]
     if a["status"] != "passed":
+        decided = k["samples"] - k.get("near_ties", 0)
         parts.append(f"top-1 agreement {100 * a['value']:.2f}% (min {100 * a['threshold']:.2f}%; upper bound "
-                     f"{100 * a['upper_bound']:.2f}% at {100 * k['confidence']:g}% confidence, {k['samples']} images)")
+                     f"{100 * a['upper_bound']:.2f}% at {100 * k['confidence']:g}% confidence, over the {decided} "
+                     f"of {k['samples']} images that are not near-ties)")
     if d["status"] != "passed":
         parts.append(f"accuracy drop {100 * d['value']:.2f} points (max {100 * d['threshold']:.2f}; lower bound "
                      f"{100 * d['lower_bound']:.2f} at {100 * k['confidence']:g}% confidence)")

@@ -180,10 +180,9 @@ def test_rule_of_a_tensor_flags_the_first_layer_over_scale():
 # --------------------------------------------------------------------------- localisation order and the verdict
 
 
-def _chain(int8: bool) -> "onnx.ModelProto":
+def _chain(int8: bool):
     """x -> MatMul mmA -> a -> MatMul mmB -> y; the INT8 version quantizes both inputs, mmA's coarsely (a moderate
     error), mmB's very coarsely (a huge one): the first node over the rule is mmA, the worst mmB."""
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     eye = numpy_helper.from_array(np.eye(4, dtype=np.float32), "w")
@@ -269,3 +268,19 @@ def test_an_undecided_gate_under_inconclusive_fail_is_exit_5_and_says_how_many_i
     with pytest.raises(Inconclusive, match="about 750 more validation images would decide it") as caught:
         verify._raise_for(verdict, None, False, False)
     assert caught.value.exit_code == EXIT_INCONCLUSIVE == 5
+
+
+def test_flips_on_near_ties_within_the_tolerated_error_do_not_count_but_decided_ones_do():
+    ref = np.tile(np.array([[1.0, 0.0, 0.0]]), (100, 1))  # scale ~0.47
+    ref[:10] = [1.0, 0.99, 0.0]  # ten near-ties (margin 0.01)
+    cand = ref.copy()
+    cand[:10] = [0.99, 1.0, 0.0]  # every near-tie flips: within the tolerated error
+    labels = ref.argmax(1)
+    labels[:10] = 2  # both classes of a near-tie are wrong here: the accuracy is the same either way
+    result = judge(ref, cand, labels, max_scaled_error=0.05)
+    assert result["tensor_check"]["passed"] and result["task_check"]["near_ties"] == 10
+    assert result["task_check"]["top1_agreement"] == 0.9 and result["task_check"]["agreement"]["value"] == 1.0
+    assert result["status"] == "passed"
+    cand[10:20] = [0.0, 1.0, 0.0]  # ten decided images flip: the tensor check and the task check both fail them
+    flipped = criteria.task_check(ref, cand, labels, scaled_gate(), 0.95, tie_margin=0.1)
+    assert flipped["agreement"]["value"] == pytest.approx(80 / 90) and flipped["status"] == "failed"

@@ -313,24 +313,37 @@ def test_missing_int8_model_is_run_export_first(clone_run, capsys):
     assert "verify needs model.int8.onnx" in err and "python -m pipeline export" in err, err
 
 
-def test_cancellation_with_int8_on_passes_auto_fallback_over_both_graphs(trained, tmp_path, capsys):
-    """The FP16 cancellation fault lives in the INT8 graph too (ModelOpt leaves the Add/Sub in FP16 there): the
-    same fallback moves it to FP32 in both graphs, and what the FP16 fallback found carries over to the INT8 one."""
+def test_cancellation_with_int8_on_passes_auto_fallback_and_the_fix_carries_over(trained, tmp_path, capsys):
+    """The FP16 cancellation fault with INT8 on (ModelOpt leaves the Add/Sub in FP16 in the INT8 graph too):
+    `verify --auto-fallback` passes, and what the FP16 fallback moved to FP32 carries over to the INT8 graph."""
     run = _copy(trained(f"{FAULTS}:cancellation"), tmp_path)
     assert cli("build", "--run-dir", run) == 0
     assert cli("verify", "--run-dir", run) == 1
-    s = _status(run)
-    assert s["fp16_emulation"]["status"] == "failed" and s["int8_exact"]["status"] == "failed"
-    assert _report(run)["int8_localization"]["first_divergent"]["name"] in ("/Add", "/Sub")  # an FP16 node
+    assert _status(run)["fp16_emulation"]["status"] == "failed"
     capsys.readouterr()
     assert cli("verify", "--run-dir", run, "--auto-fallback") == 0, capsys.readouterr().err
-    report = _report(run)
-    assert report["fallback"]["passed"] and report["int8_fallback"]["passed"]
-    assert {"/Add", "/Sub"} <= set(report["int8_fallback"]["kept_in_fp32"])
-    assert report["int8_fallback"]["excluded_from_int8"] == []  # nothing INT8 had to go
-    assert json.loads((run / "int8_fallback.json").read_text())["fp32_nodes"]
-    # Re-exported, the INT8 graph keeps the nodes in FP32, and the gate passes without a fallback.
+    assert _report(run)["fallback"]["passed"]
     assert cli("export", "--run-dir", run) == 0 and cli("build", "--run-dir", run) == 0
-    assert cli("verify", "--run-dir", run) == 0
     precisions = int8.node_precisions(onnx.load(str(run / "model.onnx")), onnx.load(str(run / "model.int8.onnx")))
-    assert precisions["/Add"][1] == precisions["/Sub"][1] == "fp32"
+    assert precisions["/Add"][1] == precisions["/Sub"][1] == "fp32"  # carried over from fp16_fallback.json
+    assert cli("verify", "--run-dir", run) == 0
+
+
+def test_the_int8_fallback_moves_fp16_regions_of_the_int8_graph_to_fp32(trained, tmp_path, capsys):
+    """The INT8 graph's own ladder: with a strict INT8 gate and a lenient FP16 one, int8_exact fails on the FP16
+    region's cancellation, localisation names an FP16 node, and the fallback keeps it in FP32 (fp16 -> fp32),
+    leaving every INT8 layer quantized."""
+    run = _copy(trained(f"{FAULTS}:cancellation"), tmp_path)
+    strict = ["verify.int8.max_scaled_error=0.2", "verify.fp16.max_scaled_error=10", "verify.fp16.min_top1_agreement=0",
+              "verify.fp16.max_accuracy_drop=1"]
+    assert cli("build", "--run-dir", run) == 0
+    assert cli("verify", "--run-dir", run, *strict) == 1
+    assert _status(run)["int8_exact"]["status"] == "failed"
+    assert _report(run)["int8_localization"]["first_divergent"]["name"] in ("/Add", "/Sub")  # an FP16 node
+    capsys.readouterr()
+    assert cli("verify", "--run-dir", run, "--auto-fallback", *strict) == 0, capsys.readouterr().err
+    fb = _report(run)["int8_fallback"]
+    assert fb["passed"] and {"/Add", "/Sub"} & set(fb["kept_in_fp32"]) and fb["excluded_from_int8"] == []
+    assert json.loads((run / "int8_fallback.json").read_text())["fp32_nodes"] == fb["kept_in_fp32"]
+    precisions = int8.node_precisions(onnx.load(str(run / "model.onnx")), onnx.load(str(run / "model.int8.onnx")))
+    assert all(precisions[name][1] == "fp32" for name in fb["kept_in_fp32"])
