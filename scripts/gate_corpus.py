@@ -213,8 +213,8 @@ def _really_broken(row: dict) -> bool:
 def _cell(row: dict | None) -> str:
     if row is None:
         return "-"
-    return (f"{row['scaled_error_quantile']:.3g} ({row['run']}, {row['candidate']}, agreement "
-            f"{100 * row['top1_agreement']:.1f} %, {row['status']})")
+    return (f"{row['scaled_error_quantile']:.3g} ({row['run']}, {row['candidate']}, top-1 agreement "
+            f"{100 * row['top1_agreement']:.1f} %)")
 
 
 def _stats(cand: dict) -> dict:
