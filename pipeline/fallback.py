@@ -48,9 +48,6 @@ class Raised:
             if name not in target:
                 target.append(name)
 
-    def all(self) -> list[str]:
-        return [*self.out_of_int8, *self.fp32]
-
 
 @dataclass(frozen=True)
 class PrecisionGraph:
