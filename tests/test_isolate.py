@@ -29,6 +29,10 @@ def manifest(run: Path) -> dict:
     return json.loads((run / "manifest.json").read_text())
 
 
+# onnxrt_fp16_cpu is reported only by default (verify.gate: auto); these tests make it decide the exit code.
+GATED = "verify.gate=[onnxrt_fp32,fp16_emulation,onnxrt_fp16_cpu]"
+
+
 @pytest.fixture
 def crashing(monkeypatch):
     """The ``onnxrt_fp16`` entry replaced by one whose child kills itself with SIGSEGV at ``CRASH_AT``."""
@@ -47,7 +51,7 @@ def test_a_segfaulting_candidate_is_crashed_and_the_others_complete(capsys, clon
     run = clone_run()
     crashing(where)
     capsys.readouterr()
-    assert cli("-q", "verify", "--run-dir", run) == EXIT_RUNTIME
+    assert cli("-q", "verify", "--run-dir", run, GATED) == EXIT_RUNTIME
     err = capsys.readouterr().err
     log = "logs/verify.onnxrt_fp16.log"
     assert f"onnxrt_fp16_cpu: crashed: SIGSEGV while {phase} (log: {log})" in err and "Traceback" not in err
@@ -105,11 +109,20 @@ def test_isolated_runner_gives_the_same_outputs_without_torch_in_the_child(clone
     assert not list(run.glob(".isolate.*"))
 
 
+def test_a_crash_of_a_reported_only_candidate_is_its_row_and_does_not_fail_the_gate(capsys, clone_run, crashing):
+    run = clone_run()
+    crashing("start")
+    assert cli("-q", "verify", "--run-dir", run) == 0  # onnxrt_fp16_cpu is not in verify.gate's default
+    rows = {c["name"]: c for c in json.loads((run / "verify.json").read_text())["candidates"]}
+    assert rows["onnxrt_fp16_cpu"]["status"] == "crashed" and rows["onnxrt_fp16_cpu"]["gates"] is False
+    assert rows["fp16_emulation"]["status"] == "passed"
+
+
 def test_an_exception_in_the_child_is_an_error_row_not_a_crash(capsys, clone_run, crashing):
     run = clone_run()
     crashing("raise")
     capsys.readouterr()
-    assert cli("-q", "verify", "--run-dir", run) == EXIT_RUNTIME
+    assert cli("-q", "verify", "--run-dir", run, GATED) == EXIT_RUNTIME
     assert "onnxrt_fp16_cpu: RuntimeError: provider exploded" in capsys.readouterr().err
     row = next(c for c in json.loads((run / "verify.json").read_text())["candidates"] if c["name"] == "onnxrt_fp16_cpu")
     assert row["status"] == "error" and row["reason"] == "RuntimeError: provider exploded"
@@ -193,7 +206,7 @@ def test_a_child_that_hangs_is_killed_at_its_deadline_and_its_row_says_so(capsys
     others = [f"verify.candidates.{b.candidate}.enabled=false" for b in backends.TABLE
               if b.candidate and b.candidate != "onnxrt_fp16_cpu"]
     start = time.monotonic()
-    assert cli("-q", "verify", "--run-dir", run, "isolate.timeout_s=2", *others) == EXIT_RUNTIME
+    assert cli("-q", "verify", "--run-dir", run, "isolate.timeout_s=2", GATED, *others) == EXIT_RUNTIME
     elapsed = time.monotonic() - start
     err = capsys.readouterr().err
     rows = {c["name"]: c for c in json.loads((run / "verify.json").read_text())["candidates"]}
