@@ -15,9 +15,9 @@ import time
 import torch
 from torch import nn
 
-from pipeline import data as data_mod
-from pipeline import env, modeling
-from pipeline.train import make_optimizer
+from pipeline.core import data as data_mod
+from pipeline.core import env, modeling
+from pipeline.training.optim import make_optimizer
 
 log = logging.getLogger("pipeline")
 

@@ -1,13 +1,13 @@
 """The benchmark stage: latency and throughput of every available backend, measured seriously.
 
-Method (see docs in the README and ``../shared/docs/BENCHMARKING.md``): a first run for lazy
+Method (docs/benchmark.md): a first run for lazy
 initialisation, warm-up by time, then repeated trials of at least ``min_iterations`` runs and
 ``min_duration_s`` seconds each; percentiles (p50/p90/p95/p99), mean, standard deviation and
 coefficient of variation over every timed run, with a warning when a trial is noisy. Every
 backend gets the same real validation images, the same warm-up and the same timing method.
 
-The backends are :data:`pipeline.backends.TABLE`'s entries named in ``benchmark.backends``;
-each is timed through its runner's timing hook (``timers(feed)``, see :mod:`pipeline.runners`):
+The backends are :data:`pipeline.runtime.backends.TABLE`'s entries named in ``benchmark.backends``;
+each is timed through its runner's timing hook (``timers(feed)``, see :mod:`pipeline.runtime.runners`):
 
 
 * CPU: wall clock around a synchronous call; intra-op threads set and recorded.
@@ -22,12 +22,16 @@ import math
 
 import numpy as np
 
-from pipeline import artifacts, backends, benchmark_app, data, env, modeling, trtexec, verify_report
-from pipeline.backends import Backend, Context
-from pipeline.errors import BackendUnavailable, InputError, UsageError
-from pipeline.isolate import Crashed
-from pipeline.run import RunDir, StageRecord, atomic_path, atomic_write, now, write_json
-from pipeline.runners import THROUGHPUT_LABEL, Method, measure, one_line  # noqa: F401  (measure: the timing loop)
+from pipeline.core.status import Status
+from pipeline.core import artifacts, data, env, modeling
+from pipeline.reports import verify_report
+from pipeline.runtime import backends, benchmark_app, isolate, trtexec
+from pipeline.runtime.timing import summarize
+from pipeline.runtime.backends import Backend, Context
+from pipeline.core.errors import BackendUnavailable, InputError, UsageError
+from pipeline.runtime.isolate import Crashed
+from pipeline.core.run import RunDir, StageRecord, atomic_path, atomic_write, now, write_json
+from pipeline.runtime.runners import THROUGHPUT_LABEL, Method, measure, one_line  # noqa: F401  (measure: the timing loop)
 
 log = logging.getLogger("pipeline")
 
@@ -35,32 +39,6 @@ JSON, MARKDOWN = artifacts.BENCHMARK_JSON, artifacts.BENCHMARK_MD
 LATENCY_PLOT, THROUGHPUT_PLOT = artifacts.LATENCY_PLOT, artifacts.THROUGHPUT_PLOT
 TRACE = artifacts.BENCHMARK_TRACE
 SCHEMA = "pipeline.benchmark/1"
-
-
-# --------------------------------------------------------------------------- statistics
-
-
-def summarize(latencies_ms: list[float] | np.ndarray, batch_size: int) -> dict:
-    """Statistics of a latency series (ms). Percentiles use linear interpolation (NumPy's default)."""
-    x = np.asarray(latencies_ms, dtype=np.float64)
-    if x.size == 0:
-        raise ValueError("no latencies to summarise")
-    mean = float(x.mean())
-    std = float(x.std(ddof=1)) if x.size > 1 else 0.0
-    p50, p90, p95, p99 = (float(v) for v in np.percentile(x, [50, 90, 95, 99]))
-    return {
-        "mean": mean,
-        "std": std,
-        "cv": std / mean if mean > 0 else 0.0,
-        "min": float(x.min()),
-        "max": float(x.max()),
-        "p50": p50,
-        "p90": p90,
-        "p95": p95,
-        "p99": p99,
-        "iterations": int(x.size),
-        "throughput": batch_size * 1000.0 / mean if mean > 0 else 0.0,
-    }
 
 
 # --------------------------------------------------------------------------- backends
@@ -79,7 +57,7 @@ def _start(backend: Backend, ctx: Context):
     if reason:
         return None, reason
     try:
-        runner = backend.runner(ctx)  # native runtimes: in a child process (pipeline.isolate)
+        runner = isolate.runner_for(backend, ctx)  # native runtimes: in a child process (pipeline.runtime.isolate)
         runner.activate()
     except (BackendUnavailable, InputError):
         raise
@@ -183,7 +161,7 @@ def _log_row(r: dict) -> None:
 def verify_column(backend: Backend, verdicts: dict) -> str:
     """What verify said about a backend: "reference", a candidate's status, or "not verified"."""
     vouched = backends.verified_by(backend)
-    return "reference" if vouched == "reference" else verdicts.get(vouched, "not verified")
+    return "reference" if vouched == "reference" else verdicts.get(vouched, Status.NOT_VERIFIED)
 
 
 # --------------------------------------------------------------------------- the stage
@@ -282,7 +260,7 @@ def headline_rows(results: list[dict]) -> dict[str, tuple[dict, dict] | None]:
     images/s at the largest batch (throughput rows included); None where no measured backend passed."""
     named: dict[str, tuple[dict, dict] | None] = {}
     for device in sorted({r["device"] for r in results}):
-        rows = [r for r in results if r["device"] == device and r["verify"] in ("passed", "reference")]
+        rows = [r for r in results if r["device"] == device and r["verify"] in (Status.PASSED, "reference")]
         if not rows:
             named[device] = None
             continue
@@ -331,10 +309,9 @@ def add_ratios(results: list[dict]) -> None:
 
 def markdown(payload: dict) -> str:
     """benchmark.md: the report's benchmark rows (``tables.benchmark_section``), as Markdown."""
-    from pipeline import tables
+    from pipeline.reports import tables
 
-    text = tables.markdown([tables.benchmark_section(payload)], top=3)
-    return text + (benchmark_app.markdown(payload["benchmark_app"]) if "benchmark_app" in payload else "")
+    return tables.markdown([tables.benchmark_section(payload)], top=3)
 
 
 def write_plots(run_dir: RunDir, payload: dict) -> list[str]:

@@ -18,8 +18,8 @@ import traceback
 from pathlib import Path
 
 from pipeline import __version__, stages
-from pipeline.artifacts import CONFIG
-from pipeline.errors import (
+from pipeline.core.artifacts import CONFIG
+from pipeline.core.errors import (
     EXIT_INTERRUPTED,
     EXIT_RUNTIME,
     EXIT_USAGE,
@@ -33,7 +33,6 @@ from pipeline.stages import ORDER, STAGES
 
 log = logging.getLogger("pipeline")
 
-STAGE_HELP = {name: stage.help for name, stage in STAGES.items()}
 
 EPILOG = """exit codes: 0 ok, 1 precision check failed, 2 usage/config/input error,
 3 required backend unavailable, 4 other runtime failure, 5 gate inconclusive
@@ -56,8 +55,8 @@ def _add_require(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m pipeline",
-        description="Train an image model, export it to ONNX and FP16, build a TensorRT engine, "
-                    "verify every backend against the FP32 model, and benchmark it.",
+        description="Train an image model, export it to ONNX (FP32, FP16, INT8), build TensorRT engines and "
+                    "OpenVINO IR, verify every artifact against the FP32 model, and benchmark it.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -113,7 +112,7 @@ def _setup_logging(quiet: bool, debug: bool) -> None:
 
 def _sanitize(name: str) -> str:
     if ":" in name:  # a user model (importing the registry only then: it loads torch)
-        from pipeline.registry import models
+        from pipeline.core.registry import models
 
         with contextlib.suppress(models.UnknownModelError):  # a malformed name fails later, with its reason
             module, attr = models.split_import_path(name)
@@ -150,7 +149,7 @@ def resolve_config(args) -> tuple[object, Path, object]:
 
 
 def _check_not_distributed(command: str) -> None:
-    from pipeline.train import launched_by_torchrun
+    from pipeline.training.distributed import launched_by_torchrun
 
     if launched_by_torchrun() and not (command in STAGES and STAGES[command].distributed):
         allowed = ", ".join(f"'{name}'" for name, stage in STAGES.items() if stage.distributed)
@@ -166,7 +165,7 @@ def _on_interrupt(signum, frame):
 
 
 def cmd_models(args) -> int:
-    from pipeline.registry import models
+    from pipeline.core.registry import models
 
     rows = [(name, models.get_spec(name)) for name in models.list_models()]
     print(f"{'model':<24} {'input':<12} {'classes':>7}  description")
@@ -211,7 +210,7 @@ def cmd_stage(args) -> int:
 
 
 def cmd_all(args) -> int:
-    """What ``stages.run_all`` does (``open_run``, then ``run_stages``), printing the summary even when a stage fails."""
+    """``stages.run_all``, printing the summary even when a stage fails."""
     cfg, run_dir, saved = resolve_config(args)
     _check_not_distributed("all")
     force = set(ORDER) if args.force == [] else set(args.force or [])
@@ -222,11 +221,8 @@ def cmd_all(args) -> int:
 
     for problem in doctor.problems(doctor.gather()):
         log.warning("doctor: %s: %s", problem.part, problem.message)
-    with stages.open_run(cfg, run_dir, save=saved) as run:
-        try:
-            stages.run_stages(cfg, run, force=force, options=options)
-        finally:
-            print(stages.summary(run))
+    stages.run_all(cfg, run_dir, force=force, options=options, save=saved,
+                   on_end=lambda run: print(stages.summary(run)))
     return 0
 
 
@@ -234,7 +230,7 @@ def cmd_report(args) -> int:
     from pipeline import report
 
     cfg, run_dir, _ = resolve_config(args)
-    from pipeline.run import RunDir
+    from pipeline.core.run import RunDir
 
     run = RunDir(run_dir, create=False)
     with run.locked():

@@ -2,7 +2,7 @@
 
 The tree below is the single source of truth for every key, its type, default, range and
 meaning (``python -m pipeline config`` prints it). Problems are collected and reported together
-as a :class:`~pipeline.errors.ConfigError` (exit code 2).
+as a :class:`~pipeline.core.errors.ConfigError` (exit code 2).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from typing import Any, Literal, Optional, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
-from pipeline import backends as backend_table
-from pipeline.artifacts import FP16_ONNX, INT8_ONNX, METRICS
-from pipeline.errors import ConfigError
+from pipeline.runtime import backends as backend_table
+from pipeline.core.artifacts import FP16_ONNX, INT8_ONNX, METRICS
+from pipeline.core.errors import ConfigError, first_line
 
 MAX_CONFIG_BYTES = 1 << 20
 
@@ -269,13 +269,12 @@ class VerifyConfig(Section):
     fallback_iterations: int = Field(8, ge=1, description="fallback rounds before giving up")
 
 
-BenchBackend = Literal[tuple(b.name for b in backend_table.TABLE if b.benchmark)]  # as the table names them
+BenchBackend = Literal[tuple(b.name for b in backend_table.TABLE if b.benchmark != "no")]  # as the table names them
 
 
 class BenchmarkConfig(Section):
     backends: list[BenchBackend] = Field(
-        ["torch_fp32", "torch_autocast", "onnxrt_fp32", "onnxrt_fp16", "onnxrt_int8_cpu", "onnxrt_cuda_fp32",
-         "onnxrt_cuda_fp16", "tensorrt_fp16", "tensorrt_int8", "openvino_fp32", "openvino_bf16", "openvino_int8"],
+        [b.name for b in backend_table.TABLE if b.benchmark == "default"],
         description="backends to time (each is skipped with a reason where it cannot run)",
     )
     batch_sizes: list[int] = Field([1, 8, 32], min_length=1, description="batch-size sweep")
@@ -380,7 +379,7 @@ def parse_yaml(text: str, origin: str) -> Any:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        problem = getattr(exc, "problem", None) or first_line(exc)
         raise ConfigError([f"{origin}: malformed YAML{where}: {problem}"]) from None
 
 

@@ -1,9 +1,9 @@
 """``python -m pipeline doctor``: the software stack, one line per part, and every mismatch with its fix.
 
 The checks are pure functions of a facts dict (:func:`gather` reads this machine), so tests can
-feed them any stack, such as a CUDA 12 ONNX Runtime beside a CUDA 13 torch. verify and benchmark
-use :func:`provider_loads` and :func:`cuda_mismatches` too, so a provider that is listed but does not
-load is "skipped: <reason>" there, never an error.
+feed them any stack, such as a CUDA 12 ONNX Runtime beside a CUDA 13 torch. ``all`` logs the problems
+:func:`problems` finds before it starts. verify and benchmark decide availability per backend themselves
+(the table's ``unavailable`` checks), so a runtime that cannot run here is "skipped: <reason>" there.
 """
 
 from __future__ import annotations
@@ -17,10 +17,9 @@ import platform
 import re
 from dataclasses import dataclass
 
-from pipeline import env
-from pipeline.errors import BackendUnavailable
+from pipeline.core import env
+from pipeline.core.errors import BackendUnavailable, first_line
 
-ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "amx_int8")
 GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
 
 
@@ -95,7 +94,7 @@ def driver_problem(facts: dict) -> str | None:
 
 
 def find_libcudart() -> str | None:
-    """The CUDA runtime library, as :func:`pipeline.env.find_libcudart` finds it for Polygraphy's TensorRT runner."""
+    """The CUDA runtime library, as :func:`pipeline.core.env.find_libcudart` finds it for Polygraphy's TensorRT runner."""
     return env.find_libcudart()
 
 
@@ -123,7 +122,7 @@ def provider_loads(provider: str) -> tuple[bool, str]:
             session = ort.InferenceSession(model.SerializeToString(), options,
                                            providers=[provider, "CPUExecutionProvider"])
     except Exception as exc:  # a provider library that fails to load raises from the session
-        return False, f"{provider} failed to load: {str(exc).splitlines()[0][:200]}"
+        return False, f"{provider} failed to load: {first_line(exc)[:200]}"
     finally:
         ort.set_default_logger_severity(2)  # ONNX Runtime's default: warnings
     if session.get_providers()[0] != provider:
@@ -176,7 +175,7 @@ def gather() -> dict:
         "openvino_capabilities": _openvino_capabilities(),
         "threads": {"torch": torch.get_num_threads(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")},
         "cpu": {"model": env.cpu_model(), "cores": env.usable_cores(),
-                "isa": [f for f in ISA_FLAGS if f in flags], "simulated": env.cpu_flags_simulated()},
+                "isa": [f for f in env.ISA_FLAGS if f in flags], "simulated": env.cpu_flags_simulated()},
     }
 
 
@@ -280,7 +279,7 @@ def lines(facts: dict) -> list[str]:
 
 
 def _openvino_capabilities() -> list[str]:
-    from pipeline import openvino_ir
+    from pipeline.runtime import openvino_ir
 
     try:
         return openvino_ir.cpu_capabilities()
@@ -293,8 +292,8 @@ def cpu_precision_lines(facts: dict) -> list[str]:
     isa, caps = set(facts["cpu"]["isa"]), facts.get("openvino_capabilities") or []
     ov = (lambda cap: f"; OpenVINO {'lists' if cap in caps else 'does not list'} {cap}") if facts.get("openvino") \
         else (lambda cap: "")
-    bf16 = sorted(isa & {"amx_bf16", "avx512_bf16"})
-    int8 = sorted(isa & {"amx_int8", "avx512_vnni", "avx_vnni"})
+    bf16 = sorted(isa & env.BF16_FLAGS)
+    int8 = sorted(isa & env.INT8_DOT_FLAGS)
     return [
         "cpu bf16     " + (f"native ({' '.join(bf16)})" if bf16 else "none: no amx_bf16/avx512_bf16 (bf16 emulated, "
                                                                       "openvino_bf16 skipped)") + ov("BF16"),

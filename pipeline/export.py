@@ -5,7 +5,7 @@ ResNet-18 exported with the dynamo exporter once lost all accuracy, pytorch/pyto
 either way verify is what proves the result). ``model.fp16.onnx`` is the FP32 graph converted
 by ModelOpt AutoCast with FP32 inputs and outputs kept, calibrated on real validation images.
 ``model.int8.onnx`` is the FP32 graph quantized by ModelOpt's INT8 PTQ (explicit Q/DQ, FP16
-elsewhere; see :mod:`pipeline.int8`), calibrated on the first images of the same set.
+elsewhere; see :mod:`pipeline.precision.int8`), calibrated on the first images of the same set.
 """
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ import logging
 import warnings
 from pathlib import Path
 
-import numpy as np
 import onnx
 import torch
 
-from pipeline import fallback, fp16, int8, modeling, onnx_io, provenance
-from pipeline.artifacts import CALIBRATION, FP16_ONNX, FP32_ONNX, INT8_ONNX, WEIGHTS
-from pipeline.data import validation_batch
-from pipeline.errors import StageFailed
-from pipeline.run import RunDir, StageRecord, atomic_path, install, scratch_folder, sha256_file
+from pipeline.core import modeling, onnx_io, provenance
+from pipeline.precision import convert, fallback, int8
+from pipeline.core.artifacts import CALIBRATION, FP16_ONNX, FP32_ONNX, INT8_ONNX, WEIGHTS
+from pipeline.core.data import validation_batch
+from pipeline.core.errors import StageFailed, first_line
+from pipeline.core.run import RunDir, StageRecord, atomic_path, sha256_file
 
 log = logging.getLogger("pipeline")
 
@@ -49,7 +49,7 @@ def export_onnx(model: torch.nn.Module, example: torch.Tensor, path: Path, *, op
                                   do_constant_folding=True)
         except Exception as exc:
             raise StageFailed(f"torch.onnx.export ({exporter}) failed: {type(exc).__name__}: "
-                              f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}") from None
+                              f"{first_line(exc)}") from None
         if weights_sha256:
             provenance.stamp_file(tmp, weights_sha256)
         onnx_io.check(tmp)
@@ -102,7 +102,7 @@ def run(cfg, run_dir: RunDir, record: StageRecord) -> None:
         run_dir.file(FP16_ONNX).unlink(missing_ok=True)
         record.details["fp16"] = {"enabled": False, "reason": "export.fp16.enabled is false"}
     else:
-        record.details["fp16"] = convert_fp16(cfg, run_dir, card, fallback.read(run_dir, fallback.FP16_GRAPH).fp32)
+        record.details["fp16"] = convert.convert_fp16(cfg, run_dir, card, fallback.read(run_dir, fallback.FP16_GRAPH).fp32)
         record.artifact(FP16_ONNX)
         if run_dir.file(CALIBRATION).exists():
             record.artifact(CALIBRATION)
@@ -123,51 +123,5 @@ def export_int8(cfg, run_dir: RunDir, card: dict, record: StageRecord) -> None:
         record.details["int8"] = {"enabled": True, "skipped": reason}
         return
     raised = fallback.read(run_dir, fallback.INT8_GRAPH)  # its own raises, and the FP16 fallback's FP32 nodes
-    record.details["int8"] = quantize_int8(cfg, run_dir, card, raised.out_of_int8, fp32_nodes=raised.fp32)
+    record.details["int8"] = convert.quantize_int8(cfg, run_dir, card, raised.out_of_int8, fp32_nodes=raised.fp32)
     record.artifact(INT8_ONNX)
-
-
-def quantize_int8(cfg, run_dir: RunDir, card: dict, out_of_int8: list[str], out_name: str = INT8_ONNX,
-                  fp32_nodes: list[str] = ()) -> dict:
-    """ModelOpt INT8 PTQ of ``model.onnx`` into ``out_name``, calibrated on real validation images; the
-    fallback's nodes left out of INT8, and its FP32 nodes kept in FP32 in the FP16 regions."""
-    ic = cfg.export.int8
-    images, _ = validation_batch(cfg, card, ic.calibration_samples)
-    # ModelOpt rewrites its input in place and writes intermediates beside it: it gets a private copy.
-    with scratch_folder(run_dir.file(FP32_ONNX)) as scratch:
-        fp32_copy, quantized = scratch / FP32_ONNX, scratch / out_name
-        source = provenance.source_weights(onnx.load(str(fp32_copy), load_external_data=False))
-        report = int8.quantize(fp32_copy, images, card["spec"]["input_name"], ic, quantized, out_of_int8,
-                               list(fp32_nodes))
-        provenance.stamp_file(quantized, source or "")
-        onnx_io.check(quantized)
-        install(quantized, run_dir.file(out_name))
-    log.info("export: %s: %d Q/DQ pairs, %d nodes INT8 (%.1f%% of the matrix ops), %d FP16, %d FP32 (%.1f s)",
-             out_name, report["qdq_pairs"], report["int8_nodes"], 100 * report["int8_fraction"],
-             report["fp16_nodes"], report["fp32_nodes_count"], report["seconds"])
-    return report
-
-
-def convert_fp16(cfg, run_dir: RunDir, card: dict, fp32_nodes: list[str], out_name: str = FP16_ONNX) -> dict:
-    """AutoCast ``model.onnx`` into ``out_name``, calibrated on real validation images, ``fp32_nodes`` kept in FP32
-    (the automatic fallback's)."""
-    fc = cfg.export.fp16
-    calib_path = run_dir.file(CALIBRATION)
-    if fc.range_rule:
-        images, _ = validation_batch(cfg, card, fc.calibration_samples)
-        with atomic_path(calib_path) as tmp:
-            with open(tmp, "wb") as f:
-                np.savez(f, **{card["spec"]["input_name"]: images})
-    with scratch_folder(run_dir.file(FP32_ONNX), *([calib_path] if fc.range_rule else [])) as scratch:
-        fp32_copy = scratch / FP32_ONNX  # AutoCast, a ModelOpt library, also works on a private copy
-        model16, report = fp16.convert(fp32_copy, scratch / CALIBRATION if fc.range_rule else None, fc, fp32_nodes)
-        source = provenance.source_weights(onnx.load(str(fp32_copy), load_external_data=False))
-    provenance.stamp(model16, source or "")
-    with atomic_path(run_dir.file(out_name)) as tmp:
-        onnx.save(model16, str(tmp))
-        onnx_io.check(tmp)
-    report["calibration_images"] = fc.calibration_samples if fc.range_rule else 0
-    log.info("export: %s: %d of %d float nodes in FP16 (%.1f%%), %d kept in FP32", out_name, report["fp16_nodes"],
-             report["fp16_nodes"] + report["fp32_nodes_count"], 100 * report["fp16_fraction"],
-             report["fp32_nodes_count"])
-    return report

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import yaml
 
-from pipeline import artifacts, tables
-from pipeline.errors import InputError
-from pipeline.run import CONFIG, RunDir, atomic_write, now, open_confined, read_json
+from pipeline.core import artifacts
+from pipeline.reports import tables
+from pipeline.core.errors import InputError
+from pipeline.core.run import CONFIG, RunDir, atomic_write, now, open_confined, read_json
 
 HTML_NAME, MD_NAME = artifacts.REPORT_HTML, artifacts.REPORT_MD
 PLOTS = [

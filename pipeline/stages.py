@@ -25,14 +25,16 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline import artifacts as a
-from pipeline import env
-from pipeline.errors import BackendUnavailable, UsageError
-from pipeline.run import RunDir, atomic_write, sha256_file
+from pipeline.core.status import Status
+from pipeline.core import artifacts as a
+from pipeline.core import env
+from pipeline.core.manifest import STAGE_ORDER
+from pipeline.core.errors import BackendUnavailable, UsageError
+from pipeline.core.run import RunDir, atomic_write, sha256_file
 
 log = logging.getLogger("pipeline")
 
-ORDER = ("train", "export", "build", "verify", "benchmark")
+ORDER = STAGE_ORDER
 
 # The stage currently running, for error messages ("error: export: ...").
 current_stage: contextvars.ContextVar[str] = contextvars.ContextVar("current_stage", default="pipeline")
@@ -87,8 +89,8 @@ class Stage:
         status = entry.get("status")
         # A failed check (exit 1: verify's gate) finished its work, so its summary stands; otherwise the
         # details of a stage that did not finish are partial, and its error is the note.
-        finished = status == "ok" or (status == "failed" and entry.get("exit_code") == 1)
-        if status in ("failed", "interrupted") and not finished:
+        finished = status == Status.OK or (status == Status.FAILED and entry.get("exit_code") == 1)
+        if status in (Status.FAILED, Status.INTERRUPTED) and not finished:
             return " ".join(str(entry.get("error") or "see the error above").split())
         if self.summary and finished and entry.get("details"):
             return self.summary(entry)
@@ -157,7 +159,7 @@ STAGES = {
 
 
 def _source_files(cfg) -> list[Path]:
-    from pipeline.registry import models
+    from pipeline.core.registry import models
 
     roots = [Path(__file__).parent, Path(models.__file__).parent]
     files = sorted(p for root in roots for p in root.rglob("*.py"))
@@ -216,11 +218,11 @@ def fingerprint(stage: Stage, cfg, run: RunDir) -> str:
         "upstream_runs": {name: (run.stage_entry(name) or {}).get("run_id") for name in stage.after},
     }
     if "data" in stage.config_keys:  # the data's content, not only its config: a new class folder re-trains
-        from pipeline.data import content_summary
+        from pipeline.core.data import content_summary
 
         payload["data"] = content_summary(cfg.data)
     if stage.name == "benchmark":
-        from pipeline.verify_report import read_verdicts
+        from pipeline.reports.verify_report import read_verdicts
 
         payload["verify"] = read_verdicts(run)  # benchmark shows them; the rest of verify's report does not matter
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
@@ -229,7 +231,7 @@ def fingerprint(stage: Stage, cfg, run: RunDir) -> str:
 def up_to_date(stage: Stage, cfg, run: RunDir) -> tuple[bool, str]:
     """Whether ``stage`` can be skipped: same fingerprint, finished, outputs still intact."""
     entry = run.stage_entry(stage.name)
-    if not entry or entry.get("status") not in ("ok", "skipped"):
+    if not entry or entry.get("status") not in (Status.OK, Status.SKIPPED):
         return False, "not run yet" if not entry else f"last run {entry.get('status')}"
     if entry.get("fingerprint") != fingerprint(stage, cfg, run):
         return False, "inputs changed"
@@ -256,7 +258,7 @@ def open_run(cfg, run_dir: str | Path, *, save=None, reads_trained: bool = False
     command succeeds (or at once in a new run directory), so the overrides of a failed command never
     become the next run's config. A second process on the same directory gets a :class:`UsageError`.
     """
-    from pipeline import modeling
+    from pipeline.core import modeling
 
     if reads_trained:  # a stage after train: the run's card is checked before a model file is imported
         modeling.check_card_first(cfg, run_dir)
@@ -303,7 +305,7 @@ def _changes(before: dict, after: dict, prefix: str = "") -> list[str]:
 def retrain_notice(cfg, run: RunDir, force: set[str]) -> str | None:
     """The line ``all`` prints before it replaces trained weights without ``--force train``; None if it won't."""
     stage, entry = STAGES["train"], run.stage_entry("train")
-    if "train" in force or not entry or entry.get("status") != "ok" or not run.file(a.WEIGHTS).is_file():
+    if "train" in force or not entry or entry.get("status") != Status.OK or not run.file(a.WEIGHTS).is_file():
         return None
     if up_to_date(stage, cfg, run)[0]:
         return None
@@ -378,7 +380,7 @@ def _follow_replacement(name: str, cfg, run: RunDir) -> None:
 def run_worker(name: str, cfg, run_dir: str | Path, **options) -> None:
     """A torchrun rank > 0: the stage function in step with rank 0, which alone locks the run directory
     and writes the config, the manifest and the artifacts."""
-    from pipeline.run import StageRecord
+    from pipeline.core.run import StageRecord
 
     stage = STAGES[name]
     run = RunDir(run_dir)
@@ -414,14 +416,20 @@ def run_stages(cfg, run: RunDir, *, force: set[str] | None = None, options: dict
 
 
 def run_all(cfg, run_dir: str | Path, *, force: set[str] | None = None, options: dict | None = None,
-            save=None) -> dict:
-    """Exactly ``python -m pipeline all``: open the run (lock, config.yaml, environment), then every stage.
+            save=None, on_end: Callable[[RunDir], None] | None = None) -> dict:
+    """Exactly ``python -m pipeline all`` (``cli.cmd_all`` calls it): open the run (lock, config.yaml,
+    environment), then every stage.
 
     ``force`` names stages to re-run even if unchanged; ``options`` maps a stage to its options
-    (``{"verify": {"auto_fallback": True}}``). Returns the manifest.
+    (``{"verify": {"auto_fallback": True}}``); ``on_end(run)`` runs however the stages end (the CLI prints
+    the summary there). Returns the manifest.
     """
     with open_run(cfg, run_dir, save=save) as run:
-        return run_stages(cfg, run, force=force, options=options)
+        try:
+            return run_stages(cfg, run, force=force, options=options)
+        finally:
+            if on_end is not None:
+                on_end(run)
 
 
 def summary(run: RunDir) -> str:

@@ -1,6 +1,8 @@
-"""The train stage: mixed precision on CPU, one GPU, or many processes under torchrun.
+"""The train stage: mixed precision on CPU, one GPU, or many processes under torchrun. The stage and the
+:class:`Trainer` live here; its pieces (distributed, device and AMP, RNG, optimizer step, metrics,
+checkpoints, profiler) are in :mod:`pipeline.training`.
 
-The loop in :func:`train_loop` follows the usual AMP recipe: an explicit ``torch.autocast``
+The :class:`Trainer` follows the usual AMP recipe: an explicit ``torch.autocast``
 region, ``torch.amp.GradScaler`` (enabled only for float16), ``unscale_`` before clipping,
 and a scheduler that does not advance on a step the scaler skipped. All randomness that
 decides a batch (order, augmentation) is derived from (seed, epoch, batch index), and the RNG
@@ -11,396 +13,52 @@ uninterrupted one.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
-import os
-import random
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.data import DataLoader, DistributedSampler, Sampler
+from torch.utils.data import DataLoader, DistributedSampler
 
-from pipeline import data as data_mod
-from pipeline import env, modeling
-from pipeline.artifacts import BEST_CHECKPOINT, CHECKPOINT, CURVE, METRICS, TENSORBOARD, TRACE
-from pipeline.errors import BackendUnavailable, InputError, StageFailed, UsageError, check_interrupt
-from pipeline.run import RunDir, StageRecord, atomic_path
+from pipeline.core import data as data_mod
+from pipeline.core import modeling
+from pipeline.core.artifacts import BEST_CHECKPOINT, CHECKPOINT, CURVE, METRICS, TENSORBOARD, TRACE
+from pipeline.core.errors import InputError, StageFailed, UsageError, check_interrupt, first_line
+from pipeline.core.run import RunDir, StageRecord, atomic_path
+from pipeline.training.checkpoint import CHECKPOINT_FORMAT, load_checkpoint, save_checkpoint
+from pipeline.training.device import AMP_NAMES, resolve_amp, resolve_device
+from pipeline.training.distributed import Dist, all_reduce_sum, broadcast_buffers, init_distributed, replica_checksums, unwrap
+from pipeline.training.metrics import MetricsLog, evaluate, plot_curves
+from pipeline.training.optim import StepResult, lr_lambda, make_optimizer, optimizer_step, restore_buffers, snapshot_buffers
+from pipeline.training.profiler import StepProfiler
+from pipeline.training.rng import EpochBatches, batch_generator, rng_state, seed_everything, set_rng_state
 
 log = logging.getLogger("pipeline")
-
-CHECKPOINT_FORMAT = "pipeline.checkpoint/1"
-AMP_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", None: "off"}  # as train.amp spells them
 
 
 # --------------------------------------------------------------------------- distributed
 
 
-@dataclass
-class Dist:
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-
-    @property
-    def enabled(self) -> bool:
-        return self.world_size > 1
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-
-def launched_by_torchrun() -> bool:
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1
-
-
-def init_distributed(device_type: str) -> Dist:
-    """Join torchrun's process group: NCCL on GPU, gloo on CPU. A single process needs none."""
-    if not launched_by_torchrun():
-        return Dist()
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
-    return Dist(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
-
-
-def all_reduce_sum(values: list[float], world: Dist, device) -> list[float]:
-    if not world.enabled:
-        return values
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t)
-    return t.tolist()
-
-
-def broadcast_buffers(model: nn.Module, world: Dist) -> None:
-    """Give every rank rank 0's buffers (BatchNorm running statistics).
-
-    DDP broadcasts buffers at the start of each forward, so after the last training step each
-    rank holds rank 0's statistics plus its own last batch: without this the replicas would
-    evaluate with different statistics and end with different weights.
-    """
-    if not world.enabled:
-        return
-    for buffer in unwrap(model).buffers():
-        dist.broadcast(buffer.data, src=0)
-
-
-def state_checksum(state: dict[str, torch.Tensor]) -> str:
-    """sha256 over every tensor's name, dtype, shape and bytes (layout-independent), in key order."""
-    import hashlib
-
-    digest = hashlib.sha256()
-    for key in sorted(state):
-        t = state[key].detach().to("cpu").contiguous()
-        digest.update(f"{key}|{t.dtype}|{tuple(t.shape)}|".encode())
-        digest.update(t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return digest.hexdigest()
-
-
-def replica_checksums(model: nn.Module, world: Dist) -> list[str]:
-    """Every rank's :func:`state_checksum` of the model (parameters and buffers), gathered on all ranks."""
-    mine = state_checksum(unwrap(model).state_dict())
-    if not world.enabled:
-        return [mine]
-    gathered: list = [None] * world.world_size
-    dist.all_gather_object(gathered, mine)
-    return gathered
-
-
 # --------------------------------------------------------------------------- precision and device
-
-
-def resolve_device(cfg) -> torch.device:
-    """This process's device; under torchrun each process takes the GPU of its LOCAL_RANK.
-
-    Called before the process group starts, because NCCL needs every rank on its own GPU first.
-    """
-    want = cfg.train.device
-    if want == "cuda" or (want == "auto" and torch.cuda.is_available()):
-        ok, reason = env.cuda_status()
-        if not ok:
-            raise BackendUnavailable(f"train.device=cuda but {reason}")
-        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
-
-
-def resolve_amp(requested: str, device: torch.device) -> tuple[torch.dtype | None, str]:
-    """Which autocast dtype to use, and a note saying why (recorded in the manifest)."""
-    dtype, note = _choose_amp(requested, device)
-    if device.type == "cpu" and requested in ("auto", "bf16") and env.cpu_flags_simulated() is not None:
-        note += f" [CPU flags simulated by {env.CPU_FLAGS_ENV}={env.cpu_flags_simulated()!r}]"
-    return dtype, note
-
-
-def _choose_amp(requested: str, device: torch.device) -> tuple[torch.dtype | None, str]:
-    if requested == "off":
-        return None, "mixed precision off (train.amp=off)"
-    if requested == "fp16":
-        note = "float16 autocast with GradScaler"
-        if device.type == "cpu":
-            note += " (on CPU: slow, usually only useful to test the fp16 path)"
-        return torch.float16, note
-    if requested == "bf16":
-        if device.type == "cuda" and not torch.cuda.is_bf16_supported():
-            raise UsageError("train.amp=bf16 but this GPU has no bfloat16 support; use train.amp=fp16")
-        note = "bfloat16 autocast (no GradScaler needed)"
-        if device.type == "cpu" and not env.cpu_has_native_bf16():
-            note += f"; this CPU ({env.cpu_model()}) has no bf16 matrix units, so expect it to be slower than FP32"
-        return torch.bfloat16, note
-    # auto
-    if device.type == "cuda":
-        return torch.float16, "auto: float16 autocast with GradScaler on CUDA"
-    if env.cpu_has_native_bf16():
-        return torch.bfloat16, "auto: bfloat16 autocast on a CPU with bf16 matrix units (AMX/AVX512-BF16)"
-    return None, (
-        f"auto: mixed precision off: this CPU ({env.cpu_model()}) has no bf16 matrix units "
-        "(AMX or AVX512-BF16), where bf16 autocast runs several times slower than FP32; "
-        "set train.amp=bf16 to use it anyway"
-    )
-
-
-def seed_everything(seed: int, deterministic: bool) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    if deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
-        torch.backends.cudnn.benchmark = False
-
-
-def rng_state() -> dict:
-    np_state = np.random.get_state()
-    state = {
-        "python": random.getstate(),
-        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
-                  "has_gauss": int(np_state[3]), "cached": float(np_state[4])},
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    py = state["python"]
-    random.setstate((py[0], tuple(py[1]), py[2]))
-    npst = state["numpy"]
-    np.random.set_state(("MT19937", npst["keys"].numpy().astype(np.uint32), npst["pos"], npst["has_gauss"],
-                         npst["cached"]))
-    torch.set_rng_state(state["torch"])
-    restore_cuda_rng(state.get("cuda") or [])
-
-
-def restore_cuda_rng(saved: list) -> None:
-    """The checkpoint's per-GPU CUDA RNG states, on the GPUs that exist here, and say what was restored.
-
-    ``torch.cuda.set_rng_state_all`` raises IndexError for a checkpoint from a machine with more GPUs;
-    on fewer saved states than GPUs the others keep the seed this run set.
-    """
-    if not saved:
-        return
-    here = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    restored = min(len(saved), here)
-    for index in range(restored):
-        torch.cuda.set_rng_state(saved[index], device=index)
-    if restored == len(saved) == here:
-        log.info("train: restored the CUDA RNG state of all %d GPU(s)", restored)
-        return
-    extra = (f"GPU(s) {restored}-{len(saved) - 1} of the checkpoint do not exist here" if len(saved) > here else
-             f"GPU(s) {restored}-{here - 1} here keep this run's seed")
-    log.warning("train: restored the CUDA RNG state of %d of the checkpoint's %d GPU(s) (this machine has %d); %s: "
-                "random numbers on the GPU differ from an uninterrupted run", restored, len(saved), here, extra)
 
 
 # --------------------------------------------------------------------------- data order
 
 
-class EpochBatches(Sampler[list[int]]):
-    """Batches of one epoch in DistributedSampler order (seeded by seed and epoch), from ``start`` on."""
-
-    def __init__(self, sampler: DistributedSampler, batch_size: int):
-        self.sampler = sampler
-        self.batch_size = batch_size
-        self.start = 0
-
-    def __len__(self) -> int:
-        return len(self.sampler) // self.batch_size - self.start
-
-    def __iter__(self):
-        indices = list(self.sampler)
-        for b in range(self.start, len(indices) // self.batch_size):
-            yield indices[b * self.batch_size : (b + 1) * self.batch_size]
-
-
-def batch_generator(seed: int, epoch: int, batch: int, rank: int) -> torch.Generator:
-    # modulo 2**64: manual_seed takes no more, which train.seed above about 180,000 would exceed
-    return torch.Generator().manual_seed((((seed * 1_000_003 + epoch) * 1_000_003 + batch) * 101 + rank) % 2**64)
-
-
 # --------------------------------------------------------------------------- schedule
-
-
-def lr_lambda(total_steps: int, warmup_steps: int):
-    def factor(step: int) -> float:
-        if warmup_steps and step < warmup_steps:
-            return (step + 1) / warmup_steps
-        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
-        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-
-    return factor
-
-
-def make_optimizer(cfg, model: nn.Module) -> torch.optim.Optimizer:
-    # No weight decay on norm scales and biases (1-D parameters), as is usual for CNNs and ViTs.
-    decay = [p for p in model.parameters() if p.requires_grad and p.ndim > 1]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim <= 1]
-    groups = [{"params": decay, "weight_decay": cfg.train.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    if cfg.train.optimizer == "adamw":
-        return torch.optim.AdamW(groups, lr=cfg.train.lr)
-    return torch.optim.SGD(groups, lr=cfg.train.lr, momentum=cfg.train.momentum)
 
 
 # --------------------------------------------------------------------------- metrics
 
 
-class MetricsLog:
-    """Append-only JSONL (one object per line, flushed), rank 0 only; TensorBoard when installed."""
-
-    def __init__(self, path: Path, enabled: bool, tensorboard_dir: Path | None):
-        from pipeline.run import open_append
-
-        self.enabled = enabled
-        self.f = open_append(path) if enabled else None  # never through a symbolic link
-        self.tb = None
-        if enabled and tensorboard_dir is not None:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self.tb = SummaryWriter(str(tensorboard_dir))
-            except ImportError:
-                self.tb = None
-
-    def write(self, record: dict) -> None:
-        if not self.enabled:
-            return
-        self.f.write(json.dumps(record) + "\n")
-        self.f.flush()
-        if self.tb is not None:
-            step = record.get("step", 0)
-            for key, value in record.items():
-                if isinstance(value, (int, float)) and key not in ("step", "epoch"):
-                    self.tb.add_scalar(f"{record['event']}/{key}", value, step)
-
-    def close(self) -> None:
-        if self.f:
-            self.f.close()
-            self.f = None
-        if self.tb is not None:
-            self.tb.close()
-            self.tb = None
-
-    def __enter__(self) -> MetricsLog:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-def read_metrics(path: Path) -> list[dict]:
-    """Parse metrics.jsonl, tolerating a torn last line left by a killed process."""
-    records = []
-    if not path.exists():
-        return records
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            continue
-    return records
-
-
-def plot_curves(metrics_path: Path, out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    records = read_metrics(metrics_path)
-    # After a resume the log holds the replayed steps again: keep the last record of each step.
-    steps = {r["step"]: r for r in records if r.get("event") == "step"}
-    epochs = {r["epoch"]: r for r in records if r.get("event") == "epoch"}
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
-    if steps:
-        xs = sorted(steps)
-        ax1.plot(xs, [steps[s]["loss"] for s in xs], lw=1, label="train loss")
-    if epochs:
-        es = sorted(epochs)
-        ax1.plot([epochs[e]["step"] for e in es], [epochs[e]["val_loss"] for e in es], "o-", label="val loss")
-        ax2.plot([e + 1 for e in es], [100 * epochs[e]["val_acc"] for e in es], "o-", color="tab:green")
-    ax1.set_xlabel("optimizer step")
-    ax1.set_ylabel("loss")
-    ax1.legend()
-    ax1.grid(alpha=0.3)
-    ax2.set_xlabel("epoch")
-    ax2.set_ylabel("validation accuracy (%)")
-    ax2.grid(alpha=0.3)
-    fig.tight_layout()
-    with atomic_path(out) as tmp:
-        fig.savefig(tmp, format="png", dpi=110)
-    plt.close(fig)
-
-
 # --------------------------------------------------------------------------- checkpoints
 
 
-def save_checkpoint(path: Path, state: dict) -> None:
-    with atomic_path(path) as tmp:
-        torch.save(state, tmp)
-
-
-def load_checkpoint(path: Path) -> dict:
-    state = modeling.safe_torch_load(path, what="checkpoint")
-    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-        raise InputError(f"{path} is not a pipeline checkpoint; re-run train without --resume")
-    return state
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    model = getattr(model, "module", model)  # DDP
-    return getattr(model, "_orig_mod", model)  # torch.compile
-
-
 # --------------------------------------------------------------------------- evaluation
-
-
-@torch.no_grad()
-def evaluate(model: nn.Module, dataset, device, world: Dist, amp_dtype, channels_last: bool,
-             batch_size: int = 256) -> tuple[float, float]:
-    """Validation loss and accuracy; each rank takes every world_size-th image, sums are reduced."""
-    model.eval()
-    indices = list(range(world.rank, len(dataset), world.world_size))
-    loss_sum, correct = 0.0, 0.0
-    for i in range(0, len(indices), batch_size):
-        x, y = data_mod.collate(data_mod.fetch_items(dataset, indices[i : i + batch_size]))
-        x, y = x.to(device), y.to(device)
-        if channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
-        with torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
-            logits = model(x)
-        loss_sum += nn.functional.cross_entropy(logits.float(), y, reduction="sum").item()
-        correct += (logits.argmax(1) == y).sum().item()
-    loss_sum, correct, count = all_reduce_sum([loss_sum, correct, float(len(indices))], world, device)
-    return loss_sum / max(count, 1), correct / max(count, 1)
-
-
 
 
 # --------------------------------------------------------------------------- state and steps
@@ -422,97 +80,6 @@ class TrainState:
     def load_state_dict(self, state: dict) -> None:
         for key in asdict(self):
             setattr(self, key, state[key])
-
-
-@dataclass
-class StepResult:
-    skipped: bool  # the weights, buffers and schedule were left as they were
-    nonfinite: bool  # ... because the loss or the gradients were NaN/Inf
-    grad_norm: float | None = None
-
-
-def snapshot_buffers(model: nn.Module) -> list[torch.Tensor]:
-    """Copies of the buffers (BatchNorm running statistics), taken before a step's first forward pass."""
-    return [b.detach().clone() for b in model.buffers()]
-
-
-def restore_buffers(model: nn.Module, saved: list[torch.Tensor]) -> None:
-    with torch.no_grad():
-        for buffer, value in zip(model.buffers(), saved):
-            buffer.copy_(value)
-
-
-def grads_finite(model: nn.Module) -> bool:
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    return not grads or bool(torch.stack([torch.isfinite(g).all() for g in grads]).all())
-
-
-def optimizer_step(*, model: nn.Module, optimizer, scaler, scheduler, clip_grad_norm: float | None,
-                   world: Dist, device, loss_finite: bool) -> StepResult:
-    """One optimizer step, skipped when its loss or gradients are not finite.
-
-    With float16 the GradScaler finds inf/NaN gradients and skips the step. In bf16 and FP32
-    nothing else would, so the same check is made here: a bf16 kernel can return NaN gradients
-    from a finite loss (see docs/training.md), and one such step poisons the weights for good.
-    The decision is reduced over the ranks, so the replicas stay identical. The caller restores
-    the buffers of a skipped step.
-    """
-    if not scaler.is_enabled():
-        ok = loss_finite and grads_finite(model)
-        if all_reduce_sum([0.0 if ok else 1.0], world, device)[0] != 0.0:
-            optimizer.zero_grad(set_to_none=True)
-            return StepResult(skipped=True, nonfinite=True)
-    grad_norm = None
-    if clip_grad_norm:
-        scaler.unscale_(optimizer)
-        grad_norm = float(nn.utils.clip_grad_norm_(model.parameters(), clip_grad_norm))
-    scale_before = scaler.get_scale() if scaler.is_enabled() else None
-    # Gradients are all-reduced before this point, so every rank's scaler sees the same inf/NaN
-    # and makes the same skip decision.
-    scaler.step(optimizer)
-    scaler.update()
-    optimizer.zero_grad(set_to_none=True)
-    skipped = scaler.is_enabled() and scaler.get_scale() < scale_before
-    if not skipped:
-        scheduler.step()
-    return StepResult(skipped=skipped, nonfinite=skipped and not loss_finite, grad_norm=grad_norm)
-
-
-class StepProfiler:
-    """torch.profiler over the first ``steps`` optimizer steps; a no-op when profiling is off."""
-
-    def __init__(self, device, steps: int, trace: Path | None):
-        self.steps, self.trace, self.prof = steps, trace, None
-        if trace is not None:
-            from torch.profiler import ProfilerActivity, profile
-
-            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-            self.prof = profile(activities=activities, record_shapes=False)
-            self.prof.start()
-
-    def step(self) -> None:
-        if self.prof is not None:
-            self.prof.step()
-            if self.prof.step_num >= self.steps:
-                self.finish()
-
-    def finish(self) -> None:
-        """Stop and write the Chrome trace (at the last profiled step or the end of training)."""
-        if self.prof is None:
-            return
-        prof, self.prof = self.prof, None
-        prof.stop()
-        with atomic_path(self.trace) as tmp:
-            prof.export_chrome_trace(str(tmp))
-        table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=10)
-        log.info("train: profile of %d steps written to %s (open in https://ui.perfetto.dev)\n%s", prof.step_num,
-                 self.trace.name, table)
-
-    def close(self) -> None:
-        """Stop without writing (an interrupted or failed run)."""
-        if self.prof is not None:
-            self.prof.stop()
-            self.prof = None
 
 
 # --------------------------------------------------------------------------- the recipe
@@ -568,6 +135,41 @@ def wrap_for_training(model: nn.Module, tc, world: Dist, device) -> nn.Module:
 
 class Trainer:
     """The training recipe: set up in ``__init__``, then :meth:`train`; each piece below does one thing."""
+
+    # What it was given
+    cfg: object  # the whole config; ``tc`` is its train section
+    tc: object
+    run_dir: RunDir
+    spec: dict  # the model card's spec (input/output names and size)
+    splits: object  # data.DataSplits: train and validation sets
+    # The model and where it runs
+    model: nn.Module  # the bare model: what is checkpointed and exported
+    train_model: nn.Module  # what the steps call: ``model`` wrapped for DDP / torch.compile
+    device: torch.device
+    world: Dist  # this process's rank among the torchrun processes (one process: rank 0 of 1)
+    amp_dtype: torch.dtype | None  # the autocast dtype, None: FP32
+    # Data
+    sampler: DistributedSampler
+    batches: EpochBatches
+    loader: DataLoader
+    batches_per_epoch: int
+    # Optimisation
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    scaler: torch.amp.GradScaler  # enabled for float16 only
+    criterion: nn.Module
+    # Progress: what a checkpoint restores (``state``) and what only this process tracks
+    state: TrainState
+    ckpt_path: Path
+    best_path: Path
+    history: list[dict]  # per-epoch results, for the manifest
+    nonfinite_run: int  # consecutive non-finite steps (train.max_nonfinite stops the run)
+    images_seen: int
+    amp_now: torch.dtype | None  # the autocast dtype of this epoch (None during train.fp32_warmup_epochs)
+    # Output
+    metrics: MetricsLog | None
+    profiler: StepProfiler
+    window: Window  # throughput since the last metrics line
 
     def __init__(self, cfg, run_dir: RunDir, model: nn.Module, spec, splits, device, world: Dist, amp_dtype):
         self.cfg, self.tc, self.run_dir = cfg, cfg.train, run_dir
@@ -633,7 +235,7 @@ class Trainer:
             self.scaler.load_state_dict(state["scaler"])
             self.state.load_state_dict(state)
         except (KeyError, RuntimeError, ValueError) as exc:
-            raise InputError(f"{self.ckpt_path} does not fit this model/config ({str(exc).splitlines()[0]}); "
+            raise InputError(f"{self.ckpt_path} does not fit this model/config ({first_line(exc)}); "
                              "train without --resume") from None
         set_rng_state(state["rng"])
         made_for = state["config"].get("train", {}).get("epochs")

@@ -1,7 +1,7 @@
 """The verify stage: the precision gate.
 
 Reference: the trained FP32 PyTorch model on the CPU. Candidates (every entry of
-:data:`pipeline.backends.TABLE` with a candidate name), each on the same real validation images:
+:data:`pipeline.runtime.backends.TABLE` with a candidate name), each on the same real validation images:
 
 =================  =========  ==============================================================
 candidate          precision  what runs
@@ -23,7 +23,7 @@ error taken against the reference; NaN/Inf in the candidate always fails) and th
 (top-1 agreement with the reference and accuracy against the labels).
 
 Three parts: the gate's numerics (:func:`compare`, :func:`check`), the FP32 fallback loop
-(:func:`auto_fallback`), and the wording, which lives in :mod:`pipeline.verify_report` with the
+(:func:`auto_fallback`), and the wording, which lives in :mod:`pipeline.reports.verify_report` with the
 reports. verify never runs another stage: when the fallback replaces ``model.fp16.onnx`` it says
 so in ``record.details["replaced_artifacts"]`` and the stage runner re-runs what depends on it.
 """
@@ -38,14 +38,19 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from pipeline import backends, data, export, fallback, gate as criteria, int8, localize, modeling, onnx_io, provenance
-from pipeline.artifacts import INT8_ONNX, WEIGHTS
-from pipeline import verify_report as report
-from pipeline.backends import Backend, Context
-from pipeline.errors import BackendUnavailable, CheckFailed, Inconclusive, InputError, StageFailed, disk_full
-from pipeline.isolate import Crashed
-from pipeline.run import RunDir, StageRecord, sha256_file
-from pipeline.runners import TorchRunner, collect
+
+from pipeline.core.status import Status
+from pipeline.core import data, modeling, onnx_io, provenance
+from pipeline.precision import convert, fallback, gate as criteria
+from pipeline.runtime import isolate, localize
+from pipeline.runtime import backends
+from pipeline.core.artifacts import FP16_ONNX, FP32_ONNX, INT8_ONNX, WEIGHTS
+from pipeline.reports import verify_report
+from pipeline.runtime.backends import Backend, Context
+from pipeline.core.errors import BackendUnavailable, CheckFailed, Inconclusive, InputError, StageFailed, disk_full
+from pipeline.runtime.isolate import Crashed
+from pipeline.core.run import RunDir, StageRecord, sha256_file
+from pipeline.runtime.runners import TorchRunner, collect
 
 log = logging.getLogger("pipeline")
 
@@ -105,7 +110,7 @@ def plan(cfg, ctx: Context, entries: list[Backend] | None = None) -> list[Check]
     for backend in entries if entries is not None else backends.candidates():
         section = getattr(cfg.verify.candidates, backend.candidate, None)
         if section is not None and not section.enabled:
-            reason = report.disabled(backend.candidate)
+            reason = verify_report.disabled(backend.candidate)
         else:
             reason = backend.unavailable(ctx)
         checks.append(Check(backend, backends.label(backend, cfg), backend.required(cfg), reason,
@@ -125,7 +130,7 @@ def gates(cfg, backend: Backend) -> bool:
 
 def compare(outputs: list[dict], reference: list[dict], labels: np.ndarray, gate: dict, output_name: str,
             confidence: float = 0.95) -> dict:
-    """The tensor check and the task check of one candidate (:func:`pipeline.gate.judge`)."""
+    """The tensor check and the task check of one candidate (:func:`pipeline.precision.gate.judge`)."""
     return criteria.judge(outputs, reference, labels, gate, output_name, confidence)
 
 
@@ -142,23 +147,23 @@ def check(chk: Check, cfg, ctx: Context, evidence: Evidence) -> dict:
 
 def _judge(chk: Check, ctx: Context, evidence: Evidence, gate: dict) -> dict:
     if chk.reason:
-        return {"status": "skipped", "reason": chk.reason}
+        return {"status": Status.SKIPPED, "reason": chk.reason}
     try:
-        runner = chk.backend.runner(ctx)  # native runtimes: in a child process (pipeline.isolate)
+        runner = isolate.runner_for(chk.backend, ctx)  # native runtimes: in a child process (pipeline.runtime.isolate)
         outputs = collect(runner, evidence.feeds)
     except InputError:
         raise
     except Crashed as exc:  # the child died (a segfault in the runtime): a "crashed" row, the others go on
-        return report.crashed(exc)
+        return verify_report.crashed(exc)
     except Exception as exc:  # a candidate that cannot run is an "error" row, not a dead stage
         if disk_full(exc):  # but a full disk ends the stage, with the documented message
             raise disk_full(exc) from None
-        return {"status": "error", "reason": report.error_reason(exc)}
+        return {"status": "error", "reason": verify_report.error_reason(exc)}
     problem = _output_problem(chk, outputs, evidence)
     if problem:
         return {"status": "error", "reason": problem}
     result = compare(outputs, evidence.reference, evidence.labels, gate, evidence.output_name, evidence.confidence)
-    return {**result, **report.runtime_facts(runner)}  # its child's log, a runtime workaround
+    return {**result, **verify_report.runtime_facts(runner)}  # its child's log, a runtime workaround
 
 
 def _output_problem(chk: Check, outputs: list[dict], evidence: Evidence) -> str:
@@ -166,14 +171,14 @@ def _output_problem(chk: Check, outputs: list[dict], evidence: Evidence) -> str:
     without static shapes, from another run) is an InputError, before NumPy fails to broadcast them."""
     name = evidence.output_name
     if name not in outputs[0]:
-        return report.wrong_outputs(list(outputs[0]), name)
+        return verify_report.wrong_outputs(list(outputs[0]), name)
     got, want = tuple(outputs[0][name].shape[1:]), tuple(evidence.reference[0][name].shape[1:])
     if got != want:
-        raise InputError(report.wrong_output_shape(chk.name, chk.artifact, got, want))
+        raise InputError(verify_report.wrong_output_shape(chk.name, chk.artifact, got, want))
     return ""
 
 
-JUDGED = ("passed", "failed", "inconclusive")
+JUDGED = (Status.PASSED, Status.FAILED, Status.INCONCLUSIVE)
 
 
 def _verdict(checks: list[Check], inconclusive_fails: bool = False) -> dict:
@@ -181,13 +186,13 @@ def _verdict(checks: list[Check], inconclusive_fails: bool = False) -> dict:
     candidate that could not run fails it whether it gates or not."""
     gating = [c for c in checks if c.gates]
     ran = [c for c in gating if c.status in JUDGED]
-    failed = [c for c in gating if c.status == "failed"]
-    errors = [c for c in gating if c.status in ("error", "crashed")]  # nothing compared: no verdict on them
-    undecided = [c for c in gating if c.status == "inconclusive"]
-    missing = [c for c in checks if c.required and c.status == "skipped" and not c.result.get("after_fallback")]
+    failed = [c for c in gating if c.status == Status.FAILED]
+    errors = [c for c in gating if c.status in ("error", Status.CRASHED)]  # nothing compared: no verdict on them
+    undecided = [c for c in gating if c.status == Status.INCONCLUSIVE]
+    missing = [c for c in checks if c.required and c.status == Status.SKIPPED and not c.result.get("after_fallback")]
     passed = not failed and not errors and not missing and not (undecided and inconclusive_fails)
     return {"passed": passed, "ran": len(ran), "failed": failed, "errors": errors, "missing_required": missing,
-            "inconclusive": undecided, "deployable": [c.name for c in gating if c.status == "passed"],
+            "inconclusive": undecided, "deployable": [c.name for c in gating if c.status == Status.PASSED],
             "reported_only": [c.name for c in checks if not c.gates]}
 
 
@@ -200,22 +205,22 @@ def _load_graphs(cfg, run_dir: RunDir, spec: dict, hashes: dict) -> tuple[onnx.M
     A ``model.fp16.onnx`` the config says export writes (``export.fp16.enabled``) must be there: its
     candidates skipped for want of it would let the gate pass without checking FP16 at all.
     """
-    fp32_path = run_dir.require(export.FP32_ONNX, "export", "verify")
-    hashes[export.FP32_ONNX] = sha256_file(fp32_path)
+    fp32_path = run_dir.require(FP32_ONNX, "export", "verify")
+    hashes[FP32_ONNX] = sha256_file(fp32_path)
     fp32_model = onnx_io.load(fp32_path)
     onnx_io.check_matches_spec(fp32_model, fp32_path, spec)
-    fp16_path = run_dir.file(export.FP16_ONNX)
+    fp16_path = run_dir.file(FP16_ONNX)
     if cfg.export.fp16.enabled:
-        run_dir.require(export.FP16_ONNX, "export", "verify")
+        run_dir.require(FP16_ONNX, "export", "verify")
     fp16_model = None
     if fp16_path.exists():
-        hashes[export.FP16_ONNX] = sha256_file(fp16_path)
+        hashes[FP16_ONNX] = sha256_file(fp16_path)
         fp16_model = onnx_io.load(fp16_path, "FP16 ONNX model")
         onnx_io.check_matches_spec(fp16_model, fp16_path, spec)
     # Engines and IR: loaded (through their sidecar checks) by their runners; hashed for benchmark's verdicts.
     for artifact in (b.artifact for b in backends.TABLE if b.runtime in ("TensorRT", backends.OV)):
         if run_dir.file(artifact).is_file():
-            hashes[artifact] = report.artifact_sha256(run_dir, artifact)
+            hashes[artifact] = verify_report.artifact_sha256(run_dir, artifact)
     return fp32_model, fp16_model
 
 
@@ -259,7 +264,7 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, auto_fallback: bool = Fals
     hashes = {WEIGHTS: sha256_file(run_dir.file(WEIGHTS))}  # what each verdict is about (benchmark checks them)
     fp32_model, fp16_model = _load_graphs(cfg, run_dir, spec, hashes)
     int8_model = _load_int8(run_dir, spec, hashes)
-    provenance.check_graphs(hashes[WEIGHTS], {export.FP32_ONNX: fp32_model, export.FP16_ONNX: fp16_model,
+    provenance.check_graphs(hashes[WEIGHTS], {FP32_ONNX: fp32_model, FP16_ONNX: fp16_model,
                                                INT8_ONNX: int8_model})  # never judge a stale graph
     evidence = _evidence(cfg, card, model)
     ctx = Context(cfg, run_dir, "verify", spec, model=model, fp16=fp16_model, int8=int8_model)
@@ -269,23 +274,23 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, auto_fallback: bool = Fals
         _refuse_broken_reference(cfg, card, run_dir, record, checks, evidence, nonfinite, hashes)
     for chk in checks:
         check(chk, cfg, ctx, evidence)
-        report.log_check(chk)
-    export_broken = any(c.name == "onnxrt_fp32" and c.status == "failed" for c in checks)
+        verify_report.log_check(chk)
+    export_broken = any(c.name == "onnxrt_fp32" and c.status == Status.FAILED for c in checks)
     if export_broken:
-        next(c for c in checks if c.name == "onnxrt_fp32").result["hint"] = report.EXPORT_BROKEN_HINT
-        log.warning(report.EXPORT_BROKEN_LOG)
-    for chk in (c for c in checks if c.name == "openvino_bf16" and c.status == "failed"):
-        chk.result["hint"] = report.OPENVINO_BF16_NO_FALLBACK  # the FP32 fallback cannot reach an OpenVINO kernel
+        next(c for c in checks if c.name == "onnxrt_fp32").result["hint"] = verify_report.EXPORT_BROKEN_HINT
+        log.warning(verify_report.EXPORT_BROKEN_LOG)
+    for chk in (c for c in checks if c.name == "openvino_bf16" and c.status == Status.FAILED):
+        chk.result["hint"] = verify_report.OPENVINO_BF16_NO_FALLBACK  # the FP32 fallback cannot reach an OpenVINO kernel
     gated = {} if export_broken else {
         graph.precision: _precision_gate(graph, cfg, run_dir, card, ctx, fp32_model, evidence, checks, hashes,
                                          auto_fallback=auto_fallback)
         for graph in (fallback.FP16_GRAPH, fallback.INT8_GRAPH)}
     (loc16, fb16), (loc8, fb8) = gated.get("fp16", (None, None)), gated.get("int8", (None, None))
-    fb16, fb8 = report.with_earlier_fallbacks(run_dir, hashes, fb16, fb8)
+    fb16, fb8 = verify_report.with_earlier_fallbacks(run_dir, hashes, fb16, fb8)
     verdict = _verdict(checks, inconclusive_fails=cfg.verify.inconclusive == "fail")
-    payload = report.build_payload(cfg, card, checks, loc16, fb16, verdict, len(evidence.labels),
+    payload = verify_report.build_payload(cfg, card, checks, loc16, fb16, verdict, len(evidence.labels),
                                    cfg.verify.batch_size, hashes=hashes, int8_localization=loc8, int8_fallback=fb8)
-    for p in report.write_all(run_dir, payload):
+    for p in verify_report.write_all(run_dir, payload):
         record.artifact(p.name)
     record.details.update(_details(checks, verdict, evidence, fb16, fb8))
     failing_first = verdict["failed"][0] if verdict["failed"] else None
@@ -303,10 +308,10 @@ def _details(checks: list[Check], verdict: dict, evidence: Evidence, fb16: dict 
         "passed": verdict["passed"],
         "candidates": {c.name: c.status for c in checks},
         "deployable": verdict["deployable"],
-        **report.runtime_details(checks),
+        **verify_report.runtime_details(checks),
         "samples": len(evidence.labels),
-        "fallback": None if fb16 is None else {k: fb16[k] for k in ("passed", "moved_to_fp32")},
-        "int8_fallback": None if fb8 is None else {k: fb8[k] for k in ("passed", "excluded_from_int8", "kept_in_fp32",
+        "fallback": None if fb16 is None else {k: fb16[k] for k in (Status.PASSED, "moved_to_fp32")},
+        "int8_fallback": None if fb8 is None else {k: fb8[k] for k in (Status.PASSED, "excluded_from_int8", "kept_in_fp32",
                                                                          "int8_fraction_after") if k in fb8},
         # The stage runner re-runs the stages that produce and consume these (verify runs none itself).
         "replaced_artifacts": (fb16["replaced"] if fb16 else []) + (fb8["replaced"] if fb8 else []),
@@ -322,29 +327,29 @@ def _refuse_broken_reference(cfg, card, run_dir: RunDir, record: StageRecord, ch
                              evidence: Evidence, nonfinite: int, hashes: dict) -> None:
     """The trained model's own FP32 output is NaN/Inf: no candidate can be judged against it, and the
     fault is the training's, not the export's. The reports say so; the gate fails (exit 1)."""
-    reason = report.reference_nonfinite_reason(nonfinite, len(evidence.labels))
+    reason = verify_report.reference_nonfinite_reason(nonfinite, len(evidence.labels))
     for chk in checks:
-        chk.result = {"status": "skipped", "reason": reason, "tolerance": gate_for(cfg, chk.name, chk.precision)}
-        report.log_check(chk)
-    payload = report.build_payload(cfg, card, checks, None, None, {"passed": False}, len(evidence.labels),
+        chk.result = {"status": Status.SKIPPED, "reason": reason, "tolerance": gate_for(cfg, chk.name, chk.precision)}
+        verify_report.log_check(chk)
+    payload = verify_report.build_payload(cfg, card, checks, None, None, {"passed": False}, len(evidence.labels),
                                    cfg.verify.batch_size, hashes=hashes, reference_nonfinite=nonfinite)
-    for p in report.write_all(run_dir, payload):
+    for p in verify_report.write_all(run_dir, payload):
         record.artifact(p.name)
     record.details.update({"passed": False, "candidates": {c.name: c.status for c in checks},
                            "samples": len(evidence.labels), "reference_nonfinite": nonfinite,
                            "fallback": None, "replaced_artifacts": []})
-    raise CheckFailed(report.reference_nonfinite_message(nonfinite, len(evidence.labels)))
+    raise CheckFailed(verify_report.reference_nonfinite_message(nonfinite, len(evidence.labels)))
 
 
 def _raise_for(verdict: dict, localization, export_broken: bool, suggest_fallback: bool) -> None:
     if verdict["missing_required"]:
-        raise BackendUnavailable(report.missing_required_message(verdict["missing_required"]))
+        raise BackendUnavailable(verify_report.missing_required_message(verdict["missing_required"]))
     if verdict["failed"]:
-        raise CheckFailed(report.failure_message(verdict, localization, export_broken, suggest_fallback))
+        raise CheckFailed(verify_report.failure_message(verdict, localization, export_broken, suggest_fallback))
     if verdict["errors"]:
-        raise StageFailed(report.errors_message(verdict["errors"]))
+        raise StageFailed(verify_report.errors_message(verdict["errors"]))
     if verdict["inconclusive"] and not verdict["passed"]:
-        raise Inconclusive(report.inconclusive_message(verdict["inconclusive"]))
+        raise Inconclusive(verify_report.inconclusive_message(verdict["inconclusive"]))
 
 
 def _worst_batch(chk: Check, evidence: Evidence) -> dict:
@@ -368,12 +373,12 @@ def _precision_gate(graph: fallback.PrecisionGraph, cfg, run_dir: RunDir, card, 
                     auto_fallback: bool) -> tuple[dict | None, dict | None]:
     """A failing gating candidate of ``graph``: localise it, then (``--auto-fallback``) raise the precision of the
     offending nodes until the graph passes. Returns (localisation, fallback), each None when it did not run."""
-    failing = [c for c in checks if c.gates and c.status == "failed" and _runs(c, graph)]
+    failing = [c for c in checks if c.gates and c.status == Status.FAILED and _runs(c, graph)]
     if not failing:
         return None, None
-    if graph.precision == "int8" and any(c.name == "int8_exact" and c.status == "passed" for c in checks):
+    if graph.precision == "int8" and any(c.name == "int8_exact" and c.status == Status.PASSED for c in checks):
         for chk in failing:  # the Q/DQ graph itself is sound: a runtime's kernels compute it differently
-            chk.result["hint"] = report.INT8_KERNELS_HINT
+            chk.result["hint"] = verify_report.INT8_KERNELS_HINT
         return None, None
     model = ctx.int8_model if graph.precision == "int8" else ctx.fp16_model
     loc = _localize(cfg, graph, fp32_model, model, evidence, failing[0], run_dir) if cfg.verify.localize else None
@@ -397,8 +402,8 @@ def _precision_gate(graph: fallback.PrecisionGraph, cfg, run_dir: RunDir, card, 
 
 def _remake(graph: fallback.PrecisionGraph, cfg, run_dir: RunDir, card, raised: fallback.Raised, out_name: str):
     if graph.precision == "int8":
-        return export.quantize_int8(cfg, run_dir, card, raised.out_of_int8, out_name=out_name, fp32_nodes=raised.fp32)
-    return export.convert_fp16(cfg, run_dir, card, raised.fp32, out_name=out_name)
+        return convert.quantize_int8(cfg, run_dir, card, raised.out_of_int8, out_name=out_name, fp32_nodes=raised.fp32)
+    return convert.convert_fp16(cfg, run_dir, card, raised.fp32, out_name=out_name)
 
 
 def _legacy_keys(graph: fallback.PrecisionGraph, result: dict) -> dict:
@@ -416,11 +421,11 @@ def _recheck_round(graph: fallback.PrecisionGraph, cfg, ctx: Context, evidence: 
     rechecked = plan(cfg, sub, [b for b in backends.candidates() if b.artifact == graph.artifact])
     for chk in rechecked:
         check(chk, cfg, sub, evidence)
-    fine = {"passed", "skipped"} | ({"inconclusive"} if cfg.verify.inconclusive == "pass" else set())
+    fine = {Status.PASSED, Status.SKIPPED} | ({Status.INCONCLUSIVE} if cfg.verify.inconclusive == "pass" else set())
     gating = [c for c in rechecked if c.gates]
     passed = all(c.status in fine for c in gating) and any(c.status in JUDGED for c in gating)
-    failing = next((c for c in gating if c.status == "failed"), None)
-    note = "" if passed or failing else report.fallback_errors(rechecked)
+    failing = next((c for c in gating if c.status == Status.FAILED), None)
+    note = "" if passed or failing else verify_report.fallback_errors(rechecked)
     return fallback.Round({c.name: c.status for c in rechecked}, passed, failing, note, rechecked)
 
 
@@ -428,12 +433,12 @@ def _commit(graph: fallback.PrecisionGraph, checks: list[Check], rechecked: list
     """The passing round's results replace the candidates' of the old file; what was made from the old file
     (an engine, an OpenVINO IR) is stale until build re-makes it."""
     by_name = {c.name: c for c in rechecked}
-    stale = report.STALE_INT8_ENGINE if graph.precision == "int8" else report.STALE_ENGINE
+    stale = verify_report.STALE_INT8_ENGINE if graph.precision == "int8" else verify_report.STALE_ENGINE
     for chk in checks:
         if chk.name in by_name:
             chk.result = {**by_name[chk.name].result, "after_fallback": True}
-        elif _runs(chk, graph) and chk.status != "skipped":
-            chk.result = {"status": "skipped", "reason": stale, "after_fallback": True,
+        elif _runs(chk, graph) and chk.status != Status.SKIPPED:
+            chk.result = {"status": Status.SKIPPED, "reason": stale, "after_fallback": True,
                           "tolerance": chk.result.get("tolerance")}
 
 
@@ -445,13 +450,13 @@ def _localize(cfg, graph: fallback.PrecisionGraph, fp32_model, model, evidence: 
     feed = _worst_batch(chk, evidence)
     result = None
     if graph.precision == "int8":
-        result = int8.localize(fp32_model, model, feed, rule, cfg.verify.localize_top)
+        result = localize.localize_int8(fp32_model, model, feed, rule, cfg.verify.localize_top)
     elif chk.artifact == backends.ENGINE and run_dir is not None:
         result = _localize_engine(cfg, fp32_model, run_dir, feed, rule, evidence)
     if result is None:
         result = localize.localize_emulation(fp32_model, model, feed, rule, cfg.verify.localize_top)
     result["candidate"] = chk.name
-    report.log_localization(result)
+    verify_report.log_localization(result)
     return result
 
 
@@ -467,15 +472,15 @@ def _localization_rule(chk: Check) -> criteria.TensorRule:
 
 
 def _localize_engine(cfg, fp32_model, run_dir: RunDir, feed: dict, rule, evidence: Evidence) -> dict | None:
-    from pipeline import build
+    from pipeline.runtime import tensorrt_engine
 
     spec_input = next(iter(feed))
     try:
-        shapes = build.profile_shapes(cfg, list(feed[spec_input].shape[1:]))
-        cache = build.timing_cache_path(cfg, run_dir)
-        return localize.localize_tensorrt(fp32_model, run_dir.file(export.FP16_ONNX), feed, rule,
+        shapes = tensorrt_engine.profile_shapes(cfg, list(feed[spec_input].shape[1:]))
+        cache = tensorrt_engine.timing_cache_path(cfg, run_dir)
+        return localize.localize_tensorrt(fp32_model, run_dir.file(FP16_ONNX), feed, rule,
                                           cfg.verify.localize_top, spec_input, shapes, build_cfg=cfg.build,
                                           timing_cache=cache)
     except Exception as exc:  # fall back to the emulation, and say so
-        log.warning(report.TENSORRT_LOCALIZE_FAILED, exc)
+        log.warning(verify_report.TENSORRT_LOCALIZE_FAILED, exc)
         return None

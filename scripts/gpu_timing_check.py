@@ -60,14 +60,14 @@ print(json.dumps({**loaded, "libcudart": paths}))
 
 
 def method():
-    from pipeline.runners import Method
+    from pipeline.runtime.runners import Method
 
     return Method(**TINY_METHOD)
 
 
 def p50(run_once) -> float:
-    """The median of the benchmark's own timing loop (:func:`pipeline.runners.measure`) over ``run_once``."""
-    from pipeline.runners import measure
+    """The median of the benchmark's own timing loop (:func:`pipeline.runtime.runners.measure`) over ``run_once``."""
+    from pipeline.runtime.runners import measure
 
     samples = sorted(measure(run_once, method())["samples"])
     return samples[len(samples) // 2]
@@ -98,7 +98,9 @@ def torch_section(batch: int = 8, size: int = 224) -> dict:
     """PyTorch ResNet-18 (random weights) on CUDA: the benchmark's CUDA-graph timer against events around replays."""
     import torch
 
-    from pipeline import config, modeling, runners
+    from pipeline import config
+    from pipeline.core import modeling
+    from pipeline.runtime import runners
 
     cfg = config.resolve(overrides=["model.name=resnet18", f"data.image_size={size}"])
     model, _ = modeling.build(cfg, 10, size)
@@ -134,13 +136,14 @@ def tensorrt_section(run_dir: Path) -> dict:
     """The run's FP16 engine: TrtRunner's and the CUDA-graph timers, events around replays, trtexec, outputs."""
     import numpy as np
 
-    from pipeline import build, runners
-    from pipeline.run import RunDir
+    from pipeline.core import artifacts
+    from pipeline.core.run import RunDir
+    from pipeline.runtime import runners, tensorrt_engine
 
     import onnx
 
     run = RunDir(run_dir, create=False)
-    engine_bytes, sidecar = build.load_engine_bytes(run)
+    engine_bytes, sidecar = tensorrt_engine.load_engine_bytes(run)
     name = sidecar["profile"]["input"]
     out_name = onnx.load(str(run.file(sidecar["onnx"])), load_external_data=False).graph.output[0].name
     shape = [min(8, sidecar["profile"]["max"][0]), *sidecar["profile"]["min"][1:]]
@@ -158,7 +161,7 @@ def tensorrt_section(run_dir: Path) -> dict:
         graphed.host_latency()  # the replay's outputs, copied after the stream's synchronize
         replay_out = graphed.host_output.float().numpy()
         graphed.close()
-    return {"engine": f"{build.ENGINE}, batch {shape[0]}", "tensorrt": sidecar.get("tensorrt"),
+    return {"engine": f"{artifacts.ENGINE}, batch {shape[0]}", "tensorrt": sidecar.get("tensorrt"),
             "gpu_compute_ms": {"a_benchmark": bench_gpu, f"b_events_{REPLAYS}_replays": events,
                                "c_trtexec": trtexec_compute(run, name, shape), "trtrunner_enqueue_events": gpu},
             "replay_equals_trtrunner_max_abs": max_abs_diff(replay_out, _numpy(reference)),
@@ -170,21 +173,22 @@ def _numpy(value):
 
 
 def trtexec_compute(run, input_name: str, shape: list[int]) -> float | str:
-    from pipeline import build, trtexec
+    from pipeline.core import artifacts
+    from pipeline.runtime import trtexec
 
     exe = trtexec.find()
     if exe is None:
         return "not run: trtexec is not on PATH"
     out = run.file(trtexec.DIR)
     out.mkdir(parents=True, exist_ok=True)
-    result = trtexec.measure(exe, run.file(build.ENGINE), f"{input_name}:" + "x".join(map(str, shape)),
+    result = trtexec.measure(exe, run.file(artifacts.ENGINE), f"{input_name}:" + "x".join(map(str, shape)),
                              "GPU compute", out, "gpu_check", method(), shape[0])
     return result.get("p50", f"error: {result.get('error')}")
 
 
 def build_log_section(run_dir: Path) -> dict:
     """The run's TensorRT build log (a TF32-off build: build.tf32 defaults to false)."""
-    from pipeline.artifacts import build_log
+    from pipeline.core.artifacts import build_log
 
     path = run_dir / build_log("fp16")
     if not path.is_file():

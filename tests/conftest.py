@@ -74,7 +74,7 @@ def pytest_collection_modifyitems(config, items):
     gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not gpu_items:
         return
-    from pipeline import env
+    from pipeline.core import env
 
     ok, reason = env.cuda_status()
     if not ok:

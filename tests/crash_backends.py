@@ -11,7 +11,7 @@ import dataclasses
 import os
 import signal
 
-from pipeline import backends
+from pipeline.runtime import backends
 
 REAL = backends.by_name("onnxrt_fp16")
 

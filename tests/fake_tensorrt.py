@@ -14,7 +14,7 @@ as TensorRT does, so unchecked returns also show up as wrong results):
 * every address bound with ``set_tensor_address`` is a live device allocation when the engine runs, and
   stays the SAME allocation it was when bound (a buffer freed and its address reused counts as freed):
   device memory is either Polygraphy's (its ``cuda.wrapper()`` is replaced by :class:`FakeCudart`, host
-  memory standing in for device memory) or the pipeline's torch tensors (``pipeline.runners.DEVICE_MEMORY``
+  memory standing in for device memory) or the pipeline's torch tensors (``pipeline.runtime.runners.DEVICE_MEMORY``
   is replaced by :class:`FakeDeviceMemory`, CPU tensors tracked by weak reference);
 * CUDA graphs: ``torch.cuda.graph`` must be called with ``capture_error_mode="thread_local"``; an enqueue during
   a capture needs an earlier enqueue of the same context (TensorRT's warm-up) and is recorded with the shapes
@@ -170,7 +170,7 @@ def _virtual_tensor_class():
 
 
 class FakeDeviceMemory:
-    """``pipeline.runners.DEVICE_MEMORY`` on the virtual device: "device" tensors are CPU tensors tracked by weak
+    """``pipeline.runtime.runners.DEVICE_MEMORY`` on the virtual device: "device" tensors are CPU tensors tracked by weak
     reference (their ``copy_`` is a virtual copy), "pinned" ones are CPU tensors the device knows are page-locked."""
 
     device = "cpu"
@@ -813,13 +813,14 @@ def serialize(onnx_bytes: bytes, profile: dict, **header) -> bytes:
 
 def install(monkeypatch, *, gpu_name: str = "Fake GPU (tests/fake_tensorrt.py)") -> FakeTensorRT:
     """Put the fake in place for this test: ``import tensorrt``, Polygraphy's CUDA wrapper, the runner's device
-    memory and torch's CUDA stream/event/graph calls, and a GPU for :mod:`pipeline.env`."""
+    memory and torch's CUDA stream/event/graph calls, and a GPU for :mod:`pipeline.core.env`."""
     import sys
 
     import torch
     from polygraphy import cuda as pcuda
 
-    from pipeline import env, runners
+    from pipeline.core import env
+    from pipeline.runtime import runners
 
     fake = FakeTensorRT()
     FAKE[:] = [fake]
@@ -856,7 +857,7 @@ def install_virtual_cuda(monkeypatch, fake: FakeTensorRT, gpu_name: str) -> vc.D
     from polygraphy.backend.trt import runner as polygraphy_runner
     from polygraphy.util import array
 
-    from pipeline import runners
+    from pipeline.runtime import runners
 
     device = vc.Device()
     vc.DEVICE[:] = [device]

@@ -9,10 +9,11 @@ import pytest
 from polygraphy import config as polygraphy_config
 
 from conftest import TINY
-from pipeline import backends, config, stages
-from pipeline.errors import CheckFailed
-from pipeline.run import RunDir, sha256_file
-from pipeline.runners import OrtRunner, ReferenceRunner, TorchRunner
+from pipeline import config, stages
+from pipeline.runtime import backends, tensorrt_engine
+from pipeline.core.errors import CheckFailed
+from pipeline.core.run import RunDir, sha256_file
+from pipeline.runtime.runners import OrtRunner, ReferenceRunner, TorchRunner
 
 
 class Offset:
@@ -37,8 +38,9 @@ def _offset_runner(ctx):
                        output_name=ctx.spec["output_name"], input_shape=tuple(ctx.spec["input_size"]))
 
 
-DUMMY = backends.Backend("torch_offset", "fp32", "cpu", None, "PyTorch FP32 with every logit shifted by 0.5",
-                         lambda ctx: "", _offset_runner, candidate="torch_offset")
+DUMMY = backends.Backend("torch_offset", precision="fp32", device="cpu", artifact=None,
+                         label="PyTorch FP32 with every logit shifted by 0.5", unavailable=lambda ctx: "",
+                         make=_offset_runner, candidate="torch_offset")
 
 
 def test_one_entry_adds_a_backend_to_verify_and_benchmark(clone_run, monkeypatch):
@@ -66,8 +68,11 @@ def test_table_names_match_the_config():
     assert len({b.name for b in backends.TABLE}) == len(backends.TABLE)
     sections = set(config.CandidatesConfig.model_fields)
     assert {b.candidate for b in backends.candidates()} == sections
-    timed = {b.name for b in backends.TABLE if b.benchmark}
+    timed = {b.name for b in backends.TABLE if b.benchmark != "no"}
     assert timed == set(typing.get_args(config.BenchBackend))
+    default = config.BenchmarkConfig().backends  # derived from the table, in its order
+    assert default == [b.name for b in backends.TABLE if b.benchmark == "default"] and "torch_compile" not in default
+    assert {b.benchmark for b in backends.TABLE} == {"default", "opt-in", "no"}
 
 
 def test_verify_candidates_keep_their_order_and_names():
@@ -144,7 +149,7 @@ def test_disabled_entry_is_skipped_before_it_is_checked_for_availability(tmp_pat
 
 
 def test_read_verdicts(tmp_path):
-    from pipeline.verify_report import read_verdicts
+    from pipeline.reports.verify_report import read_verdicts
 
     run = RunDir(tmp_path)
     assert read_verdicts(run) is None
@@ -164,7 +169,7 @@ def test_read_verdicts(tmp_path):
 
 
 # --------------------------------------------------------------------------- TensorRT, one entry per engine
-# TensorRT is not installed here: build.availability is replaced to reach the checks behind it; no engine runs.
+# TensorRT is not installed here: tensorrt_engine.availability is replaced to reach the checks behind it; no engine runs.
 
 
 def test_tensorrt_int8_entry():
@@ -181,13 +186,12 @@ def int8_context(tmp_path, *overrides):
 
 
 def test_tensorrt_int8_unavailable_reasons(tmp_path, monkeypatch):
-    from pipeline import build
-    from pipeline.errors import InputError
+    from pipeline.core.errors import InputError
 
     check = backends.by_name("tensorrt_int8").unavailable
-    monkeypatch.setattr(build, "availability", lambda: (False, "TensorRT is not installed (simulated)"))
+    monkeypatch.setattr(tensorrt_engine, "availability", lambda: (False, "TensorRT is not installed (simulated)"))
     assert check(int8_context(tmp_path)) == "TensorRT is not installed (simulated)"
-    monkeypatch.setattr(build, "availability", lambda: (True, ""))
+    monkeypatch.setattr(tensorrt_engine, "availability", lambda: (True, ""))
     assert check(int8_context(tmp_path, "build.precisions=[fp16]")) == "build.precisions does not include int8"
     ctx = int8_context(tmp_path)
     with pytest.raises(InputError, match="model.int8.engine.*build"):  # TensorRT runs here: build writes it
@@ -205,18 +209,19 @@ def test_tensorrt_int8_unavailable_reasons(tmp_path, monkeypatch):
 def test_tensorrt_int8_runner_loads_its_own_checked_engine(tmp_path, monkeypatch):
     import hashlib
 
-    from pipeline import build, env, runners
-    from pipeline.errors import InputError
+    from pipeline.core import env
+    from pipeline.runtime import runners
+    from pipeline.core.errors import InputError
 
     platform = {"tensorrt": "11.4.0", "gpu": "NVIDIA H200", "compute_capability": "9.0"}
-    monkeypatch.setattr(build, "current_platform", lambda: dict(platform))
+    monkeypatch.setattr(tensorrt_engine, "current_platform", lambda: dict(platform))
     monkeypatch.setattr(runners, "TensorrtRunner", lambda data, sidecar, **kw: (data, sidecar, kw))
     exposed = []
     monkeypatch.setattr(env, "expose_libcudart", lambda: exposed.append(1))
     (tmp_path / "model.int8.onnx").write_bytes(b"q/dq graph")
     (tmp_path / "model.int8.engine").write_bytes(b"int8 engine")
     sha = hashlib.sha256(b"int8 engine").hexdigest()
-    sidecar = {"schema": build.SIDECAR_SCHEMA, "built_by": "pipeline 0.1.0", "engine": "model.int8.engine",
+    sidecar = {"schema": tensorrt_engine.SIDECAR_SCHEMA, "built_by": "pipeline 0.1.0", "engine": "model.int8.engine",
                "sha256": sha, "onnx": "model.int8.onnx", "onnx_sha256": sha256_file(tmp_path / "model.int8.onnx"),
                "precision": "int8 (strongly typed from model.int8.onnx)", "profile": {}, **platform}
     (tmp_path / "model.int8.engine.json").write_text(json.dumps(sidecar))

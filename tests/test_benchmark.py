@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 
 from pipeline import benchmark
+from pipeline.runtime import timing
 
 
 def test_summary_statistics_of_a_known_series():
     series = list(range(1, 101))  # 1..100 ms
-    s = benchmark.summarize(series, batch_size=4)
+    s = timing.summarize(series, batch_size=4)
     assert s["mean"] == pytest.approx(50.5)
     assert s["p50"] == pytest.approx(50.5)
     assert s["p90"] == pytest.approx(90.1)  # linear interpolation: 1 + 0.90 * 99
@@ -24,13 +25,13 @@ def test_summary_statistics_of_a_known_series():
 
 
 def test_constant_series_has_zero_spread():
-    s = benchmark.summarize([2.0] * 10, batch_size=1)
+    s = timing.summarize([2.0] * 10, batch_size=1)
     assert s["std"] == 0 and s["cv"] == 0 and s["p99"] == 2.0 and s["throughput"] == pytest.approx(500.0)
 
 
 def test_empty_series_is_an_error():
     with pytest.raises(ValueError):
-        benchmark.summarize([], 1)
+        timing.summarize([], 1)
 
 
 def test_measure_honours_iterations_duration_trials_and_warmup():
@@ -115,7 +116,7 @@ class _FailsAtBatch:
         return ""
 
     def measurements(self, feed, method):
-        from pipeline.runners import Timed
+        from pipeline.runtime.runners import Timed
 
         return Timed.measurements(self, feed, method)
 
@@ -136,12 +137,14 @@ class _FailsAtBatch:
 
 @pytest.mark.parametrize("where", ["timers", "timer"])
 def test_a_failing_measurement_is_an_error_row_and_the_rest_go_on(where):
-    from pipeline import backends, config
-    from pipeline.backends import Backend, Context
+    from pipeline import config
+    from pipeline.runtime import backends
+    from pipeline.runtime.backends import Backend, Context
 
     cfg = config.resolve(overrides=["benchmark.batch_sizes=[1,4,8]"])
     runner = _FailsAtBatch(4, where)
-    backend = Backend("fails_at_4", "fp32", "cpu", None, "test", lambda ctx: "", lambda ctx: runner)
+    backend = Backend("fails_at_4", precision="fp32", device="cpu", artifact=None, label="test",
+                      unavailable=lambda ctx: "", make=lambda ctx: runner)
     ctx = Context(cfg, None, "benchmark", {"input_name": "x"})
     images = np.zeros((2, 3, 4, 4), np.float32)
     rows, skipped = benchmark.time_backend(backend, ctx, images, benchmark.Method(0.0, 3, 0.0, 1, 0.5), "n/a")

@@ -4,8 +4,9 @@ import json
 
 import pytest
 
+from pipeline.runtime import tensorrt_engine
 from pipeline import build, config
-from pipeline.run import RunDir
+from pipeline.core.run import RunDir
 
 
 def pieces_for(tmp_path, **build_overrides):
@@ -13,11 +14,11 @@ def pieces_for(tmp_path, **build_overrides):
     cfg = config.resolve(overrides=[f"build.{k}={v}" for k, v in build_overrides.items()] + ["verify.batch_size=8"])
     onnx_path = tmp_path / "model.fp16.onnx"
     onnx_path.write_bytes(b"not parsed until the loader is called")
-    shapes = build.profile_shapes(cfg, [3, 32, 32])
-    network = build.network_loader(onnx_path)
-    builder_config = build.config_loader(input_name="input", shapes=shapes, build_cfg=cfg.build,
+    shapes = tensorrt_engine.profile_shapes(cfg, [3, 32, 32])
+    network = tensorrt_engine.network_loader(onnx_path)
+    builder_config = tensorrt_engine.config_loader(input_name="input", shapes=shapes, build_cfg=cfg.build,
                                          timing_cache=tmp_path / "trt_timing.cache")
-    loader = build.engine_loader(onnx_path, input_name="input", shapes=shapes, build_cfg=cfg.build,
+    loader = tensorrt_engine.engine_loader(onnx_path, input_name="input", shapes=shapes, build_cfg=cfg.build,
                                  timing_cache=tmp_path / "trt_timing.cache")
     return network, builder_config, loader
 
@@ -40,10 +41,10 @@ def test_loader_chain_is_strongly_typed_with_profile_and_no_precision_flags(tmp_
 
 def test_engine_loader_is_built_from_the_public_pieces(tmp_path, monkeypatch):
     seen = {}
-    monkeypatch.setattr(build, "network_loader", lambda path: seen.setdefault("network", path))
-    monkeypatch.setattr(build, "config_loader", lambda **kw: seen.setdefault("config", kw))
+    monkeypatch.setattr(tensorrt_engine, "network_loader", lambda path: seen.setdefault("network", path))
+    monkeypatch.setattr(tensorrt_engine, "config_loader", lambda **kw: seen.setdefault("config", kw))
     cfg = config.resolve()
-    build.engine_loader(tmp_path / "m.onnx", input_name="x", shapes=build.profile_shapes(cfg, [3, 8, 8]),
+    tensorrt_engine.engine_loader(tmp_path / "m.onnx", input_name="x", shapes=tensorrt_engine.profile_shapes(cfg, [3, 8, 8]),
                         build_cfg=cfg.build, timing_cache=None)
     assert seen["network"] == tmp_path / "m.onnx" and seen["config"]["input_name"] == "x"
 
@@ -56,38 +57,38 @@ def test_tf32_is_configurable(tmp_path):
 def test_timing_cache_is_keyed_by_tensorrt_version_and_compute_capability(tmp_path, monkeypatch):
     cfg = config.resolve()
     run = RunDir(tmp_path / "runs" / "m")
-    monkeypatch.setattr(build, "current_platform", lambda: dict(PLATFORM))
-    assert build.timing_cache_path(cfg, run) == tmp_path / "runs" / "trt_timing.11.4.0.sm90.cache"
+    monkeypatch.setattr(tensorrt_engine, "current_platform", lambda: dict(PLATFORM))
+    assert tensorrt_engine.timing_cache_path(cfg, run) == tmp_path / "runs" / "trt_timing.11.4.0.sm90.cache"
     other_gpu = {**PLATFORM, "gpu": "NVIDIA A100-SXM4-80GB", "compute_capability": "8.0"}
     other_trt = {**PLATFORM, "tensorrt": "10.13.0"}
-    paths = {build.timing_cache_path(cfg, run, p) for p in (PLATFORM, other_gpu, other_trt)}
+    paths = {tensorrt_engine.timing_cache_path(cfg, run, p) for p in (PLATFORM, other_gpu, other_trt)}
     assert len(paths) == 3 and all(p.parent == tmp_path / "runs" for p in paths)
-    assert build.timing_cache_path(cfg, run, other_gpu).name == "trt_timing.11.4.0.sm80.cache"
+    assert tensorrt_engine.timing_cache_path(cfg, run, other_gpu).name == "trt_timing.11.4.0.sm80.cache"
 
 
 def test_a_given_timing_cache_wins(tmp_path, monkeypatch):
-    monkeypatch.setattr(build, "current_platform", lambda: dict(PLATFORM))
+    monkeypatch.setattr(tensorrt_engine, "current_platform", lambda: dict(PLATFORM))
     cfg = config.resolve(overrides=[f"build.timing_cache={tmp_path / 'mine.cache'}"])
-    assert build.timing_cache_path(cfg, RunDir(tmp_path / "runs" / "m")) == tmp_path / "mine.cache"
+    assert tensorrt_engine.timing_cache_path(cfg, RunDir(tmp_path / "runs" / "m")) == tmp_path / "mine.cache"
 
 
 def test_build_skips_with_reason_without_tensorrt(clone_run):
     from conftest import cli
 
-    ok, reason = build.availability()
+    ok, reason = tensorrt_engine.availability()
     if ok:
         pytest.skip("this machine can build engines")
     run = clone_run()
     assert cli("build", "--run-dir", run) == 0
     entry = json.loads((run / "manifest.json").read_text())["stages"]["build"]
     assert entry["status"] == "skipped" and entry["reason"] == reason
-    assert not (run / build.ENGINE).exists()
+    assert not (run / tensorrt_engine.ENGINE).exists()
 
 
 def test_require_tensorrt_fails_with_exit_3(clone_run, capsys):
     from conftest import cli
 
-    if build.availability()[0]:
+    if tensorrt_engine.availability()[0]:
         pytest.skip("TensorRT is available here")
     run = clone_run()
     assert cli("build", "--run-dir", run, "--require", "tensorrt") == 3
@@ -100,19 +101,19 @@ PLATFORM = {"tensorrt": "11.4.0", "gpu": "NVIDIA H200", "compute_capability": "9
 def fake_engine(tmp_path, **sidecar_changes):
     import hashlib
 
-    engine = tmp_path / build.ENGINE
+    engine = tmp_path / tensorrt_engine.ENGINE
     engine.write_bytes(b"serialized engine bytes")
-    sidecar = {"schema": build.SIDECAR_SCHEMA, "built_by": "pipeline 0.1.0", "engine": build.ENGINE,
+    sidecar = {"schema": tensorrt_engine.SIDECAR_SCHEMA, "built_by": "pipeline 0.1.0", "engine": tensorrt_engine.ENGINE,
                "sha256": hashlib.sha256(engine.read_bytes()).hexdigest(), **PLATFORM, **sidecar_changes}
-    (tmp_path / build.SIDECAR).write_text(json.dumps(sidecar))
+    (tmp_path / tensorrt_engine.SIDECAR).write_text(json.dumps(sidecar))
     run = RunDir(tmp_path)  # as the build stage records it: only recorded engines are loaded
-    run.manifest["stages"]["build"] = {"status": "ok", "artifacts": {build.ENGINE: {
+    run.manifest["stages"]["build"] = {"status": "ok", "artifacts": {tensorrt_engine.ENGINE: {
         "sha256": hashlib.sha256(engine.read_bytes()).hexdigest(), "bytes": engine.stat().st_size}}}
     return run
 
 
 def test_engine_with_matching_sidecar_loads(tmp_path):
-    data, sidecar = build.load_engine_bytes(fake_engine(tmp_path), platform=PLATFORM)
+    data, sidecar = tensorrt_engine.load_engine_bytes(fake_engine(tmp_path), platform=PLATFORM)
     assert data == b"serialized engine bytes" and sidecar["gpu"] == "NVIDIA H200"
 
 
@@ -125,43 +126,43 @@ def test_engine_with_matching_sidecar_loads(tmp_path):
     ({"schema": "other/1"}, "not a pipeline engine sidecar"),
 ])
 def test_engine_refused_when_sidecar_does_not_match(tmp_path, change, message):
-    from pipeline.errors import InputError
+    from pipeline.core.errors import InputError
 
     run = fake_engine(tmp_path, **change)
     with pytest.raises(InputError, match=message) as err:
-        build.load_engine_bytes(run, platform=PLATFORM)
+        tensorrt_engine.load_engine_bytes(run, platform=PLATFORM)
     assert "rebuild" in str(err.value)
 
 
 def test_tampered_engine_bytes_refused(tmp_path):
-    from pipeline.errors import InputError
+    from pipeline.core.errors import InputError
 
     run = fake_engine(tmp_path)
-    (tmp_path / build.ENGINE).write_bytes(b"serialized engine bytes, with a payload appended")
+    (tmp_path / tensorrt_engine.ENGINE).write_bytes(b"serialized engine bytes, with a payload appended")
     with pytest.raises(InputError, match="changed after the build"):
-        build.load_engine_bytes(run, platform=PLATFORM)
+        tensorrt_engine.load_engine_bytes(run, platform=PLATFORM)
 
 
 def test_engine_without_sidecar_refused(tmp_path):
-    from pipeline.errors import InputError
+    from pipeline.core.errors import InputError
 
     run = fake_engine(tmp_path)
-    (tmp_path / build.SIDECAR).unlink()
+    (tmp_path / tensorrt_engine.SIDECAR).unlink()
     with pytest.raises(InputError, match="executable code"):
-        build.load_engine_bytes(run, platform=PLATFORM)
+        tensorrt_engine.load_engine_bytes(run, platform=PLATFORM)
 
 
 @pytest.mark.gpu
 def test_engine_build_on_gpu(clone_run):
     """GPU + TensorRT: a real strongly typed engine, its sidecar, and verify with TensorRT required."""
-    ok, reason = build.availability()
+    ok, reason = tensorrt_engine.availability()
     if not ok:
         pytest.skip(reason)
     from conftest import cli
 
     run = clone_run()
     assert cli("build", "--run-dir", run, "--require", "tensorrt") == 0
-    sidecar = json.loads((run / build.SIDECAR).read_text())
+    sidecar = json.loads((run / tensorrt_engine.SIDECAR).read_text())
     assert sidecar["flags"]["strongly_typed"] is True and sidecar["flags"]["precision_flags"] == []
     assert cli("verify", "--run-dir", run, "--require", "tensorrt") == 0
     report = json.loads((run / "verify.json").read_text())
@@ -182,14 +183,14 @@ def fake_trt(monkeypatch):
         built.append(onnx_path.name)
         return lambda: b"engine from " + onnx_path.read_bytes()[:16]
 
-    monkeypatch.setattr(build, "availability", lambda: (True, ""))
-    monkeypatch.setattr(build, "current_platform", lambda: dict(PLATFORM))
-    monkeypatch.setattr(build, "engine_loader", engine_loader)
+    monkeypatch.setattr(tensorrt_engine, "availability", lambda: (True, ""))
+    monkeypatch.setattr(tensorrt_engine, "current_platform", lambda: dict(PLATFORM))
+    monkeypatch.setattr(tensorrt_engine, "engine_loader", engine_loader)
     return built
 
 
 def with_int8_onnx(run):
-    (run / build.INT8_ONNX).write_bytes(b"a Q/DQ graph, not parsed by the recorder")
+    (run / tensorrt_engine.INT8_ONNX).write_bytes(b"a Q/DQ graph, not parsed by the recorder")
     return run
 
 
@@ -202,17 +203,17 @@ def test_build_makes_one_engine_per_precision_from_its_graph(clone_run, fake_trt
 
     run = with_int8_onnx(clone_run())
     assert cli("build", "--run-dir", run, "--require", "tensorrt") == 0
-    assert fake_trt == [build.FP16_ONNX, build.INT8_ONNX]
+    assert fake_trt == [tensorrt_engine.FP16_ONNX, tensorrt_engine.INT8_ONNX]
     entry = build_entry(run)
     assert entry["status"] == "ok" and entry["details"]["skipped"] == {}
     engines = {name for name in entry["artifacts"] if not name.startswith("openvino/")}  # build writes the IR too
-    assert engines == {build.ENGINE, build.SIDECAR, build.INT8_ENGINE, build.INT8_ENGINE_SIDECAR}
+    assert engines == {tensorrt_engine.ENGINE, tensorrt_engine.SIDECAR, tensorrt_engine.INT8_ENGINE, tensorrt_engine.INT8_ENGINE_SIDECAR}
     engines = entry["details"]["engines"]
     assert engines["int8"]["precision"].startswith("int8 (strongly typed from model.int8.onnx")
     assert engines["fp16"]["precision"].startswith("fp16 (strongly typed from model.fp16.onnx")
-    for precision, engine, onnx_name in (("fp16", build.ENGINE, build.FP16_ONNX),
-                                         ("int8", build.INT8_ENGINE, build.INT8_ONNX)):
-        data, sidecar = build.load_engine_bytes(RunDir(run), platform=PLATFORM, engine=engine)
+    for precision, engine, onnx_name in (("fp16", tensorrt_engine.ENGINE, tensorrt_engine.FP16_ONNX),
+                                         ("int8", tensorrt_engine.INT8_ENGINE, tensorrt_engine.INT8_ONNX)):
+        data, sidecar = tensorrt_engine.load_engine_bytes(RunDir(run), platform=PLATFORM, engine=engine)
         assert data == b"engine from " + (run / onnx_name).read_bytes()[:16]
         assert sidecar["onnx"] == onnx_name and sidecar["precision"] == engines[precision]["precision"]
         assert sidecar["flags"] == {"strongly_typed": True, "precision_flags": [], "tf32": False,
@@ -231,12 +232,12 @@ def test_a_precision_without_its_graph_is_skipped_with_its_reason(clone_run, fak
     run = clone_run()
     if "build.precisions=[fp16]" in overrides:
         with_int8_onnx(run)
-    (run / build.INT8_ENGINE).write_bytes(b"an engine of an earlier build")  # stale: removed, never loaded
+    (run / tensorrt_engine.INT8_ENGINE).write_bytes(b"an engine of an earlier build")  # stale: removed, never loaded
     assert cli("build", "--run-dir", run, "--require", "tensorrt", *overrides) == 0
     entry = build_entry(run)
     assert entry["status"] == "ok" and entry["details"]["skipped"] == {"int8": reason}
-    assert set(entry["details"]["engines"]) == {"fp16"} and fake_trt == [build.FP16_ONNX]
-    assert not (run / build.INT8_ENGINE).exists() and not (run / build.INT8_ENGINE_SIDECAR).exists()
+    assert set(entry["details"]["engines"]) == {"fp16"} and fake_trt == [tensorrt_engine.FP16_ONNX]
+    assert not (run / tensorrt_engine.INT8_ENGINE).exists() and not (run / tensorrt_engine.INT8_ENGINE_SIDECAR).exists()
 
 
 def test_no_engine_to_build_is_a_skipped_stage(clone_run, fake_trt):
@@ -251,48 +252,48 @@ def test_no_engine_to_build_is_a_skipped_stage(clone_run, fake_trt):
 
 
 def test_int8_engine_has_the_same_trust_checks(clone_run, fake_trt):
-    from pipeline.errors import InputError
+    from pipeline.core.errors import InputError
     from conftest import cli
 
     run = with_int8_onnx(clone_run())
     assert cli("build", "--run-dir", run) == 0
     rd = RunDir(run)
     with pytest.raises(InputError, match="built for TensorRT version 11.4.0, but this machine has 10.13.0"):
-        build.load_engine_bytes(rd, platform={**PLATFORM, "tensorrt": "10.13.0"}, engine=build.INT8_ENGINE)
-    (run / build.INT8_ENGINE).write_bytes(b"engine from another graph")
+        tensorrt_engine.load_engine_bytes(rd, platform={**PLATFORM, "tensorrt": "10.13.0"}, engine=tensorrt_engine.INT8_ENGINE)
+    (run / tensorrt_engine.INT8_ENGINE).write_bytes(b"engine from another graph")
     with pytest.raises(InputError, match="changed after the build"):
-        build.load_engine_bytes(rd, platform=PLATFORM, engine=build.INT8_ENGINE)
+        tensorrt_engine.load_engine_bytes(rd, platform=PLATFORM, engine=tensorrt_engine.INT8_ENGINE)
     # The FP16 engine and sidecar put in the INT8 engine's place: the sidecar names another engine.
-    for src, dst in ((build.ENGINE, build.INT8_ENGINE), (build.SIDECAR, build.INT8_ENGINE_SIDECAR)):
+    for src, dst in ((tensorrt_engine.ENGINE, tensorrt_engine.INT8_ENGINE), (tensorrt_engine.SIDECAR, tensorrt_engine.INT8_ENGINE_SIDECAR)):
         (run / dst).write_bytes((run / src).read_bytes())
     with pytest.raises(InputError, match="describes model.fp16.engine, not model.int8.engine"):
-        build.load_engine_bytes(rd, platform=PLATFORM, engine=build.INT8_ENGINE)
-    (run / build.INT8_ENGINE_SIDECAR).unlink()
+        tensorrt_engine.load_engine_bytes(rd, platform=PLATFORM, engine=tensorrt_engine.INT8_ENGINE)
+    (run / tensorrt_engine.INT8_ENGINE_SIDECAR).unlink()
     with pytest.raises(InputError, match="has no sidecar model.int8.engine.json"):
-        build.load_engine_bytes(rd, platform=PLATFORM, engine=build.INT8_ENGINE)
+        tensorrt_engine.load_engine_bytes(rd, platform=PLATFORM, engine=tensorrt_engine.INT8_ENGINE)
 
 
 def test_an_int8_engine_the_build_did_not_record_is_refused(tmp_path):
-    from pipeline.errors import InputError
+    from pipeline.core.errors import InputError
 
     run = fake_engine(tmp_path)  # records only model.fp16.engine
-    (tmp_path / build.INT8_ENGINE).write_bytes((tmp_path / build.ENGINE).read_bytes())
-    sidecar = json.loads((tmp_path / build.SIDECAR).read_text())
-    (tmp_path / build.INT8_ENGINE_SIDECAR).write_text(json.dumps({**sidecar, "engine": build.INT8_ENGINE}))
+    (tmp_path / tensorrt_engine.INT8_ENGINE).write_bytes((tmp_path / tensorrt_engine.ENGINE).read_bytes())
+    sidecar = json.loads((tmp_path / tensorrt_engine.SIDECAR).read_text())
+    (tmp_path / tensorrt_engine.INT8_ENGINE_SIDECAR).write_text(json.dumps({**sidecar, "engine": tensorrt_engine.INT8_ENGINE}))
     with pytest.raises(InputError, match="not the engine the build stage recorded"):
-        build.load_engine_bytes(run, platform=PLATFORM, engine=build.INT8_ENGINE)
+        tensorrt_engine.load_engine_bytes(run, platform=PLATFORM, engine=tensorrt_engine.INT8_ENGINE)
 
 
 def test_unavailable_tensorrt_skips_every_precision_and_removes_stale_engines(clone_run, monkeypatch):
     from conftest import cli
 
-    monkeypatch.setattr(build, "availability", lambda: (False, "TensorRT is not installed (test)"))
+    monkeypatch.setattr(tensorrt_engine, "availability", lambda: (False, "TensorRT is not installed (test)"))
     run = with_int8_onnx(clone_run())
-    (run / build.INT8_ENGINE).write_bytes(b"stale")
-    (run / build.INT8_ENGINE_SIDECAR).write_text("{}")
+    (run / tensorrt_engine.INT8_ENGINE).write_bytes(b"stale")
+    (run / tensorrt_engine.INT8_ENGINE_SIDECAR).write_text("{}")
     assert cli("build", "--run-dir", run) == 0
     assert build_entry(run)["reason"] == "TensorRT is not installed (test)"
-    assert not (run / build.INT8_ENGINE).exists() and not (run / build.INT8_ENGINE_SIDECAR).exists()
+    assert not (run / tensorrt_engine.INT8_ENGINE).exists() and not (run / tensorrt_engine.INT8_ENGINE_SIDECAR).exists()
     assert cli("build", "--run-dir", run, "--require", "tensorrt") == 3
 
 
@@ -301,7 +302,7 @@ def test_fp16_graph_missing_while_fp16_export_is_on_is_run_export_first(clone_ru
     from conftest import cli
 
     run = clone_run()
-    (run / build.FP16_ONNX).unlink()
+    (run / tensorrt_engine.FP16_ONNX).unlink()
     assert cli("build", "--run-dir", run) == 2
     assert "build needs model.fp16.onnx" in capsys.readouterr().err and fake_trt == []
     assert cli("build", "--run-dir", run, "export.fp16.enabled=false") == 0

@@ -7,6 +7,7 @@ import sys
 import pytest
 from conftest import ROOT, TINY, cli, run_cli
 
+from pipeline.runtime import tensorrt_engine
 from pipeline.stages import ORDER
 
 HEAVY = ("torch", "onnx", "onnxruntime", "tensorrt", "polygraphy", "modelopt", "numpy", "matplotlib")
@@ -21,8 +22,9 @@ class Block:
         if name.split('.')[0] in {HEAVY!r}:
             raise ImportError('blocked: ' + name)
 sys.meta_path.insert(0, Block())
-from pipeline.cli import main, build_parser, STAGE_HELP
-for args in [['--help']] + [[c, '--help'] for c in ['all', *STAGE_HELP, 'report', 'bench-train', 'models', 'config']]:
+from pipeline.cli import main, build_parser
+from pipeline.stages import STAGES
+for args in [['--help']] + [[c, '--help'] for c in ['all', *STAGES, 'report', 'bench-train', 'models', 'config']]:
     try:
         main(args)
     except SystemExit as e:
@@ -148,9 +150,8 @@ def test_force_reruns_named_stages(clone_run):
 
 def test_unmet_requirement_does_not_make_the_next_all_redo_work(clone_run, capsys):
     """`build --require tensorrt` exits 3 here; it ran nothing, so the next unchanged `all` skips every stage."""
-    from pipeline import build
 
-    if build.availability()[0]:
+    if tensorrt_engine.availability()[0]:
         pytest.skip("TensorRT is available here, so the requirement is met")
     run = clone_run()
     before = run_ids(run)

@@ -3,7 +3,7 @@
 import pytest
 
 from pipeline import config
-from pipeline.errors import ConfigError
+from pipeline.core.errors import ConfigError
 
 
 def problems(**kwargs):

@@ -14,8 +14,8 @@ from pydantic import BaseModel
 
 from pipeline import config
 from pipeline.stages import summary
-from pipeline.errors import EXIT_RUNTIME, EXIT_USAGE, ConfigError, StageFailed, disk_full
-from pipeline.run import RunDir
+from pipeline.core.errors import EXIT_RUNTIME, EXIT_USAGE, ConfigError, StageFailed, disk_full
+from pipeline.core.run import RunDir
 
 DEEP = 5000
 
@@ -128,8 +128,8 @@ def test_seed_range_is_what_numpy_and_torch_take(key):
 
 
 def test_the_largest_seed_works_where_the_code_uses_it():
-    from pipeline import data
-    from pipeline.train import batch_generator, seed_everything
+    from pipeline.core import data
+    from pipeline.training.rng import batch_generator, seed_everything
 
     top = 2**32 - 1
     seed_everything(top, deterministic=False)
@@ -182,12 +182,12 @@ def test_full_disk_while_logging_metrics_is_one_line_and_the_summary_says_train_
                                                                                      monkeypatch):
     """metrics.jsonl is appended to, not written through the atomic writer: a full disk there was a bare
     ``OSError: [Errno 28]``, and the summary read "best val acc 0.0% after None epochs"."""
-    from pipeline import train
+    from pipeline.training import metrics
 
     def full(self, record):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(train.MetricsLog, "write", full)
+    monkeypatch.setattr(metrics.MetricsLog, "write", full)
     run = tmp_path / "run"
     code, out, err = run_main(capsys, "all", "--model", "tiny_cnn", "--run-dir", run, *TINY)
     assert code == EXIT_RUNTIME

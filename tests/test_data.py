@@ -15,8 +15,8 @@ from conftest import run_cli
 from PIL import Image
 
 from pipeline import config
-from pipeline import data as data_mod
-from pipeline.errors import DataError
+from pipeline.core import data as data_mod
+from pipeline.core.errors import DataError
 
 MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
 

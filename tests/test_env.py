@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from pipeline import env
+from pipeline.core import env
 
 
 @pytest.fixture

@@ -6,8 +6,9 @@ import numpy as np
 import onnx
 import pytest
 
-from pipeline import fp16, onnx_io
-from pipeline.runners import collect, onnxrt_runner
+from pipeline.core import onnx_io
+from pipeline.precision import fp16
+from pipeline.runtime.runners import collect, onnxrt_runner
 
 
 def test_fp32_onnx_is_checked_and_dynamic(tiny_run):

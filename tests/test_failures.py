@@ -27,8 +27,10 @@ from conftest import ROOT, TINY, cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline import build, config, onnx_io
-from pipeline.errors import (
+from pipeline.runtime import tensorrt_engine
+from pipeline import config
+from pipeline.core import onnx_io
+from pipeline.core.errors import (
     EXIT_BACKEND_UNAVAILABLE,
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -90,7 +92,7 @@ def tiny_args(run_dir: Path, *extra: str) -> list[str]:
 
 
 def no_tensorrt() -> None:
-    ok, _ = build.availability()
+    ok, _ = tensorrt_engine.availability()
     if ok:
         pytest.skip("TensorRT and a GPU are available here, so nothing is missing")
 
@@ -362,9 +364,9 @@ def test_onnx_of_another_image_size(capsys, clone_run):
     import torch
 
     from pipeline import config as config_mod
-    from pipeline import modeling
+    from pipeline.core import modeling
     from pipeline.export import export_onnx
-    from pipeline.run import RunDir
+    from pipeline.core.run import RunDir
 
     run = clone_run()
     cfg = config_mod.resolve(config_mod.load_yaml_file(run / "config.yaml"))
@@ -516,7 +518,7 @@ def test_disk_full_while_saving_a_checkpoint(capsys, clone_run, monkeypatch):
         f_bavail = 0
 
     monkeypatch.setattr(torch, "save", save)
-    monkeypatch.setattr("pipeline.run.os.statvfs", lambda path: Full())
+    monkeypatch.setattr("pipeline.core.run.os.statvfs", lambda path: Full())
     code, err = run_main(capsys, "train", "--run-dir", run)
     assert code == EXIT_RUNTIME
     assert_error(err, f"cannot write {run / 'checkpoint.pt'}: no space left on device", family="train")
@@ -554,23 +556,23 @@ PLATFORM = {"tensorrt": "10.13.0", "gpu": "NVIDIA H200", "compute_capability": "
 
 
 def _engine(tmp_path: Path, **changes) -> Path:
-    engine = tmp_path / build.ENGINE
+    engine = tmp_path / tensorrt_engine.ENGINE
     engine.write_bytes(b"\x00serialized engine\x00")
-    sidecar = {"schema": build.SIDECAR_SCHEMA, "built_by": "pipeline 0.1.0", "engine": build.ENGINE,
+    sidecar = {"schema": tensorrt_engine.SIDECAR_SCHEMA, "built_by": "pipeline 0.1.0", "engine": tensorrt_engine.ENGINE,
                "sha256": sha(engine), **PLATFORM, **changes}
-    (tmp_path / build.SIDECAR).write_text(json.dumps(sidecar))
-    from pipeline.run import RunDir
+    (tmp_path / tensorrt_engine.SIDECAR).write_text(json.dumps(sidecar))
+    from pipeline.core.run import RunDir
 
     run = RunDir(tmp_path)  # as the build stage records it: only recorded engines are loaded
-    run.manifest["stages"]["build"] = {"status": "ok", "artifacts": {build.ENGINE: {"sha256": sha(engine),
+    run.manifest["stages"]["build"] = {"status": "ok", "artifacts": {tensorrt_engine.ENGINE: {"sha256": sha(engine),
                                                                                    "bytes": engine.stat().st_size}}}
     run.save_manifest()
     return engine
 
 
 @pytest.mark.parametrize("tamper, fragment", [
-    (lambda t: (t / build.ENGINE).write_bytes(b"\x00serialized engine\x00 + payload"), "changed after the build"),
-    (lambda t: (t / build.SIDECAR).unlink(), "has no sidecar model.fp16.engine.json"),
+    (lambda t: (t / tensorrt_engine.ENGINE).write_bytes(b"\x00serialized engine\x00 + payload"), "changed after the build"),
+    (lambda t: (t / tensorrt_engine.SIDECAR).unlink(), "has no sidecar model.fp16.engine.json"),
     (lambda t: _engine(t, built_by="trtexec"), "is not a pipeline engine sidecar"),
     (lambda t: _engine(t, schema="someone.else/1"), "is not a pipeline engine sidecar"),
     (lambda t: _engine(t, tensorrt="10.12.0"), "built for TensorRT version 10.12.0, but this machine has 10.13.0"),
@@ -579,25 +581,25 @@ def _engine(tmp_path: Path, **changes) -> Path:
 ], ids=["tampered", "no-sidecar", "foreign-builder", "foreign-schema", "trt-version", "other-device", "capability"])
 def test_engine_refused_without_a_matching_sidecar(tmp_path, tamper, fragment):
     engine = _engine(tmp_path)
-    assert build.check_sidecar(engine, engine.read_bytes(), tmp_path / build.SIDECAR, PLATFORM)["gpu"] == "NVIDIA H200"
+    assert tensorrt_engine.check_sidecar(engine, engine.read_bytes(), tmp_path / tensorrt_engine.SIDECAR, PLATFORM)["gpu"] == "NVIDIA H200"
     tamper(tmp_path)
     with pytest.raises(InputError, match="rebuild it with `python -m pipeline build --run-dir") as info:
-        build.check_sidecar(engine, engine.read_bytes(), tmp_path / build.SIDECAR, PLATFORM)
+        tensorrt_engine.check_sidecar(engine, engine.read_bytes(), tmp_path / tensorrt_engine.SIDECAR, PLATFORM)
     assert fragment in str(info.value) and info.value.exit_code == EXIT_USAGE
 
 
 def test_engine_checked_on_exactly_the_bytes_that_are_loaded(tmp_path):
-    from pipeline.run import RunDir
+    from pipeline.core.run import RunDir
 
     _engine(tmp_path)
-    data, sidecar = build.load_engine_bytes(RunDir(tmp_path), platform=PLATFORM)
+    data, sidecar = tensorrt_engine.load_engine_bytes(RunDir(tmp_path), platform=PLATFORM)
     assert data == b"\x00serialized engine\x00" and sidecar["tensorrt"] == "10.13.0"
-    (tmp_path / build.SIDECAR).write_text("{corrupt")
+    (tmp_path / tensorrt_engine.SIDECAR).write_text("{corrupt")
     with pytest.raises(InputError, match="engine sidecar is unreadable or corrupt"):
-        build.load_engine_bytes(RunDir(tmp_path), platform=PLATFORM)
-    (tmp_path / build.ENGINE).unlink()
+        tensorrt_engine.load_engine_bytes(RunDir(tmp_path), platform=PLATFORM)
+    (tmp_path / tensorrt_engine.ENGINE).unlink()
     with pytest.raises(InputError, match="model.fp16.engine does not exist; run `python -m pipeline build"):
-        build.load_engine_bytes(RunDir(tmp_path), platform=PLATFORM)
+        tensorrt_engine.load_engine_bytes(RunDir(tmp_path), platform=PLATFORM)
 
 
 def test_build_without_tensorrt_removes_an_engine_it_did_not_build(capsys, clone_run):
@@ -607,7 +609,7 @@ def test_build_without_tensorrt_removes_an_engine_it_did_not_build(capsys, clone
     code, err = run_main(capsys, "build", "--run-dir", run)
     assert code == EXIT_OK, err
     assert stage(run, "build")["status"] == "skipped"
-    assert not (run / build.ENGINE).exists() and not (run / build.SIDECAR).exists()
+    assert not (run / tensorrt_engine.ENGINE).exists() and not (run / tensorrt_engine.SIDECAR).exists()
 
 
 # --------------------------------------------------------------------------- untrusted files
@@ -768,7 +770,8 @@ def test_resume_after_sigkill_at_a_random_moment(capsys, tmp_path):
     assert stage(run, "train")["status"] == "running"  # what a killed process leaves behind
 
     # The checkpoint on disk is a complete one (atomic rename), whatever the moment of the kill.
-    from pipeline.train import load_checkpoint, read_metrics
+    from pipeline.training.checkpoint import load_checkpoint
+    from pipeline.training.metrics import read_metrics
 
     state = load_checkpoint(run / "checkpoint.pt")
     resumed_from = f"killed {delay}; resumed at epoch {state['epoch']}, " \

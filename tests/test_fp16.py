@@ -5,8 +5,9 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline import fp16
-from pipeline.runners import collect, onnxrt_runner
+from pipeline.precision import fp16
+from pipeline.runtime import runners
+from pipeline.runtime.runners import collect, onnxrt_runner
 
 
 def cancellation_graph(constant: float = 384.0) -> onnx.ModelProto:
@@ -43,7 +44,7 @@ def true_fp16(x, constant=384.0):
 
 def test_fast_emulation_reproduces_per_op_fp16_rounding(x):
     model = cancellation_graph()
-    emulated = run(fp16.candidate_runner(model, "fast", "emu"), x)
+    emulated = run(runners.fp16_emulation_runner(model, "fast", "emu"), x)
     np.testing.assert_array_equal(emulated, true_fp16(x))
     # FP16 spacing at 384 is 0.25: the small part is rounded to multiples of 0.25.
     assert np.abs(emulated - x).max() > 0.1
@@ -51,7 +52,7 @@ def test_fast_emulation_reproduces_per_op_fp16_rounding(x):
 
 def test_strict_emulation_matches_numpy_fp16(x):
     model = cancellation_graph()
-    strict = run(fp16.candidate_runner(model, "strict", "ref"), x)
+    strict = run(runners.fp16_emulation_runner(model, "strict", "ref"), x)
     np.testing.assert_array_equal(strict, true_fp16(x))
 
 
@@ -78,7 +79,7 @@ def test_emulation_reproduces_overflow():
     """65504 is FP16's largest value: the emulation must turn 70000 into inf, like FP16 hardware."""
     model = cancellation_graph(constant=35000.0)
     x = np.full((1, 64), 35000.0, np.float32)
-    out = run(fp16.candidate_runner(model, "fast", "emu"), x)
+    out = run(runners.fp16_emulation_runner(model, "fast", "emu"), x)
     assert np.isinf(out).all() or np.isnan(out).all()
 
 

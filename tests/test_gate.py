@@ -1,13 +1,13 @@
-"""The gate's criteria (pipeline.gate): each threshold at its boundary and one ulp either side, NaN/Inf on both
+"""The gate's criteria (pipeline.precision.gate): each threshold at its boundary and one ulp either side, NaN/Inf on both
 sides, the direction of the scale, the percentile, and the confidence-bounded task check. Each test here was
-written to fail with one defect of the kind it names put back into pipeline/gate.py."""
+written to fail with one defect of the kind it names put back into pipeline/precision/gate.py."""
 
 import math
 
 import numpy as np
 import pytest
 
-from pipeline import gate as criteria
+from pipeline.precision import gate as criteria
 
 
 def scaled_gate(**overrides):
@@ -208,18 +208,19 @@ def _chain(int8: bool):
 
 
 def test_int8_localisation_names_the_first_node_over_the_rule_not_the_worst():
-    from pipeline import int8
+    from pipeline.runtime import localize
 
     feed = {"x": np.random.default_rng(0).uniform(-1, 1, (8, 4)).astype(np.float32)}
     rule = criteria.TensorRule.of(scaled_gate(max_scaled_error=0.01))
-    result = int8.localize(_chain(False), _chain(True), feed, rule, top=5)
+    result = localize.localize_int8(_chain(False), _chain(True), feed, rule, top=5)
     errors = {row["name"]: row["scaled_error"] for row in result["worst"]}
     assert 0.01 < errors["mmA"] < errors["mmB"]  # both over; mmB far worse
     assert result["first_divergent"]["name"] == "mmA"
 
 
 def _check(name: str, status: str, *, gates: bool = True, required: bool = False):
-    from pipeline import backends, verify
+    from pipeline import verify
+    from pipeline.runtime import backends
 
     return verify.Check(backends.by_name(name), name, required, result={"status": status}, gates=gates)
 
@@ -256,7 +257,7 @@ def test_a_nan_image_fails_even_when_the_quantile_leaves_the_worst_images_out():
 
 def test_an_undecided_gate_under_inconclusive_fail_is_exit_5_and_says_how_many_images():
     from pipeline import verify
-    from pipeline.errors import EXIT_INCONCLUSIVE, Inconclusive
+    from pipeline.core.errors import EXIT_INCONCLUSIVE, Inconclusive
 
     ref = np.tile(np.array([[2.0, 1.0]]), (256, 1))
     cand = ref.copy()

@@ -13,8 +13,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from conftest import FAULTS, ROOT, TINY, cli
-from pipeline import backends, env, int8
-from pipeline.backends import Context
+from pipeline.core import env
+from pipeline.precision import int8
+from pipeline.runtime import backends, runners
+from pipeline.runtime.backends import Context
 
 # A tiny model trained long enough that its logits are not near-ties (top-1 agreement is then a fair test).
 TRAINED = [*TINY, "data.samples_per_class=30", "train.epochs=4", "export.int8.calibration_samples=16",
@@ -115,7 +117,7 @@ def test_onnxrt_int8_cpu_computes_the_graph_with_fp16_biases():
     model = _qdq_conv_fp16_bias(5.0)
     feed = {"x": np.random.default_rng(1).normal(0, 2, (1, 4, 6, 6)).astype(np.float32)}
     ctx = Context(cfg=None, run_dir=None, stage="verify", spec={}, int8=model, isolate=False)
-    with int8.exact_runner(model, "int8_exact") as exact:
+    with runners.int8_exact_runner(model, "int8_exact") as exact:
         expected = exact.infer(feed)["y"]
     with backends.by_name("onnxrt_int8_cpu").make(ctx) as runner:
         actual = runner.infer(feed)["y"]
@@ -156,7 +158,7 @@ def test_int8_exact_is_the_graph_as_written_where_fused_kernels_differ():
     ctx = Context(cfg=None, run_dir=None, stage="verify", spec={}, int8=model, isolate=False)
     with backends.by_name("int8_exact").make(ctx) as runner:
         np.testing.assert_array_equal(runner.infer(feed)["y"], expected)
-    from pipeline.runners import onnxrt_runner
+    from pipeline.runtime.runners import onnxrt_runner
 
     with onnxrt_runner(model.SerializeToString(), name="fused", optimize=True) as fused:  # the graph tells them apart
         assert not np.array_equal(fused.infer(feed)["y"], expected)
@@ -173,7 +175,7 @@ def test_exact_model_rounds_fp16_regions():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     model.ir_version = 9
     x = np.array([2048.0], np.float32)  # 2048 + 1 is not an FP16 number: rounds to 2048
-    runner = int8.exact_runner(model, "t")
+    runner = runners.int8_exact_runner(model, "t")
     with runner:
         assert runner.infer({"x": x})["y"][0] == 2048.0
 

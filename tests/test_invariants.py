@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from conftest import TINY, cli
 
-from pipeline import artifacts
-from pipeline.errors import EXIT_USAGE
+from pipeline.core import artifacts
+from pipeline.core.errors import EXIT_USAGE
 
 # The defaults, small: every backend of the table (OpenVINO included), INT8 on, a tiny model trained long
 # enough that its logits are not near-ties (the INT8 gate is then a fair test, tests/test_int8.py).
@@ -159,7 +159,8 @@ def test_a_failed_export_leaves_no_graph_and_the_summary_marks_earlier_rows(defa
                                                                             monkeypatch):
     import onnx
 
-    from pipeline import fp16, provenance
+    from pipeline.core import provenance
+    from pipeline.precision import fp16
 
     run = _clone(default_run, tmp_path)
 

@@ -20,9 +20,10 @@ import pytest
 from conftest import FAULTS, ROOT, TINY, cli, run_cli
 
 import crash_backends
-from pipeline import backends, config, isolate
-from pipeline.errors import EXIT_INTERRUPTED, EXIT_RUNTIME
-from pipeline.run import RunDir
+from pipeline import config
+from pipeline.runtime import backends, isolate
+from pipeline.core.errors import EXIT_INTERRUPTED, EXIT_RUNTIME
+from pipeline.core.run import RunDir
 
 
 def manifest(run: Path) -> dict:
@@ -61,7 +62,7 @@ def test_a_segfaulting_candidate_is_crashed_and_the_others_complete(capsys, clon
     rows = {c["name"]: c for c in report["candidates"]}
     crashed = rows["onnxrt_fp16_cpu"]
     assert crashed["status"] == "crashed" and crashed["reason"] == f"SIGSEGV while {phase}"
-    assert crashed["log"] == log and f"[pipeline.isolate] {phase}" in crashed["log_tail"]
+    assert crashed["log"] == log and f"[pipeline.runtime.isolate] {phase}" in crashed["log_tail"]
     assert (run / log).is_file()
     assert rows["onnxrt_fp32"]["status"] == "passed" and rows["fp16_emulation"]["status"] == "passed"
     assert report["passed"] is False
@@ -83,7 +84,7 @@ def test_benchmark_records_a_crash_and_completes(capsys, clone_run, crashing):
     (skip,) = [s for s in payload["skipped"] if s["backend"] == "onnxrt_fp16"]
     assert skip["reason"] == ("crashed: SIGSEGV while timing batch 1 (wall-clock, synchronous CPU call) "
                               "(log: logs/benchmark.onnxrt_fp16.log)")
-    assert skip["log_tail"][-1] == "[pipeline.isolate] timing batch 1 (wall-clock, synchronous CPU call)"
+    assert skip["log_tail"][-1] == "[pipeline.runtime.isolate] timing batch 1 (wall-clock, synchronous CPU call)"
     assert "Skipped onnxrt_fp16 at batch 1: crashed: SIGSEGV" in (run / "benchmark.md").read_text()
     assert manifest(run)["stages"]["benchmark"]["status"] == "ok"
 
@@ -97,7 +98,7 @@ def test_isolated_runner_gives_the_same_outputs_without_torch_in_the_child(clone
     entry = backends.by_name("onnxrt_fp32")
     assert entry.isolated and not backends.by_name("torch_fp32").isolated
 
-    runner = entry.runner(ctx)
+    runner = isolate.runner_for(entry, ctx)
     assert isinstance(runner, isolate.Isolated)
     with runner:
         isolated = runner.infer(feed)
@@ -135,10 +136,10 @@ def test_child_errors_keep_their_type_and_message(clone_run, monkeypatch):
     cfg = config.resolve(overrides=["model.name=tiny_cnn", *TINY])
     card = json.loads((run / "model.json").read_text())
     ctx = backends.Context(cfg, RunDir(run), "benchmark", card["spec"])
-    from pipeline.errors import InputError
+    from pipeline.core.errors import InputError
 
     with pytest.raises(InputError, match="model.onnx"):  # the child's InputError is the parent's InputError
-        backends.by_name("onnxrt_fp32").runner(ctx).activate()
+        isolate.runner_for(backends.by_name("onnxrt_fp32"), ctx).activate()
 
 
 def test_fp16_transformer_encoder_reaches_a_verdict(tmp_path):
@@ -187,7 +188,7 @@ def test_ctrl_c_while_modelopt_loads_ends_with_130(clone_run, tmp_path):
 
 
 def test_signals_held_raise_after_the_block():
-    from pipeline.run import signals_held
+    from pipeline.core.run import signals_held
 
     reached = []
     with pytest.raises(KeyboardInterrupt):

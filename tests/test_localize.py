@@ -6,8 +6,11 @@ without building anything (what TensorRT would compute is not checked).
 
 import numpy as np
 
-from pipeline import fallback, backends, build, config, localize, verify
-from pipeline.run import RunDir
+from pipeline import config, verify
+from pipeline.precision import fallback
+from pipeline.runtime import localize
+from pipeline.runtime import backends, tensorrt_engine
+from pipeline.core.run import RunDir
 
 OVERRIDES = ["build.tf32=true", "build.optimization_level=5", "build.min_batch=2", "build.opt_batch=4",
              "build.max_batch=16", "verify.batch_size=4"]
@@ -16,10 +19,10 @@ OVERRIDES = ["build.tf32=true", "build.optimization_level=5", "build.min_batch=2
 def both_loaders(tmp_path):
     cfg = config.resolve(overrides=OVERRIDES)
     onnx_path = tmp_path / "model.fp16.onnx"
-    shapes = build.profile_shapes(cfg, [3, 8, 8])
+    shapes = tensorrt_engine.profile_shapes(cfg, [3, 8, 8])
     cache = tmp_path / "trt_timing.11.4.0.sm90.cache"
     cache.write_bytes(b"a timing cache")
-    engine = build.engine_loader(onnx_path, input_name="x", shapes=shapes, build_cfg=cfg.build, timing_cache=cache)
+    engine = tensorrt_engine.engine_loader(onnx_path, input_name="x", shapes=shapes, build_cfg=cfg.build, timing_cache=cache)
     layers = localize.tensorrt_layers_engine(onnx_path, input_name="x", shapes=shapes, build_cfg=cfg.build,
                                              timing_cache=cache)
     return engine, layers
@@ -27,8 +30,8 @@ def both_loaders(tmp_path):
 
 def test_localisation_config_is_the_engines(tmp_path, monkeypatch):
     seen = []
-    real = build.config_loader
-    monkeypatch.setattr(build, "config_loader", lambda **kw: seen.append(kw) or real(**kw))
+    real = tensorrt_engine.config_loader
+    monkeypatch.setattr(tensorrt_engine, "config_loader", lambda **kw: seen.append(kw) or real(**kw))
     both_loaders(tmp_path)
     engine_kwargs, layers_kwargs = seen
     assert layers_kwargs == engine_kwargs
@@ -51,7 +54,7 @@ def test_localisation_builder_config_matches_field_by_field(tmp_path):
 
 def test_verify_passes_the_build_config_and_cache_to_tensorrt_localisation(tmp_path, monkeypatch):
     cfg = config.resolve(overrides=OVERRIDES)
-    monkeypatch.setattr(build, "current_platform", lambda: {"tensorrt": "11.4.0", "gpu": "H200",
+    monkeypatch.setattr(tensorrt_engine, "current_platform", lambda: {"tensorrt": "11.4.0", "gpu": "H200",
                                                              "compute_capability": "9.0"})
     seen = {}
 

@@ -16,11 +16,14 @@ import numpy as np
 import pytest
 
 from conftest import FAULTS, TINY, cli
-from pipeline import artifacts, backends, benchmark, benchmark_app, config, doctor, openvino_ir, verify_report
-from pipeline.backends import Context
-from pipeline.errors import InputError, UsageError
-from pipeline.run import RunDir, sha256_file
-from pipeline.runners import CPU_WALL_CLOCK
+from pipeline import benchmark, config, doctor
+from pipeline.core import artifacts
+from pipeline.reports import verify_report
+from pipeline.runtime import backends, benchmark_app, openvino_ir
+from pipeline.runtime.backends import Context
+from pipeline.core.errors import InputError, UsageError
+from pipeline.core.run import RunDir, sha256_file
+from pipeline.runtime.runners import CPU_WALL_CLOCK
 
 AVX2_ONLY = "sse4_2 avx avx2 fma"
 
@@ -155,7 +158,7 @@ def test_int8_without_the_q_dq_model(clone_run):
 def test_a_bf16_hint_that_reaches_no_kernel_is_refused(tiny_run):
     import openvino as ov
 
-    from pipeline.runners import check_runs_bf16
+    from pipeline.runtime.runners import check_runs_bf16
 
     core = ov.Core()
     model = core.read_model(str(tiny_run / "openvino/fp32.xml"))

@@ -10,7 +10,7 @@ import sys
 import pytest
 from conftest import ROOT
 
-from pipeline import errors
+from pipeline.core import errors
 from pipeline.config import describe, resolve
 
 README = (ROOT / "README.md").read_text()

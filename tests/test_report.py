@@ -104,7 +104,7 @@ def failing_payload() -> dict:
 
 
 def test_verify_rows_render_the_same_numbers_in_markdown_and_html():
-    from pipeline import tables, verify_report
+    from pipeline.reports import tables, verify_report
 
     sections = tables.verify_sections(failing_payload())
     md = verify_report.markdown(failing_payload())

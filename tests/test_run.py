@@ -9,9 +9,9 @@ import stat
 
 import pytest
 
-from pipeline import run as run_mod
-from pipeline.errors import EXIT_RUNTIME, EXIT_USAGE, InputError, PipelineError, StageFailed, UsageError
-from pipeline.run import MANIFEST, RunDir, atomic_path, atomic_write, read_json
+from pipeline.core import run as run_mod
+from pipeline.core.errors import EXIT_RUNTIME, EXIT_USAGE, InputError, PipelineError, StageFailed, UsageError
+from pipeline.core.run import MANIFEST, RunDir, atomic_path, atomic_write, read_json
 
 
 def temporaries(directory) -> list[str]:

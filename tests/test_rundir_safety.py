@@ -17,9 +17,11 @@ import pytest
 from conftest import cli
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline import artifacts, build, config, onnx_io, stages
-from pipeline.errors import EXIT_USAGE, InputError, UsageError
-from pipeline.run import RunDir, atomic_path, atomic_write, open_append
+from pipeline.runtime import tensorrt_engine
+from pipeline import config, stages
+from pipeline.core import artifacts, onnx_io
+from pipeline.core.errors import EXIT_USAGE, InputError, UsageError
+from pipeline.core.run import RunDir, atomic_path, atomic_write, open_append
 
 # --------------------------------------------------------------------------- reads: external data of every tensor
 
@@ -136,7 +138,7 @@ def test_metrics_symlink_is_not_appended_to(clone_run, outside, capsys):
 
 
 def test_metrics_log_refuses_a_symlink(tmp_path, outside):
-    from pipeline.train import MetricsLog
+    from pipeline.training.metrics import MetricsLog
 
     (tmp_path / "metrics.jsonl").symlink_to(outside)
     with pytest.raises(UsageError, match="symbolic link"):
@@ -146,7 +148,7 @@ def test_metrics_log_refuses_a_symlink(tmp_path, outside):
 
 def test_append_opens_with_o_nofollow(tmp_path, outside, monkeypatch):
     """A link planted after the check is still not followed: the open itself refuses it."""
-    import pipeline.run as run_mod
+    import pipeline.core.run as run_mod
 
     (tmp_path / "metrics.jsonl").symlink_to(outside)
     monkeypatch.setattr(run_mod, "refuse_symlink", lambda path: None)
@@ -208,7 +210,7 @@ def test_damaged_manifest_is_one_line_exit_2(clone_run, capsys, how):
 
 
 def test_artifact_names_are_plain_file_names(tmp_path):
-    from pipeline import manifest
+    from pipeline.core import manifest
 
     ok = {"schema": "pipeline.manifest/1", "stages": {"x": {"status": "ok", "artifacts": {
         "model.onnx": {"sha256": "a" * 64, "bytes": 3}}}}}
@@ -257,9 +259,8 @@ def test_retrain_notice_names_the_config_change(clone_run):
 def test_all_says_so_before_it_retrains_and_keeps_the_config_of_stages_that_ran(clone_run, capsys):
     """`all train.epochs=2 --require tensorrt`: train and export run, build fails (exit 3). The notice comes
     first; config.yaml then describes the weights on disk (epochs 2), without this call's requirement."""
-    from pipeline import build as build_mod
 
-    if build_mod.availability()[0]:
+    if tensorrt_engine.availability()[0]:
         pytest.skip("TensorRT is available here: build would not fail")
     run = clone_run()
     assert cli("all", "--run-dir", run, "--require", "tensorrt", "train.epochs=2") == 3
@@ -279,11 +280,11 @@ PLATFORM = {"tensorrt": "10.13.0", "gpu": "NVIDIA H200", "compute_capability": "
 
 def _forged_engine(run_dir: Path) -> str:
     """An engine and a sidecar as an attacker would write them: right hash, guessed platform, no build ran."""
-    engine = run_dir / build.ENGINE
+    engine = run_dir / tensorrt_engine.ENGINE
     engine.write_bytes(b"\x00planted engine\x00")
     digest = hashlib.sha256(engine.read_bytes()).hexdigest()
-    (run_dir / build.SIDECAR).write_text(json.dumps({"schema": build.SIDECAR_SCHEMA, "built_by": "pipeline 0.1.0",
-                                                     "engine": build.ENGINE, "sha256": digest, **PLATFORM}))
+    (run_dir / tensorrt_engine.SIDECAR).write_text(json.dumps({"schema": tensorrt_engine.SIDECAR_SCHEMA, "built_by": "pipeline 0.1.0",
+                                                     "engine": tensorrt_engine.ENGINE, "sha256": digest, **PLATFORM}))
     return digest
 
 
@@ -291,21 +292,21 @@ def test_forged_engine_with_a_good_sidecar_is_refused(tmp_path):
     _forged_engine(tmp_path)
     with pytest.raises(InputError, match="not the engine the build stage recorded in the manifest "
                                          r"\(no build is recorded\)") as err:
-        build.load_engine_bytes(RunDir(tmp_path), platform=PLATFORM)
+        tensorrt_engine.load_engine_bytes(RunDir(tmp_path), platform=PLATFORM)
     assert err.value.exit_code == EXIT_USAGE and "rebuild it with" in str(err.value)
 
 
 def test_engine_replaced_after_a_recorded_build_is_refused(tmp_path):
     digest = _forged_engine(tmp_path)
     run = RunDir(tmp_path)
-    run.manifest["stages"]["build"] = {"status": "ok", "artifacts": {build.ENGINE: {"sha256": "1" * 64, "bytes": 1}}}
+    run.manifest["stages"]["build"] = {"status": "ok", "artifacts": {tensorrt_engine.ENGINE: {"sha256": "1" * 64, "bytes": 1}}}
     with pytest.raises(InputError, match="the build recorded sha256 111111111111"):
-        build.load_engine_bytes(run, platform=PLATFORM)
-    run.manifest["stages"]["build"] = {"status": "failed", "artifacts": {build.ENGINE: {"sha256": digest, "bytes": 1}}}
+        tensorrt_engine.load_engine_bytes(run, platform=PLATFORM)
+    run.manifest["stages"]["build"] = {"status": "failed", "artifacts": {tensorrt_engine.ENGINE: {"sha256": digest, "bytes": 1}}}
     with pytest.raises(InputError, match="no build is recorded"):
-        build.load_engine_bytes(run, platform=PLATFORM)
+        tensorrt_engine.load_engine_bytes(run, platform=PLATFORM)
     run.manifest["stages"]["build"]["status"] = "ok"
-    assert build.load_engine_bytes(run, platform=PLATFORM)[0] == b"\x00planted engine\x00"
+    assert tensorrt_engine.load_engine_bytes(run, platform=PLATFORM)[0] == b"\x00planted engine\x00"
     run.save_manifest()
-    assert build.load_engine_bytes(RunDir(tmp_path), platform=PLATFORM)[1]["gpu"] == "NVIDIA H200"
+    assert tensorrt_engine.load_engine_bytes(RunDir(tmp_path), platform=PLATFORM)[1]["gpu"] == "NVIDIA H200"
 

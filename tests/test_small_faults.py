@@ -10,8 +10,8 @@ import pytest
 from conftest import cli, run_cli
 from PIL import Image
 
-from pipeline import data
-from pipeline.errors import EXIT_USAGE, DataError
+from pipeline.core import data
+from pipeline.core.errors import EXIT_USAGE, DataError
 
 SMALL = ["data.source=imagefolder", "data.image_size=16", "data.batch_size=4", "train.epochs=1"]
 
@@ -99,7 +99,7 @@ def test_a_batch_the_machine_cannot_hold_is_refused_with_the_whole_reason(clone_
 
 
 def test_a_failed_measurement_keeps_the_whole_reason_not_openvinos_first_line():
-    from pipeline.runners import one_line
+    from pipeline.runtime.runners import one_line
 
     exc = RuntimeError("Exception from src/inference/src/cpp/core.cpp:117:\n"
                        "Exception from src/core/src/runtime/tensor.cpp:42:\nCannot allocate 1.2 TB\n")
@@ -108,8 +108,9 @@ def test_a_failed_measurement_keeps_the_whole_reason_not_openvinos_first_line():
 
 def test_markdown_reports_escape_what_comes_from_the_user(tmp_path):
     """verify.md, report.md and the step summary (verify.md appended) are all written by tables.markdown."""
-    from pipeline import config, report, tables
-    from pipeline.run import RunDir
+    from pipeline import config, report
+    from pipeline.reports import tables
+    from pipeline.core.run import RunDir
 
     hostile = "<img src=x onerror=alert(1)>"
     section = tables.Section(f"Model {hostile}", paragraphs=[f"path {hostile}"], preformatted="a\n```\n<b>",
@@ -140,7 +141,7 @@ def test_a_model_file_named_by_a_runs_config_is_not_run_before_the_card_refuses(
 def test_a_full_disk_during_verify_is_the_documented_disk_full_line(clone_run, capsys, monkeypatch):
     import errno
 
-    from pipeline import isolate
+    from pipeline.runtime import isolate
 
     run = clone_run()
 
@@ -158,8 +159,8 @@ def test_a_full_disk_during_verify_is_the_documented_disk_full_line(clone_run, c
 def test_a_full_disk_in_the_child_comes_back_as_the_same_oserror():
     import errno
 
-    from pipeline import isolate
-    from pipeline.errors import disk_full
+    from pipeline.runtime import isolate
+    from pipeline.core.errors import disk_full
 
     exc = isolate._remote_error({"type": "OSError", "message": "[Errno 28] No space left on device",
                                  "errno": errno.ENOSPC})

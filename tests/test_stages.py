@@ -10,9 +10,10 @@ import types
 import pytest
 from conftest import TINY, cli, run_cli
 
-from pipeline import artifacts, config, stages
-from pipeline.errors import UsageError
-from pipeline.run import RunDir
+from pipeline import config, stages
+from pipeline.core import artifacts
+from pipeline.core.errors import UsageError
+from pipeline.core.run import RunDir
 
 
 def tiny_cfg(*overrides: str):

@@ -18,14 +18,15 @@ import pytest
 
 import fake_tensorrt
 from conftest import cli
-from pipeline import backends, build, env, runners
+from pipeline.core import env
+from pipeline.runtime import backends, runners, tensorrt_engine
 
 
 @pytest.fixture
 def fake_trt(monkeypatch):
     fake = fake_tensorrt.install(monkeypatch)
     # Runners in this process, so the fake (installed here) serves them; the child process is tested elsewhere.
-    monkeypatch.setattr(backends.Backend, "runner", lambda self, ctx: self.make(ctx))
+    monkeypatch.setattr(backends.Backend, "isolated", False)
     yield fake
     env.tensorrt_status.cache_clear()
 
@@ -186,8 +187,8 @@ def test_fake_calls_a_builder_error_is_the_failure_message(fake_trt, clone_run, 
     10.12+ rejects) is a failed build with TensorRT's error, not "Invalid Engine" alone."""
     from polygraphy.backend.trt import CreateConfig
 
-    made = build.config_loader
-    monkeypatch.setattr(build, "config_loader", lambda **kw: CreateConfig(bf16=True, profiles=made(**kw).profiles))
+    made = tensorrt_engine.config_loader
+    monkeypatch.setattr(tensorrt_engine, "config_loader", lambda **kw: CreateConfig(bf16=True, profiles=made(**kw).profiles))
     run = clone_run()
     assert cli("build", "--run-dir", run) == 4
     err = capsys.readouterr().err

@@ -23,10 +23,11 @@ import torch
 from conftest import ROOT, cli, run_cli
 from torch import nn
 
-from pipeline import env, modeling
-from pipeline import train as train_mod
-from pipeline.errors import InputError
-from pipeline.train import BEST_CHECKPOINT, CHECKPOINT, CURVE, METRICS, TRACE, Dist
+from pipeline.core import env, modeling
+from pipeline.training import checkpoint, device, distributed, metrics, optim, rng
+from pipeline.core.errors import InputError
+from pipeline.train import BEST_CHECKPOINT, CHECKPOINT, CURVE, METRICS, TRACE
+from pipeline.training.distributed import Dist
 
 # 10 classes x 12 images at 16x16: 100 train / 20 val images, batch 16 -> 6 steps per epoch.
 TINY_TRAIN = [
@@ -97,7 +98,7 @@ def manifest(run_dir: Path) -> dict:
 
 
 def metrics(run_dir: Path) -> list[dict]:
-    return train_mod.read_metrics(run_dir / METRICS)
+    return metrics.read_metrics(run_dir / METRICS)
 
 
 def assert_same_tensors(a: dict, b: dict, exact: bool = True) -> None:
@@ -117,20 +118,20 @@ CPU = torch.device("cpu")
 def test_resolve_amp_auto_on_cpu_without_bf16_is_off_and_names_the_cpu(monkeypatch):
     monkeypatch.setattr(env, "cpu_has_native_bf16", lambda: False)
     monkeypatch.setattr(env, "cpu_model", lambda: "Test CPU 9000")
-    dtype, note = train_mod.resolve_amp("auto", CPU)
+    dtype, note = device.resolve_amp("auto", CPU)
     assert dtype is None
     assert "off" in note and "Test CPU 9000" in note and "train.amp=bf16" in note
 
 
 def test_resolve_amp_auto_with_native_bf16_and_explicit_choices(monkeypatch):
     monkeypatch.setattr(env, "cpu_has_native_bf16", lambda: True)
-    assert train_mod.resolve_amp("auto", CPU)[0] is torch.bfloat16
+    assert device.resolve_amp("auto", CPU)[0] is torch.bfloat16
     monkeypatch.setattr(env, "cpu_has_native_bf16", lambda: False)
-    dtype, note = train_mod.resolve_amp("bf16", CPU)
+    dtype, note = device.resolve_amp("bf16", CPU)
     assert dtype is torch.bfloat16 and "slower" in note  # honoured, with the warning
-    dtype, note = train_mod.resolve_amp("fp16", CPU)
+    dtype, note = device.resolve_amp("fp16", CPU)
     assert dtype is torch.float16 and "GradScaler" in note
-    assert train_mod.resolve_amp("off", CPU) == (None, "mixed precision off (train.amp=off)")
+    assert device.resolve_amp("off", CPU) == (None, "mixed precision off (train.amp=off)")
 
 
 # --------------------------------------------------------------------------- one shared tiny run
@@ -154,13 +155,13 @@ def test_checkpoints_hold_everything_and_load_weights_only(trained):
         state = load_ckpt(trained / name)  # weights_only=True: nothing but tensors and containers
         for key in ("model", "optimizer", "scheduler", "scaler", "epoch", "step", "batch", "rng", "config"):
             assert key in state, f"{name} lacks {key}"
-        assert state["format"] == train_mod.CHECKPOINT_FORMAT
+        assert state["format"] == checkpoint.CHECKPOINT_FORMAT
         assert set(state["rng"]) >= {"python", "numpy", "torch"}
         assert state["config"]["train"]["epochs"] == 2 and state["config"]["model"]["name"] == "tiny_cnn"
     last = load_ckpt(trained / CHECKPOINT)
     assert (last["epoch"], last["batch"], last["step"]) == (2, 0, 12)
     assert last["scheduler"]["last_epoch"] == 12
-    assert train_mod.state_checksum(last["model"]) == manifest(trained)["stages"]["train"]["details"][
+    assert distributed.state_checksum(last["model"]) == manifest(trained)["stages"]["train"]["details"][
         "final_weights_sha256"]
     # model.safetensors holds the best epoch's weights
     from safetensors.torch import load_file
@@ -228,17 +229,17 @@ def test_metrics_go_to_tensorboard_when_it_is_installed(tmp_path, monkeypatch):
             scalars.append("closed")
 
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=SummaryWriter))
-    log = train_mod.MetricsLog(tmp_path / "m.jsonl", True, tmp_path / "tb")
+    log = metrics.MetricsLog(tmp_path / "m.jsonl", True, tmp_path / "tb")
     log.write({"event": "step", "epoch": 0, "step": 3, "loss": 1.5, "loss_scale": None, "lr": 0.1})
     log.write({"event": "epoch", "epoch": 0, "step": 3, "val_acc": 0.5, "amp": "off"})
     log.close()
     assert scalars == [("step/loss", 1.5, 3), ("step/lr", 0.1, 3), ("epoch/val_acc", 0.5, 3), "closed"]
-    assert [r["event"] for r in train_mod.read_metrics(tmp_path / "m.jsonl")] == ["step", "epoch"]
+    assert [r["event"] for r in metrics.read_metrics(tmp_path / "m.jsonl")] == ["step", "epoch"]
     # a line torn by a killed process is skipped
     with open(tmp_path / "m.jsonl", "a") as f:
         f.write('{"event": "st')
-    assert len(train_mod.read_metrics(tmp_path / "m.jsonl")) == 2
-    silent = train_mod.MetricsLog(tmp_path / "rank1.jsonl", False, tmp_path / "tb1")
+    assert len(metrics.read_metrics(tmp_path / "m.jsonl")) == 2
+    silent = metrics.MetricsLog(tmp_path / "rank1.jsonl", False, tmp_path / "tb1")
     silent.write({"event": "step", "step": 1})
     silent.close()
     assert not (tmp_path / "rank1.jsonl").exists()
@@ -369,7 +370,7 @@ def test_two_gloo_processes_end_with_identical_weights(tmp_path):
     if (rank1 / "manifest.json").exists():  # written by the CLI on rank 1 until cli.py leaves that to rank 0
         assert manifest(rank1)["stages"]["train"]["details"]["replica_sha256"] == d0["replica_sha256"]
     # ... and that is the checksum of what rank 0 saved (parameters and BatchNorm statistics)
-    assert train_mod.state_checksum(load_ckpt(rank0 / CHECKPOINT)["model"]) == d0["replica_sha256"][0]
+    assert distributed.state_checksum(load_ckpt(rank0 / CHECKPOINT)["model"]) == d0["replica_sha256"][0]
     assert "train: epoch 2/2" in stderr[0] and "replicas hold identical weights" in stderr[0]
     assert stderr[1].strip() == "", stderr[1]
     # 64 train images / 2 ranks / batch 8 = 4 micro-batches per rank = 2 optimizer steps per epoch
@@ -382,7 +383,7 @@ def test_two_gloo_processes_sharing_one_run_dir(tmp_path):
     assert out.returncode == 0, out.stderr + "".join(stderr.values())
     d = manifest(run_dir)["stages"]["train"]["details"]
     assert d["world_size"] == 2 and d["replicas_identical"] is True
-    assert train_mod.state_checksum(load_ckpt(run_dir / CHECKPOINT)["model"]) == d["replica_sha256"][0]
+    assert distributed.state_checksum(load_ckpt(run_dir / CHECKPOINT)["model"]) == d["replica_sha256"][0]
     assert "train: epoch 2/2" in stderr[0] and stderr[1].strip() == "", stderr[1]
 
 
@@ -579,9 +580,9 @@ def _toy_step_setup(scaler_enabled: bool):
     torch.manual_seed(0)
     model = nn.Linear(4, 3)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, train_mod.lr_lambda(10, 2))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, optim.lr_lambda(10, 2))
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16, enabled=scaler_enabled)
-    step = functools.partial(train_mod.optimizer_step, model=model, optimizer=optimizer, scaler=scaler,
+    step = functools.partial(optim.optimizer_step, model=model, optimizer=optimizer, scaler=scaler,
                              scheduler=scheduler, clip_grad_norm=1e6, world=Dist(), device=CPU)
     return model, optimizer, scheduler, scaler, step
 
@@ -614,7 +615,7 @@ def test_optimizer_step_without_scaler_skips_a_nonfinite_loss():
     before = {k: v.clone() for k, v in model.state_dict().items()}
     model(torch.randn(5, 4)).sum().backward()
     result = step(loss_finite=False)
-    assert result == train_mod.StepResult(skipped=True, nonfinite=True, grad_norm=None)
+    assert result == optim.StepResult(skipped=True, nonfinite=True, grad_norm=None)
     assert scheduler.last_epoch == 0 and model.weight.grad is None
     assert_same_tensors(model.state_dict(), before)
 
@@ -768,10 +769,10 @@ def test_bench_train_prints_both_precisions_and_the_ratio(tmp_path, capsys):
 
 
 def test_lr_schedule_warms_up_then_decays_to_zero():
-    f = train_mod.lr_lambda(total_steps=10, warmup_steps=4)
+    f = optim.lr_lambda(total_steps=10, warmup_steps=4)
     assert [f(s) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
     assert f(4) == 1.0 and f(10) == pytest.approx(0.0) and f(7) == pytest.approx(0.5)
-    assert train_mod.lr_lambda(5, 0)(0) == 1.0
+    assert optim.lr_lambda(5, 0)(0) == 1.0
 
 
 def test_too_few_images_for_one_batch_is_a_usage_error(tmp_path, capsys):
@@ -781,12 +782,12 @@ def test_too_few_images_for_one_batch_is_a_usage_error(tmp_path, capsys):
 
 def test_state_checksum_ignores_memory_format_but_sees_values():
     t = torch.randn(2, 3, 4, 4)
-    a = train_mod.state_checksum({"w": t})
-    assert train_mod.state_checksum({"w": t.contiguous(memory_format=torch.channels_last)}) == a
+    a = distributed.state_checksum({"w": t})
+    assert distributed.state_checksum({"w": t.contiguous(memory_format=torch.channels_last)}) == a
     u = t.clone()
     u[0, 0, 0, 0] += 1e-6
-    assert train_mod.state_checksum({"w": u}) != a
-    assert train_mod.state_checksum({"v": t}) != a
+    assert distributed.state_checksum({"w": u}) != a
+    assert distributed.state_checksum({"v": t}) != a
 
 
 # --------------------------------------------------------------------------- resume on another GPU count
@@ -829,7 +830,7 @@ def cuda_machine(monkeypatch):
 def checkpoint_rng(saved_gpus: int) -> dict:
     import torch
 
-    return {**train_mod.rng_state(), "cuda": [torch.full((8,), i, dtype=torch.uint8) for i in range(saved_gpus)]}
+    return {**rng.rng_state(), "cuda": [torch.full((8,), i, dtype=torch.uint8) for i in range(saved_gpus)]}
 
 
 @pytest.mark.parametrize("saved, here, restored_devices, said", [
@@ -843,13 +844,13 @@ def checkpoint_rng(saved_gpus: int) -> dict:
 def test_resume_restores_the_cuda_rng_of_the_gpus_that_exist(cuda_machine, saved, here, restored_devices, said):
     state = checkpoint_rng(saved)  # taken on this (CPU) machine, then given the saved GPUs' states
     restored, messages = cuda_machine(here)
-    train_mod.set_rng_state(state)
+    rng.set_rng_state(state)
     assert restored == [(i, i) for i in restored_devices]  # GPU i gets the checkpoint's state of GPU i
     assert any(said in m for m in messages), messages
 
 
 def test_a_checkpoint_without_cuda_state_restores_nothing_on_a_gpu(cuda_machine):
-    state = train_mod.rng_state() | {"cuda": []}
+    state = rng.rng_state() | {"cuda": []}
     restored, messages = cuda_machine(2)
-    train_mod.set_rng_state(state)
+    rng.set_rng_state(state)
     assert restored == [] and not any("CUDA RNG" in m for m in messages)

@@ -1,4 +1,4 @@
-"""trtexec side by side with benchmark's own TensorRT timings (pipeline/trtexec.py).
+"""trtexec side by side with benchmark's own TensorRT timings (pipeline/runtime/trtexec.py).
 
 These tests check the PLUMBING, not trtexec: a stand-in ``trtexec`` (tests/fake_trtexec.py) on PATH checks the
 arguments benchmark passes and writes an ``--exportTimes`` JSON in trtexec's format; the engine and its
@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from conftest import ROOT
-from pipeline import trtexec
+from pipeline.runtime import trtexec
 from test_tensorrt_contract import bench, built_run, fake_trt  # noqa: F401  (fixtures)
 
 

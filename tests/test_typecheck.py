@@ -17,7 +17,7 @@ import pytest
 
 from conftest import ROOT
 
-TRT_MODULES = ["pipeline/build.py", "pipeline/runners.py"]
+TRT_MODULES = ["pipeline/build.py", "pipeline/runtime/tensorrt_engine.py", "pipeline/runtime/runners.py"]
 STUBS = ROOT / ".venv" / "typecheck-stubs"
 
 

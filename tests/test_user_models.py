@@ -16,8 +16,8 @@ from conftest import TINY, cli
 from PIL import Image
 
 from pipeline import config
-from pipeline import data as data_mod
-from pipeline.errors import EXIT_OK, EXIT_USAGE, DataError
+from pipeline.core import data as data_mod
+from pipeline.core.errors import EXIT_OK, EXIT_USAGE, DataError
 
 MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
 
@@ -171,7 +171,7 @@ def my_net(num_classes: int = 10):
 
 
 def test_a_user_models_declared_normalisation_is_what_the_data_is_loaded_with(tmp_path):
-    from pipeline import modeling
+    from pipeline.core import modeling
 
     path = tmp_path / "my_net.py"
     path.write_text(README_FACTORY)
@@ -251,8 +251,8 @@ def test_init_weights_that_match_no_key_are_refused_naming_the_keys(tmp_path, ca
 
 def test_init_weights_missing_a_layer_or_with_extra_layers_are_refused(tmp_path):
     from models.tiny import TinyCNN
-    from pipeline import modeling
-    from pipeline.errors import InputError
+    from pipeline.core import modeling
+    from pipeline.core.errors import InputError
 
     state = _tiny_state()
     partial = {k: v for k, v in state.items() if not k.startswith("features.5.")}  # the second BatchNorm
@@ -266,7 +266,7 @@ def test_init_weights_missing_a_layer_or_with_extra_layers_are_refused(tmp_path)
 
 def test_init_weights_may_differ_only_in_the_classifier_head(tmp_path):
     from models.tiny import TinyCNN
-    from pipeline import modeling
+    from pipeline.core import modeling
 
     state = _tiny_state(1000)
     backbone = {k: v for k, v in state.items() if not k.startswith("fc.")}

@@ -18,8 +18,8 @@ import pytest
 
 from conftest import ROOT, TINY, cli
 from pipeline import config as config_mod
-from pipeline.run import RunDir, sha256_file
-from pipeline.verify_report import artifact_sha256
+from pipeline.core.run import RunDir, sha256_file
+from pipeline.reports.verify_report import artifact_sha256
 
 SCHEMA = json.loads((ROOT / "docs" / "verify.schema.json").read_text())
 
@@ -38,7 +38,7 @@ def export_with_classes(run: Path, num_classes: int) -> None:
     """Replace model.onnx by an export of the same architecture with another class count (another run's file)."""
     import torch
 
-    from pipeline import modeling
+    from pipeline.core import modeling
     from pipeline.export import export_onnx
 
     cfg = run_cfg(run)
@@ -72,7 +72,7 @@ def test_fp16_candidates_skip_only_when_the_config_writes_no_fp16_model(clone_ru
 
 def test_missing_engine_where_tensorrt_can_run_is_run_build_first(clone_run, monkeypatch, capsys):
     run = clone_run()
-    monkeypatch.setattr("pipeline.build.availability", lambda: (True, ""))
+    monkeypatch.setattr("pipeline.runtime.tensorrt_engine.availability", lambda: (True, ""))
     assert cli("verify", "--run-dir", run) == 2
     err = capsys.readouterr().err
     assert "verify needs model.fp16.engine" in err and "run `python -m pipeline build" in err
@@ -94,7 +94,7 @@ def test_verify_json_records_what_each_verdict_judged(tiny_run):
 
 
 def test_benchmark_shows_no_verdict_for_another_model_onnx(clone_run):
-    from pipeline.verify_report import read_verdicts
+    from pipeline.reports.verify_report import read_verdicts
 
     run = clone_run()
     assert read_verdicts(RunDir(run))["onnxrt_fp32"] == "passed"
@@ -112,7 +112,7 @@ def test_benchmark_shows_no_verdict_for_another_model_onnx(clone_run):
 def test_retrained_weights_unverify_every_candidate(clone_run):
     from safetensors.torch import load_file, save_file
 
-    from pipeline.verify_report import read_verdicts
+    from pipeline.reports.verify_report import read_verdicts
 
     run = clone_run()
     state = load_file(str(run / "model.safetensors"))
@@ -123,7 +123,7 @@ def test_retrained_weights_unverify_every_candidate(clone_run):
 
 
 def test_a_verify_json_without_hashes_is_not_a_verdict(clone_run):
-    from pipeline.verify_report import read_verdicts
+    from pipeline.reports.verify_report import read_verdicts
 
     run = clone_run()
     payload = json.loads((run / "verify.json").read_text())
@@ -213,7 +213,7 @@ def test_verify_refuses_data_with_other_classes(folder_run, tmp_path, capsys):
 
 
 def test_the_data_summary_of_10000_files_takes_well_under_a_second(tmp_path):
-    from pipeline.data import content_summary
+    from pipeline.core.data import content_summary
 
     root = tmp_path / "many"
     for k in range(10):
@@ -244,10 +244,10 @@ def test_onnx_output_shape_of_another_run_is_re_run_export(clone_run, capsys):
 
 
 def _claim_current_weights(run) -> None:
-    """Stamp every graph in ``run`` with the current weights' sha256 (pipeline.provenance), as export would."""
+    """Stamp every graph in ``run`` with the current weights' sha256 (pipeline.core.provenance), as export would."""
     import hashlib
 
-    from pipeline import provenance
+    from pipeline.core import provenance
 
     weights = hashlib.sha256((run / "model.safetensors").read_bytes()).hexdigest()
     for name in ("model.onnx", "model.fp16.onnx", "model.int8.onnx"):

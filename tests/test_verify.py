@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 from conftest import FAULTS, ROOT, TINY, cli
-from pipeline import artifacts, config, verify
+from pipeline.runtime import tensorrt_engine
+from pipeline import config, verify
+from pipeline.core import artifacts
 
 SCHEMA = json.loads((ROOT / "docs" / "verify.schema.json").read_text())
 
@@ -255,9 +257,8 @@ def test_failure_reports_carry_numbers_and_step_summary(trained, tmp_path, monke
 
 
 def test_required_backend_missing_exits_3(clone_run, capsys):
-    from pipeline import build
 
-    if build.availability()[0]:
+    if tensorrt_engine.availability()[0]:
         pytest.skip("TensorRT is available here")
     run = clone_run()
     assert cli("verify", "--run-dir", run, "--require", "tensorrt") == 3
@@ -275,8 +276,8 @@ def test_candidate_crash_exits_4(clone_run, monkeypatch, capsys):
     def broken(*args, **kwargs):
         raise RuntimeError("provider exploded")
 
-    monkeypatch.setattr("pipeline.fp16.candidate_runner", broken)
-    monkeypatch.setattr("pipeline.backends.Backend.isolated", False)  # in this process, where the patch is
+    monkeypatch.setattr("pipeline.runtime.runners.fp16_emulation_runner", broken)
+    monkeypatch.setattr("pipeline.runtime.backends.Backend.isolated", False)  # in this process, where the patch is
     assert cli("verify", "--run-dir", run) == 4
     err = capsys.readouterr().err
     assert "error: verify:" in err and "provider exploded" in err and "Traceback" not in err
@@ -318,9 +319,9 @@ def test_mismatch_fraction_uses_the_per_output_tolerance():
 
 def test_fallback_stops_cleanly_when_a_recheck_errors_but_none_fails(trained, tmp_path, monkeypatch, capsys):
     run = copy(trained("cancellation"), tmp_path)
-    from pipeline import fp16
+    from pipeline.runtime import runners
 
-    real, calls = fp16.candidate_runner, []
+    real, calls = runners.fp16_emulation_runner, []
 
     def first_call_only(*args, **kwargs):  # the first check runs; the fallback's re-checks cannot start
         calls.append(1)
@@ -328,8 +329,8 @@ def test_fallback_stops_cleanly_when_a_recheck_errors_but_none_fails(trained, tm
             raise RuntimeError("emulation unavailable")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr("pipeline.fp16.candidate_runner", first_call_only)
-    monkeypatch.setattr("pipeline.backends.Backend.isolated", False)  # in this process, where the patch is
+    monkeypatch.setattr("pipeline.runtime.runners.fp16_emulation_runner", first_call_only)
+    monkeypatch.setattr("pipeline.runtime.backends.Backend.isolated", False)  # in this process, where the patch is
     assert cli("verify", "--run-dir", run, "--auto-fallback") == 1  # the gate failed; no StopIteration (exit 4)
     assert "StopIteration" not in capsys.readouterr().err
     fb = report(run)["fallback"]
@@ -339,37 +340,35 @@ def test_fallback_stops_cleanly_when_a_recheck_errors_but_none_fails(trained, tm
 def fake_tensorrt(monkeypatch):
     from pipeline import build
 
-    monkeypatch.setattr(build, "availability", lambda: (True, ""))
+    monkeypatch.setattr(tensorrt_engine, "availability", lambda: (True, ""))
     monkeypatch.setattr(build, "run", lambda cfg, run_dir, record: record.skip("no TensorRT in this test"))
     # Only the FP16 engine exists in these tests: the INT8 engine is skipped as build records it when export wrote
     # no model.int8.onnx.
-    monkeypatch.setattr(build, "skip_reason", lambda cfg, run_dir, engine: "" if engine == build.ENGINE
+    monkeypatch.setattr(tensorrt_engine, "skip_reason", lambda cfg, run_dir, engine: "" if engine == tensorrt_engine.ENGINE
                         else "no INT8 engine in this test")
-    monkeypatch.setattr("pipeline.backends.Backend.isolated", False)  # the fakes live in this process
+    monkeypatch.setattr("pipeline.runtime.backends.Backend.isolated", False)  # the fakes live in this process
 
 
 def test_disabled_tensorrt_candidate_never_loads_the_engine(clone_run, monkeypatch):
-    from pipeline import build
 
     run = clone_run()
     fake_tensorrt(monkeypatch)
-    (run / build.ENGINE).write_bytes(b"an engine without a sidecar: loading it is refused")
+    (run / tensorrt_engine.ENGINE).write_bytes(b"an engine without a sidecar: loading it is refused")
     assert cli("verify", "--run-dir", run, "verify.candidates.tensorrt_fp16.enabled=false") == 0
     trt = next(c for c in report(run)["candidates"] if c["name"] == "tensorrt_fp16")
     assert trt["status"] == "skipped" and trt["reason"] == "disabled (verify.candidates.tensorrt_fp16.enabled=false)"
 
 
 def test_fallback_loads_the_engine_once_and_marks_it_stale(trained, tmp_path, monkeypatch):
-    from pipeline import build
-    from pipeline.run import sha256_file
+    from pipeline.core.run import sha256_file
 
     run = copy(trained("cancellation"), tmp_path)
     fake_tensorrt(monkeypatch)
-    (run / build.ENGINE).write_bytes(b"engine")
+    (run / tensorrt_engine.ENGINE).write_bytes(b"engine")
     sidecar = {"onnx": "model.fp16.onnx", "onnx_sha256": sha256_file(run / "model.fp16.onnx"), "precision": "fp16",
                "profile": {"min": [1], "max": [64]}}
     loads = []
-    monkeypatch.setattr(build, "load_engine_bytes",
+    monkeypatch.setattr(tensorrt_engine, "load_engine_bytes",
                         lambda run_dir, platform=None, engine=None: loads.append(1) or (b"engine", sidecar))
     assert cli("verify", "--run-dir", run, "--auto-fallback") == 0
     assert len(loads) == 1  # not once per fallback round
@@ -379,7 +378,7 @@ def test_fallback_loads_the_engine_once_and_marks_it_stale(trained, tmp_path, mo
 
 def test_verify_reports_the_replacement_and_runs_no_other_stage(trained, tmp_path):
     from pipeline import stages
-    from pipeline.run import RunDir
+    from pipeline.core.run import RunDir
 
     run = copy(trained("cancellation"), tmp_path)
     cfg, rd = run_config(run), RunDir(run)

@@ -20,7 +20,7 @@ import pytest
 
 import fake_tensorrt
 import virtual_cuda as vc
-from pipeline import runners
+from pipeline.runtime import runners
 from test_tensorrt_contract import bench, built_run, fake_trt  # noqa: F401  (fixtures)
 
 
@@ -232,7 +232,7 @@ def test_virtual_gpu_the_gpu_check_s_tensorrt_questions_run_on_the_virtual_devic
         import gpu_timing_check as check
     finally:
         sys.path.remove(str(ROOT / "scripts"))
-    from pipeline import trtexec
+    from pipeline.runtime import trtexec
 
     monkeypatch.setattr(trtexec, "find", lambda: None)
     monkeypatch.setattr(check, "TINY_METHOD", dict(warmup_s=0, min_iterations=5, min_duration_s=0, trials=1,

@@ -1,0 +1,93 @@
+"""Every file name the pipeline reads or writes in a run directory, in one place.
+
+A stage names its outputs and inputs through these constants, so renaming an artifact is one
+edit and the stage table, the report and the docs cannot drift apart. Plain strings only: this
+module imports nothing, so the command line can use it without loading any library.
+"""
+
+# run directory bookkeeping (pipeline/core/run.py)
+MANIFEST = "manifest.json"
+CONFIG = "config.yaml"
+LOCK = ".lock"
+
+# train
+CHECKPOINT = "checkpoint.pt"
+BEST_CHECKPOINT = "checkpoint.best.pt"
+WEIGHTS = "model.safetensors"
+MODEL_CARD = "model.json"
+METRICS = "metrics.jsonl"
+CURVE = "train_curve.png"
+TRACE = "train.trace.json"
+TENSORBOARD = "tensorboard"  # a directory
+
+# export
+FP32_ONNX = "model.onnx"
+FP16_ONNX = "model.fp16.onnx"
+CALIBRATION = "calibration.npz"
+FALLBACK = "fp16_fallback.json"  # nodes verify --auto-fallback moved to FP32 (kept across re-exports)
+INT8_ONNX = "model.int8.onnx"  # ModelOpt Q/DQ graph, non-quantized regions FP16 (export.int8)
+INT8_FALLBACK = "int8_fallback.json"  # nodes verify --auto-fallback excluded from quantization
+
+# build
+ENGINE = "model.fp16.engine"
+ENGINE_SIDECAR = "model.fp16.engine.json"
+INT8_ENGINE = "model.int8.engine"  # strongly typed from model.int8.onnx (build.precisions)
+INT8_ENGINE_SIDECAR = "model.int8.engine.json"
+OPENVINO_DIR = "openvino"  # OpenVINO IR: openvino/<precision>.xml + .bin + .json sidecar (build)
+IR_TEMP_PREFIX = ".ir."  # openvino/.ir.*/: a conversion's temporary folder, removed when it ends
+
+# verify
+VERIFY_JSON = "verify.json"
+VERIFY_MD = "verify.md"
+VERIFY_JUNIT = "verify.junit.xml"
+FALLBACK_CANDIDATE = "model.fp16.fallback.onnx"  # the FP16 model --auto-fallback is trying
+INT8_FALLBACK_CANDIDATE = "model.int8.fallback.onnx"  # the INT8 model --auto-fallback is trying
+
+# benchmark
+BENCHMARK_JSON = "benchmark.json"
+BENCHMARK_MD = "benchmark.md"
+LATENCY_PLOT = "benchmark_latency.png"
+THROUGHPUT_PLOT = "benchmark_throughput.png"
+BENCHMARK_TRACE = "benchmark.trace.json"
+TRTEXEC_DIR = "trtexec"  # trtexec beside the TensorRT rows: <backend>.b<batch>.<kind>.times.json/.profile.json/.log
+
+# report
+REPORT_HTML = "report.html"
+REPORT_MD = "report.md"
+
+# verify and benchmark: a native runtime's child process (pipeline/runtime/isolate.py)
+LOGS = "logs"  # a directory: the stderr of every child, logs/<stage>.<backend>.log
+ISOLATE_PREFIX = ".isolate."  # its temporary folder (inputs and outputs), removed when the child ends
+
+
+def build_log(precision: str) -> str:
+    """Everything TensorRT, its ONNX parser and Polygraphy logged while building one engine."""
+    return f"{LOGS}/build.tensorrt.{precision}.log"
+
+
+def child_log(stage: str, backend: str) -> str:
+    """The log of ``backend``'s child process in ``stage``, relative to the run directory."""
+    return f"{LOGS}/{stage}.{backend}.log"
+
+
+def timing_cache_name(tensorrt: str | None, compute_capability: str | None) -> str:
+    """The TensorRT timing cache beside the run directories, one per TensorRT version and compute capability.
+
+    ``trt_timing.11.4.0.sm90.cache``: TensorRT warns that a cache from another device or version may give
+    functional or performance bugs, so runs share a cache only where both match.
+    """
+    sm = "sm" + str(compute_capability or "unknown").replace(".", "")
+    return f"trt_timing.{tensorrt or 'unknown'}.{sm}.cache"
+
+
+def xml_name(precision: str) -> str:
+    """An OpenVINO IR's graph (``openvino/fp32.xml``); its weights are :func:`bin_name`."""
+    return f"{OPENVINO_DIR}/{precision}.xml"
+
+
+def bin_name(precision: str) -> str:
+    return f"{OPENVINO_DIR}/{precision}.bin"
+
+
+def sidecar_name(precision: str) -> str:
+    return f"{OPENVINO_DIR}/{precision}.json"

@@ -1,0 +1,531 @@
+"""The run directory: atomic writes, the manifest, the lock, and per-stage bookkeeping.
+
+Every file the pipeline writes goes through :func:`atomic_path` (temporary file in the same
+directory, fsync, rename), so a crash leaves the old file or the new one, never a torn one.
+``manifest.json`` records, per stage: status (ok / skipped / failed / interrupted / running),
+times, the fingerprint of its inputs, the artifacts it wrote with their sha256, and details.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import errno
+import hashlib
+import json
+import logging
+import os
+import shutil
+import signal
+import stat
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+# CONFIG: re-exported for callers
+from pipeline.core.status import Status
+from pipeline.core.artifacts import CONFIG, IR_TEMP_PREFIX, ISOLATE_PREFIX, LOCK, LOGS, MANIFEST, OPENVINO_DIR  # noqa: F401
+from pipeline.core.errors import InputError, PipelineError, StageFailed, UsageError, disk_full, disk_full_cause
+
+SCHEMA = "pipeline.manifest/1"
+
+log = logging.getLogger("pipeline")
+
+
+def now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _fsync_dir(directory: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # absent on Windows, which is not a supported platform
+
+
+def refuse_symlink(path: Path) -> None:
+    """A file the pipeline writes or locks must not be a symbolic link: writing through one would
+    change a file outside the run directory (the link's target), so it is refused, never followed."""
+    if path.is_symlink():
+        raise UsageError(f"refusing to write {path}: it is a symbolic link (to {os.readlink(path)}); the run "
+                         "directory holds plain files only: remove the link or use another --run-dir")
+
+
+def _open_error(path: Path, exc: OSError) -> PipelineError:
+    """``ELOOP`` from ``O_NOFOLLOW`` is a symbolic link that appeared after :func:`refuse_symlink` looked."""
+    if exc.errno == errno.ELOOP:
+        return UsageError(f"refusing to write {path}: it is a symbolic link; the run directory holds plain "
+                          "files only: remove the link or use another --run-dir")
+    return _write_error(path, exc)
+
+
+def confined(root: Path, name: str | Path) -> Path:
+    """``root / name`` after checking that it stays inside ``root``: no component of ``name`` is a symbolic link
+    (a link could point a read or a write at any file outside), ``..`` or absolute, and what exists there is a
+    regular file or a folder. Otherwise one :class:`UsageError` (exit 2) naming the path."""
+    relative = Path(name)
+    if relative.is_absolute() or ".." in relative.parts:
+        raise UsageError(f"refusing {name}: not a path inside the run directory {root}")
+    path = Path(root)
+    for part in relative.parts:
+        path = path / part
+        if path.is_symlink():
+            raise UsageError(f"refusing to use {path}: it is a symbolic link (to {os.readlink(path)}); the run "
+                             "directory holds plain files only: remove the link or use another --run-dir")
+    if path.exists() and not (path.is_file() or path.is_dir()):
+        raise UsageError(f"refusing to use {path}: not a regular file (a pipe or a device); the run directory "
+                         "holds plain files only: remove it or use another --run-dir")
+    return path
+
+
+@contextlib.contextmanager
+def open_confined(path: str | Path):
+    """``path`` opened for reading in binary, never through a symbolic link, and only if it is a regular file."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UsageError(f"refusing to read {path}: it is a symbolic link; the run directory holds plain "
+                             "files only: remove the link or use another --run-dir") from None
+        raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UsageError(f"refusing to read {path}: not a regular file")
+    with os.fdopen(fd, "rb") as f:
+        yield f
+
+
+def open_append(path: str | Path):
+    """``path`` opened for appending text (created if missing), never through a symbolic link."""
+    path = Path(path)
+    refuse_symlink(path)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | NOFOLLOW, 0o666)
+    except OSError as exc:
+        raise _open_error(path, exc) from None
+    return os.fdopen(fd, "a", encoding="utf-8")
+
+
+TEMP_PREFIX = "."
+TEMP_SUFFIX = ".tmp"
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where the kernel tells it (Linux >= 4.7)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _final_mode(path: Path) -> int:
+    """Permissions the finished file gets: those of the file it replaces, else what ``open()`` would give.
+
+    ``mkstemp`` creates its file with mode 0600; without this every artifact would be private to its
+    owner, unlike a file the user writes (and unreadable from a container running as another user).
+    """
+    try:
+        return stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        return 0o666 & ~_umask()
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; on success it replaces ``path`` in one rename.
+
+    On any failure the temporary file is removed and ``path`` is left as it was. A full disk or
+    a read-only directory becomes one clear error instead of a traceback, also when the writer
+    (``torch.save``, safetensors) reports the full disk as its own exception type. A process killed
+    mid-write leaves a ``.<name>.*.tmp`` file, which the next :meth:`RunDir.locked` removes.
+    """
+    path = Path(path)
+    refuse_symlink(path)
+    tmp = None
+    try:
+        with signals_held():  # a Ctrl-C lands once `tmp` is known, so the cleanup below removes it
+            fd, tmp_name = tempfile.mkstemp(prefix=f"{TEMP_PREFIX}{path.name}.", suffix=TEMP_SUFFIX, dir=path.parent)
+            os.close(fd)
+            tmp = Path(tmp_name)
+        yield tmp
+        fd = os.open(tmp, os.O_RDWR | NOFOLLOW)  # the writer left a plain file here, not a link to one
+        try:
+            os.fsync(fd)
+            os.fchmod(fd, _final_mode(path))
+        finally:
+            os.close(fd)
+        refuse_symlink(path)  # planted while the writer ran: never replace, never follow
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except OSError as exc:
+        _remove(tmp)
+        raise _write_error(path, exc) from None
+    except Exception as exc:
+        full = not isinstance(exc, PipelineError) and _disk_full(exc, path.parent)
+        _remove(tmp)
+        if full:
+            raise _write_error(path, OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))) from None
+        raise
+    except BaseException:
+        _remove(tmp)
+        raise
+
+
+def _remove(tmp: Path | None) -> None:
+    if tmp is not None:
+        tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold SIGINT/SIGTERM for a few statements; one that arrived is raised again when they end.
+
+    A handler that only takes note, rather than a blocked signal mask: the mask is per thread, and the
+    kernel hands a process signal to any thread that does not block it (torch's and ONNX Runtime's
+    threads), whose C handler then runs the Python handler in the main thread anyway.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers belong to the main thread
+        return
+    caught: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: caught.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if caught:
+            signal.raise_signal(caught[0])  # to the handler in force again: KeyboardInterrupt, usually
+
+
+def _disk_full(exc: BaseException, directory: Path) -> bool:
+    """Whether a writer's exception is a full disk in disguise (torch.save raises a bare RuntimeError)."""
+    if disk_full_cause(exc) is not None:
+        return True
+    try:
+        return os.statvfs(directory).f_bavail == 0
+    except OSError:
+        return False
+
+
+def _write_error(path: Path, exc: OSError) -> PipelineError:
+    if exc.errno == errno.ENOSPC:
+        return StageFailed(f"cannot write {path}: no space left on device (nothing was replaced)")
+    if exc.errno in (errno.EACCES, errno.EROFS, errno.EPERM):
+        return UsageError(f"cannot write {path}: {os.strerror(exc.errno)}")
+    return StageFailed(f"cannot write {path}: {exc.strerror or exc}")
+
+
+SCRATCH_PREFIX = "pipeline-scratch."
+
+
+@contextlib.contextmanager
+def scratch_folder(*sources: Path) -> Iterator[Path]:
+    """A private temporary folder outside the run directory, holding copies of ``sources``; removed afterwards.
+
+    Libraries that write files of their own (ModelOpt writes ``model_reconciled.onnx`` beside its input, and
+    rewrites its input in place) get this copy, never the run directory: only the artifacts the pipeline
+    owns enter the run directory, through :func:`install`. Each source is read through :func:`confined_file`.
+    """
+    folder = Path(tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{os.getpid()}."))  # the pid: see remove_orphaned_scratch
+    try:
+        for source in sources:
+            with open_confined(source) as src, open(folder / Path(source).name, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def remove_orphaned_scratch() -> list[Path]:
+    """Scratch folders (:func:`scratch_folder`) of processes that no longer run: killed before they removed them."""
+    removed = []
+    for folder in Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}*"):
+        pid = folder.name[len(SCRATCH_PREFIX):].split(".")[0]
+        if pid.isdigit() and not _alive(int(pid)) and _remove_real(folder, folder=True):
+            removed.append(folder)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's process: alive, and not ours to clean up
+    return True
+
+
+def _remove_real(path: Path, *, folder: bool) -> bool:
+    """Remove ``path`` if it is a real file (or folder, with what it holds), never a link; whether it was removed."""
+    with contextlib.suppress(OSError):
+        if path.is_symlink():
+            return False
+        if folder and path.is_dir():
+            shutil.rmtree(path)
+            return True
+        if not folder and path.is_file():
+            path.unlink()
+            return True
+    return False
+
+
+def install(source: Path, path: str | Path) -> None:
+    """Copy ``source`` (a file in a scratch folder) to ``path`` in the run directory through :func:`atomic_path`."""
+    with atomic_path(path) as tmp:
+        shutil.copyfile(source, tmp)
+
+
+def atomic_write(path: str | Path, data: bytes | str) -> None:
+    with atomic_path(path) as tmp:
+        if isinstance(data, str):
+            tmp.write_text(data, encoding="utf-8")
+        else:
+            tmp.write_bytes(data)
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    atomic_write(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def read_json(path: str | Path, what: str) -> Any:
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError) as exc:
+        raise InputError(f"{path}: {what} is unreadable or corrupt ({exc})") from None
+
+
+def read_sidecar(path: Path, of: str, *, what: str, schema: str, author_key: str, rebuild: str,
+                 why: str = "") -> dict:
+    """The sidecar ``path`` of the artifact ``of`` (an engine, an OpenVINO IR): present, parseable, and written by
+    this tool under ``schema``; otherwise :class:`InputError`, one line ending in ``rebuild``. The first of every
+    check made before such an artifact is loaded; the callers then check its hashes and platform."""
+    if not path.is_file():
+        raise InputError(f"{of} has no sidecar {path.name}: only {what}s this tool wrote and recorded are "
+                         f"loaded{why}; {rebuild}")
+    try:
+        sidecar = read_json(path, f"{what} sidecar")
+    except InputError as exc:
+        raise InputError(f"{exc}; refusing to load {of}; {rebuild}") from None
+    if not isinstance(sidecar, dict) or sidecar.get("schema") != schema or \
+            not str(sidecar.get(author_key, "")).startswith("pipeline "):
+        raise InputError(f"{path.name} is not a pipeline {what} sidecar; refusing to load {of}; {rebuild}")
+    return sidecar
+
+
+def _digest(path: Path) -> dict:
+    return {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+
+
+class StageRecord:
+    """What a stage reports about itself while it runs; saved into the manifest."""
+
+    def __init__(self, run: "RunDir", name: str, entry: dict):
+        self.run = run
+        self.name = name
+        self.entry = entry
+
+    @property
+    def details(self) -> dict:
+        return self.entry.setdefault("details", {})
+
+    def artifact(self, filename: str) -> Path:
+        """Record a file this stage wrote and return its path; hashed now and again when the stage ends."""
+        path = self.run.file(filename)
+        self.entry.setdefault("artifacts", {})[filename] = _digest(path)
+        return path
+
+    def rehash(self) -> None:
+        """Hash every recorded artifact as it is on disk when the stage ends: a later step of the stage (or a
+        library) that touched a file after it was recorded cannot leave the manifest describing another file."""
+        for name in list(self.entry.get("artifacts", {})):
+            path = self.run.file(name)
+            if path.is_file():
+                self.entry["artifacts"][name] = _digest(path)
+            else:
+                del self.entry["artifacts"][name]
+
+    def skip(self, reason: str) -> None:
+        """Mark the stage ``skipped`` with the exact reason (it still ends normally)."""
+        self.entry["status"] = Status.SKIPPED
+        self.entry["reason"] = reason
+
+
+class RunDir:
+    """A run directory and its manifest. Use :meth:`locked` around any writing work."""
+
+    def __init__(self, path: str | Path, *, create: bool = True):
+        self.path = Path(path)
+        if self.path.exists() and not self.path.is_dir():
+            raise UsageError(f"run directory {self.path} exists and is not a directory")
+        if create:
+            try:
+                self.path.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise UsageError(f"cannot create run directory {self.path}: {exc.strerror or exc}") from None
+        elif not self.path.is_dir():
+            raise InputError(f"run directory {self.path} does not exist")
+        self._lock_fd: int | None = None
+        self.config_to_save = None  # what config.yaml gets when the command succeeds (pipeline.stages.open_run)
+        self.manifest = self._load_manifest()
+
+    # ------------------------------------------------------------------ manifest
+
+    def _load_manifest(self) -> dict:
+        path = self.path / MANIFEST
+        if not path.exists():
+            return {"schema": SCHEMA, "created": now(), "stages": {}}
+        data = read_json(path, "manifest")
+        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+            raise InputError(f"{path} is not a pipeline manifest; move it away or use another --run-dir")
+        from pipeline.core import manifest
+
+        manifest.validate(data, path)
+        return data
+
+    def save_manifest(self) -> None:
+        self.manifest["updated"] = now()
+        write_json(self.path / MANIFEST, self.manifest)
+
+    def stage_entry(self, name: str) -> dict | None:
+        return self.manifest["stages"].get(name)
+
+    def file(self, name: str) -> Path:
+        """``name`` in the run directory, confined: the one check every file read or written there goes through."""
+        return confined(self.path, name)
+
+    def require(self, filename: str, producer: str, consumer: str) -> Path:
+        """The path of an input artifact, or an error telling which stage to run first."""
+        path = self.file(filename)
+        if not path.is_file():
+            raise InputError(
+                f"{consumer} needs {filename} in {self.path}, which the {producer} stage writes; "
+                f"run `python -m pipeline {producer} --run-dir {self.path}` first"
+            )
+        return path
+
+    # ------------------------------------------------------------------ locking
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator["RunDir"]:
+        """Hold the run directory's lock; a second process refuses with a clear message."""
+        import fcntl
+
+        lock_path = self.path / LOCK
+        refuse_symlink(lock_path)
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o644)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise _open_error(lock_path, exc) from None
+            raise UsageError(f"run directory {self.path} is not writable: {exc.strerror or exc}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise UsageError(
+                f"run directory {self.path} is in use by another pipeline process (pid {holder}); "
+                "wait for it to finish or use another --run-dir"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        self._lock_fd = fd
+        try:
+            if os.access(self.path, os.W_OK) is False:
+                raise UsageError(f"run directory {self.path} is not writable")
+            self.remove_stale_temporaries()
+            yield self
+        finally:
+            self._lock_fd = None
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+    def remove_stale_temporaries(self) -> list[Path]:
+        """Delete what a killed process left behind (call with the lock held): ``.<name>.*.tmp`` files here and in
+        the artifact folders, the child processes' ``.isolate.*/`` exchange folders, OpenVINO's ``openvino/.ir.*/``
+        conversion folders, and the scratch folders of ModelOpt's work (outside, :func:`scratch_folder`) whose
+        process is gone. Links are never followed: only real files and folders are removed."""
+        removed = []
+        for where in (self.path, self.path / OPENVINO_DIR, self.path / LOGS):
+            if where.is_symlink() or not where.is_dir():
+                continue
+            removed += [tmp for tmp in where.glob(f"{TEMP_PREFIX}*{TEMP_SUFFIX}") if _remove_real(tmp, folder=False)]
+        stale = [*self.path.glob(f"{ISOLATE_PREFIX}*"), *self.path.glob(f"{OPENVINO_DIR}/{IR_TEMP_PREFIX}*")]
+        if not (self.path / OPENVINO_DIR).is_symlink():
+            removed += [folder for folder in stale if _remove_real(folder, folder=True)]
+        removed += remove_orphaned_scratch()
+        if removed:
+            log.info("removed %d temporary file(s) or folder(s) left by an interrupted process: %s", len(removed),
+                     ", ".join(p.name for p in removed))
+        return removed
+
+    # ------------------------------------------------------------------ stages
+
+    @contextlib.contextmanager
+    def stage(self, name: str, fingerprint: str | None = None) -> Iterator[StageRecord]:
+        """Bookkeeping around one stage: running -> ok / skipped / failed / interrupted."""
+        for previous in [*(self.stage_entry(name) or {}).get("artifacts", {}), LOGS]:
+            self.file(previous)  # refused before anything runs when one was replaced by a link
+        entry = {"status": Status.RUNNING, "started": now(), "fingerprint": fingerprint, "artifacts": {}, "details": {}}
+        self.manifest["stages"][name] = entry
+        self.save_manifest()
+        record = StageRecord(self, name, entry)
+        start = time.perf_counter()
+
+        def finish(status: str, **extra) -> None:
+            entry.update(extra)
+            if entry["status"] == Status.RUNNING or status != Status.OK:
+                entry["status"] = status
+            entry["ended"] = now()
+            entry["duration_s"] = round(time.perf_counter() - start, 3)
+            if status == Status.OK:
+                self.save_manifest()
+                return
+            # The stage already failed: its own error is the one to report. If the manifest cannot be
+            # written either (a full disk), say so, but do not replace that error with this one.
+            try:
+                self.save_manifest()
+            except PipelineError as exc:
+                log.warning("could not record the %s stage as %s: %s", name, status, exc)
+
+        try:
+            yield record
+            record.rehash()
+        except KeyboardInterrupt:
+            finish(Status.INTERRUPTED, error="interrupted by the user")
+            raise
+        except PipelineError as exc:
+            status = Status.FAILED
+            finish(status, error=str(exc), exit_code=exc.exit_code)
+            raise
+        except Exception as exc:
+            full = disk_full(exc)  # recorded as the command line reports it
+            finish(Status.FAILED, **({"error": str(full), "exit_code": full.exit_code} if full
+                                else {"error": f"{type(exc).__name__}: {exc}"}))
+            raise
+        else:
+            finish(Status.OK)

@@ -1,0 +1,195 @@
+"""One automatic fallback for every precision a graph carries.
+
+A lower-precision graph gives each node of the FP32 graph a precision on the ladder ``int8 < fp16 < fp32``
+(``model.fp16.onnx``: fp16 or fp32; ``model.int8.onnx``: int8, fp16 in the regions ModelOpt leaves
+unquantized, or fp32). When a gating candidate fails, localisation names the first node over tolerance;
+the fallback raises it one step (int8 -> fp16: left unquantized; fp16 -> fp32: kept in FP32) or, when it
+already computes in FP32, raises its nearest lower-precision producers (its error comes from their
+rounding). The graph is then remade with every raise so far, re-checked, and the loop repeats until the
+candidates that run the graph pass or ``verify.fallback_iterations`` runs out. A passing graph replaces
+the run's file and the raises go to its fallback file, which every later export applies.
+
+The FP16 graph's raises to FP32 also apply to the INT8 graph's FP16 regions (the nodes are the same), so
+what the FP16 fallback found carries over (:func:`read`).
+
+The same loop serves every precision; :class:`PrecisionGraph` says how a graph is read and summarised. How a
+graph is remade (export's conversion), re-checked and localised is the caller's (verify's): this module
+imports no stage.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Callable
+
+import onnx
+
+from pipeline.precision import fp16, int8
+from pipeline.core.artifacts import FALLBACK, FALLBACK_CANDIDATE, FP16_ONNX, INT8_FALLBACK, INT8_FALLBACK_CANDIDATE, INT8_ONNX
+from pipeline.core.run import RunDir, read_json, write_json
+
+log = logging.getLogger("pipeline")
+
+LADDER = ("int8", "fp16", "fp32")
+
+
+@dataclass
+class Raised:
+    """What the fallback keeps in higher precision: nodes left out of INT8, nodes kept in FP32."""
+
+    out_of_int8: list[str] = field(default_factory=list)
+    fp32: list[str] = field(default_factory=list)
+
+    def add(self, moves: dict[str, str]) -> None:
+        for name, precision in moves.items():
+            target = self.fp32 if precision == "fp32" else self.out_of_int8
+            if name not in target:
+                target.append(name)
+
+
+@dataclass(frozen=True)
+class PrecisionGraph:
+    """One lower-precision graph of the run, as the fallback sees it."""
+
+    precision: str  # "fp16" | "int8": verify's candidates that run it have this precision
+    artifact: str  # the run's file
+    candidate_file: str  # where a remade graph waits for its re-check
+    fallback_file: str  # the raises, kept for later exports
+    precisions: Callable[[onnx.ModelProto, onnx.ModelProto], dict]  # (fp32 graph, graph) -> {node: (op, precision)}
+    fraction: Callable[[dict], float]  # the share of the graph in its precision, for the report
+
+
+FP16_GRAPH = PrecisionGraph("fp16", FP16_ONNX, FALLBACK_CANDIDATE, FALLBACK, fp16.node_precisions,
+                            lambda precisions: _share(precisions, "fp16"))
+INT8_GRAPH = PrecisionGraph("int8", INT8_ONNX, INT8_FALLBACK_CANDIDATE, INT8_FALLBACK, int8.node_precisions,
+                            int8.int8_fraction)
+
+
+def _share(precisions: dict, precision: str) -> float:
+    return sum(1 for _, p in precisions.values() if p == precision) / max(1, len(precisions))
+
+
+# --------------------------------------------------------------------------- the fallback files
+
+
+def read(run_dir: RunDir, graph: PrecisionGraph) -> Raised:
+    """The raises kept for ``graph``; the INT8 graph also keeps in FP32 what the FP16 fallback moved there."""
+    own = _read_file(run_dir, graph.fallback_file)
+    if graph.fallback_file == FALLBACK:
+        return Raised(fp32=list(own.get("nodes", [])))
+    fp16_moved = _read_file(run_dir, FALLBACK).get("nodes", [])
+    fp32 = list(dict.fromkeys([*own.get("fp32_nodes", []), *fp16_moved]))
+    return Raised(out_of_int8=list(own.get("nodes", [])), fp32=fp32)
+
+
+def _read_file(run_dir: RunDir, name: str) -> dict:
+    path = run_dir.file(name)
+    if not path.exists():
+        return {}
+    data = read_json(path, "INT8 fallback list" if name == INT8_FALLBACK else "FP16 fallback list")
+    return data if isinstance(data, dict) else {}
+
+
+def write(run_dir: RunDir, graph: PrecisionGraph, raised: Raised) -> None:
+    if graph.fallback_file == FALLBACK:
+        payload = {"nodes": raised.fp32, "note": "kept in FP32 by verify --auto-fallback"}
+    else:
+        payload = {"nodes": raised.out_of_int8, "fp32_nodes": raised.fp32,
+                   "note": "nodes: left unquantized by verify --auto-fallback; fp32_nodes: kept in FP32 (the FP16 "
+                           "fallback's nodes are kept in FP32 here too)"}
+    write_json(run_dir.file(graph.fallback_file), payload)
+
+
+# --------------------------------------------------------------------------- which nodes move
+
+
+def next_moves(node_name: str, fp32_model: onnx.ModelProto, precisions: dict) -> dict[str, str]:
+    """``{node: precision it moves to}``: the divergent node one step up the ladder when it computes below FP32;
+    else the nearest producers upstream of it that do (breadth first, the first level that has any)."""
+    def raised(name: str) -> str | None:
+        current = precisions.get(name, ("", "fp32"))[1]
+        return LADDER[LADDER.index(current) + 1] if current in LADDER[:-1] else None
+
+    if raised(node_name):
+        return {node_name: raised(node_name)}
+    producers = {out: node for node in fp32_model.graph.node for out in node.output}
+    by_name = {n.name: n for n in fp32_model.graph.node}
+    frontier, seen, found = [node_name], set(), {}
+    while frontier and not found:
+        next_frontier = []
+        for name in frontier:
+            for tensor in getattr(by_name.get(name), "input", ()):
+                producer = producers.get(tensor)
+                if producer is None or producer.name in seen:
+                    continue
+                seen.add(producer.name)
+                if raised(producer.name):
+                    found[producer.name] = raised(producer.name)
+                else:
+                    next_frontier.append(producer.name)
+        frontier = next_frontier
+    return found
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+@dataclass
+class Round:
+    """What one round re-checked: each candidate's status, and the first failing one (None when none failed)."""
+
+    results: dict[str, str]
+    passed: bool
+    failing: object = None  # the caller's failing check, handed back to ``localize``
+    note: str = ""
+    checks: list = field(default_factory=list)  # the caller's re-checked candidates
+
+
+def run(graph: PrecisionGraph, cfg, run_dir: RunDir, fp32_model: onnx.ModelProto, model: onnx.ModelProto,
+        localization: dict | None, *, remake: Callable[[Raised, str], dict],
+        recheck: Callable[[onnx.ModelProto], Round], localize: Callable[[onnx.ModelProto, object], dict]) -> dict:
+    """Raise, remake, re-check; repeat. ``remake(raised, out_name)`` writes the graph with those raises (export's
+    conversion, returning its precision report); ``recheck(graph)`` judges it with the candidates that run it;
+    ``localize(graph, failing)`` names the next divergent node. Replaces ``graph.artifact`` only when it passes."""
+    raised = read(run_dir, graph)
+    before = graph.fraction(graph.precisions(fp32_model, model))
+    candidate_path = run_dir.file(graph.candidate_file)
+    iterations, current, loc, passed = [], model, localization, False
+    try:
+        for i in range(cfg.verify.fallback_iterations):
+            first = (loc or {}).get("first_divergent")
+            moves = next_moves(first["name"], fp32_model, graph.precisions(fp32_model, current)) if first else {}
+            if not moves:
+                iterations.append({"iteration": i + 1, "moved": [], "note": _nothing_to_move(first)})
+                break
+            raised.add(moves)
+            report = remake(raised, graph.candidate_file)
+            current = onnx.load(str(candidate_path))
+            checked = recheck(current)
+            passed = checked.passed
+            iterations.append({"iteration": i + 1, "moved": list(moves), "to": moves, "divergent_node": first["name"],
+                               f"{graph.precision}_fraction": report[f"{graph.precision}_fraction"], "passed": passed,
+                               "results": checked.results, **({"note": checked.note} if checked.note else {})})
+            log.info("verify: %s fallback %d: %s -> %s fraction %.1f%%, %s", graph.precision.upper(), i + 1,
+                     ", ".join(f"{n} to {p}" for n, p in moves.items()), graph.precision.upper(),
+                     100 * report[f"{graph.precision}_fraction"], "passes" if passed else "still fails")
+            if passed:
+                os.replace(candidate_path, run_dir.file(graph.artifact))
+                write(run_dir, graph, raised)
+                break
+            if checked.failing is None:
+                break
+            loc = localize(current, checked.failing)
+    finally:
+        candidate_path.unlink(missing_ok=True)
+    after = graph.fraction(graph.precisions(fp32_model, current)) if passed else before
+    return {"passed": passed, "precision": graph.precision, "raised": {"out_of_int8": raised.out_of_int8,
+            "fp32": raised.fp32}, "iterations": iterations, f"{graph.precision}_fraction_before": before,
+            f"{graph.precision}_fraction_after": after, "budget": cfg.verify.fallback_iterations,
+            "replaced": [graph.artifact] if passed else []}
+
+
+def _nothing_to_move(first: dict | None) -> str:
+    return f"nothing left to move for {first['name']}" if first else "no node over tolerance to move"

@@ -1,0 +1,338 @@
+"""FP16: AutoCast conversion, the precision report, and FP16-faithful emulation on any CPU.
+
+TensorRT 10.12+ and 11 build what the ONNX graph's types say (strong typing), so the FP16
+precision decisions live in ``model.fp16.onnx``. ONNX Runtime's CPU provider computes FP16
+regions in FP32 and hides FP16 rounding, so it cannot check those decisions. Two faithful
+alternatives run here:
+
+* ``fast`` (default): :func:`emulation_model` rewrites the FP16 graph into FP32 compute that
+  rounds every FP16-typed tensor to FP16 (a Cast to float16 and back after each FP16 value;
+  FP16 initializers and constants keep their FP16-rounded values). ONNX Runtime keeps such
+  cast pairs at every optimisation level. This models FP16 storage with FP32 accumulation
+  inside each op, which is how FP16 tensor-core kernels usually accumulate.
+* ``strict``: ``onnx.reference.ReferenceEvaluator`` runs the FP16 graph in NumPy float16,
+  accumulation included. Stricter than TensorRT usually is, and slow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from pipeline.core.errors import StageFailed
+from pipeline.core.run import signals_held
+
+log = logging.getLogger("pipeline")
+
+FLOAT, FLOAT16 = TensorProto.FLOAT, TensorProto.FLOAT16
+
+
+# --------------------------------------------------------------------------- AutoCast
+
+
+class _ReasonCapture(logging.Handler):
+    """Collects AutoCast's "Skipping node <name>: <reason>" lines (its only record of why)."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def _quiet_autocast():
+    """AutoCast logs INFO to stdout by default: capture it instead, keep warnings visible in --debug."""
+    names = ["modelopt.onnx.autocast", "modelopt.onnx"]
+    loggers = [logging.getLogger(n) for n in names]
+    saved = [(lg, lg.level, lg.handlers[:], lg.propagate) for lg in loggers]
+    capture = _ReasonCapture()
+    for lg in loggers:
+        lg.handlers[:] = []
+        lg.propagate = False
+    loggers[0].setLevel(logging.INFO)
+    loggers[0].addHandler(capture)
+    # Some AutoCast modules configure their own child loggers on import.
+    children = [logging.getLogger(n) for n in logging.root.manager.loggerDict if n.startswith("modelopt.onnx.autocast.")]
+    child_saved = [(lg, lg.handlers[:], lg.propagate) for lg in children]
+    for lg in children:
+        lg.handlers[:] = []
+        lg.propagate = True
+    try:
+        yield capture
+    finally:
+        for lg, level, handlers, propagate in saved:
+            lg.setLevel(level)
+            lg.handlers[:] = handlers
+            lg.propagate = propagate
+        for lg, handlers, propagate in child_saved:
+            lg.handlers[:] = handlers
+            lg.propagate = propagate
+
+
+def exact_name_regex(name: str) -> str:
+    """AutoCast matches node names with ``re.match``; anchor an exact name."""
+    return f"^{re.escape(name)}$"
+
+
+def convert(fp32_path: Path, calibration_npz: Path | None, fp16_cfg, extra_excluded: list[str] = ()) -> tuple[
+        onnx.ModelProto, dict]:
+    """Run ModelOpt AutoCast (FP32 I/O kept) and return the FP16 model and a precision report."""
+    try:
+        # ModelOpt's import loads LIEF, a nanobind module whose initialisation runs Python code: a
+        # KeyboardInterrupt raised there is thrown through C++ and ends the process in std::terminate
+        # (SIGABRT, exit 134). Held signals arrive after the import, as a KeyboardInterrupt (exit 130).
+        with signals_held():
+            from modelopt.onnx.autocast import convert_to_mixed_precision
+    except ImportError as exc:
+        raise StageFailed(f"ModelOpt AutoCast is not installed ({exc}); reinstall the project (pip install -e .), which declares AutoCast's dependencies") from None
+
+    data_max = fp16_cfg.data_max if fp16_cfg.range_rule else math.inf
+    init_max = fp16_cfg.init_max if fp16_cfg.range_rule else math.inf
+    excludes = list(fp16_cfg.nodes_to_exclude) + [exact_name_regex(n) for n in extra_excluded]
+    start = time.perf_counter()
+    with _quiet_autocast() as capture:
+        try:
+            model16 = convert_to_mixed_precision(
+                onnx_path=str(fp32_path),
+                low_precision_type="fp16",
+                nodes_to_exclude=excludes or None,
+                op_types_to_exclude=list(fp16_cfg.op_types_to_exclude) or None,
+                data_max=data_max,
+                init_max=init_max,
+                keep_io_types=True,
+                calibration_data=str(calibration_npz) if calibration_npz and data_max != math.inf else None,
+                max_depth_of_reduction=fp16_cfg.max_depth_of_reduction,
+                providers=["cpu"],
+            )
+        except Exception as exc:
+            raise StageFailed(f"AutoCast FP16 conversion failed: {type(exc).__name__}: {exc}") from None
+    fp32_model = onnx.load(str(fp32_path), load_external_data=False)
+    report = precision_report(fp32_model, model16, capture.messages, set(extra_excluded))
+    report.update({
+        "converter": "modelopt.onnx.autocast.convert_to_mixed_precision",
+        "keep_io_types": True,
+        "range_rule": fp16_cfg.range_rule,
+        "data_max": None if data_max == math.inf else data_max,
+        "init_max": None if init_max == math.inf else init_max,
+        "calibration": "real validation images" if calibration_npz and data_max != math.inf else None,
+        "nodes_to_exclude": excludes,
+        "op_types_to_exclude": list(fp16_cfg.op_types_to_exclude),
+        "seconds": round(time.perf_counter() - start, 2),
+    })
+    return model16, report
+
+
+def infer_types(model: onnx.ModelProto) -> dict[str, int]:
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    types = {}
+    for value in list(inferred.graph.input) + list(inferred.graph.output) + list(inferred.graph.value_info):
+        if value.type.HasField("tensor_type"):
+            types[value.name] = value.type.tensor_type.elem_type
+    for init in inferred.graph.initializer:
+        types[init.name] = init.data_type
+    for node in inferred.graph.node:
+        if node.op_type == "Constant":
+            for attr in node.attribute:
+                if attr.name == "value":
+                    types[node.output[0]] = attr.t.data_type
+    return types
+
+
+def node_precisions(fp32_model: onnx.ModelProto, fp16_model: onnx.ModelProto) -> dict[str, tuple[str, str]]:
+    """``{node name: (op type, "fp16" | "fp32")}`` for the original nodes that produce float tensors."""
+    original = {n.name for n in fp32_model.graph.node}
+    types = infer_types(fp16_model)
+    out = {}
+    for node in fp16_model.graph.node:
+        if node.name not in original or node.op_type == "Constant":
+            continue
+        kinds = {types.get(o) for o in node.output if o}
+        if FLOAT16 in kinds:
+            out[node.name] = (node.op_type, "fp16")
+        elif FLOAT in kinds:
+            out[node.name] = (node.op_type, "fp32")
+    return out
+
+
+def precision_report(fp32_model, fp16_model, messages: list[str], fallback: set[str]) -> dict:
+    precisions = node_precisions(fp32_model, fp16_model)
+    reasons = {}
+    for message in messages:
+        if message.startswith("Skipping node "):
+            rest = message[len("Skipping node "):]
+            for name in precisions:
+                if rest.startswith(name + ": "):
+                    reasons[name] = rest[len(name) + 2:]
+    fp32_nodes = []
+    for name, (op, precision) in precisions.items():
+        if precision != "fp32":
+            continue
+        if name in fallback:
+            why = "moved to FP32 by verify --auto-fallback"
+        else:
+            why = _explain(reasons.get(name))
+        fp32_nodes.append({"name": name, "op_type": op, "reason": why})
+    n16 = sum(1 for _, p in precisions.values() if p == "fp16")
+    return {
+        "fp16_nodes": n16,
+        "fp32_nodes_count": len(fp32_nodes),
+        "fp16_fraction": n16 / max(1, len(precisions)),
+        "fp32_nodes": fp32_nodes,
+    }
+
+
+def _explain(reason: str | None) -> str:
+    if reason is None:
+        return "kept FP32 by AutoCast (no rule reported it; e.g. an op without FP16 support)"
+    if reason == "DisabledNodeNameRegexRule":
+        return "excluded by name (export.fp16.nodes_to_exclude)"
+    if reason == "DisabledOpTypes":
+        return "excluded by op type (export.fp16.op_types_to_exclude)"
+    if reason.startswith("reference IO out of range"):
+        return "measured values exceed data_max on the calibration images: " + reason.split(": ", 1)[-1]
+    if reason.startswith("initializer"):
+        return "initializer exceeds init_max: " + reason
+    if reason == "DepthOfReductionRule":
+        return "reduction deeper than max_depth_of_reduction"
+    return reason
+
+
+# --------------------------------------------------------------------------- emulation (fast)
+
+
+def emulation_model(fp16_model: onnx.ModelProto) -> onnx.ModelProto:
+    """An FP32 model that rounds every FP16-typed tensor of ``fp16_model`` to FP16 (see module doc)."""
+    for node in fp16_model.graph.node:
+        if any(attr.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for attr in node.attribute):
+            raise NotImplementedError(f"node {node.name!r} ({node.op_type}) has a subgraph; the fast FP16 "
+                                      "emulation supports flat graphs only (use verify.emulation=strict)")
+    types = infer_types(fp16_model)
+    graph = fp16_model.graph
+    new_nodes = []
+    used_names = {n.name for n in graph.node}
+
+    def unique(name: str) -> str:
+        candidate, i = name, 0
+        while candidate in used_names:
+            i += 1
+            candidate = f"{name}_{i}"
+        used_names.add(candidate)
+        return candidate
+
+    def round_pair(src: str, dst: str, prefix: str) -> list[onnx.NodeProto]:
+        half = f"{dst}__as_fp16"
+        return [
+            helper.make_node("Cast", [src], [half], name=unique(f"{prefix}/round_to_fp16"), to=FLOAT16),
+            helper.make_node("Cast", [half], [dst], name=unique(f"{prefix}/round_back_fp32"), to=FLOAT),
+        ]
+
+    # Graph inputs typed FP16 (only when I/O types were not kept): feed FP32, round on entry.
+    renamed_inputs = {}
+    for value in graph.input:
+        if value.type.tensor_type.elem_type == FLOAT16:
+            value.type.tensor_type.elem_type = FLOAT
+            renamed_inputs[value.name] = f"{value.name}__rounded"
+            new_nodes += round_pair(value.name, renamed_inputs[value.name], value.name)
+
+    for node in graph.node:
+        node = _copy(node)
+        for i, name in enumerate(node.input):
+            if name in renamed_inputs:
+                node.input[i] = renamed_inputs[name]
+        _attributes_to_fp32(node)
+        rounding = []
+        for i, out in enumerate(node.output):
+            if out and types.get(out) == FLOAT16:
+                raw = f"{out}__fp32_compute"
+                node.output[i] = raw
+                rounding += round_pair(raw, out, node.name or out)
+        new_nodes.append(node)
+        new_nodes += rounding
+
+    initializers = [_to_fp32(t) if t.data_type == FLOAT16 else t for t in graph.initializer]
+    for value in graph.output:
+        if value.type.tensor_type.elem_type == FLOAT16:
+            value.type.tensor_type.elem_type = FLOAT
+
+    new_graph = helper.make_graph(new_nodes, graph.name, list(graph.input), list(graph.output), initializers)
+    model = helper.make_model(new_graph, opset_imports=list(fp16_model.opset_import), producer_name="pipeline.precision.fp16")
+    model.ir_version = fp16_model.ir_version
+    return model
+
+
+NOT_MOVABLE = ("Cast", "Constant", "QuantizeLinear", "DequantizeLinear")
+
+
+def keep_in_fp32(model: onnx.ModelProto, nodes) -> onnx.ModelProto:
+    """The same graph with ``nodes`` (those that compute in FP16) computing in FP32: their FP16 inputs cast up,
+    their outputs computed in FP32, and cast back to FP16 only for consumers outside the set, so a chain of
+    moved nodes (``(f + 384) - 384``) stays in FP32 throughout. What AutoCast's ``nodes_to_exclude`` gives the
+    FP16 graph, for a graph AutoCast did not make: ModelOpt's INT8 quantization converts the regions it leaves
+    unquantized to FP16 by op type only. Every FP16 value is exact in FP32, so nothing else changes."""
+    types = infer_types(model)
+    moved = {n.name for n in model.graph.node if n.name in set(nodes) and n.op_type not in NOT_MOVABLE
+             and any(types.get(o) == FLOAT16 for o in n.output)}
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    if not moved:
+        return out
+    as_fp32 = {o: f"{o}__fp32" for n in model.graph.node if n.name in moved for o in n.output
+               if types.get(o) == FLOAT16}
+    nodes_out, cast_up = [], {}
+    for node in model.graph.node:
+        if node.name not in moved:
+            nodes_out.append(node)
+            continue
+        node = _copy(node)
+        for i, name in enumerate(node.input):
+            if name in as_fp32:
+                node.input[i] = as_fp32[name]
+            elif name and types.get(name) == FLOAT16:
+                if name not in cast_up:
+                    cast_up[name] = f"{name}__to_fp32"
+                    nodes_out.append(helper.make_node("Cast", [name], [cast_up[name]], name=f"{name}/fallback_to_fp32",
+                                                      to=FLOAT))
+                node.input[i] = cast_up[name]
+        _attributes_to_fp32(node)
+        casts_down = []
+        for i, name in enumerate(node.output):
+            if name in as_fp32:
+                node.output[i] = as_fp32[name]
+                casts_down.append(helper.make_node("Cast", [as_fp32[name]], [name], name=f"{name}/fallback_to_fp16",
+                                                   to=FLOAT16))
+        nodes_out += [node, *casts_down]
+    del out.graph.node[:]
+    out.graph.node.extend(nodes_out)
+    return out
+
+
+def _attributes_to_fp32(node: onnx.NodeProto) -> None:
+    """FP16 in a node's attributes (Cast targets, constant tensors, dtype) becomes FP32, in place."""
+    for attr in node.attribute:
+        if node.op_type == "Cast" and attr.name == "to" and attr.i == FLOAT16:
+            attr.i = FLOAT
+        elif attr.type == onnx.AttributeProto.TENSOR and attr.t.data_type == FLOAT16:
+            attr.t.CopyFrom(_to_fp32(attr.t))
+        elif attr.name == "dtype" and attr.type == onnx.AttributeProto.INT and attr.i == FLOAT16:
+            attr.i = FLOAT
+
+
+def _copy(node: onnx.NodeProto) -> onnx.NodeProto:
+    out = onnx.NodeProto()
+    out.CopyFrom(node)
+    return out
+
+
+def _to_fp32(tensor: TensorProto) -> TensorProto:
+    array = numpy_helper.to_array(tensor).astype(np.float32)
+    return numpy_helper.from_array(array, tensor.name)

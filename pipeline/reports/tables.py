@@ -1,0 +1,384 @@
+"""The rows of every run report, built once: verify.md, benchmark.md, report.md and report.html.
+
+The builders here turn the manifest, ``verify.json`` and ``benchmark.json`` into :class:`Section`s
+(a heading, paragraphs, tables of :class:`Cell`s); they choose and format every number. The two
+renderers, :func:`markdown` and :func:`html`, only lay sections out. A builder reads its payload's
+keys directly, so a payload missing a key raises ``KeyError`` (the report turns that into one line).
+"""
+
+from __future__ import annotations
+
+import html as _html
+import re
+from dataclasses import dataclass
+
+from pipeline.core.status import Status
+from pipeline.core.manifest import STAGE_ORDER
+from pipeline.runtime import trtexec
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One table cell, or one piece of a paragraph."""
+
+    text: str
+    status: str | None = None  # a verdict or stage status (passed, failed, skipped, ok, ...): coloured in HTML
+    note: str = ""  # said after the text: a skip reason, an error
+    code: bool = False  # a node or file name: monospace
+
+
+@dataclass(frozen=True)
+class Table:
+    headers: tuple[str, ...]
+    rows: tuple[tuple[Cell, ...], ...]
+
+
+@dataclass(frozen=True)
+class Section:
+    title: str
+    status: str | None = None  # shown after the title: "Precision gate: FAILED"
+    paragraphs: tuple = ()  # each a str or a tuple of Cells (to mark node names as code)
+    tables: tuple[Table, ...] = ()
+    preformatted: str | None = None  # shown verbatim (the configuration)
+    level: int = 2  # 2: a top section, 3: under the one before
+
+
+def fmt(value, spec=".3g") -> str:
+    """A number for a table: 3 significant digits by default; None as '-'; strings as they are."""
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        return value
+    return format(value, spec)
+
+
+def percent(fraction, spec=".2f") -> str:
+    return "-" if fraction is None else f"{format(100 * fraction, spec)}%"
+
+
+def _row(*cells) -> tuple[Cell, ...]:
+    return tuple(c if isinstance(c, Cell) else Cell(fmt(c)) for c in cells)
+
+
+# --------------------------------------------------------------------------- the manifest
+
+
+def stage_section(manifest: dict) -> Section:
+    """One row per stage of ``STAGE_ORDER``: status, time, and the reason or error."""
+    rows = []
+    for name in STAGE_ORDER:
+        entry = manifest.get("stages", {}).get(name) or {}
+        status = entry.get("status", "not run")
+        time = fmt(entry.get("duration_s"), ".1f") + " s" if entry.get("duration_s") is not None else "-"
+        rows.append(_row(name, Cell(status, status=status), time, entry.get("reason") or entry.get("error") or ""))
+    return Section("Stages", tables=(Table(("stage", "status", "time", "note"), tuple(rows)),))
+
+
+def training_section(manifest: dict) -> Section | None:
+    train = manifest.get("stages", {}).get("train", {}).get("details") or {}
+    if not train:
+        return None
+    rows = tuple(_row(h["epoch"], fmt(h["val_loss"], ".4f"), percent(h["val_acc"])) for h in train.get("history", []))
+    text = (f"Device {train.get('device')}, mixed precision {train.get('amp')} ({train.get('amp_note')}), "
+            f"{train.get('steps')} optimizer steps, {train.get('skipped_steps')} skipped, "
+            f"{fmt(train.get('images_per_s'), '.1f')} images/s.")
+    return Section("Training", paragraphs=(text,), tables=(Table(("epoch", "val loss", "val accuracy"), rows),))
+
+
+def fp16_section(manifest: dict) -> Section | None:
+    fp16 = (manifest.get("stages", {}).get("export", {}).get("details") or {}).get("fp16") or {}
+    if fp16.get("fp16_fraction") is None:
+        return None
+    rows = tuple(_row(Cell(n["name"], code=True), n["op_type"], n["reason"]) for n in fp16.get("fp32_nodes", []))
+    text = (f"{fp16.get('fp16_nodes')} nodes in FP16 ({percent(fp16['fp16_fraction'], '.1f')}), "
+            f"{fp16.get('fp32_nodes_count')} kept in FP32 by {fp16.get('converter')}.")
+    tables = (Table(("node kept in FP32", "op", "why"), rows),) if rows else ()
+    return Section("FP16 conversion", paragraphs=(text,), tables=tables)
+
+
+def int8_section(manifest: dict) -> Section | None:
+    """INT8 quantization: the Q/DQ count, the nodes that run INT8, FP16 and FP32, and why a compute node is not INT8."""
+    export = manifest.get("stages", {}).get("export", {}).get("details") or {}
+    int8 = export.get("int8")
+    if not int8:
+        return None
+    if int8.get("int8_fraction") is None:
+        why = int8.get("reason") or int8.get("skipped") or "-"
+        status = "disabled" if int8.get("enabled") is False else Status.SKIPPED
+        return Section("INT8 quantization", status=status, paragraphs=(f"No model.int8.onnx: {why}.",))
+    text = (f"{int8['qdq_pairs']} Q/DQ pairs; {int8['int8_nodes']} nodes compute on INT8 inputs "
+            f"({percent(int8['int8_fraction'], '.1f')} of the matrix ops: Conv, Gemm, MatMul), {int8['fp16_nodes']} in "
+            f"FP16, {int8['fp32_nodes_count']} in FP32; {int8.get('quantizer')}, calibration "
+            f"{int8.get('calibration_method')} on {int8.get('calibration_images')} real validation images, "
+            f"{fmt(int8.get('seconds'), '.1f')} s.")
+    counts = "Not INT8: " + ("; ".join(f"{n} {why}" for why, n in int8.get("unquantized_reasons", {}).items())
+                             or "none") + "."
+    rows = tuple(_row(Cell(n["name"], code=True), n["op_type"], n["precision"], n["reason"])
+                 for n in int8.get("unquantized_nodes", []))
+    tables = (Table(("matrix op not in INT8", "op", "precision", "why"), rows),) if rows else ()
+    return Section("INT8 quantization", paragraphs=(text, counts), tables=tables)
+
+
+def _flatten(prefix: str, value) -> list[tuple[str, str]]:
+    if isinstance(value, dict):
+        return [pair for key, v in value.items() for pair in _flatten(f"{prefix}.{key}" if prefix else key, v)]
+    if isinstance(value, (list, tuple)):
+        return [(prefix, ", ".join(map(str, value)) or "-")]
+    return [(prefix, "-" if value is None else str(value))]
+
+
+def environment_section(environment: dict) -> Section:
+    """The run's machine and software, one row per fact (nested facts as ``gpu.name``)."""
+    rows = tuple(_row(key, Cell(value)) for key, value in _flatten("", environment))
+    if not rows:
+        return Section("Environment", paragraphs=("Not recorded.",))
+    return Section("Environment", tables=(Table(("what", "value"), rows),))
+
+
+# --------------------------------------------------------------------------- verify.json
+
+
+def _candidate_row(c: dict) -> tuple[Cell, ...]:
+    t, k, tol = c.get("tensor_check") or {}, c.get("task_check") or {}, c.get("tolerance") or {}
+    shown = c["status"] + (" (required)" if c["required"] and c["status"] == Status.SKIPPED else "")
+    shown += "" if c.get("gates", True) else " (reported only)"
+    accuracy = (f"{percent(k['accuracy'])} ({percent(k['reference_accuracy'])})" if k else "-")
+    if tol.get("criterion") == "absolute":
+        tolerance, error = f"atol {tol.get('atol')}, rtol {tol.get('rtol')}, {tol.get('check_error_stat')}", "-"
+    elif tol:
+        share = "" if tol.get("error_quantile", 1) >= 1 else f" at q{100 * tol['error_quantile']:g}"
+        tolerance, error = f"scaled <= {tol.get('max_scaled_error')}{share}", t.get("scaled_error_quantile")
+    else:
+        tolerance, error = "-", None
+    return _row(c["name"], c["precision"], Cell(shown, status=c["status"], note=c.get("reason") or ""), error,
+                t.get("max_abs_error"), percent(k.get("top1_agreement")), accuracy, tolerance)
+
+
+def _localization_section(loc: dict, title: str = "Localisation") -> Section:
+    first = loc.get("first_divergent")
+    where = ((Cell("First node over tolerance: "), Cell(first["name"], code=True), Cell(f" ({first['op_type']}).")
+              ) if first else "No single tensor exceeds the tolerance (the error builds up across layers).")
+    rows = tuple(_row(Cell(r["name"], code=True), r["op_type"], r["max_abs_error"], r["max_rel_error"],
+                      f"[{fmt(r['fp32_min'])}, {fmt(r['fp32_max'])}]", str(r["nonfinite"]))
+                 for r in loc.get("worst", []))
+    table = Table(("node", "op", "max abs err", "max rel err", "FP32 range", "non-finite"), rows)
+    return Section(title, paragraphs=(f"{loc.get('method')}.", where), tables=(table,), level=3)
+
+
+def _names(names: list[str]) -> tuple[Cell, ...]:
+    return tuple(cell for name in names for cell in (Cell(name, code=True), Cell(", ")))[:-1] or (Cell("none"),)
+
+
+def _fallback_section(fb: dict, precision: str = "fp16") -> Section:
+    """One automatic fallback (every precision's: pipeline.precision.fallback): what moved where, and the share left low."""
+    if precision == "int8":
+        moved = (Cell("left unquantized: "), *_names(fb.get("excluded_from_int8", [])), Cell("; kept in FP32: "),
+                 *_names(fb.get("kept_in_fp32", [])))
+        share = "INT8 share of the matrix ops"
+    else:
+        moved, share = (Cell("moved to FP32: "), *_names(fb["moved_to_fp32"])), "FP16 node fraction"
+    text = (Cell(f"{len(fb['iterations'])} iteration(s); "), *moved,
+            Cell(f"; {share} {percent(fb[f'{precision}_fraction_before'], '.1f')} -> "
+                 f"{percent(fb[f'{precision}_fraction_after'], '.1f')}."))
+    title = "Automatic INT8 fallback" if precision == "int8" else "Automatic FP32 fallback"
+    return Section(title, status=Status.PASSED if fb["passed"] else Status.FAILED, paragraphs=(text,), level=3)
+
+
+def verify_sections(payload: dict) -> list[Section]:
+    """The precision gate: one row per candidate, then localisation and fallback when they ran."""
+    inputs = payload["inputs"]
+    text = (f"Model {payload['model']}. Reference: PyTorch FP32. Inputs: {inputs['samples']} real validation "
+            f"images ({inputs['source']}).")
+    table = Table(("candidate", "precision", "status", "scaled err", "max abs err", "top-1 agreement",
+                   "accuracy (ref)", "tolerance"), tuple(_candidate_row(c) for c in payload["candidates"]))
+    deployable = payload.get("deployable")
+    if deployable is not None:
+        text += (f" Deployable (passed a gating check): {', '.join(deployable) or 'none'}. Rows marked 'reported "
+                 "only' do not decide the exit code (verify.gate).")
+    sections = [Section("Precision gate", status=Status.PASSED if payload["passed"] else Status.FAILED, paragraphs=(text,),
+                        tables=(table,))]
+    if payload.get("localization"):
+        sections.append(_localization_section(payload["localization"]))
+    if payload.get("fallback"):
+        sections.append(_fallback_section(payload["fallback"]))
+    if payload.get("int8_localization"):
+        sections.append(_localization_section(payload["int8_localization"], "INT8 localisation (Q/DQ graph)"))
+    if payload.get("int8_fallback"):
+        sections.append(_fallback_section(payload["int8_fallback"], "int8"))
+    return sections
+
+
+# --------------------------------------------------------------------------- benchmark.json
+
+
+def _benchmark_row(r: dict) -> tuple[Cell, ...]:
+    lat = r["latency_ms"]
+    return _row(r["backend"], r["precision"], r["device"], str(r["batch_size"]), fmt(lat["p50"], ".3f"),
+                fmt(lat["p90"], ".3f"), fmt(lat["p99"], ".3f"), fmt(lat["mean"], ".3f"),
+                percent(lat["cv"], ".1f") + (" !" if r["cv_warning"] else ""), fmt(r["throughput_per_s"], ".1f"),
+                percent(r.get("accuracy")), fmt(r.get("vs_eager"), ".2f") + ("x" if r.get("vs_eager") else ""),
+                r["timing"], Cell(r["verify"], status=r["verify"]))
+
+
+def _precision_rows(results: list[dict]) -> tuple[tuple[Cell, ...], ...]:
+    """One row per backend and timing: batch-1 latency and largest-batch throughput, accuracy and verdict."""
+    rows = []
+    for key in dict.fromkeys((r["backend"], r["timing"]) for r in results):
+        mine = sorted((r for r in results if (r["backend"], r["timing"]) == key), key=lambda r: r["batch_size"])
+        small, large = mine[0], mine[-1]
+        rows.append(_row(small["backend"], small["precision"], small["device"],
+                         f"{fmt(small['latency_ms']['p50'], '.3f')} (b={small['batch_size']})",
+                         f"{fmt(large['throughput_per_s'], '.1f')} (b={large['batch_size']})",
+                         percent(small.get("accuracy")), small["timing"],
+                         Cell(small["verify"], status=small["verify"])))
+    return tuple(rows)
+
+
+def benchmark_section(payload: dict) -> Section:
+    """Every (backend, batch, timing) measured, the method, the machine, and what was skipped."""
+    env, m = payload["environment"], payload["method"]
+    gpu = env.get("gpu") or {}
+    machine = (f"CPU: {env.get('cpu')} ({env.get('cpu_cores')} cores, {env.get('threads')} threads); "
+               f"GPU: {gpu.get('name', 'none')}; torch {env.get('torch')}, ONNX Runtime {env.get('onnxruntime')}, "
+               f"TensorRT {env.get('tensorrt') or 'not installed'}, OpenVINO {env.get('openvino') or 'not installed'}.")
+    method = (f"Method: {m['trials']} trials of at least {m['min_iterations']} runs and {m['min_duration_s']} s "
+              f"each, after {m['warmup_s']} s of warm-up; percentiles by {m.get('percentiles', '-')}; "
+              f"input {payload['input']['shape']} ({payload['input']['data']}). "
+              f"A '!' after the cv marks a trial whose coefficient of variation exceeded "
+              f"{percent(m.get('cv_warn'), '.0f')}.")
+    skipped = tuple(f"Skipped {s['backend']}" + (f" at batch {s['batch_size']}" if s.get("batch_size") else "")
+                    + f": {s['reason']}" for s in payload.get("skipped", []))
+    table = Table(("backend", "precision", "device", "batch", "p50 ms", "p90 ms", "p99 ms", "mean ms", "cv",
+                   "images/s", "accuracy", "x eager FP32", "timing", "verify"),
+                  tuple(_benchmark_row(r) for r in payload["results"]))
+    choice = Table(("backend", "precision", "device", "p50 ms (smallest batch)", "images/s (largest batch)",
+                    "accuracy", "timing", "verify"), _precision_rows(payload["results"]))
+    side = ("Every precision side by side (accuracy: verify's, on its real validation images, for the "
+            "artifact timed here; a backend that failed verify is not a candidate, however fast).")
+    anchor = trtexec_table(payload)  # trtexec on the same engines, when it was on PATH
+    ov_text, ov_table = benchmark_app_table(payload.get("benchmark_app"))  # benchmark_app on the same IRs
+    return Section(f"Benchmark: {payload['model']}", paragraphs=(machine, method, *skipped, side,
+                                                                 *((ov_text,) if ov_text else ())),
+                   tables=(choice, table, *(t for t in (anchor, ov_table) if t)))
+
+
+def trtexec_table(payload: dict) -> Table | None:
+    """The "trtexec side by side" table, or None without trtexec rows."""
+
+    rows = []
+    for r in payload["results"]:
+        t = r.get("trtexec")
+        if t is None:
+            continue
+        head = (Cell(r["backend"]), Cell(str(r["batch_size"])), Cell(r["timing"].split(" (")[0]),
+                Cell(fmt(r["latency_ms"]["p50"], ".3f")))
+        if "error" in t:
+            rows.append(head + (Cell("-"),) * 5 + (Cell("error", status="error", note=t["error"]),))
+            continue
+        flag = Cell("large difference", status=Status.FAILED) if t["flag"] else Cell(Status.OK, status=Status.PASSED)
+        rows.append(head + tuple(Cell(fmt(t[k], ".3f")) for k in ("p50", "p90", "p99", "mean"))
+                    + (Cell(percent(t["difference"], "+.0f")), flag))
+    if not rows:
+        return None
+    return Table(("backend", "batch", "timing", "ours p50 ms", "trtexec p50 ms", "p90 ms", "p99 ms", "mean ms",
+                  "difference", f"flag (> {trtexec.FLAG_RELATIVE:.0%})"), tuple(rows))
+
+
+def benchmark_app_table(section: dict | None) -> tuple[str, Table | None]:
+    """OpenVINO's benchmark_app beside our OpenVINO rows: a paragraph and the table (None when it did not run)."""
+    if not section:
+        return "", None
+    if "rows" not in section:
+        return f"OpenVINO benchmark_app: skipped: {section.get('skipped')}", None
+    rows = []
+    for r in section["rows"]:
+        head = (Cell(r["backend"]), Cell(str(r["batch_size"])), Cell(r["mode"]))
+        if "error" in r:
+            rows.append(head + (Cell("-"), Cell("-"), Cell("-"), Cell("error", status="error", note=r["error"])))
+            continue
+        latency = r["mode"] == "latency"
+        theirs = r["benchmark_app"]["p50_ms"] if latency else r["benchmark_app"]["throughput_per_s"]
+        shown = (lambda v: f"{v:.3f} ms p50") if latency else (lambda v: f"{v:.1f} images/s")
+        flag = Cell("far apart", status=Status.FAILED) if r["flagged"] else Cell(Status.OK, status=Status.PASSED)
+        rows.append(head + (Cell(shown(r["ours"])), Cell(shown(theirs)), Cell(fmt(r["ratio"], ".2f")), flag))
+    text = (f"OpenVINO benchmark_app beside ours: same IR, shape, precision hint and threads; {section['seconds']} s "
+            f"per run; a ratio outside [{1 / section['flag_ratio']:.2f}, {section['flag_ratio']}] is flagged.")
+    return text, Table(("backend", "batch", "mode", "ours", "benchmark_app", "ratio", "flag"), tuple(rows))
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def md_escape(value) -> str:
+    """Text for Markdown that a browser renders (GitHub, a step summary): model names, paths and messages come
+    from the user, so ``<`` is an entity: no tag can open (``<img src=x onerror=...>`` shows, never runs), while
+    ``->`` and ``a & b`` stay readable as plain text."""
+    return str(value).replace("<", "&lt;")
+
+
+def _md_code(value) -> str:
+    """A code span: its content is shown literally, so it is not escaped, but it cannot end early."""
+    return "`" + str(value).replace("`", "'") + "`"
+
+
+def _md_text(cell: Cell) -> str:
+    text = _md_code(cell.text) if cell.code else md_escape(cell.text)
+    return f"{text}: {md_escape(cell.note)}" if cell.note else text
+
+
+def _md_paragraph(paragraph) -> str:
+    return md_escape(paragraph) if isinstance(paragraph, str) else "".join(_md_text(c) for c in paragraph)
+
+
+def _fence(text: str) -> str:
+    """A code fence longer than any run of backticks in ``text``, so the text cannot close it."""
+    return "`" * max(3, 1 + max((len(run) for run in re.findall(r"`+", text)), default=0))
+
+
+def markdown(sections: list[Section], top: int = 2) -> str:
+    """GitHub-flavoured Markdown; ``top`` is the heading level of a level-2 section."""
+    lines: list[str] = []
+    for s in sections:
+        title = f"{s.title}: {s.status.upper()}" if s.status else s.title
+        lines += [f"{'#' * (top + s.level - 2)} {md_escape(title)}", ""]
+        for paragraph in s.paragraphs:
+            lines += [_md_paragraph(paragraph), ""]
+        for table in s.tables:
+            lines.append("| " + " | ".join(md_escape(h) for h in table.headers) + " |")
+            lines.append("|" + "---|" * len(table.headers))
+            lines += ["| " + " | ".join(_md_text(c).replace("|", "/") for c in row) + " |" for row in table.rows]
+            lines.append("")
+        if s.preformatted is not None:
+            fence = _fence(s.preformatted)
+            lines += [fence, s.preformatted.rstrip("\n"), fence, ""]
+    return "\n".join(lines)
+
+
+def _esc(value) -> str:
+    return _html.escape(str(value))
+
+
+def _html_text(cell: Cell) -> str:
+    text = f"<code>{_esc(cell.text)}</code>" if cell.code else _esc(cell.text)
+    if cell.status:
+        text = f'<span class="{_esc(cell.status.replace(" ", "-"))}">{text}</span>'
+    return text + (f" <span class='muted'>{_esc(cell.note)}</span>" if cell.note else "")
+
+
+def html_table(table: Table) -> str:
+    head = "".join(f"<th>{_esc(h)}</th>" for h in table.headers)
+    body = "".join("<tr>" + "".join(f"<td>{_html_text(c)}</td>" for c in row) + "</tr>" for row in table.rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def html(section: Section) -> str:
+    """One section as HTML (every text escaped)."""
+    title = _esc(section.title) + (f": {_html_text(Cell(section.status, status=section.status))}"
+                                   if section.status else "")
+    parts = [f"<h{section.level}>{title}</h{section.level}>"]
+    parts += [f"<p>{_esc(p) if isinstance(p, str) else ''.join(_html_text(c) for c in p)}</p>"
+              for p in section.paragraphs]
+    parts += [html_table(t) for t in section.tables]
+    if section.preformatted is not None:
+        parts.append(f"<pre>{_esc(section.preformatted)}</pre>")
+    return "\n".join(parts)

@@ -1,0 +1,438 @@
+"""verify's wording: its messages, hints and log lines, and its reports: verify.json (schema
+``docs/verify.schema.json``), verify.md and verify.junit.xml.
+
+verify.md is also appended to the file named by ``GITHUB_STEP_SUMMARY`` when that is set, so a
+GitHub Actions job shows the table on its summary page.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import math
+import os
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from pipeline.core.errors import first_line
+from pipeline.core.status import Status
+from pipeline.core import artifacts, env
+from pipeline.reports import tables
+from pipeline.runtime import backends
+from pipeline.core.run import RunDir, atomic_write, now, read_json, sha256_file, write_json
+from pipeline.reports.tables import fmt
+
+log = logging.getLogger("pipeline")
+
+SCHEMA = "pipeline.verify/2"
+NOT_VERIFIED = Status.NOT_VERIFIED
+JSON, MARKDOWN, JUNIT = artifacts.VERIFY_JSON, artifacts.VERIFY_MD, artifacts.VERIFY_JUNIT
+
+
+# --------------------------------------------------------------------------- messages and hints
+
+EXPORT_FIX = ("look for data-dependent control flow (exporter warnings in manifest.json) or try "
+              "export.exporter=dynamo")
+EXPORT_BROKEN_HINT = f"the FP32 export disagrees with PyTorch: {EXPORT_FIX}"
+EXPORT_BROKEN_LOG = ("verify: the FP32 export disagrees with PyTorch; FP16 localisation and fallback are skipped "
+                     "(they compare against the FP32 ONNX graph, which is already wrong)")
+STALE_ENGINE = ("the engine was built from the model.fp16.onnx the FP32 fallback replaced: build re-runs and "
+                "verify checks the new engine")
+INT8_KERNELS_HINT = ("the Q/DQ graph itself passes (int8_exact): this runtime's int8 kernels compute it differently "
+                     "(fused integer kernels); deploy it elsewhere (TensorRT) or exclude it from benchmark.backends")
+STALE_INT8_ENGINE = ("built from the model.int8.onnx the INT8 fallback replaced: build re-runs and verify checks "
+                     "the new engine or IR")
+TENSORRT_LOCALIZE_FAILED = "verify: TensorRT layer-wise localisation failed (%s); using the FP16 emulation"
+
+
+def disabled(name: str) -> str:
+    return f"disabled (verify.candidates.{name}.enabled=false)"
+
+
+def error_reason(exc: BaseException) -> str:
+    text = first_line(exc)
+    return f"{type(exc).__name__}: {text}"
+
+
+def crashed(exc) -> dict:
+    """A candidate whose child process died (:class:`pipeline.runtime.isolate.Crashed`): the verify.json result."""
+    return {"status": Status.CRASHED, "reason": str(exc), "log": exc.log, "log_tail": exc.tail}
+
+
+# What OpenVINO 2026.4 allows, measured: a node is kept out of BF16 only by the `precise` runtime attribute
+# (ov::DisablePrecisionConversion; Python's RTMap takes only str/int values, so it can be attached only through the
+# IR's XML), and its CPU plugin honours it on some layers (Reduce) but not on MatMul/FullyConnected.
+OPENVINO_BF16_NO_FALLBACK = (
+    "OpenVINO's BF16 is a whole-model runtime hint: the automatic fallback cannot keep single layers in f32 there "
+    "(OpenVINO 2026.4's only per-node mark, the `precise` runtime attribute, is ignored by its CPU plugin on "
+    "MatMul/FullyConnected layers); deploy openvino_fp32 (or openvino_int8 where it passes) for this model, or "
+    "turn the candidate off with verify.candidates.openvino_bf16.enabled=false")
+
+
+def runtime_facts(runner) -> dict:
+    """How a candidate ran, for verify.json: its child's log, and a workaround applied to its runtime."""
+    facts = {"log": runner.log} if getattr(runner, "log", None) else {}
+    if getattr(runner, "workaround", ""):
+        facts["workaround"] = runner.workaround
+    return facts
+
+
+def runtime_details(checks) -> dict:
+    """The manifest's record of runtime workarounds and crashes (with the log to read)."""
+    details = {"workarounds": {c.name: c.result["workaround"] for c in checks if c.result.get("workaround")}}
+    crashed = {c.name: f"{c.result['reason']} (log: {c.result['log']})" for c in checks if c.status == Status.CRASHED}
+    if crashed:
+        details["crashed"] = crashed
+    return details
+
+
+def wrong_outputs(produced: list[str], expected: str) -> str:
+    return f"candidate produced {produced}, not {expected!r}"
+
+
+def wrong_output_shape(name: str, artifact: str | None, got: tuple, want: tuple) -> str:
+    return (f"{name}: {artifact or 'the candidate'} gives outputs of shape [batch, {', '.join(map(str, got))}], "
+            f"but the trained model gives [batch, {', '.join(map(str, want))}]; the file is from another model or "
+            "run: re-run export")
+
+
+def reference_nonfinite_reason(nonfinite: int, samples: int) -> str:
+    return (f"not compared: the reference (PyTorch FP32, eval mode) gives NaN/Inf logits for {nonfinite} of "
+            f"{samples} validation images")
+
+
+def reference_nonfinite_message(nonfinite: int, samples: int) -> str:
+    return (f"the trained model itself (PyTorch FP32, eval mode) produces NaN/Inf logits for {nonfinite} of "
+            f"{samples} validation images, so no candidate could be judged; the export is not at fault. "
+            "Re-train (e.g. lower train.lr, or train.amp=off), then re-run export and verify")
+
+
+def describe_tensor(t: dict, gate: dict) -> str:
+    """The tensor check's numbers against its threshold, in the criterion's own terms."""
+    nonfinite = f", {t['nonfinite']} non-finite values" if t.get("nonfinite") else ""
+    if t.get("criterion") == "absolute":
+        return (f"max abs error {t['max_abs_error']:.4g}, max rel error {t['max_rel_error']:.4g} (atol {gate['atol']}, "
+                f"rtol {gate['rtol']}, {t['statistic']}) in {len(t['failed_batches'])}/{t['batches']} batches"
+                + nonfinite)
+    which = "worst image" if gate["error_quantile"] >= 1 else f"{100 * gate['error_quantile']:g}th-percentile image"
+    return (f"scaled error {t['scaled_error_quantile']:.4g} at the {which} (max {gate['max_scaled_error']:g} of the "
+            f"reference's logit scale {t['scale']:.3g}; {t['images_over']} images over; max abs error "
+            f"{t['max_abs_error']:.4g})" + nonfinite)
+
+
+def describe_task(k: dict) -> list[str]:
+    """The task criteria that failed or could not be decided, with the bound that decided them."""
+    parts, a, d = [], k["agreement"], k["drop"]
+    if a["status"] != Status.PASSED:
+        decided = k["samples"] - k.get("near_ties", 0)
+        parts.append(f"top-1 agreement {100 * a['value']:.2f}% (min {100 * a['threshold']:.2f}%; upper bound "
+                     f"{100 * a['upper_bound']:.2f}% at {100 * k['confidence']:g}% confidence, over the {decided} "
+                     f"of {k['samples']} images that are not near-ties)")
+    if d["status"] != Status.PASSED:
+        parts.append(f"accuracy drop {100 * d['value']:.2f} points (max {100 * d['threshold']:.2f}; lower bound "
+                     f"{100 * d['lower_bound']:.2f} at {100 * k['confidence']:g}% confidence)")
+    return parts
+
+
+def describe_failure(result: dict, gate: dict) -> str:
+    """The failing criteria only, with their numbers and thresholds."""
+    t, k = result.get("tensor_check", {}), result.get("task_check", {})
+    parts = [describe_tensor(t, gate)] if t and not t["passed"] else []
+    parts += describe_task(k) if k else []
+    return ", ".join(parts) or result.get("reason", "")
+
+
+def more_images(task: dict) -> str:
+    needed = task.get("more_images")
+    if needed is None:
+        return "the observed value is too close to the threshold for any practical number of images to decide it"
+    return f"about {needed} more validation images would decide it"
+
+
+def inconclusive_message(undecided) -> str:
+    return ("the gate could not decide with the images it had (verify.inconclusive=fail): " + "; ".join(
+        f"{c.name}: {', '.join(describe_task(c.result['task_check']))}: {more_images(c.result['task_check'])}"
+        for c in undecided)
+        + " (raise verify.max_samples, or add validation images)")
+
+
+def failure_message(verdict: dict, localization, export_broken: bool, suggest_fallback: bool) -> str:
+    failed = verdict["failed"]
+    first = failed[0]
+    text = (f"{len(failed)} of {verdict['ran']} candidates failed ({', '.join(c.name for c in failed)}); "
+            f"{first.name}: {describe_failure(first.result, first.result['tolerance'])}")
+    if export_broken:
+        text += f"; the FP32 export itself disagrees with PyTorch, so every ONNX candidate inherits the error: " \
+                f"{EXPORT_FIX}"
+    elif localization and localization.get("first_divergent"):
+        node = localization["first_divergent"]
+        what = "first quantized node" if first.backend.uses_int8_model else "first node"
+        text += f"; {what} over tolerance: {node['name']} ({node['op_type']})"
+    if first.result.get("hint") and first.backend.uses_int8_model:
+        text += f"; {first.result['hint']}"
+    if suggest_fallback and not export_broken:
+        text += ("; `verify --auto-fallback` can leave the offending layers unquantized"
+                 if first.backend.uses_int8_model else "; `verify --auto-fallback` can move the offending nodes to FP32")
+    return text + "; details in verify.md"
+
+
+def missing_required_message(missing) -> str:
+    return "required candidate(s) could not run: " + "; ".join(f"{c.name}: {c.result['reason']}" for c in missing)
+
+
+def errors_message(errors) -> str:
+    return "candidate(s) failed to run: " + "; ".join(
+        f"{c.name}: crashed: {c.result['reason']} (log: {c.result['log']})" if c.status == Status.CRASHED
+        else f"{c.name}: {c.result['reason']}" for c in errors)
+
+
+def fallback_errors(rechecked) -> str:
+    return "stopped: no candidate failed to localise, but " + "; ".join(
+        f"{c.name}: {c.result.get('reason')}" for c in rechecked if c.status == "error")
+
+
+# --------------------------------------------------------------------------- log lines
+
+
+def log_check(chk) -> None:
+    r = chk.result
+    if r["status"] == Status.SKIPPED:
+        log.info("verify: %-17s skipped: %s", chk.name, r["reason"])
+    elif r["status"] == "error":
+        log.warning("verify: %-17s error: %s", chk.name, r["reason"])
+    elif r["status"] == Status.CRASHED:
+        log.warning("verify: %-17s crashed: %s; last lines of %s:\n  %s", chk.name, r["reason"], r["log"],
+                    "\n  ".join(r["log_tail"]) or "(empty)")
+    else:
+        t, k = r["tensor_check"], r["task_check"]
+        error = (f"scaled {t['scaled_error_quantile']:.3g}" if t.get("criterion") == "scaled"
+                 else f"max rel {t['max_rel_error']:.3g}")
+        log.info("verify: %-17s %-12s max abs %.3g  %s  top-1 agreement %.2f%%  acc %.2f%% (ref %.2f%%)%s",
+                 chk.name, r["status"], t["max_abs_error"], error, 100 * k["top1_agreement"], 100 * k["accuracy"],
+                 100 * k["reference_accuracy"], "" if chk.gates else "  (reported only: not in verify.gate)")
+        if r["status"] == Status.INCONCLUSIVE:
+            log.warning("verify: %s inconclusive: %s; %s", chk.name, ", ".join(describe_task(k)), more_images(k))
+
+
+def log_localization(result: dict) -> None:
+    first = result.get("first_divergent")
+    if first:
+        log.warning("verify: first node over tolerance: %s (%s): max abs error %.4g, max rel error %.4g, "
+                    "FP32 range [%.4g, %.4g]", first["name"], first["op_type"], first["max_abs_error"],
+                    first["max_rel_error"], first["fp32_min"], first["fp32_max"])
+    else:
+        log.warning("verify: no single tensor exceeds the tolerance; the error builds up across layers")
+
+
+# --------------------------------------------------------------------------- reports
+
+
+def _clean(value):
+    """JSON has no NaN/Inf: write them as strings so the report stays valid JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+def build_payload(cfg, card, candidates, localization, fallback, verdict, samples: int, batch_size: int, *,
+                  hashes: dict, reference_nonfinite: int = 0, int8_localization=None, int8_fallback=None) -> dict:
+    """verify.json. ``hashes`` maps each artifact verify read to its sha256: the reference records its
+    weights', each candidate that reached a verdict the file it judged (benchmark shows a verdict only
+    while those still match the files it times)."""
+    reference = {"name": "torch_fp32", "precision": "fp32", "device": "cpu",
+                 "what": "the trained PyTorch model in FP32 (eval mode)", "weights": artifacts.WEIGHTS,
+                 "weights_sha256": hashes.get(artifacts.WEIGHTS), "nonfinite": reference_nonfinite}
+    return _clean({
+        "schema": SCHEMA,
+        "created": now(),
+        "passed": verdict["passed"],
+        "deployable": verdict.get("deployable", []),
+        "inconclusive": [c.name for c in verdict.get("inconclusive", [])],
+        "model": cfg.model.name,
+        "reference": reference,
+        "inputs": {"what": "real validation images", "source": cfg.data.source, "samples": samples,
+                   "batch_size": batch_size, "input_shape": ["batch", *card["spec"]["input_size"]]},
+        "candidates": [
+            {
+                "name": c.name,
+                "label": c.label,
+                "precision": c.precision,
+                "artifact": c.artifact,
+                "artifact_sha256": (hashes.get(c.artifact or artifacts.WEIGHTS)
+                                    if c.status in (Status.PASSED, Status.FAILED, Status.INCONCLUSIVE) else None),
+                "required": c.required,
+                "status": c.status,
+                "reason": c.result.get("reason"),
+                "hint": c.result.get("hint"),
+                "tolerance": c.result.get("tolerance"),
+                "tensor_check": c.result.get("tensor_check"),
+                "task_check": c.result.get("task_check"),
+                "after_fallback": c.result.get("after_fallback", False),
+                "gates": c.gates,
+                **{k: c.result[k] for k in ("log", "log_tail", "workaround") if k in c.result},
+            }
+            for c in candidates
+        ],
+        "localization": localization,
+        "fallback": fallback,
+        "int8_localization": int8_localization,
+        "int8_fallback": int8_fallback,
+        "environment": {k: v for k, v in env.collect().items() if k in ("cpu", "gpu", "torch", "onnxruntime",
+                                                                          "polygraphy", "modelopt", "tensorrt",
+                                                                          "openvino")},
+    })
+
+
+def markdown(payload: dict) -> str:
+    """verify.md: the report's precision-gate rows (``tables.verify_sections``), as Markdown."""
+    return tables.markdown(tables.verify_sections(payload), top=3)
+
+
+def junit(payload: dict) -> str:
+    cases = payload["candidates"]
+    failures = sum(1 for c in cases if c["status"] == Status.FAILED)
+    errors = sum(1 for c in cases
+                 if c["status"] in ("error", Status.CRASHED) or (c["required"] and c["status"] == Status.SKIPPED))
+    skipped = sum(1 for c in cases if c["status"] == Status.SKIPPED and not c["required"])
+    broken_reference = payload["reference"].get("nonfinite", 0)
+    suite = ET.Element("testsuite", name="pipeline.verify", tests=str(len(cases) + bool(broken_reference)),
+                       failures=str(failures + bool(broken_reference)), errors=str(errors), skipped=str(skipped),
+                       timestamp=payload["created"])
+    if broken_reference:  # every candidate is skipped: the failure is the reference's own
+        case = ET.SubElement(suite, "testcase", classname=f"verify.{payload['model']}", name="torch_fp32_reference")
+        ET.SubElement(case, "failure", type="ReferenceNonFinite",
+                      message=f"the trained model gives NaN/Inf logits for {broken_reference} validation images")
+    for c in cases:
+        case = ET.SubElement(suite, "testcase", classname=f"verify.{payload['model']}", name=c["name"])
+        t, k, tol = c.get("tensor_check") or {}, c.get("task_check") or {}, c.get("tolerance") or {}
+        numbers = (f"criterion={t.get('criterion')} scaled_error={fmt(t.get('scaled_error_quantile'))} "
+                   f"max_scaled_error={tol.get('max_scaled_error')} max_abs_error={fmt(t.get('max_abs_error'))} "
+                   f"max_rel_error={fmt(t.get('max_rel_error'))} atol={tol.get('atol')} rtol={tol.get('rtol')} "
+                   f"failed_batches={len(t.get('failed_batches', []))}/{t.get('batches')} "
+                   f"nonfinite={t.get('nonfinite')} top1_agreement={fmt(k.get('top1_agreement'))} "
+                   f"accuracy_drop={fmt(k.get('accuracy_drop'))} gates={c.get('gates', True)}") if t else ""
+        if c["status"] == Status.FAILED:
+            el = ET.SubElement(case, "failure", message=f"{c['name']} outside tolerance: {numbers}",
+                               type="PrecisionCheckFailed")
+            el.text = numbers
+        elif c["status"] == "error":
+            ET.SubElement(case, "error", message=c.get("reason") or "error", type="CandidateError")
+        elif c["status"] == Status.CRASHED:
+            el = ET.SubElement(case, "error", message=f"crashed: {c.get('reason')} (log: {c.get('log')})",
+                               type="CandidateCrashed")
+            el.text = "\n".join(c.get("log_tail") or [])
+        elif c["status"] == Status.SKIPPED:
+            if c["required"]:
+                ET.SubElement(case, "error", message=f"required but unavailable: {c.get('reason')}",
+                              type="BackendUnavailable")
+            else:
+                ET.SubElement(case, Status.SKIPPED, message=c.get("reason") or "")
+        if numbers:
+            ET.SubElement(case, "system-out").text = numbers
+    ET.indent(suite)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suite, encoding="unicode") + "\n"
+
+
+def write_all(run_dir: RunDir, payload: dict) -> list[Path]:
+    write_json(run_dir.file(JSON), payload)
+    md = markdown(payload)
+    atomic_write(run_dir.file(MARKDOWN), md)
+    atomic_write(run_dir.file(JUNIT), junit(payload))
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        with open(summary, "a", encoding="utf-8") as f:
+            f.write(md + "\n")
+    return [run_dir.file(JSON), run_dir.file(MARKDOWN), run_dir.file(JUNIT)]
+
+
+def with_earlier_fallbacks(run_dir: RunDir, hashes: dict, fallback: dict | None,
+                           int8_fallback: dict | None) -> tuple[dict | None, dict | None]:
+    """This run's fallback sections, or the previous verify's passed ones whose replacement is still the file on
+    disk (``earlier_run``: true; nothing to replace again). verify re-runs after ``--auto-fallback`` once build
+    re-made the engines and IR from the replaced file; its report still says what was moved, and why."""
+    try:
+        previous = read_json(run_dir.file(JSON), "verify report") if run_dir.file(JSON).is_file() else {}
+    except Exception:  # a damaged report: nothing to carry
+        previous = {}
+    judged = {c.get("artifact"): c["artifact_sha256"] for c in previous.get("candidates", [])
+              if c.get("artifact_sha256")}  # skipped candidates record none
+
+    def carried(key: str, artifact: str) -> dict | None:
+        section = previous.get(key)
+        if section and section.get("passed") and judged.get(artifact) and judged[artifact] == hashes.get(artifact):
+            return {**section, "replaced": [], "earlier_run": True}
+        return None
+
+    return (fallback or carried("fallback", artifacts.FP16_ONNX),
+            int8_fallback or carried("int8_fallback", artifacts.INT8_ONNX))
+
+
+def artifact_sha256(run_dir: RunDir, name: str) -> str | None:
+    """The sha256 a verdict is tied to; for an OpenVINO IR (``.xml``) one over its ``.xml`` and ``.bin``, since
+    the ``.xml`` alone stays byte-identical when only the weights or quantization scales change."""
+    path = run_dir.file(name)
+    if not path.is_file():
+        return None
+    if path.suffix != ".xml":
+        return sha256_file(path)
+    weights = path.with_suffix(".bin")
+    if not weights.is_file():
+        return None
+    return hashlib.sha256(f"{sha256_file(path)} {sha256_file(weights)}".encode()).hexdigest()
+
+
+def read_verdicts(run_dir: RunDir) -> dict | None:
+    """verify.json's status per candidate name, for the files in the run directory now; None when there is
+    no readable verify.json.
+
+    A verdict ("passed"/"failed") stands only while the sha256 verify recorded for the candidate's artifact
+    and for the reference's weights match the files here; otherwise (re-trained, re-exported, a model.onnx
+    copied in, or a verify.json from before hashes were recorded) it reads "not verified". The one reader
+    of verify's verdicts (benchmark's verify column, benchmark's fingerprint).
+    """
+    path = run_dir.file(JSON)
+    if not path.exists():
+        return None
+    try:
+        payload = read_json(path, "verify report")
+        cases = [(c["name"], c["status"], c.get("artifact_sha256")) for c in payload.get("candidates", [])]
+        weights = (payload.get("reference") or {}).get("weights_sha256")
+    except Exception:  # a damaged report only loses the verdicts; verify itself reports the damage
+        return None
+    # The artifact of each candidate comes from the backend table, never from the file's own claim
+    # (a candidate without one runs the trained PyTorch model: its artifact is the weights).
+    artifact_of = {b.candidate: b.artifact or artifacts.WEIGHTS for b in backends.candidates()}
+    current = functools.cache(lambda name: artifact_sha256(run_dir, name))
+    verdicts = {}
+    for name, status, recorded in cases:
+        if status in (Status.PASSED, Status.FAILED, Status.INCONCLUSIVE):
+            artifact = artifact_of.get(name)
+            fresh = (weights is not None and weights == current(artifacts.WEIGHTS) and artifact is not None
+                     and recorded is not None and recorded == current(artifact))
+            status = status if fresh else NOT_VERIFIED
+        verdicts[name] = status
+    return verdicts
+
+
+def read_accuracies(run_dir: RunDir) -> dict:
+    """verify.json's task accuracy per candidate name (and ``"reference"``: the FP32 model's), only where
+    :func:`read_verdicts` still vouches for the verdict: benchmark's accuracy column."""
+    verdicts = read_verdicts(run_dir)
+    if not verdicts:
+        return {}
+    try:
+        payload = read_json(run_dir.file(JSON), "verify report")
+        tasks = {c["name"]: c.get("task_check") or {} for c in payload.get("candidates", [])}
+    except Exception:  # a damaged report only loses the column
+        return {}
+    accuracies = {name: task.get("accuracy") for name, task in tasks.items()
+                  if verdicts.get(name) in (Status.PASSED, Status.FAILED, Status.INCONCLUSIVE) and task.get("accuracy") is not None}
+    reference = next((t.get("reference_accuracy") for n, t in tasks.items() if n in accuracies), None)
+    if reference is not None:
+        accuracies["reference"] = reference
+    return accuracies

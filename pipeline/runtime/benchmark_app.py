@@ -1,0 +1,127 @@
+"""OpenVINO's own ``benchmark_app`` beside the pipeline's OpenVINO rows: the anchor users trust.
+
+For the OpenVINO rows the summary names (``benchmark.benchmark_app_rows: summary``, the default; ``all``: every
+OpenVINO backend benchmark timed, at every batch size), ``benchmark_app`` runs on the same
+IR file (checked again through :func:`pipeline.runtime.openvino_ir.load` first) with the same shape,
+inference precision hint and thread count: once with ``-hint latency`` (one synchronous request,
+beside our wall-clock row) and once with ``-hint throughput`` (OpenVINO's number of async requests,
+beside our throughput row). Its JSON report (``-json_stats``) gives the median latency and the
+throughput. A ratio outside ``[1/FLAG_RATIO, FLAG_RATIO]`` is flagged: one of the two measured
+something else (a busy machine, another configuration).
+
+``benchmark_app`` ships with the ``openvino`` wheel as a console script; where it is missing, the
+comparison is skipped with that reason. ``benchmark.benchmark_app_s: 0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from pipeline.core.artifacts import xml_name
+from pipeline.core.run import RunDir
+
+log = logging.getLogger("pipeline")
+
+FLAG_RATIO = 1.5
+MODES = {"latency": "wall-clock", "throughput": "throughput"}  # benchmark_app's -hint -> our timing label's start
+
+
+def find() -> str | None:
+    """The ``benchmark_app`` console script: on PATH, else beside this Python (a virtual environment's bin)."""
+    found = shutil.which("benchmark_app")
+    if found:
+        return found
+    beside = Path(sys.executable).with_name("benchmark_app")
+    return str(beside) if beside.is_file() else None
+
+
+def command(exe: str, xml: Path, shape: list[int], mode: str, seconds: float, config: Path, folder: Path) -> list[str]:
+    return [exe, "-m", str(xml), "-d", "CPU", "-shape", "[" + ",".join(map(str, shape)) + "]", "-hint", mode,
+            "-t", str(max(1, round(seconds))), "-load_config", str(config), "-report_type", "no_counters",
+            "-json_stats", "-report_folder", str(folder)]
+
+
+def parse(report: dict) -> dict:
+    """The numbers of a ``benchmark_report.json``: median latency (ms), mean, throughput (images/s), requests."""
+    results, setup = report["execution_results"], report.get("configuration_setup", {})
+    return {"p50_ms": float(results["latency (ms)"]), "mean_ms": float(results["avg latency"]),
+            "throughput_per_s": float(results["throughput"]), "iterations": int(results["total number of iterations"]),
+            "requests": int(setup.get("number of parallel infer requests", 0) or 0), "api": setup.get("API")}
+
+
+def run_one(exe: str, xml: Path, shape: list[int], mode: str, hint: str, threads: int, seconds: float) -> dict:
+    """One benchmark_app run; its numbers, or ``{"error": one line}``."""
+    with tempfile.TemporaryDirectory(prefix="pipeline-benchmark-app-") as tmp:
+        folder = Path(tmp)
+        config = folder / "config.json"
+        config.write_text(json.dumps({"CPU": {"INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": str(threads)}}))
+        cmd = command(exe, xml, shape, mode, seconds, config, folder)
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=120 + 4 * seconds)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return {"error": f"benchmark_app did not finish: {type(exc).__name__}: {exc}"}
+        try:
+            return {**parse(json.loads((folder / "benchmark_report.json").read_text())), "command": " ".join(cmd)}
+        except (OSError, ValueError, KeyError) as exc:
+            tail = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()][-1:]
+            return {"error": f"benchmark_app (exit {done.returncode}) gave no report ({type(exc).__name__})"
+                             + (f": {tail[0][:200]}" if tail else "")}
+
+
+def side_by_side(cfg, run_dir: RunDir, results: list[dict], input_size: list[int], threads: int,
+                 named: list[dict] = ()) -> dict:
+    """benchmark_app's numbers beside ours for the OpenVINO rows among ``named`` (the rows the summary names:
+    two benchmark_app runs instead of two per OpenVINO row, 18 for resnet18), or for every OpenVINO row with
+    ``benchmark.benchmark_app_rows: all``; ``{"skipped": reason}`` when it cannot run."""
+    from pipeline.runtime import backends, openvino_ir
+
+    seconds = cfg.benchmark.benchmark_app_s
+    ours = [r for r in results if backends.by_name(r["backend"]).runtime == backends.OV]
+    if not ours:
+        return {"skipped": "no OpenVINO row was measured"}
+    if getattr(cfg.benchmark, "benchmark_app_rows", "all") == "summary":
+        ours = [r for r in ours if any(r is n for n in named)]
+        if not ours:
+            return {"skipped": "the summary names no OpenVINO row (benchmark.benchmark_app_rows: all checks every "
+                               "OpenVINO row)"}
+    if not seconds:
+        return {"skipped": "benchmark.benchmark_app_s is 0"}
+    exe = find()
+    if exe is None:
+        return {"skipped": "benchmark_app is not installed (it ships with the openvino wheel)"}
+    rows = []
+    for name in dict.fromkeys(r["backend"] for r in ours):
+        precision = backends.by_name(name).precision
+        _, _, sidecar = openvino_ir.load(run_dir, precision)  # the same checked file, refused if it changed since
+        xml = run_dir.file(xml_name(precision))
+        for row in (r for r in ours if r["backend"] == name):
+            mode = next(m for m, start in MODES.items() if row["timing"].startswith(start))
+            shape = [row["batch_size"], *input_size]
+            theirs = run_one(exe, xml, shape, mode, sidecar["hint"], threads, seconds)
+            rows.append(compare(row, mode, theirs))
+            log.info("benchmark: benchmark_app %-13s b=%-3d %-10s %s", name, row["batch_size"], mode,
+                     rows[-1].get("error") or rows[-1]["summary"])
+    return {"tool": exe, "seconds": seconds, "flag_ratio": FLAG_RATIO, "rows": rows}
+
+
+def compare(row: dict, mode: str, theirs: dict) -> dict:
+    """Our row and benchmark_app's run, with the ratio that matters for the mode and a flag when far apart."""
+    base = {"backend": row["backend"], "batch_size": row["batch_size"], "mode": mode}
+    if "error" in theirs:
+        return {**base, "error": theirs["error"]}
+    if mode == "latency":
+        ours, their = row["latency_ms"]["p50"], theirs["p50_ms"]
+        what = f"p50 {ours:.3f} ms (ours) vs {their:.3f} ms (benchmark_app)"
+    else:
+        ours, their = row["throughput_per_s"], theirs["throughput_per_s"]
+        what = f"{ours:.1f} vs {their:.1f} images/s (benchmark_app, {theirs['requests']} requests)"
+    ratio = ours / their if their else None
+    flagged = ratio is None or not (1 / FLAG_RATIO <= ratio <= FLAG_RATIO)
+    return {**base, "ours": ours, "benchmark_app": theirs, "ratio": ratio, "flagged": flagged,
+            "summary": what + (f"; ratio {ratio:.2f}" if ratio else "") + ("  FLAGGED: far apart" if flagged else "")}

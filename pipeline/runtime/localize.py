@@ -1,0 +1,114 @@
+"""Layer-by-layer localisation of an FP16 precision failure, and the choice of nodes to move to FP32.
+
+Both graphs keep the FP32 export's tensor names (AutoCast only inserts Casts), so after marking
+every tensor as an output, the FP32 model and the candidate can be compared tensor by tensor.
+The candidate is the FP16 graph's faithful emulation on ONNX Runtime (any machine) or, on a
+GPU, the TensorRT engine built with every tensor marked (which can change fusions; Polygraphy's
+own accuracy guide warns of that).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+
+import numpy as np
+import onnx
+
+from pipeline.core import onnx_io
+from pipeline.precision import fp16
+from pipeline.precision.gate import TensorRule
+from pipeline.runtime.runners import collect, onnxrt_runner
+
+log = logging.getLogger("pipeline")
+
+def _marked_outputs(model: onnx.ModelProto, feed: dict, name: str) -> OrderedDict:
+    marked = onnx_io.mark_all_outputs(model)
+    return collect(onnxrt_runner(marked.SerializeToString(), name=name), [feed])[0]
+
+
+def compare_layers(fp32_model: onnx.ModelProto, ref: dict, cand: dict, rule: TensorRule, top: int) -> dict:
+    """Walk the FP32 graph in topological order; report the first node over ``rule`` and the worst nodes."""
+    rows = []
+    first = None
+    for node in fp32_model.graph.node:
+        if node.op_type == "Constant":
+            continue
+        for out in node.output:
+            if out not in ref or out not in cand:
+                continue
+            r, c = np.asarray(ref[out]), np.asarray(cand[out])
+            if r.dtype.kind != "f" or r.shape != c.shape or r.size == 0:
+                continue
+            row = {"name": node.name, "op_type": node.op_type, "tensor": out, **rule.errors(r, c)}
+            rows.append(row)
+            if first is None and row["exceeds"]:
+                first = row
+            break  # one row per node: its first float output
+    worst = sorted(rows, key=lambda r: (r["nonfinite"] > 0, r["scaled_error"]), reverse=True)[:top]
+    return {"first_divergent": first, "worst": worst, "compared_nodes": len(rows), "tolerance": rule.describe()}
+
+
+def localize_emulation(fp32_model: onnx.ModelProto, fp16_model: onnx.ModelProto, feed: dict, rule: TensorRule,
+                       top: int) -> dict:
+    """Compare ONNX Runtime on the FP32 graph with the fast FP16 emulation, tensor by tensor."""
+    ref = _marked_outputs(fp32_model, feed, "fp32-layers")
+    cand = _marked_outputs(fp16.emulation_model(fp16_model), feed, "fp16-emulation-layers")
+    result = compare_layers(fp32_model, ref, cand, rule, top)
+    result["method"] = "ONNX Runtime, FP32 graph vs FP16 emulation, every tensor marked as output"
+    return result
+
+
+def tensorrt_layers_engine(onnx_path, *, input_name: str, shapes: dict, build_cfg, timing_cache=None):
+    """The localisation engine's loader: the engine's own network parser and builder config (``tensorrt_engine.network_loader``,
+    ``tensorrt_engine.config_loader``: strongly typed, same profile, ``build.tf32``, ``build.optimization_level``, the
+    engine's timing cache), with every tensor marked as a network output. Lazy: nothing touches TensorRT."""
+    from polygraphy import constants
+    from polygraphy.backend.trt import EngineFromNetwork, ModifyNetworkOutputs
+
+    from pipeline.runtime import tensorrt_engine
+
+    network = ModifyNetworkOutputs(tensorrt_engine.network_loader(onnx_path), outputs=constants.MARK_ALL)
+    config = tensorrt_engine.config_loader(input_name=input_name, shapes=shapes, build_cfg=build_cfg, timing_cache=timing_cache)
+    return EngineFromNetwork(network, config=config)
+
+
+def localize_tensorrt(fp32_model: onnx.ModelProto, fp16_path, feed: dict, rule: TensorRule, top: int,
+                      input_name: str, shapes: dict, *, build_cfg, timing_cache=None) -> dict:
+    """GPU: the FP16 engine rebuilt with every tensor marked as a network output, against FP32 ONNX Runtime.
+
+    Built with the engine's configuration (:func:`tensorrt_layers_engine`), so it diagnoses the engine that failed.
+    """
+    from polygraphy.backend.trt import TrtRunner
+
+    from pipeline.core import env
+
+    engine = tensorrt_layers_engine(fp16_path, input_name=input_name, shapes=shapes, build_cfg=build_cfg,
+                                    timing_cache=timing_cache)
+    ref = _marked_outputs(fp32_model, feed, "fp32-layers")
+    env.expose_libcudart()  # before Polygraphy's CUDA wrapper looks for it
+    cand = collect(TrtRunner(engine, name="tensorrt-layers"), [feed])[0]
+    result = compare_layers(fp32_model, ref, cand, rule, top)
+    result["method"] = ("TensorRT engine rebuilt with the engine's build config and every tensor marked as output "
+                        "(can change fusions) vs FP32 ONNX Runtime")
+    return result
+
+
+def localize_int8(fp32_model: onnx.ModelProto, int8_model: onnx.ModelProto, feed: dict, rule, top: int) -> dict:
+    """FP32 ONNX Runtime vs the exact Q/DQ execution, every tensor marked; the first quantized node over tolerance."""
+    from pipeline.precision import int8
+
+    ref = collect(onnxrt_runner(onnx_io.mark_all_outputs(fp32_model).SerializeToString(), name="fp32-layers"),
+                  [feed])[0]
+    marked = onnx_io.mark_all_outputs(int8.exact_model(int8_model))
+    cand = collect(onnxrt_runner(marked.SerializeToString(), name="int8-exact-layers", optimize=False), [feed])[0]
+    order = {node.name: i for i, node in enumerate(fp32_model.graph.node)}
+    result = compare_layers(fp32_model, ref, cand, rule, top=len(order))
+    lowered = {name for name, (_, precision) in int8.node_precisions(fp32_model, int8_model).items() if precision != "fp32"}
+    over = sorted((r for r in result["worst"] if r["exceeds"] and r["name"] in lowered), key=lambda r: order[r["name"]])
+    if over:  # else: compare_layers' first node over tolerance (the fallback walks upstream from it)
+        result["first_divergent"] = over[0]
+    result["worst"] = result["worst"][:top]
+    result["method"] = ("ONNX Runtime, FP32 graph vs the Q/DQ graph executed exactly (optimisations off), every "
+                        "tensor marked as output; the first INT8 or FP16 node over tolerance")
+    return result

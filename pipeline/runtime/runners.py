@@ -1,0 +1,823 @@
+"""One runner contract for verify and benchmark: Polygraphy's, plus a timing hook.
+
+A runner is a context manager with ``infer(feed_dict) -> OrderedDict[name, array]`` and a
+``name`` (Polygraphy's ``BaseRunner``); every state it builds on activation is dropped again on
+deactivation. Each runner here adds the timing hook benchmark uses (:class:`Timed`):
+``timers(feed)`` returns labelled zero-argument callables that each run one inference and
+return its latency in milliseconds (wall clock around a synchronous call on the CPU; CUDA
+events on the GPU, optionally over a CUDA graph), and ``batch_reason(batch)`` says why a batch
+size cannot run ("" when it can). Call both only while the runner is active.
+
+ONNX Runtime and TensorRT are Polygraphy's own runners with the hook added; PyTorch and the
+strict FP16 emulation get small runners here, because Polygraphy's PyTorch runner is unusable
+(it returns a tuple, never sets its timing and hard-codes ``.cuda()``). Which runner serves
+which backend is :mod:`pipeline.runtime.backends`' table.
+
+Engines are only ever deserialized through :func:`pipeline.runtime.tensorrt_engine.load_engine_bytes`, which
+checks the sidecar first.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+import onnx
+from pipeline.core.errors import first_line
+from polygraphy.backend.base import BaseRunner
+from polygraphy.backend.onnxrt import OnnxrtRunner
+from polygraphy.backend.trt import TrtRunner  # imports TensorRT lazily, on activation
+from polygraphy.common import TensorMetadata
+
+# Polygraphy prints INFO lines for every session and comparison; the pipeline reports itself. ERROR stays:
+# Polygraphy forwards TensorRT's own ERROR and INTERNAL_ERROR messages (and the ONNX parser's errors) there,
+# and a failure without them says only "Invalid Engine" (pipeline.build also keeps the whole log).
+from polygraphy.logger import G_LOGGER
+
+G_LOGGER.module_severity = G_LOGGER.ERROR
+
+if TYPE_CHECKING:  # type-checked against tensorrt-stubs (tests/test_typecheck.py); never imported at run time
+    import tensorrt as trt
+
+CPU_WALL_CLOCK = "wall-clock, synchronous CPU call"
+Timers = list[tuple[str, Callable[[], float]]]
+
+
+def host_ms() -> float:
+    """The host's clock for "host latency" (ms). The tests' virtual CUDA device replaces it with its own."""
+    return time.perf_counter() * 1000.0
+
+
+def cpu_timer(fn, *args) -> Callable[[], float]:
+    """One synchronous call of ``fn(*args)``, timed with the wall clock, in ms."""
+    def run_once() -> float:
+        t = time.perf_counter()
+        fn(*args)
+        return (time.perf_counter() - t) * 1000.0
+
+    return run_once
+
+
+def cuda_timers(forward, x_host, cuda_graphs: bool) -> Timers:
+    """GPU compute (CUDA events, input already on the device) and host latency (with both copies)."""
+    import torch
+
+    x_dev = x_host.to("cuda")
+    stream = torch.cuda.Stream()
+    compute = lambda: forward(x_dev)  # noqa: E731
+    if cuda_graphs:
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                forward(x_dev)  # warm up before capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
+            static_out = forward(x_dev)
+
+        def compute():
+            graph.replay()
+            return static_out
+    start_evt, end_evt = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    pinned = x_host.pin_memory()
+
+    def gpu_compute() -> float:
+        with torch.cuda.stream(stream):
+            start_evt.record(stream)
+            compute()
+            end_evt.record(stream)
+        end_evt.synchronize()
+        return start_evt.elapsed_time(end_evt)
+
+    def host_latency() -> float:
+        t = host_ms()
+        with torch.cuda.stream(stream):
+            x_dev.copy_(pinned, non_blocking=True)
+            compute().float().cpu()
+        stream.synchronize()
+        return host_ms() - t
+
+    label = " with CUDA graphs" if cuda_graphs else ""
+    return [(f"GPU compute (CUDA events, device-resident input){label}", gpu_compute),
+            (f"host latency (H2D + compute + D2H){label}", host_latency)]
+
+
+ONE_LINE_CHARS = 400
+
+
+def one_line(exc: BaseException) -> str:
+    """``Type: the message on one line``: how a failed measurement is reported. The whole reason, not its first
+    line: OpenVINO's first line is only where it was raised (``Exception from src/inference/src/cpp/core.cpp:117:``),
+    which is dropped; the cause follows."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    text = " ".join(line for line in lines if not re.fullmatch(r"Exception from \S+:\d+:", line)) or lines[0]
+    return f"{type(exc).__name__}: {text[:ONE_LINE_CHARS]}{' ...' if len(text) > ONE_LINE_CHARS else ''}"
+
+
+def measure_or_error(run_once: Callable[[], float], method: Method) -> dict:
+    """:func:`measure`, or ``{"error": one line}`` when a run fails (CUDA out of memory, a failed launch)."""
+    try:
+        return measure(run_once, method)
+    except Exception as exc:
+        return {"error": one_line(exc)}
+
+
+@dataclass
+class Method:
+    """How benchmark times one backend (its ``benchmark`` config values)."""
+
+    warmup_s: float
+    min_iterations: int
+    min_duration_s: float
+    trials: int
+    cv_warn: float
+
+
+def measure(run_once: Callable[[], float], method: Method) -> dict:
+    """Time ``run_once`` (which runs one inference and returns its latency in ms).
+
+    One untimed first run (lazy initialisation), warm-up for ``warmup_s``, then ``trials``
+    trials, each of at least ``min_iterations`` runs and ``min_duration_s`` seconds.
+    """
+    start = time.perf_counter()
+    first_ms = run_once()
+    init_s = time.perf_counter() - start
+    end = time.perf_counter() + method.warmup_s
+    warmup_runs = 0
+    while time.perf_counter() < end:
+        run_once()
+        warmup_runs += 1
+    samples, trials = [], []
+    for _ in range(method.trials):
+        trial: list[float] = []
+        t0 = time.perf_counter()
+        while len(trial) < method.min_iterations or time.perf_counter() - t0 < method.min_duration_s:
+            trial.append(run_once())
+        samples += trial
+        mean = float(np.mean(trial))
+        cv = float(np.std(trial, ddof=1) / mean) if len(trial) > 1 and mean > 0 else 0.0
+        trials.append({"mean_ms": mean, "p50_ms": float(np.median(trial)), "cv": cv, "iterations": len(trial)})
+    return {"samples": samples, "trials": trials, "first_run_ms": first_ms, "init_s": init_s,
+            "warmup_runs": warmup_runs, "cv_warning": any(t["cv"] > method.cv_warn for t in trials)}
+
+
+class Timed:
+    """The timing hook every runner here adds to Polygraphy's contract (use while active)."""
+
+    # A workaround this runner applies to its runtime (recorded in the reports); "" for none.
+    workaround = ""
+
+    def batch_reason(self, batch: int) -> str:
+        """Why ``batch`` images cannot run in one call ("" when they can)."""
+        return ""
+
+    def timers(self, feed: dict) -> Timers:
+        """Labelled callables, each running one inference on ``feed`` and returning its latency (ms)."""
+        return [(CPU_WALL_CLOCK, cpu_timer(self.infer, feed))]  # type: ignore[attr-defined]
+
+    def measurements(self, feed: dict, method: Method) -> list[tuple[str, dict]]:
+        """Every timing of ``feed``: ``(label, measure(...))`` per timer. benchmark calls this, so a runner
+        in a child process (:class:`pipeline.runtime.isolate.Isolated`) runs the timing loop there."""
+        return [(label, measure_or_error(run_once, method)) for label, run_once in self.timers(feed)]
+
+
+class TorchRunner(Timed, BaseRunner):
+    """Runs an ``nn.Module`` (eval mode, no grad), optionally under autocast or compiled, on CPU or CUDA."""
+
+    def __init__(self, model, *, name: str, input_name: str, output_name: str, input_shape: tuple,
+                 device: str = "cpu", autocast_dtype=None, channels_last: bool = False, compile: bool = False,
+                 cuda_graphs: bool = False):
+        super().__init__(name=name)
+        self.model = model
+        self.input_name = input_name
+        self.output_name = output_name
+        self.input_shape = input_shape
+        self.device = device
+        self.autocast_dtype = autocast_dtype
+        self.channels_last = channels_last
+        self.compile = compile
+        self.cuda_graphs = cuda_graphs
+
+    @property
+    def precision(self) -> str:
+        import torch
+
+        return {None: "fp32", torch.bfloat16: "bf16 autocast", torch.float16: "fp16 autocast"}[self.autocast_dtype]
+
+    def activate_impl(self):
+        import torch
+
+        module = self.model.to(self.device).eval()
+        if self.channels_last:
+            module = module.to(memory_format=torch.channels_last)
+        self.module = torch.compile(module) if self.compile else module
+
+    def get_input_metadata_impl(self):
+        return TensorMetadata().add(self.input_name, dtype=np.float32, shape=(None, *self.input_shape))
+
+    def _input(self, array):
+        import torch
+
+        x = torch.as_tensor(array)
+        return x.contiguous(memory_format=torch.channels_last) if self.channels_last else x
+
+    def _forward(self, x):
+        import torch
+
+        with torch.inference_mode(), torch.autocast(
+            x.device.type, dtype=self.autocast_dtype or torch.float32, enabled=self.autocast_dtype is not None
+        ):
+            return self.module(x)
+
+    def infer_impl(self, feed_dict):
+        import torch
+
+        x = self._input(torch.as_tensor(feed_dict[self.input_name]).to(self.device))
+        start = time.perf_counter()
+        out = self._forward(x).float()
+        if out.device.type == "cuda":
+            torch.cuda.synchronize()
+        self.inference_time = time.perf_counter() - start
+        return OrderedDict([(self.output_name, out.cpu().numpy())])
+
+    def timers(self, feed: dict) -> Timers:
+        x = self._input(feed[self.input_name])
+        if self.device == "cpu":
+            return [(CPU_WALL_CLOCK, cpu_timer(self._forward, x))]
+        return cuda_timers(self._forward, x, self.cuda_graphs)
+
+    def deactivate_impl(self):
+        del self.module
+
+
+class ReferenceRunner(Timed, BaseRunner):
+    """``onnx.reference.ReferenceEvaluator`` over a model: NumPy semantics, FP16 computed in FP16."""
+
+    def __init__(self, model, *, name: str):
+        super().__init__(name=name)
+        self.model = model
+
+    def activate_impl(self):
+        from onnx.reference import ReferenceEvaluator
+
+        self.evaluator = ReferenceEvaluator(self.model)
+        initializers = {t.name for t in self.model.graph.initializer}
+        self.inputs = [i for i in self.model.graph.input if i.name not in initializers]
+        self.output_names = [o.name for o in self.model.graph.output]
+
+    def get_input_metadata_impl(self):
+        meta = TensorMetadata()
+        for value in self.inputs:
+            dims = [d.dim_value if d.HasField("dim_value") else None for d in value.type.tensor_type.shape.dim]
+            meta.add(value.name, dtype=np.float32, shape=dims)
+        return meta
+
+    def infer_impl(self, feed_dict):
+        start = time.perf_counter()
+        outputs = self.evaluator.run(None, dict(feed_dict))
+        self.inference_time = time.perf_counter() - start
+        return OrderedDict((n, np.asarray(o)) for n, o in zip(self.output_names, outputs))
+
+    def deactivate_impl(self):
+        del self.evaluator, self.inputs, self.output_names
+
+
+class OrtRunner(Timed, OnnxrtRunner):
+    """Polygraphy's ``OnnxrtRunner`` that refuses a silent CPU fallback and can pin the thread count.
+
+    ``threads=None`` keeps ONNX Runtime's defaults (Polygraphy's ``SessionFromOnnx``); a number
+    sets the intra-op threads (one inter-op thread), as benchmark records them.
+    ``disabled_optimizers`` names graph optimizers to leave out (ONNX Runtime's own argument);
+    the runner then records them in ``workaround``.
+    """
+
+    def __init__(self, model: str | Path | bytes, *, name: str, providers: list[str] | None = None,
+                 threads: int | None = None, disabled_optimizers: tuple[str, ...] = (), optimize: bool = True):
+        from polygraphy.backend.onnxrt import SessionFromOnnx
+
+        self.providers = providers or ["cpu"]
+        source = str(model) if isinstance(model, Path) else model
+        session = SessionFromOnnx(source, providers=self.providers) \
+            if threads is None and not disabled_optimizers and optimize \
+            else (lambda: _ort_session(source, self.providers, threads, disabled_optimizers, optimize))
+        super().__init__(session, name=name)
+        if disabled_optimizers:
+            self.workaround = (f"ONNX Runtime optimizer(s) {', '.join(disabled_optimizers)} disabled: "
+                               + "; ".join(DISABLED_BECAUSE.get(o, "") for o in disabled_optimizers))
+
+    def activate_impl(self):
+        super().activate_impl()
+        if "cuda" in self.providers and not ort_session_uses(self.sess, "CUDAExecutionProvider"):
+            del self.sess
+            raise RuntimeError("ONNX Runtime fell back to the CPU: the CUDA provider failed to load")
+
+    def infer_impl(self, feed_dict):
+        """Polygraphy's, minus its check for PyTorch tensors, which imports torch (a second of an isolated
+        child's start-up) to learn that NumPy arrays are not tensors."""
+        if not all(isinstance(v, np.ndarray) for v in feed_dict.values()):
+            return super().infer_impl(feed_dict)
+        start = time.perf_counter()
+        outputs = self.sess.run(None, dict(feed_dict))
+        self.inference_time = time.perf_counter() - start
+        return OrderedDict((node.name, out) for node, out in zip(self.sess.get_outputs(), outputs))
+
+    def timers(self, feed: dict) -> Timers:
+        label = "host latency (H2D + compute + D2H), ONNX Runtime CUDA" if "cuda" in self.providers \
+            else CPU_WALL_CLOCK
+        return [(label, cpu_timer(self.sess.run, None, feed))]
+
+
+# ONNX Runtime's NchwcTransformer dereferences a null pointer on a dynamic-shape Transpose -> Cast(fp16->fp32)
+# -> MatMul chain on x86-64 with AVX-512 (microsoft/onnxruntime#28392, closed without a fix; present in 1.24
+# and 1.32): an FP16 transformer encoder segfaults while the CPU session is created at ORT_ENABLE_ALL.
+FP16_CPU_DISABLED_OPTIMIZERS = ("NchwcTransformer",)
+# ONNX Runtime's WeightBiasQuantization turns a Q/DQ Conv's float bias into an int32 bias with scale
+# x_scale * w_scale. On ModelOpt's INT8 graph the bias and both scales are FP16 (scale products near 5e-5,
+# below FP16's normal range), and the result no longer computes the graph's arithmetic: on a trained ResNet-18
+# (32 px) the logits moved up to 14.7 from the exact Q/DQ execution (top-1 agreement 93 %); without it, 0.19.
+INT8_CPU_DISABLED_OPTIMIZERS = ("WeightBiasQuantization", "NchwcTransformer")
+DISABLED_BECAUSE = {"NchwcTransformer": "it crashes ONNX Runtime's CPU provider on FP16 graphs "
+                                        "(microsoft/onnxruntime#28392); the other optimizations stay on",
+                    "WeightBiasQuantization": "on an INT8 graph with FP16 biases and scales it changes the result "
+                                              "(up to 14.7 logits on ResNet-18); int8 Q/DQ fusion stays on"}
+
+
+def _ort_session(source, providers: list[str], threads: int | None, disabled_optimizers: tuple[str, ...] = (),
+                 optimize: bool = True):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    if not optimize:  # every node computed as the graph writes it (the INT8 Q/DQ graph's exact execution)
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if threads is not None:
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    names = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
+    extra = {"disabled_optimizers": list(disabled_optimizers)} if disabled_optimizers else {}
+    return ort.InferenceSession(source, options, providers=[names.get(p, p) for p in providers], **extra)
+
+
+def onnxrt_runner(model: str | Path | bytes, *, name: str, providers: list[str] | None = None,
+                  threads: int | None = None, disabled_optimizers: tuple[str, ...] = (),
+                  optimize: bool = True) -> OrtRunner:
+    """ONNX Runtime over a path or serialized model (see :class:`OrtRunner`); ``optimize=False``: ORT_DISABLE_ALL."""
+    return OrtRunner(model, name=name, providers=providers, threads=threads, disabled_optimizers=disabled_optimizers,
+                     optimize=optimize)
+
+
+def ort_session_uses(session_or_runner, provider: str) -> bool:
+    sess = getattr(session_or_runner, "sess", session_or_runner)
+    return provider in sess.get_providers()
+
+
+class TensorrtCallFailed(RuntimeError):
+    """A TensorRT binding returned False (or a CUDA graph capture failed): nothing may be timed after it."""
+
+
+def checked(ok, call: str) -> None:
+    """TensorRT's ``set_input_shape``, ``set_tensor_address`` and ``execute_async_v3`` return bool: a False
+    means the call did nothing (TensorRT logged why), so raise instead of timing an empty launch."""
+    if not ok:
+        raise TensorrtCallFailed(f"TensorRT {call} returned False (its log above says why)")
+
+
+class CudaMemory:
+    """Where :class:`TensorrtRunner` keeps its tensors: torch CUDA tensors, pinned host buffers.
+
+    The one seam the contract tests replace (``tests/fake_tensorrt.py``), with CPU tensors whose lifetimes
+    a recording fake of TensorRT checks; nothing else in the pipeline swaps it.
+    """
+
+    device = "cuda"
+
+    def tensor(self, host: np.ndarray):
+        import torch
+
+        return torch.from_numpy(np.ascontiguousarray(host)).to(self.device)
+
+    def empty(self, shape: tuple, dtype):
+        import torch
+
+        return torch.empty(shape, dtype=dtype, device=self.device)
+
+    def pinned(self, host: np.ndarray):
+        import torch
+
+        return torch.from_numpy(np.ascontiguousarray(host)).pin_memory()
+
+    def pinned_empty(self, shape: tuple, dtype):
+        import torch
+
+        return torch.empty(shape, dtype=dtype, pin_memory=True)
+
+
+DEVICE_MEMORY = CudaMemory()
+
+
+def trt_module():
+    import tensorrt
+
+    return tensorrt
+
+
+def _numpy_dtype(trt_dtype):
+    from polygraphy.datatype import DataType
+
+    return DataType.to_dtype(DataType.from_dtype(trt_dtype, source_module="tensorrt"), "numpy")
+
+
+def check_dtypes(engine: trt.ICudaEngine, arrays: dict) -> None:
+    """Every input's dtype is the engine's (``get_tensor_dtype``): TensorRT reads raw bytes, so FP32 bytes bound to
+    an FP16 input would be read as garbage without an error. Raises :class:`TensorrtCallFailed` naming both."""
+    for name, dtype in arrays.items():
+        expected = np.dtype(_numpy_dtype(engine.get_tensor_dtype(name)))
+        if np.dtype(dtype) != expected:
+            raise TensorrtCallFailed(f"input {name!r} is {np.dtype(dtype).name} but the engine expects "
+                                     f"{expected.name} (engine.get_tensor_dtype)")
+
+
+def _torch_dtype(trt_dtype):
+    from polygraphy.datatype import DataType
+
+    return DataType.to_dtype(DataType.from_dtype(trt_dtype, source_module="tensorrt"), "torch")
+
+
+class GraphedEngine:
+    """``execute_async_v3`` captured in a CUDA graph: the one thing Polygraphy's ``TrtRunner`` cannot do.
+
+    Every buffer bound to the execution context is an attribute of this object, so it lives exactly as long
+    as the context (and the graph that replays it); every bool the bindings return is checked; the graph is
+    captured in thread-local mode, and a capture that fails raises. The "host latency" copies go into
+    ``self.input``, the very buffer bound with ``set_tensor_address``.
+    """
+
+    def __init__(self, engine: trt.ICudaEngine, *, input_name: str, output_name: str, host: np.ndarray):
+        import torch
+
+        self.context: trt.IExecutionContext = engine.create_execution_context()
+        if not self.context:
+            raise TensorrtCallFailed("TensorRT could not create an execution context (its log above says why)")
+        check_dtypes(engine, {input_name: host.dtype})
+        self.input = DEVICE_MEMORY.tensor(host)
+        checked(self.context.set_input_shape(input_name, tuple(self.input.shape)),
+                f"set_input_shape({input_name!r}, {tuple(self.input.shape)})")
+        dims = self.context.get_tensor_shape(output_name)
+        shape = tuple(int(dims[i]) for i in range(len(dims)))
+        self.output = DEVICE_MEMORY.empty(shape, _torch_dtype(engine.get_tensor_dtype(output_name)))
+        for name, tensor in ((input_name, self.input), (output_name, self.output)):
+            checked(self.context.set_tensor_address(name, tensor.data_ptr()), f"set_tensor_address({name!r})")
+        self.host_input = DEVICE_MEMORY.pinned(host)
+        self.host_output = DEVICE_MEMORY.pinned_empty(shape, self.output.dtype)
+        self.stream = torch.cuda.Stream()
+        with torch.cuda.stream(self.stream):
+            for _ in range(3):  # warm-up, outside the capture: TensorRT sets itself up on the first enqueues
+                self.enqueue()
+        self.stream.synchronize()
+        self.graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(self.graph, stream=self.stream, capture_error_mode="thread_local"):
+                self.enqueue()
+        except Exception as exc:
+            raise TensorrtCallFailed(f"CUDA graph capture of the TensorRT engine failed: {type(exc).__name__}: "
+                                     f"{first_line(exc)}") from None
+        self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def enqueue(self) -> None:
+        import torch
+
+        checked(self.context.execute_async_v3(torch.cuda.current_stream().cuda_stream), "execute_async_v3")
+
+    def gpu_compute(self) -> float:
+        import torch
+
+        # replay() launches on the CURRENT stream (cudaGraphLaunch(graph, getCurrentCUDAStream())): the events
+        # bracket the replay only when it runs on their stream. On the legacy default stream it would not even
+        # order with them (torch's pool streams are non-blocking).
+        with torch.cuda.stream(self.stream):
+            self.start.record(self.stream)
+            self.graph.replay()
+            self.end.record(self.stream)
+        self.end.synchronize()
+        return self.start.elapsed_time(self.end)
+
+    def host_latency(self) -> float:
+        import torch
+
+        t = host_ms()
+        with torch.cuda.stream(self.stream):
+            self.input.copy_(self.host_input, non_blocking=True)  # into the bound buffer
+            self.graph.replay()
+            self.host_output.copy_(self.output, non_blocking=True)
+        self.stream.synchronize()  # before the host may read host_output
+        return host_ms() - t
+
+    def close(self) -> None:
+        """The graph first, then the context, then the buffers bound to it."""
+        for name in ("graph", "context", "input", "output"):
+            self.__dict__.pop(name, None)
+
+
+class TensorrtRunner(Timed, TrtRunner):
+    """Polygraphy's ``TrtRunner`` over engine bytes that :func:`pipeline.runtime.tensorrt_engine.load_engine_bytes` checked.
+
+    Inference (verify) and the plain timings go through ``TrtRunner.infer`` with device-resident inputs
+    (torch CUDA tensors). "GPU compute" is CUDA events recorded on the runner's stream immediately before and
+    after the engine's enqueue (``execute_async_v3``) inside that call, so they bracket the engine's kernels
+    and nothing of Polygraphy's Python setup or its synchronize. "host latency" is the host clock around one
+    call from page-locked (pinned) host memory with the outputs copied back into page-locked buffers too
+    (Polygraphy's own output buffers are pageable; the runner hands it pinned ones of the right size), then
+    Polygraphy's synchronize. With ``benchmark.cuda_graphs`` the engine runs from a :class:`GraphedEngine`
+    instead (trtexec's default).
+
+    While the runner is active, TensorRT's runtime WARNINGs (for example "Using default stream in
+    enqueueV3()") pass Polygraphy's logger, which prints them to the process's stdout: the child process's log,
+    ``logs/<stage>.<backend>.log``.
+    """
+
+    # Polygraphy's execution context; an EnqueueEvents wrapping it while "GPU compute" times one enqueue.
+    context: Any
+
+    def __init__(self, engine_bytes: bytes, sidecar: dict, *, name: str, input_name: str, output_name: str,
+                 cuda_graphs: bool = False):
+        from polygraphy.backend.trt import EngineFromBytes
+
+        super().__init__(EngineFromBytes(engine_bytes), name=name)
+        self.profile = sidecar["profile"]
+        self.note = sidecar.get("precision", "")
+        self.input_name, self.output_name, self.cuda_graphs = input_name, output_name, cuda_graphs
+
+    def activate(self):
+        self._severity = G_LOGGER.module_severity
+        G_LOGGER.module_severity = min(self._severity.get(), G_LOGGER.WARNING)  # TensorRT's runtime warnings too
+        try:
+            super().activate()
+        except BaseException:
+            G_LOGGER.module_severity = self._severity
+            raise
+
+    def batch_reason(self, batch: int) -> str:
+        low, high = self.profile["min"][0], self.profile["max"][0]
+        return "" if low <= batch <= high else f"batch {batch} outside the engine's profile [{low}, {high}]"
+
+    def infer(self, feed_dict, check_inputs=True, *args, **kwargs):
+        """NumPy inputs are copied to the device first, so TensorRT reads device-resident tensors."""
+        feed = OrderedDict((k, DEVICE_MEMORY.tensor(v) if isinstance(v, np.ndarray) else v)
+                           for k, v in feed_dict.items())
+        return super().infer(feed, check_inputs, *args, **kwargs)
+
+    def timers(self, feed: dict) -> Timers:
+        host = np.ascontiguousarray(feed[self.input_name])
+        self._drop_bench_state()
+        check_dtypes(self.engine, {self.input_name: host.dtype})
+        if self.cuda_graphs:
+            self.graphed = GraphedEngine(self.engine, input_name=self.input_name, output_name=self.output_name,
+                                         host=host)
+            return [("GPU compute (CUDA events, device-resident input) with CUDA graphs", self.graphed.gpu_compute),
+                    ("host latency (H2D + compute + D2H, pinned host memory) with CUDA graphs",
+                     self.graphed.host_latency)]
+        return self._runner_timers(host)
+
+    def _runner_timers(self, host: np.ndarray) -> Timers:
+        self.bench_feed = {self.input_name: DEVICE_MEMORY.tensor(host)}  # held: bound while the runner lives
+        self.bench_host_feed = {self.input_name: DEVICE_MEMORY.pinned(host)}
+        self._pin_output_buffers(len(host))
+        enqueue = EnqueueEvents(self.context, self.stream.ptr)
+
+        def gpu_compute() -> float:
+            context, self.context = self.context, enqueue
+            try:
+                self.infer(self.bench_feed, check_inputs=False, copy_outputs_to_host=False)
+            finally:
+                self.context = context
+            return enqueue.elapsed_ms()
+
+        def host_latency() -> float:
+            t = host_ms()
+            self.infer(self.bench_host_feed, check_inputs=False, copy_outputs_to_host=True)
+            return host_ms() - t
+
+        return [("GPU compute (CUDA events around the engine's enqueue in TrtRunner.infer, device-resident input)",
+                 gpu_compute),
+                ("host latency (H2D + compute + D2H, pinned host memory, TrtRunner.infer)", host_latency)]
+
+    def _pin_output_buffers(self, batch: int) -> None:
+        """Polygraphy copies outputs into ``host_output_buffers[name]``, a flat byte buffer it allocates pageable
+        (``torch.empty``) unless one of the right size is there: hand it page-locked ones, so the D2H copy is a
+        real asynchronous copy. An output whose size the batch alone does not fix keeps Polygraphy's buffer."""
+        import torch
+
+        for index in range(self.engine.num_io_tensors):
+            name = self.engine.get_tensor_name(index)
+            if self.engine.get_tensor_mode(name) != trt_module().TensorIOMode.OUTPUT:
+                continue
+            dims = [int(d) for d in self.engine.get_tensor_shape(name)]
+            if -1 in dims[1:]:
+                continue
+            itemsize = np.dtype(_numpy_dtype(self.engine.get_tensor_dtype(name))).itemsize
+            nbytes = int(np.prod([batch, *dims[1:]])) * itemsize
+            self.host_output_buffers[name] = DEVICE_MEMORY.pinned_empty((nbytes,), torch.uint8)
+
+    def _drop_bench_state(self) -> None:
+        graphed = self.__dict__.pop("graphed", None)
+        if graphed is not None:
+            graphed.close()
+        self.__dict__.pop("bench_feed", None)
+        self.__dict__.pop("bench_host_feed", None)
+
+    def deactivate(self):
+        self._drop_bench_state()
+        try:
+            super().deactivate()
+        finally:
+            G_LOGGER.module_severity = getattr(self, "_severity", G_LOGGER.module_severity)
+
+
+class EnqueueEvents:
+    """The execution context as ``TrtRunner`` uses it, with CUDA events recorded on the engine's stream right
+    before and right after ``execute_async_v3``: on the GPU they bracket exactly the engine's kernels."""
+
+    def __init__(self, context: trt.IExecutionContext, stream_ptr: int):
+        import torch
+
+        self._context, self._stream = context, torch.cuda.ExternalStream(stream_ptr)
+        self._start, self._end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def __getattr__(self, name):
+        return getattr(self._context, name)
+
+    def execute_async_v3(self, stream_handle: int) -> bool:
+        self._start.record(self._stream)
+        ok = self._context.execute_async_v3(stream_handle)
+        self._end.record(self._stream)
+        return ok
+
+    def elapsed_ms(self) -> float:
+        self._end.synchronize()
+        return self._start.elapsed_time(self._end)
+
+
+class OpenVINORunner(Timed, BaseRunner):
+    """OpenVINO's CPU plugin over IR bytes that :func:`pipeline.runtime.openvino_ir.load` checked.
+
+    One compiled model per batch size (the IR reshaped to a static batch: what a deployment compiles), with
+    ``PERFORMANCE_HINT=LATENCY`` and one infer request; ``hint`` is ``INFERENCE_PRECISION_HINT``. A bf16 hint
+    must reach the kernels: activation fails when no layer of the compiled model runs in bf16.
+
+    Timing: the latency timer (one synchronous request) and a throughput timer: the model compiled with
+    ``PERFORMANCE_HINT=THROUGHPUT``, OpenVINO's ``OPTIMAL_NUMBER_OF_INFER_REQUESTS`` requests in an
+    ``AsyncInferQueue``, each run starting one batch on every request and waiting for all; it returns the
+    time per batch (elapsed / requests), so the row's images/s is the async throughput.
+    """
+
+    def __init__(self, xml: bytes, weights: bytes, sidecar: dict, *, name: str, input_name: str, output_name: str,
+                 threads: int | None = None):
+        super().__init__(name=name)
+        self.xml, self.weights, self.sidecar = xml, weights, sidecar
+        self.hint = sidecar["hint"]
+        self.input_name, self.output_name, self.threads = input_name, output_name, threads
+        self.precision = sidecar["precision"]
+        self.note = (f"OpenVINO {sidecar['openvino']} CPU, {sidecar['xml']} (INFERENCE_PRECISION_HINT={self.hint}): "
+                     "the deployment runtime on this CPU, not an emulation")
+
+    def activate_impl(self):
+        import openvino as ov
+
+        self.core = ov.Core()
+        self.model = self.core.read_model(self.xml.decode("utf-8"), ov.Tensor(np.frombuffer(self.weights, np.uint8)))
+        self.compiled, self.requests = {}, {}
+
+    def _config(self, mode: str) -> dict:
+        config = {"INFERENCE_PRECISION_HINT": self.hint, "PERFORMANCE_HINT": mode}
+        if self.threads is not None:
+            config["INFERENCE_NUM_THREADS"] = self.threads
+        return config
+
+    def _compile(self, batch: int, mode: str = "LATENCY"):
+        key = (batch, mode)
+        if key not in self.compiled:
+            model = self.model.clone()
+            shape = list(model.input(0).get_partial_shape())
+            shape[0] = batch
+            model.reshape({model.input(0).get_any_name(): shape})
+            compiled = self.core.compile_model(model, "CPU", self._config(mode))
+            if self.hint == "bf16":
+                check_runs_bf16(compiled)
+            self.compiled[key] = compiled
+        return self.compiled[key]
+
+    def _request(self, batch: int):
+        if batch not in self.requests:
+            self.requests[batch] = self._compile(batch).create_infer_request()
+        return self.requests[batch]
+
+    def batch_reason(self, batch: int) -> str:
+        try:
+            self._compile(batch)
+        except Exception as exc:
+            return f"OpenVINO cannot compile the IR at batch {batch}: {first_line(exc)[:200]}"
+        return ""
+
+    def get_input_metadata_impl(self):
+        shape = [d.get_length() if d.is_static else None for d in self.model.input(0).get_partial_shape()]
+        return TensorMetadata().add(self.input_name, dtype=np.float32, shape=shape)
+
+    def infer_impl(self, feed_dict):
+        x = np.ascontiguousarray(feed_dict[self.input_name], dtype=np.float32)
+        request = self._request(len(x))
+        start = time.perf_counter()
+        request.infer({0: x})
+        self.inference_time = time.perf_counter() - start
+        return OrderedDict([(self.output_name, np.array(request.get_output_tensor(0).data))])
+
+    def timers(self, feed: dict) -> Timers:
+        import openvino as ov
+
+        # The input is set once, shared with NumPy, as benchmark_app fills it once: the timings hold inference only.
+        x = np.ascontiguousarray(feed[self.input_name], dtype=np.float32)
+        request = self._request(len(x))
+        request.set_input_tensor(ov.Tensor(x, shared_memory=True))
+        try:
+            throughput = self._throughput_timer(x)
+        except Exception as exc:  # e.g. out of memory compiling for THROUGHPUT: that row's error, not the batch's
+            def failed(error: Exception = exc) -> float:
+                raise error
+
+            throughput = (f"{THROUGHPUT_LABEL}: async infer requests (PERFORMANCE_HINT=THROUGHPUT)", failed)
+        return [(CPU_WALL_CLOCK, cpu_timer(request.infer)), throughput]
+
+    def _throughput_timer(self, x: np.ndarray) -> tuple[str, Callable[[], float]]:
+        import openvino as ov
+
+        compiled = self._compile(len(x), "THROUGHPUT")
+        n = int(compiled.get_property("OPTIMAL_NUMBER_OF_INFER_REQUESTS"))
+        queue = ov.AsyncInferQueue(compiled, n)
+        for i in range(n):
+            queue[i].set_input_tensor(ov.Tensor(x, shared_memory=True))
+
+        def run_once() -> float:
+            t = time.perf_counter()
+            for _ in range(n):
+                queue.start_async()
+            queue.wait_all()
+            return (time.perf_counter() - t) * 1000.0 / n
+
+        return f"{THROUGHPUT_LABEL}: {n} async infer requests (PERFORMANCE_HINT=THROUGHPUT), ms per batch", run_once
+
+    def deactivate_impl(self):
+        del self.core, self.model, self.compiled, self.requests
+
+
+# A timing whose images/s is async throughput and whose "latency" is the time per batch, amortised over the
+# requests in flight: never the latency of one request (benchmark's headline keeps the two apart).
+THROUGHPUT_LABEL = "throughput"
+
+
+def check_runs_bf16(compiled) -> None:
+    """A bf16 hint that reached no kernel would be FP32 under a bf16 label: refuse it."""
+    precisions = {op.get_rt_info()["runtimePrecision"].astype(str) for op in compiled.get_runtime_model().get_ops()
+                  if "runtimePrecision" in op.get_rt_info()}
+    if "bf16" not in precisions:
+        raise RuntimeError(f"OpenVINO compiled the model with INFERENCE_PRECISION_HINT=bf16 but no layer runs in "
+                           f"bf16 (runtime precisions: {', '.join(sorted(precisions))})")
+
+
+def collect(runner, feeds: list[dict]) -> list[OrderedDict]:
+    """Run ``runner`` over every feed; outputs are copied (runners may reuse their buffers)."""
+    outputs = []
+    with runner:
+        for feed in feeds:
+            out = runner.infer(feed)
+            outputs.append(OrderedDict((k, np.array(copy.deepcopy(to_numpy(v)))) for k, v in out.items()))
+    return outputs
+
+
+def to_numpy(value) -> np.ndarray:
+    """A runner's output as a NumPy array (a torch tensor is detached and copied to the host)."""
+    return value.detach().cpu().numpy() if hasattr(value, "detach") else np.asarray(value)
+
+
+# --------------------------------------------------------------------------- faithful CPU executions
+
+
+def fp16_emulation_runner(fp16_model: onnx.ModelProto, mode: str, name: str):
+    """The runner of an FP16 emulation: ``fast`` (ONNX Runtime on the rounding graph) or ``strict``."""
+    from pipeline.precision import fp16
+
+    if mode == "strict":
+        return ReferenceRunner(fp16_model, name=name)
+    return onnxrt_runner(fp16.emulation_model(fp16_model).SerializeToString(), name=name)
+
+
+def int8_exact_runner(int8_model: onnx.ModelProto, name: str, threads: int | None = None):
+    """ONNX Runtime, optimisations off, on :func:`pipeline.precision.int8.exact_model`: each Q and DQ computed as written."""
+    from pipeline.precision import int8
+
+    return onnxrt_runner(int8.exact_model(int8_model).SerializeToString(), name=name, threads=threads, optimize=False)

@@ -1,0 +1,219 @@
+"""The TensorRT engine: which engines exist (targets), the strongly typed recipe (Polygraphy loaders), the build
+log, and the only way an engine file is read back (sidecar and manifest checks).
+
+The build stage writes engines with this recipe; verify, benchmark and localisation load and rebuild with it.
+TensorRT 10.12 deprecated weak typing and TensorRT 11 removed it: every network is parsed with
+``strongly_typed=True`` and the builder config carries no precision flag; an engine's precisions come from
+its ONNX graph.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.core.status import Status
+from pipeline.core import env
+from pipeline.core.artifacts import ENGINE, FP16_ONNX, INT8_ENGINE, INT8_ENGINE_SIDECAR, INT8_ONNX, timing_cache_name
+from pipeline.core.artifacts import ENGINE_SIDECAR as SIDECAR
+from pipeline.core.errors import InputError
+from pipeline.core.run import RunDir, read_sidecar
+
+log = logging.getLogger("pipeline")
+
+SIDECAR_SCHEMA = "pipeline.engine/1"
+
+
+@dataclass(frozen=True)
+class Target:
+    """One engine the build stage can make: its precision, its files, and the ONNX graph it comes from."""
+
+    precision: str  # a ``build.precisions`` entry
+    onnx: str  # the strongly typed source graph export writes
+    engine: str
+    sidecar: str
+    switch: str  # the export setting that turns the source graph off
+
+
+TARGETS = (
+    Target("fp16", FP16_ONNX, ENGINE, SIDECAR, "export.fp16.enabled"),
+    Target("int8", INT8_ONNX, INT8_ENGINE, INT8_ENGINE_SIDECAR, "export.int8.enabled"),
+)
+
+
+def target_of(engine: str) -> Target:
+    """The target that writes ``engine``; ValueError for any other name."""
+    for t in TARGETS:
+        if t.engine == engine:
+            return t
+    raise ValueError(f"{engine!r} is not an engine the build stage writes")
+
+
+def skip_reason(cfg, run_dir: RunDir, engine: str) -> str:
+    """Why ``engine`` is not built where TensorRT can run: not selected, or recorded as skipped by build; "" else."""
+    t = target_of(engine)
+    if t.precision not in cfg.build.precisions:
+        return f"build.precisions does not include {t.precision}"
+    skipped = ((run_dir.stage_entry("build") or {}).get("details") or {}).get("skipped") or {}
+    return skipped.get(t.precision, "")
+
+
+def availability() -> tuple[bool, str]:
+    """Whether an engine can be built here, and if not, the exact reason."""
+    trt, reason = env.tensorrt_status()
+    if trt is None:
+        return False, reason
+    ok, reason = env.cuda_status()
+    if not ok:
+        return False, f"TensorRT {getattr(trt, '__version__', '?')} is installed but there is {reason}"
+    return True, ""
+
+
+def timing_cache_path(cfg, run_dir: RunDir, platform: dict | None = None) -> Path:
+    """``build.timing_cache`` when given (the user's choice wins); else beside the run directories, one file
+    per TensorRT version and compute capability (``trt_timing.11.4.0.sm90.cache``), so every run on this
+    machine with this GPU and TensorRT shares (and merges into) one cache, and no other machine's does."""
+    if cfg.build.timing_cache:
+        return Path(cfg.build.timing_cache).expanduser()
+    platform = platform or current_platform()
+    return run_dir.path.resolve().parent / timing_cache_name(platform.get("tensorrt"),
+                                                             platform.get("compute_capability"))
+
+
+def profile_shapes(cfg, input_size: list[int]) -> dict[str, list[int]]:
+    b = cfg.build
+    return {"min": [b.min_batch, *input_size], "opt": [b.opt_batch, *input_size], "max": [b.max_batch, *input_size]}
+
+
+def network_loader(onnx_path: Path):
+    """The strongly typed network parser (Polygraphy ``NetworkFromOnnxPath``); lazy."""
+    from polygraphy.backend.trt import NetworkFromOnnxPath
+
+    return NetworkFromOnnxPath(str(onnx_path), strongly_typed=True)
+
+
+def config_loader(*, input_name: str, shapes: dict, build_cfg, timing_cache: Path | None):
+    """The builder config (Polygraphy ``CreateConfig``): one profile, no precision flag; lazy."""
+    from polygraphy.backend.trt import CreateConfig, Profile
+
+    profile = Profile().add(input_name, min=shapes["min"], opt=shapes["opt"], max=shapes["max"])
+    return CreateConfig(
+        tf32=build_cfg.tf32,
+        profiles=[profile],
+        builder_optimization_level=build_cfg.optimization_level,
+        load_timing_cache=str(timing_cache) if timing_cache and timing_cache.exists() else None,
+    )
+
+
+def engine_loader(onnx_path: Path, *, input_name: str, shapes: dict, build_cfg, timing_cache: Path | None):
+    """The Polygraphy loader chain; lazy: nothing touches TensorRT until it is called.
+
+    Returns an ``EngineBytesFromNetwork`` that yields the serialized engine.
+    """
+    from polygraphy.backend.trt import EngineBytesFromNetwork
+
+    config = config_loader(input_name=input_name, shapes=shapes, build_cfg=build_cfg, timing_cache=timing_cache)
+    return EngineBytesFromNetwork(network_loader(onnx_path), config=config,
+                                  save_timing_cache=str(timing_cache) if timing_cache else None)
+
+
+@contextlib.contextmanager
+def tensorrt_log(path: Path):
+    """Everything TensorRT, its ONNX parser and Polygraphy log while building, written to ``path``; yields the
+    list of ERROR lines (TensorRT's ERROR/INTERNAL_ERROR and the parser's errors), filled as they come.
+
+    Polygraphy forwards TensorRT's logger to its own; for the build it goes through Python logging, so the
+    whole log lands in the file, and the errors reach the console and the stage's failure message.
+    """
+    from polygraphy.logger import G_LOGGER
+
+    errors: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            text = re.sub(r"^\s*\[[A-Z]\]\s*", "", record.getMessage())  # Polygraphy's "[E] " prefix
+            if record.levelno >= logging.ERROR and not text.startswith("[!]"):
+                errors.extend(line.strip() for line in text.splitlines() if line.strip())
+                log.error("build: TensorRT: %s", text)
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    saved = G_LOGGER.module_severity, G_LOGGER.use_python_logging_system, G_LOGGER.log_file
+    G_LOGGER.module_severity = G_LOGGER.VERBOSE  # TensorRT's INFO arrives as Polygraphy VERBOSE
+    G_LOGGER.use_python_logging_system = True
+    G_LOGGER.log_file = str(path)
+    polygraphy_log = logging.getLogger("Polygraphy")
+    handler, propagate = Collect(), polygraphy_log.propagate
+    polygraphy_log.addHandler(handler)
+    polygraphy_log.propagate = False  # the file has it all; the console gets the errors only
+    try:
+        yield errors
+    finally:
+        polygraphy_log.removeHandler(handler)
+        polygraphy_log.propagate = propagate
+        G_LOGGER.log_file = saved[2]
+        G_LOGGER.use_python_logging_system = saved[1]
+        G_LOGGER.module_severity = saved[0]
+
+
+def current_platform() -> dict:
+    """What an engine is bound to on this machine: TensorRT version and GPU."""
+    trt, _ = env.tensorrt_status()
+    gpu = env.gpu_info() or {}
+    return {"tensorrt": getattr(trt, "__version__", None), "gpu": gpu.get("name"),
+            "compute_capability": gpu.get("compute_capability")}
+
+
+def check_sidecar(engine_path: Path, engine_bytes: bytes, sidecar_path: Path, platform: dict) -> dict:
+    """Every condition under which an engine may be deserialized; raises InputError otherwise."""
+    rebuild = f"rebuild it with `python -m pipeline build --run-dir {engine_path.parent}`"
+    sidecar = read_sidecar(sidecar_path, engine_path.name, what="engine", schema=SIDECAR_SCHEMA, author_key="built_by",
+                           rebuild=rebuild, why=" (an engine is executable code)")
+    if sidecar.get("engine") != engine_path.name:
+        raise InputError(f"{sidecar_path.name} describes {sidecar.get('engine')}, not {engine_path.name}; refusing to "
+                         f"load it; {rebuild}")
+    actual = hashlib.sha256(engine_bytes).hexdigest()
+    if actual != sidecar.get("sha256"):
+        raise InputError(f"{engine_path.name} does not match its sidecar (sha256 {actual[:12]}..., recorded "
+                         f"{str(sidecar.get('sha256'))[:12]}...): the file was changed after the build; {rebuild}")
+    for key, what in (("tensorrt", "TensorRT version"), ("gpu", "GPU"), ("compute_capability", "compute capability")):
+        if sidecar.get(key) != platform.get(key):
+            raise InputError(f"{engine_path.name} was built for {what} {sidecar.get(key)}, but this machine has "
+                             f"{platform.get(key)}; engines only run where they were built: {rebuild}")
+    return sidecar
+
+
+def load_engine_bytes(run_dir: RunDir, platform: dict | None = None, *, engine: str = ENGINE) -> tuple[bytes, dict]:
+    """The bytes of ``engine`` (``model.fp16.engine`` or ``model.int8.engine``), after :func:`check_sidecar`
+    passed on exactly those bytes and :func:`check_recorded` found them in the manifest.
+
+    This is the only way the pipeline reads an engine file.
+    """
+    t = target_of(engine)
+    engine_path = run_dir.file(t.engine)
+    if not engine_path.is_file():
+        raise InputError(f"{engine_path} does not exist; run `python -m pipeline build --run-dir {run_dir.path}`")
+    data = engine_path.read_bytes()
+    sidecar = check_sidecar(engine_path, data, run_dir.file(t.sidecar), platform or current_platform())
+    check_recorded(run_dir, engine_path, hashlib.sha256(data).hexdigest())
+    return data, sidecar
+
+
+def check_recorded(run_dir: RunDir, engine_path: Path, sha256: str) -> None:
+    """The engine must be the one the build stage recorded in the manifest (sha256 of these bytes).
+
+    A sidecar alone proves nothing: anyone who can put an engine in the run directory can write a sidecar
+    with its hash and a guessed GPU and TensorRT version. The manifest entry is written only by a build
+    that ran here; the run directory itself is the trust boundary (docs/run-directory.md).
+    """
+    entry = run_dir.stage_entry("build") or {}
+    artifacts = (entry.get("artifacts") or {}) if entry.get("status") == Status.OK else {}
+    recorded = artifacts.get(engine_path.name, {}).get("sha256")
+    if recorded != sha256:
+        why = "no build is recorded" if recorded is None else f"the build recorded sha256 {recorded[:12]}..."
+        raise InputError(f"{engine_path.name} (sha256 {sha256[:12]}...) is not the engine the build stage recorded in "
+                         f"the manifest ({why}); only engines this tool built here are loaded (an engine is "
+                         f"executable code); rebuild it with `python -m pipeline build --run-dir {run_dir.path}`")

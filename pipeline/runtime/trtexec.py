@@ -1,0 +1,188 @@
+"""trtexec side by side: NVIDIA's own benchmark tool on the same engine and shapes as ours.
+
+When ``trtexec`` is on PATH (it is in NGC images), benchmark runs it for every TensorRT row it measured,
+per batch size, twice:
+
+* GPU compute: ``--loadEngine=<engine> --shapes=<input>:<b>x<c>x<h>x<w>``, CUDA graphs and no data transfers,
+  with ``--exportTimes`` and ``--exportProfile`` (per-layer times, from a separate profiling run so they do not
+  perturb the timed one); compared with our "GPU compute" row through each record's ``computeMs``;
+* host latency: the same with data transfers; compared with our "host latency" row through each record's
+  ``latencyMs``, which trtexec defines as H2D + compute + D2H (a sum of CUDA-event intervals, not a wall clock
+  around the three: ours includes the host's wait, so it is expected to be a little higher).
+
+The flags depend on trtexec's version (its ``[TensorRT vMMmmpp]`` banner, read once from ``trtexec --help``):
+TensorRT 10 needs ``--useCudaGraph``, ``--noDataTransfers`` and ``--separateProfileRun``; from TensorRT 11.0 CUDA
+graphs and separate profiling are the default, data transfers are OFF unless ``--includeDataTransfers`` is given
+(a flag TensorRT 10 does not know), and the three old flags are no-ops with a warning
+(``samples/common/sampleOptions.cpp``). A trtexec whose version cannot be read is a note on its rows.
+
+``--exportTimes`` writes a JSON list of one record per timed inference (warm-up excluded):
+``startEnqMs, endEnqMs, startH2dMs, endH2dMs, startComputeMs, endComputeMs, startD2hMs, endD2hMs, h2dMs,
+computeMs, d2hMs, latencyMs`` (TensorRT's ``samples/common/sampleReporting.cpp``; TensorRT 7's older form
+named the transfers ``inMs``/``outMs``). Only ``computeMs`` and ``latencyMs`` are read, so both forms work.
+Their percentiles are recomputed with :func:`pipeline.runtime.timing.summarize`, the method of our own rows
+(trtexec's console summary uses another percentile rule).
+
+A difference of the p50s larger than :data:`FLAG_RELATIVE` is flagged in the row, the report and the log.
+A trtexec that fails, times out or writes no usable JSON is a note on that row (``{"error": ...}``), never the
+end of the stage.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import math
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from pipeline.core.artifacts import TRTEXEC_DIR as DIR
+from pipeline.runtime import timing
+
+log = logging.getLogger("pipeline")
+
+EXECUTABLE = "trtexec"
+TIMEOUT_S = 600  # one trtexec run: engine load + warm-up + timed runs
+FLAG_RELATIVE = 0.25  # |ours - trtexec| / trtexec of the p50s above this is flagged
+RUNTIME = "TensorRT"  # the Backend.runtime of the rows compared
+KINDS = {  # our row's timing label starts with ...: (name, exportTimes field)
+    "GPU compute": ("compute", "computeMs"),
+    "host latency": ("transfers", "latencyMs"),
+}
+FLAGS = {  # trtexec's TensorRT major -> kind name -> its flags; the profile's flags
+    10: {"compute": ["--useCudaGraph", "--noDataTransfers"], "transfers": ["--useCudaGraph"],
+         "profile": ["--separateProfileRun"]},
+    11: {"compute": [], "transfers": ["--includeDataTransfers"], "profile": []},
+}
+
+
+def flags_for(major: int) -> dict:
+    """The flags of trtexec from TensorRT ``major`` (10 and 11 known; later ones as 11, earlier ones as 10)."""
+    return FLAGS[11] if major >= 11 else FLAGS[10]
+
+
+@functools.lru_cache(maxsize=None)
+def version(exe: str) -> int | None:
+    """trtexec's TensorRT major from the banner every run prints (``[TensorRT v110100]``), or None."""
+    try:
+        done = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    match = re.search(r"\[TensorRT v(\d{5,})\]", done.stdout + done.stderr)
+    return int(match.group(1)) // 10000 if match else None
+
+
+def find() -> str | None:
+    """trtexec's path, or None when it is not on PATH."""
+    return shutil.which(EXECUTABLE)
+
+
+def command(exe: str, engine: Path, shape: str, kind: str, times: Path, profile: Path | None, method,
+            major: int) -> list[str]:
+    """The trtexec command line for trtexec from TensorRT ``major``: the kind's flags (see :data:`FLAGS`), our
+    warm-up, at least our runs and duration, the JSON exports."""
+    flags = flags_for(major)
+    duration = max(1, math.ceil(method.min_duration_s * method.trials))
+    return [exe, f"--loadEngine={engine}", f"--shapes={shape}", *flags[kind],
+            f"--warmUp={round(method.warmup_s * 1000)}", f"--iterations={method.min_iterations * method.trials}",
+            f"--duration={duration}", f"--exportTimes={times}",
+            *([f"--exportProfile={profile}", *flags["profile"]] if profile else [])]
+
+
+def read_times(path: Path, field: str) -> list[float]:
+    """The ``field`` (ms) of every record of an ``--exportTimes`` file; ValueError when there is none."""
+    try:
+        records = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"no usable --exportTimes JSON ({type(exc).__name__}: {exc})") from None
+    if not isinstance(records, list):
+        raise ValueError(f"--exportTimes JSON is a {type(records).__name__}, not a list of records")
+    values = [r[field] for r in records if isinstance(r, dict) and isinstance(r.get(field), (int, float))]
+    if not values:
+        raise ValueError(f"--exportTimes JSON has no record with {field!r} ({len(records)} records)")
+    return [float(v) for v in values]
+
+
+def run_once(cmd: list[str], log_path: Path) -> str:
+    """Run trtexec, its output into ``log_path``; "" or the one-line reason it failed."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with log_path.open("w") as out:
+            done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, timeout=TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        return f"trtexec timed out after {TIMEOUT_S} s (log: {log_path.name})"
+    except OSError as exc:
+        return f"trtexec could not start: {exc}"
+    if done.returncode != 0:
+        lines = [x.strip() for x in log_path.read_text(errors="replace").splitlines() if x.strip()]
+        errors = [x for x in lines if "[E]" in x] or lines
+        return f"trtexec exited {done.returncode}: {errors[-1] if errors else '(no output)'} (log: {log_path.name})"
+    return ""
+
+
+def measure(exe: str, engine: Path, shape: str, kind: str, out_dir: Path, stem: str, method, batch: int) -> dict:
+    """One trtexec run of one kind ("GPU compute" or "host latency"): its statistics, or ``{"error": ...}``."""
+    name, field = KINDS[kind]
+    major = version(exe)
+    if major is None:
+        return {"metric": field, "error": f"trtexec's TensorRT version is unknown (no [TensorRT vNNNNNN] banner in "
+                                          f"`{exe} --help`): its flags depend on it"}
+    times, profile = out_dir / f"{stem}.{name}.times.json", out_dir / f"{stem}.{name}.profile.json"
+    cmd = command(exe, engine, shape, name, times, profile if name == "compute" else None, method, major)
+    times.unlink(missing_ok=True)
+    error = run_once(cmd, out_dir / f"{stem}.{name}.log")
+    if not error:
+        try:
+            stats = timing.summarize(read_times(times, field), batch)
+        except ValueError as exc:
+            error = f"trtexec {exc}"
+    result = {"command": " ".join(cmd[1:]), "metric": field, "tensorrt_major": major}
+    if error:
+        return {**result, "error": error}
+    return {**result, **{k: stats[k] for k in ("p50", "p90", "p99", "mean", "iterations")},
+            "times_json": f"{DIR}/{times.name}", **({"profile_json": f"{DIR}/{profile.name}"}
+                                                    if profile.is_file() else {})}
+
+
+def compare(row: dict, theirs: dict) -> dict:
+    """``theirs`` with the relative difference of the p50s and the flag; logs a flagged or failed one."""
+    where = f"{row['backend']} b={row['batch_size']} {row['timing'].split(' (')[0]}"
+    if "error" in theirs:
+        log.warning("benchmark: trtexec beside %s failed: %s", where, theirs["error"])
+        return theirs
+    ours = row["latency_ms"]["p50"]
+    diff = (ours - theirs["p50"]) / theirs["p50"] if theirs["p50"] > 0 else math.inf
+    flagged = abs(diff) > FLAG_RELATIVE
+    (log.warning if flagged else log.info)(
+        "benchmark: %s: ours p50 %.3f ms, trtexec %s p50 %.3f ms (%+.0f%%)%s", where, ours, theirs["metric"],
+        theirs["p50"], 100 * diff, f": large difference (> {FLAG_RELATIVE:.0%}), see docs/benchmark.md"
+        if flagged else "")
+    return {**theirs, "difference": diff, "flag": flagged}
+
+
+def side_by_side(run_dir, results: list[dict], backend_of, input_name: str, input_size: list[int], method) -> None:
+    """Add ``row["trtexec"]`` to every TensorRT row in ``results`` when trtexec is on PATH (in place)."""
+    exe = find()
+    rows = [r for r in results if backend_of(r["backend"]).runtime == RUNTIME and _kind(r)]
+    if exe is None or not rows:
+        if rows:
+            log.info("benchmark: trtexec is not on PATH: no side-by-side check of the TensorRT rows")
+        return
+    out_dir = run_dir.file(DIR)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    done: dict = {}
+    for row in rows:
+        backend, batch, kind = backend_of(row["backend"]), row["batch_size"], _kind(row)
+        key = (backend.name, batch, kind)
+        if key not in done:
+            shape = f"{input_name}:" + "x".join(str(d) for d in (batch, *input_size))
+            done[key] = measure(exe, run_dir.file(backend.artifact), shape, kind, out_dir,
+                                f"{backend.name}.b{batch}", method, batch)
+        row["trtexec"] = compare(row, done[key])
+
+
+def _kind(row: dict) -> str | None:
+    return next((k for k in KINDS if row["timing"].startswith(k)), None)

@@ -1,0 +1,91 @@
+"""Every random choice of a run: seeding, the RNG states a checkpoint carries, and the batch order derived
+from (seed, epoch, batch index), so a resumed run ends with the same weights as an uninterrupted one."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+
+import numpy as np
+import torch
+from torch.utils.data import DistributedSampler, Sampler
+
+
+log = logging.getLogger("pipeline")
+
+
+def seed_everything(seed: int, deterministic: bool) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
+
+
+def rng_state() -> dict:
+    np_state = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
+                  "has_gauss": int(np_state[3]), "cached": float(np_state[4])},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    npst = state["numpy"]
+    np.random.set_state(("MT19937", npst["keys"].numpy().astype(np.uint32), npst["pos"], npst["has_gauss"],
+                         npst["cached"]))
+    torch.set_rng_state(state["torch"])
+    restore_cuda_rng(state.get("cuda") or [])
+
+
+def restore_cuda_rng(saved: list) -> None:
+    """The checkpoint's per-GPU CUDA RNG states, on the GPUs that exist here, and say what was restored.
+
+    ``torch.cuda.set_rng_state_all`` raises IndexError for a checkpoint from a machine with more GPUs;
+    on fewer saved states than GPUs the others keep the seed this run set.
+    """
+    if not saved:
+        return
+    here = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    restored = min(len(saved), here)
+    for index in range(restored):
+        torch.cuda.set_rng_state(saved[index], device=index)
+    if restored == len(saved) == here:
+        log.info("train: restored the CUDA RNG state of all %d GPU(s)", restored)
+        return
+    extra = (f"GPU(s) {restored}-{len(saved) - 1} of the checkpoint do not exist here" if len(saved) > here else
+             f"GPU(s) {restored}-{here - 1} here keep this run's seed")
+    log.warning("train: restored the CUDA RNG state of %d of the checkpoint's %d GPU(s) (this machine has %d); %s: "
+                "random numbers on the GPU differ from an uninterrupted run", restored, len(saved), here, extra)
+
+
+class EpochBatches(Sampler[list[int]]):
+    """Batches of one epoch in DistributedSampler order (seeded by seed and epoch), from ``start`` on."""
+
+    def __init__(self, sampler: DistributedSampler, batch_size: int):
+        self.sampler = sampler
+        self.batch_size = batch_size
+        self.start = 0
+
+    def __len__(self) -> int:
+        return len(self.sampler) // self.batch_size - self.start
+
+    def __iter__(self):
+        indices = list(self.sampler)
+        for b in range(self.start, len(indices) // self.batch_size):
+            yield indices[b * self.batch_size : (b + 1) * self.batch_size]
+
+
+def batch_generator(seed: int, epoch: int, batch: int, rank: int) -> torch.Generator:
+    # modulo 2**64: manual_seed takes no more, which train.seed above about 180,000 would exceed
+    return torch.Generator().manual_seed((((seed * 1_000_003 + epoch) * 1_000_003 + batch) * 101 + rank) % 2**64)

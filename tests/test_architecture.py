@@ -1,0 +1,161 @@
+"""The layout is the architecture: read from the imports (AST, every import including lazy ones), not from the docs.
+
+Layers, lowest first: ``core`` < ``precision`` (and ``training``) < ``runtime`` < ``reports`` < the stage modules and
+the orchestration (``cli``, ``stages``, ``config``, ``doctor``, ``bench_train``). A module imports only its own
+layer or lower ones; there is no import cycle; a stage module never imports another stage module; and no status
+string is written outside :mod:`pipeline.core.status`.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from pipeline.core.status import Status
+
+ROOT = Path(__file__).resolve().parents[1] / "pipeline"
+LAYERS = {"core": 0, "precision": 1, "training": 1, "runtime": 2, "reports": 3}
+TOP = 4  # stage modules and orchestration
+STAGE_MODULES = {"train", "export", "build", "verify", "benchmark", "report"}
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = path.relative_to(root.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path, root: Path = ROOT) -> set[str]:
+    """Every ``pipeline`` module ``path`` imports, at top level or inside a function."""
+    known = {module_name(p, root) for p in root.rglob("*.py")}
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("pipeline"):
+            names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module
+                     for a in node.names]
+        found.update(n for n in names if n.startswith("pipeline") and n in known and n != "pipeline")
+    return found
+
+
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    return {module_name(p, root): imports_of(p, root) for p in root.rglob("*.py")}
+
+
+def layer(module: str) -> int:
+    parts = module.split(".")
+    return LAYERS.get(parts[1], TOP) if len(parts) > 1 else TOP
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected component of more than one module (Tarjan), as sorted lists."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{m} -> {d}" for m, deps in graph.items() for d in deps if layer(d) > layer(m))
+
+
+def stage_imports(graph: dict[str, set[str]]) -> list[str]:
+    stages = {f"pipeline.{s}" for s in STAGE_MODULES}
+    return sorted(f"{m} -> {d}" for m in stages & set(graph) for d in graph[m] if d in stages and d != m)
+
+
+def test_no_import_cycle():
+    assert cycles(import_graph()) == []
+
+
+def test_every_module_imports_only_its_layer_or_lower_ones():
+    graph = import_graph()
+    assert {m.split(".")[1] for m in graph if m.count(".") >= 2} <= set(LAYERS), "a package without a layer"
+    assert layer_violations(graph) == []
+
+
+def test_no_stage_module_imports_another():
+    assert stage_imports(import_graph()) == []
+
+
+def test_the_checks_fail_on_the_shapes_they_forbid(tmp_path):
+    """A cycle, a core module importing a stage, and a stage importing a stage: each is found."""
+    pkg = tmp_path / "pipeline"
+    (pkg / "core").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "core" / "__init__.py").write_text("")
+    (pkg / "core" / "run.py").write_text("def f():\n    from pipeline import verify\n")  # lazy: still an import
+    (pkg / "verify.py").write_text("from pipeline import export\n")
+    (pkg / "export.py").write_text("from pipeline.core import run\nimport pipeline.verify\n")
+    graph = import_graph(pkg)
+    assert cycles(graph) == [["pipeline.core.run", "pipeline.export", "pipeline.verify"]]
+    assert layer_violations(graph) == ["pipeline.core.run -> pipeline.verify"]
+    assert stage_imports(graph) == ["pipeline.export -> pipeline.verify", "pipeline.verify -> pipeline.export"]
+
+
+# --------------------------------------------------------------------------- statuses
+
+
+def _field_names(tree: ast.AST) -> set[int]:
+    """ids of the constants used as field names (dict keys, subscripts, ``.get("skipped")``), not as values."""
+    ids = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Dict):
+            ids.update(id(k) for k in node.keys if k is not None)
+        elif isinstance(node, ast.Subscript):
+            ids.add(id(node.slice))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr in ("get", "pop", "setdefault") and node.args):
+            ids.add(id(node.args[0]))
+    return ids
+
+
+def status_literals(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text())
+    fields, values = _field_names(tree), {str(s) for s in Status} - {"error"}
+    return [f"{path.name}:{n.lineno}: {n.value!r}" for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and n.value in values and id(n) not in fields]
+
+
+def test_no_status_string_outside_the_enum():
+    found = [hit for p in sorted(ROOT.rglob("*.py")) if p.name != "status.py" for hit in status_literals(p)]
+    assert found == []
+
+
+def test_the_status_check_finds_a_literal_and_leaves_field_names(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text('x = {"skipped": 1}\ny = x["passed"]\nz = x.get("failed")\nok = v == "passed"\n')
+    assert status_literals(path) == ["m.py:4: 'passed'"]
+
+
+@pytest.mark.parametrize("status", list(Status))
+def test_a_status_is_its_json_string(status):
+    import json
+
+    assert json.dumps({"s": status}) == json.dumps({"s": str(status)}) and status == str(status)
