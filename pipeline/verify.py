@@ -158,10 +158,10 @@ def _judge(chk: Check, ctx: Context, evidence: Evidence, gate: dict) -> dict:
     except Exception as exc:  # a candidate that cannot run is an "error" row, not a dead stage
         if disk_full(exc):  # but a full disk ends the stage, with the documented message
             raise disk_full(exc) from None
-        return {"status": "error", "reason": verify_report.error_reason(exc)}
+        return {"status": Status.ERROR, "reason": verify_report.error_reason(exc)}
     problem = _output_problem(chk, outputs, evidence)
     if problem:
-        return {"status": "error", "reason": problem}
+        return {"status": Status.ERROR, "reason": problem}
     result = compare(outputs, evidence.reference, evidence.labels, gate, evidence.output_name, evidence.confidence)
     return {**result, **verify_report.runtime_facts(runner)}  # its child's log, a runtime workaround
 
@@ -181,19 +181,33 @@ def _output_problem(chk: Check, outputs: list[dict], evidence: Evidence) -> str:
 JUDGED = (Status.PASSED, Status.FAILED, Status.INCONCLUSIVE)
 
 
-def _verdict(checks: list[Check], inconclusive_fails: bool = False) -> dict:
+@dataclass
+class Verdict:
+    """The gate's verdict over the candidates of one verify run."""
+
+    passed: bool
+    ran: int = 0  # gating candidates that were compared
+    failed: list[Check] = field(default_factory=list)
+    errors: list[Check] = field(default_factory=list)  # gating candidates that errored or crashed: no verdict
+    missing_required: list[Check] = field(default_factory=list)  # required, and could not run here
+    inconclusive: list[Check] = field(default_factory=list)
+    deployable: list[str] = field(default_factory=list)  # the gating candidates that passed
+    reported_only: list[str] = field(default_factory=list)
+
+
+def _verdict(checks: list[Check], inconclusive_fails: bool = False) -> Verdict:
     """The gate's verdict over the gating candidates (``Check.gates``); the others are reported only. A required
     candidate that could not run fails it whether it gates or not."""
     gating = [c for c in checks if c.gates]
     ran = [c for c in gating if c.status in JUDGED]
     failed = [c for c in gating if c.status == Status.FAILED]
-    errors = [c for c in gating if c.status in ("error", Status.CRASHED)]  # nothing compared: no verdict on them
+    errors = [c for c in gating if c.status in (Status.ERROR, Status.CRASHED)]  # nothing compared: no verdict on them
     undecided = [c for c in gating if c.status == Status.INCONCLUSIVE]
     missing = [c for c in checks if c.required and c.status == Status.SKIPPED and not c.result.get("after_fallback")]
     passed = not failed and not errors and not missing and not (undecided and inconclusive_fails)
-    return {"passed": passed, "ran": len(ran), "failed": failed, "errors": errors, "missing_required": missing,
-            "inconclusive": undecided, "deployable": [c.name for c in gating if c.status == Status.PASSED],
-            "reported_only": [c.name for c in checks if not c.gates]}
+    return Verdict(passed, len(ran), failed, errors, missing, undecided,
+                   deployable=[c.name for c in gating if c.status == Status.PASSED],
+                   reported_only=[c.name for c in checks if not c.gates])
 
 
 # --------------------------------------------------------------------------- the stage
@@ -293,21 +307,21 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, auto_fallback: bool = Fals
     for p in verify_report.write_all(run_dir, payload):
         record.artifact(p.name)
     record.details.update(_details(checks, verdict, evidence, fb16, fb8))
-    failing_first = verdict["failed"][0] if verdict["failed"] else None
+    failing_first = verdict.failed[0] if verdict.failed else None
     shown_loc = loc8 if failing_first is not None and failing_first.backend.uses_int8_model else loc16
     fixable = any((c.backend.uses_fp16_model or c.backend.uses_int8_model) and not c.result.get("hint")
-                  for c in verdict["failed"])
+                  for c in verdict.failed)
     _raise_for(verdict, shown_loc, export_broken, suggest_fallback=fixable and not auto_fallback)
     log.info("verify: passed (%s); deployable: %s", ", ".join(f"{c.name} {c.status}" for c in checks),
-             ", ".join(verdict["deployable"]) or "none")
+             ", ".join(verdict.deployable) or "none")
 
 
-def _details(checks: list[Check], verdict: dict, evidence: Evidence, fb16: dict | None, fb8: dict | None) -> dict:
+def _details(checks: list[Check], verdict: Verdict, evidence: Evidence, fb16: dict | None, fb8: dict | None) -> dict:
     """The manifest's summary of verify: what passed, what is deployable, what a fallback replaced."""
     return {
-        "passed": verdict["passed"],
+        "passed": verdict.passed,
         "candidates": {c.name: c.status for c in checks},
-        "deployable": verdict["deployable"],
+        "deployable": verdict.deployable,
         **verify_report.runtime_details(checks),
         "samples": len(evidence.labels),
         "fallback": None if fb16 is None else {k: fb16[k] for k in (Status.PASSED, "moved_to_fp32")},
@@ -331,7 +345,7 @@ def _refuse_broken_reference(cfg, card, run_dir: RunDir, record: StageRecord, ch
     for chk in checks:
         chk.result = {"status": Status.SKIPPED, "reason": reason, "tolerance": gate_for(cfg, chk.name, chk.precision)}
         verify_report.log_check(chk)
-    payload = verify_report.build_payload(cfg, card, checks, None, None, {"passed": False}, len(evidence.labels),
+    payload = verify_report.build_payload(cfg, card, checks, None, None, Verdict(passed=False), len(evidence.labels),
                                    cfg.verify.batch_size, hashes=hashes, reference_nonfinite=nonfinite)
     for p in verify_report.write_all(run_dir, payload):
         record.artifact(p.name)
@@ -341,15 +355,15 @@ def _refuse_broken_reference(cfg, card, run_dir: RunDir, record: StageRecord, ch
     raise CheckFailed(verify_report.reference_nonfinite_message(nonfinite, len(evidence.labels)))
 
 
-def _raise_for(verdict: dict, localization, export_broken: bool, suggest_fallback: bool) -> None:
-    if verdict["missing_required"]:
-        raise BackendUnavailable(verify_report.missing_required_message(verdict["missing_required"]))
-    if verdict["failed"]:
+def _raise_for(verdict: Verdict, localization, export_broken: bool, suggest_fallback: bool) -> None:
+    if verdict.missing_required:
+        raise BackendUnavailable(verify_report.missing_required_message(verdict.missing_required))
+    if verdict.failed:
         raise CheckFailed(verify_report.failure_message(verdict, localization, export_broken, suggest_fallback))
-    if verdict["errors"]:
-        raise StageFailed(verify_report.errors_message(verdict["errors"]))
-    if verdict["inconclusive"] and not verdict["passed"]:
-        raise Inconclusive(verify_report.inconclusive_message(verdict["inconclusive"]))
+    if verdict.errors:
+        raise StageFailed(verify_report.errors_message(verdict.errors))
+    if verdict.inconclusive and not verdict.passed:
+        raise Inconclusive(verify_report.inconclusive_message(verdict.inconclusive))
 
 
 def _worst_batch(chk: Check, evidence: Evidence) -> dict:

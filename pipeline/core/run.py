@@ -413,6 +413,14 @@ class RunDir:
     def stage_entry(self, name: str) -> dict | None:
         return self.manifest["stages"].get(name)
 
+    def recorded_sha256(self, stage: str, name: str) -> str | None:
+        """The sha256 that ``stage`` recorded for artifact ``name`` when it ended normally (ok, or skipped
+        with what it did write: build writes the OpenVINO IR and skips the engines on a CPU); else None."""
+        entry = self.stage_entry(stage) or {}
+        if entry.get("status") not in (Status.OK, Status.SKIPPED):
+            return None
+        return ((entry.get("artifacts") or {}).get(name) or {}).get("sha256")
+
     def file(self, name: str) -> Path:
         """``name`` in the run directory, confined: the one check every file read or written there goes through."""
         return confined(self.path, name)

@@ -273,7 +273,7 @@ def trtexec_table(payload: dict) -> Table | None:
         head = (Cell(r["backend"]), Cell(str(r["batch_size"])), Cell(r["timing"].split(" (")[0]),
                 Cell(fmt(r["latency_ms"]["p50"], ".3f")))
         if "error" in t:
-            rows.append(head + (Cell("-"),) * 5 + (Cell("error", status="error", note=t["error"]),))
+            rows.append(head + (Cell("-"),) * 5 + (Cell("error", status=Status.ERROR, note=t["error"]),))
             continue
         flag = Cell("large difference", status=Status.FAILED) if t["flag"] else Cell(Status.OK, status=Status.PASSED)
         rows.append(head + tuple(Cell(fmt(t[k], ".3f")) for k in ("p50", "p90", "p99", "mean"))
@@ -294,7 +294,7 @@ def benchmark_app_table(section: dict | None) -> tuple[str, Table | None]:
     for r in section["rows"]:
         head = (Cell(r["backend"]), Cell(str(r["batch_size"])), Cell(r["mode"]))
         if "error" in r:
-            rows.append(head + (Cell("-"), Cell("-"), Cell("-"), Cell("error", status="error", note=r["error"])))
+            rows.append(head + (Cell("-"), Cell("-"), Cell("-"), Cell("error", status=Status.ERROR, note=r["error"])))
             continue
         latency = r["mode"] == "latency"
         theirs = r["benchmark_app"]["p50_ms"] if latency else r["benchmark_app"]["throughput_per_s"]

@@ -157,10 +157,10 @@ def inconclusive_message(undecided) -> str:
         + " (raise verify.max_samples, or add validation images)")
 
 
-def failure_message(verdict: dict, localization, export_broken: bool, suggest_fallback: bool) -> str:
-    failed = verdict["failed"]
+def failure_message(verdict, localization, export_broken: bool, suggest_fallback: bool) -> str:
+    failed = verdict.failed
     first = failed[0]
-    text = (f"{len(failed)} of {verdict['ran']} candidates failed ({', '.join(c.name for c in failed)}); "
+    text = (f"{len(failed)} of {verdict.ran} candidates failed ({', '.join(c.name for c in failed)}); "
             f"{first.name}: {describe_failure(first.result, first.result['tolerance'])}")
     if export_broken:
         text += f"; the FP32 export itself disagrees with PyTorch, so every ONNX candidate inherits the error: " \
@@ -189,7 +189,7 @@ def errors_message(errors) -> str:
 
 def fallback_errors(rechecked) -> str:
     return "stopped: no candidate failed to localise, but " + "; ".join(
-        f"{c.name}: {c.result.get('reason')}" for c in rechecked if c.status == "error")
+        f"{c.name}: {c.result.get('reason')}" for c in rechecked if c.status == Status.ERROR)
 
 
 # --------------------------------------------------------------------------- log lines
@@ -199,7 +199,7 @@ def log_check(chk) -> None:
     r = chk.result
     if r["status"] == Status.SKIPPED:
         log.info("verify: %-17s skipped: %s", chk.name, r["reason"])
-    elif r["status"] == "error":
+    elif r["status"] == Status.ERROR:
         log.warning("verify: %-17s error: %s", chk.name, r["reason"])
     elif r["status"] == Status.CRASHED:
         log.warning("verify: %-17s crashed: %s; last lines of %s:\n  %s", chk.name, r["reason"], r["log"],
@@ -250,9 +250,9 @@ def build_payload(cfg, card, candidates, localization, fallback, verdict, sample
     return _clean({
         "schema": SCHEMA,
         "created": now(),
-        "passed": verdict["passed"],
-        "deployable": verdict.get("deployable", []),
-        "inconclusive": [c.name for c in verdict.get("inconclusive", [])],
+        "passed": verdict.passed,
+        "deployable": verdict.deployable,
+        "inconclusive": [c.name for c in verdict.inconclusive],
         "model": cfg.model.name,
         "reference": reference,
         "inputs": {"what": "real validation images", "source": cfg.data.source, "samples": samples,
@@ -297,7 +297,7 @@ def junit(payload: dict) -> str:
     cases = payload["candidates"]
     failures = sum(1 for c in cases if c["status"] == Status.FAILED)
     errors = sum(1 for c in cases
-                 if c["status"] in ("error", Status.CRASHED) or (c["required"] and c["status"] == Status.SKIPPED))
+                 if c["status"] in (Status.ERROR, Status.CRASHED) or (c["required"] and c["status"] == Status.SKIPPED))
     skipped = sum(1 for c in cases if c["status"] == Status.SKIPPED and not c["required"])
     broken_reference = payload["reference"].get("nonfinite", 0)
     suite = ET.Element("testsuite", name="pipeline.verify", tests=str(len(cases) + bool(broken_reference)),
@@ -320,7 +320,7 @@ def junit(payload: dict) -> str:
             el = ET.SubElement(case, "failure", message=f"{c['name']} outside tolerance: {numbers}",
                                type="PrecisionCheckFailed")
             el.text = numbers
-        elif c["status"] == "error":
+        elif c["status"] == Status.ERROR:
             ET.SubElement(case, "error", message=c.get("reason") or "error", type="CandidateError")
         elif c["status"] == Status.CRASHED:
             el = ET.SubElement(case, "error", message=f"crashed: {c.get('reason')} (log: {c.get('log')})",

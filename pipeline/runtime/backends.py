@@ -7,7 +7,7 @@ timing hook ``timers(feed)``. verify checks every entry with a ``candidate`` nam
 PyTorch FP32 reference; benchmark times the entries named in ``benchmark.backends``. Adding a
 backend (INT8 TensorRT, OpenVINO) is one entry here, its runner, and its tests.
 
-verify and benchmark get runners through :meth:`Backend.runner`: an entry backed by a native
+verify and benchmark get runners through :func:`pipeline.runtime.isolate.runner_for`: an entry backed by a native
 runtime (``runtime`` other than PyTorch) runs in a child process (:class:`pipeline.runtime.isolate.Isolated`,
 Polygraphy's ``--use-subprocess``), so a crash there becomes that backend's "crashed" row.
 
@@ -19,12 +19,16 @@ from __future__ import annotations
 import logging
 from dataclasses import KW_ONLY, dataclass, field
 from functools import cached_property
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from pipeline.core import env
 from pipeline.core.artifacts import ENGINE, FP16_ONNX, FP32_ONNX, INT8_ENGINE, INT8_ONNX, xml_name
 from pipeline.core.errors import InputError
 from pipeline.core.run import RunDir, sha256_file
+
+if TYPE_CHECKING:  # only for the annotations: this module imports nothing heavy
+    import onnx
+    import torch
 
 log = logging.getLogger("pipeline")
 
@@ -37,16 +41,16 @@ NO_INT8 = "no model.int8.onnx (export.int8.enabled is false)"
 class Context:
     """What the runners of one stage may need; built once by verify or benchmark."""
 
-    cfg: object
+    cfg: Any  # the validated config (pipeline.config.Config; in a child process, the same keys as attributes)
     run_dir: RunDir
     stage: str  # "verify" or "benchmark", for messages
     spec: dict  # the model card's spec: input/output names, input size
-    model: object = None  # the trained FP32 nn.Module
+    model: torch.nn.Module | None = None  # the trained FP32 model (verify's reference; the torch backends)
     threads: int | None = None  # ONNX Runtime intra-op threads; None: its defaults (verify)
     gpu: bool = False  # whether "auto" backends run on CUDA (benchmark on a GPU machine)
-    fp16: object = field(default=None, repr=False)  # an FP16 ModelProto under test (verify's fallback candidates)
+    fp16: onnx.ModelProto | None = field(default=None, repr=False)  # an FP16 ModelProto under test (verify's fallback candidates)
     isolate: bool = True  # native runtimes in a child process (False: in this process, as the child itself does)
-    int8: object = field(default=None, repr=False)  # an INT8 Q/DQ ModelProto under test (verify's fallback candidates)
+    int8: onnx.ModelProto | None = field(default=None, repr=False)  # an INT8 Q/DQ ModelProto under test (verify's fallback candidates)
 
     @cached_property
     def fp16_model(self):

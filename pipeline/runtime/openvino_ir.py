@@ -35,7 +35,6 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.core.status import Status
 from pipeline import __version__
 from pipeline.core import env
 from pipeline.core.artifacts import FP32_ONNX, INT8_ONNX, IR_TEMP_PREFIX, OPENVINO_DIR, bin_name, sidecar_name, xml_name
@@ -255,10 +254,8 @@ def check_sidecar(run_dir: RunDir, precision: str, xml: bytes, weights: bytes, r
 
 def check_recorded(run_dir: RunDir, precision: str, xml: bytes, weights: bytes, rebuild: str) -> None:
     """The IR must be the one the build stage recorded in the manifest (a sidecar alone proves nothing)."""
-    entry = run_dir.stage_entry("build") or {}
-    recorded = entry.get("artifacts") or {} if entry.get("status") in (Status.OK, Status.SKIPPED) else {}
     for name, data in ((xml_name(precision), xml), (bin_name(precision), weights)):
-        want = (recorded.get(name) or {}).get("sha256")
+        want = run_dir.recorded_sha256("build", name)
         actual = hashlib.sha256(data).hexdigest()
         if want != actual:
             why = "no build recorded it" if want is None else f"the build recorded sha256 {want[:12]}..."

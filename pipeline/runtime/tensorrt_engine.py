@@ -16,7 +16,6 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.core.status import Status
 from pipeline.core import env
 from pipeline.core.artifacts import ENGINE, FP16_ONNX, INT8_ENGINE, INT8_ENGINE_SIDECAR, INT8_ONNX, timing_cache_name
 from pipeline.core.artifacts import ENGINE_SIDECAR as SIDECAR
@@ -209,9 +208,7 @@ def check_recorded(run_dir: RunDir, engine_path: Path, sha256: str) -> None:
     with its hash and a guessed GPU and TensorRT version. The manifest entry is written only by a build
     that ran here; the run directory itself is the trust boundary (docs/run-directory.md).
     """
-    entry = run_dir.stage_entry("build") or {}
-    artifacts = (entry.get("artifacts") or {}) if entry.get("status") == Status.OK else {}
-    recorded = artifacts.get(engine_path.name, {}).get("sha256")
+    recorded = run_dir.recorded_sha256("build", engine_path.name)
     if recorded != sha256:
         why = "no build is recorded" if recorded is None else f"the build recorded sha256 {recorded[:12]}..."
         raise InputError(f"{engine_path.name} (sha256 {sha256[:12]}...) is not the engine the build stage recorded in "
