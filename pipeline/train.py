@@ -13,6 +13,7 @@ uninterrupted one.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import time
@@ -490,7 +491,10 @@ def _write_outputs(run_dir: RunDir, source: Path, cfg, spec, splits) -> None:
     state = load_checkpoint(source)
     weights = {k: v.contiguous() for k, v in state["model"].items()}
     with atomic_path(run_dir.file(modeling.WEIGHTS)) as tmp:
-        save_file(weights, str(tmp), metadata={"model": cfg.model.name, "epoch": str(state["epoch"])})
+        # One metadata key: safetensors writes a metadata map in a per-process random order, so two keys would
+        # give the same weights a different sha256 in every run (and every graph stamped with it, downstream).
+        about = json.dumps({"epoch": state["epoch"], "model": cfg.model.name}, sort_keys=True)
+        save_file(weights, str(tmp), metadata={"pipeline": about})
     modeling.write_card(run_dir, {
         "model": cfg.model.name,
         "spec": spec.to_dict(),

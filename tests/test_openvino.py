@@ -235,6 +235,11 @@ def test_benchmark_openvino_rows_throughput_ratios_and_benchmark_app(clone_run, 
     assert all(c["config"]["CPU"]["INFERENCE_PRECISION_HINT"] == "f32" for c in logged)
     assert "benchmark_app beside ours" in (run / artifacts.BENCHMARK_MD).read_text()
     assert "cpu: fastest that passed the gate at batch 1" in manifest(run)["stages"]["benchmark"]["details"]["headline"]
+    # The comparison is a section of the report tables, so the run's report carries it as benchmark.md does.
+    assert cli("report", "--run-dir", run) == 0
+    for name in (artifacts.REPORT_MD, artifacts.REPORT_HTML):
+        text = (run / name).read_text()
+        assert "benchmark_app beside ours" in text and "far apart" in text, name
 
 
 def _row(backend, batch, p50, images, verify="passed", device="cpu", timing=CPU_WALL_CLOCK):

@@ -24,7 +24,8 @@ from conftest import ROOT, cli, run_cli
 from torch import nn
 
 from pipeline.core import env, modeling
-from pipeline.training import checkpoint, device, distributed, metrics, optim, rng
+from pipeline.training import checkpoint, device, distributed, optim, rng
+from pipeline.training import metrics as metrics_log
 from pipeline.core.errors import InputError
 from pipeline.train import BEST_CHECKPOINT, CHECKPOINT, CURVE, METRICS, TRACE
 from pipeline.training.distributed import Dist
@@ -98,7 +99,7 @@ def manifest(run_dir: Path) -> dict:
 
 
 def metrics(run_dir: Path) -> list[dict]:
-    return metrics.read_metrics(run_dir / METRICS)
+    return metrics_log.read_metrics(run_dir / METRICS)
 
 
 def assert_same_tensors(a: dict, b: dict, exact: bool = True) -> None:
@@ -168,6 +169,11 @@ def test_checkpoints_hold_everything_and_load_weights_only(trained):
 
     best = load_ckpt(trained / BEST_CHECKPOINT)
     assert_same_tensors(load_file(str(trained / modeling.WEIGHTS)), best["model"])
+    from safetensors import safe_open
+
+    with safe_open(str(trained / modeling.WEIGHTS), "np") as f:  # one key: a map is written in a random order,
+        assert list(f.metadata()) == ["pipeline"]  # so the same weights would hash differently in every run
+        assert json.loads(f.metadata()["pipeline"]) == {"epoch": best["epoch"], "model": "tiny_cnn"}
 
 
 def test_metrics_records_curve_and_manifest(trained):
@@ -229,17 +235,17 @@ def test_metrics_go_to_tensorboard_when_it_is_installed(tmp_path, monkeypatch):
             scalars.append("closed")
 
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=SummaryWriter))
-    log = metrics.MetricsLog(tmp_path / "m.jsonl", True, tmp_path / "tb")
+    log = metrics_log.MetricsLog(tmp_path / "m.jsonl", True, tmp_path / "tb")
     log.write({"event": "step", "epoch": 0, "step": 3, "loss": 1.5, "loss_scale": None, "lr": 0.1})
     log.write({"event": "epoch", "epoch": 0, "step": 3, "val_acc": 0.5, "amp": "off"})
     log.close()
     assert scalars == [("step/loss", 1.5, 3), ("step/lr", 0.1, 3), ("epoch/val_acc", 0.5, 3), "closed"]
-    assert [r["event"] for r in metrics.read_metrics(tmp_path / "m.jsonl")] == ["step", "epoch"]
+    assert [r["event"] for r in metrics_log.read_metrics(tmp_path / "m.jsonl")] == ["step", "epoch"]
     # a line torn by a killed process is skipped
     with open(tmp_path / "m.jsonl", "a") as f:
         f.write('{"event": "st')
-    assert len(metrics.read_metrics(tmp_path / "m.jsonl")) == 2
-    silent = metrics.MetricsLog(tmp_path / "rank1.jsonl", False, tmp_path / "tb1")
+    assert len(metrics_log.read_metrics(tmp_path / "m.jsonl")) == 2
+    silent = metrics_log.MetricsLog(tmp_path / "rank1.jsonl", False, tmp_path / "tb1")
     silent.write({"event": "step", "step": 1})
     silent.close()
     assert not (tmp_path / "rank1.jsonl").exists()
