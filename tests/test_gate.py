@@ -229,20 +229,20 @@ def test_verdict_a_required_candidate_that_was_skipped_fails_the_gate():
     from pipeline import verify
 
     verdict = verify._verdict([_check("onnxrt_fp32", "passed"), _check("tensorrt_fp16", "skipped", required=True)])
-    assert not verdict["passed"] and [c.name for c in verdict["missing_required"]] == ["tensorrt_fp16"]
-    assert verify._verdict([_check("onnxrt_fp32", "passed"), _check("tensorrt_fp16", "skipped")])["passed"]
+    assert not verdict.passed and [c.name for c in verdict.missing_required] == ["tensorrt_fp16"]
+    assert verify._verdict([_check("onnxrt_fp32", "passed"), _check("tensorrt_fp16", "skipped")]).passed
 
 
 def test_verdict_only_gating_candidates_decide_and_inconclusive_follows_the_policy():
     from pipeline import verify
 
     reported = _check("onnxrt_int8_cpu", "failed", gates=False)
-    assert verify._verdict([_check("int8_exact", "passed"), reported])["passed"]
-    assert not verify._verdict([_check("int8_exact", "failed"), reported])["passed"]
+    assert verify._verdict([_check("int8_exact", "passed"), reported]).passed
+    assert not verify._verdict([_check("int8_exact", "failed"), reported]).passed
     undecided = [_check("int8_exact", "inconclusive"), _check("onnxrt_fp32", "passed")]
-    assert verify._verdict(undecided)["passed"]
-    assert not verify._verdict(undecided, inconclusive_fails=True)["passed"]
-    assert verify._verdict(undecided)["deployable"] == ["onnxrt_fp32"]
+    assert verify._verdict(undecided).passed
+    assert not verify._verdict(undecided, inconclusive_fails=True).passed
+    assert verify._verdict(undecided).deployable == ["onnxrt_fp32"]
 
 
 def test_a_nan_image_fails_even_when_the_quantile_leaves_the_worst_images_out():
