@@ -121,6 +121,10 @@ def _benchmark_summary(entry: dict) -> str:
     return entry["details"].get("headline", "")
 
 
+def _tune_summary(entry: dict) -> str:
+    return f"tuned INT8 artifact: {entry['details'].get('summary', '')}"
+
+
 PROFILE = "record a torch.profiler trace (Chrome-trace JSON) of a few steps"
 
 STAGES = {
@@ -150,6 +154,15 @@ STAGES = {
                        ("train", "export", "build"),
                        help="measure latency and throughput of every available backend",
                        options=(Option("--profile", PROFILE),), summary=_benchmark_summary),
+    # Not in ORDER: `tune`, or `all --tune` (after benchmark; then the stages its choice changes re-run).
+    "tune": Stage("tune", "tune", ("model", "data", "export", "verify", "benchmark", "tune"),
+                  (a.WEIGHTS, a.MODEL_CARD, a.FP32_ONNX, a.FALLBACK), ("export",),
+                  help="choose the fastest INT8 mix that passes the gate, from measured per-layer sensitivity and "
+                       "measured speed; write it as int8_fallback.json",
+                  options=(Option("--tune", "then tune the INT8 mix and rebuild, re-verify and re-benchmark it",
+                                  in_all=True),
+                           Option("--no-speed-gate", "report the speed-up without failing on tune.min_speedup")),
+                  summary=_tune_summary),
 }
 
 
@@ -410,6 +423,11 @@ def run_stages(cfg, run: RunDir, *, force: set[str] | None = None, options: dict
             log.debug("%s: %s", name, why)
         run.this_invocation[name] = "ran"
         run_stage(name, cfg, run, **options.get(name, {}))
+    if options.get("tune", {}).get("tune"):  # all --tune: tune, then the stages its int8_fallback.json changes
+        run.this_invocation["tune"] = "ran"
+        run_stage("tune", cfg, run, no_speed_gate=True)
+        run_stages(cfg, run, force=force - set(ORDER), options={k: v for k, v in options.items() if k != "tune"})
+        run.this_invocation["tune"] = "ran"
     return run.manifest
 
 
@@ -428,7 +446,7 @@ def summary(run: RunDir) -> str:
     """One line per stage, for the end of ``all``."""
     lines = [f"\nrun directory: {run.path}"]
     done = getattr(run, "this_invocation", None)
-    for name in ORDER:
+    for name in (*ORDER, *(["tune"] if run.stage_entry("tune") else [])):
         entry = run.stage_entry(name) or {}
         line = f"  {name:<10} {entry.get('status', 'not run'):<12} {STAGES[name].line(entry)}"
         if done is not None and name not in done and entry:  # not reached now: an earlier run's row
