@@ -305,7 +305,7 @@ class TuneConfig(Section):
     precision: Literal["int8"] = Field("int8", description="the low precision tune mixes with higher precision")
     calibration_methods: list[Literal["max", "entropy"]] = Field(
         ["max", "entropy"], min_length=1, description="calibration methods searched; the better front is kept")
-    sensitivity_samples: int = Field(200, ge=1, description="verify images each per-layer sensitivity is measured "
+    sensitivity_samples: int = Field(100, ge=1, description="verify images each per-layer sensitivity is measured "
                                      "on (candidates are judged on every verify image)")
     min_speedup: Optional[float] = Field(1.0, gt=0, description="tune fails (exit 1) unless the chosen mix is this "
                                          "much faster than FP32 on the target at every timed batch (null: off; "

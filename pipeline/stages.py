@@ -423,12 +423,21 @@ def run_stages(cfg, run: RunDir, *, force: set[str] | None = None, options: dict
             log.debug("%s: %s", name, why)
         run.this_invocation[name] = "ran"
         run_stage(name, cfg, run, **options.get(name, {}))
-    if options.get("tune", {}).get("tune"):  # all --tune: tune, then the stages its int8_fallback.json changes
-        run.this_invocation["tune"] = "ran"
-        run_stage("tune", cfg, run, no_speed_gate=True)
-        run_stages(cfg, run, force=force - set(ORDER), options={k: v for k, v in options.items() if k != "tune"})
-        run.this_invocation["tune"] = "ran"
+        if name == "build" and options.get("tune", {}).get("tune"):
+            _tune_in_all(cfg, run, force)
     return run.manifest
+
+
+def _tune_in_all(cfg, run: RunDir, force: set[str]) -> None:
+    """``all --tune``: tune (its speed gate only reported) before verify, then export and build again where its
+    int8_fallback.json changed them, so verify and benchmark judge and time the tuned artifact."""
+    fresh, _ = up_to_date(STAGES["tune"], cfg, run)
+    run.this_invocation["tune"] = "unchanged" if fresh and "tune" not in force else "ran"
+    if run.this_invocation["tune"] == "ran":
+        run_stage("tune", cfg, run, no_speed_gate=True)
+    for name in ("export", "build"):
+        if not up_to_date(STAGES[name], cfg, run)[0]:
+            run_stage(name, cfg, run)
 
 
 def run_all(cfg, run_dir: str | Path, *, force: set[str] | None = None, options: dict | None = None,
@@ -446,7 +455,7 @@ def summary(run: RunDir) -> str:
     """One line per stage, for the end of ``all``."""
     lines = [f"\nrun directory: {run.path}"]
     done = getattr(run, "this_invocation", None)
-    for name in (*ORDER, *(["tune"] if run.stage_entry("tune") else [])):
+    for name in (*ORDER[:3], *(["tune"] if run.stage_entry("tune") else []), *ORDER[3:]):
         entry = run.stage_entry(name) or {}
         line = f"  {name:<10} {entry.get('status', 'not run'):<12} {STAGES[name].line(entry)}"
         if done is not None and name not in done and entry:  # not reached now: an earlier run's row

@@ -163,7 +163,10 @@ def _greedy(t: Tuner, quantized: onnx.ModelProto, method: str, all_int8: Candida
     """``verify --auto-fallback``'s loop (:func:`pipeline.fallback.run`) from the all-INT8 graph, in a scratch run
     folder so nothing of the run changes; its answer judged like every other candidate."""
     failing = all_int8.round.failing
-    if all_int8.passed or failing is None:
+    if all_int8.passed:  # verify --auto-fallback would move nothing: its answer is the all-INT8 graph
+        return Candidate([], "greedy fallback", {**all_int8.result, "greedy_rounds": 0}, calibration=method,
+                         fp32=list(all_int8.fp32), round=all_int8.round)
+    if failing is None:
         return None
     cfg = t.cfg
     loc = verify._localize(cfg, fallback.INT8_GRAPH, t.fp32_model, quantized, t.evidence, failing, None)
@@ -273,7 +276,7 @@ def _confirm(t: Tuner, cand: Candidate) -> dict:
 def _why(pick: Candidate, runs: list[dict], batches: list[int]) -> str:
     lat = ", ".join(f"{pick.latency_ms[b]:.3f} ms at batch {b}" for b in batches)
     others = [r["method"] for r in runs if r["method"] != pick.calibration]
-    rest = f"; faster than every passing {', '.join(others)}-calibrated mix" if others else ""
+    rest = f" (the {', '.join(others)} calibration's mixes judged and timed alike)" if others else ""
     return (f"the fastest passing mix ({lat}; mixes within tune.same_speed of the fastest count as equally fast, "
             f"and of those the one with the fewest layers out of INT8 wins), {pick.calibration} calibration{rest}")
 
