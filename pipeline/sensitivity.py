@@ -210,10 +210,11 @@ def pareto(candidates: list[Candidate], batch: int) -> list[Candidate]:
     """The candidates no other beats on both accuracy drop and latency at ``batch`` (timed ones only)."""
     timed = [c for c in candidates if batch in c.latency_ms]
 
+    def point(c: Candidate) -> tuple[float, float]:
+        return c.result["accuracy_drop"], c.latency_ms[batch]
+
     def dominated(c: Candidate) -> bool:
-        return any(o.result["accuracy_drop"] <= c.result["accuracy_drop"] and o.latency_ms[batch] <= c.latency_ms[batch]
-                   and (o.result["accuracy_drop"], o.latency_ms[batch]) != (c.result["accuracy_drop"], c.latency_ms[batch])
-                   for o in timed)
+        return any(point(o)[0] <= point(c)[0] and point(o)[1] <= point(c)[1] and point(o) != point(c) for o in timed)
 
     return sorted((c for c in timed if not dominated(c)), key=lambda c: c.latency_ms[batch])
 
@@ -248,7 +249,7 @@ def timed(fn: Callable, *args):
 
 def openvino_timing(model: onnx.ModelProto, images: np.ndarray, batches: list[int], method, threads: int | None, *,
                     int8_graph: bool) -> dict:
-    """The mix as build converts it (an INT8 graph with its FP16 regions upcast: :func:`pipeline.int8.with_fp32_regions`),
+    """The mix as build converts it (an INT8 graph with its FP16 regions upcast, ``int8.with_fp32_regions``),
     compiled by OpenVINO's CPU plugin per batch (f32 hint, LATENCY, one synchronous request, as benchmark's
     ``openvino_*`` rows) and timed with the benchmark's method (:func:`pipeline.runners.measure`); the median of
     the timed runs per batch, and the precision the CPU plugin runs each matrix layer in."""

@@ -34,7 +34,7 @@ import onnx
 from pipeline import env, export, fallback, fp16, int8, modeling, onnx_io, sensitivity, tune_report, verify
 from pipeline.artifacts import FP32_ONNX, INT8_FALLBACK
 from pipeline.backends import Context
-from pipeline.errors import CheckFailed, StageFailed
+from pipeline.errors import BackendUnavailable, CheckFailed, UsageError
 from pipeline.run import RunDir, StageRecord, write_json
 from pipeline.sensitivity import Candidate
 
@@ -219,10 +219,12 @@ def time_candidates(t: Tuner, runs: list[dict]) -> dict:
 def run(cfg, run_dir: RunDir, record: StageRecord, *, tune: bool = False, no_speed_gate: bool = False) -> None:
     """``tune`` is ``all``'s flag (it runs this stage); ``no_speed_gate``: ``tune.min_speedup`` is reported only."""
     start = time.perf_counter()
-    t = Tuner(cfg, run_dir)
+    if not cfg.export.int8.enabled:  # export would write no INT8 graph to apply the choice to
+        raise UsageError("export.int8.enabled is false: there is no INT8 graph to tune (set it to true)")
     reason = int8.availability()
     if reason:
-        raise StageFailed(f"INT8 tuning needs ModelOpt: {reason}")
+        raise BackendUnavailable(f"INT8 tuning needs ModelOpt: {reason}")
+    t = Tuner(cfg, run_dir)
     runs = [tune_method(t, method) for method in cfg.tune.calibration_methods]
     baseline = time_candidates(t, runs)
     chosen, why = _choose(t, runs)

@@ -15,7 +15,8 @@ SCHEMA = "pipeline.tune/1"
 
 def _candidate(c: Candidate, chosen: Candidate | None, fronts: dict) -> dict:
     return {"origin": c.origin, "calibration": c.calibration, "high": c.high, "fp32": c.fp32,
-            "layers_out_of_int8": len(c.high), "result": c.result, "latency_ms": {str(b): v for b, v in c.latency_ms.items()},
+            "layers_out_of_int8": len(c.high), "result": c.result,
+            "latency_ms": {str(b): v for b, v in c.latency_ms.items()},
             "runtime_not_int8": fp32_layers(c.runtime), "chosen": c is chosen,
             "pareto": any(c is f for f in fronts.get(c.calibration, []))}
 
@@ -45,7 +46,8 @@ def payload(cfg, t, runs: list[dict], baseline: dict, chosen: Candidate | None, 
                    and c["calibration"] == cfg.export.int8.calibration_method), None)
     out["greedy"] = greedy
     out["summary"] = (f"{len(chosen.high)} of {len(runs[0]['ranked']) if runs else 0} layers kept out of INT8 "
-                      f"({chosen.calibration}); {chosen.latency_ms[1]:.3f} ms at batch 1, {chosen.latency_ms[big]:.3f} ms "
+                      f"({chosen.calibration}); {chosen.latency_ms[1]:.3f} ms at batch 1, "
+                      f"{chosen.latency_ms[big]:.3f} ms "
                       f"at batch {big}; x{speedup[str(1)]:.2f} vs FP32 at batch 1; written to int8_fallback.json"
                       if chosen else "no passing mix")
     return out
@@ -70,7 +72,8 @@ def speed_failure(p: dict, min_speedup: float | None) -> str:
     named = ", ".join(not_int8[:6]) + (", ..." if len(not_int8) > 6 else "")
     cpu = "" if p["int8_dot_product"] else "; this CPU has no VNNI/AMX int8 dot product"
     worst = min(slow, key=slow.get)
-    return (f"INT8 is no faster than FP32 here: {len(not_int8)} of {len(runtime)} layers run in FP32 ({named or 'none'})"
+    return (f"INT8 is no faster than FP32 here: {len(not_int8)} of {len(runtime)} layers run in FP32 "
+            f"({named or 'none'})"
             f"{cpu}; x{slow[worst]:.2f} at batch {worst}, below tune.min_speedup {min_speedup:g}")
 
 
@@ -137,8 +140,8 @@ def write_plots(run_dir: RunDir, p: dict) -> list[str]:
             ax.scatter(c["latency_ms"][batch], c["result"].get("accuracy_drop", 0.0),
                        marker="*" if c["chosen"] else "o", s=120 if c["chosen"] else 30,
                        color="tab:green" if c["result"].get("status") == "passed" else "tab:red")
-            ax.annotate(f"{c['origin']} ({c['calibration']})", (c["latency_ms"][batch], c["result"].get("accuracy_drop", 0.0)),
-                        fontsize=6)
+            where = (c["latency_ms"][batch], c["result"].get("accuracy_drop", 0.0))
+            ax.annotate(f"{c['origin']} ({c['calibration']})", where, fontsize=6)
     ax.axvline(p["fp32"]["latency_ms"][batch], color="grey", linestyle="--", label="FP32")
     ax.set_xlabel(f"latency at batch {batch} (ms)")
     ax.set_ylabel("accuracy drop vs FP32")
