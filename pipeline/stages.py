@@ -412,6 +412,8 @@ def run_stages(cfg, run: RunDir, *, force: set[str] | None = None, options: dict
     run.this_invocation = {}  # what summary() may show as this invocation's: the rest is marked as earlier
     for name in ORDER:
         stage = STAGES[name]
+        if name == "verify" and options.get("tune", {}).get("tune"):
+            _tune_in_all(cfg, run, force)
         if name not in force:
             fresh, why = up_to_date(stage, cfg, run)
             if fresh:
@@ -423,8 +425,6 @@ def run_stages(cfg, run: RunDir, *, force: set[str] | None = None, options: dict
             log.debug("%s: %s", name, why)
         run.this_invocation[name] = "ran"
         run_stage(name, cfg, run, **options.get(name, {}))
-        if name == "build" and options.get("tune", {}).get("tune"):
-            _tune_in_all(cfg, run, force)
     return run.manifest
 
 

@@ -48,7 +48,7 @@ def _tune(run: Path) -> dict:
     return json.loads((run / "tune.json").read_text())
 
 
-def test_tune_keeps_more_layers_in_int8_than_greedy_fallback_and_round_trips(trained, tmp_path):
+def test_tune_keeps_more_layers_in_int8_than_greedy_fallback_and_round_trips(trained, tmp_path, capsys):
     """Greedy fallback raises the first layer over tolerance (the mildly disturbed /early/Conv, harmless in the
     logits) and then the one that breaks the gate (/late/Conv); the sensitivity ranking raises /late/Conv alone."""
     run = _copy(trained(f"{TUNE_MODELS}:mild_then_severe"), tmp_path)
@@ -85,6 +85,14 @@ def test_tune_keeps_more_layers_in_int8_than_greedy_fallback_and_round_trips(tra
     after = _tune(run)["sensitivity"]["max"]
     assert [r["layer"] for r in after] == [r["layer"] for r in before]
     np.testing.assert_allclose([r["score"] for r in after], [r["score"] for r in before], rtol=1e-6)
+
+    # all --tune: tune is unchanged (skipped), verify and benchmark judge and time the tuned artifact, and the
+    # summary names it.
+    capsys.readouterr()
+    assert cli("all", "--run-dir", run, "--tune", *FAST, "benchmark.backends=[onnxrt_fp32,openvino_int8]") == 0
+    out = capsys.readouterr().out
+    assert "tuned INT8 artifact: 1 of 3 layers kept out of INT8 (max)" in out, out
+    assert json.loads((run / "int8_fallback.json").read_text())["nodes"] == ["/late/Conv"]
 
 
 def test_speed_gate_fails_and_names_the_layers_when_int8_cannot_be_faster(trained, tmp_path, capsys):
