@@ -154,12 +154,12 @@ STAGES = {
                        ("train", "export", "build"),
                        help="measure latency and throughput of every available backend",
                        options=(Option("--profile", PROFILE),), summary=_benchmark_summary),
-    # Not in ORDER: `tune`, or `all --tune` (after benchmark; then the stages its choice changes re-run).
+    # Not in ORDER: `tune`, or `all --tune` (after build; export and build again where its choice changed them).
     "tune": Stage("tune", "tune", ("model", "data", "export", "verify", "benchmark", "tune"),
                   (a.WEIGHTS, a.MODEL_CARD, a.FP32_ONNX, a.FALLBACK), ("export",),
                   help="choose the fastest INT8 mix that passes the gate, from measured per-layer sensitivity and "
                        "measured speed; write it as int8_fallback.json",
-                  options=(Option("--tune", "then tune the INT8 mix and rebuild, re-verify and re-benchmark it",
+                  options=(Option("--tune", "tune the INT8 mix after build, so verify and benchmark judge the tuned artifact",
                                   in_all=True),
                            Option("--no-speed-gate", "report the speed-up without failing on tune.min_speedup")),
                   summary=_tune_summary),

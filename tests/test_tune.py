@@ -11,7 +11,7 @@ import onnx
 import pytest
 
 from conftest import ROOT, cli
-from pipeline import int8
+from pipeline import int8, sensitivity
 
 TUNE_MODELS = ROOT / "tests" / "tune_models.py"
 TRAINED = ["data.samples_per_class=30", "data.image_size=16", "data.batch_size=32", "train.epochs=4",
@@ -110,3 +110,44 @@ def test_speed_gate_fails_and_names_the_layers_when_int8_cannot_be_faster(traine
     assert cli("tune", "--run-dir", run, "--no-speed-gate", *FAST, *forced) == 0
     assert _tune(run)["chosen"]["runtime_not_int8"] == ["/features/features.0/Conv", "/features/features.4/Conv",
                                                         "/fc/Gemm"]
+
+
+def test_search_bisects_on_k_and_confirms_the_neighbours():
+    """Twelve ranked layers, the gate passing from k = 7 on: bisection judges O(log n) mixes, not every k, and the
+    answer's neighbours k = 6 (fails) and k = 8 (passes) are judged too; both extremes always are."""
+    ranked = [f"layer{i}" for i in range(12)]
+    judged = []
+
+    def judge(high, origin):
+        judged.append(len(high))
+        return sensitivity.Candidate(list(high), origin, {"status": "passed" if len(high) >= 7 else "failed"})
+
+    found = sensitivity.search(ranked, judge)
+    assert {0, 6, 7, 8, 12} <= set(judged) and len(judged) <= 8
+    assert min(len(c.high) for c in found if c.passed) == 7
+    assert [c.origin for c in found][:1] == ["all INT8"] and found[-1].origin == "all high"
+
+
+def test_choose_takes_the_fastest_passing_mix_and_treats_noise_as_a_tie():
+    def cand(high: int, status: str, ms1: float, ms8: float):
+        return sensitivity.Candidate([f"l{i}" for i in range(high)], f"top-{high}", {"status": status,
+                                     "scaled_error": 0.1, "accuracy_drop": 0.0}, latency_ms={1: ms1, 8: ms8})
+
+    fast_fail, slow, fast, tied = cand(0, "failed", 1.0, 5.0), cand(3, "passed", 2.0, 9.0), \
+        cand(2, "passed", 1.2, 6.0), cand(1, "passed", 1.22, 6.1)
+    assert sensitivity.choose([fast_fail, slow, fast], [1, 8]) is fast
+    assert sensitivity.choose([fast_fail, slow, fast, tied], [1, 8], same_speed=0.05) is tied  # fewer layers out
+    assert sensitivity.choose([fast_fail, slow, fast, tied], [1, 8], same_speed=0.0) is fast
+    assert sensitivity.choose([fast_fail], [1, 8]) is None
+
+
+def test_speed_gate_message_says_when_the_cpu_has_no_int8_dot_product():
+    from pipeline import tune_report
+
+    payload = {"chosen": {"runtime": {"/a/Conv": "u8", "/b/Conv": "f32", "/fc/Gemm": "f32"}},
+               "speedup_vs_fp32": {"1": 0.9, "8": 1.4}, "int8_dot_product": False}
+    line = tune_report.speed_failure(payload, 1.2)
+    assert line.startswith("INT8 is no faster than FP32 here: 2 of 3 layers run in FP32 (/b/Conv, /fc/Gemm)")
+    assert "no VNNI/AMX" in line and "x0.90 at batch 1" in line
+    assert tune_report.speed_failure(payload, None) == ""  # off
+    assert tune_report.speed_failure({**payload, "speedup_vs_fp32": {"1": 1.3, "8": 1.4}}, 1.2) == ""
