@@ -300,6 +300,22 @@ class BenchmarkConfig(Section):
         return self
 
 
+class TuneConfig(Section):
+    precision: Literal["int8"] = Field("int8", description="the low precision tune mixes with higher precision")
+    calibration_methods: list[Literal["max", "entropy"]] = Field(
+        ["max", "entropy"], min_length=1, description="calibration methods searched; the better front is kept")
+    sensitivity_samples: int = Field(100, ge=1, description="verify images each per-layer sensitivity is measured "
+                                     "on (candidates are judged on every verify image)")
+    min_speedup: Optional[float] = Field(1.0, gt=0, description="tune fails (exit 1) unless the chosen mix is this "
+                                         "much faster than FP32 on the target at every timed batch (null: off; "
+                                         "all --tune never applies it)")
+    warmup_s: float = Field(0.1, ge=0, description="warm-up per candidate and batch before timing")
+    min_duration_s: float = Field(0.25, ge=0, description="timed seconds per trial, at least")
+    trials: int = Field(1, ge=1, description="timed trials per candidate and batch")
+    same_speed: float = Field(0.05, ge=0, description="mixes this share slower than the fastest count as equally "
+                              "fast (timing noise); of those, the one with the fewest layers out of INT8 is chosen")
+
+
 class IsolateConfig(Section):
     timeout_s: float = Field(300.0, gt=0, description="seconds a native runtime's child process has to answer, at "
                              "least (plus a minute to start, a quarter second per image, a timing's own length); "
@@ -314,6 +330,7 @@ class Config(Section):
     build: BuildConfig = BuildConfig()
     verify: VerifyConfig = VerifyConfig()
     benchmark: BenchmarkConfig = BenchmarkConfig()
+    tune: TuneConfig = TuneConfig()
     isolate: IsolateConfig = IsolateConfig()
     require: list[Literal["tensorrt", "cuda"]] = Field(
         [], description="backends whose absence fails the run with exit code 3"

@@ -22,6 +22,8 @@ PLOTS = [
     ("train_curve.png", "Training curves"),
     ("benchmark_latency.png", "Latency distribution"),
     ("benchmark_throughput.png", "Throughput versus batch size"),
+    (artifacts.TUNE_SENSITIVITY_PLOT, "Per-layer INT8 sensitivity (tune)"),
+    (artifacts.TUNE_PARETO_PLOT, "Accuracy versus latency of the tuned mixes (tune)"),
 ]
 
 STYLE = """
@@ -44,7 +46,7 @@ LOAD_CHECK = ("<script>window.addEventListener('load',function(){document.body.s
 
 # The command that rewrites each JSON file the report reads, for the hint.
 WRITTEN_BY = {"verify.json": "python -m pipeline verify", "benchmark.json": "python -m pipeline benchmark",
-              "manifest.json": "python -m pipeline all"}
+              "manifest.json": "python -m pipeline all", artifacts.TUNE_JSON: "python -m pipeline tune"}
 
 
 def _load(run: RunDir, name: str):
@@ -82,6 +84,11 @@ def sections(run: RunDir, cfg) -> dict:
         body += _built("verify.json", tables.verify_sections, verify)
     if bench is not None:
         body.append(_built("benchmark.json", tables.benchmark_section, bench))
+    tuned = _load(run, artifacts.TUNE_JSON)
+    if tuned is not None:
+        from pipeline import tune_report
+
+        body += _built(artifacts.TUNE_JSON, tune_report.sections, tuned)
     return {
         "model": manifest.get("model", cfg.model.name),
         "body": [section for section in body if section is not None],

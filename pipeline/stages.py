@@ -123,6 +123,10 @@ def _benchmark_summary(entry: dict) -> str:
     return entry["details"].get("headline", "")
 
 
+def _tune_summary(entry: dict) -> str:
+    return f"tuned INT8 artifact: {entry['details'].get('summary', '')}"
+
+
 PROFILE = "record a torch.profiler trace (Chrome-trace JSON) of a few steps"
 
 STAGES = {
@@ -152,6 +156,15 @@ STAGES = {
                        ("train", "export", "build"),
                        help="measure latency and throughput of every available backend",
                        options=(Option("--profile", PROFILE),), summary=_benchmark_summary),
+    # Not in ORDER: `tune`, or `all --tune` (after build; export and build again where its choice changed them).
+    "tune": Stage("tune", "tune", ("model", "data", "export", "verify", "benchmark", "tune"),
+                  (a.WEIGHTS, a.MODEL_CARD, a.FP32_ONNX, a.FALLBACK), ("export",),
+                  help="choose the fastest INT8 mix that passes the gate, from measured per-layer sensitivity and "
+                       "measured speed; write it as int8_fallback.json",
+                  options=(Option("--tune", "tune the INT8 mix after build, so verify and benchmark judge the tuned artifact",
+                                  in_all=True),
+                           Option("--no-speed-gate", "report the speed-up without failing on tune.min_speedup")),
+                  summary=_tune_summary),
 }
 
 
@@ -401,6 +414,8 @@ def run_stages(cfg, run: RunDir, *, force: set[str] | None = None, options: dict
     run.this_invocation = {}  # what summary() may show as this invocation's: the rest is marked as earlier
     for name in ORDER:
         stage = STAGES[name]
+        if name == "verify" and options.get("tune", {}).get("tune"):
+            _tune_in_all(cfg, run, force)
         if name not in force:
             fresh, why = up_to_date(stage, cfg, run)
             if fresh:
@@ -413,6 +428,18 @@ def run_stages(cfg, run: RunDir, *, force: set[str] | None = None, options: dict
         run.this_invocation[name] = "ran"
         run_stage(name, cfg, run, **options.get(name, {}))
     return run.manifest
+
+
+def _tune_in_all(cfg, run: RunDir, force: set[str]) -> None:
+    """``all --tune``: tune (its speed gate only reported) before verify, then export and build again where its
+    int8_fallback.json changed them, so verify and benchmark judge and time the tuned artifact."""
+    fresh, _ = up_to_date(STAGES["tune"], cfg, run)
+    run.this_invocation["tune"] = "unchanged" if fresh and "tune" not in force else "ran"
+    if run.this_invocation["tune"] == "ran":
+        run_stage("tune", cfg, run, no_speed_gate=True)
+    for name in ("export", "build"):
+        if not up_to_date(STAGES[name], cfg, run)[0]:
+            run_stage(name, cfg, run)
 
 
 def run_all(cfg, run_dir: str | Path, *, force: set[str] | None = None, options: dict | None = None,
@@ -436,7 +463,7 @@ def summary(run: RunDir) -> str:
     """One line per stage, for the end of ``all``."""
     lines = [f"\nrun directory: {run.path}"]
     done = getattr(run, "this_invocation", None)
-    for name in ORDER:
+    for name in (*ORDER[:3], *(["tune"] if run.stage_entry("tune") else []), *ORDER[3:]):
         entry = run.stage_entry(name) or {}
         line = f"  {name:<10} {entry.get('status', 'not run'):<12} {STAGES[name].line(entry)}"
         if done is not None and name not in done and entry:  # not reached now: an earlier run's row

@@ -52,6 +52,11 @@ BENCHMARK_TRACE = "benchmark.trace.json"
 TRTEXEC_DIR = "trtexec"  # trtexec beside the TensorRT rows: <backend>.b<batch>.<kind>.times.json/.profile.json/.log
 
 # report
+TUNE_JSON = "tune.json"  # python -m pipeline tune: sensitivity, candidates, timings, the choice
+TUNE_MD = "tune.md"
+TUNE_SENSITIVITY_PLOT = "tune_sensitivity.png"
+TUNE_PARETO_PLOT = "tune_pareto.png"
+
 REPORT_HTML = "report.html"
 REPORT_MD = "report.md"
 

@@ -14,16 +14,18 @@ from pipeline.core import onnx_io, provenance
 from pipeline.core.artifacts import CALIBRATION, FP16_ONNX, FP32_ONNX, INT8_ONNX
 from pipeline.core.data import validation_batch
 from pipeline.core.run import RunDir, atomic_path, install, scratch_folder
-from pipeline.precision import fp16, int8
+from pipeline.precision import fallback, fp16, int8
 
 log = logging.getLogger("pipeline")
 
 
 def quantize_int8(cfg, run_dir: RunDir, card: dict, out_of_int8: list[str], out_name: str = INT8_ONNX,
-                  fp32_nodes: list[str] = ()) -> dict:
+                  fp32_nodes: list[str] = (), calibration_method: str | None = None) -> dict:
     """ModelOpt INT8 PTQ of ``model.onnx`` into ``out_name``, calibrated on real validation images; the
-    fallback's nodes left out of INT8, and its FP32 nodes kept in FP32 in the FP16 regions."""
-    ic = cfg.export.int8
+    fallback's nodes left out of INT8, and its FP32 nodes kept in FP32 in the FP16 regions. The calibration
+    method: ``calibration_method``, else the one tune chose (int8_fallback.json), else the config's."""
+    method = calibration_method or fallback.calibration_method(run_dir) or cfg.export.int8.calibration_method
+    ic = cfg.export.int8.model_copy(update={"calibration_method": method})
     images, _ = validation_batch(cfg, card, ic.calibration_samples)
     # ModelOpt rewrites its input in place and writes intermediates beside it: it gets a private copy.
     with scratch_folder(run_dir.file(FP32_ONNX)) as scratch:

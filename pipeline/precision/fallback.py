@@ -92,11 +92,18 @@ def _read_file(run_dir: RunDir, name: str) -> dict:
     return data if isinstance(data, dict) else {}
 
 
+def calibration_method(run_dir: RunDir) -> str | None:
+    """The INT8 calibration method ``python -m pipeline tune`` chose (int8_fallback.json), if it chose one."""
+    return _read_file(run_dir, INT8_FALLBACK).get("calibration_method")
+
+
 def write(run_dir: RunDir, graph: PrecisionGraph, raised: Raised) -> None:
     if graph.fallback_file == FALLBACK:
         payload = {"nodes": raised.fp32, "note": "kept in FP32 by verify --auto-fallback"}
     else:
+        method = calibration_method(run_dir)  # tune's choice stays: the graph was quantized with it
         payload = {"nodes": raised.out_of_int8, "fp32_nodes": raised.fp32,
+                   **({"calibration_method": method} if method else {}),
                    "note": "nodes: left unquantized by verify --auto-fallback; fp32_nodes: kept in FP32 (the FP16 "
                            "fallback's nodes are kept in FP32 here too)"}
     write_json(run_dir.file(graph.fallback_file), payload)

@@ -1,0 +1,318 @@
+"""Per-layer precision sensitivity, the search for the mix to keep in higher precision, and its Pareto front.
+
+A library for ``python -m pipeline tune`` (:mod:`pipeline.tune`); it runs no stage and reads no run directory.
+
+* **Mixes by graph surgery.** :func:`unquantize` takes the run's fully quantized Q/DQ graph and lets the named
+  layers read their inputs unquantized (the activation before its QuantizeLinear, the weight from the FP32
+  graph in the Q/DQ graph's high-precision type): what ModelOpt's ``nodes_to_exclude`` gives, without
+  re-calibrating, so every mix of one calibration shares the same scales and costs no quantization run.
+* **Sensitivity.** For each quantized matrix layer: the graph with only that layer in INT8, and the graph
+  with every layer in INT8 but that one, each judged by the gate's own criteria (:func:`pipeline.gate.judge`)
+  plus the mean KL divergence of the softmax. A layer's score is the error it causes alone plus the error the
+  all-INT8 graph loses when only that layer is raised (both in the gate's scale-free units), so a layer that is
+  harmless alone but whose rounding the rest amplifies still ranks high.
+* **Search.** The k highest-ranked layers kept out of INT8, for increasing k: bisection on k for the smallest
+  passing k (pass/fail is monotone in k when the ranking is right), then its neighbours confirmed; the caller
+  adds the greedy fallback's answer and the two extremes.
+* **Pareto front and choice** over (accuracy drop, latency): :func:`pareto`, :func:`choose`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from pipeline import gate as criteria
+from pipeline.int8 import DQ, MATRIX_OPS, Q, node_precisions
+
+log = logging.getLogger("pipeline")
+
+
+# --------------------------------------------------------------------------- mixes by graph surgery
+
+
+def quantized_layers(fp32_model: onnx.ModelProto, int8_model: onnx.ModelProto) -> list[str]:
+    """The matrix layers (Conv, Gemm, MatMul) the Q/DQ graph computes in INT8, in graph order."""
+    precisions = node_precisions(fp32_model, int8_model)
+    return [n.name for n in fp32_model.graph.node
+            if n.op_type in MATRIX_OPS and precisions.get(n.name, ("", ""))[1] == "int8"]
+
+
+def unquantize(int8_model: onnx.ModelProto, fp32_model: onnx.ModelProto, names) -> onnx.ModelProto:
+    """The Q/DQ graph with the layers ``names`` reading unquantized inputs: an activation from before its
+    QuantizeLinear, a weight from the FP32 graph cast to the dequantized type (FP16 in ModelOpt's graphs).
+    Quantize/dequantize nodes nothing reads any more are removed."""
+    out = onnx.ModelProto()
+    out.CopyFrom(int8_model)
+    graph = out.graph
+    producer = {o: n for n in graph.node for o in n.output}
+    fp32_nodes = {n.name: n for n in fp32_model.graph.node}
+    fp32_inits = {t.name: t for t in fp32_model.graph.initializer}
+    inits = {t.name: t for t in graph.initializer}
+    names = set(names)
+    for node in graph.node:
+        if node.name not in names:
+            continue
+        for i, tensor in enumerate(node.input):
+            dq = producer.get(tensor)
+            if dq is None or dq.op_type != DQ:
+                continue
+            node.input[i] = _unquantized_source(dq, i, node, producer, inits, fp32_nodes, fp32_inits, graph)
+    _prune(graph)
+    return out
+
+
+def _unquantized_source(dq, i: int, node, producer, inits, fp32_nodes, fp32_inits, graph) -> str:
+    """The tensor ``node``'s input ``i`` reads instead of ``dq``'s output."""
+    source = producer.get(dq.input[0])
+    if source is not None and source.op_type == Q:  # an activation: the value before quantization
+        return source.input[0]
+    original = fp32_nodes[node.name].input[i]  # a weight: the FP32 graph's own, in the dequantized type
+    if original not in fp32_inits:
+        raise ValueError(f"{node.name}: input {i} is neither a quantized activation nor an initializer")
+    scale = inits.get(dq.input[1])
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(scale.data_type) if scale is not None else np.float32
+    name = f"{original}__unquantized"
+    if name not in inits:
+        inits[name] = numpy_helper.from_array(numpy_helper.to_array(fp32_inits[original]).astype(dtype), name)
+        graph.initializer.append(inits[name])
+    return name
+
+
+def _prune(graph: onnx.GraphProto) -> None:
+    """Remove Q/DQ nodes whose outputs nothing reads, then initializers nothing reads."""
+    while True:
+        read = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+        dead = [n for n in graph.node if n.op_type in (Q, DQ) and not any(o in read for o in n.output)]
+        if not dead:
+            break
+        for node in dead:
+            graph.node.remove(node)
+    read = {i for n in graph.node for i in n.input}
+    for init in [t for t in graph.initializer if t.name not in read]:
+        graph.initializer.remove(init)
+
+
+# --------------------------------------------------------------------------- one mix, judged
+
+
+def metrics(outputs: list[dict], reference: list[dict], labels: np.ndarray, gate: dict, output_name: str,
+            confidence: float) -> dict:
+    """The gate's verdict on one set of outputs (:func:`pipeline.gate.judge`), with the numbers a table shows."""
+    return summary(criteria.judge(outputs, reference, labels, gate, output_name, confidence))
+
+
+def summary(result: dict) -> dict:
+    """The numbers of one judged candidate (a :func:`pipeline.gate.judge` result) that tune's tables show."""
+    tensor, task = result["tensor_check"], result["task_check"]
+    return {"status": result["status"], "scaled_error": tensor.get("scaled_error_quantile", tensor.get("scaled_error")),
+            "max_abs_error": tensor.get("max_abs_error"), "quantile_abs_error": tensor.get("quantile_abs_error"),
+            "top1_agreement": task["top1_agreement"], "accuracy_drop": task["accuracy_drop"],
+            "mean_kl": tensor.get("mean_kl")}
+
+
+# --------------------------------------------------------------------------- sensitivity
+
+
+@dataclass
+class Sensitivity:
+    layer: str
+    op_type: str
+    alone: dict  # only this layer in INT8
+    all_but: dict  # every layer in INT8 but this one
+    score: float = 0.0
+
+
+def score(alone: dict, all_but: dict, all_low: dict) -> float:
+    """The error the layer causes alone plus what raising it alone recovers from the all-INT8 graph (scaled units;
+    a non-finite error counts as very large)."""
+    def finite(x) -> float:
+        return 1e9 if x is None or not np.isfinite(x) else float(x)
+
+    return finite(alone["scaled_error"]) + max(0.0, finite(all_low["scaled_error"]) - finite(all_but["scaled_error"]))
+
+
+def measure(layers: list[str], op_types: dict, evaluate: Callable[[set], dict], all_low: dict,
+            progress: Callable[[int, int], None] = lambda done, total: None) -> list[Sensitivity]:
+    """Each layer's sensitivity, ranked (most sensitive first; ties in graph order). ``evaluate(high)`` judges
+    the mix with the layers ``high`` out of INT8."""
+    rows = []
+    everything = set(layers)
+    for i, layer in enumerate(layers):
+        alone = evaluate(everything - {layer})
+        all_but = evaluate({layer})
+        rows.append(Sensitivity(layer, op_types.get(layer, ""), alone, all_but, score(alone, all_but, all_low)))
+        progress(i + 1, len(layers))
+    order = {name: i for i, name in enumerate(layers)}
+    return sorted(rows, key=lambda r: (-r.score, order[r.layer]))
+
+
+# --------------------------------------------------------------------------- search
+
+
+@dataclass
+class Candidate:
+    """One mix: the layers kept out of INT8, how it was found, its gate result and timings."""
+
+    high: list[str]
+    origin: str  # "all INT8", "top-3", "greedy fallback", "all high"
+    result: dict = field(default_factory=dict)  # metrics(...) of the full gate
+    latency_ms: dict = field(default_factory=dict)  # {batch: mean ms}
+    calibration: str = ""
+    fp32: list[str] = field(default_factory=list)  # nodes kept in FP32 (the FP16 fallback's; greedy's own)
+    runtime: dict = field(default_factory=dict)  # what the target ran each matrix layer in
+    round: object = field(default=None, repr=False, compare=False)  # the full gate's round (its failing check)
+
+    @property
+    def passed(self) -> bool:
+        return self.result.get("status") == criteria.PASSED
+
+    def key(self) -> tuple:
+        return self.calibration, tuple(sorted(self.high))
+
+
+def search(ranked: list[str], judge: Callable[[list[str], str], Candidate]) -> list[Candidate]:
+    """Keep the top k of ``ranked`` out of INT8: bisect for the smallest passing k, then confirm k-1 and k+1
+    (walking down while k-1 still passes: the pass/fail was not monotone). ``judge(high, origin)`` judges a mix
+    under the full gate. Returns every candidate judged, k = 0 and k = len(ranked) included."""
+    judged: dict[int, Candidate] = {}
+
+    def at(k: int) -> Candidate:
+        if k not in judged:
+            judged[k] = judge(ranked[:k], "all INT8" if k == 0 else "all high" if k == len(ranked) else f"top-{k}")
+        return judged[k]
+
+    low, high = 0, len(ranked)
+    at(high)  # both extremes are always candidates (the Pareto front's ends)
+    if at(low).passed or not at(high).passed:
+        return [judged[k] for k in sorted(judged)]
+    while high - low > 1:  # invariant: at(low) fails, at(high) passes
+        mid = (low + high) // 2
+        low, high = (low, mid) if at(mid).passed else (mid, high)
+    k = high
+    while k - 1 > 0 and at(k - 1).passed:  # not monotone: a smaller k passes too
+        k -= 1
+    if k + 1 <= len(ranked):
+        at(k + 1)
+    return [judged[k] for k in sorted(judged)]
+
+
+# --------------------------------------------------------------------------- Pareto front and choice
+
+
+def pareto(candidates: list[Candidate], batch: int) -> list[Candidate]:
+    """The candidates no other beats on both accuracy drop and latency at ``batch`` (timed ones only)."""
+    timed = [c for c in candidates if batch in c.latency_ms]
+
+    def point(c: Candidate) -> tuple[float, float]:
+        return c.result["accuracy_drop"], c.latency_ms[batch]
+
+    def dominated(c: Candidate) -> bool:
+        return any(point(o)[0] <= point(c)[0] and point(o)[1] <= point(c)[1] and point(o) != point(c) for o in timed)
+
+    return sorted((c for c in timed if not dominated(c)), key=lambda c: c.latency_ms[batch])
+
+
+def choose(candidates: list[Candidate], batches: list[int], same_speed: float = 0.05) -> Candidate | None:
+    """The fastest passing mix: lowest latency summed over ``batches`` (each relative to the fastest there, so a
+    large batch does not outweigh batch 1). Mixes within ``same_speed`` (a share) of the fastest are taken as
+    equally fast, timing noise on a shared CPU being of that order: among them, the one with the fewest layers
+    out of INT8, then the smallest error."""
+    passing = [c for c in candidates if c.passed and all(b in c.latency_ms for b in batches)]
+    if not passing:
+        return None
+    best = {b: min(c.latency_ms[b] for c in passing) for b in batches}
+
+    def cost(c: Candidate) -> float:
+        return sum(c.latency_ms[b] / best[b] for b in batches) / len(batches)
+
+    fastest = min(cost(c) for c in passing)
+    tied = [c for c in passing if cost(c) <= fastest * (1 + same_speed)]
+    return min(tied, key=lambda c: (len(c.high), c.result.get("scaled_error") or 0.0, cost(c)))
+
+
+def timed(fn: Callable, *args):
+    """``fn(*args)`` and the seconds it took."""
+    start = time.perf_counter()
+    value = fn(*args)
+    return value, time.perf_counter() - start
+
+
+# --------------------------------------------------------------------------- speed on the target
+
+
+def openvino_timing(model: onnx.ModelProto, images: np.ndarray, batches: list[int], method, threads: int | None, *,
+                    int8_graph: bool) -> dict:
+    """The mix as build converts it (an INT8 graph with its FP16 regions upcast, ``int8.with_fp32_regions``),
+    compiled by OpenVINO's CPU plugin per batch (f32 hint, LATENCY, one synchronous request, as benchmark's
+    ``openvino_*`` rows) and timed with the benchmark's method (:func:`pipeline.runners.measure`); the median of
+    the timed runs per batch, and the precision the CPU plugin runs each matrix layer in."""
+    import openvino as ov
+
+    from pipeline.int8 import with_fp32_regions
+    from pipeline.runners import OpenVINORunner, cpu_timer, measure
+
+    xml, weights = _ir_bytes(with_fp32_regions(model) if int8_graph else model)
+    sidecar = {"hint": "f32", "precision": "int8" if int8_graph else "fp32", "openvino": ov.__version__,
+               "xml": "a tune candidate"}
+    runner = OpenVINORunner(xml, weights, sidecar, name="tune", input_name=model.graph.input[0].name,
+                            output_name=model.graph.output[0].name, threads=threads)
+    latency, spread = {}, {}
+    with runner:
+        for batch in batches:
+            x = np.ascontiguousarray(np.resize(images, (batch, *images.shape[1:])), dtype=np.float32)
+            request = runner._request(batch)
+            request.set_input_tensor(ov.Tensor(x, shared_memory=True))
+            samples = measure(cpu_timer(request.infer), method)["samples"]
+            latency[batch] = float(np.median(samples))
+            spread[batch] = [float(np.percentile(samples, 10)), float(np.percentile(samples, 90))]
+        runtime = runtime_precisions(runner._compile(batches[0]), model)
+    return {"latency_ms": latency, "p10_p90_ms": spread, "runtime": runtime}
+
+
+def _ir_bytes(model: onnx.ModelProto) -> tuple[bytes, bytes]:
+    import tempfile
+    from pathlib import Path
+
+    import openvino as ov
+
+    with tempfile.TemporaryDirectory(prefix=".tune-ir.") as tmp:
+        onnx.save(model, f"{tmp}/m.onnx")
+        ov.save_model(ov.convert_model(f"{tmp}/m.onnx"), f"{tmp}/m.xml", compress_to_fp16=False)
+        return Path(f"{tmp}/m.xml").read_bytes(), Path(f"{tmp}/m.bin").read_bytes()
+
+
+INT8_RUNTIME = ("i8", "u8")
+
+
+def runtime_precisions(compiled, model: onnx.ModelProto) -> dict[str, str]:
+    """``{matrix layer: precision}`` from the CPU plugin's runtime model (each executed node's ``runtimePrecision``
+    and the original layers it fused, ``originalLayersNames``); a layer is matched by its node or output name."""
+    executed = {}
+    for op in compiled.get_runtime_model().get_ops():
+        info = op.get_rt_info()
+        if "runtimePrecision" not in info or "originalLayersNames" not in info:
+            continue
+        precision = info["runtimePrecision"].astype(str).lower()
+        for name in info["originalLayersNames"].astype(str).split(","):
+            executed.setdefault(name.strip(), precision)
+    casts = {n.input[0]: n.output[0] for n in model.graph.node if n.op_type == "Cast"}  # fused into the layer
+    out = {}
+    for node in model.graph.node:
+        if node.op_type in MATRIX_OPS:
+            names = (node.name, *node.output, *(casts[o] for o in node.output if o in casts))
+            hit = next((executed[k] for k in names if k in executed), None)
+            hit = hit or next((p for k, p in executed.items() if k.startswith(f"{node.name}/")), None)
+            out[node.name] = hit or "unknown"
+    return out
+
+
+def fp32_layers(runtime: dict[str, str]) -> list[str]:
+    """The matrix layers the target did not run in INT8."""
+    return [name for name, precision in runtime.items() if precision not in INT8_RUNTIME]

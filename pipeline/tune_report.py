@@ -1,0 +1,167 @@
+"""tune's wording: tune.json, tune.md, its plots, its report section, its summary line and the speed gate's message."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pipeline import env, tables
+from pipeline.artifacts import TUNE_JSON, TUNE_MD, TUNE_PARETO_PLOT, TUNE_SENSITIVITY_PLOT
+from pipeline.run import RunDir, atomic_path, atomic_write, write_json
+from pipeline.sensitivity import Candidate, fp32_layers
+from pipeline.tables import Cell, Section, Table, fmt
+
+SCHEMA = "pipeline.tune/1"
+
+
+def _candidate(c: Candidate, chosen: Candidate | None, fronts: dict) -> dict:
+    return {"origin": c.origin, "calibration": c.calibration, "high": c.high, "fp32": c.fp32,
+            "layers_out_of_int8": len(c.high), "result": c.result,
+            "latency_ms": {str(b): v for b, v in c.latency_ms.items()},
+            "runtime_not_int8": fp32_layers(c.runtime), "chosen": c is chosen,
+            "pareto": any(c is f for f in fronts.get(c.calibration, []))}
+
+
+def payload(cfg, t, runs: list[dict], baseline: dict, chosen: Candidate | None, why: str, fronts: dict) -> dict:
+    """Everything tune measured, and the choice."""
+    candidates = [_candidate(c, chosen, fronts) for r in runs for c in r["candidates"]]
+    big = t.batches[-1]
+    speedup = {str(b): baseline["latency_ms"][b] / chosen.latency_ms[b] for b in t.batches} if chosen else {}
+    out = {
+        "schema": SCHEMA, "model": cfg.model.name, "precision": "int8", "target": "OpenVINO CPU (f32 hint, LATENCY)",
+        "cpu": env.cpu_model(), "int8_dot_product": env.cpu_has_int8_dot_product(),
+        "cpu_flags_simulated": env.cpu_flags_simulated(), "batches": t.batches,
+        "samples": {"sensitivity": len(t.sens_labels), "gate": len(t.evidence.labels)},
+        "timing": {"warmup_s": t.method.warmup_s, "min_duration_s": t.method.min_duration_s, "trials": t.method.trials,
+                   "min_iterations": t.method.min_iterations, "statistic": "median of the timed runs"},
+        "fp32": {"latency_ms": {str(b): v for b, v in baseline["latency_ms"].items()}},
+        "sensitivity": {r["method"]: [{"layer": s.layer, "op_type": s.op_type, "score": s.score, "alone": s.alone,
+                                       "all_but": s.all_but} for s in r["ranked"]] for r in runs},
+        "all_int8": {r["method"]: r["all_low"] for r in runs},
+        "candidates": candidates,
+        "chosen": None if chosen is None else {**_candidate(chosen, chosen, fronts), "why": why,
+                                               "runtime": chosen.runtime},
+        "speedup_vs_fp32": speedup, "seconds": {k: round(v, 2) for k, v in t.seconds.items()},
+    }
+    greedy = next((c for c in candidates if c["origin"] == "greedy fallback"
+                   and c["calibration"] == cfg.export.int8.calibration_method), None)
+    out["greedy"] = greedy
+    out["summary"] = (f"{len(chosen.high)} of {len(runs[0]['ranked']) if runs else 0} layers kept out of INT8 "
+                      f"({chosen.calibration}); {chosen.latency_ms[1]:.3f} ms at batch 1, "
+                      f"{chosen.latency_ms[big]:.3f} ms "
+                      f"at batch {big}; x{speedup[str(1)]:.2f} vs FP32 at batch 1; written to int8_fallback.json"
+                      if chosen else "no passing mix")
+    return out
+
+
+def details(p: dict) -> dict:
+    """The manifest's summary of tune (the stage table's line)."""
+    chosen = p["chosen"] or {}
+    return {"summary": p["summary"], "chosen": {k: chosen.get(k) for k in ("high", "calibration", "latency_ms")},
+            "speedup_vs_fp32": p["speedup_vs_fp32"], "seconds": p["seconds"].get("total")}
+
+
+def speed_failure(p: dict, min_speedup: float | None) -> str:
+    """The speed gate's one line, or "" when it passes (or is off)."""
+    if not min_speedup or not p["chosen"]:
+        return ""
+    slow = {b: s for b, s in p["speedup_vs_fp32"].items() if s < min_speedup}
+    if not slow:
+        return ""
+    runtime = p["chosen"]["runtime"]
+    not_int8 = fp32_layers(runtime)
+    named = ", ".join(not_int8[:6]) + (", ..." if len(not_int8) > 6 else "")
+    cpu = "" if p["int8_dot_product"] else "; this CPU has no VNNI/AMX int8 dot product"
+    worst = min(slow, key=slow.get)
+    return (f"INT8 is no faster than FP32 here: {len(not_int8)} of {len(runtime)} layers run in FP32 "
+            f"({named or 'none'})"
+            f"{cpu}; x{slow[worst]:.2f} at batch {worst}, below tune.min_speedup {min_speedup:g}")
+
+
+# --------------------------------------------------------------------------- tune.md and the report section
+
+
+def sections(p: dict) -> list[Section]:
+    chosen = p["chosen"]
+    status = "passed" if chosen else "failed"
+    head = [f"{p['summary']}.", f"Target: {p['target']} on {p['cpu']}"
+            + ("" if p["int8_dot_product"] else " (no VNNI/AMX: INT8 kernels gain little here)") + ".",
+            f"Sensitivity on {p['samples']['sensitivity']} images; every candidate judged by the full gate on "
+            f"{p['samples']['gate']} images; timings: {p['timing']['statistic']}."]
+    if chosen:
+        head.append(f"Why: {chosen['why']}.")
+        if chosen["runtime_not_int8"]:
+            head.append(f"Not run in INT8 by the target: {', '.join(chosen['runtime_not_int8'])}.")
+    out = [Section("Precision tuning (tune)", status, tuple(head), (_candidates_table(p),))]
+    for method, rows in p["sensitivity"].items():
+        out.append(Section(f"Sensitivity, {method} calibration (most sensitive first)", None, (), (Table(
+            ("layer", "op", "score", "alone: scaled error", "alone: KL", "all but: scaled error", "all but: drop"),
+            tuple((Cell(r["layer"], code=True), Cell(r["op_type"]), Cell(fmt(r["score"])),
+                   Cell(fmt(r["alone"]["scaled_error"])), Cell(fmt(r["alone"]["mean_kl"])),
+                   Cell(fmt(r["all_but"]["scaled_error"])), Cell(fmt(r["all_but"]["accuracy_drop"])))
+                  for r in rows)),), level=3))
+    return out
+
+
+def _candidates_table(p: dict) -> Table:
+    batches = [str(b) for b in p["batches"]]
+    rows = [(Cell("FP32 (reference deployment)"), Cell("-"), Cell("-"), Cell("-"), Cell("-"), Cell("-"),
+             *(Cell(fmt(p["fp32"]["latency_ms"][b])) for b in batches), Cell(""))]
+    for c in p["candidates"]:
+        r = c["result"]
+        mark = "chosen" if c["chosen"] else "Pareto" if c["pareto"] else ""
+        rows.append((Cell(c["origin"]), Cell(c["calibration"]), Cell(str(c["layers_out_of_int8"])),
+                     Cell(r.get("status", "-"), status=r.get("status")), Cell(fmt(r.get("scaled_error"))),
+                     Cell(fmt(r.get("accuracy_drop"))), *(Cell(fmt(c["latency_ms"].get(b))) for b in batches),
+                     Cell(mark)))
+    return Table(("candidate", "calibration", "layers out of INT8", "gate", "scaled error", "accuracy drop",
+                  *(f"ms @ batch {b}" for b in batches), ""), tuple(rows))
+
+
+def write_plots(run_dir: RunDir, p: dict) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    method = next(iter(p["sensitivity"]), None)
+    written = []
+    if method:
+        rows = p["sensitivity"][method]
+        fig, ax = plt.subplots(figsize=(7, max(3, 0.25 * len(rows))))
+        ax.barh([r["layer"] for r in rows][::-1], [r["score"] for r in rows][::-1])
+        ax.set_xlabel("sensitivity score (scaled error units)")
+        ax.set_title(f"{p['model']}: per-layer INT8 sensitivity ({method})")
+        ax.tick_params(axis="y", labelsize=6)
+        written.append(_save(fig, plt, run_dir, TUNE_SENSITIVITY_PLOT))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    batch = str(p["batches"][0])
+    for c in p["candidates"]:
+        if batch in c["latency_ms"]:
+            ax.scatter(c["latency_ms"][batch], c["result"].get("accuracy_drop", 0.0),
+                       marker="*" if c["chosen"] else "o", s=120 if c["chosen"] else 30,
+                       color="tab:green" if c["result"].get("status") == "passed" else "tab:red")
+            where = (c["latency_ms"][batch], c["result"].get("accuracy_drop", 0.0))
+            ax.annotate(f"{c['origin']} ({c['calibration']})", where, fontsize=6)
+    ax.axvline(p["fp32"]["latency_ms"][batch], color="grey", linestyle="--", label="FP32")
+    ax.set_xlabel(f"latency at batch {batch} (ms)")
+    ax.set_ylabel("accuracy drop vs FP32")
+    ax.set_title(f"{p['model']}: accuracy vs latency (green: passes the gate)")
+    ax.legend(fontsize=8)
+    written.append(_save(fig, plt, run_dir, TUNE_PARETO_PLOT))
+    return written
+
+
+def _save(fig, plt, run_dir: RunDir, name: str) -> str:
+    fig.tight_layout()
+    with atomic_path(run_dir.file(name)) as tmp:
+        fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)
+    return name
+
+
+def write_all(run_dir: RunDir, p: dict) -> list[Path]:
+    write_json(run_dir.file(TUNE_JSON), p)
+    atomic_write(run_dir.file(TUNE_MD), f"# Precision tuning: {tables.md_escape(p['model'])}\n\n"
+                 + tables.markdown(sections(p)) + "\n![sensitivity](tune_sensitivity.png)\n"
+                 "![accuracy vs latency](tune_pareto.png)\n")
+    return [run_dir.file(TUNE_JSON), run_dir.file(TUNE_MD), *(run_dir.file(n) for n in write_plots(run_dir, p))]

@@ -1,0 +1,153 @@
+"""python -m pipeline tune: the sensitivity search keeps more layers in INT8 than greedy fallback and still passes,
+the chosen mix round-trips through export/build/verify, the sensitivity table is reproducible, and the speed
+gate fails (naming the layers) where the INT8 artifact cannot be faster."""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from conftest import ROOT, cli
+from pipeline import int8, sensitivity
+
+TUNE_MODELS = ROOT / "tests" / "tune_models.py"
+TRAINED = ["data.samples_per_class=30", "data.image_size=16", "data.batch_size=32", "train.epochs=4",
+           "train.log_every=1", "export.fp16.calibration_samples=16", "export.int8.calibration_samples=16",
+           "verify.samples=60", "verify.batch_size=30"]
+# One calibration method, short timings, two batch sizes. A 16x16 model runs in ~0.03 ms, where the clock
+# measures only noise: every passing mix counts as equally fast (tune.same_speed), so the choice is the search's.
+FAST = ["tune.calibration_methods=[max]", "benchmark.batch_sizes=[1,4]", "tune.min_duration_s=0.02",
+        "tune.warmup_s=0", "benchmark.min_iterations=3", "tune.same_speed=100"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    runs = {}
+
+    def get(model: str) -> Path:
+        if model not in runs:
+            run = tmp_path_factory.mktemp(model.split(":")[-1]) / "run"
+            assert cli("train", "--model", model, "--run-dir", run, *TRAINED) == 0
+            assert cli("export", "--run-dir", run) == 0
+            runs[model] = run
+        return runs[model]
+
+    return get
+
+
+def _copy(run: Path, tmp_path: Path) -> Path:
+    target = tmp_path / "run"
+    shutil.copytree(run, target)
+    return target
+
+
+def _tune(run: Path) -> dict:
+    return json.loads((run / "tune.json").read_text())
+
+
+def test_tune_keeps_more_layers_in_int8_than_greedy_fallback_and_round_trips(trained, tmp_path, capsys):
+    """Greedy fallback raises the first layer over tolerance (the mildly disturbed /early/Conv, harmless in the
+    logits) and then the one that breaks the gate (/late/Conv); the sensitivity ranking raises /late/Conv alone."""
+    run = _copy(trained(f"{TUNE_MODELS}:mild_then_severe"), tmp_path)
+    assert cli("tune", "--run-dir", run, "--no-speed-gate", *FAST) == 0
+    report = _tune(run)
+    ranked = [row["layer"] for row in report["sensitivity"]["max"]]
+    assert ranked[0] == "/late/Conv"
+    greedy = next(c for c in report["candidates"] if c["origin"] == "greedy fallback")
+    assert greedy["result"]["status"] == "passed" and sorted(greedy["high"]) == ["/early/Conv", "/late/Conv"]
+    chosen = report["chosen"]
+    assert chosen["high"] == ["/late/Conv"] and chosen["result"]["status"] == "passed"
+    assert chosen["result"]["confirmed"]["status"] == "passed"  # the graph export makes, judged again
+    assert len(chosen["high"]) < len(greedy["high"])
+    assert {c["origin"] for c in report["candidates"]} >= {"all INT8", "all high", "top-1", "greedy fallback"}
+    assert all(c["latency_ms"].keys() == {"1", "4"} for c in report["candidates"])
+    assert "/late/Conv" in (run / "tune.md").read_text()
+    fallback = json.loads((run / "int8_fallback.json").read_text())
+    assert fallback["nodes"] == ["/late/Conv"] and fallback["calibration_method"] == "max"
+
+    # Round trip: export makes exactly that mix, and the gate passes on it.
+    assert cli("export", "--run-dir", run) == 0
+    precisions = int8.node_precisions(onnx.load(str(run / "model.onnx")), onnx.load(str(run / "model.int8.onnx")))
+    assert precisions["/late/Conv"][1] != "int8" and precisions["/early/Conv"][1] == "int8"
+    assert cli("build", "--run-dir", run) == 0
+    assert cli("verify", "--run-dir", run) == 0
+    verdicts = {c["name"]: c["status"] for c in json.loads((run / "verify.json").read_text())["candidates"]}
+    assert verdicts["int8_exact"] == "passed"
+    assert cli("report", "--run-dir", run) == 0
+    assert "Precision tuning (tune)" in (run / "report.md").read_text()
+
+    # The sensitivity table is the same when tune runs again (same seed, same images, same calibration).
+    before = report["sensitivity"]["max"]
+    assert cli("tune", "--run-dir", run, "--no-speed-gate", *FAST) == 0
+    after = _tune(run)["sensitivity"]["max"]
+    assert [r["layer"] for r in after] == [r["layer"] for r in before]
+    np.testing.assert_allclose([r["score"] for r in after], [r["score"] for r in before], rtol=1e-6)
+
+    # all --tune: tune is unchanged (skipped), verify and benchmark judge and time the tuned artifact, and the
+    # summary names it.
+    capsys.readouterr()
+    assert cli("all", "--run-dir", run, "--tune", *FAST, "benchmark.backends=[onnxrt_fp32,openvino_int8]") == 0
+    out = capsys.readouterr().out
+    assert "tuned INT8 artifact: 1 of 3 layers kept out of INT8 (max)" in out, out
+    assert json.loads((run / "int8_fallback.json").read_text())["nodes"] == ["/late/Conv"]
+
+
+def test_speed_gate_fails_and_names_the_layers_when_int8_cannot_be_faster(trained, tmp_path, capsys):
+    """Every matrix layer left out of INT8 (export.int8.op_types_to_exclude): the tuned artifact is the FP32
+    network, so it cannot be faster than FP32; the speed gate fails with exit 1 and names the layers."""
+    run = _copy(trained("tiny_cnn"), tmp_path)
+    forced = ["export.int8.op_types_to_exclude=[Conv,Gemm]", "tune.min_speedup=1.5"]
+    assert cli("tune", "--run-dir", run, *FAST, *forced) == 1
+    err = capsys.readouterr().err
+    assert "INT8 is no faster than FP32 here: 3 of 3 layers run in FP32" in err
+    for layer in ("/features/features.0/Conv", "/features/features.4/Conv", "/fc/Gemm"):
+        assert layer in err
+    assert "tune.min_speedup 1.5" in err
+    # Off (tune --no-speed-gate, and all --tune): the same numbers are reported, the stage passes.
+    assert cli("tune", "--run-dir", run, "--no-speed-gate", *FAST, *forced) == 0
+    assert _tune(run)["chosen"]["runtime_not_int8"] == ["/features/features.0/Conv", "/features/features.4/Conv",
+                                                        "/fc/Gemm"]
+
+
+def test_search_bisects_on_k_and_confirms_the_neighbours():
+    """Twelve ranked layers, the gate passing from k = 7 on: bisection judges O(log n) mixes, not every k, and the
+    answer's neighbours k = 6 (fails) and k = 8 (passes) are judged too; both extremes always are."""
+    ranked = [f"layer{i}" for i in range(12)]
+    judged = []
+
+    def judge(high, origin):
+        judged.append(len(high))
+        return sensitivity.Candidate(list(high), origin, {"status": "passed" if len(high) >= 7 else "failed"})
+
+    found = sensitivity.search(ranked, judge)
+    assert {0, 6, 7, 8, 12} <= set(judged) and len(judged) <= 8
+    assert min(len(c.high) for c in found if c.passed) == 7
+    assert [c.origin for c in found][:1] == ["all INT8"] and found[-1].origin == "all high"
+
+
+def test_choose_takes_the_fastest_passing_mix_and_treats_noise_as_a_tie():
+    def cand(high: int, status: str, ms1: float, ms8: float):
+        return sensitivity.Candidate([f"l{i}" for i in range(high)], f"top-{high}", {"status": status,
+                                     "scaled_error": 0.1, "accuracy_drop": 0.0}, latency_ms={1: ms1, 8: ms8})
+
+    fast_fail, slow, fast, tied = cand(0, "failed", 1.0, 5.0), cand(3, "passed", 2.0, 9.0), \
+        cand(2, "passed", 1.2, 6.0), cand(1, "passed", 1.22, 6.1)
+    assert sensitivity.choose([fast_fail, slow, fast], [1, 8]) is fast
+    assert sensitivity.choose([fast_fail, slow, fast, tied], [1, 8], same_speed=0.05) is tied  # fewer layers out
+    assert sensitivity.choose([fast_fail, slow, fast, tied], [1, 8], same_speed=0.0) is fast
+    assert sensitivity.choose([fast_fail], [1, 8]) is None
+
+
+def test_speed_gate_message_says_when_the_cpu_has_no_int8_dot_product():
+    from pipeline import tune_report
+
+    payload = {"chosen": {"runtime": {"/a/Conv": "u8", "/b/Conv": "f32", "/fc/Gemm": "f32"}},
+               "speedup_vs_fp32": {"1": 0.9, "8": 1.4}, "int8_dot_product": False}
+    line = tune_report.speed_failure(payload, 1.2)
+    assert line.startswith("INT8 is no faster than FP32 here: 2 of 3 layers run in FP32 (/b/Conv, /fc/Gemm)")
+    assert "no VNNI/AMX" in line and "x0.90 at batch 1" in line
+    assert tune_report.speed_failure(payload, None) == ""  # off
+    assert tune_report.speed_failure({**payload, "speedup_vs_fp32": {"1": 1.3, "8": 1.4}}, 1.2) == ""
