@@ -86,7 +86,7 @@ def sections(run: RunDir, cfg) -> dict:
         body.append(_built("benchmark.json", tables.benchmark_section, bench))
     tuned = _load(run, artifacts.TUNE_JSON)
     if tuned is not None:
-        from pipeline import tune_report
+        from pipeline.reports import tune_report
 
         body += _built(artifacts.TUNE_JSON, tune_report.sections, tuned)
     return {

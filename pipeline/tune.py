@@ -3,12 +3,12 @@
 Over a trained and exported run (docs/verify.md, "Tuning the precision mix"):
 
 1. For each calibration method (``tune.calibration_methods``): ModelOpt quantizes ``model.onnx`` once, every
-   layer in INT8 (export's own :func:`pipeline.export.quantize_int8`); every other mix is that graph with some
-   layers unquantized (:func:`pipeline.sensitivity.unquantize`), so no mix re-calibrates.
+   layer in INT8 (export's own :func:`pipeline.precision.convert.quantize_int8`); every other mix is that graph with some
+   layers unquantized (:func:`pipeline.precision.sensitivity.unquantize`), so no mix re-calibrates.
 2. Per-layer sensitivity on ``tune.sensitivity_samples`` validation images, executed exactly (``int8_exact``),
    against the FP32 PyTorch reference, with the gate's criteria; ranked.
 3. The search: top-k layers kept out of INT8 (bisection, neighbours confirmed), the greedy fallback's answer
-   (:func:`pipeline.fallback.run`, the loop of ``verify --auto-fallback``, in a scratch folder), all INT8 and all
+   (:func:`pipeline.precision.fallback.run`, the loop of ``verify --auto-fallback``, in a scratch folder), all INT8 and all
    high: every one judged by the full gate verify applies to ``model.int8.onnx`` on every verify image.
 4. Speed of every distinct mix on the target (OpenVINO IR on the CPU, the benchmark's timing method) at batch 1
    and the largest ``benchmark.batch_sizes``; the Pareto front; the fastest passing mix, confirmed by
@@ -31,12 +31,17 @@ from pathlib import Path
 
 import onnx
 
-from pipeline import env, export, fallback, fp16, int8, modeling, onnx_io, sensitivity, tune_report, verify
-from pipeline.artifacts import FP32_ONNX, INT8_FALLBACK
-from pipeline.backends import Context
-from pipeline.errors import BackendUnavailable, CheckFailed, UsageError
-from pipeline.run import RunDir, StageRecord, write_json
-from pipeline.sensitivity import Candidate
+from pipeline.core.status import Status
+from pipeline.evaluation import candidates
+from pipeline.core import env, modeling, onnx_io
+from pipeline.precision import convert, fallback, fp16, int8, sensitivity
+from pipeline.runtime import openvino_speed
+from pipeline.reports import tune_report
+from pipeline.core.artifacts import FP32_ONNX, INT8_FALLBACK
+from pipeline.runtime.backends import Context
+from pipeline.core.errors import BackendUnavailable, CheckFailed, UsageError
+from pipeline.core.run import RunDir, StageRecord, write_json
+from pipeline.precision.sensitivity import Candidate
 
 log = logging.getLogger("pipeline")
 
@@ -51,8 +56,8 @@ class Tuner:
         self.model, self.card = modeling.load_trained(cfg, run_dir, "tune")
         self.spec = self.card["spec"]
         self.fp32_model = onnx_io.load(run_dir.require(FP32_ONNX, "export", "tune"))
-        self.evidence = verify._evidence(cfg, self.card, self.model)
-        self.gate = verify.gate_for(cfg, "int8_exact", "int8")
+        self.evidence = candidates.evidence(cfg, self.card, self.model)
+        self.gate = candidates.gate_for(cfg, "int8_exact", "int8")
         # What the FP16 fallback keeps in FP32 stays in FP32 in every mix (export applies it to the INT8 graph too).
         self.base_fp32 = fallback.read(run_dir, fallback.FP16_GRAPH).fp32
         self.ctx = Context(cfg, run_dir, "verify", self.spec, model=self.model, isolate=False)
@@ -68,7 +73,7 @@ class Tuner:
     def quantize_all(self, method: str) -> onnx.ModelProto:
         """Every quantizable layer in INT8 with ``method``'s ranges: export's own quantization."""
         try:
-            export.quantize_int8(self.cfg, self.run_dir, self.card, [], out_name=SCRATCH_INT8,
+            convert.quantize_int8(self.cfg, self.run_dir, self.card, [], out_name=SCRATCH_INT8,
                                  fp32_nodes=self.base_fp32, calibration_method=method)
             return onnx.load(str(self.run_dir.file(SCRATCH_INT8)))
         finally:
@@ -83,7 +88,7 @@ class Tuner:
 
     def quick(self, model: onnx.ModelProto) -> dict:
         """The gate's criteria on the sensitivity images, ``int8_exact`` (the Q/DQ arithmetic as written)."""
-        from pipeline.runners import collect
+        from pipeline.runtime.runners import collect
 
         outputs = collect(int8.exact_runner(model, "int8_exact"), self.sens_feeds)
         return sensitivity.metrics(outputs, self.sens_ref, self.sens_labels, self.gate, self.spec["output_name"],
@@ -91,13 +96,13 @@ class Tuner:
 
     def full(self, model: onnx.ModelProto) -> fallback.Round:
         """The full gate: every candidate verify runs on ``model.int8.onnx``, on every verify image."""
-        return verify._recheck_round(fallback.INT8_GRAPH, self.cfg, self.ctx, self.evidence, model)
+        return candidates.recheck_round(fallback.INT8_GRAPH, self.cfg, self.ctx, self.evidence, model)
 
     def judge(self, model: onnx.ModelProto, high, origin: str, method: str, fp32=()) -> Candidate:
         checked = self.full(model)
         exact = next((c for c in checked.checks if c.name == "int8_exact"), None)
         result = sensitivity.summary(exact.result) if exact is not None and "task_check" in exact.result else {}
-        result.update({"status": "passed" if checked.passed else "failed", "candidates": checked.results})
+        result.update({"status": Status.PASSED if checked.passed else Status.FAILED, "candidates": checked.results})
         cand = Candidate(list(high), origin, result, calibration=method, fp32=list(fp32 or self.base_fp32))
         cand.round = checked
         log.info("tune: %s %s (%d layers out of INT8): %s", method, origin, len(cand.high), result["status"])
@@ -105,7 +110,7 @@ class Tuner:
 
 
 def cfg_method(cfg):
-    from pipeline.runners import Method
+    from pipeline.runtime.runners import Method
 
     tc = cfg.tune
     return Method(warmup_s=tc.warmup_s, min_iterations=cfg.benchmark.min_iterations,
@@ -160,7 +165,7 @@ def _progress(phase: str, done: int, total: int) -> None:
 
 
 def _greedy(t: Tuner, quantized: onnx.ModelProto, method: str, all_int8: Candidate) -> Candidate | None:
-    """``verify --auto-fallback``'s loop (:func:`pipeline.fallback.run`) from the all-INT8 graph, in a scratch run
+    """``verify --auto-fallback``'s loop (:func:`pipeline.precision.fallback.run`) from the all-INT8 graph, in a scratch run
     folder so nothing of the run changes; its answer judged like every other candidate."""
     failing = all_int8.round.failing
     if all_int8.passed:  # verify --auto-fallback would move nothing: its answer is the all-INT8 graph
@@ -169,7 +174,7 @@ def _greedy(t: Tuner, quantized: onnx.ModelProto, method: str, all_int8: Candida
     if failing is None:
         return None
     cfg = t.cfg
-    loc = verify._localize(cfg, fallback.INT8_GRAPH, t.fp32_model, quantized, t.evidence, failing, None)
+    loc = candidates.localize_candidate(cfg, fallback.INT8_GRAPH, t.fp32_model, quantized, t.evidence, failing, None)
     with tempfile.TemporaryDirectory(prefix=".tune.") as tmp:
         scratch = RunDir(Path(tmp))
 
@@ -179,7 +184,7 @@ def _greedy(t: Tuner, quantized: onnx.ModelProto, method: str, all_int8: Candida
             return {"int8_fraction": int8.int8_fraction(int8.node_precisions(t.fp32_model, model))}
 
         result = fallback.run(fallback.INT8_GRAPH, cfg, scratch, t.fp32_model, quantized, loc, remake=remake,
-                              recheck=t.full, localize=lambda current, chk: verify._localize(
+                              recheck=t.full, localize=lambda current, chk: candidates.localize_candidate(
                                   cfg, fallback.INT8_GRAPH, t.fp32_model, current, t.evidence, chk, None))
     raised = result["raised"]
     fp32 = list(dict.fromkeys([*t.base_fp32, *raised["fp32"]]))
@@ -198,13 +203,13 @@ def time_candidates(t: Tuner, runs: list[dict]) -> dict:
     threads = t.cfg.benchmark.threads or env.usable_cores()
     images = t.evidence.feeds[0][t.spec["input_name"]]
     start = time.perf_counter()
-    baseline = sensitivity.openvino_timing(t.fp32_model, images, t.batches, t.method, threads, int8_graph=False)
+    baseline = openvino_speed.openvino_timing(t.fp32_model, images, t.batches, t.method, threads, int8_graph=False)
     seen = {}
     timed = [c for r in runs for c in r["candidates"]]
     for i, cand in enumerate(timed):
         if cand.key() not in seen:
             quantized = next(r["quantized"] for r in runs if r["method"] == cand.calibration)
-            seen[cand.key()] = sensitivity.openvino_timing(t.mix(quantized, cand.high, cand.fp32), images, t.batches,
+            seen[cand.key()] = openvino_speed.openvino_timing(t.mix(quantized, cand.high, cand.fp32), images, t.batches,
                                                            t.method, threads, int8_graph=True)
         cand.latency_ms = seen[cand.key()]["latency_ms"]
         cand.runtime = seen[cand.key()]["runtime"]
@@ -259,20 +264,20 @@ def _choose(t: Tuner, runs: list[dict]) -> tuple[Candidate | None, str]:
         tried.append(pick)
         confirmed = _confirm(t, pick)
         pick.result["confirmed"] = confirmed
-        if confirmed["status"] == "passed":
+        if confirmed["status"] == Status.PASSED:
             return pick, _why(pick, runs, t.batches)
 
 
 def _confirm(t: Tuner, cand: Candidate) -> dict:
     """The mix made as export will make it (ModelOpt, the layers excluded, the calibration method) and judged."""
     try:
-        export.quantize_int8(t.cfg, t.run_dir, t.card, cand.high, out_name=SCRATCH_INT8, fp32_nodes=cand.fp32,
+        convert.quantize_int8(t.cfg, t.run_dir, t.card, cand.high, out_name=SCRATCH_INT8, fp32_nodes=cand.fp32,
                              calibration_method=cand.calibration)
         model = onnx.load(str(t.run_dir.file(SCRATCH_INT8)))
     finally:
         t.run_dir.file(SCRATCH_INT8).unlink(missing_ok=True)
     checked = t.full(model)
-    return {"status": "passed" if checked.passed else "failed", "candidates": checked.results}
+    return {"status": Status.PASSED if checked.passed else Status.FAILED, "candidates": checked.results}
 
 
 def _why(pick: Candidate, runs: list[dict], batches: list[int]) -> str:

@@ -30,184 +30,29 @@ so in ``record.details["replaced_artifacts"]`` and the stage runner re-runs what
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import math
-from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
 
 
 from pipeline.core.status import Status
-from pipeline.core import data, modeling, onnx_io, provenance
-from pipeline.precision import convert, fallback, gate as criteria
-from pipeline.runtime import isolate, localize
+from pipeline.core import modeling, onnx_io, provenance
+from pipeline.precision import fallback
 from pipeline.runtime import backends
 from pipeline.core.artifacts import FP16_ONNX, FP32_ONNX, INT8_ONNX, WEIGHTS
 from pipeline.reports import verify_report
-from pipeline.runtime.backends import Backend, Context
-from pipeline.core.errors import BackendUnavailable, CheckFailed, Inconclusive, InputError, StageFailed, disk_full
-from pipeline.runtime.isolate import Crashed
+from pipeline.runtime.backends import Context
+from pipeline.core.errors import BackendUnavailable, CheckFailed, Inconclusive, StageFailed
 from pipeline.core.run import RunDir, StageRecord, sha256_file
-from pipeline.runtime.runners import TorchRunner, collect
+
+from pipeline.evaluation import candidates
+from pipeline.evaluation.candidates import Check, Evidence, Verdict
 
 log = logging.getLogger("pipeline")
 
-REFERENCE = backends.REFERENCE
-
-
-@dataclass
-class Check:
-    """One candidate of one verify run: its table entry, why it cannot run ("" if it can), its result."""
-
-    backend: Backend
-    label: str
-    required: bool
-    reason: str = ""
-    result: dict = field(default_factory=dict)
-    gates: bool = True  # its verdict decides the exit code (verify.gate); else it is run and reported only
-
-    @property
-    def name(self) -> str:
-        return self.backend.candidate
-
-    @property
-    def precision(self) -> str:
-        return self.backend.precision
-
-    @property
-    def artifact(self) -> str | None:
-        return self.backend.artifact
-
-    @property
-    def status(self) -> str:
-        return self.result.get("status", "")
-
-
-@dataclass
-class Evidence:
-    """What every candidate is compared on: the feeds, the reference's outputs, the labels."""
-
-    feeds: list[dict]
-    reference: list[dict]
-    labels: np.ndarray
-    output_name: str
-    confidence: float = 0.95  # of the task check's bounds (verify.confidence)
-
-
-def gate_for(cfg, name: str, precision: str) -> dict:
-    """The thresholds of one candidate: its own non-null keys over the precision's defaults."""
-    base = getattr(cfg.verify, precision, cfg.verify.fp32).model_dump()  # verify.fp16/int8/bf16; else fp32
-    section = getattr(cfg.verify.candidates, name, None)  # a table entry without a config section: defaults
-    own = section.model_dump() if section is not None else {}
-    return {key: own[key] if own.get(key) is not None else value for key, value in base.items()}
-
-
-def plan(cfg, ctx: Context, entries: list[Backend] | None = None) -> list[Check]:
-    """The candidates, each with the reason it cannot run; ``enabled=false`` is decided before anything loads."""
-    checks = []
-    for backend in entries if entries is not None else backends.candidates():
-        section = getattr(cfg.verify.candidates, backend.candidate, None)
-        if section is not None and not section.enabled:
-            reason = verify_report.disabled(backend.candidate)
-        else:
-            reason = backend.unavailable(ctx)
-        checks.append(Check(backend, backends.label(backend, cfg), backend.required(cfg), reason,
-                            gates=gates(cfg, backend)))
-    return checks
-
-
-def gates(cfg, backend: Backend) -> bool:
-    """Whether a candidate's verdict decides the exit code: named in ``verify.gate``, or (``auto``) a deployment
-    target or its faithful CPU proxy (the table's ``gates``)."""
-    chosen = cfg.verify.gate
-    return backend.gates if chosen == "auto" else backend.candidate in chosen
-
 
 # --------------------------------------------------------------------------- numerics
-
-
-def compare(outputs: list[dict], reference: list[dict], labels: np.ndarray, gate: dict, output_name: str,
-            confidence: float = 0.95) -> dict:
-    """The tensor check and the task check of one candidate (:func:`pipeline.precision.gate.judge`)."""
-    return criteria.judge(outputs, reference, labels, gate, output_name, confidence)
-
-
-def task_check(ref: np.ndarray, cand: np.ndarray, labels: np.ndarray, gate: dict, confidence: float = 0.95) -> dict:
-    return criteria.task_check(ref, cand, labels, gate, confidence)
-
-
-def check(chk: Check, cfg, ctx: Context, evidence: Evidence) -> dict:
-    """Run one candidate on the evidence and judge it; sets and returns ``chk.result``."""
-    gate = gate_for(cfg, chk.name, chk.precision)
-    chk.result = {**_judge(chk, ctx, evidence, gate), "tolerance": gate}
-    return chk.result
-
-
-def _judge(chk: Check, ctx: Context, evidence: Evidence, gate: dict) -> dict:
-    if chk.reason:
-        return {"status": Status.SKIPPED, "reason": chk.reason}
-    try:
-        runner = isolate.runner_for(chk.backend, ctx)  # native runtimes: in a child process (pipeline.runtime.isolate)
-        outputs = collect(runner, evidence.feeds)
-    except InputError:
-        raise
-    except Crashed as exc:  # the child died (a segfault in the runtime): a "crashed" row, the others go on
-        return verify_report.crashed(exc)
-    except Exception as exc:  # a candidate that cannot run is an "error" row, not a dead stage
-        if disk_full(exc):  # but a full disk ends the stage, with the documented message
-            raise disk_full(exc) from None
-        return {"status": Status.ERROR, "reason": verify_report.error_reason(exc)}
-    problem = _output_problem(chk, outputs, evidence)
-    if problem:
-        return {"status": Status.ERROR, "reason": problem}
-    result = compare(outputs, evidence.reference, evidence.labels, gate, evidence.output_name, evidence.confidence)
-    return {**result, **verify_report.runtime_facts(runner)}  # its child's log, a runtime workaround
-
-
-def _output_problem(chk: Check, outputs: list[dict], evidence: Evidence) -> str:
-    """A missing output is the candidate's error; an output of another shape than the reference's (a graph
-    without static shapes, from another run) is an InputError, before NumPy fails to broadcast them."""
-    name = evidence.output_name
-    if name not in outputs[0]:
-        return verify_report.wrong_outputs(list(outputs[0]), name)
-    got, want = tuple(outputs[0][name].shape[1:]), tuple(evidence.reference[0][name].shape[1:])
-    if got != want:
-        raise InputError(verify_report.wrong_output_shape(chk.name, chk.artifact, got, want))
-    return ""
-
-
-JUDGED = (Status.PASSED, Status.FAILED, Status.INCONCLUSIVE)
-
-
-@dataclass
-class Verdict:
-    """The gate's verdict over the candidates of one verify run."""
-
-    passed: bool
-    ran: int = 0  # gating candidates that were compared
-    failed: list[Check] = field(default_factory=list)
-    errors: list[Check] = field(default_factory=list)  # gating candidates that errored or crashed: no verdict
-    missing_required: list[Check] = field(default_factory=list)  # required, and could not run here
-    inconclusive: list[Check] = field(default_factory=list)
-    deployable: list[str] = field(default_factory=list)  # the gating candidates that passed
-    reported_only: list[str] = field(default_factory=list)
-
-
-def _verdict(checks: list[Check], inconclusive_fails: bool = False) -> Verdict:
-    """The gate's verdict over the gating candidates (``Check.gates``); the others are reported only. A required
-    candidate that could not run fails it whether it gates or not."""
-    gating = [c for c in checks if c.gates]
-    ran = [c for c in gating if c.status in JUDGED]
-    failed = [c for c in gating if c.status == Status.FAILED]
-    errors = [c for c in gating if c.status in (Status.ERROR, Status.CRASHED)]  # nothing compared: no verdict on them
-    undecided = [c for c in gating if c.status == Status.INCONCLUSIVE]
-    missing = [c for c in checks if c.required and c.status == Status.SKIPPED and not c.result.get("after_fallback")]
-    passed = not failed and not errors and not missing and not (undecided and inconclusive_fails)
-    return Verdict(passed, len(ran), failed, errors, missing, undecided,
-                   deployable=[c.name for c in gating if c.status == Status.PASSED],
-                   reported_only=[c.name for c in checks if not c.gates])
 
 
 # --------------------------------------------------------------------------- the stage
@@ -249,29 +94,6 @@ def _load_int8(run_dir: RunDir, spec: dict, hashes: dict) -> onnx.ModelProto | N
     return model
 
 
-def _evidence(cfg, card: dict, model) -> Evidence:
-    spec = card["spec"]
-    images, labels = data.labelled_validation_batch(cfg, card, sample_count(cfg, spec), spread=True)
-    bs = cfg.verify.batch_size
-    feeds = [{spec["input_name"]: images[i : i + bs]} for i in range(0, len(images), bs)]
-    log.info("verify: %d validation images in %d batches; reference %s", len(images), len(feeds), REFERENCE)
-    ref_runner = TorchRunner(model, name=REFERENCE, input_name=spec["input_name"], output_name=spec["output_name"],
-                             input_shape=tuple(spec["input_size"]))
-    return Evidence(feeds, collect(ref_runner, feeds), labels, spec["output_name"], cfg.verify.confidence)
-
-
-IMAGE_BYTES_BUDGET = 256 << 20  # the images verify holds (and hands to each child process), at most
-
-
-def sample_count(cfg, spec: dict) -> int:
-    """``verify.samples``, or every validation image up to ``verify.max_samples`` and a memory budget (256 MiB of
-    float32 images: 1,000 at 32x32 and 224x224 alike would be 12 MiB and 602 MiB)."""
-    if cfg.verify.samples is not None:
-        return cfg.verify.samples
-    per_image = 4 * int(np.prod(spec["input_size"]))
-    return max(1, min(cfg.verify.max_samples, IMAGE_BYTES_BUDGET // per_image))
-
-
 def run(cfg, run_dir: RunDir, record: StageRecord, *, auto_fallback: bool = False) -> None:
     model, card = modeling.load_trained(cfg, run_dir, "verify")
     spec = card["spec"]
@@ -280,14 +102,14 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, auto_fallback: bool = Fals
     int8_model = _load_int8(run_dir, spec, hashes)
     provenance.check_graphs(hashes[WEIGHTS], {FP32_ONNX: fp32_model, FP16_ONNX: fp16_model,
                                                INT8_ONNX: int8_model})  # never judge a stale graph
-    evidence = _evidence(cfg, card, model)
+    evidence = candidates.evidence(cfg, card, model)
     ctx = Context(cfg, run_dir, "verify", spec, model=model, fp16=fp16_model, int8=int8_model)
-    checks = plan(cfg, ctx)
+    checks = candidates.plan(cfg, ctx)
     nonfinite = _nonfinite(evidence)
     if nonfinite:
         _refuse_broken_reference(cfg, card, run_dir, record, checks, evidence, nonfinite, hashes)
     for chk in checks:
-        check(chk, cfg, ctx, evidence)
+        candidates.check(chk, cfg, ctx, evidence)
         verify_report.log_check(chk)
     export_broken = any(c.name == "onnxrt_fp32" and c.status == Status.FAILED for c in checks)
     if export_broken:
@@ -301,7 +123,7 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, auto_fallback: bool = Fals
         for graph in (fallback.FP16_GRAPH, fallback.INT8_GRAPH)}
     (loc16, fb16), (loc8, fb8) = gated.get("fp16", (None, None)), gated.get("int8", (None, None))
     fb16, fb8 = verify_report.with_earlier_fallbacks(run_dir, hashes, fb16, fb8)
-    verdict = _verdict(checks, inconclusive_fails=cfg.verify.inconclusive == "fail")
+    verdict = candidates.verdict(checks, inconclusive_fails=cfg.verify.inconclusive == "fail")
     payload = verify_report.build_payload(cfg, card, checks, loc16, fb16, verdict, len(evidence.labels),
                                    cfg.verify.batch_size, hashes=hashes, int8_localization=loc8, int8_fallback=fb8)
     for p in verify_report.write_all(run_dir, payload):
@@ -343,7 +165,7 @@ def _refuse_broken_reference(cfg, card, run_dir: RunDir, record: StageRecord, ch
     fault is the training's, not the export's. The reports say so; the gate fails (exit 1)."""
     reason = verify_report.reference_nonfinite_reason(nonfinite, len(evidence.labels))
     for chk in checks:
-        chk.result = {"status": Status.SKIPPED, "reason": reason, "tolerance": gate_for(cfg, chk.name, chk.precision)}
+        chk.result = {"status": Status.SKIPPED, "reason": reason, "tolerance": candidates.gate_for(cfg, chk.name, chk.precision)}
         verify_report.log_check(chk)
     payload = verify_report.build_payload(cfg, card, checks, None, None, Verdict(passed=False), len(evidence.labels),
                                    cfg.verify.batch_size, hashes=hashes, reference_nonfinite=nonfinite)
@@ -366,19 +188,6 @@ def _raise_for(verdict: Verdict, localization, export_broken: bool, suggest_fall
         raise Inconclusive(verify_report.inconclusive_message(verdict.inconclusive))
 
 
-def _worst_batch(chk: Check, evidence: Evidence) -> dict:
-    """The batch with the candidate's worst image (scaled criterion), or its first failing batch (absolute)."""
-    tensor = chk.result.get("tensor_check", {})
-    if tensor.get("criterion") == "scaled":
-        return evidence.feeds[tensor.get("worst_image", 0) // len(next(iter(evidence.feeds[0].values())))]
-    return evidence.feeds[(tensor.get("failed_batches") or [0])[0]]
-
-
-def _runs(chk: Check, graph: fallback.PrecisionGraph) -> bool:
-    """Whether a candidate runs ``graph`` (the file itself, or an engine or IR made from it)."""
-    return chk.backend.uses_int8_model if graph.precision == "int8" else chk.backend.uses_fp16_model
-
-
 # --------------------------------------------------------------------------- localisation and fallback, every precision
 
 
@@ -387,7 +196,7 @@ def _precision_gate(graph: fallback.PrecisionGraph, cfg, run_dir: RunDir, card, 
                     auto_fallback: bool) -> tuple[dict | None, dict | None]:
     """A failing gating candidate of ``graph``: localise it, then (``--auto-fallback``) raise the precision of the
     offending nodes until the graph passes. Returns (localisation, fallback), each None when it did not run."""
-    failing = [c for c in checks if c.gates and c.status == Status.FAILED and _runs(c, graph)]
+    failing = [c for c in checks if c.gates and c.status == Status.FAILED and candidates.runs_graph(c, graph)]
     if not failing:
         return None, None
     if graph.precision == "int8" and any(c.name == "int8_exact" and c.status == Status.PASSED for c in checks):
@@ -395,29 +204,23 @@ def _precision_gate(graph: fallback.PrecisionGraph, cfg, run_dir: RunDir, card, 
             chk.result["hint"] = verify_report.INT8_KERNELS_HINT
         return None, None
     model = ctx.int8_model if graph.precision == "int8" else ctx.fp16_model
-    loc = _localize(cfg, graph, fp32_model, model, evidence, failing[0], run_dir) if cfg.verify.localize else None
+    loc = candidates.localize_candidate(cfg, graph, fp32_model, model, evidence, failing[0], run_dir) if cfg.verify.localize else None
     if not auto_fallback:
         return loc, None
     rounds: list[fallback.Round] = []
 
     def recheck(current) -> fallback.Round:
-        rounds.append(_recheck_round(graph, cfg, ctx, evidence, current))
+        rounds.append(candidates.recheck_round(graph, cfg, ctx, evidence, current))
         return rounds[-1]
 
     result = fallback.run(
         graph, cfg, run_dir, fp32_model, model, loc, recheck=recheck,
-        remake=lambda raised, out_name: _remake(graph, cfg, run_dir, card, raised, out_name),
-        localize=lambda current, chk: _localize(cfg, graph, fp32_model, current, evidence, chk, None))
+        remake=lambda raised, out_name: candidates.remake(graph, cfg, run_dir, card, raised, out_name),
+        localize=lambda current, chk: candidates.localize_candidate(cfg, graph, fp32_model, current, evidence, chk, None))
     if result["passed"]:
         _commit(graph, checks, rounds[-1].checks)
         hashes[graph.artifact] = sha256_file(run_dir.file(graph.artifact))
     return loc, _legacy_keys(graph, result)
-
-
-def _remake(graph: fallback.PrecisionGraph, cfg, run_dir: RunDir, card, raised: fallback.Raised, out_name: str):
-    if graph.precision == "int8":
-        return convert.quantize_int8(cfg, run_dir, card, raised.out_of_int8, out_name=out_name, fp32_nodes=raised.fp32)
-    return convert.convert_fp16(cfg, run_dir, card, raised.fp32, out_name=out_name)
 
 
 def _legacy_keys(graph: fallback.PrecisionGraph, result: dict) -> dict:
@@ -428,21 +231,6 @@ def _legacy_keys(graph: fallback.PrecisionGraph, result: dict) -> dict:
     return {**result, "moved_to_fp32": result["raised"]["fp32"]}
 
 
-def _recheck_round(graph: fallback.PrecisionGraph, cfg, ctx: Context, evidence: Evidence, current) -> fallback.Round:
-    """The candidates that run ``graph``'s file itself, on the remade graph; the round passes when every gating one
-    that ran passed (inconclusive counts as passing under ``verify.inconclusive: pass``) and one at least ran."""
-    sub = dataclasses.replace(ctx, **{graph.precision: current})
-    rechecked = plan(cfg, sub, [b for b in backends.candidates() if b.artifact == graph.artifact])
-    for chk in rechecked:
-        check(chk, cfg, sub, evidence)
-    fine = {Status.PASSED, Status.SKIPPED} | ({Status.INCONCLUSIVE} if cfg.verify.inconclusive == "pass" else set())
-    gating = [c for c in rechecked if c.gates]
-    passed = all(c.status in fine for c in gating) and any(c.status in JUDGED for c in gating)
-    failing = next((c for c in gating if c.status == Status.FAILED), None)
-    note = "" if passed or failing else verify_report.fallback_errors(rechecked)
-    return fallback.Round({c.name: c.status for c in rechecked}, passed, failing, note, rechecked)
-
-
 def _commit(graph: fallback.PrecisionGraph, checks: list[Check], rechecked: list[Check]) -> None:
     """The passing round's results replace the candidates' of the old file; what was made from the old file
     (an engine, an OpenVINO IR) is stale until build re-makes it."""
@@ -451,50 +239,8 @@ def _commit(graph: fallback.PrecisionGraph, checks: list[Check], rechecked: list
     for chk in checks:
         if chk.name in by_name:
             chk.result = {**by_name[chk.name].result, "after_fallback": True}
-        elif _runs(chk, graph) and chk.status != Status.SKIPPED:
+        elif candidates.runs_graph(chk, graph) and chk.status != Status.SKIPPED:
             chk.result = {"status": Status.SKIPPED, "reason": stale, "after_fallback": True,
                           "tolerance": chk.result.get("tolerance")}
 
 
-def _localize(cfg, graph: fallback.PrecisionGraph, fp32_model, model, evidence: Evidence, chk: Check,
-              run_dir: RunDir | None) -> dict:
-    """The first node over the gate's own rule (per tensor), on the candidate's worst batch: the INT8 graph executed
-    exactly, or the FP16 emulation (on a GPU, for the FP16 engine: the engine rebuilt with every tensor marked)."""
-    rule = _localization_rule(chk)
-    feed = _worst_batch(chk, evidence)
-    result = None
-    if graph.precision == "int8":
-        result = localize.localize_int8(fp32_model, model, feed, rule, cfg.verify.localize_top)
-    elif chk.artifact == backends.ENGINE and run_dir is not None:
-        result = _localize_engine(cfg, fp32_model, run_dir, feed, rule, evidence)
-    if result is None:
-        result = localize.localize_emulation(fp32_model, model, feed, rule, cfg.verify.localize_top)
-    result["candidate"] = chk.name
-    verify_report.log_localization(result)
-    return result
-
-
-def _localization_rule(chk: Check) -> criteria.TensorRule:
-    """The gate's rule per tensor; with the scaled criterion, at most half the candidate's own output error, so a
-    candidate that failed on its task check with a smaller error still has its source named (the cancellation
-    fault in the INT8 graph: output error 0.4 of its scale, under INT8's 0.5, but 13 % of the images flipped)."""
-    rule = criteria.TensorRule.of(chk.result["tolerance"])
-    observed = chk.result.get("tensor_check", {}).get("scaled_error_quantile")
-    if rule.criterion == "scaled" and observed is not None and math.isfinite(observed) and observed > 0:
-        return dataclasses.replace(rule, max_scaled_error=min(rule.max_scaled_error, observed / 2))
-    return rule
-
-
-def _localize_engine(cfg, fp32_model, run_dir: RunDir, feed: dict, rule, evidence: Evidence) -> dict | None:
-    from pipeline.runtime import tensorrt_engine
-
-    spec_input = next(iter(feed))
-    try:
-        shapes = tensorrt_engine.profile_shapes(cfg, list(feed[spec_input].shape[1:]))
-        cache = tensorrt_engine.timing_cache_path(cfg, run_dir)
-        return localize.localize_tensorrt(fp32_model, run_dir.file(FP16_ONNX), feed, rule,
-                                          cfg.verify.localize_top, spec_input, shapes, build_cfg=cfg.build,
-                                          timing_cache=cache)
-    except Exception as exc:  # fall back to the emulation, and say so
-        log.warning(verify_report.TENSORRT_LOCALIZE_FAILED, exc)
-        return None

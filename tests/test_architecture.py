@@ -1,7 +1,7 @@
 """The layout is the architecture: read from the imports (AST, every import including lazy ones), not from the docs.
 
-Layers, lowest first: ``core`` < ``precision`` (and ``training``) < ``runtime`` < ``reports`` < the stage modules and
-the orchestration (``cli``, ``stages``, ``config``, ``doctor``, ``bench_train``). A module imports only its own
+Layers, lowest first: ``core`` < ``precision`` (and ``training``) < ``runtime`` < ``reports`` < ``evaluation`` < the
+stage modules and the orchestration (``cli``, ``stages``, ``config``, ``doctor``, ``bench_train``). A module imports only its own
 layer or lower ones; there is no import cycle; a stage module never imports another stage module; and no status
 string is written outside :mod:`pipeline.core.status`.
 """
@@ -16,9 +16,9 @@ import pytest
 from pipeline.core.status import Status
 
 ROOT = Path(__file__).resolve().parents[1] / "pipeline"
-LAYERS = {"core": 0, "precision": 1, "training": 1, "runtime": 2, "reports": 3}
-TOP = 4  # stage modules and orchestration
-STAGE_MODULES = {"train", "export", "build", "verify", "benchmark", "report"}
+LAYERS = {"core": 0, "precision": 1, "training": 1, "runtime": 2, "reports": 3, "evaluation": 4}
+TOP = 5  # stage modules and orchestration
+STAGE_MODULES = {"train", "export", "build", "tune", "verify", "benchmark", "report"}
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:

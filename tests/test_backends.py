@@ -9,6 +9,7 @@ import pytest
 from polygraphy import config as polygraphy_config
 
 from conftest import TINY
+from pipeline.evaluation import candidates
 from pipeline import config, stages
 from pipeline.runtime import backends, tensorrt_engine
 from pipeline.core.errors import CheckFailed
@@ -142,9 +143,8 @@ def test_disabled_entry_is_skipped_before_it_is_checked_for_availability(tmp_pat
     calls = []
     entry = dataclasses.replace(DUMMY, candidate="tensorrt_fp16", unavailable=lambda ctx: calls.append(1) or "")
     cfg = config.resolve(overrides=["verify.candidates.tensorrt_fp16.enabled=false"])
-    from pipeline import verify
 
-    (chk,) = verify.plan(cfg, backends.Context(cfg, RunDir(tmp_path), "verify", {}), [entry])
+    (chk,) = candidates.plan(cfg, backends.Context(cfg, RunDir(tmp_path), "verify", {}), [entry])
     assert chk.reason == "disabled (verify.candidates.tensorrt_fp16.enabled=false)" and not calls
 
 

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from pipeline.evaluation import candidates
 from pipeline.precision import gate as criteria
 
 
@@ -219,30 +220,27 @@ def test_int8_localisation_names_the_first_node_over_the_rule_not_the_worst():
 
 
 def _check(name: str, status: str, *, gates: bool = True, required: bool = False):
-    from pipeline import verify
     from pipeline.runtime import backends
 
-    return verify.Check(backends.by_name(name), name, required, result={"status": status}, gates=gates)
+    return candidates.Check(backends.by_name(name), name, required, result={"status": status}, gates=gates)
 
 
 def test_verdict_a_required_candidate_that_was_skipped_fails_the_gate():
-    from pipeline import verify
 
-    verdict = verify._verdict([_check("onnxrt_fp32", "passed"), _check("tensorrt_fp16", "skipped", required=True)])
+    verdict = candidates.verdict([_check("onnxrt_fp32", "passed"), _check("tensorrt_fp16", "skipped", required=True)])
     assert not verdict.passed and [c.name for c in verdict.missing_required] == ["tensorrt_fp16"]
-    assert verify._verdict([_check("onnxrt_fp32", "passed"), _check("tensorrt_fp16", "skipped")]).passed
+    assert candidates.verdict([_check("onnxrt_fp32", "passed"), _check("tensorrt_fp16", "skipped")]).passed
 
 
 def test_verdict_only_gating_candidates_decide_and_inconclusive_follows_the_policy():
-    from pipeline import verify
 
     reported = _check("onnxrt_int8_cpu", "failed", gates=False)
-    assert verify._verdict([_check("int8_exact", "passed"), reported]).passed
-    assert not verify._verdict([_check("int8_exact", "failed"), reported]).passed
+    assert candidates.verdict([_check("int8_exact", "passed"), reported]).passed
+    assert not candidates.verdict([_check("int8_exact", "failed"), reported]).passed
     undecided = [_check("int8_exact", "inconclusive"), _check("onnxrt_fp32", "passed")]
-    assert verify._verdict(undecided).passed
-    assert not verify._verdict(undecided, inconclusive_fails=True).passed
-    assert verify._verdict(undecided).deployable == ["onnxrt_fp32"]
+    assert candidates.verdict(undecided).passed
+    assert not candidates.verdict(undecided, inconclusive_fails=True).passed
+    assert candidates.verdict(undecided).deployable == ["onnxrt_fp32"]
 
 
 def test_a_nan_image_fails_even_when_the_quantile_leaves_the_worst_images_out():
@@ -265,7 +263,7 @@ def test_an_undecided_gate_under_inconclusive_fail_is_exit_5_and_says_how_many_i
     chk = _check("int8_exact", "inconclusive")
     chk.result = {"status": "inconclusive", "task_check": criteria.task_check(
         ref, cand, np.zeros(256, int), scaled_gate(min_top1_agreement=0.98, max_accuracy_drop=1.0), 0.95)}
-    verdict = verify._verdict([chk], inconclusive_fails=True)
+    verdict = candidates.verdict([chk], inconclusive_fails=True)
     with pytest.raises(Inconclusive, match="about 750 more validation images would decide it") as caught:
         verify._raise_for(verdict, None, False, False)
     assert caught.value.exit_code == EXIT_INCONCLUSIVE == 5

@@ -6,7 +6,8 @@ without building anything (what TensorRT would compute is not checked).
 
 import numpy as np
 
-from pipeline import config, verify
+from pipeline.evaluation import candidates
+from pipeline import config
 from pipeline.precision import fallback
 from pipeline.runtime import localize
 from pipeline.runtime import backends, tensorrt_engine
@@ -64,11 +65,11 @@ def test_verify_passes_the_build_config_and_cache_to_tensorrt_localisation(tmp_p
 
     monkeypatch.setattr(localize, "localize_tensorrt", fake_localize_tensorrt)
     run = RunDir(tmp_path / "runs" / "r")
-    chk = verify.Check(backends.by_name("tensorrt_fp16"), "TensorRT", False,
+    chk = candidates.Check(backends.by_name("tensorrt_fp16"), "TensorRT", False,
                        result={"tolerance": {"criterion": "scaled", "max_scaled_error": 0.05, "atol": 1e-3,
                                              "rtol": 1e-3}})
-    evidence = verify.Evidence([{"input": np.zeros((1, 3, 8, 8), np.float32)}], [], np.zeros(1), "logits")
-    result = verify._localize(cfg, fallback.FP16_GRAPH, None, None, evidence, chk, run)
+    evidence = candidates.Evidence([{"input": np.zeros((1, 3, 8, 8), np.float32)}], [], np.zeros(1), "logits")
+    result = candidates.localize_candidate(cfg, fallback.FP16_GRAPH, None, None, evidence, chk, run)
     assert result["candidate"] == "tensorrt_fp16"
     assert seen["build_cfg"] == cfg.build
     assert seen["timing_cache"] == tmp_path / "runs" / "trt_timing.11.4.0.sm90.cache"

@@ -11,7 +11,7 @@ import onnx
 import pytest
 
 from conftest import ROOT, cli
-from pipeline import int8, sensitivity
+from pipeline.precision import int8, sensitivity
 
 TUNE_MODELS = ROOT / "tests" / "tune_models.py"
 TRAINED = ["data.samples_per_class=30", "data.image_size=16", "data.batch_size=32", "train.epochs=4",
@@ -142,7 +142,7 @@ def test_choose_takes_the_fastest_passing_mix_and_treats_noise_as_a_tie():
 
 
 def test_speed_gate_message_says_when_the_cpu_has_no_int8_dot_product():
-    from pipeline import tune_report
+    from pipeline.reports import tune_report
 
     payload = {"chosen": {"runtime": {"/a/Conv": "u8", "/b/Conv": "f32", "/fc/Gemm": "f32"}},
                "speedup_vs_fp32": {"1": 0.9, "8": 1.4}, "int8_dot_product": False}

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import FAULTS, ROOT, TINY, cli
+from pipeline.evaluation import candidates
 from pipeline.runtime import tensorrt_engine
 from pipeline import config, verify
 from pipeline.core import artifacts
@@ -170,17 +171,17 @@ def test_elementwise_and_rule():
     ref = outputs([[8.0, 0.5, 0.001]])
     labels = np.array([0])
     # 8.1: abs 0.1 > atol but rel 0.0125 <= rtol -> ok; 0.001 -> 0.005: rel 4 but abs 0.004 -> ok.
-    ok = verify.compare(outputs([[8.1, 0.5, 0.005]]), ref, labels, gate(), "logits")
+    ok = candidates.compare(outputs([[8.1, 0.5, 0.005]]), ref, labels, gate(), "logits")
     assert ok["tensor_check"]["passed"]
     # 0.5 -> 0.375: abs 0.125 and rel 0.25 both exceed -> fails.
-    bad = verify.compare(outputs([[8.0, 0.375, 0.001]]), ref, labels, gate(), "logits")
+    bad = candidates.compare(outputs([[8.0, 0.375, 0.001]]), ref, labels, gate(), "logits")
     assert not bad["tensor_check"]["passed"] and not bad["passed"]
 
 
 def test_nan_or_inf_in_candidate_always_fails():
     ref = outputs([[1.0, 2.0]])
     for value in (np.nan, np.inf):
-        result = verify.compare(outputs([[1.0, value]]), ref, np.array([1]), gate(atol=1e9, rtol=1e9), "logits")
+        result = candidates.compare(outputs([[1.0, value]]), ref, np.array([1]), gate(atol=1e9, rtol=1e9), "logits")
         assert not result["passed"] and result["tensor_check"]["nonfinite"] == 1
 
 
@@ -188,13 +189,13 @@ def test_statistics_and_per_output_tolerances():
     ref = outputs([[1.0, 1.0, 1.0, 1.0]])
     cand = outputs([[1.0, 1.0, 1.0, 1.5]])  # one large error, small mean
     labels = np.array([0])
-    assert not verify.compare(cand, ref, labels, gate(check_error_stat="max", atol=0.1, rtol=0.1), "logits")[
+    assert not candidates.compare(cand, ref, labels, gate(check_error_stat="max", atol=0.1, rtol=0.1), "logits")[
         "tensor_check"]["passed"]
-    assert verify.compare(cand, ref, labels, gate(check_error_stat="mean", atol=0.2, rtol=0.2), "logits")[
+    assert candidates.compare(cand, ref, labels, gate(check_error_stat="mean", atol=0.2, rtol=0.2), "logits")[
         "tensor_check"]["passed"]
-    assert verify.compare(cand, ref, labels, gate(check_error_stat="median", atol=0.01, rtol=0.01), "logits")[
+    assert candidates.compare(cand, ref, labels, gate(check_error_stat="median", atol=0.01, rtol=0.01), "logits")[
         "tensor_check"]["passed"]
-    assert verify.compare(cand, ref, labels, gate(atol={"": 0.01, "logits": 0.6}, rtol=0.01), "logits")[
+    assert candidates.compare(cand, ref, labels, gate(atol={"": 0.01, "logits": 0.6}, rtol=0.01), "logits")[
         "tensor_check"]["passed"]
 
 
@@ -202,22 +203,22 @@ def test_task_check_top1_agreement_and_accuracy():
     ref = outputs([[2.0, 1.0], [1.0, 2.0], [2.0, 1.0], [1.0, 2.0]])
     cand = outputs([[1.0, 2.0], [1.0, 2.0], [2.0, 1.0], [1.0, 2.0]])  # first image flips
     labels = np.array([0, 1, 0, 1])
-    result = verify.compare(cand, ref, labels, gate(atol=10, rtol=10, min_top1_agreement=0.7,
+    result = candidates.compare(cand, ref, labels, gate(atol=10, rtol=10, min_top1_agreement=0.7,
                                                         max_accuracy_drop=0.3), "logits")
     task = result["task_check"]
     assert task["top1_agreement"] == 0.75 and task["reference_accuracy"] == 1.0 and task["accuracy"] == 0.75
     assert result["passed"]
-    strict = verify.compare(cand, ref, labels, gate(atol=10, rtol=10), "logits")
+    strict = candidates.compare(cand, ref, labels, gate(atol=10, rtol=10), "logits")
     assert strict["tensor_check"]["passed"] and not strict["passed"]  # both checks must pass
 
 
 def test_candidate_tolerance_overrides_precision_default():
     cfg = config.resolve(overrides=["verify.candidates.fp16_emulation.atol=0.5",
                                     "verify.candidates.fp16_emulation.check_error_stat=mean"])
-    g = verify.gate_for(cfg, "fp16_emulation", "fp16")
+    g = candidates.gate_for(cfg, "fp16_emulation", "fp16")
     assert g["atol"] == 0.5 and g["check_error_stat"] == "mean" and g["rtol"] == cfg.verify.fp16.rtol
-    assert verify.gate_for(cfg, "onnxrt_fp16_cpu", "fp16")["atol"] == cfg.verify.fp16.atol
-    assert verify.gate_for(cfg, "onnxrt_fp32", "fp32")["atol"] == cfg.verify.fp32.atol
+    assert candidates.gate_for(cfg, "onnxrt_fp16_cpu", "fp16")["atol"] == cfg.verify.fp16.atol
+    assert candidates.gate_for(cfg, "onnxrt_fp32", "fp32")["atol"] == cfg.verify.fp32.atol
 
 
 def test_tight_candidate_tolerance_fails_a_sound_model(clone_run):
@@ -310,10 +311,10 @@ def run_config(run: Path):
 def test_mismatch_fraction_uses_the_per_output_tolerance():
     ref = outputs([[1.0, 1.0, 1.0, 1.0]])
     cand = outputs([[1.0, 1.0, 1.0, 1.5]])
-    result = verify.compare(cand, ref, np.array([0]), gate(atol={"": 0.01, "logits": 0.6}, rtol=0.01), "logits")
+    result = candidates.compare(cand, ref, np.array([0]), gate(atol={"": 0.01, "logits": 0.6}, rtol=0.01), "logits")
     assert result["tensor_check"]["passed"]
     assert result["tensor_check"]["mismatch_fraction"] == 0.0  # the element Polygraphy let pass is no mismatch
-    strict = verify.compare(cand, ref, np.array([0]), gate(atol={"": 0.6, "logits": 0.01}, rtol=0.01), "logits")
+    strict = candidates.compare(cand, ref, np.array([0]), gate(atol={"": 0.6, "logits": 0.01}, rtol=0.01), "logits")
     assert not strict["tensor_check"]["passed"] and strict["tensor_check"]["mismatch_fraction"] == 0.25
 
 

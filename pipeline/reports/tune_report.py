@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline import env, tables
-from pipeline.artifacts import TUNE_JSON, TUNE_MD, TUNE_PARETO_PLOT, TUNE_SENSITIVITY_PLOT
-from pipeline.run import RunDir, atomic_path, atomic_write, write_json
-from pipeline.sensitivity import Candidate, fp32_layers
-from pipeline.tables import Cell, Section, Table, fmt
+from pipeline.core.status import Status
+from pipeline.core import env
+from pipeline.reports import tables
+from pipeline.core.artifacts import TUNE_JSON, TUNE_MD, TUNE_PARETO_PLOT, TUNE_SENSITIVITY_PLOT
+from pipeline.core.run import RunDir, atomic_path, atomic_write, write_json
+from pipeline.precision.sensitivity import Candidate
+from pipeline.runtime.openvino_speed import fp32_layers
+from pipeline.reports.tables import Cell, Section, Table, fmt
 
 SCHEMA = "pipeline.tune/1"
 
@@ -82,7 +85,7 @@ def speed_failure(p: dict, min_speedup: float | None) -> str:
 
 def sections(p: dict) -> list[Section]:
     chosen = p["chosen"]
-    status = "passed" if chosen else "failed"
+    status = Status.PASSED if chosen else Status.FAILED
     head = [f"{p['summary']}.", f"Target: {p['target']} on {p['cpu']}"
             + ("" if p["int8_dot_product"] else " (no VNNI/AMX: INT8 kernels gain little here)") + ".",
             f"Sensitivity on {p['samples']['sensitivity']} images; every candidate judged by the full gate on "
@@ -139,7 +142,7 @@ def write_plots(run_dir: RunDir, p: dict) -> list[str]:
         if batch in c["latency_ms"]:
             ax.scatter(c["latency_ms"][batch], c["result"].get("accuracy_drop", 0.0),
                        marker="*" if c["chosen"] else "o", s=120 if c["chosen"] else 30,
-                       color="tab:green" if c["result"].get("status") == "passed" else "tab:red")
+                       color="tab:green" if c["result"].get("status") == Status.PASSED else "tab:red")
             where = (c["latency_ms"][batch], c["result"].get("accuracy_drop", 0.0))
             ax.annotate(f"{c['origin']} ({c['calibration']})", where, fontsize=6)
     ax.axvline(p["fp32"]["latency_ms"][batch], color="grey", linestyle="--", label="FP32")

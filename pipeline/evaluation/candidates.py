@@ -1,0 +1,284 @@
+"""Judging candidates: the evidence (validation images and the FP32 PyTorch reference's outputs), the candidates
+of the backend table with why each cannot run, running one through its runner (in a child process for a native
+runtime) and judging it with the gate's criteria, the verdict over them, and the precision core's hooks (re-check
+a remade graph, localise a failing candidate). verify and tune both judge this way; neither imports the other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+from pipeline.core.status import Status
+from pipeline.core import data
+from pipeline.precision import convert, fallback, gate as criteria
+from pipeline.runtime import isolate, localize
+from pipeline.runtime import backends
+from pipeline.core.artifacts import FP16_ONNX
+from pipeline.reports import verify_report
+from pipeline.runtime.backends import Backend, Context
+from pipeline.core.errors import InputError, disk_full
+from pipeline.runtime.isolate import Crashed
+from pipeline.core.run import RunDir
+from pipeline.runtime.runners import TorchRunner, collect
+
+log = logging.getLogger("pipeline")
+
+
+REFERENCE = backends.REFERENCE
+
+
+@dataclass
+class Check:
+    """One candidate of one verify run: its table entry, why it cannot run ("" if it can), its result."""
+
+    backend: Backend
+    label: str
+    required: bool
+    reason: str = ""
+    result: dict = field(default_factory=dict)
+    gates: bool = True  # its verdict decides the exit code (verify.gate); else it is run and reported only
+
+    @property
+    def name(self) -> str:
+        return self.backend.candidate
+
+    @property
+    def precision(self) -> str:
+        return self.backend.precision
+
+    @property
+    def artifact(self) -> str | None:
+        return self.backend.artifact
+
+    @property
+    def status(self) -> str:
+        return self.result.get("status", "")
+
+
+@dataclass
+class Evidence:
+    """What every candidate is compared on: the feeds, the reference's outputs, the labels."""
+
+    feeds: list[dict]
+    reference: list[dict]
+    labels: np.ndarray
+    output_name: str
+    confidence: float = 0.95  # of the task check's bounds (verify.confidence)
+
+
+def gate_for(cfg, name: str, precision: str) -> dict:
+    """The thresholds of one candidate: its own non-null keys over the precision's defaults."""
+    base = getattr(cfg.verify, precision, cfg.verify.fp32).model_dump()  # verify.fp16/int8/bf16; else fp32
+    section = getattr(cfg.verify.candidates, name, None)  # a table entry without a config section: defaults
+    own = section.model_dump() if section is not None else {}
+    return {key: own[key] if own.get(key) is not None else value for key, value in base.items()}
+
+
+def plan(cfg, ctx: Context, entries: list[Backend] | None = None) -> list[Check]:
+    """The candidates, each with the reason it cannot run; ``enabled=false`` is decided before anything loads."""
+    checks = []
+    for backend in entries if entries is not None else backends.candidates():
+        section = getattr(cfg.verify.candidates, backend.candidate, None)
+        if section is not None and not section.enabled:
+            reason = verify_report.disabled(backend.candidate)
+        else:
+            reason = backend.unavailable(ctx)
+        checks.append(Check(backend, backends.label(backend, cfg), backend.required(cfg), reason,
+                            gates=gates(cfg, backend)))
+    return checks
+
+
+def gates(cfg, backend: Backend) -> bool:
+    """Whether a candidate's verdict decides the exit code: named in ``verify.gate``, or (``auto``) a deployment
+    target or its faithful CPU proxy (the table's ``gates``)."""
+    chosen = cfg.verify.gate
+    return backend.gates if chosen == "auto" else backend.candidate in chosen
+
+
+def compare(outputs: list[dict], reference: list[dict], labels: np.ndarray, gate: dict, output_name: str,
+            confidence: float = 0.95) -> dict:
+    """The tensor check and the task check of one candidate (:func:`pipeline.precision.gate.judge`)."""
+    return criteria.judge(outputs, reference, labels, gate, output_name, confidence)
+
+
+def task_check(ref: np.ndarray, cand: np.ndarray, labels: np.ndarray, gate: dict, confidence: float = 0.95) -> dict:
+    return criteria.task_check(ref, cand, labels, gate, confidence)
+
+
+def check(chk: Check, cfg, ctx: Context, evidence: Evidence) -> dict:
+    """Run one candidate on the evidence and judge it; sets and returns ``chk.result``."""
+    gate = gate_for(cfg, chk.name, chk.precision)
+    chk.result = {**_judge(chk, ctx, evidence, gate), "tolerance": gate}
+    return chk.result
+
+
+def _judge(chk: Check, ctx: Context, evidence: Evidence, gate: dict) -> dict:
+    if chk.reason:
+        return {"status": Status.SKIPPED, "reason": chk.reason}
+    try:
+        runner = isolate.runner_for(chk.backend, ctx)  # native runtimes: in a child process (pipeline.runtime.isolate)
+        outputs = collect(runner, evidence.feeds)
+    except InputError:
+        raise
+    except Crashed as exc:  # the child died (a segfault in the runtime): a "crashed" row, the others go on
+        return verify_report.crashed(exc)
+    except Exception as exc:  # a candidate that cannot run is an "error" row, not a dead stage
+        if disk_full(exc):  # but a full disk ends the stage, with the documented message
+            raise disk_full(exc) from None
+        return {"status": Status.ERROR, "reason": verify_report.error_reason(exc)}
+    problem = _output_problem(chk, outputs, evidence)
+    if problem:
+        return {"status": Status.ERROR, "reason": problem}
+    result = compare(outputs, evidence.reference, evidence.labels, gate, evidence.output_name, evidence.confidence)
+    return {**result, **verify_report.runtime_facts(runner)}  # its child's log, a runtime workaround
+
+
+def _output_problem(chk: Check, outputs: list[dict], evidence: Evidence) -> str:
+    """A missing output is the candidate's error; an output of another shape than the reference's (a graph
+    without static shapes, from another run) is an InputError, before NumPy fails to broadcast them."""
+    name = evidence.output_name
+    if name not in outputs[0]:
+        return verify_report.wrong_outputs(list(outputs[0]), name)
+    got, want = tuple(outputs[0][name].shape[1:]), tuple(evidence.reference[0][name].shape[1:])
+    if got != want:
+        raise InputError(verify_report.wrong_output_shape(chk.name, chk.artifact, got, want))
+    return ""
+
+
+JUDGED = (Status.PASSED, Status.FAILED, Status.INCONCLUSIVE)
+
+
+@dataclass
+class Verdict:
+    """The gate's verdict over the candidates of one verify run."""
+
+    passed: bool
+    ran: int = 0  # gating candidates that were compared
+    failed: list[Check] = field(default_factory=list)
+    errors: list[Check] = field(default_factory=list)  # gating candidates that errored or crashed: no verdict
+    missing_required: list[Check] = field(default_factory=list)  # required, and could not run here
+    inconclusive: list[Check] = field(default_factory=list)
+    deployable: list[str] = field(default_factory=list)  # the gating candidates that passed
+    reported_only: list[str] = field(default_factory=list)
+
+
+def verdict(checks: list[Check], inconclusive_fails: bool = False) -> Verdict:
+    """The gate's verdict over the gating candidates (``Check.gates``); the others are reported only. A required
+    candidate that could not run fails it whether it gates or not."""
+    gating = [c for c in checks if c.gates]
+    ran = [c for c in gating if c.status in JUDGED]
+    failed = [c for c in gating if c.status == Status.FAILED]
+    errors = [c for c in gating if c.status in (Status.ERROR, Status.CRASHED)]  # nothing compared: no verdict on them
+    undecided = [c for c in gating if c.status == Status.INCONCLUSIVE]
+    missing = [c for c in checks if c.required and c.status == Status.SKIPPED and not c.result.get("after_fallback")]
+    passed = not failed and not errors and not missing and not (undecided and inconclusive_fails)
+    return Verdict(passed, len(ran), failed, errors, missing, undecided,
+                   deployable=[c.name for c in gating if c.status == Status.PASSED],
+                   reported_only=[c.name for c in checks if not c.gates])
+
+
+def evidence(cfg, card: dict, model) -> Evidence:
+    spec = card["spec"]
+    images, labels = data.labelled_validation_batch(cfg, card, sample_count(cfg, spec), spread=True)
+    bs = cfg.verify.batch_size
+    feeds = [{spec["input_name"]: images[i : i + bs]} for i in range(0, len(images), bs)]
+    log.info("verify: %d validation images in %d batches; reference %s", len(images), len(feeds), REFERENCE)
+    ref_runner = TorchRunner(model, name=REFERENCE, input_name=spec["input_name"], output_name=spec["output_name"],
+                             input_shape=tuple(spec["input_size"]))
+    return Evidence(feeds, collect(ref_runner, feeds), labels, spec["output_name"], cfg.verify.confidence)
+
+
+IMAGE_BYTES_BUDGET = 256 << 20  # the images verify holds (and hands to each child process), at most
+
+
+def sample_count(cfg, spec: dict) -> int:
+    """``verify.samples``, or every validation image up to ``verify.max_samples`` and a memory budget (256 MiB of
+    float32 images: 1,000 at 32x32 and 224x224 alike would be 12 MiB and 602 MiB)."""
+    if cfg.verify.samples is not None:
+        return cfg.verify.samples
+    per_image = 4 * int(np.prod(spec["input_size"]))
+    return max(1, min(cfg.verify.max_samples, IMAGE_BYTES_BUDGET // per_image))
+
+
+def worst_batch(chk: Check, evidence: Evidence) -> dict:
+    """The batch with the candidate's worst image (scaled criterion), or its first failing batch (absolute)."""
+    tensor = chk.result.get("tensor_check", {})
+    if tensor.get("criterion") == "scaled":
+        return evidence.feeds[tensor.get("worst_image", 0) // len(next(iter(evidence.feeds[0].values())))]
+    return evidence.feeds[(tensor.get("failed_batches") or [0])[0]]
+
+
+def runs_graph(chk: Check, graph: fallback.PrecisionGraph) -> bool:
+    """Whether a candidate runs ``graph`` (the file itself, or an engine or IR made from it)."""
+    return chk.backend.uses_int8_model if graph.precision == "int8" else chk.backend.uses_fp16_model
+
+
+def remake(graph: fallback.PrecisionGraph, cfg, run_dir: RunDir, card, raised: fallback.Raised, out_name: str):
+    if graph.precision == "int8":
+        return convert.quantize_int8(cfg, run_dir, card, raised.out_of_int8, out_name=out_name, fp32_nodes=raised.fp32)
+    return convert.convert_fp16(cfg, run_dir, card, raised.fp32, out_name=out_name)
+
+
+def recheck_round(graph: fallback.PrecisionGraph, cfg, ctx: Context, evidence: Evidence, current) -> fallback.Round:
+    """The candidates that run ``graph``'s file itself, on the remade graph; the round passes when every gating one
+    that ran passed (inconclusive counts as passing under ``verify.inconclusive: pass``) and one at least ran."""
+    sub = dataclasses.replace(ctx, **{graph.precision: current})
+    rechecked = plan(cfg, sub, [b for b in backends.candidates() if b.artifact == graph.artifact])
+    for chk in rechecked:
+        check(chk, cfg, sub, evidence)
+    fine = {Status.PASSED, Status.SKIPPED} | ({Status.INCONCLUSIVE} if cfg.verify.inconclusive == "pass" else set())
+    gating = [c for c in rechecked if c.gates]
+    passed = all(c.status in fine for c in gating) and any(c.status in JUDGED for c in gating)
+    failing = next((c for c in gating if c.status == Status.FAILED), None)
+    note = "" if passed or failing else verify_report.fallback_errors(rechecked)
+    return fallback.Round({c.name: c.status for c in rechecked}, passed, failing, note, rechecked)
+
+
+def localize_candidate(cfg, graph: fallback.PrecisionGraph, fp32_model, model, evidence: Evidence, chk: Check,
+              run_dir: RunDir | None) -> dict:
+    """The first node over the gate's own rule (per tensor), on the candidate's worst batch: the INT8 graph executed
+    exactly, or the FP16 emulation (on a GPU, for the FP16 engine: the engine rebuilt with every tensor marked)."""
+    rule = localization_rule(chk)
+    feed = worst_batch(chk, evidence)
+    result = None
+    if graph.precision == "int8":
+        result = localize.localize_int8(fp32_model, model, feed, rule, cfg.verify.localize_top)
+    elif chk.artifact == backends.ENGINE and run_dir is not None:
+        result = _localize_engine(cfg, fp32_model, run_dir, feed, rule, evidence)
+    if result is None:
+        result = localize.localize_emulation(fp32_model, model, feed, rule, cfg.verify.localize_top)
+    result["candidate"] = chk.name
+    verify_report.log_localization(result)
+    return result
+
+
+def localization_rule(chk: Check) -> criteria.TensorRule:
+    """The gate's rule per tensor; with the scaled criterion, at most half the candidate's own output error, so a
+    candidate that failed on its task check with a smaller error still has its source named (the cancellation
+    fault in the INT8 graph: output error 0.4 of its scale, under INT8's 0.5, but 13 % of the images flipped)."""
+    rule = criteria.TensorRule.of(chk.result["tolerance"])
+    observed = chk.result.get("tensor_check", {}).get("scaled_error_quantile")
+    if rule.criterion == "scaled" and observed is not None and math.isfinite(observed) and observed > 0:
+        return dataclasses.replace(rule, max_scaled_error=min(rule.max_scaled_error, observed / 2))
+    return rule
+
+
+def _localize_engine(cfg, fp32_model, run_dir: RunDir, feed: dict, rule, evidence: Evidence) -> dict | None:
+    from pipeline.runtime import tensorrt_engine
+
+    spec_input = next(iter(feed))
+    try:
+        shapes = tensorrt_engine.profile_shapes(cfg, list(feed[spec_input].shape[1:]))
+        cache = tensorrt_engine.timing_cache_path(cfg, run_dir)
+        return localize.localize_tensorrt(fp32_model, run_dir.file(FP16_ONNX), feed, rule,
+                                          cfg.verify.localize_top, spec_input, shapes, build_cfg=cfg.build,
+                                          timing_cache=cache)
+    except Exception as exc:  # fall back to the emulation, and say so
+        log.warning(verify_report.TENSORRT_LOCALIZE_FAILED, exc)
+        return None

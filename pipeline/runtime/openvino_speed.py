@@ -1,0 +1,79 @@
+"""A precision mix on the deployment CPU: the graph as build converts it, compiled by OpenVINO's CPU plugin,
+timed with the benchmark's method, and the precision each matrix layer really runs in (the runtime model)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from pipeline.precision.int8 import MATRIX_OPS
+
+def openvino_timing(model: onnx.ModelProto, images: np.ndarray, batches: list[int], method, threads: int | None, *,
+                    int8_graph: bool) -> dict:
+    """The mix as build converts it (an INT8 graph with its FP16 regions upcast, ``int8.with_fp32_regions``),
+    compiled by OpenVINO's CPU plugin per batch (f32 hint, LATENCY, one synchronous request, as benchmark's
+    ``openvino_*`` rows) and timed with the benchmark's method (:func:`pipeline.runtime.runners.measure`); the median of
+    the timed runs per batch, and the precision the CPU plugin runs each matrix layer in."""
+    import openvino as ov
+
+    from pipeline.precision.int8 import with_fp32_regions
+    from pipeline.runtime.runners import OpenVINORunner, cpu_timer, measure
+
+    xml, weights = _ir_bytes(with_fp32_regions(model) if int8_graph else model)
+    sidecar = {"hint": "f32", "precision": "int8" if int8_graph else "fp32", "openvino": ov.__version__,
+               "xml": "a tune candidate"}
+    runner = OpenVINORunner(xml, weights, sidecar, name="tune", input_name=model.graph.input[0].name,
+                            output_name=model.graph.output[0].name, threads=threads)
+    latency, spread = {}, {}
+    with runner:
+        for batch in batches:
+            x = np.ascontiguousarray(np.resize(images, (batch, *images.shape[1:])), dtype=np.float32)
+            request = runner._request(batch)
+            request.set_input_tensor(ov.Tensor(x, shared_memory=True))
+            samples = measure(cpu_timer(request.infer), method)["samples"]
+            latency[batch] = float(np.median(samples))
+            spread[batch] = [float(np.percentile(samples, 10)), float(np.percentile(samples, 90))]
+        runtime = runtime_precisions(runner._compile(batches[0]), model)
+    return {"latency_ms": latency, "p10_p90_ms": spread, "runtime": runtime}
+
+
+def _ir_bytes(model: onnx.ModelProto) -> tuple[bytes, bytes]:
+    import tempfile
+    from pathlib import Path
+
+    import openvino as ov
+
+    with tempfile.TemporaryDirectory(prefix=".tune-ir.") as tmp:
+        onnx.save(model, f"{tmp}/m.onnx")
+        ov.save_model(ov.convert_model(f"{tmp}/m.onnx"), f"{tmp}/m.xml", compress_to_fp16=False)
+        return Path(f"{tmp}/m.xml").read_bytes(), Path(f"{tmp}/m.bin").read_bytes()
+
+
+INT8_RUNTIME = ("i8", "u8")
+
+
+def runtime_precisions(compiled, model: onnx.ModelProto) -> dict[str, str]:
+    """``{matrix layer: precision}`` from the CPU plugin's runtime model (each executed node's ``runtimePrecision``
+    and the original layers it fused, ``originalLayersNames``); a layer is matched by its node or output name."""
+    executed = {}
+    for op in compiled.get_runtime_model().get_ops():
+        info = op.get_rt_info()
+        if "runtimePrecision" not in info or "originalLayersNames" not in info:
+            continue
+        precision = info["runtimePrecision"].astype(str).lower()
+        for name in info["originalLayersNames"].astype(str).split(","):
+            executed.setdefault(name.strip(), precision)
+    casts = {n.input[0]: n.output[0] for n in model.graph.node if n.op_type == "Cast"}  # fused into the layer
+    out = {}
+    for node in model.graph.node:
+        if node.op_type in MATRIX_OPS:
+            names = (node.name, *node.output, *(casts[o] for o in node.output if o in casts))
+            hit = next((executed[k] for k in names if k in executed), None)
+            hit = hit or next((p for k, p in executed.items() if k.startswith(f"{node.name}/")), None)
+            out[node.name] = hit or "unknown"
+    return out
+
+
+def fp32_layers(runtime: dict[str, str]) -> list[str]:
+    """The matrix layers the target did not run in INT8."""
+    return [name for name, precision in runtime.items() if precision not in INT8_RUNTIME]
