@@ -88,9 +88,9 @@ class Tuner:
 
     def quick(self, model: onnx.ModelProto) -> dict:
         """The gate's criteria on the sensitivity images, ``int8_exact`` (the Q/DQ arithmetic as written)."""
-        from pipeline.runtime.runners import collect
+        from pipeline.runtime.runners import collect, int8_exact_runner
 
-        outputs = collect(int8.exact_runner(model, "int8_exact"), self.sens_feeds)
+        outputs = collect(int8_exact_runner(model, "int8_exact"), self.sens_feeds)
         return sensitivity.metrics(outputs, self.sens_ref, self.sens_labels, self.gate, self.spec["output_name"],
                                    self.evidence.confidence)
 
