@@ -46,13 +46,17 @@ class Option:
     help: str
     config: str | None = None  # a config key that turns it on as well ("verify.auto_fallback")
     in_all: bool = False  # `all` offers the flag too, for this stage
+    metavar: str | None = None  # a flag that takes a value ("--baseline PATH"); the config key is its default
 
     @property
     def dest(self) -> str:
         return self.flag.lstrip("-").replace("-", "_")
 
-    def value(self, cfg, given: bool) -> bool:
-        return bool(given) or bool(self.config and functools.reduce(getattr, self.config.split("."), cfg))
+    def value(self, cfg, given):
+        configured = functools.reduce(getattr, self.config.split("."), cfg) if self.config else None
+        if self.metavar:
+            return given if given not in (None, False) else configured
+        return bool(given) or bool(configured)
 
 
 @dataclass(frozen=True)
@@ -121,6 +125,13 @@ def _benchmark_summary(entry: dict) -> str:
     return entry["details"].get("headline", "")
 
 
+def _compare_summary(entry: dict) -> str:
+    d = entry["details"]
+    rows = ", ".join(f"{name}: {status}" for name, status in d.get("artifacts", {}).items())
+    slower = d.get("latency_regressions") or []
+    return f"{rows}; latency regressions: {', '.join(slower) or 'none'}; environment: {d.get('environment')}"
+
+
 PROFILE = "record a torch.profiler trace (Chrome-trace JSON) of a few steps"
 
 STAGES = {
@@ -150,6 +161,13 @@ STAGES = {
                        ("train", "export", "build"),
                        help="measure latency and throughput of every available backend",
                        options=(Option("--profile", PROFILE),), summary=_benchmark_summary),
+    # A release gate across runs, not a step that makes an artifact: outside ORDER, never skipped as unchanged
+    # (its input, the bundle, lives outside the run); `all` runs it last when compare.baseline is set.
+    "compare": Stage("compare", "compare", ("compare",), (), ("verify", "benchmark"),
+                     help="compare the run with a baseline bundle (predictions, accuracy, latency, environment)",
+                     options=(Option("--baseline", "the baseline bundle (`baseline --out`); default compare.baseline",
+                                     config="compare.baseline", metavar="PATH"),),
+                     summary=_compare_summary),
 }
 
 
@@ -410,6 +428,9 @@ def run_stages(cfg, run: RunDir, *, force: set[str] | None = None, options: dict
             log.debug("%s: %s", name, why)
         run.this_invocation[name] = "ran"
         run_stage(name, cfg, run, **options.get(name, {}))
+    if cfg.compare.baseline:  # the release gate: always re-run, its bundle may have changed
+        run.this_invocation["compare"] = "ran"
+        run_stage("compare", cfg, run)
     return run.manifest
 
 
@@ -428,8 +449,10 @@ def summary(run: RunDir) -> str:
     """One line per stage, for the end of ``all``."""
     lines = [f"\nrun directory: {run.path}"]
     done = getattr(run, "this_invocation", None)
-    for name in ORDER:
+    for name in (*ORDER, "compare"):
         entry = run.stage_entry(name) or {}
+        if name not in ORDER and not entry:  # compare: only where it ran
+            continue
         line = f"  {name:<10} {entry.get('status', 'not run'):<12} {STAGES[name].line(entry)}"
         if done is not None and name not in done and entry:  # not reached now: an earlier run's row
             line = f"  {name:<10} {'earlier':<12} (not run now; an earlier run ended {entry.get('ended')}: " \

@@ -38,7 +38,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 
-from pipeline import backends, data, export, fallback, gate as criteria, int8, localize, modeling, onnx_io, provenance
+from pipeline import backends, batching, data, export, fallback, gate as criteria, int8, localize, modeling, onnx_io
+from pipeline import predictions, provenance
 from pipeline.artifacts import INT8_ONNX, WEIGHTS
 from pipeline import verify_report as report
 from pipeline.backends import Backend, Context
@@ -89,6 +90,8 @@ class Evidence:
     labels: np.ndarray
     output_name: str
     confidence: float = 0.95  # of the task check's bounds (verify.confidence)
+    names: list[str] = field(default_factory=list)  # each image's name (its file, for an image folder)
+    outputs: dict = field(default_factory=dict)  # each judged candidate's outputs (verify.predictions.npz)
 
 
 def gate_for(cfg, name: str, precision: str) -> dict:
@@ -157,6 +160,7 @@ def _judge(chk: Check, ctx: Context, evidence: Evidence, gate: dict) -> dict:
     problem = _output_problem(chk, outputs, evidence)
     if problem:
         return {"status": "error", "reason": problem}
+    evidence.outputs[chk.name] = outputs  # the last judged outputs (after a fallback: the replacement's)
     result = compare(outputs, evidence.reference, evidence.labels, gate, evidence.output_name, evidence.confidence)
     return {**result, **report.runtime_facts(runner)}  # its child's log, a runtime workaround
 
@@ -232,13 +236,14 @@ def _load_int8(run_dir: RunDir, spec: dict, hashes: dict) -> onnx.ModelProto | N
 
 def _evidence(cfg, card: dict, model) -> Evidence:
     spec = card["spec"]
-    images, labels = data.labelled_validation_batch(cfg, card, sample_count(cfg, spec), spread=True)
+    names: list[str] = []
+    images, labels = data.labelled_validation_batch(cfg, card, sample_count(cfg, spec), spread=True, names=names)
     bs = cfg.verify.batch_size
     feeds = [{spec["input_name"]: images[i : i + bs]} for i in range(0, len(images), bs)]
     log.info("verify: %d validation images in %d batches; reference %s", len(images), len(feeds), REFERENCE)
     ref_runner = TorchRunner(model, name=REFERENCE, input_name=spec["input_name"], output_name=spec["output_name"],
                              input_shape=tuple(spec["input_size"]))
-    return Evidence(feeds, collect(ref_runner, feeds), labels, spec["output_name"], cfg.verify.confidence)
+    return Evidence(feeds, collect(ref_runner, feeds), labels, spec["output_name"], cfg.verify.confidence, names)
 
 
 IMAGE_BYTES_BUDGET = 256 << 20  # the images verify holds (and hands to each child process), at most
@@ -281,6 +286,10 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, auto_fallback: bool = Fals
                                          auto_fallback=auto_fallback)
         for graph in (fallback.FP16_GRAPH, fallback.INT8_GRAPH)}
     (loc16, fb16), (loc8, fb8) = gated.get("fp16", (None, None)), gated.get("int8", (None, None))
+    batching.verify_batch_sizes(cfg, ctx, checks, evidence, gate_for)  # every batch size the artifacts serve
+    written = predictions.record(run_dir, checks, evidence)
+    if written is not None:
+        record.artifact(written.name)
     fb16, fb8 = report.with_earlier_fallbacks(run_dir, hashes, fb16, fb8)
     verdict = _verdict(checks, inconclusive_fails=cfg.verify.inconclusive == "fail")
     payload = report.build_payload(cfg, card, checks, loc16, fb16, verdict, len(evidence.labels),
