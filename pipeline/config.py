@@ -319,7 +319,7 @@ class CompareConfig(Section):
     max_logit_drift: float = Field(0.05, ge=0, description="largest change of an image's top-5 logits, in units of "
                                    "the baseline reference's logit scale, at the drift_quantile image")
     drift_quantile: float = Field(0.99, gt=0, le=1, description="share of images held to max_logit_drift")
-    max_latency_ratio: float = Field(1.25, gt=1, description="run median / baseline median: a regression only when "
+    max_latency_ratio: float = Field(3.0, gt=1, description="run median / baseline median: a regression only when "
                                      "the whole bootstrap interval lies above this")
     min_samples: int = Field(20, ge=2, description="timed runs a latency row needs on both sides to be judged "
                              "(fewer: reported, not judged)")

@@ -60,12 +60,21 @@ def bootstrap_median_ratio(base: np.ndarray, run: np.ndarray, *, resamples: int,
     """median(run) / median(base), and its two-sided ``confidence`` percentile bootstrap interval."""
     base, run = np.asarray(base, np.float64), np.asarray(run, np.float64)
     rng = np.random.default_rng(seed)
-    base_medians = np.median(rng.choice(base, size=(resamples, len(base)), replace=True), axis=1)
-    run_medians = np.median(rng.choice(run, size=(resamples, len(run)), replace=True), axis=1)
-    ratios = run_medians / np.maximum(base_medians, 1e-12)
+    ratios = np.concatenate([_medians(rng, run, n) / np.maximum(_medians(rng, base, n), 1e-12)
+                             for n in _chunks(resamples, max(len(base), len(run)))])
     tail = (1 - confidence) / 2
     low, high = np.quantile(ratios, [tail, 1 - tail])
     return float(np.median(run) / max(np.median(base), 1e-12)), float(low), float(high)
+
+
+def _chunks(resamples: int, length: int, budget: int = 1 << 22) -> list[int]:
+    """Resamples per step, so no step holds more than ``budget`` samples (32 MiB of float64)."""
+    step = max(1, budget // max(length, 1))
+    return [min(step, resamples - i) for i in range(0, resamples, step)]
+
+
+def _medians(rng, values: np.ndarray, resamples: int) -> np.ndarray:
+    return np.median(rng.choice(values, size=(resamples, len(values)), replace=True), axis=1)
 
 
 def latency_check(base: list[float], run: list[float], *, max_ratio: float, resamples: int, confidence: float,

@@ -43,7 +43,7 @@ LOAD_CHECK = ("<script>window.addEventListener('load',function(){document.body.s
 
 # The command that rewrites each JSON file the report reads, for the hint.
 WRITTEN_BY = {"verify.json": "python -m pipeline verify", "benchmark.json": "python -m pipeline benchmark",
-              "manifest.json": "python -m pipeline all"}
+              "manifest.json": "python -m pipeline all", "compare.json": "python -m pipeline compare"}
 
 
 def _load(run: RunDir, name: str):
@@ -81,6 +81,11 @@ def sections(run: RunDir, cfg) -> dict:
         body += _built("verify.json", tables.verify_sections, verify)
     if bench is not None:
         body.append(_built("benchmark.json", tables.benchmark_section, bench))
+    compared = _load(run, artifacts.COMPARE_JSON)
+    if compared is not None:  # the release gate against a baseline bundle (pipeline/compare.py)
+        from pipeline import compare_report
+
+        body += _built(artifacts.COMPARE_JSON, compare_report.sections, compared)
     return {
         "model": manifest.get("model", cfg.model.name),
         "body": [section for section in body if section is not None],

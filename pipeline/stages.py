@@ -147,7 +147,8 @@ STAGES = {
                    help="build strongly typed TensorRT engines, FP16 and INT8 (skipped without GPU/TensorRT), and "
                         "OpenVINO IR",
                    precheck="check_required"),
-    "verify": Stage("verify", "verify", ("model", "data", "verify"),
+    # verify reads build.min/opt/max_batch too: it checks every batch size the artifacts serve (pipeline/batching.py)
+    "verify": Stage("verify", "verify", ("model", "data", "build", "verify"),
                     (a.WEIGHTS, a.MODEL_CARD, a.FP32_ONNX, a.FP16_ONNX, a.ENGINE, a.INT8_ONNX, a.INT8_ENGINE),
                     ("train", "export", "build"),
                     help="compare every backend with the FP32 PyTorch model and gate on it",

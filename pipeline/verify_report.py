@@ -313,8 +313,9 @@ def junit(payload: dict) -> str:
                    f"nonfinite={t.get('nonfinite')} top1_agreement={fmt(k.get('top1_agreement'))} "
                    f"accuracy_drop={fmt(k.get('accuracy_drop'))} gates={c.get('gates', True)}") if t else ""
         if c["status"] == "failed":
-            el = ET.SubElement(case, "failure", message=f"{c['name']} outside tolerance: {numbers}",
-                               type="PrecisionCheckFailed")
+            el = ET.SubElement(case, "failure", type="PrecisionCheckFailed",  # the reason: a batch size that fails
+                               message=f"{c['name']}: {c['reason']}" if c.get("reason") else
+                               f"{c['name']} outside tolerance: {numbers}")
             el.text = numbers
         elif c["status"] == "error":
             ET.SubElement(case, "error", message=c.get("reason") or "error", type="CandidateError")
