@@ -27,8 +27,12 @@ log = logging.getLogger("pipeline")
 def _per_class(base: np.ndarray, run: np.ndarray, labels: np.ndarray, classes: list[str]) -> list[dict]:
     before = bundle.per_class_accuracy(base, labels, classes)
     after = bundle.per_class_accuracy(run, labels, classes)
-    return [{"class": c, "baseline": before[c], "run": after[c], "delta": after[c] - before[c]}
-            for c in classes if before[c] is not None]
+    rows = []
+    for c in classes:
+        old, new = before[c], after[c]
+        if old is not None and new is not None:  # the same labels: a class has images in both or in neither
+            rows.append({"class": c, "baseline": old, "run": new, "delta": new - old})
+    return rows
 
 
 def compare_artifact(name: str, base: dict, run: dict, classes: list[str], cc, scale: float) -> dict:
@@ -39,7 +43,7 @@ def compare_artifact(name: str, base: dict, run: dict, classes: list[str], cc, s
     base_top1, run_top1 = base[f"{name}.top5_class"][:, 0], run[f"{name}.top5_class"][:, 0]
     labels, names = run["labels"], run["names"]
     flips = np.flatnonzero(base_top1 != run_top1)
-    result = {
+    result: dict = {
         "name": name,
         "agreement": drift.agreement(base_top1, run_top1, cc.min_top1_agreement, cc.confidence),
         "accuracy": drift.accuracy_change(base_top1, run_top1, labels, cc.max_accuracy_drop, cc.confidence),

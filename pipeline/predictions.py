@@ -44,7 +44,7 @@ def arrays(names: list[str], labels: np.ndarray, reference: list[dict], candidat
 
 def write(path: Path, data: dict[str, np.ndarray]) -> None:
     buffer = io.BytesIO()
-    np.savez_compressed(buffer, **data)
+    np.savez_compressed(buffer, **data)  # type: ignore[arg-type]  # NumPy's stub types **kwds as allow_pickle
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(buffer.getvalue())
     tmp.replace(path)
@@ -60,11 +60,6 @@ def read(path: Path) -> dict[str, np.ndarray]:
     if "names" not in data or "labels" not in data:
         raise InputError(f"{path} has no names/labels arrays: not a {VERIFY_PREDICTIONS} file")
     return data
-
-
-def candidates_in(data: dict[str, np.ndarray]) -> list[str]:
-    """The candidate names the file holds predictions for (the reference included)."""
-    return sorted({key.rsplit(".", 1)[0] for key in data if key.endswith(".top5_class")})
 
 
 def record(run_dir, checks, evidence) -> Path | None:
