@@ -6,7 +6,8 @@ and OpenVINO compiles its IR for each batch: the same image can come out differe
 statistic over the batch (BatchNorm left in train mode), so an image's output depends on its neighbours. verify
 judges each candidate at ``verify.batch_size``; this module runs every candidate that reached a verdict again on
 the same images, batched at each profile batch size, and judges each batching with the candidate's own gate
-against the same reference outputs. A batch size where the candidate fails fails the candidate, and the reason
+against the same reference outputs, on the first ``verify.batch_check_samples`` images (64: a batch-dependent
+output differs on every image, so a few suffice, and batch 1 over verify's 1,000 images would cost minutes). A batch size where the candidate fails fails the candidate, and the reason
 names it. A static artifact (``export.dynamic_batch=false``) or a batch the runtime says it cannot take is skipped
 with the reason.
 
@@ -27,6 +28,8 @@ log = logging.getLogger("pipeline")
 BATCH_HINT = ("not a precision fault (the FP32 fallback cannot fix it): the same images give other outputs at "
               "another batch size; look for a statistic over the batch (BatchNorm in train mode) or rebuild with "
               "build.opt_batch at the batch you serve")
+AFTER_FALLBACK = ("checked when verify re-runs on the graph the fallback wrote (the stage runner re-runs export, "
+                  "build and verify after a replacement)")
 RECHECKED = ("passed", "inconclusive")  # failed, skipped, error, crashed: nothing more to learn at other sizes
 
 
@@ -54,23 +57,30 @@ def _infer_all(runner, feeds: list[dict]) -> list[dict]:
     return outputs
 
 
-def _at_batch(runner, evidence, gate: dict, size: int, keys: list[str]) -> dict:
-    """One batch size of one candidate: skipped (the runtime cannot take it), error, or the gate's verdict."""
+def _first(batches: list[dict], name: str, count: int) -> list[dict]:
+    """The first ``count`` rows of ``batches``, as one batch."""
+    return [{name: np.concatenate([b[name] for b in batches])[:count]}]
+
+
+def _at_batch(runner, evidence, gate: dict, size: int, keys: list[str], count: int) -> dict:
+    """One batch size of one candidate on the first ``count`` images: skipped (the runtime cannot take it), failed
+    (it cannot run a batch it claims to serve), or the gate's verdict."""
     row = {"batch_size": size, "profile": keys}
     reason = runner.batch_reason(size)
     if reason:
         return {**row, "status": "skipped", "reason": reason}
     input_name = next(iter(evidence.feeds[0]))
-    feeds = rebatch(evidence.feeds, input_name, size)
+    feeds = rebatch(_first(evidence.feeds, input_name, count), input_name, size)
     try:
         outputs = _infer_all(runner, feeds)
     except Exception as exc:  # a batch the artifact claims to serve and cannot run: the candidate fails there
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         return {**row, "status": "failed", "reason": f"cannot run at batch {size}: {type(exc).__name__}: {text}"}
-    reference = rebatch(evidence.reference, evidence.output_name, size)
-    judged = criteria.judge(outputs, reference, evidence.labels, gate, evidence.output_name, evidence.confidence)
+    reference = rebatch(_first(evidence.reference, evidence.output_name, count), evidence.output_name, size)
+    labels = evidence.labels[:count]
+    judged = criteria.judge(outputs, reference, labels, gate, evidence.output_name, evidence.confidence)
     tensor, task = judged["tensor_check"], judged["task_check"]
-    return {**row, "status": judged["status"], "batches": len(feeds), "max_abs_error": tensor["max_abs_error"],
+    return {**row, "status": judged["status"], "images": len(labels), "batches": len(feeds), "max_abs_error": tensor["max_abs_error"],
             "scaled_error": tensor.get("scaled_error_quantile"), "top1_agreement": task["top1_agreement"],
             "tensor_passed": tensor["passed"], "task_status": task["status"]}
 
@@ -86,7 +96,8 @@ def check_candidate(chk, ctx, evidence, gate: dict, sizes: dict[int, list[str]],
     if todo:
         runner = chk.backend.runner(ctx)
         with runner:
-            rows.update({s: _at_batch(runner, evidence, gate, s, k) for s, k in todo.items()})
+            count = ctx.cfg.verify.batch_check_samples
+            rows.update({s: _at_batch(runner, evidence, gate, s, k, count) for s, k in todo.items()})
     return [rows[s] for s in sorted(rows)]
 
 
@@ -108,8 +119,13 @@ def verify_batch_sizes(cfg, ctx, checks, evidence, gate_for) -> None:
     """verify's hook: every candidate that passed (or was inconclusive) at ``verify.batch_size`` is judged again at
     each served batch size; one failing batch size fails the candidate and says which."""
     sizes = served_batches(cfg)
+    if not cfg.verify.batch_check_samples:
+        return
     for chk in checks:
         if chk.status not in RECHECKED:
+            continue
+        if chk.result.get("after_fallback"):  # ctx still holds the graph the fallback replaced
+            chk.result["batch_sizes"] = [{"status": "skipped", "reason": AFTER_FALLBACK}]
             continue
         try:
             rows = check_candidate(chk, ctx, evidence, gate_for(cfg, chk.name, chk.precision), sizes,

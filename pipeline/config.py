@@ -257,6 +257,8 @@ class VerifyConfig(Section):
         "auto", description="the candidates whose verdicts decide the exit code (auto: the deployment targets and "
         "their faithful CPU proxies, docs/verify.md); every other candidate is run and reported only")
     batch_size: int = Field(32, ge=1, description="images per inference")
+    batch_check_samples: int = Field(64, ge=0, description="images each candidate runs again at every profile "
+                                     "batch size (build.min/opt/max_batch); 0: no batch-size check")
     emulation: Literal["fast", "strict"] = Field("fast", description="FP16 emulation: fast (ORT) or strict (numpy)")
     fp32: FP32Gate = FP32Gate()
     fp16: FP16Gate = FP16Gate()

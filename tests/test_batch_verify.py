@@ -14,7 +14,7 @@ def test_a_sound_model_passes_at_every_profile_batch_size(tiny_run):
     rows = _rows(tiny_run, "onnxrt_fp32")
     assert sorted(rows) == [1, 8, 32]  # build.min_batch, opt_batch, max_batch (defaults)
     assert {r["status"] for r in rows.values()} == {"passed"}
-    assert rows[1]["profile"] == ["build.min_batch"] and rows[1]["batches"] == 20  # the 20 tiny images, one by one
+    assert rows[1]["profile"] == ["build.min_batch"] and rows[1]["batches"] == 20  # the 20 tiny images (< 64), one by one
 
 
 def test_an_output_that_depends_on_the_batch_fails_and_names_the_batch_size(tmp_path, capsys):

@@ -79,15 +79,20 @@ def test_a_slowed_benchmark_is_flagged(benched, monkeypatch, capsys):
     assert row["status"] == "failed" and row["ci_low"] > cfg.compare.max_latency_ratio
 
 
-def test_an_edited_tensorrt_version_is_named_in_the_environment_diff(benched, capsys):
+def test_an_edited_tensorrt_version_is_named_in_the_environment_diff(benched, monkeypatch, tmp_path):
     run, _, bundle = benched
     meta = json.loads((bundle / "baseline.json").read_text())
     meta["environment"]["tensorrt"] = "10.13.0"
     (bundle / "baseline.json").write_text(json.dumps(meta))
+    summary = tmp_path / "step_summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
     assert cli("compare", "--run-dir", run, "--baseline", bundle) == 0  # a changed toolchain alone fails nothing
     report = json.loads((run / "compare.json").read_text())
     assert report["environment"] == [{"what": "tensorrt", "baseline": "10.13.0", "run": None}]
     assert "tensorrt 10.13.0 -> (none)" in (run / "compare.md").read_text()
+    assert "| tensorrt | 10.13.0 | None |" in summary.read_text()  # the GitHub step summary, as verify's
+    junit = (run / "compare.junit.xml").read_text()
+    assert 'name="pipeline.compare"' in junit and "tensorrt 10.13.0 -&gt; (none)" in junit
 
 
 def test_a_bundle_of_another_model_or_input_is_refused_with_exit_2(benched, capsys):
