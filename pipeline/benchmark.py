@@ -147,7 +147,7 @@ def _row(backend: Backend, ctx: Context, runner, batch: int, label: str, m: dict
         "verify": verdict,
         "note": getattr(runner, "note", "") or backend.note,
         "workaround": getattr(runner, "workaround", "") or None,
-        "samples_ms": [round(s, 5) for s in m["samples"]] if batch == min(ctx.cfg.benchmark.batch_sizes) else None,
+        "samples_ms": [round(s, 5) for s in m["samples"]],  # every timed run: compare bootstraps its medians
     }
 
 

@@ -80,10 +80,16 @@ def build_parser() -> argparse.ArgumentParser:
         _add_common(p)
         _add_require(p)
         for option in stage.options:
-            p.add_argument(option.flag, action="store_true", help=option.help)
+            if option.metavar:
+                p.add_argument(option.flag, metavar=option.metavar, help=option.help)
+            else:
+                p.add_argument(option.flag, action="store_true", help=option.help)
 
     p = sub.add_parser("report", help="write report.html and report.md for a run", epilog=EPILOG)
     _add_common(p)
+    p = sub.add_parser("baseline", help="write a baseline bundle of a verified run (for compare)", epilog=EPILOG)
+    _add_common(p)
+    p.add_argument("--out", type=Path, required=True, help="the bundle folder to write (commit it)")
     p = sub.add_parser("bench-train", help="measure training throughput with AMP versus FP32", epilog=EPILOG)
     _add_common(p)
     p.add_argument("--steps", type=int, default=20, help="timed optimizer steps per precision")
@@ -240,6 +246,17 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_baseline(args) -> int:
+    from pipeline import baseline
+    from pipeline.core.run import RunDir
+
+    _, run_dir, _ = resolve_config(args)
+    run = RunDir(run_dir, create=False)
+    with run.locked():
+        print(baseline.write(run, args.out))
+    return 0
+
+
 def cmd_bench_train(args) -> int:
     from pipeline import bench_train
 
@@ -263,6 +280,7 @@ COMMANDS = {
     "all": cmd_all,
     "report": cmd_report,
     "bench-train": cmd_bench_train,
+    "baseline": cmd_baseline,
 }  # every other command is a stage of the table: cmd_stage
 
 

@@ -257,6 +257,8 @@ class VerifyConfig(Section):
         "auto", description="the candidates whose verdicts decide the exit code (auto: the deployment targets and "
         "their faithful CPU proxies, docs/verify.md); every other candidate is run and reported only")
     batch_size: int = Field(32, ge=1, description="images per inference")
+    batch_check_samples: int = Field(64, ge=0, description="images each candidate runs again at every profile "
+                                     "batch size (build.min/opt/max_batch); 0: no batch-size check")
     emulation: Literal["fast", "strict"] = Field("fast", description="FP16 emulation: fast (ORT) or strict (numpy)")
     fp32: FP32Gate = FP32Gate()
     fp16: FP16Gate = FP16Gate()
@@ -322,6 +324,28 @@ class IsolateConfig(Section):
                              "then it is killed and its row says `crashed: no answer in N s`")
 
 
+class CompareConfig(Section):
+    """``python -m pipeline compare`` (and ``all`` when ``baseline`` is set): defaults measured in docs/verify.md."""
+
+    baseline: Optional[str] = Field(None, description="baseline bundle (`python -m pipeline baseline --out`) to "
+                                    "compare the run with; `all` runs compare after benchmark when set")
+    min_top1_agreement: float = Field(0.99, gt=0, le=1, description="top-1 agreement with the baseline artifact, at "
+                                      "least (failed when its upper confidence bound is below)")
+    max_accuracy_drop: float = Field(0.01, ge=0, le=1, description="accuracy lost against the baseline artifact on "
+                                     "the same images, at most (failed when its lower bound exceeds it)")
+    max_logit_drift: float = Field(0.05, ge=0, description="largest change of an image's top-5 logits, in units of "
+                                   "the baseline reference's logit scale, at the drift_quantile image")
+    drift_quantile: float = Field(0.99, gt=0, le=1, description="share of images held to max_logit_drift")
+    max_latency_ratio: float = Field(3.0, gt=1, description="run median / baseline median: a regression only when "
+                                     "the whole bootstrap interval lies above this")
+    min_samples: int = Field(20, ge=2, description="timed runs a latency row needs on both sides to be judged "
+                             "(fewer: reported, not judged)")
+    confidence: float = Field(0.95, ge=0.5, lt=1, description="confidence of the agreement/accuracy bounds and of "
+                              "the latency interval (two-sided)")
+    bootstrap_resamples: int = Field(2000, ge=100, le=100000, description="bootstrap resamples per latency row")
+    seed: int = Field(0, ge=0, lt=SEED_LIMIT, description="seed of the bootstrap (the interval is reproducible)")
+
+
 class Config(Section):
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
@@ -332,6 +356,7 @@ class Config(Section):
     benchmark: BenchmarkConfig = BenchmarkConfig()
     tune: TuneConfig = TuneConfig()
     isolate: IsolateConfig = IsolateConfig()
+    compare: CompareConfig = CompareConfig()
     require: list[Literal["tensorrt", "cuda"]] = Field(
         [], description="backends whose absence fails the run with exit code 3"
     )

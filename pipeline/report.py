@@ -46,7 +46,8 @@ LOAD_CHECK = ("<script>window.addEventListener('load',function(){document.body.s
 
 # The command that rewrites each JSON file the report reads, for the hint.
 WRITTEN_BY = {"verify.json": "python -m pipeline verify", "benchmark.json": "python -m pipeline benchmark",
-              "manifest.json": "python -m pipeline all", artifacts.TUNE_JSON: "python -m pipeline tune"}
+              "manifest.json": "python -m pipeline all", artifacts.TUNE_JSON: "python -m pipeline tune",
+              artifacts.COMPARE_JSON: "python -m pipeline compare"}
 
 
 def _load(run: RunDir, name: str):
@@ -89,6 +90,11 @@ def sections(run: RunDir, cfg) -> dict:
         from pipeline.reports import tune_report
 
         body += _built(artifacts.TUNE_JSON, tune_report.sections, tuned)
+    compared = _load(run, artifacts.COMPARE_JSON)
+    if compared is not None:  # the release gate against a baseline bundle (pipeline/compare.py)
+        from pipeline.reports import compare_report
+
+        body += _built(artifacts.COMPARE_JSON, compare_report.sections, compared)
     return {
         "model": manifest.get("model", cfg.model.name),
         "body": [section for section in body if section is not None],

@@ -48,13 +48,17 @@ class Option:
     help: str
     config: str | None = None  # a config key that turns it on as well ("verify.auto_fallback")
     in_all: bool = False  # `all` offers the flag too, for this stage
+    metavar: str | None = None  # a flag that takes a value ("--baseline PATH"); the config key is its default
 
     @property
     def dest(self) -> str:
         return self.flag.lstrip("-").replace("-", "_")
 
-    def value(self, cfg, given: bool) -> bool:
-        return bool(given) or bool(self.config and functools.reduce(getattr, self.config.split("."), cfg))
+    def value(self, cfg, given):
+        configured = functools.reduce(getattr, self.config.split("."), cfg) if self.config else None
+        if self.metavar:
+            return given if given not in (None, False) else configured
+        return bool(given) or bool(configured)
 
 
 @dataclass(frozen=True)
@@ -127,6 +131,13 @@ def _tune_summary(entry: dict) -> str:
     return f"tuned INT8 artifact: {entry['details'].get('summary', '')}"
 
 
+def _compare_summary(entry: dict) -> str:
+    d = entry["details"]
+    rows = ", ".join(f"{name}: {status}" for name, status in d.get("artifacts", {}).items())
+    slower = d.get("latency_regressions") or []
+    return f"{rows}; latency regressions: {', '.join(slower) or 'none'}; environment: {d.get('environment')}"
+
+
 PROFILE = "record a torch.profiler trace (Chrome-trace JSON) of a few steps"
 
 STAGES = {
@@ -142,7 +153,8 @@ STAGES = {
                    help="build strongly typed TensorRT engines, FP16 and INT8 (skipped without GPU/TensorRT), and "
                         "OpenVINO IR",
                    precheck="check_required"),
-    "verify": Stage("verify", "verify", ("model", "data", "verify"),
+    # verify reads build.min/opt/max_batch too: it checks every batch size the artifacts serve (pipeline/evaluation/batching.py)
+    "verify": Stage("verify", "verify", ("model", "data", "build", "verify"),
                     (a.WEIGHTS, a.MODEL_CARD, a.FP32_ONNX, a.FP16_ONNX, a.ENGINE, a.INT8_ONNX, a.INT8_ENGINE),
                     ("train", "export", "build"),
                     help="compare every backend with the FP32 PyTorch model and gate on it",
@@ -165,6 +177,15 @@ STAGES = {
                                   in_all=True),
                            Option("--no-speed-gate", "report the speed-up without failing on tune.min_speedup")),
                   summary=_tune_summary),
+
+
+    # A release gate across runs, not a step that makes an artifact: outside ORDER, never skipped as unchanged
+    # (its input, the bundle, lives outside the run); `all` runs it last when compare.baseline is set.
+    "compare": Stage("compare", "compare", ("compare",), (), ("verify", "benchmark"),
+                     help="compare the run with a baseline bundle (predictions, accuracy, latency, environment)",
+                     options=(Option("--baseline", "the baseline bundle (`baseline --out`); default compare.baseline",
+                                     config="compare.baseline", metavar="PATH"),),
+                     summary=_compare_summary),
 }
 
 
@@ -427,6 +448,9 @@ def run_stages(cfg, run: RunDir, *, force: set[str] | None = None, options: dict
             log.debug("%s: %s", name, why)
         run.this_invocation[name] = "ran"
         run_stage(name, cfg, run, **options.get(name, {}))
+    if cfg.compare.baseline:  # the release gate: always re-run, its bundle may have changed
+        run.this_invocation["compare"] = "ran"
+        run_stage("compare", cfg, run)
     return run.manifest
 
 
@@ -463,8 +487,10 @@ def summary(run: RunDir) -> str:
     """One line per stage, for the end of ``all``."""
     lines = [f"\nrun directory: {run.path}"]
     done = getattr(run, "this_invocation", None)
-    for name in (*ORDER[:3], *(["tune"] if run.stage_entry("tune") else []), *ORDER[3:]):
+    for name in (*ORDER[:3], *(["tune"] if run.stage_entry("tune") else []), *ORDER[3:], "compare"):
         entry = run.stage_entry(name) or {}
+        if name not in ORDER and not entry:  # compare: only where it ran
+            continue
         line = f"  {name:<10} {entry.get('status', 'not run'):<12} {STAGES[name].line(entry)}"
         if done is not None and name not in done and entry:  # not reached now: an earlier run's row
             line = f"  {name:<10} {'earlier':<12} (not run now; an earlier run ended {entry.get('ended')}: " \

@@ -46,7 +46,7 @@ from pipeline.runtime.backends import Context
 from pipeline.core.errors import BackendUnavailable, CheckFailed, Inconclusive, StageFailed
 from pipeline.core.run import RunDir, StageRecord, sha256_file
 
-from pipeline.evaluation import candidates
+from pipeline.evaluation import batching, candidates, predictions
 from pipeline.evaluation.candidates import Check, Evidence, Verdict
 
 log = logging.getLogger("pipeline")
@@ -122,6 +122,10 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, auto_fallback: bool = Fals
                                          auto_fallback=auto_fallback)
         for graph in (fallback.FP16_GRAPH, fallback.INT8_GRAPH)}
     (loc16, fb16), (loc8, fb8) = gated.get("fp16", (None, None)), gated.get("int8", (None, None))
+    batching.verify_batch_sizes(cfg, ctx, checks, evidence, candidates.gate_for)  # every batch size served
+    written = predictions.record(run_dir, checks, evidence)
+    if written is not None:
+        record.artifact(written.name)
     fb16, fb8 = verify_report.with_earlier_fallbacks(run_dir, hashes, fb16, fb8)
     verdict = candidates.verdict(checks, inconclusive_fails=cfg.verify.inconclusive == "fail")
     payload = verify_report.build_payload(cfg, card, checks, loc16, fb16, verdict, len(evidence.labels),

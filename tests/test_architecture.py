@@ -18,7 +18,7 @@ from pipeline.core.status import Status
 ROOT = Path(__file__).resolve().parents[1] / "pipeline"
 LAYERS = {"core": 0, "precision": 1, "training": 1, "runtime": 2, "reports": 3, "evaluation": 4}
 TOP = 5  # stage modules and orchestration
-STAGE_MODULES = {"train", "export", "build", "tune", "verify", "benchmark", "report"}
+STAGE_MODULES = {"train", "export", "build", "tune", "verify", "benchmark", "compare", "report"}
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:

@@ -40,6 +40,7 @@ IR_TEMP_PREFIX = ".ir."  # openvino/.ir.*/: a conversion's temporary folder, rem
 VERIFY_JSON = "verify.json"
 VERIFY_MD = "verify.md"
 VERIFY_JUNIT = "verify.junit.xml"
+VERIFY_PREDICTIONS = "verify.predictions.npz"  # each candidate's top-5 classes and logits per image (baseline/compare)
 FALLBACK_CANDIDATE = "model.fp16.fallback.onnx"  # the FP16 model --auto-fallback is trying
 INT8_FALLBACK_CANDIDATE = "model.int8.fallback.onnx"  # the INT8 model --auto-fallback is trying
 
@@ -50,6 +51,11 @@ LATENCY_PLOT = "benchmark_latency.png"
 THROUGHPUT_PLOT = "benchmark_throughput.png"
 BENCHMARK_TRACE = "benchmark.trace.json"
 TRTEXEC_DIR = "trtexec"  # trtexec beside the TensorRT rows: <backend>.b<batch>.<kind>.times.json/.profile.json/.log
+
+# compare (a run against a baseline bundle; `python -m pipeline baseline` writes the bundle)
+COMPARE_JSON = "compare.json"
+COMPARE_MD = "compare.md"
+COMPARE_JUNIT = "compare.junit.xml"
 
 # report
 TUNE_JSON = "tune.json"  # python -m pipeline tune: sensitivity, candidates, timings, the choice

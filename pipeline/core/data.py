@@ -8,6 +8,7 @@ and step by the training loop, so a resumed run sees exactly the same batches.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import pickle
@@ -631,11 +632,13 @@ def check_classes(card: dict, classes: list[str]) -> None:
                     f"{list(trained)} ({what or 'same names, other order'}); re-run train")
 
 
-def labelled_validation_batch(cfg, card: dict, count: int, *, spread: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def labelled_validation_batch(cfg, card: dict, count: int, *, spread: bool = False,
+                              names: list[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """:func:`validation_batch` for a consumer that judges with the labels: refuses data whose classes
     differ from the model card's (a 2-class model against 3-class labels judges nothing). ``spread``: when
     ``count`` is below the split's size, images evenly spaced over the split (an image folder's split is
-    ordered by class, so its first images would be the first classes only)."""
+    ordered by class, so its first images would be the first classes only). ``names``, when given, receives
+    each image's name: its file (relative to data.path) for an image folder, else ``val[<index>]``."""
     spec = card["spec"]
     splits = load(cfg.data, image_size=spec["input_size"][1], mean=spec["mean"], std=spec["std"])
     check_classes(card, splits.classes)
@@ -643,5 +646,17 @@ def labelled_validation_batch(cfg, card: dict, count: int, *, spread: bool = Fal
     indices = list(range(n))
     if spread and n < len(splits.val):
         indices = sorted({int(i) for i in torch.linspace(0, len(splits.val) - 1, n).round().tolist()})
+    if names is not None:
+        names[:] = [_image_name(cfg, splits.val, i) for i in indices]
     x, y = collate(fetch_items(splits.val, indices))
     return x.numpy().astype("float32"), y.numpy()
+
+
+def _image_name(cfg, dataset: Dataset, index: int) -> str:
+    files = getattr(dataset, "files", None)
+    if files is None:
+        return f"val[{index}]"
+    path = Path(files[index])
+    with contextlib.suppress(ValueError):
+        return str(path.relative_to(Path(cfg.data.path).expanduser()))
+    return str(path)

@@ -70,6 +70,8 @@ class Evidence:
     labels: np.ndarray
     output_name: str
     confidence: float = 0.95  # of the task check's bounds (verify.confidence)
+    names: list[str] = field(default_factory=list)  # each image's name (its file, for an image folder)
+    outputs: dict = field(default_factory=dict)  # each judged candidate's outputs (verify.predictions.npz)
 
 
 def gate_for(cfg, name: str, precision: str) -> dict:
@@ -135,6 +137,7 @@ def _judge(chk: Check, ctx: Context, evidence: Evidence, gate: dict) -> dict:
     problem = _output_problem(chk, outputs, evidence)
     if problem:
         return {"status": Status.ERROR, "reason": problem}
+    evidence.outputs[chk.name] = outputs  # the last judged outputs (after a fallback: the replacement's)
     result = compare(outputs, evidence.reference, evidence.labels, gate, evidence.output_name, evidence.confidence)
     return {**result, **verify_report.runtime_facts(runner)}  # its child's log, a runtime workaround
 
@@ -185,13 +188,14 @@ def verdict(checks: list[Check], inconclusive_fails: bool = False) -> Verdict:
 
 def evidence(cfg, card: dict, model) -> Evidence:
     spec = card["spec"]
-    images, labels = data.labelled_validation_batch(cfg, card, sample_count(cfg, spec), spread=True)
+    names: list[str] = []
+    images, labels = data.labelled_validation_batch(cfg, card, sample_count(cfg, spec), spread=True, names=names)
     bs = cfg.verify.batch_size
     feeds = [{spec["input_name"]: images[i : i + bs]} for i in range(0, len(images), bs)]
     log.info("verify: %d validation images in %d batches; reference %s", len(images), len(feeds), REFERENCE)
     ref_runner = TorchRunner(model, name=REFERENCE, input_name=spec["input_name"], output_name=spec["output_name"],
                              input_shape=tuple(spec["input_size"]))
-    return Evidence(feeds, collect(ref_runner, feeds), labels, spec["output_name"], cfg.verify.confidence)
+    return Evidence(feeds, collect(ref_runner, feeds), labels, spec["output_name"], cfg.verify.confidence, names)
 
 
 IMAGE_BYTES_BUDGET = 256 << 20  # the images verify holds (and hands to each child process), at most

@@ -184,6 +184,18 @@ def _fallback_section(fb: dict, precision: str = "fp16") -> Section:
     return Section(title, status=Status.PASSED if fb["passed"] else Status.FAILED, paragraphs=(text,), level=3)
 
 
+def _batch_section(candidates: list[dict]) -> Section | None:
+    """Each candidate at every batch size the artifact serves (pipeline/batching.py), where that check ran."""
+    rows = tuple(_row(c["name"], f"{r['batch_size']} ({', '.join(r['profile'])})",
+                      Cell(r["status"], status=r["status"], note=r.get("reason") or ""), r.get("scaled_error"),
+                      r.get("max_abs_error"), percent(r.get("top1_agreement")))
+                 for c in candidates for r in c.get("batch_sizes") or [] if "batch_size" in r)
+    if not rows:
+        return None
+    return Section("Batch sizes served", level=3, tables=(Table(("candidate", "batch size", "status", "scaled err",
+                                                                  "max abs err", "top-1 agreement"), rows),))
+
+
 def verify_sections(payload: dict) -> list[Section]:
     """The precision gate: one row per candidate, then localisation and fallback when they ran."""
     inputs = payload["inputs"]
@@ -197,6 +209,9 @@ def verify_sections(payload: dict) -> list[Section]:
                  "only' do not decide the exit code (verify.gate).")
     sections = [Section("Precision gate", status=Status.PASSED if payload["passed"] else Status.FAILED, paragraphs=(text,),
                         tables=(table,))]
+    batches = _batch_section(payload["candidates"])
+    if batches:
+        sections.append(batches)
     if payload.get("localization"):
         sections.append(_localization_section(payload["localization"]))
     if payload.get("fallback"):

@@ -274,7 +274,7 @@ def build_payload(cfg, card, candidates, localization, fallback, verdict, sample
                 "task_check": c.result.get("task_check"),
                 "after_fallback": c.result.get("after_fallback", False),
                 "gates": c.gates,
-                **{k: c.result[k] for k in ("log", "log_tail", "workaround") if k in c.result},
+                **{k: c.result[k] for k in ("log", "log_tail", "workaround", "batch_sizes") if k in c.result},
             }
             for c in candidates
         ],
@@ -317,8 +317,9 @@ def junit(payload: dict) -> str:
                    f"nonfinite={t.get('nonfinite')} top1_agreement={fmt(k.get('top1_agreement'))} "
                    f"accuracy_drop={fmt(k.get('accuracy_drop'))} gates={c.get('gates', True)}") if t else ""
         if c["status"] == Status.FAILED:
-            el = ET.SubElement(case, "failure", message=f"{c['name']} outside tolerance: {numbers}",
-                               type="PrecisionCheckFailed")
+            el = ET.SubElement(case, "failure", type="PrecisionCheckFailed",  # the reason: a batch size that fails
+                               message=f"{c['name']}: {c['reason']}" if c.get("reason") else
+                               f"{c['name']} outside tolerance: {numbers}")
             el.text = numbers
         elif c["status"] == Status.ERROR:
             ET.SubElement(case, "error", message=c.get("reason") or "error", type="CandidateError")
@@ -339,15 +340,21 @@ def junit(payload: dict) -> str:
 
 
 def write_all(run_dir: RunDir, payload: dict) -> list[Path]:
-    write_json(run_dir.file(JSON), payload)
-    md = markdown(payload)
-    atomic_write(run_dir.file(MARKDOWN), md)
-    atomic_write(run_dir.file(JUNIT), junit(payload))
+    return write_reports(run_dir, payload, markdown(payload), junit(payload), (JSON, MARKDOWN, JUNIT))
+
+
+def write_reports(run_dir: RunDir, payload: dict, md: str, junit_xml: str, names: tuple[str, str, str]) -> list[Path]:
+    """A gate's three reports (JSON, Markdown, JUnit; verify's and compare's), and the Markdown appended to
+    ``GITHUB_STEP_SUMMARY`` when that is set."""
+    json_name, md_name, junit_name = names
+    write_json(run_dir.file(json_name), _clean(payload))
+    atomic_write(run_dir.file(md_name), md)
+    atomic_write(run_dir.file(junit_name), junit_xml)
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
     if summary:
         with open(summary, "a", encoding="utf-8") as f:
             f.write(md + "\n")
-    return [run_dir.file(JSON), run_dir.file(MARKDOWN), run_dir.file(JUNIT)]
+    return [run_dir.file(name) for name in names]
 
 
 def with_earlier_fallbacks(run_dir: RunDir, hashes: dict, fallback: dict | None,
