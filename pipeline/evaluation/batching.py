@@ -24,6 +24,7 @@ import numpy as np
 from pipeline.core.errors import first_line
 from pipeline.core.status import Status
 from pipeline.precision import gate as criteria
+from pipeline.runtime import isolate
 
 log = logging.getLogger("pipeline")
 
@@ -96,7 +97,7 @@ def check_candidate(chk, ctx, evidence, gate: dict, sizes: dict[int, list[str]],
             for s, k in sizes.items() if s == main_size}
     todo = {s: k for s, k in sizes.items() if s != main_size}
     if todo:
-        runner = chk.backend.runner(ctx)
+        runner = isolate.runner_for(chk.backend, ctx)
         with runner:
             count = ctx.cfg.verify.batch_check_samples
             rows.update({s: _at_batch(runner, evidence, gate, s, k, count) for s, k in todo.items()})
