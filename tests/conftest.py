@@ -69,6 +69,27 @@ def clone_run(tiny_run, tmp_path):
     return clone
 
 
+def trained_and_exported(tmp_path_factory, overrides: list[str]):
+    """A module fixture's factory: ``get(model)`` trains and exports ``model`` once with ``overrides``."""
+    runs = {}
+
+    def get(model: str) -> Path:
+        if model not in runs:
+            run = tmp_path_factory.mktemp(model.split(":")[-1]) / "run"
+            assert cli("train", "--model", model, "--run-dir", run, *overrides) == 0
+            assert cli("export", "--run-dir", run) == 0
+            runs[model] = run
+        return runs[model]
+
+    return get
+
+
+def copy_run(run: Path, tmp_path: Path) -> Path:
+    target = tmp_path / "run"
+    shutil.copytree(run, target)
+    return target
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``gpu`` skip, with the reason, where no CUDA GPU is visible."""
     gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]

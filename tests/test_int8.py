@@ -3,7 +3,6 @@ channel and names its layer, --auto-fallback leaves that layer unquantized, and 
 leaves no INT8 trace but "disabled"."""
 
 import json
-import shutil
 from pathlib import Path
 
 import jsonschema
@@ -12,7 +11,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import FAULTS, ROOT, TINY, cli
+from conftest import FAULTS, ROOT, TINY, cli, copy_run, trained_and_exported
 from pipeline.core import env
 from pipeline.precision import int8
 from pipeline.runtime import backends, runners
@@ -185,23 +184,10 @@ def test_exact_model_rounds_fp16_regions():
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    runs = {}
-
-    def get(model: str) -> Path:
-        if model not in runs:
-            run = tmp_path_factory.mktemp(model.split(":")[-1]) / "run"
-            assert cli("train", "--model", model, "--run-dir", run, *TRAINED) == 0
-            assert cli("export", "--run-dir", run) == 0
-            runs[model] = run
-        return runs[model]
-
-    return get
+    return trained_and_exported(tmp_path_factory, TRAINED)
 
 
-def _copy(run: Path, tmp_path: Path) -> Path:
-    target = tmp_path / "run"
-    shutil.copytree(run, target)
-    return target
+_copy = copy_run
 
 
 def _report(run: Path) -> dict:

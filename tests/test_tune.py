@@ -3,17 +3,16 @@ the chosen mix round-trips through export/build/verify, the sensitivity table is
 gate fails (naming the layers) where the INT8 artifact cannot be faster."""
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 
-from conftest import ROOT, cli
+from conftest import ROOT, cli, copy_run, trained_and_exported
 from pipeline.precision import int8, sensitivity
 
-TUNE_MODELS = ROOT / "tests" / "tune_models.py"
+TUNE_MODELS = ROOT / "tests" / "fault_models.py"
 TRAINED = ["data.samples_per_class=30", "data.image_size=16", "data.batch_size=32", "train.epochs=4",
            "train.log_every=1", "export.fp16.calibration_samples=16", "export.int8.calibration_samples=16",
            "verify.samples=60", "verify.batch_size=30"]
@@ -25,23 +24,10 @@ FAST = ["tune.calibration_methods=[max]", "benchmark.batch_sizes=[1,4]", "tune.m
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    runs = {}
-
-    def get(model: str) -> Path:
-        if model not in runs:
-            run = tmp_path_factory.mktemp(model.split(":")[-1]) / "run"
-            assert cli("train", "--model", model, "--run-dir", run, *TRAINED) == 0
-            assert cli("export", "--run-dir", run) == 0
-            runs[model] = run
-        return runs[model]
-
-    return get
+    return trained_and_exported(tmp_path_factory, TRAINED)
 
 
-def _copy(run: Path, tmp_path: Path) -> Path:
-    target = tmp_path / "run"
-    shutil.copytree(run, target)
-    return target
+_copy = copy_run
 
 
 def _tune(run: Path) -> dict:
