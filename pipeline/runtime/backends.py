@@ -55,22 +55,18 @@ class Context:
     @cached_property
     def fp16_model(self):
         """``model.fp16.onnx`` (or the FP16 model under test), loaded and checked once; None without one."""
-        if self.fp16 is not None:
-            return self.fp16
-        from pipeline.core import onnx_io
-
-        path = self.run_dir.file(FP16_ONNX)
-        return onnx_io.load(path, "FP16 ONNX model") if path.exists() else None
+        return self.fp16 if self.fp16 is not None else self._graph(FP16_ONNX, "FP16 ONNX model")
 
     @cached_property
     def int8_model(self):
         """``model.int8.onnx`` (or the INT8 model under test), loaded and checked once; None without one."""
-        if self.int8 is not None:
-            return self.int8
+        return self.int8 if self.int8 is not None else self._graph(INT8_ONNX, "INT8 ONNX model")
+
+    def _graph(self, name: str, what: str):
         from pipeline.core import onnx_io
 
-        path = self.run_dir.file(INT8_ONNX)
-        return onnx_io.load(path, "INT8 ONNX model") if path.exists() else None
+        path = self.run_dir.file(name)
+        return onnx_io.load(path, what) if path.exists() else None
 
     def fp32_path(self):
         from pipeline.core import onnx_io
