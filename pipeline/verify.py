@@ -108,8 +108,9 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, auto_fallback: bool = Fals
     nonfinite = _nonfinite(evidence)
     if nonfinite:
         _refuse_broken_reference(cfg, card, run_dir, record, checks, evidence, nonfinite, hashes)
+    batch_feeds = batching.feeds_by_size(cfg, evidence.feeds)  # run by each candidate's runner after its main check
     for chk in checks:
-        candidates.check(chk, cfg, ctx, evidence)
+        candidates.check(chk, cfg, ctx, evidence, batch_feeds)
         verify_report.log_check(chk)
     export_broken = any(c.name == "onnxrt_fp32" and c.status == Status.FAILED for c in checks)
     if export_broken:
@@ -122,7 +123,7 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, auto_fallback: bool = Fals
                                          auto_fallback=auto_fallback)
         for graph in (fallback.FP16_GRAPH, fallback.INT8_GRAPH)}
     (loc16, fb16), (loc8, fb8) = gated.get("fp16", (None, None)), gated.get("int8", (None, None))
-    batching.verify_batch_sizes(cfg, ctx, checks, evidence, candidates.gate_for)  # every batch size served
+    batching.verify_batch_sizes(cfg, checks, evidence, candidates.gate_for)  # every batch size served
     written = predictions.record(run_dir, checks, evidence)
     if written is not None:
         record.artifact(written.name)

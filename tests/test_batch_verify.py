@@ -33,18 +33,26 @@ def test_an_output_that_depends_on_the_batch_fails_and_names_the_batch_size(tmp_
     assert "--auto-fallback" not in line  # not a precision fault: no fallback is offered
 
 
-def test_a_static_artifact_is_skipped_with_the_reason(clone_run):
+def test_a_static_artifact_is_skipped_with_the_reason():
+    from types import SimpleNamespace
+
     from pipeline.evaluation import batching
 
-    class Chk:
-        artifact = "model.onnx"
-        status = "passed"
+    chk = SimpleNamespace(artifact="model.onnx", backend=SimpleNamespace(runtime="ONNX Runtime"))
+    cfg = SimpleNamespace(export=SimpleNamespace(dynamic_batch=False))
+    runs = batching.run_sizes(None, chk, cfg, {1: [], 32: []})  # the runner is never asked
+    assert [r["status"] for r in runs.values()] == ["skipped", "skipped"]
+    assert "static batch (export.dynamic_batch=false)" in runs[1]["reason"]
 
-    class Ctx:
-        class cfg:
-            class export:
-                dynamic_batch = False
 
-    rows = batching.check_candidate(Chk(), Ctx(), None, {}, {1: ["build.min_batch"], 8: ["build.opt_batch"]}, 8)
-    assert [r["status"] for r in rows] == ["skipped", "skipped"]
-    assert "static batch (export.dynamic_batch=false)" in rows[0]["reason"]
+def test_the_other_batch_sizes_run_on_the_main_checks_runner(clone_run, monkeypatch):
+    """One start per candidate: a second start of its child process, session or IR would double verify's time."""
+    from pipeline.runtime import isolate
+
+    starts = []
+    real = isolate.runner_for
+    monkeypatch.setattr(isolate, "runner_for", lambda backend, ctx: starts.append(backend.candidate) or real(backend, ctx))
+    run = clone_run()
+    assert cli("verify", "--run-dir", run) == 0
+    assert len(starts) >= 3 and len(starts) == len(set(starts)), starts
+    assert {r["status"] for r in _rows(run, "onnxrt_fp32").values()} == {"passed"}

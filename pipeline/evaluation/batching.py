@@ -4,14 +4,15 @@ An engine built for a profile (``build.min_batch/opt_batch/max_batch``) chooses 
 and OpenVINO compiles its IR for each batch: the same image can come out differently at batch 1 than at batch 16
 (NVIDIA/TensorRT 4813: an engine built with opt=16 drops detections at batch 1). A graph can also compute a
 statistic over the batch (BatchNorm left in train mode), so an image's output depends on its neighbours. verify
-judges each candidate at ``verify.batch_size``; this module runs every candidate that reached a verdict again on
+judges each candidate at ``verify.batch_size``; while its runner is still active, this module runs it again on
 the same images, batched at each profile batch size, and judges each batching with the candidate's own gate
 against the same reference outputs, on the first ``verify.batch_check_samples`` images (64: a batch-dependent
 output differs on every image, so a few suffice, and batch 1 over verify's 1,000 images would cost minutes). A batch size where the candidate fails fails the candidate, and the reason
 names it. A static artifact (``export.dynamic_batch=false``) or a batch the runtime says it cannot take is skipped
 with the reason.
 
-verify calls :func:`verify_batch_sizes` once its candidates are judged; the rows land in verify.json as each
+The main check calls :func:`run_sizes` on its active runner; verify calls :func:`verify_batch_sizes` once its
+candidates are judged (only one that passed or was inconclusive is judged again); the rows land in verify.json as each
 candidate's ``batch_sizes``.
 """
 
@@ -21,10 +22,10 @@ import logging
 
 import numpy as np
 
-from pipeline.core.errors import first_line
 from pipeline.core.status import Status
 from pipeline.precision import gate as criteria
-from pipeline.runtime import isolate
+from pipeline.runtime.isolate import Crashed
+from pipeline.runtime.runners import infer_all
 
 log = logging.getLogger("pipeline")
 
@@ -55,61 +56,71 @@ def rebatch(batches: list[dict], name: str, size: int) -> list[dict]:
     return [{name: rows[i : i + size]} for i in range(0, len(rows), size)]
 
 
-def _infer_all(runner, feeds: list[dict]) -> list[dict]:
-    """Every feed through an active runner; outputs copied (a runner may reuse its buffers)."""
-    outputs = []
-    for feed in feeds:
-        out = runner.infer(feed)
-        outputs.append({k: np.array(v.detach().cpu().numpy() if hasattr(v, "detach") else v, copy=True)
-                        for k, v in out.items()})
-    return outputs
-
-
 def _first(batches: list[dict], name: str, count: int) -> list[dict]:
     """The first ``count`` rows of ``batches``, as one batch."""
     return [{name: np.concatenate([b[name] for b in batches])[:count]}]
 
 
-def _at_batch(runner, evidence, gate: dict, size: int, keys: list[str], count: int) -> dict:
-    """One batch size of one candidate on the first ``count`` images: skipped (the runtime cannot take it), failed
-    (it cannot run a batch it claims to serve), or the gate's verdict."""
-    row = {"batch_size": size, "profile": keys}
+def feeds_by_size(cfg, feeds: list[dict]) -> dict[int, list[dict]]:
+    """The first ``verify.batch_check_samples`` images, batched at each served size other than ``verify.batch_size``
+    (the main check's own batching); empty when the check is off."""
+    count = cfg.verify.batch_check_samples
+    if not count:
+        return {}
+    name = next(iter(feeds[0]))
+    first = _first(feeds, name, count)
+    return {size: rebatch(first, name, size) for size in served_batches(cfg) if size != cfg.verify.batch_size}
+
+
+def run_sizes(runner, chk, cfg, feeds: dict[int, list[dict]]) -> dict[int, dict]:
+    """Each batch size's outputs from the runner the main check has just run, still active (a second start of a child
+    process, session or compiled IR would double verify's time): ``{"outputs": [...]}``, or a status and reason."""
+    if cfg.export.dynamic_batch is False and chk.artifact is not None:
+        why = "static batch (export.dynamic_batch=false): the artifact serves one batch size"
+        return {size: {"status": Status.SKIPPED, "reason": why} for size in feeds}
+    if chk.backend.runtime == "TensorRT":  # see TENSORRT_NOT_YET
+        return {size: {"status": Status.SKIPPED, "reason": TENSORRT_NOT_YET} for size in feeds}
+    return {size: _run_size(runner, size, batches) for size, batches in feeds.items()}
+
+
+def _run_size(runner, size: int, batches: list[dict]) -> dict:
     reason = runner.batch_reason(size)
     if reason:
-        return {**row, "status": Status.SKIPPED, "reason": reason}
-    input_name = next(iter(evidence.feeds[0]))
-    feeds = rebatch(_first(evidence.feeds, input_name, count), input_name, size)
+        return {"status": Status.SKIPPED, "reason": reason}
     try:
-        outputs = _infer_all(runner, feeds)
+        return {"outputs": infer_all(runner, batches)}
+    except Crashed:
+        raise
     except Exception as exc:  # a batch the artifact claims to serve and cannot run: the candidate fails there
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        return {**row, "status": Status.FAILED, "reason": f"cannot run at batch {size}: {type(exc).__name__}: {text}"}
+        return {"status": Status.FAILED, "reason": f"cannot run at batch {size}: {type(exc).__name__}: {text}"}
+
+
+def _judged(run: dict, evidence, gate: dict, size: int, count: int) -> dict:
+    """One batch size's outputs judged by the candidate's gate against the same images' reference outputs."""
+    if "outputs" not in run:
+        return run
+    outputs = run["outputs"]
     reference = rebatch(_first(evidence.reference, evidence.output_name, count), evidence.output_name, size)
     labels = evidence.labels[:count]
     judged = criteria.judge(outputs, reference, labels, gate, evidence.output_name, evidence.confidence)
     tensor, task = judged["tensor_check"], judged["task_check"]
-    return {**row, "status": judged["status"], "images": len(labels), "batches": len(feeds), "max_abs_error": tensor["max_abs_error"],
-            "scaled_error": tensor.get("scaled_error_quantile"), "top1_agreement": task["top1_agreement"],
-            "tensor_passed": tensor["passed"], "task_status": task["status"]}
+    return {"status": judged["status"], "images": len(labels), "batches": len(outputs),
+            "max_abs_error": tensor["max_abs_error"], "scaled_error": tensor.get("scaled_error_quantile"),
+            "top1_agreement": task["top1_agreement"], "tensor_passed": tensor["passed"], "task_status": task["status"]}
 
 
-def check_candidate(chk, ctx, evidence, gate: dict, sizes: dict[int, list[str]], main_size: int) -> list[dict]:
+def candidate_rows(chk, cfg, evidence, gate: dict) -> list[dict]:
     """The rows of one candidate, one per served batch size; ``verify.batch_size`` is the main check's row."""
-    if ctx.cfg.export.dynamic_batch is False and chk.artifact is not None:
-        why = "static batch (export.dynamic_batch=false): the artifact serves one batch size"
-        return [{"batch_size": s, "profile": k, "status": Status.SKIPPED, "reason": why} for s, k in sizes.items()]
-    rows = {s: {"batch_size": s, "profile": k, "status": chk.status, "reason": "verify.batch_size: the main check"}
-            for s, k in sizes.items() if s == main_size}
-    todo = {s: k for s, k in sizes.items() if s != main_size}
-    if todo and chk.backend.runtime == "TensorRT":  # see TENSORRT_NOT_YET
-        rows.update({s: {"batch_size": s, "profile": k, "status": Status.SKIPPED, "reason": TENSORRT_NOT_YET}
-                     for s, k in todo.items()})
-    elif todo:
-        runner = isolate.runner_for(chk.backend, ctx)
-        with runner:
-            count = ctx.cfg.verify.batch_check_samples
-            rows.update({s: _at_batch(runner, evidence, gate, s, k, count) for s, k in todo.items()})
-    return [rows[s] for s in sorted(rows)]
+    rows = []
+    for size, keys in served_batches(cfg).items():
+        if size == cfg.verify.batch_size:
+            row = {"status": chk.status, "reason": "verify.batch_size: the main check"}
+        else:
+            run = chk.batch_runs.get(size, {"status": Status.SKIPPED, "reason": "not run"})
+            row = _judged(run, evidence, gate, size, cfg.verify.batch_check_samples)
+        rows.append({"batch_size": size, "profile": keys, **row})
+    return rows
 
 
 def describe(rows: list[dict]) -> str:
@@ -126,10 +137,10 @@ def describe(rows: list[dict]) -> str:
     return "the output depends on the batch size: fails at " + "; ".join(parts)
 
 
-def verify_batch_sizes(cfg, ctx, checks, evidence, gate_for) -> None:
-    """verify's hook: every candidate that passed (or was inconclusive) at ``verify.batch_size`` is judged again at
-    each served batch size; one failing batch size fails the candidate and says which."""
-    sizes = served_batches(cfg)
+def verify_batch_sizes(cfg, checks, evidence, gate_for) -> None:
+    """verify's hook: every candidate that passed (or was inconclusive) at ``verify.batch_size`` is judged on the
+    outputs it gave at each served batch size (:func:`run_sizes`, during its main check); one failing batch size
+    fails the candidate and says which."""
     if not cfg.verify.batch_check_samples:
         return
     for chk in checks:
@@ -138,13 +149,10 @@ def verify_batch_sizes(cfg, ctx, checks, evidence, gate_for) -> None:
         if chk.result.get("after_fallback"):  # ctx still holds the graph the fallback replaced
             chk.result["batch_sizes"] = [{"status": Status.SKIPPED, "reason": AFTER_FALLBACK}]
             continue
-        try:
-            rows = check_candidate(chk, ctx, evidence, gate_for(cfg, chk.name, chk.precision), sizes,
-                                   cfg.verify.batch_size)
-        except Exception as exc:  # the runner that ran a moment ago will not start again: say so, keep the verdict
-            log.warning("verify: %s: the batch-size check could not run: %s", chk.name, exc)
-            chk.result["batch_sizes"] = [{"status": Status.ERROR, "reason": first_line(exc)}]
+        if "error" in chk.batch_runs:  # the runner died after the main check: say so, keep the verdict
+            chk.result["batch_sizes"] = [{"status": Status.ERROR, "reason": chk.batch_runs["error"]}]
             continue
+        rows = candidate_rows(chk, cfg, evidence, gate_for(cfg, chk.name, chk.precision))
         chk.result["batch_sizes"] = rows
         failing = [r for r in rows if r["status"] == Status.FAILED]
         log.info("verify: %-17s batch sizes %s", chk.name,

@@ -22,10 +22,11 @@ from pipeline.runtime import backends
 from pipeline.core.artifacts import FP16_ONNX
 from pipeline.reports import verify_report
 from pipeline.runtime.backends import Backend, Context
-from pipeline.core.errors import InputError, disk_full
+from pipeline.core.errors import InputError, disk_full, first_line
+from pipeline.evaluation import batching
 from pipeline.runtime.isolate import Crashed
 from pipeline.core.run import RunDir
-from pipeline.runtime.runners import TorchRunner, collect
+from pipeline.runtime.runners import TorchRunner, collect, infer_all
 
 log = logging.getLogger("pipeline")
 
@@ -43,6 +44,7 @@ class Check:
     reason: str = ""
     result: dict = field(default_factory=dict)
     gates: bool = True  # its verdict decides the exit code (verify.gate); else it is run and reported only
+    batch_runs: dict = field(default_factory=dict)  # outputs at the other served batch sizes (evaluation.batching)
 
     @property
     def name(self) -> str:
@@ -113,19 +115,22 @@ def task_check(ref: np.ndarray, cand: np.ndarray, labels: np.ndarray, gate: dict
     return criteria.task_check(ref, cand, labels, gate, confidence)
 
 
-def check(chk: Check, cfg, ctx: Context, evidence: Evidence) -> dict:
-    """Run one candidate on the evidence and judge it; sets and returns ``chk.result``."""
+def check(chk: Check, cfg, ctx: Context, evidence: Evidence, batch_feeds: dict[int, list[dict]] | None = None) -> dict:
+    """Run one candidate on the evidence and judge it; sets and returns ``chk.result``. With ``batch_feeds``
+    (:func:`pipeline.evaluation.batching.feeds_by_size`) the same runner also runs them, for the batch-size check."""
     gate = gate_for(cfg, chk.name, chk.precision)
-    chk.result = {**_judge(chk, ctx, evidence, gate), "tolerance": gate}
+    chk.result = {**_judge(chk, ctx, evidence, gate, batch_feeds or {}), "tolerance": gate}
     return chk.result
 
 
-def _judge(chk: Check, ctx: Context, evidence: Evidence, gate: dict) -> dict:
+def _judge(chk: Check, ctx: Context, evidence: Evidence, gate: dict, batch_feeds: dict) -> dict:
     if chk.reason:
         return {"status": Status.SKIPPED, "reason": chk.reason}
     try:
         runner = isolate.runner_for(chk.backend, ctx)  # native runtimes: in a child process (pipeline.runtime.isolate)
-        outputs = collect(runner, evidence.feeds)
+        with runner:
+            outputs = infer_all(runner, evidence.feeds)
+            chk.batch_runs = _batch_runs(runner, chk, ctx, batch_feeds)
     except InputError:
         raise
     except Crashed as exc:  # the child died (a segfault in the runtime): a "crashed" row, the others go on
@@ -140,6 +145,17 @@ def _judge(chk: Check, ctx: Context, evidence: Evidence, gate: dict) -> dict:
     evidence.outputs[chk.name] = outputs  # the last judged outputs (after a fallback: the replacement's)
     result = compare(outputs, evidence.reference, evidence.labels, gate, evidence.output_name, evidence.confidence)
     return {**result, **verify_report.runtime_facts(runner)}  # its child's log, a runtime workaround
+
+
+def _batch_runs(runner, chk: Check, ctx: Context, batch_feeds: dict) -> dict:
+    """The batch-size check's outputs; a runner that dies there keeps the main check's verdict and says why."""
+    if not batch_feeds:
+        return {}
+    try:
+        return batching.run_sizes(runner, chk, ctx.cfg, batch_feeds)
+    except Exception as exc:
+        log.warning("verify: %s: the batch-size check could not run: %s", chk.name, exc)
+        return {"error": first_line(exc)}
 
 
 def _output_problem(chk: Check, outputs: list[dict], evidence: Evidence) -> str:

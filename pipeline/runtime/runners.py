@@ -791,11 +791,16 @@ def check_runs_bf16(compiled) -> None:
 
 def collect(runner, feeds: list[dict]) -> list[OrderedDict]:
     """Run ``runner`` over every feed; outputs are copied (runners may reuse their buffers)."""
-    outputs = []
     with runner:
-        for feed in feeds:
-            out = runner.infer(feed)
-            outputs.append(OrderedDict((k, np.array(copy.deepcopy(to_numpy(v)))) for k, v in out.items()))
+        return infer_all(runner, feeds)
+
+
+def infer_all(runner, feeds: list[dict]) -> list[OrderedDict]:
+    """Every feed through an active runner; outputs are copied (runners may reuse their buffers)."""
+    outputs = []
+    for feed in feeds:
+        out = runner.infer(feed)
+        outputs.append(OrderedDict((k, np.array(copy.deepcopy(to_numpy(v)))) for k, v in out.items()))
     return outputs
 
 
