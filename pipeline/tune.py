@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import onnx
@@ -136,32 +137,41 @@ def _first_images(evidence, n: int) -> tuple[list[dict], list[dict]]:
 
 def tune_method(t: Tuner, method: str) -> dict:
     """Sensitivity, search and greedy fallback for one calibration method."""
-    start = time.perf_counter()
-    quantized = t.quantize_all(method)
+    with phase(t, f"quantize ({method})", 1) as bar:
+        quantized = t.quantize_all(method)
+        bar.update(1)
     layers = sensitivity.quantized_layers(t.fp32_model, quantized)
     ops = {n.name: n.op_type for n in t.fp32_model.graph.node}
-    t.seconds[f"quantize ({method})"] = time.perf_counter() - start
-    start = time.perf_counter()
-    all_low = t.quick(quantized)
-    ranked = sensitivity.measure(layers, ops, lambda high: t.quick(t.mix(quantized, high)), all_low,
-                                 progress=lambda d, n: _progress(f"sensitivity ({method})", d, n))
-    t.seconds[f"sensitivity ({method})"] = time.perf_counter() - start
-    start = time.perf_counter()
-    candidates = sensitivity.search([r.layer for r in ranked],
-                                    lambda high, origin: t.judge(t.mix(quantized, high), high, origin, method))
-    greedy = _greedy(t, quantized, method, candidates[0])
-    if greedy is not None:
-        candidates.append(greedy)
-    t.seconds[f"search ({method})"] = time.perf_counter() - start
+    with phase(t, f"sensitivity ({method})", 2 * len(layers) + 1) as bar:
+        def quick(high) -> dict:
+            bar.update(1)
+            return t.quick(t.mix(quantized, high))
+
+        all_low = quick(set())
+        ranked = sensitivity.measure(layers, ops, quick, all_low)
+    with phase(t, f"search ({method})") as bar:
+        def judge(high, origin: str) -> Candidate:
+            bar.update(1)
+            return t.judge(t.mix(quantized, high), high, origin, method)
+
+        candidates = sensitivity.search([r.layer for r in ranked], judge)
+        greedy = _greedy(t, quantized, method, candidates[0])
+        if greedy is not None:
+            candidates.append(greedy)
     return {"method": method, "layers": layers, "all_low": all_low, "ranked": ranked, "candidates": candidates,
             "quantized": quantized}
 
 
-def _progress(phase: str, done: int, total: int) -> None:
-    width = 20
-    bar = "#" * (width * done // max(1, total))
-    if done == total or done % max(1, total // 4) == 0:
-        log.info("tune: %-28s [%-20s] %d/%d", phase, bar, done, total)
+@contextmanager
+def phase(t: Tuner, name: str, total: int | None = None):
+    """A progress bar for one phase of tune (on a terminal), its seconds in ``t.seconds`` and a log line."""
+    from tqdm import tqdm
+
+    start = time.perf_counter()
+    with tqdm(total=total, desc=f"tune: {name}", unit="mix", disable=None, leave=False, dynamic_ncols=True) as bar:
+        yield bar
+    t.seconds[name] = time.perf_counter() - start
+    log.info("tune: %-26s %6.1f s%s", name, t.seconds[name], f" ({bar.n} mixes)" if bar.n else "")
 
 
 def _greedy(t: Tuner, quantized: onnx.ModelProto, method: str, all_int8: Candidate) -> Candidate | None:
@@ -202,19 +212,19 @@ def time_candidates(t: Tuner, runs: list[dict]) -> dict:
     """Every distinct mix timed on the target; returns the FP32 baseline's timing."""
     threads = t.cfg.benchmark.threads or env.usable_cores()
     images = t.evidence.feeds[0][t.spec["input_name"]]
-    start = time.perf_counter()
-    baseline = openvino_speed.openvino_timing(t.fp32_model, images, t.batches, t.method, threads, int8_graph=False)
-    seen = {}
     timed = [c for r in runs for c in r["candidates"]]
-    for i, cand in enumerate(timed):
-        if cand.key() not in seen:
-            quantized = next(r["quantized"] for r in runs if r["method"] == cand.calibration)
-            seen[cand.key()] = openvino_speed.openvino_timing(t.mix(quantized, cand.high, cand.fp32), images, t.batches,
-                                                           t.method, threads, int8_graph=True)
-        cand.latency_ms = seen[cand.key()]["latency_ms"]
-        cand.runtime = seen[cand.key()]["runtime"]
-        _progress("speed (OpenVINO CPU)", i + 1, len(timed))
-    t.seconds["speed"] = time.perf_counter() - start
+    seen: dict[tuple, dict] = {}
+    with phase(t, "speed (OpenVINO CPU)", len({c.key() for c in timed}) + 1) as bar:
+        baseline = openvino_speed.openvino_timing(t.fp32_model, images, t.batches, t.method, threads, int8_graph=False)
+        bar.update(1)
+        for cand in timed:
+            if cand.key() not in seen:
+                quantized = next(r["quantized"] for r in runs if r["method"] == cand.calibration)
+                seen[cand.key()] = openvino_speed.openvino_timing(t.mix(quantized, cand.high, cand.fp32), images,
+                                                                  t.batches, t.method, threads, int8_graph=True)
+                bar.update(1)
+            cand.latency_ms = seen[cand.key()]["latency_ms"]
+            cand.runtime = seen[cand.key()]["runtime"]
     return baseline
 
 
@@ -232,7 +242,8 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, tune: bool = False, no_spe
     t = Tuner(cfg, run_dir)
     runs = [tune_method(t, method) for method in cfg.tune.calibration_methods]
     baseline = time_candidates(t, runs)
-    chosen, why = _choose(t, runs)
+    with phase(t, "confirm (export's graph)"):
+        chosen, why = _choose(t, runs)
     fronts = {r["method"]: sensitivity.pareto(r["candidates"], t.batches[0]) for r in runs}
     t.seconds["total"] = time.perf_counter() - start
     payload = tune_report.payload(cfg, t, runs, baseline, chosen, why, fronts)

@@ -138,17 +138,15 @@ def score(alone: dict, all_but: dict, all_low: dict) -> float:
     return finite(alone["scaled_error"]) + max(0.0, finite(all_low["scaled_error"]) - finite(all_but["scaled_error"]))
 
 
-def measure(layers: list[str], op_types: dict, evaluate: Callable[[set], dict], all_low: dict,
-            progress: Callable[[int, int], None] = lambda done, total: None) -> list[Sensitivity]:
+def measure(layers: list[str], op_types: dict, evaluate: Callable[[set], dict], all_low: dict) -> list[Sensitivity]:
     """Each layer's sensitivity, ranked (most sensitive first; ties in graph order). ``evaluate(high)`` judges
     the mix with the layers ``high`` out of INT8."""
     rows = []
     everything = set(layers)
-    for i, layer in enumerate(layers):
+    for layer in layers:
         alone = evaluate(everything - {layer})
         all_but = evaluate({layer})
         rows.append(Sensitivity(layer, op_types.get(layer, ""), alone, all_but, score(alone, all_but, all_low)))
-        progress(i + 1, len(layers))
     order = {name: i for i, name in enumerate(layers)}
     return sorted(rows, key=lambda r: (-r.score, order[r.layer]))
 
