@@ -303,7 +303,8 @@ class BenchmarkConfig(Section):
 
 
 class TuneConfig(Section):
-    precision: Literal["int8"] = Field("int8", description="the low precision tune mixes with higher precision")
+    precision: Literal["int8", "fp16"] = Field("int8", description="the low precision tune mixes with higher "
+                                               "precision (tune --precision)")
     calibration_methods: list[Literal["max", "entropy"]] = Field(
         ["max", "entropy"], min_length=1, description="calibration methods searched; the better front is kept")
     sensitivity_samples: int = Field(100, ge=1, description="verify images each per-layer sensitivity is measured "

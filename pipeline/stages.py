@@ -128,7 +128,7 @@ def _benchmark_summary(entry: dict) -> str:
 
 
 def _tune_summary(entry: dict) -> str:
-    return f"tuned INT8 artifact: {entry['details'].get('summary', '')}"
+    return f"tuned artifact: {entry['details'].get('summary', '')}"
 
 
 def _compare_summary(entry: dict) -> str:
@@ -171,11 +171,13 @@ STAGES = {
     # Not in ORDER: `tune`, or `all --tune` (after build; export and build again where its choice changed them).
     "tune": Stage("tune", "tune", ("model", "data", "export", "verify", "benchmark", "tune"),
                   (a.WEIGHTS, a.MODEL_CARD, a.FP32_ONNX, a.FALLBACK), ("export",),
-                  help="choose the fastest INT8 mix that passes the gate, from measured per-layer sensitivity and "
-                       "measured speed; write it as int8_fallback.json",
-                  options=(Option("--tune", "tune the INT8 mix after build, so verify and benchmark judge the tuned artifact",
-                                  in_all=True),
-                           Option("--no-speed-gate", "report the speed-up without failing on tune.min_speedup")),
+                  help="choose the fastest INT8 (or FP16) mix that passes the gate, from measured per-layer "
+                       "sensitivity and measured speed; write it as the precision's fallback file",
+                  options=(Option("--tune", "tune the precision mix (tune.precision) after build, so verify and "
+                                  "benchmark judge the tuned artifact", in_all=True),
+                           Option("--no-speed-gate", "report the speed-up without failing on tune.min_speedup"),
+                           Option("--precision", "the low precision to mix with higher precision: int8 or fp16 "
+                                  "(default: tune.precision)", config="tune.precision", metavar="int8|fp16")),
                   summary=_tune_summary),
 
 

@@ -1,25 +1,25 @@
-"""The tune stage: the fastest INT8 mix that passes the gate, chosen by measured sensitivity and measured speed.
+"""The tune stage: the fastest low-precision mix that passes the gate, chosen by measured sensitivity and speed.
 
-Over a trained and exported run (docs/verify.md, "Tuning the precision mix"):
+Over a trained and exported run (docs/verify.md, "Tuning the precision mix"), for ``tune.precision`` (``int8`` or
+``fp16``; ``tune --precision``), through that precision's :class:`Mixes` (how a mix is made, run exactly, and kept):
 
-1. For each calibration method (``tune.calibration_methods``): ModelOpt quantizes ``model.onnx`` once, every
-   layer in INT8 (export's own :func:`pipeline.precision.convert.quantize_int8`); every other mix is that graph with some
-   layers unquantized (:func:`pipeline.precision.sensitivity.unquantize`), so no mix re-calibrates.
-2. Per-layer sensitivity on ``tune.sensitivity_samples`` validation images, executed exactly (``int8_exact``),
-   against the FP32 PyTorch reference, with the gate's criteria; ranked.
-3. The search: top-k layers kept out of INT8 (bisection, neighbours confirmed), the greedy fallback's answer
-   (:func:`pipeline.precision.fallback.run`, the loop of ``verify --auto-fallback``, in a scratch folder), all INT8 and all
-   high: every one judged by the full gate verify applies to ``model.int8.onnx`` on every verify image.
-4. Speed of every distinct mix on the target (OpenVINO IR on the CPU, the benchmark's timing method) at batch 1
-   and the largest ``benchmark.batch_sizes``; the Pareto front; the fastest passing mix, confirmed by
-   re-quantizing it exactly as export will and judging that graph again.
-5. The choice goes to ``int8_fallback.json`` (with its calibration method), which export reads: ``all`` then
-   rebuilds, verifies and benchmarks exactly that artifact. ``tune.json``/``tune.md`` keep every number.
-6. The speed gate (``tune.min_speedup``): exit 1 when the chosen mix is not that much faster than FP32.
-
-verify and export are stage modules; the functions used from them (verify's evidence, gate thresholds, re-check
-round and localisation; export's quantization) are the same ones ``verify --auto-fallback`` uses, so a mix is
-judged and made exactly as verify judges and export makes it.
+1. The all-low graph: INT8, ModelOpt quantizes ``model.onnx`` once per calibration method
+   (``tune.calibration_methods``), every layer in INT8; FP16, ModelOpt AutoCast once. Every other mix is that graph
+   with some matrix layers raised by graph surgery (INT8: :func:`pipeline.precision.sensitivity.unquantize`; FP16:
+   :func:`pipeline.precision.fp16.keep_in_fp32`), so no mix re-calibrates.
+2. Per-layer sensitivity on ``tune.sensitivity_samples`` validation images, executed faithfully (``int8_exact``,
+   the FP16 emulation) against the FP32 PyTorch reference, with the gate's criteria; ranked.
+3. The search: top-k layers raised (bisection, neighbours confirmed), the greedy fallback's answer
+   (:func:`pipeline.precision.fallback.run`, the loop of ``verify --auto-fallback``, in a scratch folder), all low
+   and all high: every one judged by the full gate verify applies to the precision's graph on every verify image.
+4. Speed of every distinct mix on the target (a strongly typed TensorRT engine where TensorRT and a GPU are here;
+   else, for INT8, OpenVINO IR on the CPU; an FP16 graph has no CPU target) at batch 1 and the largest
+   ``benchmark.batch_sizes``; the Pareto front; the fastest passing mix, confirmed by converting it exactly as
+   export will and judging that graph again.
+5. The choice goes to the precision's fallback file (``int8_fallback.json`` with its calibration method, or
+   ``fp16_fallback.json``), which export reads: ``all`` then rebuilds, verifies and benchmarks exactly that
+   artifact. ``tune.json``/``tune.md`` keep every number.
+6. The speed gate (``tune.min_speedup``): exit 1 when the chosen mix is not that much faster than FP32 on the target.
 """
 
 from __future__ import annotations
@@ -32,81 +32,157 @@ from pathlib import Path
 
 import onnx
 
-from pipeline.core.status import Status
-from pipeline.evaluation import candidates
 from pipeline.core import env, modeling, onnx_io
-from pipeline.precision import convert, fallback, fp16, int8, sensitivity
-from pipeline.runtime import openvino_speed
-from pipeline.reports import tune_report
-from pipeline.core.artifacts import FP32_ONNX, INT8_FALLBACK
-from pipeline.runtime.backends import Context
+from pipeline.core.artifacts import FP32_ONNX
 from pipeline.core.errors import BackendUnavailable, CheckFailed, UsageError
 from pipeline.core.run import RunDir, StageRecord, write_json
+from pipeline.core.status import Status
+from pipeline.evaluation import candidates
+from pipeline.precision import convert, fallback, fp16, int8, sensitivity
 from pipeline.precision.sensitivity import Candidate
+from pipeline.reports import tune_report
+from pipeline.runtime import openvino_speed, tensorrt_engine
+from pipeline.runtime.backends import Context
 
 log = logging.getLogger("pipeline")
 
-SCRATCH_INT8 = "model.int8.tune.onnx"  # the all-INT8 graph of one calibration method, while tune works on it
+SCRATCH = "model.tune.onnx"  # the graph tune is converting, while it converts it
+
+
+# --------------------------------------------------------------------------- one precision's mixes
+
+
+class Int8Mixes:
+    """INT8: layers left out of INT8 (into the FP16 regions); one calibration per method; ``int8_exact``."""
+
+    graph = fallback.INT8_GRAPH
+    exact = "int8_exact"  # the faithful CPU execution: its gate judges sensitivity
+    label = "INT8"
+    raised_to = "out of INT8"
+
+    def methods(self, cfg) -> list[str]:
+        return list(cfg.tune.calibration_methods)
+
+    def unavailable(self, cfg) -> str:
+        if not cfg.export.int8.enabled:  # export would write no INT8 graph to apply the choice to
+            return "export.int8.enabled is false: there is no INT8 graph to tune (set it to true)"
+        return ""
+
+    def convert(self, t: Tuner, high: list[str], fp32: list[str], method: str) -> None:
+        """Export's own quantization into ``SCRATCH``: ``high`` left out of INT8, ``fp32`` kept in FP32."""
+        convert.quantize_int8(t.cfg, t.run_dir, t.card, high, out_name=SCRATCH, fp32_nodes=fp32,
+                              calibration_method=method)
+
+    def mix(self, t: Tuner, all_low: onnx.ModelProto, high, fp32=()) -> onnx.ModelProto:
+        model = sensitivity.unquantize(all_low, t.fp32_model, high)
+        extra = [n for n in fp32 if n not in t.base_fp32]
+        return fp16.keep_in_fp32(model, extra, t.fp32_model) if extra else model
+
+    def runner(self, t: Tuner, model: onnx.ModelProto):
+        from pipeline.runtime.runners import int8_exact_runner
+
+        return int8_exact_runner(model, self.exact)
+
+    def greedy_high(self, raised: dict) -> tuple[list[str], list[str]]:
+        return raised["out_of_int8"], raised["fp32"]
+
+    def fallback_file(self, chosen: Candidate) -> dict:
+        return {"nodes": chosen.high, "fp32_nodes": chosen.fp32, "calibration_method": chosen.calibration,
+                "note": "chosen by python -m pipeline tune (tune.md): nodes left out of INT8, fp32_nodes kept in "
+                        "FP32, calibrated with calibration_method"}
+
+
+class Fp16Mixes:
+    """FP16: layers kept in FP32; one AutoCast conversion; the FP16 emulation (``verify.emulation``)."""
+
+    graph = fallback.FP16_GRAPH
+    exact = "fp16_emulation"
+    label = "FP16"
+    raised_to = "kept in FP32"
+
+    def methods(self, cfg) -> list[str]:
+        return ["autocast"]  # AutoCast's range rule is the export's, not a searched choice
+
+    def unavailable(self, cfg) -> str:
+        return "" if cfg.export.fp16.enabled else \
+            "export.fp16.enabled is false: there is no FP16 graph to tune (set it to true)"
+
+    def convert(self, t: Tuner, high: list[str], fp32: list[str], method: str) -> None:
+        convert.convert_fp16(t.cfg, t.run_dir, t.card, list(dict.fromkeys([*fp32, *high])), out_name=SCRATCH)
+
+    def mix(self, t: Tuner, all_low: onnx.ModelProto, high, fp32=()) -> onnx.ModelProto:
+        raised = [n for n in dict.fromkeys([*high, *fp32])]
+        return fp16.keep_in_fp32(all_low, raised, t.fp32_model) if raised else all_low
+
+    def runner(self, t: Tuner, model: onnx.ModelProto):
+        from pipeline.runtime.runners import fp16_emulation_runner
+
+        return fp16_emulation_runner(model, t.cfg.verify.emulation, self.exact)
+
+    def greedy_high(self, raised: dict) -> tuple[list[str], list[str]]:
+        return raised["fp32"], []
+
+    def fallback_file(self, chosen: Candidate) -> dict:
+        return {"nodes": chosen.high, "note": "chosen by python -m pipeline tune (tune.md): kept in FP32"}
+
+
+MIXES = {"int8": Int8Mixes(), "fp16": Fp16Mixes()}
 
 
 class Tuner:
-    """What every phase of one tune run shares: the evidence, the gate, the graphs, the timing."""
+    """What every phase of one tune run shares: the evidence, the gate, the graphs, the target, the timing."""
 
-    def __init__(self, cfg, run_dir: RunDir):
-        self.cfg, self.run_dir = cfg, run_dir
+    def __init__(self, cfg, run_dir: RunDir, mixes):
+        self.cfg, self.run_dir, self.mixes = cfg, run_dir, mixes
         self.model, self.card = modeling.load_trained(cfg, run_dir, "tune")
         self.spec = self.card["spec"]
         self.fp32_model = onnx_io.load(run_dir.require(FP32_ONNX, "export", "tune"))
         self.evidence = candidates.evidence(cfg, self.card, self.model)
-        self.gate = candidates.gate_for(cfg, "int8_exact", "int8")
-        # What the FP16 fallback keeps in FP32 stays in FP32 in every mix (export applies it to the INT8 graph too).
-        self.base_fp32 = fallback.read(run_dir, fallback.FP16_GRAPH).fp32
+        self.gate = candidates.gate_for(cfg, mixes.exact, mixes.graph.precision)
+        # INT8: what the FP16 fallback keeps in FP32 stays in FP32 in every mix (export applies it there too).
+        # FP16: tune chooses those nodes itself, from AutoCast's own graph.
+        self.base_fp32 = fallback.read(run_dir, fallback.FP16_GRAPH).fp32 if mixes.graph.precision == "int8" else []
         self.ctx = Context(cfg, run_dir, "verify", self.spec, model=self.model, isolate=False)
         n = min(cfg.tune.sensitivity_samples, len(self.evidence.labels))
         self.sens_feeds, self.sens_ref = _first_images(self.evidence, n)
         self.sens_labels = self.evidence.labels[:n]
         self.method = cfg_method(cfg)
         self.batches = sorted({1, max(cfg.benchmark.batch_sizes)})
+        self.target = speed_target(self)
         self.seconds: dict[str, float] = {}
 
-    # ------------------------------------------------------------------ graphs
-
-    def quantize_all(self, method: str) -> onnx.ModelProto:
-        """Every quantizable layer in INT8 with ``method``'s ranges: export's own quantization."""
+    def converted(self, high=(), fp32=(), method: str = "") -> onnx.ModelProto:
+        """The graph export makes with ``high`` raised and ``fp32`` in FP32 (its own conversion, in a scratch file)."""
         try:
-            convert.quantize_int8(self.cfg, self.run_dir, self.card, [], out_name=SCRATCH_INT8,
-                                 fp32_nodes=self.base_fp32, calibration_method=method)
-            return onnx.load(str(self.run_dir.file(SCRATCH_INT8)))
+            self.mixes.convert(self, list(high), list(fp32), method)
+            return onnx.load(str(self.run_dir.file(SCRATCH)))
         finally:
-            self.run_dir.file(SCRATCH_INT8).unlink(missing_ok=True)
+            self.run_dir.file(SCRATCH).unlink(missing_ok=True)
 
-    def mix(self, quantized: onnx.ModelProto, high, fp32=()) -> onnx.ModelProto:
-        model = sensitivity.unquantize(quantized, self.fp32_model, high)
-        extra = [n for n in fp32 if n not in self.base_fp32]
-        return fp16.keep_in_fp32(model, extra) if extra else model
-
-    # ------------------------------------------------------------------ judging
+    def mix(self, all_low: onnx.ModelProto, high, fp32=()) -> onnx.ModelProto:
+        return self.mixes.mix(self, all_low, high, fp32)
 
     def quick(self, model: onnx.ModelProto) -> dict:
-        """The gate's criteria on the sensitivity images, ``int8_exact`` (the Q/DQ arithmetic as written)."""
-        from pipeline.runtime.runners import collect, int8_exact_runner
+        """The gate's criteria on the sensitivity images, run faithfully (the Q/DQ arithmetic, the FP16 rounding)."""
+        from pipeline.runtime.runners import collect
 
-        outputs = collect(int8_exact_runner(model, "int8_exact"), self.sens_feeds)
+        outputs = collect(self.mixes.runner(self, model), self.sens_feeds)
         return sensitivity.metrics(outputs, self.sens_ref, self.sens_labels, self.gate, self.spec["output_name"],
                                    self.evidence.confidence)
 
     def full(self, model: onnx.ModelProto) -> fallback.Round:
-        """The full gate: every candidate verify runs on ``model.int8.onnx``, on every verify image."""
-        return candidates.recheck_round(fallback.INT8_GRAPH, self.cfg, self.ctx, self.evidence, model)
+        """The full gate: every candidate verify runs on the precision's graph, on every verify image."""
+        return candidates.recheck_round(self.mixes.graph, self.cfg, self.ctx, self.evidence, model)
 
     def judge(self, model: onnx.ModelProto, high, origin: str, method: str, fp32=()) -> Candidate:
         checked = self.full(model)
-        exact = next((c for c in checked.checks if c.name == "int8_exact"), None)
+        exact = next((c for c in checked.checks if c.name == self.mixes.exact), None)
         result = sensitivity.summary(exact.result) if exact is not None and "task_check" in exact.result else {}
         result.update({"status": Status.PASSED if checked.passed else Status.FAILED, "candidates": checked.results})
         cand = Candidate(list(high), origin, result, calibration=method, fp32=list(fp32 or self.base_fp32))
         cand.round = checked
-        log.info("tune: %s %s (%d layers out of INT8): %s", method, origin, len(cand.high), result["status"])
+        log.info("tune: %s %s (%d layers %s): %s", method, origin, len(cand.high), self.mixes.raised_to,
+                 result["status"])
         return cand
 
 
@@ -137,29 +213,30 @@ def _first_images(evidence, n: int) -> tuple[list[dict], list[dict]]:
 
 def tune_method(t: Tuner, method: str) -> dict:
     """Sensitivity, search and greedy fallback for one calibration method."""
-    with phase(t, f"quantize ({method})", 1) as bar:
-        quantized = t.quantize_all(method)
+    with phase(t, f"convert ({method})", 1) as bar:
+        all_low = t.converted(fp32=t.base_fp32, method=method)
         bar.update(1)
-    layers = sensitivity.quantized_layers(t.fp32_model, quantized)
+    graph = t.mixes.graph
+    layers = sensitivity.low_layers(t.fp32_model, graph.precisions(t.fp32_model, all_low), graph.precision)
     ops = {n.name: n.op_type for n in t.fp32_model.graph.node}
     with phase(t, f"sensitivity ({method})", 2 * len(layers) + 1) as bar:
         def quick(high) -> dict:
             bar.update(1)
-            return t.quick(t.mix(quantized, high))
+            return t.quick(t.mix(all_low, high))
 
-        all_low = quick(set())
-        ranked = sensitivity.measure(layers, ops, quick, all_low)
+        all_low_metrics = quick(set())
+        ranked = sensitivity.measure(layers, ops, quick, all_low_metrics)
     with phase(t, f"search ({method})") as bar:
         def judge(high, origin: str) -> Candidate:
             bar.update(1)
-            return t.judge(t.mix(quantized, high), high, origin, method)
+            return t.judge(t.mix(all_low, high), high, origin, method)
 
-        candidates = sensitivity.search([r.layer for r in ranked], judge)
-        greedy = _greedy(t, quantized, method, candidates[0])
+        found = sensitivity.search([r.layer for r in ranked], judge, lowest=f"all {t.mixes.label}")
+        greedy = _greedy(t, all_low, method, found[0])
         if greedy is not None:
-            candidates.append(greedy)
-    return {"method": method, "layers": layers, "all_low": all_low, "ranked": ranked, "candidates": candidates,
-            "quantized": quantized}
+            found.append(greedy)
+    return {"method": method, "layers": layers, "all_low": all_low_metrics, "ranked": ranked, "candidates": found,
+            "graph": all_low}
 
 
 @contextmanager
@@ -174,32 +251,31 @@ def phase(t: Tuner, name: str, total: int | None = None):
     log.info("tune: %-26s %6.1f s%s", name, t.seconds[name], f" ({bar.n} mixes)" if bar.n else "")
 
 
-def _greedy(t: Tuner, quantized: onnx.ModelProto, method: str, all_int8: Candidate) -> Candidate | None:
-    """``verify --auto-fallback``'s loop (:func:`pipeline.precision.fallback.run`) from the all-INT8 graph, in a scratch run
-    folder so nothing of the run changes; its answer judged like every other candidate."""
-    failing = all_int8.round.failing
-    if all_int8.passed:  # verify --auto-fallback would move nothing: its answer is the all-INT8 graph
-        return Candidate([], "greedy fallback", {**all_int8.result, "greedy_rounds": 0}, calibration=method,
-                         fp32=list(all_int8.fp32), round=all_int8.round)
+def _greedy(t: Tuner, all_low: onnx.ModelProto, method: str, all_low_cand: Candidate) -> Candidate | None:
+    """``verify --auto-fallback``'s loop (:func:`pipeline.precision.fallback.run`) from the all-low graph, in a
+    scratch run folder so nothing of the run changes; its answer judged like every other candidate."""
+    failing = all_low_cand.round.failing
+    if all_low_cand.passed:  # verify --auto-fallback would move nothing: its answer is the all-low graph
+        return Candidate([], "greedy fallback", {**all_low_cand.result, "greedy_rounds": 0}, calibration=method,
+                         fp32=list(all_low_cand.fp32), round=all_low_cand.round)
     if failing is None:
         return None
-    cfg = t.cfg
-    loc = candidates.localize_candidate(cfg, fallback.INT8_GRAPH, t.fp32_model, quantized, t.evidence, failing, None)
+    cfg, graph = t.cfg, t.mixes.graph
+    loc = candidates.localize_candidate(cfg, graph, t.fp32_model, all_low, t.evidence, failing, None)
     with tempfile.TemporaryDirectory(prefix=".tune.") as tmp:
         scratch = RunDir(Path(tmp))
 
         def remake(raised: fallback.Raised, out_name: str) -> dict:
-            model = t.mix(quantized, raised.out_of_int8, raised.fp32)
+            model = t.mix(all_low, *t.mixes.greedy_high({"out_of_int8": raised.out_of_int8, "fp32": raised.fp32}))
             onnx.save(model, str(scratch.file(out_name)))
-            return {"int8_fraction": int8.int8_fraction(int8.node_precisions(t.fp32_model, model))}
+            return {f"{graph.precision}_fraction": graph.fraction(graph.precisions(t.fp32_model, model))}
 
-        result = fallback.run(fallback.INT8_GRAPH, cfg, scratch, t.fp32_model, quantized, loc, remake=remake,
-                              recheck=t.full, localize=lambda current, chk: candidates.localize_candidate(
-                                  cfg, fallback.INT8_GRAPH, t.fp32_model, current, t.evidence, chk, None))
-    raised = result["raised"]
-    fp32 = list(dict.fromkeys([*t.base_fp32, *raised["fp32"]]))
-    cand = t.judge(t.mix(quantized, raised["out_of_int8"], fp32), raised["out_of_int8"], "greedy fallback", method,
-                   fp32)
+        result = fallback.run(graph, cfg, scratch, t.fp32_model, all_low, loc, remake=remake, recheck=t.full,
+                              localize=lambda current, chk: candidates.localize_candidate(
+                                  cfg, graph, t.fp32_model, current, t.evidence, chk, None))
+    high, fp32 = t.mixes.greedy_high(result["raised"])
+    fp32 = list(dict.fromkeys([*t.base_fp32, *fp32]))
+    cand = t.judge(t.mix(all_low, high, fp32), high, "greedy fallback", method, fp32)
     cand.result["greedy_passed"] = result["passed"]
     cand.result["greedy_rounds"] = len(result["iterations"])
     return cand
@@ -208,20 +284,49 @@ def _greedy(t: Tuner, quantized: onnx.ModelProto, method: str, all_int8: Candida
 # --------------------------------------------------------------------------- speed
 
 
-def time_candidates(t: Tuner, runs: list[dict]) -> dict:
-    """Every distinct mix timed on the target; returns the FP32 baseline's timing."""
-    threads = t.cfg.benchmark.threads or env.usable_cores()
-    images = t.evidence.feeds[0][t.spec["input_name"]]
+def speed_target(t: Tuner) -> dict:
+    """Where the mixes are timed: a strongly typed TensorRT engine where TensorRT and a GPU are here; else, for
+    INT8, the OpenVINO CPU plugin; an FP16 graph has no faster CPU target (``timing`` None, and ``reason``)."""
+    trt_ok, trt_reason = tensorrt_engine.availability()
+    if trt_ok:
+        return {"name": "TensorRT (strongly typed engine)", "timing": _tensorrt_timing(t)}
+    if t.mixes.graph.precision == "int8":
+        threads = t.cfg.benchmark.threads or env.usable_cores()
+        return {"name": "OpenVINO CPU (f32 hint, LATENCY)", "timing": lambda model, low: openvino_speed.openvino_timing(
+            model, _images(t), t.batches, t.method, threads, int8_graph=low)}
+    return {"name": "none", "timing": None,
+            "reason": f"no FP16 deployment target here: an FP16 graph runs faster only as a TensorRT engine on a GPU "
+                      f"({trt_reason}); CPU runtimes run its nodes through FP32 kernels. The mix is chosen on the gate "
+                      f"alone: the passing mix with the fewest layers kept in FP32"}
+
+
+def _tensorrt_timing(t: Tuner):
+    from pipeline.runtime import tensorrt_speed
+
+    cache = tensorrt_engine.timing_cache_path(t.cfg, t.run_dir)
+    return lambda model, low: tensorrt_speed.tensorrt_timing(model, _images(t), t.batches, t.method,
+                                                            build_cfg=t.cfg.build, timing_cache=cache)
+
+
+def _images(t: Tuner):
+    return t.evidence.feeds[0][t.spec["input_name"]]
+
+
+def time_candidates(t: Tuner, runs: list[dict]) -> dict | None:
+    """Every distinct mix timed on the target; returns the FP32 deployment's timing (None: no target here)."""
+    timing = t.target["timing"]
+    if timing is None:
+        log.warning("tune: speed not measured: %s", t.target["reason"])
+        return None
     timed = [c for r in runs for c in r["candidates"]]
     seen: dict[tuple, dict] = {}
-    with phase(t, "speed (OpenVINO CPU)", len({c.key() for c in timed}) + 1) as bar:
-        baseline = openvino_speed.openvino_timing(t.fp32_model, images, t.batches, t.method, threads, int8_graph=False)
+    with phase(t, f"speed ({t.target['name']})", len({c.key() for c in timed}) + 1) as bar:
+        baseline = timing(t.fp32_model, False)
         bar.update(1)
         for cand in timed:
             if cand.key() not in seen:
-                quantized = next(r["quantized"] for r in runs if r["method"] == cand.calibration)
-                seen[cand.key()] = openvino_speed.openvino_timing(t.mix(quantized, cand.high, cand.fp32), images,
-                                                                  t.batches, t.method, threads, int8_graph=True)
+                graph = next(r["graph"] for r in runs if r["method"] == cand.calibration)
+                seen[cand.key()] = timing(t.mix(graph, cand.high, cand.fp32), True)
                 bar.update(1)
             cand.latency_ms = seen[cand.key()]["latency_ms"]
             cand.runtime = seen[cand.key()]["runtime"]
@@ -231,16 +336,14 @@ def time_candidates(t: Tuner, runs: list[dict]) -> dict:
 # --------------------------------------------------------------------------- the stage
 
 
-def run(cfg, run_dir: RunDir, record: StageRecord, *, tune: bool = False, no_speed_gate: bool = False) -> None:
-    """``tune`` is ``all``'s flag (it runs this stage); ``no_speed_gate``: ``tune.min_speedup`` is reported only."""
+def run(cfg, run_dir: RunDir, record: StageRecord, *, tune: bool = False, no_speed_gate: bool = False,
+        precision: str | None = None) -> None:
+    """``tune`` is ``all``'s flag (it runs this stage); ``no_speed_gate``: ``tune.min_speedup`` is reported only;
+    ``precision``: ``tune --precision`` (else ``tune.precision``)."""
     start = time.perf_counter()
-    if not cfg.export.int8.enabled:  # export would write no INT8 graph to apply the choice to
-        raise UsageError("export.int8.enabled is false: there is no INT8 graph to tune (set it to true)")
-    reason = int8.availability()
-    if reason:
-        raise BackendUnavailable(f"INT8 tuning needs ModelOpt: {reason}")
-    t = Tuner(cfg, run_dir)
-    runs = [tune_method(t, method) for method in cfg.tune.calibration_methods]
+    mixes = _mixes(cfg, precision or cfg.tune.precision)
+    t = Tuner(cfg, run_dir, mixes)
+    runs = [tune_method(t, method) for method in mixes.methods(cfg)]
     baseline = time_candidates(t, runs)
     with phase(t, "confirm (export's graph)"):
         chosen, why = _choose(t, runs)
@@ -248,60 +351,60 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, tune: bool = False, no_spe
     t.seconds["total"] = time.perf_counter() - start
     payload = tune_report.payload(cfg, t, runs, baseline, chosen, why, fronts)
     if chosen is not None:
-        _write_fallback(run_dir, chosen)
-        record.artifact(INT8_FALLBACK)
+        write_json(run_dir.file(mixes.graph.fallback_file), mixes.fallback_file(chosen))
+        record.artifact(mixes.graph.fallback_file)
     for path in tune_report.write_all(run_dir, payload):
         record.artifact(path.name)
     record.details.update(tune_report.details(payload))
     if chosen is None:
-        raise CheckFailed("tune: no mix passes the gate, not even every layer out of INT8; see tune.md")
-    gate = None if no_speed_gate else cfg.tune.min_speedup
-    failure = tune_report.speed_failure(payload, gate)
+        raise CheckFailed(f"tune: no {mixes.label} mix passes the gate, not even every layer {mixes.raised_to}; "
+                          f"see tune.md")
+    failure = tune_report.speed_failure(payload, None if no_speed_gate else cfg.tune.min_speedup)
     if failure:
         raise CheckFailed(failure)
     log.info("tune: %s", payload["summary"])
 
 
+def _mixes(cfg, precision: str):
+    """The precision's :class:`Int8Mixes`/:class:`Fp16Mixes`, once it can be tuned here."""
+    if precision not in MIXES:
+        raise UsageError(f"tune --precision {precision}: choose one of {', '.join(MIXES)}")
+    mixes = MIXES[precision]
+    reason = mixes.unavailable(cfg)
+    if reason:
+        raise UsageError(reason)
+    missing = int8.availability()  # ModelOpt: both INT8 PTQ and AutoCast
+    if missing:
+        raise BackendUnavailable(f"{mixes.label} tuning needs ModelOpt: {missing}")
+    return mixes
+
+
 def _choose(t: Tuner, runs: list[dict]) -> tuple[Candidate | None, str]:
-    """The fastest passing mix over every calibration method, confirmed on the graph export will make (ModelOpt
-    re-quantizing with those layers excluded); a mix whose real graph fails gives way to the next."""
+    """The fastest passing mix over every calibration method, confirmed on the graph export will make (its own
+    conversion with those layers raised); a mix whose real graph fails gives way to the next."""
     everything = [c for r in runs for c in r["candidates"]]
-    tried = []
+    batches = t.batches if t.target["timing"] is not None else []  # untimed: the fewest layers raised wins
+    tried: list[Candidate] = []
     while True:
-        pick = sensitivity.choose([c for c in everything if all(c is not x for x in tried)], t.batches,
+        pick = sensitivity.choose([c for c in everything if all(c is not x for x in tried)], batches,
                                   t.cfg.tune.same_speed)
         if pick is None:
             return None, "no passing mix" + (f" (confirmation failed for {len(tried)})" if tried else "")
         tried.append(pick)
-        confirmed = _confirm(t, pick)
-        pick.result["confirmed"] = confirmed
-        if confirmed["status"] == Status.PASSED:
-            return pick, _why(pick, runs, t.batches)
+        checked = t.full(t.converted(pick.high, pick.fp32, pick.calibration))
+        pick.result["confirmed"] = {"status": Status.PASSED if checked.passed else Status.FAILED,
+                                    "candidates": checked.results}
+        if checked.passed:
+            return pick, _why(t, pick, runs, batches)
 
 
-def _confirm(t: Tuner, cand: Candidate) -> dict:
-    """The mix made as export will make it (ModelOpt, the layers excluded, the calibration method) and judged."""
-    try:
-        convert.quantize_int8(t.cfg, t.run_dir, t.card, cand.high, out_name=SCRATCH_INT8, fp32_nodes=cand.fp32,
-                             calibration_method=cand.calibration)
-        model = onnx.load(str(t.run_dir.file(SCRATCH_INT8)))
-    finally:
-        t.run_dir.file(SCRATCH_INT8).unlink(missing_ok=True)
-    checked = t.full(model)
-    return {"status": Status.PASSED if checked.passed else Status.FAILED, "candidates": checked.results}
-
-
-def _why(pick: Candidate, runs: list[dict], batches: list[int]) -> str:
-    lat = ", ".join(f"{pick.latency_ms[b]:.3f} ms at batch {b}" for b in batches)
+def _why(t: Tuner, pick: Candidate, runs: list[dict], batches: list[int]) -> str:
     others = [r["method"] for r in runs if r["method"] != pick.calibration]
     rest = f" (the {', '.join(others)} calibration's mixes judged and timed alike)" if others else ""
+    if not batches:
+        return (f"the passing mix with the fewest layers {t.mixes.raised_to} (speed not measured: "
+                f"{t.target['reason'].split(':')[0]}), {pick.calibration}{rest}")
+    lat = ", ".join(f"{pick.latency_ms[b]:.3f} ms at batch {b}" for b in batches)
     return (f"the fastest passing mix ({lat}; mixes within tune.same_speed of the fastest count as equally fast, "
-            f"and of those the one with the fewest layers out of INT8 wins), {pick.calibration} calibration{rest}")
-
-
-def _write_fallback(run_dir: RunDir, chosen: Candidate) -> None:
-    """The choice as the file export reads: the layers left out of INT8, the FP32 nodes, the calibration."""
-    write_json(run_dir.file(INT8_FALLBACK), {
-        "nodes": chosen.high, "fp32_nodes": chosen.fp32, "calibration_method": chosen.calibration,
-        "note": "chosen by python -m pipeline tune (tune.md): nodes left out of INT8, fp32_nodes kept in FP32, "
-                "calibrated with calibration_method"})
+            f"and of those the one with the fewest layers {t.mixes.raised_to} wins), {pick.calibration} "
+            f"calibration{rest}")

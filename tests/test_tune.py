@@ -10,7 +10,7 @@ import onnx
 import pytest
 
 from conftest import ROOT, cli, copy_run, trained_and_exported
-from pipeline.precision import int8, sensitivity
+from pipeline.precision import fp16, int8, sensitivity
 
 TUNE_MODELS = ROOT / "tests" / "fault_models.py"
 TRAINED = ["data.samples_per_class=30", "data.image_size=16", "data.batch_size=32", "train.epochs=4",
@@ -77,8 +77,41 @@ def test_tune_keeps_more_layers_in_int8_than_greedy_fallback_and_round_trips(tra
     capsys.readouterr()
     assert cli("all", "--run-dir", run, "--tune", *FAST, "benchmark.backends=[onnxrt_fp32,openvino_int8]") == 0
     out = capsys.readouterr().out
-    assert "tuned INT8 artifact: 1 of 3 layers kept out of INT8 (max)" in out, out
+    assert "tuned artifact: INT8: 1 of 3 layers out of INT8 (max)" in out, out
     assert json.loads((run / "int8_fallback.json").read_text())["nodes"] == ["/late/Conv"]
+
+
+def test_fp16_tune_keeps_the_rounding_nodes_in_fp32_and_round_trips(trained, tmp_path, capsys):
+    """FP16 (tune --precision fp16): the classifier's input shifted by 384 rounds away in FP16 (steps of 0.25 there),
+    in the Add before the Gemm, not in a matrix layer. tune ranks every FP16 node that rounds, keeps the shift's
+    nodes in FP32 and passes; with no TensorRT here there is no FP16 target, so speed is not measured and said so,
+    and the choice (the fewest nodes in FP32) goes to fp16_fallback.json, which export applies."""
+    run = _copy(trained(f"{TUNE_MODELS}:shifted_classifier"), tmp_path)
+    assert cli("tune", "--run-dir", run, "--precision", "fp16", *FAST) == 0
+    report = _tune(run)
+    assert report["precision"] == "fp16" and report["target"] == "none"
+    assert "no FP16 deployment target here" in report["speed_not_measured"]
+    all_fp16 = next(c for c in report["candidates"] if c["origin"] == "all FP16")
+    assert all_fp16["result"]["status"] == "failed"  # the planted fault
+    chosen = report["chosen"]
+    assert chosen["result"]["status"] == "passed" and chosen["result"]["confirmed"]["status"] == "passed"
+    ranked = [r["layer"] for r in report["sensitivity"]["autocast"]]
+    assert set(chosen["high"]) == set(ranked[: len(chosen["high"])])  # the top of the ranking
+    # Both halves of the cancellation: the shift (/Add) and its FP16-rounded weight sum (/ReduceSum).
+    assert sorted(chosen["high"]) == ["/Add", "/ReduceSum"]
+    # Greedy fallback flags /Add, then (the Add already in FP32) its producers, and never reaches /ReduceSum.
+    greedy = report["greedy"]
+    assert greedy["result"]["status"] == "failed" and "/ReduceSum" not in greedy["high"]
+    assert json.loads((run / "fp16_fallback.json").read_text())["nodes"] == chosen["high"]
+    # Round trip: export keeps exactly those nodes in FP32, and the FP16 emulation passes the gate.
+    assert cli("export", "--run-dir", run) == 0
+    precisions = fp16.node_precisions(onnx.load(str(run / "model.onnx")), onnx.load(str(run / "model.fp16.onnx")))
+    assert all(precisions[n][1] == "fp32" for n in chosen["high"])
+    assert cli("verify", "--run-dir", run, "verify.gate=[fp16_emulation]") == 0  # (its INT8 graph is faulty too)
+    verdicts = {c["name"]: c["status"] for c in json.loads((run / "verify.json").read_text())["candidates"]}
+    assert verdicts["fp16_emulation"] == "passed"
+    assert cli("tune", "--run-dir", run, "--precision", "fp32") == 2
+    assert "tune --precision fp32: choose one of int8, fp16" in capsys.readouterr().err
 
 
 def test_speed_gate_fails_and_names_the_layers_when_int8_cannot_be_faster(trained, tmp_path, capsys):
@@ -94,7 +127,7 @@ def test_speed_gate_fails_and_names_the_layers_when_int8_cannot_be_faster(traine
     assert "tune.min_speedup 1.5" in err
     # Off (tune --no-speed-gate, and all --tune): the same numbers are reported, the stage passes.
     assert cli("tune", "--run-dir", run, "--no-speed-gate", *FAST, *forced) == 0
-    assert _tune(run)["chosen"]["runtime_not_int8"] == ["/features/features.0/Conv", "/features/features.4/Conv",
+    assert _tune(run)["chosen"]["runtime_not_low"] == ["/features/features.0/Conv", "/features/features.4/Conv",
                                                         "/fc/Gemm"]
 
 

@@ -273,12 +273,14 @@ def emulation_model(fp16_model: onnx.ModelProto) -> onnx.ModelProto:
 NOT_MOVABLE = ("Cast", "Constant", "QuantizeLinear", "DequantizeLinear")
 
 
-def keep_in_fp32(model: onnx.ModelProto, nodes) -> onnx.ModelProto:
+def keep_in_fp32(model: onnx.ModelProto, nodes, fp32_model: onnx.ModelProto | None = None) -> onnx.ModelProto:
     """The same graph with ``nodes`` (those that compute in FP16) computing in FP32: their FP16 inputs cast up,
     their outputs computed in FP32, and cast back to FP16 only for consumers outside the set, so a chain of
     moved nodes (``(f + 384) - 384``) stays in FP32 throughout. What AutoCast's ``nodes_to_exclude`` gives the
     FP16 graph, for a graph AutoCast did not make: ModelOpt's INT8 quantization converts the regions it leaves
-    unquantized to FP16 by op type only. Every FP16 value is exact in FP32, so nothing else changes."""
+    unquantized to FP16 by op type only. Every FP16 value is exact in FP32, so nothing else changes. With
+    ``fp32_model`` (the graph converted from), a moved node's FP16 weights and constants are its FP32 originals,
+    as AutoCast's exclusion keeps them: cast up, they would keep the rounding the move is meant to undo."""
     types = infer_types(model)
     moved = {n.name for n in model.graph.node if n.name in set(nodes) and n.op_type not in NOT_MOVABLE
              and any(types.get(o) == FLOAT16 for o in n.output)}
@@ -289,14 +291,17 @@ def keep_in_fp32(model: onnx.ModelProto, nodes) -> onnx.ModelProto:
     as_fp32 = {o: f"{o}__fp32" for n in model.graph.node if n.name in moved for o in n.output
                if types.get(o) == FLOAT16}
     nodes_out, cast_up = [], {}
+    originals = _fp32_originals(model, fp32_model, moved, out) if fp32_model is not None else {}
     for node in model.graph.node:
         if node.name not in moved:
-            nodes_out.append(node)
+            nodes_out.append(_read_fp32(node, as_fp32))
             continue
         node = _copy(node)
         for i, name in enumerate(node.input):
             if name in as_fp32:
                 node.input[i] = as_fp32[name]
+            elif name and types.get(name) == FLOAT16 and originals.get((node.name, i)):
+                node.input[i] = originals[(node.name, i)]
             elif name and types.get(name) == FLOAT16:
                 if name not in cast_up:
                     cast_up[name] = f"{name}__to_fp32"
@@ -314,6 +319,48 @@ def keep_in_fp32(model: onnx.ModelProto, nodes) -> onnx.ModelProto:
     del out.graph.node[:]
     out.graph.node.extend(nodes_out)
     return out
+
+
+def _fp32_originals(model: onnx.ModelProto, fp32_model: onnx.ModelProto, moved: set[str],
+                    out: onnx.ModelProto) -> dict[tuple[str, int], str]:
+    """``{(moved node, input index): FP32 initializer}`` for the moved nodes' inputs that are FP16 initializers or
+    Constant outputs in ``model`` and initializers or Constants in ``fp32_model`` (same node name and index); the
+    FP32 tensors are added to ``out``."""
+    held = {t.name for t in model.graph.initializer} | {o for n in model.graph.node if n.op_type == "Constant"
+                                                         for o in n.output}
+    fp32_tensors = {t.name: t for t in fp32_model.graph.initializer}
+    for n in fp32_model.graph.node:
+        value = next((a.t for a in n.attribute if a.name == "value"), None) if n.op_type == "Constant" else None
+        if value is not None and value.data_type == FLOAT:
+            fp32_tensors[n.output[0]] = value
+    fp32_nodes = {n.name: n for n in fp32_model.graph.node}
+    found = {}
+    for node in model.graph.node:
+        original = fp32_nodes.get(node.name)
+        if node.name not in moved or original is None or len(original.input) != len(node.input):
+            continue
+        for i, name in enumerate(node.input):
+            source = fp32_tensors.get(original.input[i])
+            if name in held and source is not None and source.data_type == FLOAT:
+                found[(node.name, i)] = f"{original.input[i]}__fp32_original"
+                if found[(node.name, i)] not in {t.name for t in out.graph.initializer}:
+                    tensor = onnx.TensorProto()
+                    tensor.CopyFrom(source)
+                    tensor.name = found[(node.name, i)]
+                    out.graph.initializer.append(tensor)
+    return found
+
+
+def _read_fp32(node: onnx.NodeProto, as_fp32: dict[str, str]) -> onnx.NodeProto:
+    """A Cast to FP32 of a moved node's output (AutoCast's entry into an FP32 region) reads the FP32 value itself:
+    through the FP16 copy it would round exactly what the move keeps (an Add kept in FP32 before a Gemm that
+    AutoCast already kept there)."""
+    to = next((a.i for a in node.attribute if a.name == "to"), None)
+    if node.op_type != "Cast" or to != FLOAT or not node.input or node.input[0] not in as_fp32:
+        return node
+    node = _copy(node)
+    node.input[0] = as_fp32[node.input[0]]
+    return node
 
 
 def _attributes_to_fp32(node: onnx.NodeProto) -> None:

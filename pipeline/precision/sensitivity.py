@@ -29,7 +29,7 @@ import onnx
 from onnx import numpy_helper
 
 from pipeline.precision import gate as criteria
-from pipeline.precision.int8 import DQ, MATRIX_OPS, Q, node_precisions
+from pipeline.precision.int8 import DQ, MATRIX_OPS, Q
 
 log = logging.getLogger("pipeline")
 
@@ -37,11 +37,22 @@ log = logging.getLogger("pipeline")
 # --------------------------------------------------------------------------- mixes by graph surgery
 
 
-def quantized_layers(fp32_model: onnx.ModelProto, int8_model: onnx.ModelProto) -> list[str]:
-    """The matrix layers (Conv, Gemm, MatMul) the Q/DQ graph computes in INT8, in graph order."""
-    precisions = node_precisions(fp32_model, int8_model)
-    return [n.name for n in fp32_model.graph.node
-            if n.op_type in MATRIX_OPS and precisions.get(n.name, ("", ""))[1] == "int8"]
+# Ops that compute no new value (they move, select or compare what their FP16 input already holds): raising one
+# to FP32 cannot change a result, so FP16 tuning does not spend a measurement on them.
+ROUNDING_FREE = frozenset({"Relu", "MaxPool", "Flatten", "Reshape", "Transpose", "Concat", "Identity", "Squeeze",
+                           "Unsqueeze", "Gather", "Slice", "Split", "Shape", "Expand", "Tile", "Pad", "Cast"})
+
+
+def low_layers(fp32_model: onnx.ModelProto, precisions: dict, precision: str) -> list[str]:
+    """The units tune raises, in graph order; ``precisions`` is the graph's ``{node: (op, precision)}``
+    (:func:`pipeline.precision.int8.node_precisions`, ``fp16.node_precisions``). INT8: the matrix layers (Conv,
+    Gemm, MatMul) it computes in INT8, the only ops ModelOpt quantizes. FP16: every node it computes in FP16 that
+    rounds (not :data:`ROUNDING_FREE`): an FP16 fault can sit in an Add as well as in a layer (``(x + 384) - 384``),
+    and a graph AutoCast converts whole is one FP16 region, which would rank nothing."""
+    def unit(node) -> bool:
+        return node.op_type in MATRIX_OPS if precision == "int8" else node.op_type not in ROUNDING_FREE
+
+    return [n.name for n in fp32_model.graph.node if unit(n) and precisions.get(n.name, ("", ""))[1] == precision]
 
 
 def unquantize(int8_model: onnx.ModelProto, fp32_model: onnx.ModelProto, names) -> onnx.ModelProto:
@@ -159,7 +170,7 @@ class Candidate:
     """One mix: the layers kept out of INT8, how it was found, its gate result and timings."""
 
     high: list[str]
-    origin: str  # "all INT8", "top-3", "greedy fallback", "all high"
+    origin: str  # "all INT8" (or "all FP16"), "top-3", "greedy fallback", "all high"
     result: dict = field(default_factory=dict)  # metrics(...) of the full gate
     latency_ms: dict = field(default_factory=dict)  # {batch: mean ms}
     calibration: str = ""
@@ -175,7 +186,7 @@ class Candidate:
         return self.calibration, tuple(sorted(self.high))
 
 
-def search(ranked: list[str], judge: Callable[[list[str], str], Candidate]) -> list[Candidate]:
+def search(ranked: list[str], judge: Callable[[list[str], str], Candidate], lowest: str = "all INT8") -> list[Candidate]:
     """Keep the top k of ``ranked`` out of INT8: bisect for the smallest passing k, then confirm k-1 and k+1
     (walking down while k-1 still passes: the pass/fail was not monotone). ``judge(high, origin)`` judges a mix
     under the full gate. Returns every candidate judged, k = 0 and k = len(ranked) included."""
@@ -183,7 +194,7 @@ def search(ranked: list[str], judge: Callable[[list[str], str], Candidate]) -> l
 
     def at(k: int) -> Candidate:
         if k not in judged:
-            judged[k] = judge(ranked[:k], "all INT8" if k == 0 else "all high" if k == len(ranked) else f"top-{k}")
+            judged[k] = judge(ranked[:k], lowest if k == 0 else "all high" if k == len(ranked) else f"top-{k}")
         return judged[k]
 
     low, high = 0, len(ranked)
@@ -227,8 +238,8 @@ def choose(candidates: list[Candidate], batches: list[int], same_speed: float = 
         return None
     best = {b: min(c.latency_ms[b] for c in passing) for b in batches}
 
-    def cost(c: Candidate) -> float:
-        return sum(c.latency_ms[b] / best[b] for b in batches) / len(batches)
+    def cost(c: Candidate) -> float:  # no batches (nothing timed): every mix costs the same
+        return sum(c.latency_ms[b] / best[b] for b in batches) / max(1, len(batches))
 
     fastest = min(cost(c) for c in passing)
     tied = [c for c in passing if cost(c) <= fastest * (1 + same_speed)]

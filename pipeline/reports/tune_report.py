@@ -10,74 +10,96 @@ from pipeline.reports import tables
 from pipeline.core.artifacts import TUNE_JSON, TUNE_MD, TUNE_PARETO_PLOT, TUNE_SENSITIVITY_PLOT
 from pipeline.core.run import RunDir, atomic_path, atomic_write, write_json
 from pipeline.precision.sensitivity import Candidate
-from pipeline.runtime.openvino_speed import fp32_layers
+from pipeline.runtime.openvino_speed import layers_not_in
 from pipeline.reports.tables import Cell, Section, Table, fmt
 
-SCHEMA = "pipeline.tune/1"
+SCHEMA = "pipeline.tune/2"
+LABELS = {"int8": "INT8", "fp16": "FP16"}
+RAISED = {"int8": "out of INT8", "fp16": "kept in FP32"}
 
 
-def _candidate(c: Candidate, chosen: Candidate | None, fronts: dict) -> dict:
+def _candidate(c: Candidate, chosen: Candidate | None, fronts: dict, precision: str) -> dict:
     return {"origin": c.origin, "calibration": c.calibration, "high": c.high, "fp32": c.fp32,
-            "layers_out_of_int8": len(c.high), "result": c.result,
+            "layers_raised": len(c.high), "result": c.result,
             "latency_ms": {str(b): v for b, v in c.latency_ms.items()},
-            "runtime_not_int8": fp32_layers(c.runtime), "chosen": c is chosen,
+            "runtime_not_low": layers_not_in(c.runtime, precision), "chosen": c is chosen,
             "pareto": any(c is f for f in fronts.get(c.calibration, []))}
 
 
-def payload(cfg, t, runs: list[dict], baseline: dict, chosen: Candidate | None, why: str, fronts: dict) -> dict:
+def payload(cfg, t, runs: list[dict], baseline: dict | None, chosen: Candidate | None, why: str, fronts: dict) -> dict:
     """Everything tune measured, and the choice."""
-    candidates = [_candidate(c, chosen, fronts) for r in runs for c in r["candidates"]]
-    big = t.batches[-1]
-    speedup = {str(b): baseline["latency_ms"][b] / chosen.latency_ms[b] for b in t.batches} if chosen else {}
+    precision = t.mixes.graph.precision
+    candidates = [_candidate(c, chosen, fronts, precision) for r in runs for c in r["candidates"]]
+    speedup = {str(b): baseline["latency_ms"][b] / chosen.latency_ms[b] for b in t.batches} \
+        if chosen and baseline else {}
     out = {
-        "schema": SCHEMA, "model": cfg.model.name, "precision": "int8", "target": "OpenVINO CPU (f32 hint, LATENCY)",
+        "schema": SCHEMA, "model": cfg.model.name, "precision": precision, "raised": RAISED[precision],
+        "target": t.target["name"], "speed_not_measured": t.target.get("reason"),
         "cpu": env.cpu_model(), "int8_dot_product": env.cpu_has_int8_dot_product(),
         "cpu_flags_simulated": env.cpu_flags_simulated(), "batches": t.batches,
         "samples": {"sensitivity": len(t.sens_labels), "gate": len(t.evidence.labels)},
         "timing": {"warmup_s": t.method.warmup_s, "min_duration_s": t.method.min_duration_s, "trials": t.method.trials,
                    "min_iterations": t.method.min_iterations, "statistic": "median of the timed runs"},
-        "fp32": {"latency_ms": {str(b): v for b, v in baseline["latency_ms"].items()}},
+        "fp32": {"latency_ms": {str(b): v for b, v in baseline["latency_ms"].items()} if baseline else {}},
         "sensitivity": {r["method"]: [{"layer": s.layer, "op_type": s.op_type, "score": s.score, "alone": s.alone,
                                        "all_but": s.all_but} for s in r["ranked"]] for r in runs},
-        "all_int8": {r["method"]: r["all_low"] for r in runs},
+        "all_low": {r["method"]: r["all_low"] for r in runs},
         "candidates": candidates,
-        "chosen": None if chosen is None else {**_candidate(chosen, chosen, fronts), "why": why,
+        "chosen": None if chosen is None else {**_candidate(chosen, chosen, fronts, precision), "why": why,
                                                "runtime": chosen.runtime},
         "speedup_vs_fp32": speedup, "seconds": {k: round(v, 2) for k, v in t.seconds.items()},
     }
-    greedy = next((c for c in candidates if c["origin"] == "greedy fallback"
-                   and c["calibration"] == cfg.export.int8.calibration_method), None)
-    out["greedy"] = greedy
-    out["summary"] = (f"{len(chosen.high)} of {len(runs[0]['ranked']) if runs else 0} layers kept out of INT8 "
-                      f"({chosen.calibration}); {chosen.latency_ms[1]:.3f} ms at batch 1, "
-                      f"{chosen.latency_ms[big]:.3f} ms "
-                      f"at batch {big}; x{speedup[str(1)]:.2f} vs FP32 at batch 1; written to int8_fallback.json"
-                      if chosen else "no passing mix")
+    method = cfg.export.int8.calibration_method if precision == "int8" else "autocast"
+    out["greedy"] = next((c for c in candidates if c["origin"] == "greedy fallback" and c["calibration"] == method),
+                         None)
+    out["summary"] = _summary(out, chosen, len(runs[0]["ranked"]) if runs else 0, t.mixes.graph.fallback_file)
     return out
+
+
+def _summary(p: dict, chosen: Candidate | None, layers: int, written: str) -> str:
+    if chosen is None:
+        return f"no passing {LABELS[p['precision']]} mix"
+    head = f"{LABELS[p['precision']]}: {len(chosen.high)} of {layers} layers {p['raised']} ({chosen.calibration})"
+    if not p["speedup_vs_fp32"]:
+        return f"{head}; speed not measured (no {LABELS[p['precision']]} target here); written to {written}"
+    big = p["batches"][-1]
+    return (f"{head}; {chosen.latency_ms[1]:.3f} ms at batch 1, {chosen.latency_ms[big]:.3f} ms at batch {big}; "
+            f"x{p['speedup_vs_fp32']['1']:.2f} vs FP32 at batch 1; written to {written}")
 
 
 def details(p: dict) -> dict:
     """The manifest's summary of tune (the stage table's line)."""
     chosen = p["chosen"] or {}
-    return {"summary": p["summary"], "chosen": {k: chosen.get(k) for k in ("high", "calibration", "latency_ms")},
+    return {"summary": p["summary"], "precision": p["precision"],
+            "chosen": {k: chosen.get(k) for k in ("high", "calibration", "latency_ms")},
             "speedup_vs_fp32": p["speedup_vs_fp32"], "seconds": p["seconds"].get("total")}
 
 
 def speed_failure(p: dict, min_speedup: float | None) -> str:
-    """The speed gate's one line, or "" when it passes (or is off)."""
+    """The speed gate's one line, or "" when it passes (or is off, or nothing could be timed: the report says so)."""
     if not min_speedup or not p["chosen"]:
         return ""
     slow = {b: s for b, s in p["speedup_vs_fp32"].items() if s < min_speedup}
     if not slow:
         return ""
+    precision = p.get("precision", "int8")
     runtime = p["chosen"]["runtime"]
-    not_int8 = fp32_layers(runtime)
-    named = ", ".join(not_int8[:6]) + (", ..." if len(not_int8) > 6 else "")
-    cpu = "" if p["int8_dot_product"] else "; this CPU has no VNNI/AMX int8 dot product"
+    not_low = layers_not_in(runtime, precision)
+    named = ", ".join(not_low[:6]) + (", ..." if len(not_low) > 6 else "")
+    cpu = "; this CPU has no VNNI/AMX int8 dot product" if precision == "int8" and not p["int8_dot_product"] else ""
     worst = min(slow, key=slow.get)
-    return (f"INT8 is no faster than FP32 here: {len(not_int8)} of {len(runtime)} layers run in FP32 "
-            f"({named or 'none'})"
-            f"{cpu}; x{slow[worst]:.2f} at batch {worst}, below tune.min_speedup {min_speedup:g}")
+    return (f"{LABELS[precision]} is no faster than FP32 here: {len(not_low)} of {len(runtime)} layers run in "
+            f"{_ran_in(runtime, not_low)} ({named or 'none'}){cpu}; x{slow[worst]:.2f} at batch {worst}, below "
+            f"tune.min_speedup {min_speedup:g}")
+
+
+SHOWN = {"f32": "FP32", "fp32": "FP32", "f16": "FP16", "fp16": "FP16", "bf16": "BF16"}
+
+
+def _ran_in(runtime: dict[str, str], layers: list[str]) -> str:
+    """The precision those layers ran in, when they share one ("FP32"); else "higher precision"."""
+    ran = {SHOWN.get(runtime[name], runtime[name]) for name in layers}
+    return ran.pop() if len(ran) == 1 else "higher precision"
 
 
 # --------------------------------------------------------------------------- tune.md and the report section
@@ -86,14 +108,16 @@ def speed_failure(p: dict, min_speedup: float | None) -> str:
 def sections(p: dict) -> list[Section]:
     chosen = p["chosen"]
     status = Status.PASSED if chosen else Status.FAILED
+    no_vnni = p["precision"] == "int8" and not p["int8_dot_product"]
     head = [f"{p['summary']}.", f"Target: {p['target']} on {p['cpu']}"
-            + ("" if p["int8_dot_product"] else " (no VNNI/AMX: INT8 kernels gain little here)") + ".",
+            + (" (no VNNI/AMX: INT8 kernels gain little here)" if no_vnni else "") + ".",
+            *([f"Speed not measured: {p['speed_not_measured']}."] if p["speed_not_measured"] else []),
             f"Sensitivity on {p['samples']['sensitivity']} images; every candidate judged by the full gate on "
             f"{p['samples']['gate']} images; timings: {p['timing']['statistic']}."]
     if chosen:
         head.append(f"Why: {chosen['why']}.")
-        if chosen["runtime_not_int8"]:
-            head.append(f"Not run in INT8 by the target: {', '.join(chosen['runtime_not_int8'])}.")
+        if chosen["runtime_not_low"]:
+            head.append(f"Not run in {LABELS[p['precision']]} by the target: {', '.join(chosen['runtime_not_low'])}.")
     out = [Section("Precision tuning (tune)", status, tuple(head), (_candidates_table(p),))]
     for method, rows in p["sensitivity"].items():
         out.append(Section(f"Sensitivity, {method} calibration (most sensitive first)", None, (), (Table(
@@ -108,15 +132,15 @@ def sections(p: dict) -> list[Section]:
 def _candidates_table(p: dict) -> Table:
     batches = [str(b) for b in p["batches"]]
     rows = [(Cell("FP32 (reference deployment)"), Cell("-"), Cell("-"), Cell("-"), Cell("-"), Cell("-"),
-             *(Cell(fmt(p["fp32"]["latency_ms"][b])) for b in batches), Cell(""))]
+             *(Cell(fmt(p["fp32"]["latency_ms"].get(b))) for b in batches), Cell(""))]
     for c in p["candidates"]:
         r = c["result"]
         mark = "chosen" if c["chosen"] else "Pareto" if c["pareto"] else ""
-        rows.append((Cell(c["origin"]), Cell(c["calibration"]), Cell(str(c["layers_out_of_int8"])),
+        rows.append((Cell(c["origin"]), Cell(c["calibration"]), Cell(str(c["layers_raised"])),
                      Cell(r.get("status", "-"), status=r.get("status")), Cell(fmt(r.get("scaled_error"))),
                      Cell(fmt(r.get("accuracy_drop"))), *(Cell(fmt(c["latency_ms"].get(b))) for b in batches),
                      Cell(mark)))
-    return Table(("candidate", "calibration", "layers out of INT8", "gate", "scaled error", "accuracy drop",
+    return Table(("candidate", "calibration", f"layers {p['raised']}", "gate", "scaled error", "accuracy drop",
                   *(f"ms @ batch {b}" for b in batches), ""), tuple(rows))
 
 
@@ -133,7 +157,7 @@ def write_plots(run_dir: RunDir, p: dict) -> list[str]:
         fig, ax = plt.subplots(figsize=(7, max(3, 0.25 * len(rows))))
         ax.barh([r["layer"] for r in rows][::-1], [r["score"] for r in rows][::-1])
         ax.set_xlabel("sensitivity score (scaled error units)")
-        ax.set_title(f"{p['model']}: per-layer INT8 sensitivity ({method})")
+        ax.set_title(f"{p['model']}: per-layer {LABELS[p['precision']]} sensitivity ({method})")
         ax.tick_params(axis="y", labelsize=6)
         written.append(_save(fig, plt, run_dir, TUNE_SENSITIVITY_PLOT))
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -145,11 +169,14 @@ def write_plots(run_dir: RunDir, p: dict) -> list[str]:
                        color="tab:green" if c["result"].get("status") == Status.PASSED else "tab:red")
             where = (c["latency_ms"][batch], c["result"].get("accuracy_drop", 0.0))
             ax.annotate(f"{c['origin']} ({c['calibration']})", where, fontsize=6)
-    ax.axvline(p["fp32"]["latency_ms"][batch], color="grey", linestyle="--", label="FP32")
+    if batch in p["fp32"]["latency_ms"]:
+        ax.axvline(p["fp32"]["latency_ms"][batch], color="grey", linestyle="--", label="FP32")
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "speed not measured here", ha="center", transform=ax.transAxes)
     ax.set_xlabel(f"latency at batch {batch} (ms)")
     ax.set_ylabel("accuracy drop vs FP32")
     ax.set_title(f"{p['model']}: accuracy vs latency (green: passes the gate)")
-    ax.legend(fontsize=8)
     written.append(_save(fig, plt, run_dir, TUNE_PARETO_PLOT))
     return written
 

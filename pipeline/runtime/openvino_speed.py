@@ -49,9 +49,6 @@ def _ir_bytes(model: onnx.ModelProto) -> tuple[bytes, bytes]:
         return Path(f"{tmp}/m.xml").read_bytes(), Path(f"{tmp}/m.bin").read_bytes()
 
 
-INT8_RUNTIME = ("i8", "u8")
-
-
 def runtime_precisions(compiled, model: onnx.ModelProto) -> dict[str, str]:
     """``{matrix layer: precision}`` from the CPU plugin's runtime model (each executed node's ``runtimePrecision``
     and the original layers it fused, ``originalLayersNames``); a layer is matched by its node or output name."""
@@ -74,6 +71,11 @@ def runtime_precisions(compiled, model: onnx.ModelProto) -> dict[str, str]:
     return out
 
 
-def fp32_layers(runtime: dict[str, str]) -> list[str]:
-    """The matrix layers the target did not run in INT8."""
-    return [name for name, precision in runtime.items() if precision not in INT8_RUNTIME]
+# How each runtime names a precision a layer ran in: OpenVINO's runtimePrecision ("i8", "f16", "f32") and
+# TensorRT's engine inspector, as pipeline.runtime.tensorrt_speed reports it ("int8", "fp16", "fp32").
+RUNTIME_NAMES = {"int8": ("i8", "u8", "int8"), "fp16": ("f16", "fp16")}
+
+
+def layers_not_in(runtime: dict[str, str], precision: str) -> list[str]:
+    """The matrix layers the target did not run in ``precision`` (``int8``, ``fp16``)."""
+    return [name for name, ran in runtime.items() if ran not in RUNTIME_NAMES[precision]]
