@@ -103,7 +103,8 @@ def quantize(fp32_path: Path, images: np.ndarray, input_name: str, int8_cfg, out
                               f"{(str(exc).strip().splitlines() or [''])[0]}") from None
     quantized = onnx.load(str(out_path))
     if fp32_nodes:
-        quantized = fp16.keep_in_fp32(quantized, fp32_nodes)
+        # With their FP32 weights and constants, as AutoCast's exclusion keeps them in the FP16 graph.
+        quantized = fp16.keep_in_fp32(quantized, fp32_nodes, onnx.load(str(fp32_path)))
         onnx.save(quantized, str(out_path))
     seconds = time.perf_counter() - start
     report = precision_report(onnx.load(str(fp32_path), load_external_data=False), quantized, int8_cfg,
