@@ -107,8 +107,21 @@ def test_inspector_names_the_layer_left_out_of_int8(fake_trt):
 
 
 def test_the_config_asks_for_detailed_profiling(fake_trt):
+    """Asked for explicitly, not left to Polygraphy's default (TensorRT's own default names the layers only); the
+    build stage's config keeps Polygraphy's default."""
+    shapes = tensorrt_engine.profile_shapes(BUILD, [3, 8, 8])
+    kwargs = dict(input_name="x", shapes=shapes, build_cfg=BUILD, timing_cache=None)
+    assert tensorrt_engine.config_loader(**kwargs, detailed_profile=True).profiling_verbosity == \
+        fake_tensorrt.ProfilingVerbosity.DETAILED
+    assert tensorrt_engine.config_loader(**kwargs).profiling_verbosity is None
     tensorrt_speed.tensorrt_timing(mix(), IMAGES, [1], METHOD, build_cfg=BUILD)
     assert fake_trt.configs[-1].profiling_verbosity == fake_tensorrt.ProfilingVerbosity.DETAILED
+    seen = []
+    made = tensorrt_engine.config_loader
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tensorrt_engine, "config_loader", lambda **kw: seen.append(kw) or made(**kw))
+        tensorrt_speed.tensorrt_timing(mix(), IMAGES, [1], METHOD, build_cfg=BUILD)
+    assert [kw["detailed_profile"] for kw in seen] == [True]
 
 
 def test_an_engine_without_detailed_profiling_is_refused(fake_trt, monkeypatch):
