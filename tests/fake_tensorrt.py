@@ -37,6 +37,14 @@ as TensorRT does, so unchecked returns also show up as wrong results):
   given; otherwise it returns the fake engine (:func:`serialize`: a header with the profile and the config's
   flags, then the ONNX model). It does not optimise, choose tactics or check layer support.
 
+* the engine inspector (``ICudaEngine.create_engine_inspector()``, an ``EngineInspector``):
+  ``get_engine_information(LayerInformationFormat.JSON)`` gives TensorRT's JSON, ``{"Layers": [...], "Bindings":
+  [...]}``, with each layer's ``Name`` (fused ONNX nodes joined by " + "), ``LayerType``, ``Inputs``/``Outputs``
+  (``Format/Datatype`` such as "Thirty-two wide channel vectorized row major Int8 format") and ``Metadata``
+  ("[ONNX Layer: name]" per node) only when the engine was built with ``ProfilingVerbosity.DETAILED``; with
+  LAYER_NAMES_ONLY (TensorRT's default) the names alone. The layers' data types follow the strongly typed graph
+  (:func:`engine_layers`): Int8 behind a DequantizeLinear of INT8, Half on float16 tensors, Float otherwise.
+
 ``fail["warning"] = "<text>"`` makes every enqueue log that TensorRT WARNING through the runtime's logger.
 ``fail`` injects failures: ``fail["execute_async_v3"] = {4}`` makes ``execute_async_v3`` return False at
 batch 4 (no violation: TensorRT may legitimately fail), as with ``set_input_shape``; ``fail["capture"]`` makes
@@ -263,7 +271,7 @@ class FakeEngine:
     def num_layers(self) -> int:
         return len(engine_layers(self.proto))
 
-    def create_engine_inspector(self) -> "EngineInspector":
+    def create_engine_inspector(self) -> EngineInspector:
         self.fake.record("create_engine_inspector")
         return EngineInspector(self)
 

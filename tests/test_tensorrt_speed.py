@@ -4,13 +4,13 @@ benchmark's device-side timer, and the precision each matrix layer runs in read 
 
 from __future__ import annotations
 
+import fake_tensorrt
 import numpy as np
 import onnx
 import pytest
+import virtual_cuda as vc
 from onnx import TensorProto, helper, numpy_helper
 
-import fake_tensorrt
-import virtual_cuda as vc
 from pipeline import config
 from pipeline.core import env
 from pipeline.core.errors import StageFailed, UsageError
@@ -110,7 +110,7 @@ def test_the_config_asks_for_detailed_profiling(fake_trt):
     """Asked for explicitly, not left to Polygraphy's default (TensorRT's own default names the layers only); the
     build stage's config keeps Polygraphy's default."""
     shapes = tensorrt_engine.profile_shapes(BUILD, [3, 8, 8])
-    kwargs = dict(input_name="x", shapes=shapes, build_cfg=BUILD, timing_cache=None)
+    kwargs = {"input_name": "x", "shapes": shapes, "build_cfg": BUILD, "timing_cache": None}
     assert tensorrt_engine.config_loader(**kwargs, detailed_profile=True).profiling_verbosity == \
         fake_tensorrt.ProfilingVerbosity.DETAILED
     assert tensorrt_engine.config_loader(**kwargs).profiling_verbosity is None
@@ -168,3 +168,10 @@ def test_tensor_precision_reads_tensorrt_s_format_strings(text, precision):
 def test_fused_nodes_from_the_name_and_the_metadata():
     layer = {"Name": "conv1_w_dq + conv1 + relu1 || conv9", "Metadata": "[ONNX Layer: conv1]\x1e[ONNX Layer: conv7]"}
     assert tensorrt_speed.fused_nodes(layer) == {"conv1_w_dq", "conv1", "relu1", "conv9", "conv7"}
+
+
+def test_a_failed_build_names_tensorrt_s_error_and_keeps_the_log(fake_trt, tmp_path):
+    fake_trt.fail["parse"] = "ModelImporter.cpp:914: While parsing node number 3 [Conv]: unsupported padding"
+    with pytest.raises(StageFailed, match=r"build of a candidate mix failed: ModelImporter.cpp:914: .*\[Conv\]"):
+        tensorrt_speed.tensorrt_timing(mix(), IMAGES, [1], METHOD, build_cfg=BUILD, log_path=tmp_path / "trt.log")
+    assert "unsupported padding" in (tmp_path / "trt.log").read_text()

@@ -25,8 +25,8 @@ GPU_COMPUTE = "GPU compute"  # the label of TensorrtRunner's device-side timer: 
 def tensorrt_timing(model: onnx.ModelProto, images: np.ndarray, batches: list[int], method, *, build_cfg,
                     timing_cache: Path | None = None, cuda_graphs: bool = False,
                     log_path: Path | None = None) -> dict:
-    """The mix built as build builds an engine (:func:`pipeline.runtime.tensorrt_engine.engine_loader`: strongly
-    typed, no precision flag, one profile of ``build.min/opt/max_batch``), run by benchmark's
+    """The mix built as build builds an engine (:func:`build_engine`: strongly typed, no precision flag, one
+    profile of ``build.min/opt/max_batch``, DETAILED profiling verbosity), run by benchmark's
     :class:`~pipeline.runtime.runners.TensorrtRunner` and timed with benchmark's device-side timer ("GPU compute":
     CUDA events around the enqueue, over a CUDA graph with ``cuda_graphs``) and method
     (:func:`~pipeline.runtime.runners.measure`); the median per batch, and what the inspector says each matrix
@@ -61,7 +61,7 @@ def _shapes(build_cfg, batches: list[int], input_size: list[int]) -> dict:
     shapes = profile_shapes(build_cfg, input_size)
     outside = [b for b in batches if not shapes["min"][0] <= b <= shapes["max"][0]]
     if outside:
-        raise UsageError(f"tune: batch {', '.join(map(str, outside))} is outside the TensorRT profile "
+        raise UsageError(f"batch {', '.join(map(str, outside))} is outside the TensorRT profile "
                          f"[build.min_batch={shapes['min'][0]}, build.max_batch={shapes['max'][0]}]; widen the profile "
                          "or change benchmark.batch_sizes")
     return shapes
@@ -88,9 +88,9 @@ def build_engine(model: onnx.ModelProto, *, input_name: str, shapes: dict, build
                 loader = EngineBytesFromNetwork(tensorrt_engine.network_loader(onnx_path), config=config,
                                                 save_timing_cache=str(timing_cache) if timing_cache else None)
                 return bytes(loader())
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 (Polygraphy raises its own types; TensorRT logged why)
                 first = "; ".join(errors[:3]) or f"{type(exc).__name__}: {str(exc).strip()}"
-                raise StageFailed(f"tune: TensorRT engine build of a candidate mix failed: {first}") from None
+                raise StageFailed(f"TensorRT engine build of a candidate mix failed: {first}") from None
 
 
 def runtime_precisions(engine: trt.ICudaEngine, model: onnx.ModelProto) -> dict[str, str]:
@@ -103,7 +103,7 @@ def runtime_precisions(engine: trt.ICudaEngine, model: onnx.ModelProto) -> dict[
     layers = info.get("Layers") or []
     if not layers or not all(isinstance(layer, dict) for layer in layers):
         verbosity = getattr(engine, "profiling_verbosity", "unknown")
-        raise StageFailed(f"tune: the TensorRT engine inspector reports layer names only (profiling verbosity "
+        raise StageFailed(f"the TensorRT engine inspector reports layer names only (profiling verbosity "
                           f"{verbosity}); the layers' data types need an engine built with "
                           "ProfilingVerbosity.DETAILED (tensorrt_engine.config_loader(detailed_profile=True))")
     executed: dict[str, str] = {}
