@@ -105,7 +105,7 @@ def run(cfg, run_dir: RunDir, record: StageRecord) -> None:
 
 def build_engine(cfg, run_dir: RunDir, t: Target, onnx_path: Path, spec: dict, platform: dict) -> dict:
     """Build one strongly typed engine from ``onnx_path``; write it and its sidecar; return the sidecar."""
-    shapes = tensorrt_engine.profile_shapes(cfg, spec["input_size"])
+    shapes = tensorrt_engine.profile_shapes(cfg.build, spec["input_size"])
     cache = tensorrt_engine.timing_cache_path(cfg, run_dir, platform)
     cache.parent.mkdir(parents=True, exist_ok=True)
     loader = tensorrt_engine.engine_loader(onnx_path, input_name=spec["input_name"], shapes=shapes, build_cfg=cfg.build,

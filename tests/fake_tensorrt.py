@@ -37,6 +37,14 @@ as TensorRT does, so unchecked returns also show up as wrong results):
   given; otherwise it returns the fake engine (:func:`serialize`: a header with the profile and the config's
   flags, then the ONNX model). It does not optimise, choose tactics or check layer support.
 
+* the engine inspector (``ICudaEngine.create_engine_inspector()``, an ``EngineInspector``):
+  ``get_engine_information(LayerInformationFormat.JSON)`` gives TensorRT's JSON, ``{"Layers": [...], "Bindings":
+  [...]}``, with each layer's ``Name`` (fused ONNX nodes joined by " + "), ``LayerType``, ``Inputs``/``Outputs``
+  (``Format/Datatype`` such as "Thirty-two wide channel vectorized row major Int8 format") and ``Metadata``
+  ("[ONNX Layer: name]" per node) only when the engine was built with ``ProfilingVerbosity.DETAILED``; with
+  LAYER_NAMES_ONLY (TensorRT's default) the names alone. The layers' data types follow the strongly typed graph
+  (:func:`engine_layers`): Int8 behind a DequantizeLinear of INT8, Half on float16 tensors, Float otherwise.
+
 ``fail["warning"] = "<text>"`` makes every enqueue log that TensorRT WARNING through the runtime's logger.
 ``fail`` injects failures: ``fail["execute_async_v3"] = {4}`` makes ``execute_async_v3`` return False at
 batch 4 (no violation: TensorRT may legitimately fail), as with ``set_input_shape``; ``fail["capture"]`` makes
@@ -219,7 +227,10 @@ class FakeEngine:
         self.fake, self.header, self.logger = fake, json.loads(header), logger
         self.session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
         proto = onnx.load_from_string(model)
+        self.proto = proto
         self.layers = len(proto.graph.node)  # the kernel's virtual time: vc.LAYER_NS per layer
+        # What the builder config said; an engine serialized without it has TensorRT's default.
+        self.profiling_verbosity = ProfilingVerbosity[self.header.get("profiling_verbosity", "LAYER_NAMES_ONLY")]
         self.io = {}
         for value, mode in [(v, TensorIOMode.INPUT) for v in proto.graph.input] + \
                            [(v, TensorIOMode.OUTPUT) for v in proto.graph.output]:
@@ -255,6 +266,14 @@ class FakeEngine:
     def create_execution_context(self, strategy=None) -> "FakeContext":
         self.fake.record("create_execution_context")
         return FakeContext(self)
+
+    @property
+    def num_layers(self) -> int:
+        return len(engine_layers(self.proto))
+
+    def create_engine_inspector(self) -> EngineInspector:
+        self.fake.record("create_engine_inspector")
+        return EngineInspector(self)
 
 
 class ICudaEngine(FakeEngine):
@@ -501,6 +520,116 @@ class ProfilingVerbosity(enum.IntEnum):
     DETAILED = 2
 
 
+class LayerInformationFormat(enum.IntEnum):
+    ONELINE = 0
+    JSON = 1
+
+
+class EngineInspector:
+    """``ICudaEngine.create_engine_inspector()`` (the binding's class is ``tensorrt.EngineInspector``). As TensorRT's:
+    what it tells depends on the profiling verbosity the engine was built with: DETAILED gives every layer's JSON
+    (``Name``, ``LayerType``, ``Inputs``/``Outputs`` with ``Format/Datatype``, ``Metadata``), LAYER_NAMES_ONLY (the
+    builder's default) the layer names alone, NONE no layers (an assumption: the documentation says only that
+    nothing is printed)."""
+
+    def __init__(self, engine: FakeEngine):
+        self.engine, self.execution_context, self.error_recorder = engine, None, None
+
+    def get_engine_information(self, format: LayerInformationFormat) -> str:
+        FAKE[0].record("get_engine_information", LayerInformationFormat(format).name)
+        layers = self._layers()
+        if format == LayerInformationFormat.ONELINE:
+            return "\n".join(layer if isinstance(layer, str) else json.dumps(layer) for layer in layers)
+        return json.dumps({"Layers": layers, "Bindings": list(self.engine.io)})
+
+    def get_layer_information(self, layer_index: int, format: LayerInformationFormat) -> str:
+        layer = self._layers()[layer_index]
+        return json.dumps(layer) if format == LayerInformationFormat.JSON or isinstance(layer, dict) else layer
+
+    def _layers(self) -> list:
+        detailed = engine_layers(self.engine.proto)
+        verbosity = self.engine.profiling_verbosity
+        if verbosity == ProfilingVerbosity.DETAILED:
+            return detailed
+        return [layer["Name"] for layer in detailed] if verbosity == ProfilingVerbosity.LAYER_NAMES_ONLY else []
+
+
+# The formats TensorRT's inspector names (trex's activations.py lists them); kgen layers say "Int8"/"Half"/"Float".
+_FORMATS = {"Int8": "Thirty-two wide channel vectorized row major Int8 format",
+            "Half": "Channel major FP16 format where channel % 8 == 0", "Float": "Row major linear FP32"}
+_LAYER_TYPES = {"Conv": "CaskConvolution", "ConvTranspose": "CaskDeconvolutionV2", "Gemm": "CaskGemmConvolution",
+                "MatMul": "CaskGemmMatrixMultiply"}
+
+
+def engine_layers(proto) -> list[dict]:
+    """The layers a strongly typed build of ``proto`` reports: one per compute node, with the DequantizeLinear of its
+    weights and a Relu it alone feeds fused in (names joined by " + ", each in Metadata as "[ONNX Layer: name]"), and
+    a Reformat before the first layer when it reads another type than the network input. A layer reads Int8 when
+    its input comes from a DequantizeLinear of an INT8 tensor (an explicitly quantized kernel), Half when its input
+    is float16 (a strongly typed FP16 layer), Float otherwise; Q/DQ pairs are not layers of their own."""
+    import onnx
+
+    types = _tensor_types(proto)
+    producer = {o: n for n in proto.graph.node for o in n.output}
+    consumers: dict = {}
+    for n in proto.graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    int8 = {onnx.TensorProto.INT8, onnx.TensorProto.UINT8}
+
+    def reads(tensor: str) -> str:
+        source = producer.get(tensor)
+        if source is not None and source.op_type == "DequantizeLinear" and types.get(source.input[0]) in int8:
+            return "Int8"
+        return "Half" if types.get(tensor) == onnx.TensorProto.FLOAT16 else "Float"
+
+    def origin(tensor: str) -> str:
+        """The tensor a Q/DQ pair quantizes: the name TensorRT gives the fused kernel's input."""
+        dq = producer.get(tensor)
+        q = producer.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
+        return q.input[0] if q is not None and q.op_type == "QuantizeLinear" else tensor
+
+    layers, fused_away = [], set()
+    for node in proto.graph.node:
+        if node.op_type in ("QuantizeLinear", "DequantizeLinear", "Constant") or node.name in fused_away:
+            continue
+        weights = [producer[i].name for i in node.input[1:] if i in producer
+                   and producer[i].op_type == "DequantizeLinear"]
+        after = consumers.get(node.output[0], [])
+        relu = after[0] if node.op_type in _LAYER_TYPES and len(after) == 1 and after[0].op_type == "Relu" else None
+        names = [*weights, node.name, *([relu.name] if relu is not None else [])]
+        fused_away.update(names)
+        out = (relu or node).output[0]
+        layers.append({"Name": " + ".join(names), "LayerType": _LAYER_TYPES.get(node.op_type, "PointWiseV2"),
+                       "Inputs": [_region(origin(node.input[0]), reads(node.input[0]))],
+                       "Outputs": [_region(out, "Half" if types.get(out) == onnx.TensorProto.FLOAT16 else "Float")],
+                       "Metadata": "\x1e".join(f"[ONNX Layer: {n}]" for n in names)})
+    network_input = proto.graph.input[0].name
+    first = next((layer for layer in layers if layer["Inputs"][0]["Name"] == network_input), None)
+    if first is not None and first["Inputs"][0]["Format/Datatype"] != _FORMATS[reads(network_input)]:
+        # TensorRT copies the network input into the format and type the first layer reads
+        layers.insert(0, {"Name": f"Reformatting CopyNode for Input Tensor 0 to {first['Name']}",
+                          "LayerType": "Reformat", "Inputs": [_region(network_input, reads(network_input))],
+                          "Outputs": [dict(first["Inputs"][0], Name=f"Reformatted Input Tensor 0 to {first['Name']}")],
+                          "Metadata": ""})
+    return layers
+
+
+def _region(name: str, datatype: str) -> dict:
+    return {"Name": name, "Location": "Device", "Dimensions": [], "Format/Datatype": _FORMATS[datatype]}
+
+
+def _tensor_types(proto) -> dict:
+    """``{tensor: ONNX elem type}`` of every typed tensor (inputs, initializers, inferred values, outputs)."""
+    import onnx
+
+    inferred = onnx.shape_inference.infer_shapes(proto)
+    types = {t.name: t.data_type for t in proto.graph.initializer}
+    for value in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output):
+        types[value.name] = value.type.tensor_type.elem_type
+    return types
+
+
 class HostMemory(bytes):
     """``IHostMemory``: a buffer, also a context manager (Polygraphy writes ``with cache.serialize() as buf``)."""
 
@@ -719,7 +848,8 @@ class Builder:
             config.timing_cache.entries.add(hashlib.sha256(network.onnx).hexdigest()[:16])
         self.logger.log(Severity.INFO, f"Total Activation Memory: {4 * int(np.prod(hi))} bytes")
         header = {"strongly_typed": network.get_flag(NetworkDefinitionCreationFlag.STRONGLY_TYPED),
-                  "flags": sorted(f.name for f in config.flags), "level": config.builder_optimization_level}
+                  "flags": sorted(f.name for f in config.flags), "level": config.builder_optimization_level,
+                  "profiling_verbosity": ProfilingVerbosity(config.profiling_verbosity).name}
         return HostMemory(serialize(network.onnx, {"min": list(lo), "opt": list(mid), "max": list(hi)}, **header))
 
     @staticmethod
@@ -834,6 +964,7 @@ def install(monkeypatch, *, gpu_name: str = "Fake GPU (tests/fake_tensorrt.py)")
                             Builder=Builder, OnnxParser=OnnxParser, BuilderFlag=BuilderFlag,
                             NetworkDefinitionCreationFlag=NetworkDefinitionCreationFlag, DeviceType=DeviceType,
                             ProfilingVerbosity=ProfilingVerbosity, IHostMemory=HostMemory,
+                            LayerInformationFormat=LayerInformationFormat, EngineInspector=EngineInspector,
                             ITimingCache=FakeTimingCache, IBuilderConfig=FakeBuilderConfig,
                             INetworkDefinition=FakeNetwork, IOptimizationProfile=FakeOptimizationProfile,
                             init_libnvinfer_plugins=lambda logger, namespace: True).items():

@@ -14,7 +14,7 @@ def pieces_for(tmp_path, **build_overrides):
     cfg = config.resolve(overrides=[f"build.{k}={v}" for k, v in build_overrides.items()] + ["verify.batch_size=8"])
     onnx_path = tmp_path / "model.fp16.onnx"
     onnx_path.write_bytes(b"not parsed until the loader is called")
-    shapes = tensorrt_engine.profile_shapes(cfg, [3, 32, 32])
+    shapes = tensorrt_engine.profile_shapes(cfg.build, [3, 32, 32])
     network = tensorrt_engine.network_loader(onnx_path)
     builder_config = tensorrt_engine.config_loader(input_name="input", shapes=shapes, build_cfg=cfg.build,
                                          timing_cache=tmp_path / "trt_timing.cache")
@@ -44,7 +44,7 @@ def test_engine_loader_is_built_from_the_public_pieces(tmp_path, monkeypatch):
     monkeypatch.setattr(tensorrt_engine, "network_loader", lambda path: seen.setdefault("network", path))
     monkeypatch.setattr(tensorrt_engine, "config_loader", lambda **kw: seen.setdefault("config", kw))
     cfg = config.resolve()
-    tensorrt_engine.engine_loader(tmp_path / "m.onnx", input_name="x", shapes=tensorrt_engine.profile_shapes(cfg, [3, 8, 8]),
+    tensorrt_engine.engine_loader(tmp_path / "m.onnx", input_name="x", shapes=tensorrt_engine.profile_shapes(cfg.build, [3, 8, 8]),
                         build_cfg=cfg.build, timing_cache=None)
     assert seen["network"] == tmp_path / "m.onnx" and seen["config"]["input_name"] == "x"
 

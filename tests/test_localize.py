@@ -20,7 +20,7 @@ OVERRIDES = ["build.tf32=true", "build.optimization_level=5", "build.min_batch=2
 def both_loaders(tmp_path):
     cfg = config.resolve(overrides=OVERRIDES)
     onnx_path = tmp_path / "model.fp16.onnx"
-    shapes = tensorrt_engine.profile_shapes(cfg, [3, 8, 8])
+    shapes = tensorrt_engine.profile_shapes(cfg.build, [3, 8, 8])
     cache = tmp_path / "trt_timing.11.4.0.sm90.cache"
     cache.write_bytes(b"a timing cache")
     engine = tensorrt_engine.engine_loader(onnx_path, input_name="x", shapes=shapes, build_cfg=cfg.build, timing_cache=cache)

@@ -17,7 +17,8 @@ import pytest
 
 from conftest import ROOT
 
-TRT_MODULES = ["pipeline/build.py", "pipeline/runtime/tensorrt_engine.py", "pipeline/runtime/runners.py"]
+TRT_MODULES = ["pipeline/build.py", "pipeline/runtime/tensorrt_engine.py", "pipeline/runtime/runners.py",
+               "pipeline/runtime/tensorrt_speed.py"]
 STUBS = ROOT / ".venv" / "typecheck-stubs"
 
 

@@ -294,7 +294,7 @@ def _localize_engine(cfg, fp32_model, run_dir: RunDir, feed: dict, rule, evidenc
 
     spec_input = next(iter(feed))
     try:
-        shapes = tensorrt_engine.profile_shapes(cfg, list(feed[spec_input].shape[1:]))
+        shapes = tensorrt_engine.profile_shapes(cfg.build, list(feed[spec_input].shape[1:]))
         cache = tensorrt_engine.timing_cache_path(cfg, run_dir)
         return localize.localize_tensorrt(fp32_model, run_dir.file(FP16_ONNX), feed, rule,
                                           cfg.verify.localize_top, spec_input, shapes, build_cfg=cfg.build,

@@ -83,9 +83,10 @@ def timing_cache_path(cfg, run_dir: RunDir, platform: dict | None = None) -> Pat
                                                              platform.get("compute_capability"))
 
 
-def profile_shapes(cfg, input_size: list[int]) -> dict[str, list[int]]:
-    b = cfg.build
-    return {"min": [b.min_batch, *input_size], "opt": [b.opt_batch, *input_size], "max": [b.max_batch, *input_size]}
+def profile_shapes(build_cfg, input_size: list[int]) -> dict[str, list[int]]:
+    """The one optimization profile: ``build.min/opt/max_batch`` images of ``input_size``."""
+    return {"min": [build_cfg.min_batch, *input_size], "opt": [build_cfg.opt_batch, *input_size],
+            "max": [build_cfg.max_batch, *input_size]}
 
 
 def network_loader(onnx_path: Path):
@@ -95,16 +96,28 @@ def network_loader(onnx_path: Path):
     return NetworkFromOnnxPath(str(onnx_path), strongly_typed=True)
 
 
-def config_loader(*, input_name: str, shapes: dict, build_cfg, timing_cache: Path | None):
-    """The builder config (Polygraphy ``CreateConfig``): one profile, no precision flag; lazy."""
+def config_loader(*, input_name: str, shapes: dict, build_cfg, timing_cache: Path | None,
+                  detailed_profile: bool = False):
+    """The builder config (Polygraphy ``CreateConfig``): one profile, no precision flag; lazy.
+
+    ``detailed_profile``: ``ProfilingVerbosity.DETAILED`` asked for explicitly, for a caller that reads the engine
+    inspector's layer data types (tune); TensorRT's own default names the layers only. Without it the config keeps
+    Polygraphy's default (DETAILED in 0.53.6). Asking for it imports TensorRT when this is called.
+    """
     from polygraphy.backend.trt import CreateConfig, Profile
 
+    verbosity = None
+    if detailed_profile:
+        import tensorrt
+
+        verbosity = tensorrt.ProfilingVerbosity.DETAILED
     profile = Profile().add(input_name, min=shapes["min"], opt=shapes["opt"], max=shapes["max"])
     return CreateConfig(
         tf32=build_cfg.tf32,
         profiles=[profile],
         builder_optimization_level=build_cfg.optimization_level,
         load_timing_cache=str(timing_cache) if timing_cache and timing_cache.exists() else None,
+        profiling_verbosity=verbosity,
     )
 
 

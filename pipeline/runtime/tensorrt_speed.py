@@ -1,0 +1,141 @@
+"""A precision mix on the deployment GPU: the graph built into a strongly typed TensorRT engine with the build
+stage's recipe, timed with the benchmark's method on the device, and the precision each matrix layer really runs in
+(TensorRT's engine inspector). The GPU twin of :mod:`pipeline.runtime.openvino_speed`."""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import onnx
+
+from pipeline.core.errors import StageFailed, UsageError
+from pipeline.precision.int8 import MATRIX_OPS
+
+if TYPE_CHECKING:  # type-checked against tensorrt-stubs (tests/test_typecheck.py); never imported at run time
+    import tensorrt as trt
+
+GPU_COMPUTE = "GPU compute"  # the label of TensorrtRunner's device-side timer: CUDA events around the enqueue
+
+
+def tensorrt_timing(model: onnx.ModelProto, images: np.ndarray, batches: list[int], method, *, build_cfg,
+                    timing_cache: Path | None = None, cuda_graphs: bool = False,
+                    log_path: Path | None = None) -> dict:
+    """The mix built as build builds an engine (:func:`build_engine`: strongly typed, no precision flag, one
+    profile of ``build.min/opt/max_batch``, DETAILED profiling verbosity), run by benchmark's
+    :class:`~pipeline.runtime.runners.TensorrtRunner` and timed with benchmark's device-side timer ("GPU compute":
+    CUDA events around the enqueue, over a CUDA graph with ``cuda_graphs``) and method
+    (:func:`~pipeline.runtime.runners.measure`); the median per batch, and what the inspector says each matrix
+    layer ran in. The same shape as :func:`pipeline.runtime.openvino_speed.openvino_timing`'s result."""
+    from pipeline.core import env
+    from pipeline.runtime.runners import TensorrtRunner, measure
+
+    input_name, output_name = model.graph.input[0].name, model.graph.output[0].name
+    shapes = _shapes(build_cfg, batches, list(images.shape[1:]))
+    engine_bytes = build_engine(model, input_name=input_name, shapes=shapes, build_cfg=build_cfg,
+                                timing_cache=timing_cache, log_path=log_path)
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(model.graph.input[0].type.tensor_type.elem_type)
+    env.expose_libcudart()  # before Polygraphy's CUDA wrapper looks for it
+    runner = TensorrtRunner(engine_bytes, {"profile": shapes, "precision": "a tune candidate"}, name="tune",
+                            input_name=input_name, output_name=output_name, cuda_graphs=cuda_graphs)
+    latency, spread = {}, {}
+    with runner:
+        runtime = runtime_precisions(runner.engine, model)
+        for batch in batches:
+            x = np.ascontiguousarray(np.resize(images, (batch, *images.shape[1:])), dtype=dtype)
+            run_once = next(timer for label, timer in runner.timers({input_name: x}) if label.startswith(GPU_COMPUTE))
+            samples = measure(run_once, method)["samples"]
+            latency[batch] = float(np.median(samples))
+            spread[batch] = [float(np.percentile(samples, 10)), float(np.percentile(samples, 90))]
+    return {"latency_ms": latency, "p10_p90_ms": spread, "runtime": runtime}
+
+
+def _shapes(build_cfg, batches: list[int], input_size: list[int]) -> dict:
+    """The build stage's profile; a batch it does not cover is the config's error, found before any build."""
+    from pipeline.runtime.tensorrt_engine import profile_shapes
+
+    shapes = profile_shapes(build_cfg, input_size)
+    outside = [b for b in batches if not shapes["min"][0] <= b <= shapes["max"][0]]
+    if outside:
+        raise UsageError(f"batch {', '.join(map(str, outside))} is outside the TensorRT profile "
+                         f"[build.min_batch={shapes['min'][0]}, build.max_batch={shapes['max'][0]}]; widen the profile "
+                         "or change benchmark.batch_sizes")
+    return shapes
+
+
+def build_engine(model: onnx.ModelProto, *, input_name: str, shapes: dict, build_cfg, timing_cache: Path | None,
+                 log_path: Path | None = None) -> bytes:
+    """The serialized engine of ``model``, built with the build stage's network parser and builder config
+    (:mod:`pipeline.runtime.tensorrt_engine`) plus DETAILED profiling verbosity: without it the engine inspector
+    names the layers but not their data types. The timing cache is read and merged into as build does. TensorRT's
+    whole log goes to ``log_path`` (a scratch file when None); a failed build raises :class:`StageFailed` with
+    TensorRT's errors."""
+    from polygraphy.backend.trt import EngineBytesFromNetwork
+
+    from pipeline.runtime import tensorrt_engine
+
+    with tempfile.TemporaryDirectory(prefix=".tune-trt.") as tmp:
+        onnx_path = Path(tmp) / "candidate.onnx"
+        onnx.save(model, str(onnx_path))  # the parser reads a file, as the build stage's does
+        with tensorrt_engine.tensorrt_log(log_path or Path(tmp) / "build.log") as errors:
+            try:
+                config = tensorrt_engine.config_loader(input_name=input_name, shapes=shapes, build_cfg=build_cfg,
+                                                       timing_cache=timing_cache, detailed_profile=True)
+                loader = EngineBytesFromNetwork(tensorrt_engine.network_loader(onnx_path), config=config,
+                                                save_timing_cache=str(timing_cache) if timing_cache else None)
+                return bytes(loader())
+            except Exception as exc:  # noqa: BLE001 (Polygraphy raises its own types; TensorRT logged why)
+                first = "; ".join(errors[:3]) or f"{type(exc).__name__}: {str(exc).strip()}"
+                raise StageFailed(f"TensorRT engine build of a candidate mix failed: {first}") from None
+
+
+def runtime_precisions(engine: trt.ICudaEngine, model: onnx.ModelProto) -> dict[str, str]:
+    """``{matrix layer of model: "int8" | "fp16" | "fp32" | ... | "unknown"}`` from the engine inspector's JSON: the
+    data type of the activation each engine layer reads (its first input: the INT8 kernel of a Q/DQ convolution
+    reads Int8, whatever it writes), for every ONNX node the layer fused (:func:`fused_nodes`)."""
+    import tensorrt
+
+    info = json.loads(engine.create_engine_inspector().get_engine_information(tensorrt.LayerInformationFormat.JSON))
+    layers = info.get("Layers") or []
+    if not layers or not all(isinstance(layer, dict) for layer in layers):
+        verbosity = getattr(engine, "profiling_verbosity", "unknown")
+        raise StageFailed(f"the TensorRT engine inspector reports layer names only (profiling verbosity "
+                          f"{verbosity}); the layers' data types need an engine built with "
+                          "ProfilingVerbosity.DETAILED (tensorrt_engine.config_loader(detailed_profile=True))")
+    executed: dict[str, str] = {}
+    for layer in layers:
+        if layer.get("LayerType") == "Reformat":  # a copy between formats, named after the layer it feeds
+            continue
+        precision = tensor_precision(layer["Inputs"][0]) if layer.get("Inputs") else "unknown"
+        for name in fused_nodes(layer):
+            executed.setdefault(name, precision)
+    return {node.name: executed.get(node.name, "unknown") for node in model.graph.node if node.op_type in MATRIX_OPS}
+
+
+# TensorRT joins fused layers' names with " + " (vertical fusion) and " || " (horizontal); from 8.6 its Metadata
+# names each ONNX node as "[ONNX Layer: name]", joined with \x1e; 10.x may put \x1e/\x1f into names too.
+_NAME_SEPARATORS = re.compile(r" \+ | \|\| |[\x1e\x1f]")
+_ONNX_LAYER = re.compile(r"\[ONNX Layer: ([^\]\x1e]*)\]")
+
+
+def fused_nodes(layer: dict) -> set[str]:
+    """The ONNX node names an engine layer stands for: its Metadata's ONNX layers and the parts of its name."""
+    names = {part.strip() for part in _NAME_SEPARATORS.split(layer.get("Name", ""))}
+    return (names | set(_ONNX_LAYER.findall(layer.get("Metadata") or ""))) - {""}
+
+
+# The words TensorRT's formats use for a data type, e.g. "Thirty-two wide channel vectorized row major Int8 format",
+# "Channel major FP16 format where channel % 8 == 0", "Row major linear FP32", and kgen's "Int8"/"Half"/"Float".
+_DATA_TYPES = {"INT8": "int8", "FP16": "fp16", "HALF": "fp16", "FP32": "fp32", "FLOAT": "fp32", "BFLOAT16": "bf16",
+               "BF16": "bf16", "FP8": "fp8", "FLOAT8E4M3": "fp8", "UINT8": "uint8", "INT32": "int32", "INT64": "int64"}
+
+
+def tensor_precision(tensor: dict) -> str:
+    """The data type of one tensor of an inspector layer: its "Format/Datatype" (TensorRT <= 10) or its
+    "Datatype" (TensorRT 11 split the two)."""
+    text = tensor.get("Format/Datatype") or tensor.get("Datatype") or ""
+    return next((_DATA_TYPES[w] for w in re.findall(r"[A-Z0-9]+", text.upper()) if w in _DATA_TYPES), "unknown")
