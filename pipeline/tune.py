@@ -320,7 +320,7 @@ def time_candidates(t: Tuner, runs: list[dict]) -> dict | None:
         return None
     timed = [c for r in runs for c in r["candidates"]]
     seen: dict[tuple, dict] = {}
-    with phase(t, f"speed ({t.target['name']})", len({c.key() for c in timed}) + 1) as bar:
+    with phase(t, f"speed, {t.target['name']}", len({c.key() for c in timed}) + 1) as bar:
         baseline = timing(t.fp32_model, False)
         bar.update(1)
         for cand in timed:

@@ -131,6 +131,29 @@ def test_speed_gate_fails_and_names_the_layers_when_int8_cannot_be_faster(traine
                                                         "/fc/Gemm"]
 
 
+def test_on_a_gpu_tune_times_tensorrt_engines_and_reads_each_layers_precision_from_the_inspector(
+        trained, tmp_path, monkeypatch):
+    """Where TensorRT and a GPU are (here: tests/fake_tensorrt.py on its virtual device), every mix is built as a
+    strongly typed engine and timed as benchmark times one; the engine inspector says which layers ran in INT8."""
+    import fake_tensorrt
+    from pipeline.core import env
+
+    run = _copy(trained("tiny_cnn"), tmp_path)  # trained on the CPU, before the fake GPU appears
+    fake_tensorrt.install(monkeypatch)
+    try:
+        assert cli("tune", "--run-dir", run, "--no-speed-gate", *FAST) == 0
+        report = _tune(run)
+        assert report["target"] == "TensorRT (strongly typed engine)" and report["speed_not_measured"] is None
+        assert report["fp32"]["latency_ms"].keys() == {"1", "4"}
+        by_origin = {c["origin"]: c for c in report["candidates"]}
+        assert all(c["latency_ms"].keys() == {"1", "4"} for c in report["candidates"])
+        quantized = {r["layer"] for r in report["sensitivity"]["max"]}  # ModelOpt leaves this small Gemm alone
+        assert quantized and not quantized & set(by_origin["all INT8"]["runtime_not_low"])  # INT8, says the inspector
+        assert quantized <= set(by_origin["all high"]["runtime_not_low"])  # none of them ran in INT8 there
+    finally:
+        env.tensorrt_status.cache_clear()
+
+
 def test_search_bisects_on_k_and_confirms_the_neighbours():
     """Twelve ranked layers, the gate passing from k = 7 on: bisection judges O(log n) mixes, not every k, and the
     answer's neighbours k = 6 (fails) and k = 8 (passes) are judged too; both extremes always are."""
