@@ -112,8 +112,8 @@ def sections(p: dict) -> list[Section]:
     head = [f"{p['summary']}.", f"Target: {p['target']} on {p['cpu']}"
             + (" (no VNNI/AMX: INT8 kernels gain little here)" if no_vnni else "") + ".",
             *([f"Speed not measured: {p['speed_not_measured']}."] if p["speed_not_measured"] else []),
-            f"Sensitivity on {p['samples']['sensitivity']} images; every candidate judged by the full gate on "
-            f"{p['samples']['gate']} images; timings: {p['timing']['statistic']}."]
+            (f"Sensitivity on {p['samples']['sensitivity']} images; every candidate judged by the full gate on "
+             f"{p['samples']['gate']} images; timings: {p['timing']['statistic']}.")]
     if chosen:
         head.append(f"Why: {chosen['why']}.")
         if chosen["runtime_not_low"]:
