@@ -93,7 +93,11 @@ def test_fake_calls_verify_runs_the_engine_through_trtrunner(built_run, fake_trt
     result = {c["name"]: c for c in json.loads((built_run / "verify.json").read_text())["candidates"]}
     assert result["tensorrt_fp16"]["status"] == "passed"
     assert fake_trt.violations == []
-    assert {shape["input"][0] for shape in fake_trt.runs} == {16, 4}  # 20 images, verify.batch_size 16
+    # 20 images at verify.batch_size 16, then again at the profile's other sizes on the same execution context:
+    # a new shape with every input buffer still alive for the context bound to it
+    assert {shape["input"][0] for shape in fake_trt.runs} == {16, 4, 1, 8}
+    rows = {r["batch_size"]: r["status"] for r in result["tensorrt_fp16"]["batch_sizes"]}
+    assert rows == {1: "passed", 8: "passed", 16: "passed"}
 
 
 @pytest.mark.parametrize("graphs", [False, True], ids=["trtrunner", "cuda_graphs"])

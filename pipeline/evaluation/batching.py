@@ -34,11 +34,6 @@ BATCH_HINT = ("not a precision fault (the FP32 fallback cannot fix it): the same
               "build.opt_batch at the batch you serve")
 AFTER_FALLBACK = ("checked when verify re-runs on the graph the fallback wrote (the stage runner re-runs export, "
                   "build and verify after a replacement)")
-# A second activation of the TensorRT runner at another shape binds an input buffer that tests/fake_tensorrt.py
-# reports freed while the context still holds it (a use-after-free on a real GPU): until runners.TensorrtRunner
-# keeps its input alive for the context, engines are not re-run here, and the row says so.
-TENSORRT_NOT_YET = ("not run: a TensorRT engine is not yet re-run at other batch sizes (its runner must first keep "
-                    "each input buffer alive for the execution context)")
 RECHECKED = (Status.PASSED, Status.INCONCLUSIVE)  # failed, skipped, error, crashed: nothing more to learn at other sizes
 
 
@@ -78,8 +73,6 @@ def run_sizes(runner, chk, cfg, feeds: dict[int, list[dict]]) -> dict[int, dict]
     if cfg.export.dynamic_batch is False and chk.artifact is not None:
         why = "static batch (export.dynamic_batch=false): the artifact serves one batch size"
         return {size: {"status": Status.SKIPPED, "reason": why} for size in feeds}
-    if chk.backend.runtime == "TensorRT":  # see TENSORRT_NOT_YET
-        return {size: {"status": Status.SKIPPED, "reason": TENSORRT_NOT_YET} for size in feeds}
     return {size: _run_size(runner, size, batches) for size, batches in feeds.items()}
 
 

@@ -571,6 +571,9 @@ class TensorrtRunner(Timed, TrtRunner):
         """NumPy inputs are copied to the device first, so TensorRT reads device-resident tensors."""
         feed = OrderedDict((k, DEVICE_MEMORY.tensor(v) if isinstance(v, np.ndarray) else v)
                            for k, v in feed_dict.items())
+        # The context stays bound to these buffers after the call: kept alive until the next one (or deactivate),
+        # so it never holds a freed address (Polygraphy rebinds only when the address changes).
+        self._bound_feed = feed
         return super().infer(feed, check_inputs, *args, **kwargs)
 
     def timers(self, feed: dict) -> Timers:
@@ -637,6 +640,7 @@ class TensorrtRunner(Timed, TrtRunner):
         try:
             super().deactivate()
         finally:
+            self.__dict__.pop("_bound_feed", None)  # after the context that was bound to it
             G_LOGGER.module_severity = getattr(self, "_severity", G_LOGGER.module_severity)
 
 
