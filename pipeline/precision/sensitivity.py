@@ -232,7 +232,7 @@ def choose(candidates: list[Candidate], batches: list[int], same_speed: float = 
     """The fastest passing mix: lowest latency summed over ``batches`` (each relative to the fastest there, so a
     large batch does not outweigh batch 1). Mixes within ``same_speed`` (a share) of the fastest are taken as
     equally fast, timing noise on a shared CPU being of that order: among them, the one with the fewest layers
-    out of INT8, then the smallest error."""
+    out of INT8, then the fastest, then the smallest error."""
     passing = [c for c in candidates if c.passed and all(b in c.latency_ms for b in batches)]
     if not passing:
         return None
@@ -243,7 +243,7 @@ def choose(candidates: list[Candidate], batches: list[int], same_speed: float = 
 
     fastest = min(cost(c) for c in passing)
     tied = [c for c in passing if cost(c) <= fastest * (1 + same_speed)]
-    return min(tied, key=lambda c: (len(c.high), c.result.get("scaled_error") or 0.0, cost(c)))
+    return min(tied, key=lambda c: (len(c.high), cost(c), c.result.get("scaled_error") or 0.0))
 
 
 def timed(fn: Callable, *args):
