@@ -288,37 +288,51 @@ def keep_in_fp32(model: onnx.ModelProto, nodes, fp32_model: onnx.ModelProto | No
     out.CopyFrom(model)
     if not moved:
         return out
-    as_fp32 = {o: f"{o}__fp32" for n in model.graph.node if n.name in moved for o in n.output
-               if types.get(o) == FLOAT16}
-    nodes_out, cast_up = [], {}
+    # A moved output keeps its name, now holding the FP32 value (what localisation compares with model.onnx),
+    # and an FP16 copy serves the consumers outside the set; a graph output keeps its declared FP16 name.
+    graph_outputs = {o.name for o in model.graph.output}
+    renamed = {o: (f"{o}__fp32", o) if o in graph_outputs else (o, f"{o}__fp16")
+               for n in model.graph.node if n.name in moved for o in n.output if types.get(o) == FLOAT16}
     originals = _fp32_originals(model, fp32_model, moved, out) if fp32_model is not None else {}
+    nodes_out, cast_up = [], {}
     for node in model.graph.node:
-        if node.name not in moved:
-            nodes_out.append(_read_fp32(node, as_fp32))
-            continue
-        node = _copy(node)
-        for i, name in enumerate(node.input):
-            if name in as_fp32:
-                node.input[i] = as_fp32[name]
-            elif name and types.get(name) == FLOAT16 and originals.get((node.name, i)):
-                node.input[i] = originals[(node.name, i)]
-            elif name and types.get(name) == FLOAT16:
-                if name not in cast_up:
-                    cast_up[name] = f"{name}__to_fp32"
-                    nodes_out.append(helper.make_node("Cast", [name], [cast_up[name]], name=f"{name}/fallback_to_fp32",
-                                                      to=FLOAT))
-                node.input[i] = cast_up[name]
-        _attributes_to_fp32(node)
-        casts_down = []
-        for i, name in enumerate(node.output):
-            if name in as_fp32:
-                node.output[i] = as_fp32[name]
-                casts_down.append(helper.make_node("Cast", [as_fp32[name]], [name], name=f"{name}/fallback_to_fp16",
-                                                   to=FLOAT16))
-        nodes_out += [node, *casts_down]
+        if node.name in moved:
+            nodes_out += _moved(node, renamed, types, originals, cast_up)
+        else:
+            nodes_out.append(_reading_renamed(node, renamed))
     del out.graph.node[:]
     out.graph.node.extend(nodes_out)
+    kept = [v for v in out.graph.value_info if v.name not in renamed]  # their types changed
+    del out.graph.value_info[:]
+    out.graph.value_info.extend(kept)
     return out
+
+
+def _moved(node: onnx.NodeProto, renamed: dict, types: dict, originals: dict, cast_up: dict) -> list:
+    """A moved node computing in FP32, preceded by the casts up of its FP16 inputs (each tensor cast once) and
+    followed by the casts down of its outputs."""
+    added = []
+    node = _copy(node)
+    for i, name in enumerate(node.input):
+        if name in renamed:
+            node.input[i] = renamed[name][0]
+        elif name and types.get(name) == FLOAT16:
+            if (node.name, i) in originals:
+                node.input[i] = originals[(node.name, i)]
+                continue
+            if name not in cast_up:
+                cast_up[name] = f"{name}__to_fp32"
+                added.append(helper.make_node("Cast", [name], [cast_up[name]], name=f"{name}/fallback_to_fp32",
+                                              to=FLOAT))
+            node.input[i] = cast_up[name]
+    _attributes_to_fp32(node)
+    downs = []
+    for i, name in enumerate(node.output):
+        if name in renamed:
+            node.output[i], fp16_name = renamed[name]
+            downs.append(helper.make_node("Cast", [node.output[i]], [fp16_name], name=f"{name}/fallback_to_fp16",
+                                          to=FLOAT16))
+    return [*added, node, *downs]
 
 
 def _fp32_originals(model: onnx.ModelProto, fp32_model: onnx.ModelProto, moved: set[str],
@@ -351,15 +365,18 @@ def _fp32_originals(model: onnx.ModelProto, fp32_model: onnx.ModelProto, moved: 
     return found
 
 
-def _read_fp32(node: onnx.NodeProto, as_fp32: dict[str, str]) -> onnx.NodeProto:
-    """A Cast to FP32 of a moved node's output (AutoCast's entry into an FP32 region) reads the FP32 value itself:
-    through the FP16 copy it would round exactly what the move keeps (an Add kept in FP32 before a Gemm that
-    AutoCast already kept there)."""
-    to = next((a.i for a in node.attribute if a.name == "to"), None)
-    if node.op_type != "Cast" or to != FLOAT or not node.input or node.input[0] not in as_fp32:
+def _reading_renamed(node: onnx.NodeProto, renamed: dict) -> onnx.NodeProto:
+    """A node outside the set reads a moved output's FP16 copy; a Cast to FP32 (AutoCast's entry into an FP32
+    region) reads the FP32 value itself: through the FP16 copy it would round exactly what the move keeps (an
+    Add kept in FP32 before a Gemm that AutoCast already kept there)."""
+    if not any(name in renamed for name in node.input):
         return node
+    to = next((a.i for a in node.attribute if a.name == "to"), None)
+    side = 0 if node.op_type == "Cast" and to == FLOAT else 1
     node = _copy(node)
-    node.input[0] = as_fp32[node.input[0]]
+    for i, name in enumerate(node.input):
+        if name in renamed:
+            node.input[i] = renamed[name][side]
     return node
 
 
