@@ -22,8 +22,9 @@ PLOTS = [
     ("train_curve.png", "Training curves"),
     ("benchmark_latency.png", "Latency distribution"),
     ("benchmark_throughput.png", "Throughput versus batch size"),
-    (artifacts.TUNE_SENSITIVITY_PLOT, "Per-layer INT8 sensitivity (tune)"),
-    (artifacts.TUNE_PARETO_PLOT, "Accuracy versus latency of the tuned mixes (tune)"),
+    *((plot, f"{caption} ({precision.upper()} tune)") for precision in artifacts.TUNE_PRECISIONS
+      for plot, caption in zip(artifacts.tune_files(precision)[2:], ("Per-layer sensitivity",
+                                                                       "Accuracy versus latency of the tuned mixes"))),
 ]
 
 STYLE = """
@@ -46,7 +47,8 @@ LOAD_CHECK = ("<script>window.addEventListener('load',function(){document.body.s
 
 # The command that rewrites each JSON file the report reads, for the hint.
 WRITTEN_BY = {"verify.json": "python -m pipeline verify", "benchmark.json": "python -m pipeline benchmark",
-              "manifest.json": "python -m pipeline all", artifacts.TUNE_JSON: "python -m pipeline tune",
+              "manifest.json": "python -m pipeline all",
+              **{artifacts.tune_files(p)[0]: f"python -m pipeline tune --precision {p}" for p in artifacts.TUNE_PRECISIONS},
               artifacts.COMPARE_JSON: "python -m pipeline compare"}
 
 
@@ -85,11 +87,13 @@ def sections(run: RunDir, cfg) -> dict:
         body += _built("verify.json", tables.verify_sections, verify)
     if bench is not None:
         body.append(_built("benchmark.json", tables.benchmark_section, bench))
-    tuned = _load(run, artifacts.TUNE_JSON)
-    if tuned is not None:
-        from pipeline.reports import tune_report
+    for precision in artifacts.TUNE_PRECISIONS:
+        name = artifacts.tune_files(precision)[0]
+        tuned = _load(run, name)
+        if tuned is not None:
+            from pipeline.reports import tune_report
 
-        body += _built(artifacts.TUNE_JSON, tune_report.sections, tuned)
+            body += _built(name, tune_report.sections, tuned)
     compared = _load(run, artifacts.COMPARE_JSON)
     if compared is not None:  # the release gate against a baseline bundle (pipeline/compare.py)
         from pipeline.reports import compare_report

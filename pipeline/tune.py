@@ -18,7 +18,7 @@ Over a trained and exported run (docs/verify.md, "Tuning the precision mix"), fo
    export will and judging that graph again.
 5. The choice goes to the precision's fallback file (``int8_fallback.json`` with its calibration method, or
    ``fp16_fallback.json``), which export reads: ``all`` then rebuilds, verifies and benchmarks exactly that
-   artifact. ``tune.json``/``tune.md`` keep every number.
+   artifact. ``tune.json``/``tune.md`` (FP16: ``tune.fp16.json``/``tune.fp16.md``) keep every number.
 6. The speed gate (``tune.min_speedup``): exit 1 when the chosen mix is not that much faster than FP32 on the target.
 """
 

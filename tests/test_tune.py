@@ -10,6 +10,7 @@ import onnx
 import pytest
 
 from conftest import ROOT, cli, copy_run, trained_and_exported
+from pipeline.core import artifacts
 from pipeline.precision import fp16, int8, sensitivity
 
 TUNE_MODELS = ROOT / "tests" / "fault_models.py"
@@ -30,8 +31,8 @@ def trained(tmp_path_factory):
 _copy = copy_run
 
 
-def _tune(run: Path) -> dict:
-    return json.loads((run / "tune.json").read_text())
+def _tune(run: Path, precision: str = "int8") -> dict:
+    return json.loads((run / artifacts.tune_files(precision)[0]).read_text())
 
 
 def test_tune_keeps_more_layers_in_int8_than_greedy_fallback_and_round_trips(trained, tmp_path, capsys):
@@ -63,7 +64,7 @@ def test_tune_keeps_more_layers_in_int8_than_greedy_fallback_and_round_trips(tra
     verdicts = {c["name"]: c["status"] for c in json.loads((run / "verify.json").read_text())["candidates"]}
     assert verdicts["int8_exact"] == "passed"
     assert cli("report", "--run-dir", run) == 0
-    assert "Precision tuning (tune)" in (run / "report.md").read_text()
+    assert "Precision tuning (tune, INT8)" in (run / "report.md").read_text()
 
     # The sensitivity table is the same when tune runs again (same seed, same images, same calibration).
     before = report["sensitivity"]["max"]
@@ -90,8 +91,8 @@ def test_fp16_tune_keeps_more_nodes_in_fp16_than_greedy_fallback_and_round_trips
     goes to fp16_fallback.json, which export applies."""
     run = _copy(trained(f"{TUNE_MODELS}:mild_then_severe_fp16"), tmp_path)
     assert cli("tune", "--run-dir", run, "--precision", "fp16", *FAST) == 0
-    report = _tune(run)
-    assert report["precision"] == "fp16" and report["target"] == "none"
+    report = _tune(run, "fp16")  # tune.fp16.json: an INT8 tune's tune.json is another file
+    assert report["precision"] == "fp16" and report["target"] == "none" and not (run / "tune.json").exists()
     assert "no FP16 deployment target here" in report["speed_not_measured"]
     all_fp16 = next(c for c in report["candidates"] if c["origin"] == "all FP16")
     assert all_fp16["result"]["status"] == "failed"  # the planted fault
@@ -111,6 +112,8 @@ def test_fp16_tune_keeps_more_nodes_in_fp16_than_greedy_fallback_and_round_trips
     assert cli("verify", "--run-dir", run, "verify.gate=[fp16_emulation]") == 0  # (its INT8 graph is faulty too)
     verdicts = {c["name"]: c["status"] for c in json.loads((run / "verify.json").read_text())["candidates"]}
     assert verdicts["fp16_emulation"] == "passed"
+    assert cli("report", "--run-dir", run) == 0
+    assert "Precision tuning (tune, FP16)" in (run / "report.md").read_text()
     assert cli("tune", "--run-dir", run, "--precision", "fp32") == 2
     assert "tune --precision fp32: choose one of int8, fp16" in capsys.readouterr().err
 

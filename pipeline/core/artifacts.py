@@ -58,10 +58,20 @@ COMPARE_MD = "compare.md"
 COMPARE_JUNIT = "compare.junit.xml"
 
 # report
-TUNE_JSON = "tune.json"  # python -m pipeline tune: sensitivity, candidates, timings, the choice
+TUNE_JSON = "tune.json"  # python -m pipeline tune: sensitivity, candidates, timings, the choice (INT8)
 TUNE_MD = "tune.md"
 TUNE_SENSITIVITY_PLOT = "tune_sensitivity.png"
 TUNE_PARETO_PLOT = "tune_pareto.png"
+TUNE_PRECISIONS = ("int8", "fp16")
+
+
+def tune_files(precision: str) -> tuple[str, str, str, str]:
+    """tune's report, markdown and two plots for one precision: INT8's are ``tune.json`` and the rest, FP16's
+    ``tune.fp16.json`` and so on, so tuning one precision never replaces the other's report."""
+    if precision == "int8":
+        return TUNE_JSON, TUNE_MD, TUNE_SENSITIVITY_PLOT, TUNE_PARETO_PLOT
+    return (f"tune.{precision}.json", f"tune.{precision}.md", f"tune_{precision}_sensitivity.png",
+            f"tune_{precision}_pareto.png")
 
 REPORT_HTML = "report.html"
 REPORT_MD = "report.md"

@@ -7,7 +7,7 @@ from pathlib import Path
 from pipeline.core.status import Status
 from pipeline.core import env
 from pipeline.reports import tables
-from pipeline.core.artifacts import TUNE_JSON, TUNE_MD, TUNE_PARETO_PLOT, TUNE_SENSITIVITY_PLOT
+from pipeline.core.artifacts import tune_files
 from pipeline.core.run import RunDir, atomic_path, atomic_write, write_json
 from pipeline.precision.sensitivity import Candidate
 from pipeline.runtime.openvino_speed import layers_not_in
@@ -118,7 +118,7 @@ def sections(p: dict) -> list[Section]:
         head.append(f"Why: {chosen['why']}.")
         if chosen["runtime_not_low"]:
             head.append(f"Not run in {LABELS[p['precision']]} by the target: {', '.join(chosen['runtime_not_low'])}.")
-    out = [Section("Precision tuning (tune)", status, tuple(head), (_candidates_table(p),))]
+    out = [Section(f"Precision tuning (tune, {LABELS[p['precision']]})", status, tuple(head), (_candidates_table(p),))]
     for method, rows in p["sensitivity"].items():
         out.append(Section(f"Sensitivity, {method} calibration (most sensitive first)", None, (), (Table(
             ("layer", "op", "score", "alone: scaled error", "alone: KL", "all but: scaled error", "all but: drop"),
@@ -159,7 +159,7 @@ def write_plots(run_dir: RunDir, p: dict) -> list[str]:
         ax.set_xlabel("sensitivity score (scaled error units)")
         ax.set_title(f"{p['model']}: per-layer {LABELS[p['precision']]} sensitivity ({method})")
         ax.tick_params(axis="y", labelsize=6)
-        written.append(_save(fig, plt, run_dir, TUNE_SENSITIVITY_PLOT))
+        written.append(_save(fig, plt, run_dir, tune_files(p["precision"])[2]))
     fig, ax = plt.subplots(figsize=(7, 4))
     batch = str(p["batches"][0])
     for c in p["candidates"]:
@@ -177,7 +177,7 @@ def write_plots(run_dir: RunDir, p: dict) -> list[str]:
     ax.set_xlabel(f"latency at batch {batch} (ms)")
     ax.set_ylabel("accuracy drop vs FP32")
     ax.set_title(f"{p['model']}: accuracy vs latency (green: passes the gate)")
-    written.append(_save(fig, plt, run_dir, TUNE_PARETO_PLOT))
+    written.append(_save(fig, plt, run_dir, tune_files(p["precision"])[3]))
     return written
 
 
@@ -190,8 +190,9 @@ def _save(fig, plt, run_dir: RunDir, name: str) -> str:
 
 
 def write_all(run_dir: RunDir, p: dict) -> list[Path]:
-    write_json(run_dir.file(TUNE_JSON), p)
-    atomic_write(run_dir.file(TUNE_MD), f"# Precision tuning: {tables.md_escape(p['model'])}\n\n"
-                 + tables.markdown(sections(p)) + "\n![sensitivity](tune_sensitivity.png)\n"
-                 "![accuracy vs latency](tune_pareto.png)\n")
-    return [run_dir.file(TUNE_JSON), run_dir.file(TUNE_MD), *(run_dir.file(n) for n in write_plots(run_dir, p))]
+    report, markdown, sensitivity_plot, pareto_plot = tune_files(p["precision"])
+    write_json(run_dir.file(report), p)
+    atomic_write(run_dir.file(markdown), f"# Precision tuning: {tables.md_escape(p['model'])}\n\n"
+                 + tables.markdown(sections(p)) + f"\n![sensitivity]({sensitivity_plot})\n"
+                 f"![accuracy vs latency]({pareto_plot})\n")
+    return [run_dir.file(report), run_dir.file(markdown), *(run_dir.file(n) for n in write_plots(run_dir, p))]
