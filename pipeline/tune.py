@@ -87,8 +87,9 @@ class Int8Mixes:
 
         return int8_exact_runner(model, self.exact)
 
-    def greedy_high(self, raised: dict) -> tuple[list[str], list[str]]:
-        return raised["out_of_int8"], raised["fp32"]
+    def greedy_high(self, out_of_int8: list[str], fp32: list[str]) -> tuple[list[str], list[str]]:
+        """The fallback's raises as (layers raised, nodes kept in FP32)."""
+        return out_of_int8, fp32
 
     def fallback_file(self, chosen: Candidate) -> dict:
         return {"nodes": chosen.high, "fp32_nodes": chosen.fp32, "calibration_method": chosen.calibration,
@@ -126,8 +127,8 @@ class Fp16Mixes:
 
         return fp16_emulation_runner(model, t.cfg.verify.emulation, self.exact)
 
-    def greedy_high(self, raised: dict) -> tuple[list[str], list[str]]:
-        return raised["fp32"], []
+    def greedy_high(self, out_of_int8: list[str], fp32: list[str]) -> tuple[list[str], list[str]]:
+        return fp32, []  # an FP16 graph has no INT8 layers: what the fallback kept in FP32 is what it raised
 
     def fallback_file(self, chosen: Candidate) -> dict:
         return {"nodes": chosen.high, "note": "chosen by python -m pipeline tune (tune.md): kept in FP32"}
@@ -271,14 +272,14 @@ def _greedy(t: Tuner, all_low: onnx.ModelProto, method: str, all_low_cand: Candi
         scratch = RunDir(Path(tmp))
 
         def remake(raised: fallback.Raised, out_name: str) -> dict:
-            model = t.mix(all_low, *t.mixes.greedy_high({"out_of_int8": raised.out_of_int8, "fp32": raised.fp32}))
+            model = t.mix(all_low, *t.mixes.greedy_high(raised.out_of_int8, raised.fp32))
             onnx.save(model, str(scratch.file(out_name)))
             return {f"{graph.precision}_fraction": graph.fraction(graph.precisions(t.fp32_model, model))}
 
         result = fallback.run(graph, cfg, scratch, t.fp32_model, all_low, loc, remake=remake, recheck=t.full,
                               localize=lambda current, chk: candidates.localize_candidate(
                                   cfg, graph, t.fp32_model, current, t.evidence, chk, None))
-    high, fp32 = t.mixes.greedy_high(result["raised"])
+    high, fp32 = t.mixes.greedy_high(result["raised"]["out_of_int8"], result["raised"]["fp32"])
     fp32 = list(dict.fromkeys([*t.base_fp32, *fp32]))
     cand = t.judge(t.mix(all_low, high, fp32), high, "greedy fallback", method, fp32)
     cand.result["greedy_passed"] = result["passed"]

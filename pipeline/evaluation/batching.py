@@ -11,9 +11,9 @@ output differs on every image, so a few suffice, and batch 1 over verify's 1,000
 names it. A static artifact (``export.dynamic_batch=false``) or a batch the runtime says it cannot take is skipped
 with the reason.
 
-The main check calls :func:`run_sizes` on its active runner; verify calls :func:`verify_batch_sizes` once its
-candidates are judged (only one that passed or was inconclusive is judged again); the rows land in verify.json as each
-candidate's ``batch_sizes``.
+The main check calls :func:`run_sizes` on its active runner; once every candidate is judged, verify calls
+:func:`verify_batch_sizes`, which judges those outputs for each candidate that passed or was inconclusive; the
+rows land in verify.json as each candidate's ``batch_sizes``.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import logging
 
 import numpy as np
 
+from pipeline.core.errors import first_line
 from pipeline.core.status import Status
 from pipeline.precision import gate as criteria
 from pipeline.runtime.isolate import Crashed
@@ -85,8 +86,7 @@ def _run_size(runner, size: int, batches: list[dict]) -> dict:
     except Crashed:
         raise
     except Exception as exc:  # a batch the artifact claims to serve and cannot run: the candidate fails there
-        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        return {"status": Status.FAILED, "reason": f"cannot run at batch {size}: {type(exc).__name__}: {text}"}
+        return {"status": Status.FAILED, "reason": f"cannot run at batch {size}: {type(exc).__name__}: {first_line(exc)}"}
 
 
 def _judged(run: dict, evidence, gate: dict, size: int, count: int) -> dict:

@@ -348,7 +348,8 @@ def _fp32_originals(model: onnx.ModelProto, fp32_model: onnx.ModelProto, moved: 
         if value is not None and value.data_type == FLOAT:
             fp32_tensors[n.output[0]] = value
     fp32_nodes = {n.name: n for n in fp32_model.graph.node}
-    found = {}
+    found: dict[tuple[str, int], str] = {}
+    added = {t.name for t in out.graph.initializer}
     for node in model.graph.node:
         original = fp32_nodes.get(node.name)
         if node.name not in moved or original is None or len(original.input) != len(node.input):
@@ -357,11 +358,12 @@ def _fp32_originals(model: onnx.ModelProto, fp32_model: onnx.ModelProto, moved: 
             source = fp32_tensors.get(original.input[i])
             if name in held and source is not None and source.data_type == FLOAT:
                 found[(node.name, i)] = f"{original.input[i]}__fp32_original"
-                if found[(node.name, i)] not in {t.name for t in out.graph.initializer}:
+                if found[(node.name, i)] not in added:
                     tensor = onnx.TensorProto()
                     tensor.CopyFrom(source)
                     tensor.name = found[(node.name, i)]
                     out.graph.initializer.append(tensor)
+                    added.add(tensor.name)
     return found
 
 
