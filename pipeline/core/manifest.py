@@ -16,6 +16,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError, constr
 
 from pipeline.core.artifacts import OPENVINO_DIR
+from pipeline.core import schema
 from pipeline.core.errors import InputError
 
 Sha256 = constr(pattern=r"^[0-9a-f]{64}$")
@@ -66,17 +67,10 @@ class Manifest(_Open):
     environment: dict[str, Any] = {}
 
 
-def _where(error: dict) -> str:
-    return ".".join(str(part) for part in error["loc"]) or "(top level)"
-
-
 def validate(data: Any, path) -> None:
     """Raise :class:`InputError` (one line: the first problem and how many there are) unless ``data`` fits."""
     try:
         Manifest.model_validate(data)
     except ValidationError as exc:
-        errors = exc.errors()
-        first = errors[0]
-        more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
-        raise InputError(f"{path} is damaged: {_where(first)}: {first['msg'][:1].lower() + first['msg'][1:]} (got {first['input']!r:.60}){more}; "
+        raise InputError(f"{path} is damaged: {schema.problem(exc)}; "
                          "restore it or use another --run-dir (moving it away re-runs every stage)") from None
