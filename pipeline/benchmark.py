@@ -23,6 +23,7 @@ import math
 import numpy as np
 
 from pipeline.core.status import Status
+from pipeline.core.verdicts import InconclusivePolicy, counts_as_passed
 from pipeline.core import artifacts, data, env, modeling
 from pipeline.reports import verify_report
 from pipeline.runtime import backends, benchmark_app, isolate, trtexec
@@ -76,7 +77,7 @@ def crashed(backend: Backend, exc: Crashed) -> str:
 
 
 def time_backend(backend: Backend, ctx: Context, images, method: Method, verdict: str,
-                 accuracy: float | None = None) -> tuple[list, list]:
+                 accuracy: float | None = None, policy: InconclusivePolicy = "pass") -> tuple[list, list]:
     """Every timing of one backend over the batch sizes: (result rows, skipped rows).
 
     Each (batch, timing) is measured on its own: one that fails (CUDA out of memory at a large batch, a CUDA
@@ -91,7 +92,7 @@ def time_backend(backend: Backend, ctx: Context, images, method: Method, verdict
     try:
         for batch in ctx.cfg.benchmark.batch_sizes:
             rows, skips = _time_batch(backend, ctx, runner, batch, images, method, verdict)
-            results += [{**row, "accuracy": accuracy} for row in rows]
+            results += [{**row, "accuracy": accuracy, "deployable": deployable(verdict, policy)} for row in rows]
             skipped += skips
     except Crashed as exc:  # the rows measured so far stand; the rest of this backend is a "crashed" row
         skipped.append({"backend": backend.name, "batch_size": batch, "reason": crashed(backend, exc), "log": exc.log,
@@ -158,6 +159,12 @@ def _log_row(r: dict) -> None:
              "  (noisy)" if r["cv_warning"] else "")
 
 
+def deployable(verdict: str, policy: InconclusivePolicy) -> bool:
+    """Whether a row may be named "fastest that passed": the reference, or a verdict that counts as passed
+    (``counts_as_passed``, under the policy verify ran with)."""
+    return verdict == "reference" or counts_as_passed(verdict, policy)
+
+
 def verify_column(backend: Backend, verdicts: dict) -> str:
     """What verify said about a backend: "reference", a candidate's status, or "not verified"."""
     vouched = backends.verified_by(backend)
@@ -178,6 +185,7 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, profile: bool = False) -> 
     check_batch_sizes(bc.batch_sizes, spec["input_size"], env.memory_bytes())
     images, _ = data.validation_batch(cfg, card, max(bc.batch_sizes))
     verdicts = verify_report.read_verdicts(run_dir) or {}
+    policy = verify_report.read_policy(run_dir)
     accuracies = verify_report.read_accuracies(run_dir)
     method = Method(bc.warmup_s, bc.min_iterations, bc.min_duration_s, bc.trials, bc.cv_warn)
     log.info("benchmark: batch sizes %s, %d threads, %d trial(s) of >= %d runs and >= %.2g s after %.2g s warm-up",
@@ -187,7 +195,7 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, profile: bool = False) -> 
     for name in bc.backends:
         backend = backends.by_name(name)
         rows, skips = time_backend(backend, ctx, images, method, verify_column(backend, verdicts),
-                                   accuracies.get(backends.verified_by(backend)))
+                                   accuracies.get(backends.verified_by(backend)), policy)
         results += rows
         skipped += skips
     trtexec.side_by_side(run_dir, results, backends.by_name, spec["input_name"], spec["input_size"], method)
@@ -260,7 +268,7 @@ def headline_rows(results: list[dict]) -> dict[str, tuple[dict, dict] | None]:
     images/s at the largest batch (throughput rows included); None where no measured backend passed."""
     named: dict[str, tuple[dict, dict] | None] = {}
     for device in sorted({r["device"] for r in results}):
-        rows = [r for r in results if r["device"] == device and r["verify"] in (Status.PASSED, "reference")]
+        rows = [r for r in results if r["device"] == device and r.get("deployable")]
         if not rows:
             named[device] = None
             continue
@@ -284,10 +292,15 @@ def _headline(results: list[dict]) -> str:
             continue
         best, top = named
         parts.append(f"{device}: fastest that passed the gate at batch {best['batch_size']}: {best['backend']} p50 "
-                     f"{best['latency_ms']['p50']:.3f} ms{_ratio_text(best)}; at batch {top['batch_size']}: "
-                     f"{top['backend']} {top['throughput_per_s']:.1f} images/s"
-                     f"{' (async throughput)' if _is_throughput(top) else ''}{_ratio_text(top)}")
+                     f"{best['latency_ms']['p50']:.3f} ms{_ratio_text(best)}{_undecided(best)}; at batch "
+                     f"{top['batch_size']}: {top['backend']} {top['throughput_per_s']:.1f} images/s"
+                     f"{' (async throughput)' if _is_throughput(top) else ''}{_ratio_text(top)}{_undecided(top)}")
     return "; ".join(parts)
+
+
+def _undecided(row: dict) -> str:
+    return " (inconclusive: passed only because the bound could not decide)" \
+        if row["verify"] == Status.INCONCLUSIVE else ""
 
 
 def _ratio_text(row: dict) -> str:

@@ -120,7 +120,11 @@ def _verify_summary(entry: dict) -> str:
     d = entry["details"]
     rows = ", ".join(f"{c}: {s}" for c, s in d.get("candidates", {}).items())
     deployable = d.get("deployable")
-    return rows if deployable is None else f"{rows}; deployable: {', '.join(deployable) or 'none'}"
+    if deployable is None:
+        return rows
+    undecided = d.get("undecided") or []
+    why = f" ({', '.join(undecided)}: inconclusive, passed only because the bound could not decide)" if undecided else ""
+    return f"{rows}; deployable: {', '.join(deployable) or 'none'}{why}"
 
 
 def _benchmark_summary(entry: dict) -> str:
@@ -258,9 +262,10 @@ def fingerprint(stage: Stage, cfg, run: RunDir) -> str:
 
         payload["data"] = content_summary(cfg.data)
     if stage.name == "benchmark":
-        from pipeline.reports.verify_report import read_verdicts
+        from pipeline.reports.verify_report import read_policy, read_verdicts
 
         payload["verify"] = read_verdicts(run)  # benchmark shows them; the rest of verify's report does not matter
+        payload["verify_policy"] = read_policy(run)  # and names the fastest of those that count as passed
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 

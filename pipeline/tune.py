@@ -390,18 +390,17 @@ def _choose(t: Tuner, runs: list[dict]) -> tuple[Candidate | None, str]:
     conversion with those layers raised); a mix whose real graph fails gives way to the next."""
     everything = [c for r in runs for c in r["candidates"]]
     batches = t.batches if t.target["timing"] is not None else []  # untimed: the fewest layers raised wins
-    tried: list[Candidate] = []
-    while True:
-        pick = sensitivity.choose([c for c in everything if all(c is not x for x in tried)], batches,
-                                  t.cfg.tune.same_speed)
-        if pick is None:
-            return None, "no passing mix" + (f" (confirmation failed for {len(tried)})" if tried else "")
-        tried.append(pick)
+
+    def confirm(pick: Candidate) -> bool:
         checked = t.full(t.converted(pick.high, pick.fp32, pick.calibration))
         pick.result["confirmed"] = {"status": Status.PASSED if checked.passed else Status.FAILED,
                                     "candidates": checked.results}
-        if checked.passed:
-            return pick, _why(t, pick, runs, batches)
+        return checked.passed
+
+    pick, tried = sensitivity.confirmed(everything, batches, t.cfg.tune.same_speed, confirm)
+    if pick is None:
+        return None, "no passing mix" + (f" (confirmation failed for {tried})" if tried else "")
+    return pick, _why(t, pick, runs, batches)
 
 
 def _why(t: Tuner, pick: Candidate, runs: list[dict], batches: list[int]) -> str:

@@ -37,7 +37,7 @@ import onnx
 
 
 from pipeline.core.status import Status
-from pipeline.core import modeling, onnx_io, provenance
+from pipeline.core import modeling, onnx_io, provenance, verdicts
 from pipeline.precision import fallback
 from pipeline.runtime import backends
 from pipeline.core.artifacts import FP16_ONNX, FP32_ONNX, INT8_ONNX, WEIGHTS
@@ -47,7 +47,8 @@ from pipeline.core.errors import BackendUnavailable, CheckFailed, Inconclusive, 
 from pipeline.core.run import RunDir, StageRecord, sha256_file
 
 from pipeline.evaluation import batching, candidates, predictions
-from pipeline.evaluation.candidates import Check, Evidence, Verdict
+from pipeline.core.verdicts import Outcome, Verdict
+from pipeline.evaluation.candidates import Check, Evidence
 
 log = logging.getLogger("pipeline")
 
@@ -128,7 +129,7 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, auto_fallback: bool = Fals
     if written is not None:
         record.artifact(written.name)
     fb16, fb8 = verify_report.with_earlier_fallbacks(run_dir, hashes, fb16, fb8)
-    verdict = candidates.verdict(checks, inconclusive_fails=cfg.verify.inconclusive == "fail")
+    verdict = candidates.verdict(checks, cfg.verify.inconclusive)
     payload = verify_report.build_payload(cfg, card, checks, loc16, fb16, verdict, len(evidence.labels),
                                    cfg.verify.batch_size, hashes=hashes, int8_localization=loc8, int8_fallback=fb8)
     for p in verify_report.write_all(run_dir, payload):
@@ -149,6 +150,7 @@ def _details(checks: list[Check], verdict: Verdict, evidence: Evidence, fb16: di
         "passed": verdict.passed,
         "candidates": {c.name: c.status for c in checks},
         "deployable": verdict.deployable,
+        "undecided": verdict.undecided,
         **verify_report.runtime_details(checks),
         "samples": len(evidence.labels),
         "fallback": None if fb16 is None else {k: fb16[k] for k in (Status.PASSED, "moved_to_fp32")},
@@ -182,15 +184,22 @@ def _refuse_broken_reference(cfg, card, run_dir: RunDir, record: StageRecord, ch
     raise CheckFailed(verify_report.reference_nonfinite_message(nonfinite, len(evidence.labels)))
 
 
+# The exception each outcome ends verify with: its class carries the exit code (pipeline.core.errors).
+ENDINGS = {Outcome.MISSING_REQUIRED: BackendUnavailable, Outcome.FAILED: CheckFailed, Outcome.ERRORS: StageFailed,
+           Outcome.INCONCLUSIVE: Inconclusive}
+
+
 def _raise_for(verdict: Verdict, localization, export_broken: bool, suggest_fallback: bool) -> None:
-    if verdict.missing_required:
-        raise BackendUnavailable(verify_report.missing_required_message(verdict.missing_required))
-    if verdict.failed:
-        raise CheckFailed(verify_report.failure_message(verdict, localization, export_broken, suggest_fallback))
-    if verdict.errors:
-        raise StageFailed(verify_report.errors_message(verdict.errors))
-    if verdict.inconclusive and not verdict.passed:
-        raise Inconclusive(verify_report.inconclusive_message(verdict.inconclusive))
+    """The exception of the verdict's one outcome (:func:`pipeline.core.verdicts.outcome`), with its message."""
+    ending = verdicts.outcome(verdict)
+    if ending is Outcome.PASSED:
+        return
+    messages = {
+        Outcome.MISSING_REQUIRED: lambda: verify_report.missing_required_message(verdict.missing_required),
+        Outcome.FAILED: lambda: verify_report.failure_message(verdict, localization, export_broken, suggest_fallback),
+        Outcome.ERRORS: lambda: verify_report.errors_message(verdict.errors),
+        Outcome.INCONCLUSIVE: lambda: verify_report.inconclusive_message(verdict.inconclusive)}
+    raise ENDINGS[ending](messages[ending]())
 
 
 # --------------------------------------------------------------------------- localisation and fallback, every precision

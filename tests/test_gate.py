@@ -239,8 +239,11 @@ def test_verdict_only_gating_candidates_decide_and_inconclusive_follows_the_poli
     assert not candidates.verdict([_check("int8_exact", "failed"), reported]).passed
     undecided = [_check("int8_exact", "inconclusive"), _check("onnxrt_fp32", "passed")]
     assert candidates.verdict(undecided).passed
-    assert not candidates.verdict(undecided, inconclusive_fails=True).passed
-    assert candidates.verdict(undecided).deployable == ["onnxrt_fp32"]
+    assert not candidates.verdict(undecided, "fail").passed
+    # One decision of what inconclusive counts as (issue 30): deployable under "pass", and named as undecided.
+    assert candidates.verdict(undecided).deployable == ["int8_exact", "onnxrt_fp32"]
+    assert candidates.verdict(undecided).undecided == ["int8_exact"]
+    assert candidates.verdict(undecided, "fail").deployable == ["onnxrt_fp32"]
 
 
 def test_a_nan_image_fails_even_when_the_quantile_leaves_the_worst_images_out():
@@ -263,7 +266,7 @@ def test_an_undecided_gate_under_inconclusive_fail_is_exit_5_and_says_how_many_i
     chk = _check("int8_exact", "inconclusive")
     chk.result = {"status": "inconclusive", "task_check": criteria.task_check(
         ref, cand, np.zeros(256, int), scaled_gate(min_top1_agreement=0.98, max_accuracy_drop=1.0), 0.95)}
-    verdict = candidates.verdict([chk], inconclusive_fails=True)
+    verdict = candidates.verdict([chk], "fail")
     with pytest.raises(Inconclusive, match="about 750 more validation images would decide it") as caught:
         verify._raise_for(verdict, None, False, False)
     assert caught.value.exit_code == EXIT_INCONCLUSIVE == 5

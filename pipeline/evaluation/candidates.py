@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
 
+from pipeline.core import verdicts
 from pipeline.core.status import Status
+from pipeline.core.verdicts import Verdict
 from pipeline.core import data
 from pipeline.precision import convert, fallback, gate as criteria
 from pipeline.runtime import isolate, localize
@@ -61,6 +62,10 @@ class Check:
     @property
     def status(self) -> str:
         return self.result.get("status", "")
+
+    @property
+    def after_fallback(self) -> bool:
+        return bool(self.result.get("after_fallback"))
 
 
 @dataclass
@@ -170,36 +175,9 @@ def _output_problem(chk: Check, outputs: list[dict], evidence: Evidence) -> str:
     return ""
 
 
-JUDGED = (Status.PASSED, Status.FAILED, Status.INCONCLUSIVE)
-
-
-@dataclass
-class Verdict:
-    """The gate's verdict over the candidates of one verify run."""
-
-    passed: bool
-    ran: int = 0  # gating candidates that were compared
-    failed: list[Check] = field(default_factory=list)
-    errors: list[Check] = field(default_factory=list)  # gating candidates that errored or crashed: no verdict
-    missing_required: list[Check] = field(default_factory=list)  # required, and could not run here
-    inconclusive: list[Check] = field(default_factory=list)
-    deployable: list[str] = field(default_factory=list)  # the gating candidates that passed
-    reported_only: list[str] = field(default_factory=list)
-
-
-def verdict(checks: list[Check], inconclusive_fails: bool = False) -> Verdict:
-    """The gate's verdict over the gating candidates (``Check.gates``); the others are reported only. A required
-    candidate that could not run fails it whether it gates or not."""
-    gating = [c for c in checks if c.gates]
-    ran = [c for c in gating if c.status in JUDGED]
-    failed = [c for c in gating if c.status == Status.FAILED]
-    errors = [c for c in gating if c.status in (Status.ERROR, Status.CRASHED)]  # nothing compared: no verdict on them
-    undecided = [c for c in gating if c.status == Status.INCONCLUSIVE]
-    missing = [c for c in checks if c.required and c.status == Status.SKIPPED and not c.result.get("after_fallback")]
-    passed = not failed and not errors and not missing and not (undecided and inconclusive_fails)
-    return Verdict(passed, len(ran), failed, errors, missing, undecided,
-                   deployable=[c.name for c in gating if c.status == Status.PASSED],
-                   reported_only=[c.name for c in checks if not c.gates])
+def verdict(checks: list[Check], inconclusive: verdicts.InconclusivePolicy = "pass") -> Verdict[Check]:
+    """The gate's verdict over verify's candidates (:func:`pipeline.core.verdicts.verdict`)."""
+    return verdicts.verdict(checks, inconclusive)
 
 
 def evidence(cfg, card: dict, model) -> Evidence:
@@ -228,10 +206,8 @@ def sample_count(cfg, spec: dict) -> int:
 
 def worst_batch(chk: Check, evidence: Evidence) -> dict:
     """The batch with the candidate's worst image (scaled criterion), or its first failing batch (absolute)."""
-    tensor = chk.result.get("tensor_check", {})
-    if tensor.get("criterion") == "scaled":
-        return evidence.feeds[tensor.get("worst_image", 0) // len(next(iter(evidence.feeds[0].values())))]
-    return evidence.feeds[(tensor.get("failed_batches") or [0])[0]]
+    size = len(next(iter(evidence.feeds[0].values())))
+    return evidence.feeds[criteria.worst_batch_index(chk.result.get("tensor_check", {}), size)]
 
 
 def runs_graph(chk: Check, graph: fallback.PrecisionGraph) -> bool:
@@ -252,9 +228,8 @@ def recheck_round(graph: fallback.PrecisionGraph, cfg, ctx: Context, evidence: E
     rechecked = plan(cfg, sub, [b for b in backends.candidates() if b.artifact == graph.artifact])
     for chk in rechecked:
         check(chk, cfg, sub, evidence)
-    fine = {Status.PASSED, Status.SKIPPED} | ({Status.INCONCLUSIVE} if cfg.verify.inconclusive == "pass" else set())
     gating = [c for c in rechecked if c.gates]
-    passed = all(c.status in fine for c in gating) and any(c.status in JUDGED for c in gating)
+    passed = verdicts.round_passed([c.status for c in gating], cfg.verify.inconclusive)
     failing = next((c for c in gating if c.status == Status.FAILED), None)
     note = "" if passed or failing else verify_report.fallback_errors(rechecked)
     return fallback.Round({c.name: c.status for c in rechecked}, passed, failing, note, rechecked)
@@ -279,14 +254,13 @@ def localize_candidate(cfg, graph: fallback.PrecisionGraph, fp32_model, model, e
 
 
 def localization_rule(chk: Check) -> criteria.TensorRule:
-    """The gate's rule per tensor; with the scaled criterion, at most half the candidate's own output error, so a
-    candidate that failed on its task check with a smaller error still has its source named (the cancellation
-    fault in the INT8 graph: output error 0.4 of its scale, under INT8's 0.5, but 13 % of the images flipped)."""
+    """The gate's rule per tensor, tightened to the candidate's own output error
+    (:func:`pipeline.precision.gate.localization_limit`)."""
     rule = criteria.TensorRule.of(chk.result["tolerance"])
+    if rule.criterion != "scaled":
+        return rule
     observed = chk.result.get("tensor_check", {}).get("scaled_error_quantile")
-    if rule.criterion == "scaled" and observed is not None and math.isfinite(observed) and observed > 0:
-        return dataclasses.replace(rule, max_scaled_error=min(rule.max_scaled_error, observed / 2))
-    return rule
+    return dataclasses.replace(rule, max_scaled_error=criteria.localization_limit(rule.max_scaled_error, observed))
 
 
 def _localize_engine(cfg, fp32_model, run_dir: RunDir, feed: dict, rule, evidence: Evidence) -> dict | None:

@@ -212,6 +212,24 @@ class TensorRule:
         return stats
 
 
+def localization_limit(max_scaled_error: float, observed: float | None) -> float:
+    """The per-tensor limit localisation uses: the gate's own, or half the candidate's output error when that is
+    smaller, so a candidate that failed on its task check with a smaller error still has its source named (the
+    cancellation fault in the INT8 graph: output error 0.4 of its scale, under INT8's 0.5, but 13 % of the images
+    flipped). An unmeasured or non-finite error leaves the gate's limit."""
+    if observed is None or not math.isfinite(observed) or observed <= 0:
+        return max_scaled_error
+    return min(max_scaled_error, observed / 2)
+
+
+def worst_batch_index(tensor_check: dict, batch_size: int) -> int:
+    """The batch that holds a candidate's worst image (scaled criterion), or its first failing batch (absolute);
+    localisation runs on that batch."""
+    if tensor_check.get("criterion") == "scaled":
+        return int(tensor_check.get("worst_image", 0)) // batch_size
+    return int((tensor_check.get("failed_batches") or [0])[0])
+
+
 # --------------------------------------------------------------------------- task check with confidence bounds
 
 
@@ -227,7 +245,7 @@ def wilson(successes: int, n: int, z: float) -> tuple[float, float]:
     p = successes / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    return max(0.0, min(p, centre - half)), min(1.0, max(p, centre + half))  # rounding never excludes p itself
 
 
 def _more_images(n: int, decided, limit: int = 1 << 24) -> int | None:

@@ -187,9 +187,9 @@ class Candidate:
 
 
 def search(ranked: list[str], judge: Callable[[list[str], str], Candidate], lowest: str = "all INT8") -> list[Candidate]:
-    """Keep the top k of ``ranked`` out of INT8: bisect for the smallest passing k, then confirm k-1 and k+1
-    (walking down while k-1 still passes: the pass/fail was not monotone). ``judge(high, origin)`` judges a mix
-    under the full gate. Returns every candidate judged, k = 0 and k = len(ranked) included."""
+    """Keep the top k of ``ranked`` out of INT8: bisect for the smallest passing k (the invariant keeps k - 1 judged
+    and failing), then judge k + 1 too, so the front has both neighbours. ``judge(high, origin)`` judges a mix under
+    the full gate. Returns every candidate judged, k = 0 and k = len(ranked) included."""
     judged: dict[int, Candidate] = {}
 
     def at(k: int) -> Candidate:
@@ -204,11 +204,8 @@ def search(ranked: list[str], judge: Callable[[list[str], str], Candidate], lowe
     while high - low > 1:  # invariant: at(low) fails, at(high) passes
         mid = (low + high) // 2
         low, high = (low, mid) if at(mid).passed else (mid, high)
-    k = high
-    while k - 1 > 0 and at(k - 1).passed:  # not monotone: a smaller k passes too
-        k -= 1
-    if k + 1 <= len(ranked):
-        at(k + 1)
+    if high + 1 <= len(ranked):  # its neighbour below is `low`, judged and failing; the one above is judged too
+        at(high + 1)
     return [judged[k] for k in sorted(judged)]
 
 
@@ -244,6 +241,34 @@ def choose(candidates: list[Candidate], batches: list[int], same_speed: float = 
     fastest = min(cost(c) for c in passing)
     tied = [c for c in passing if cost(c) <= fastest * (1 + same_speed)]
     return min(tied, key=lambda c: (len(c.high), cost(c), c.result.get("scaled_error") or 0.0))
+
+
+def confirmed(candidates: list[Candidate], batches: list[int], same_speed: float,
+              confirm: Callable[[Candidate], bool]) -> tuple[Candidate | None, int]:
+    """The first :func:`choose` pick whose ``confirm`` (the gate on the graph export will really make) passes; a pick
+    that fails it gives way to the next best. Returns the pick (None: none confirmed) and how many were tried."""
+    tried: list[Candidate] = []
+    while True:
+        pick = choose([c for c in candidates if all(c is not x for x in tried)], batches, same_speed)
+        if pick is None:
+            return None, len(tried)
+        tried.append(pick)
+        if confirm(pick):
+            return pick, len(tried)
+
+
+def speedups(fp32_ms: dict[int, float], chosen_ms: dict[int, float]) -> dict[int, float]:
+    """The chosen mix's speed-up over the FP32 deployment on the same target, per batch both were timed at:
+    FP32's latency over the mix's (2.0: the mix takes half the time)."""
+    return {b: fp32_ms[b] / chosen_ms[b] for b in sorted(set(fp32_ms) & set(chosen_ms))}
+
+
+def too_slow(speedup: dict[int, float], min_speedup: float | None) -> dict[int, float]:
+    """The batches where the speed-up is below ``tune.min_speedup`` (the speed gate fails on any); none when the
+    gate is off (``min_speedup`` None or 0) or nothing was timed."""
+    if not min_speedup:
+        return {}
+    return {b: s for b, s in speedup.items() if not s >= min_speedup}  # NaN is too slow
 
 
 def timed(fn: Callable, *args):

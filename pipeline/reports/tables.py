@@ -205,7 +205,10 @@ def verify_sections(payload: dict) -> list[Section]:
                    "accuracy (ref)", "tolerance"), tuple(_candidate_row(c) for c in payload["candidates"]))
     deployable = payload.get("deployable")
     if deployable is not None:
-        text += (f" Deployable (passed a gating check): {', '.join(deployable) or 'none'}. Rows marked 'reported "
+        undecided = payload.get("undecided") or []
+        why = (f" ({', '.join(undecided)}: inconclusive, passed only because the task check's bound could not decide, "
+               f"under verify.inconclusive: {payload.get('inconclusive_policy', 'pass')})") if undecided else ""
+        text += (f" Deployable (passed a gating check): {', '.join(deployable) or 'none'}{why}. Rows marked 'reported "
                  "only' do not decide the exit code (verify.gate).")
     sections = [Section("Precision gate", status=Status.PASSED if payload["passed"] else Status.FAILED, paragraphs=(text,),
                         tables=(table,))]

@@ -9,6 +9,7 @@ from pipeline.core import env
 from pipeline.reports import tables
 from pipeline.core.artifacts import tune_files
 from pipeline.core.run import RunDir, atomic_path, atomic_write, write_json
+from pipeline.precision import sensitivity
 from pipeline.precision.sensitivity import Candidate
 from pipeline.runtime.openvino_speed import layers_not_in
 from pipeline.reports.tables import Cell, Section, Table, fmt
@@ -30,7 +31,7 @@ def payload(cfg, t, runs: list[dict], baseline: dict | None, chosen: Candidate |
     """Everything tune measured, and the choice."""
     precision = t.mixes.graph.precision
     candidates = [_candidate(c, chosen, fronts, precision) for r in runs for c in r["candidates"]]
-    speedup = {str(b): baseline["latency_ms"][b] / chosen.latency_ms[b] for b in t.batches} \
+    speedup = {str(b): s for b, s in sensitivity.speedups(baseline["latency_ms"], chosen.latency_ms).items()} \
         if chosen and baseline else {}
     out = {
         "schema": SCHEMA, "model": cfg.model.name, "precision": precision, "raised": RAISED[precision],
@@ -77,9 +78,9 @@ def details(p: dict) -> dict:
 
 def speed_failure(p: dict, min_speedup: float | None) -> str:
     """The speed gate's one line, or "" when it passes (or is off, or nothing could be timed: the report says so)."""
-    if not min_speedup or not p["chosen"]:
+    if not p["chosen"]:
         return ""
-    slow = {b: s for b, s in p["speedup_vs_fp32"].items() if s < min_speedup}
+    slow = sensitivity.too_slow(p["speedup_vs_fp32"], min_speedup)
     if not slow:
         return ""
     precision = p.get("precision", "int8")

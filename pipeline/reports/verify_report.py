@@ -15,8 +15,14 @@ import os
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from pipeline.core.errors import first_line
+from typing import Literal
+
+from pydantic import Field
+
+from pipeline.core import schema
+from pipeline.core.errors import PipelineError, first_line
 from pipeline.core.status import Status
+from pipeline.core.verdicts import JUDGED, InconclusivePolicy
 from pipeline.core import artifacts, env
 from pipeline.reports import tables
 from pipeline.runtime import backends
@@ -253,6 +259,8 @@ def build_payload(cfg, card, candidates, localization, fallback, verdict, sample
         "passed": verdict.passed,
         "deployable": verdict.deployable,
         "inconclusive": [c.name for c in verdict.inconclusive],
+        "undecided": verdict.undecided,  # deployable only because the task check's bound could not decide
+        "inconclusive_policy": cfg.verify.inconclusive,  # what an inconclusive verdict counted as (verify.inconclusive)
         "model": cfg.model.name,
         "reference": reference,
         "inputs": {"what": "real validation images", "source": cfg.data.source, "samples": samples,
@@ -264,7 +272,7 @@ def build_payload(cfg, card, candidates, localization, fallback, verdict, sample
                 "precision": c.precision,
                 "artifact": c.artifact,
                 "artifact_sha256": (hashes.get(c.artifact or artifacts.WEIGHTS)
-                                    if c.status in (Status.PASSED, Status.FAILED, Status.INCONCLUSIVE) else None),
+                                    if c.status in JUDGED else None),
                 "required": c.required,
                 "status": c.status,
                 "reason": c.result.get("reason"),
@@ -393,6 +401,36 @@ def artifact_sha256(run_dir: RunDir, name: str) -> str | None:
     return hashlib.sha256(f"{sha256_file(path)} {sha256_file(weights)}".encode()).hexdigest()
 
 
+class _Case(schema.Open):
+    name: str = Field(max_length=200)
+    status: str = Field(max_length=40)
+    artifact_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
+    task_check: dict | None = None
+
+
+class _Reference(schema.Open):
+    weights_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
+
+
+class _Report(schema.Open):
+    """What later stages read back of verify.json (the rest is for people)."""
+
+    candidates: list[_Case] = Field(default_factory=list, max_length=1000)
+    reference: _Reference = _Reference()
+    inconclusive_policy: Literal["pass", "fail"] = "pass"  # reports written before it was recorded: the default
+
+
+def _read_report(run_dir: RunDir) -> _Report | None:
+    """verify.json as later stages read it; None when it is absent or damaged (verify itself reports damage)."""
+    path = run_dir.file(JSON)
+    if not path.exists():
+        return None
+    try:
+        return schema.read_json(path, _Report, "verify report")
+    except PipelineError:
+        return None
+
+
 def read_verdicts(run_dir: RunDir) -> dict | None:
     """verify.json's status per candidate name, for the files in the run directory now; None when there is
     no readable verify.json.
@@ -402,43 +440,43 @@ def read_verdicts(run_dir: RunDir) -> dict | None:
     copied in, or a verify.json from before hashes were recorded) it reads "not verified". The one reader
     of verify's verdicts (benchmark's verify column, benchmark's fingerprint).
     """
-    path = run_dir.file(JSON)
-    if not path.exists():
+    report = _read_report(run_dir)
+    if report is None:
         return None
-    try:
-        payload = read_json(path, "verify report")
-        cases = [(c["name"], c["status"], c.get("artifact_sha256")) for c in payload.get("candidates", [])]
-        weights = (payload.get("reference") or {}).get("weights_sha256")
-    except Exception:  # a damaged report only loses the verdicts; verify itself reports the damage
-        return None
+    weights = report.reference.weights_sha256
     # The artifact of each candidate comes from the backend table, never from the file's own claim
     # (a candidate without one runs the trained PyTorch model: its artifact is the weights).
     artifact_of = {b.candidate: b.artifact or artifacts.WEIGHTS for b in backends.candidates()}
     current = functools.cache(lambda name: artifact_sha256(run_dir, name))
     verdicts = {}
-    for name, status, recorded in cases:
-        if status in (Status.PASSED, Status.FAILED, Status.INCONCLUSIVE):
-            artifact = artifact_of.get(name)
+    for case in report.candidates:
+        status = case.status
+        if status in JUDGED:
+            artifact = artifact_of.get(case.name)
             fresh = (weights is not None and weights == current(artifacts.WEIGHTS) and artifact is not None
-                     and recorded is not None and recorded == current(artifact))
+                     and case.artifact_sha256 is not None and case.artifact_sha256 == current(artifact))
             status = status if fresh else NOT_VERIFIED
-        verdicts[name] = status
+        verdicts[case.name] = status
     return verdicts
+
+
+def read_policy(run_dir: RunDir) -> InconclusivePolicy:
+    """What an inconclusive verdict counted as when verify ran (``verify.inconclusive``; "pass" for a report
+    written before it was recorded, or none)."""
+    report = _read_report(run_dir)
+    return report.inconclusive_policy if report is not None else "pass"
 
 
 def read_accuracies(run_dir: RunDir) -> dict:
     """verify.json's task accuracy per candidate name (and ``"reference"``: the FP32 model's), only where
     :func:`read_verdicts` still vouches for the verdict: benchmark's accuracy column."""
     verdicts = read_verdicts(run_dir)
-    if not verdicts:
+    report = _read_report(run_dir)
+    if not verdicts or report is None:
         return {}
-    try:
-        payload = read_json(run_dir.file(JSON), "verify report")
-        tasks = {c["name"]: c.get("task_check") or {} for c in payload.get("candidates", [])}
-    except Exception:  # a damaged report only loses the column
-        return {}
+    tasks = {c.name: c.task_check or {} for c in report.candidates}
     accuracies = {name: task.get("accuracy") for name, task in tasks.items()
-                  if verdicts.get(name) in (Status.PASSED, Status.FAILED, Status.INCONCLUSIVE) and task.get("accuracy") is not None}
+                  if verdicts.get(name) in JUDGED and task.get("accuracy") is not None}
     reference = next((t.get("reference_accuracy") for n, t in tasks.items() if n in accuracies), None)
     if reference is not None:
         accuracies["reference"] = reference

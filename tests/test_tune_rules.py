@@ -1,0 +1,358 @@
+"""tune's decisions, each a function of plain data (pipeline/precision/sensitivity.py): the sensitivity score and
+ranking, the search, the Pareto front, the choice, its confirmation and the speed gate; and the graph surgery that
+cuts a mix, on a two-layer Q/DQ graph built here. Properties against oracles written another way; milliseconds.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+from pipeline.precision import sensitivity
+from pipeline.precision.sensitivity import Candidate
+
+FAST = settings(max_examples=120, deadline=None)
+
+
+def cand(high: int, status: str = "passed", ms: dict | None = None, drop: float = 0.0, error: float = 0.1,
+         calibration: str = "max") -> Candidate:
+    return Candidate([f"l{i}" for i in range(high)], f"top-{high}", {"status": status, "scaled_error": error,
+                     "accuracy_drop": drop}, latency_ms=dict(ms or {}), calibration=calibration)
+
+
+mixes = st.lists(st.builds(lambda high, ok, a, b, drop, err: cand(high, "passed" if ok else "failed", {1: a, 8: b},
+                                                                    drop, err),
+                           st.integers(0, 6), st.booleans(), st.floats(0.1, 10), st.floats(0.1, 10),
+                           st.floats(-0.05, 0.2), st.floats(0, 2)), max_size=8)
+
+
+# --------------------------------------------------------------------------- sensitivity
+
+
+def test_score_is_the_error_alone_plus_what_raising_it_recovers():
+    assert sensitivity.score({"scaled_error": 0.3}, {"scaled_error": 0.5}, {"scaled_error": 0.9}) == pytest.approx(0.7)
+    assert sensitivity.score({"scaled_error": 0.3}, {"scaled_error": 1.2}, {"scaled_error": 0.9}) == pytest.approx(0.3)
+    assert sensitivity.score({"scaled_error": None}, {"scaled_error": 0.0}, {"scaled_error": 0.0}) == 1e9
+    assert sensitivity.score({"scaled_error": math.inf}, {"scaled_error": 0.0}, {"scaled_error": 0.0}) == 1e9
+    assert sensitivity.score({"scaled_error": 0.1}, {"scaled_error": math.nan}, {"scaled_error": 0.5}) == \
+        pytest.approx(0.1)  # a non-finite all-but error is "very large": it recovers nothing
+
+
+@FAST
+@given(st.floats(0, 5), st.floats(0, 5), st.floats(0, 5), st.floats(0, 1))
+def test_score_grows_with_the_error_alone_and_with_what_raising_recovers(alone, all_but, all_low, more):
+    base = sensitivity.score({"scaled_error": alone}, {"scaled_error": all_but}, {"scaled_error": all_low})
+    assert sensitivity.score({"scaled_error": alone + more}, {"scaled_error": all_but},
+                             {"scaled_error": all_low}) >= base
+    assert sensitivity.score({"scaled_error": alone}, {"scaled_error": max(0.0, all_but - more)},
+                             {"scaled_error": all_low}) >= base
+    assert base >= alone
+
+
+def test_measure_judges_each_layer_alone_and_all_but_and_ranks_most_sensitive_first():
+    layers = ["a", "b", "c"]
+    errors = {"a": 0.1, "b": 0.4, "c": 0.1}
+    calls = []
+
+    def evaluate(high: set) -> dict:
+        calls.append(frozenset(high))
+        low = set(layers) - high
+        return {"scaled_error": sum(errors[x] for x in low)}
+
+    ranked = sensitivity.measure(layers, {"a": "Conv", "b": "Gemm"}, evaluate, {"scaled_error": 0.6})
+    assert [r.layer for r in ranked] == ["b", "a", "c"]  # a and c tie: graph order
+    assert ranked[0].op_type == "Gemm" and ranked[2].op_type == ""
+    assert ranked[0].alone == {"scaled_error": 0.4} and ranked[0].all_but == {"scaled_error": 0.2}
+    assert ranked[0].score == pytest.approx(0.4 + 0.4)
+    assert set(calls) == {frozenset({"b", "c"}), frozenset({"a"}), frozenset({"a", "c"}), frozenset({"b"}),
+                          frozenset({"a", "b"}), frozenset({"c"})}
+
+
+# --------------------------------------------------------------------------- the search
+
+
+def run_search(n: int, passes) -> tuple[list[Candidate], list[int]]:
+    ranked = [f"layer{i}" for i in range(n)]
+    judged: list[int] = []
+
+    def judge(high, origin):
+        judged.append(len(high))
+        return Candidate(list(high), origin, {"status": "passed" if passes(len(high)) else "failed"})
+
+    return sensitivity.search(ranked, judge, lowest="all low"), judged
+
+
+@FAST
+@given(st.integers(1, 40), st.integers(0, 41))
+def test_search_finds_the_smallest_passing_k_of_a_monotone_gate(n, threshold):
+    found, judged = run_search(n, lambda k: k >= threshold)
+    assert 0 in judged and n in judged  # both extremes always
+    assert len(judged) == len(set(judged))  # no mix judged twice
+    passing = [len(c.high) for c in found if c.passed]
+    if threshold > n:
+        assert passing == []
+    else:
+        assert min(passing) == threshold  # the bisection ran to its end, not one step
+        assert threshold - 1 < 0 or threshold - 1 in judged or threshold == 0  # the neighbour below was confirmed
+        if threshold < n and threshold > 0:
+            assert threshold + 1 in judged  # and the one above
+    assert len(judged) <= 2 * math.ceil(math.log2(n + 1)) + 4
+    assert [len(c.high) for c in found] == sorted(judged)
+    assert found[0].origin == "all low" and found[-1].origin == "all high"
+    assert all(c.origin == f"top-{len(c.high)}" for c in found[1:-1])
+
+
+def test_search_keeps_its_invariant_when_the_gate_is_not_monotone():
+    """A pass at k = 6, 7 that bisection steps over is not searched for: the answer is the first passing k of the
+    bisection, its neighbour below judged and failing."""
+    found, judged = run_search(16, lambda k: k >= 9 or k in (6, 7))
+    assert min(len(c.high) for c in found if c.passed and len(c.high) >= 8) == 9
+    assert 8 in judged and 10 in judged
+
+
+def test_search_stops_at_the_extremes():
+    found, judged = run_search(8, lambda k: True)
+    assert sorted(judged) == [0, 8] and found[0].passed
+    found, judged = run_search(8, lambda k: False)
+    assert sorted(judged) == [0, 8] and not any(c.passed for c in found)
+
+
+# --------------------------------------------------------------------------- the Pareto front and the choice
+
+
+def dominated(c: Candidate, others: list[Candidate], batch: int) -> bool:
+    a = (c.result["accuracy_drop"], c.latency_ms[batch])
+    return any((o.result["accuracy_drop"], o.latency_ms[batch]) != a and o.result["accuracy_drop"] <= a[0]
+               and o.latency_ms[batch] <= a[1] for o in others)
+
+
+@FAST
+@given(mixes)
+def test_the_front_holds_exactly_the_undominated_mixes_fastest_first(candidates):
+    front = sensitivity.pareto(candidates, 1)
+    assert all(not dominated(c, candidates, 1) for c in front)
+    assert all(any(c is f for f in front) for c in candidates if not dominated(c, candidates, 1))
+    assert [c.latency_ms[1] for c in front] == sorted(c.latency_ms[1] for c in front)
+    assert sensitivity.pareto(candidates, 4) == []  # nothing timed at batch 4
+
+
+def oracle_choice(candidates: list[Candidate], batches: list[int], same_speed: float) -> set[int]:
+    """The ids of every mix the rule may return (ties on every key are allowed either way)."""
+    passing = [c for c in candidates if c.passed and all(b in c.latency_ms for b in batches)]
+    if not passing:
+        return set()
+
+    def cost(c):
+        return sum(c.latency_ms[b] / min(p.latency_ms[b] for p in passing) for b in batches) / max(1, len(batches))
+
+    fastest = min(cost(c) for c in passing)
+    tied = [c for c in passing if cost(c) <= fastest * (1 + same_speed) + 1e-12]
+    best = min((len(c.high), cost(c), c.result["scaled_error"]) for c in tied)
+    return {id(c) for c in tied if (len(c.high), cost(c), c.result["scaled_error"]) == best}
+
+
+@FAST
+@given(mixes, st.sampled_from([[1], [1, 8], []]), st.floats(0, 0.2))
+def test_the_choice_is_a_passing_mix_on_the_rule(candidates, batches, same_speed):
+    pick = sensitivity.choose(candidates, batches, same_speed)
+    allowed = oracle_choice(candidates, batches, same_speed)
+    if not allowed:
+        assert pick is None
+        return
+    assert pick is not None and pick.passed and id(pick) in allowed
+
+
+@FAST
+@given(mixes, st.floats(0, 0.2))
+def test_the_choice_is_on_the_front_or_tied_with_it(candidates, same_speed):
+    pick = sensitivity.choose(candidates, [1], same_speed)
+    assume(pick is not None)
+    passing = [c for c in candidates if c.passed]
+    fastest = min(c.latency_ms[1] for c in passing)
+    assert pick.latency_ms[1] <= fastest * (1 + same_speed) + 1e-12  # never slower than the noise allows
+
+
+def test_choose_by_hand():
+    slow, fast, tied = cand(3, ms={1: 2.0, 8: 9.0}), cand(2, ms={1: 1.2, 8: 6.0}), cand(1, ms={1: 1.22, 8: 6.1})
+    fail = cand(0, "failed", {1: 1.0, 8: 5.0})
+    assert sensitivity.choose([fail, slow, fast], [1, 8]) is fast
+    assert sensitivity.choose([fail, slow, fast, tied], [1, 8], same_speed=0.05) is tied
+    assert sensitivity.choose([fail, slow, fast, tied], [1, 8], same_speed=0.0) is fast
+    assert sensitivity.choose([fail], [1, 8]) is None
+    a, b = cand(2, ms={1: 1.0}, error=0.3), cand(2, ms={1: 1.0}, error=0.1)
+    assert sensitivity.choose([a, b], [1]) is b  # same layers, same speed: the smaller error
+    c, d = cand(2, ms={1: 1.04}), cand(2, ms={1: 1.0})
+    assert sensitivity.choose([c, d], [1], same_speed=0.05) is d  # tied, same layers: the faster
+    untimed = cand(1, ms={})
+    assert sensitivity.choose([untimed, cand(4, ms={})], []) is untimed  # nothing timed: fewest layers raised
+    assert sensitivity.choose([untimed], [1]) is None  # not timed where timing counts
+
+
+def test_confirmation_moves_to_the_next_best_pick_when_the_real_graph_fails():
+    first, second, third = cand(1, ms={1: 1.0}), cand(2, ms={1: 1.5}), cand(3, ms={1: 2.0})
+    seen = []
+
+    def confirm(pick):
+        seen.append(pick)
+        return pick is third
+
+    assert sensitivity.confirmed([first, second, third], [1], 0.0, confirm) == (third, 3)
+    assert seen == [first, second, third]
+    assert sensitivity.confirmed([first, second], [1], 0.0, lambda p: False) == (None, 2)
+    assert sensitivity.confirmed([first], [1], 0.0, lambda p: True) == (first, 1)
+    assert sensitivity.confirmed([], [1], 0.0, lambda p: True) == (None, 0)
+
+
+@FAST
+@given(mixes, st.integers(0, 2**31 - 1))
+def test_a_confirmed_pick_passed_its_confirmation_and_was_tried_in_the_order_of_the_rule(candidates, seed):
+    rng = np.random.default_rng(seed)
+    verdicts = {id(c): bool(rng.integers(2)) for c in candidates}
+    tried = []
+
+    def confirm(pick):
+        tried.append(pick)
+        return verdicts[id(pick)]
+
+    pick, count = sensitivity.confirmed(candidates, [1, 8], 0.05, confirm)
+    assert count == len(tried) == len({id(t) for t in tried})
+    if pick is not None:
+        assert verdicts[id(pick)] and pick is tried[-1] and pick.passed
+    else:
+        assert not any(verdicts[id(c)] for c in candidates if c.passed)
+
+
+# --------------------------------------------------------------------------- the speed gate
+
+
+@FAST
+@given(st.dictionaries(st.sampled_from([1, 8, 32]), st.floats(0.01, 50), min_size=1),
+       st.dictionaries(st.sampled_from([1, 8, 32]), st.floats(0.01, 50), min_size=1))
+def test_speedup_is_fp32_time_over_the_mix_time_on_the_common_batches(fp32, mix):
+    got = sensitivity.speedups(fp32, mix)
+    assert set(got) == set(fp32) & set(mix)
+    for b, s in got.items():
+        assert s == pytest.approx(fp32[b] / mix[b])
+        assert (s > 1) == (mix[b] < fp32[b])  # faster than FP32 is a speed-up above 1
+
+
+@FAST
+@given(st.dictionaries(st.integers(1, 64), st.floats(0.1, 5)), st.floats(0.5, 2))
+def test_the_speed_gate_fails_exactly_the_batches_below_the_minimum(speedup, minimum):
+    slow = sensitivity.too_slow(speedup, minimum)
+    assert slow == {b: s for b, s in speedup.items() if s < minimum}
+    assert sensitivity.too_slow(speedup, None) == {} and sensitivity.too_slow(speedup, 0) == {}
+
+
+def test_the_speed_gate_boundary_and_nan():
+    assert sensitivity.too_slow({1: 1.0}, 1.0) == {}
+    assert sensitivity.too_slow({1: 0.999}, 1.0) == {1: 0.999}
+    assert 1 in sensitivity.too_slow({1: math.nan}, 1.0)
+
+
+def test_speed_failure_names_the_worst_batch_and_the_layers():
+    from pipeline.reports import tune_report
+
+    payload = {"precision": "int8", "chosen": {"runtime": {"/a/Conv": "u8", "/b/Conv": "f32", "/fc/Gemm": "f32"}},
+               "speedup_vs_fp32": {"1": 0.9, "8": 0.7}, "int8_dot_product": True}
+    line = tune_report.speed_failure(payload, 1.0)
+    assert "x0.70 at batch 8" in line and "2 of 3 layers run in FP32" in line and "VNNI" not in line
+    assert tune_report.speed_failure({**payload, "chosen": None}, 1.0) == ""
+    assert tune_report.speed_failure({**payload, "speedup_vs_fp32": {}}, 1.0) == ""  # nothing timed
+
+
+# --------------------------------------------------------------------------- the mix by graph surgery
+
+
+def qdq_chain() -> tuple:
+    """x -> Q/DQ -> MatMul(w1 via DQ) -> Q/DQ -> MatMul(w2 via DQ) -> y, and its FP32 twin."""
+    rng = np.random.default_rng(0)
+    w1, w2 = rng.normal(size=(4, 4)).astype(np.float32), rng.normal(size=(4, 4)).astype(np.float32)
+    scale, zero = numpy_helper.from_array(np.float32(0.05), "s"), numpy_helper.from_array(np.int8(0), "z")
+    q1 = numpy_helper.from_array(np.round(w1 / 0.05).astype(np.int8), "w1_q")
+    q2 = numpy_helper.from_array(np.round(w2 / 0.05).astype(np.int8), "w2_q")
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"], name="q_x"),
+             helper.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"], name="dq_x"),
+             helper.make_node("DequantizeLinear", ["w1_q", "s", "z"], ["w1_d"], name="dq_w1"),
+             helper.make_node("MatMul", ["xd", "w1_d"], ["h"], name="mm1"),
+             helper.make_node("QuantizeLinear", ["h", "s", "z"], ["hq"], name="q_h"),
+             helper.make_node("DequantizeLinear", ["hq", "s", "z"], ["hd"], name="dq_h"),
+             helper.make_node("DequantizeLinear", ["w2_q", "s", "z"], ["w2_d"], name="dq_w2"),
+             helper.make_node("MatMul", ["hd", "w2_d"], ["y"], name="mm2")]
+    io = ([helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])])
+    int8 = helper.make_model(helper.make_graph(nodes, "g", *io, [scale, zero, q1, q2]))
+    fp32 = helper.make_model(helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
+         helper.make_node("MatMul", ["h", "w2"], ["y"], name="mm2")], "g", *io,
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")]))
+    return int8, fp32, w1, w2
+
+
+def test_unquantize_feeds_a_layer_its_unquantized_input_and_fp32_weight_and_prunes_the_rest():
+    int8, fp32, w1, _ = qdq_chain()
+    mixed = sensitivity.unquantize(int8, fp32, ["mm1"])
+    nodes = {n.name: n for n in mixed.graph.node}
+    assert list(nodes["mm1"].input) == ["x", "w1__unquantized"]
+    assert "q_x" not in nodes and "dq_x" not in nodes and "dq_w1" not in nodes  # nothing reads them now
+    assert {"q_h", "dq_h", "dq_w2", "mm2"} <= set(nodes)  # the other layer keeps its Q/DQ
+    inits = {t.name: numpy_helper.to_array(t) for t in mixed.graph.initializer}
+    np.testing.assert_array_equal(inits["w1__unquantized"], w1)
+    assert inits["w1__unquantized"].dtype == np.float32  # the dequantized type (the scale's)
+    assert "w1_q" not in inits and "w2_q" in inits
+    assert list(sensitivity.unquantize(int8, fp32, []).graph.node) == list(int8.graph.node)  # nothing raised
+    assert len(int8.graph.node) == 8  # the input graph is not changed
+
+
+def test_unquantize_both_layers_leaves_no_qdq_and_twice_adds_one_weight():
+    int8, fp32, _, _ = qdq_chain()
+    mixed = sensitivity.unquantize(int8, fp32, ["mm1", "mm2"])
+    assert [n.op_type for n in mixed.graph.node] == ["MatMul", "MatMul"]
+    again = sensitivity.unquantize(mixed, fp32, ["mm1"])
+    assert [t.name for t in again.graph.initializer].count("w1__unquantized") == 1
+
+
+def test_low_layers_are_the_units_of_each_precision_in_graph_order():
+    _, fp32, _, _ = qdq_chain()
+    fp32.graph.node.append(helper.make_node("Relu", ["y"], ["r"], name="relu"))
+    fp32.graph.node.append(helper.make_node("Add", ["r", "r"], ["a"], name="add"))
+    precisions = {"mm1": ("MatMul", "int8"), "mm2": ("MatMul", "fp16"), "relu": ("Relu", "int8"),
+                  "add": ("Add", "int8")}
+    assert sensitivity.low_layers(fp32, precisions, "int8") == ["mm1"]
+    fp16 = {"mm1": ("MatMul", "fp16"), "mm2": ("MatMul", "fp32"), "relu": ("Relu", "fp16"), "add": ("Add", "fp16")}
+    assert sensitivity.low_layers(fp32, fp16, "fp16") == ["mm1", "add"]  # Relu rounds nothing
+
+
+def test_summary_keeps_the_numbers_tune_shows():
+    result = {"status": "passed", "tensor_check": {"scaled_error_quantile": 0.2, "scaled_error": 0.3,
+                                                   "max_abs_error": 0.5, "quantile_abs_error": 0.4, "mean_kl": 0.01},
+              "task_check": {"top1_agreement": 0.99, "accuracy_drop": 0.002}}
+    assert sensitivity.summary(result) == {"status": "passed", "scaled_error": 0.2, "max_abs_error": 0.5,
+                                           "quantile_abs_error": 0.4, "top1_agreement": 0.99,
+                                           "accuracy_drop": 0.002, "mean_kl": 0.01}
+    no_quantile = {**result, "tensor_check": {"scaled_error": 0.3}}
+    assert sensitivity.summary(no_quantile)["scaled_error"] == 0.3
+
+
+def test_candidate_key_and_passed():
+    a = Candidate(["b", "a"], "x", {"status": "passed"}, calibration="max")
+    assert a.passed and a.key() == ("max", ("a", "b"))
+    assert not Candidate([], "x", {"status": "inconclusive"}).passed
+    assert not Candidate([], "x").passed
+
+
+def test_timed_returns_the_value_and_seconds():
+    value, seconds = sensitivity.timed(lambda a, b: a + b, 2, 3)
+    assert value == 5 and 0 <= seconds < 1
+
+
+def test_every_k_is_judged_at_most_once_over_many_gates():
+    for n, threshold in itertools.product(range(1, 9), range(0, 10)):
+        _, judged = run_search(n, lambda k: k >= threshold)
+        assert len(judged) == len(set(judged))
