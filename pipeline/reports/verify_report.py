@@ -253,6 +253,7 @@ def build_payload(cfg, card, candidates, localization, fallback, verdict, sample
         "passed": verdict.passed,
         "deployable": verdict.deployable,
         "inconclusive": [c.name for c in verdict.inconclusive],
+        "inconclusive_policy": cfg.verify.inconclusive,  # what an inconclusive verdict counts as (core/verdicts.py)
         "model": cfg.model.name,
         "reference": reference,
         "inputs": {"what": "real validation images", "source": cfg.data.source, "samples": samples,
