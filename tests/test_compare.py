@@ -446,6 +446,27 @@ def test_impossible_values_are_refused(bundled, tmp_path, capsys):
         assert code == 2 and len(err) == 1 and said in err[0], (case, err)
 
 
+def test_compare_in_all_is_unchanged_when_nothing_it_reads_changed(bundled, capsys):
+    """§2.8: a second identical `all` skips compare; a changed bundle re-runs it; once compare.baseline is dropped
+    the summary says the earlier compare is not part of this result."""
+    run, bundle = bundled
+    setting = f"compare.baseline={bundle}"
+    assert cli("all", "--run-dir", run, setting) == 0
+    first = RunDir(run).stage_entry("compare")["run_id"]
+    capsys.readouterr()
+    assert cli("all", "--run-dir", run, setting) == 0
+    assert RunDir(run).stage_entry("compare")["run_id"] == first
+    out, err = capsys.readouterr()
+    assert "compare: unchanged since" in err and "compare    ok" in out
+    _edit(bundle, _set("environment.tensorrt", "10.13.0"))
+    assert cli("all", "--run-dir", run, setting) == 0
+    assert RunDir(run).stage_entry("compare")["run_id"] != first
+    capsys.readouterr()
+    assert cli("all", "--run-dir", run, "compare.baseline=null") == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("compare"))
+    assert "not run" in row and "compare.baseline is not set" in row and "is not part of this result" in row, row
+
+
 def test_bundle_text_is_shown_printable(bundled, capsys):
     """§2.9: an escape sequence, a newline and a table break in the bundle reach neither the terminal nor
     compare.md; a 5,000-character value is refused (bounded), never printed."""
