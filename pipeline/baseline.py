@@ -2,34 +2,46 @@
 
 ``python -m pipeline baseline --run-dir DIR --out PATH`` writes a folder of two files, fit to commit:
 
-* ``baseline.json`` (schema ``pipeline.baseline/1``): the model card, the config, the environment (torch, ONNX
-  Runtime, OpenVINO, TensorRT, the driver, the GPU, the CPU and its ISA), per artifact that passed verify's gate
-  its accuracy, per-class accuracy and batch-size rows, and every benchmark row with its raw latency samples;
-* ``predictions.npz``: per validation image its name and label, and per passed artifact (and the FP32 reference)
-  the top-5 classes with their logits (:mod:`pipeline.evaluation.predictions`).
+* ``baseline.json`` (schema ``pipeline.baseline/2``, typed in :mod:`pipeline.core.bundle_schema`): the model card,
+  the config, the environment (torch, ONNX Runtime, OpenVINO, TensorRT, the driver, the GPU, the CPU and its ISA),
+  per artifact whose verdict counts as passed its verdict, accuracy, per-class accuracy and batch-size rows, every
+  benchmark row with its raw latency samples, and the sha256 of ``predictions.npz``;
+* ``predictions.npz``: per validation image its name, label and pixel digest, and per artifact (and the FP32
+  reference) the top-5 classes with their logits (:mod:`pipeline.evaluation.predictions`).
 
-:func:`read` validates a bundle, and :func:`check_compatible` refuses (exit 2, one line) one from another model,
-another class list or another input size, or made on other validation images.
+:func:`read` reads a bundle back, through the run directory's confinement rules (no links, bounded, typed); a
+``pipeline.baseline/1`` bundle (without image digests) is refused with how to write a new one. Both files are
+written through :func:`pipeline.core.run.atomic_write`, ``predictions.npz`` first: a bundle whose writing was
+interrupted has a ``baseline.json`` whose recorded sha256 does not match, and is refused, never half-read.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
-from pipeline.core.status import Status
-from pipeline.core import artifacts, env
-from pipeline.evaluation import predictions
+from pipeline.core import artifacts, bundle_schema, env, schema, verdicts
+from pipeline.core.bundle_schema import Meta
 from pipeline.core.errors import InputError, UsageError
-from pipeline.core.run import RunDir, atomic_write, now, read_json, sha256_file
+from pipeline.core.run import RunDir, atomic_write, confined, now, open_confined, read_json, sha256_file
+from pipeline.evaluation import drift, predictions
+from pipeline.evaluation.predictions import Predictions
 
-SCHEMA = "pipeline.baseline/1"
+SCHEMA = bundle_schema.SCHEMA
 META = "baseline.json"
 PREDICTIONS = "predictions.npz"
+WRITE = "`python -m pipeline baseline --run-dir DIR --out PATH`"
 # The CPU features that change which kernels a runtime picks (and so its numbers): recorded and diffed.
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
+
+
+@dataclass(frozen=True)
+class Bundle:
+    path: Path
+    meta: Meta
+    predictions: Predictions
 
 
 # --------------------------------------------------------------------------- the environment
@@ -55,60 +67,92 @@ def env_diff(before: dict, after: dict) -> list[dict]:
 
 
 def describe_env_diff(rows: list[dict]) -> str:
-    """One phrase: "tensorrt 10.13 -> 11.4, driver 580 -> 590"; "no change" when empty."""
-    return ", ".join(f"{r['what']} {r['baseline'] or '(none)'} -> {r['run'] or '(none)'}" for r in rows) or \
-        "no change"
+    """One phrase: "tensorrt 10.13 -> 11.4, driver 580 -> 590"; "no change" when empty. The bundle's text is
+    shown through :func:`pipeline.core.schema.printable` (no escape sequence, no newline, bounded)."""
+    return ", ".join(f"{r['what']} {schema.printable(r['baseline'] or '(none)', 80)} -> "
+                     f"{schema.printable(r['run'] or '(none)', 80)}" for r in rows) or "no change"
 
 
 # --------------------------------------------------------------------------- reading a run
 
 
-def _verify_payload(run: RunDir) -> dict:
+def recorded_policy(run: RunDir) -> verdicts.InconclusivePolicy:
+    """``verify.inconclusive`` as verify ran with it (:func:`pipeline.reports.verify_report.read_policy`)."""
     from pipeline.reports import verify_report
 
-    run.require(artifacts.VERIFY_JSON, "verify", "baseline")
-    verdicts = verify_report.read_verdicts(run) or {}
-    payload = read_json(run.file(artifacts.VERIFY_JSON), "verify report")
-    passed = [c for c in payload.get("candidates", []) if verdicts.get(c["name"]) == Status.PASSED]
+    return verify_report.read_policy(run)
+
+
+def written_by(run: RunDir, stage: str, name: str, consumer: str) -> tuple[Path, str]:
+    """The path of ``name`` and the sha256 ``stage`` recorded for it, which the file must still have (checked by
+    the caller on the bytes it reads): never a file edited, copied in or left from another run."""
+    path = run.require(name, stage, consumer)
+    recorded = ((run.stage_entry(stage) or {}).get("artifacts") or {}).get(name) or {}
+    if not recorded.get("sha256"):
+        raise InputError(f"{path} is not recorded in the manifest as written by {stage}: re-run {stage}")
+    return path, recorded["sha256"]
+
+
+def check_written_by(run: RunDir, stage: str, name: str, consumer: str) -> Path:
+    path, recorded = written_by(run, stage, name, consumer)
+    if sha256_file(path) != recorded:
+        raise InputError(f"{path} is not the file {stage} wrote (its sha256 differs from the manifest's): "
+                         f"re-run {stage}")
+    return path
+
+
+def run_predictions(run: RunDir, consumer: str, candidates: list[str], classes: int) -> Predictions:
+    """The run's ``verify.predictions.npz`` (only if it is the file verify wrote), with the ``candidates`` it has."""
+    path, recorded = written_by(run, "verify", artifacts.VERIFY_PREDICTIONS, consumer)
+    try:
+        return predictions.read(path, "verify's predictions", candidates, classes, optional=True, finite=False,
+                                sha256=recorded)
+    except InputError as exc:
+        raise InputError(f"{exc}; re-run verify") from None
+
+
+def run_verdicts(run: RunDir, consumer: str) -> tuple[dict, verdicts.InconclusivePolicy]:
+    """verify's verdict per candidate for the files here now (:func:`read_verdicts`), and the policy it ran with."""
+    from pipeline.reports import verify_report
+
+    check_written_by(run, "verify", artifacts.VERIFY_JSON, consumer)
+    return verify_report.read_verdicts(run) or {}, recorded_policy(run)
+
+
+def latency_rows(run: RunDir, consumer: str) -> list[bundle_schema.RunRow]:
+    """benchmark.json's rows with raw samples (the file benchmark wrote, typed and bounded)."""
+    path = check_written_by(run, "benchmark", artifacts.BENCHMARK_JSON, consumer)
+    rows = schema.read_json(path, bundle_schema.BenchmarkRows, "benchmark report").results
+    return [r for r in rows if r.samples_ms]
+
+
+def _latency_entries(run: RunDir) -> list[dict]:
+    keep = ("backend", "precision", "device", "batch_size", "timing", "verify", "samples_ms")
+    rows = [{k: row.model_dump().get(k) for k in keep} for row in latency_rows(run, "baseline")]
+    if not rows:
+        raise UsageError(f"{run.path}: benchmark.json has no timed rows: nothing to hold latency to (run "
+                         "benchmark with at least one backend)")
+    return rows
+
+
+def _artifact_entry(candidate: dict, verdict: str, top1, labels, classes: list[str]) -> dict:
+    return {"name": candidate["name"], "precision": candidate["precision"], "artifact": candidate["artifact"],
+            "artifact_sha256": candidate["artifact_sha256"], "verdict": verdict,
+            "accuracy": float((top1 == labels).mean()),
+            "per_class_accuracy": drift.per_class_accuracy(top1, labels, classes),
+            "batch_sizes": candidate.get("batch_sizes")}
+
+
+def _passed_candidates(run: RunDir) -> list[tuple[dict, str]]:
+    """verify.json's candidates whose verdict, for the files here now, counts as passed; with that verdict."""
+    current, policy = run_verdicts(run, "baseline")
+    report = read_json(run.file(artifacts.VERIFY_JSON), "verify report")
+    passed = [(c, current[c["name"]]) for c in report.get("candidates", [])
+              if verdicts.counts_as_passed(current.get(c["name"], ""), policy)]
     if not passed:
         raise UsageError(f"{run.path}: no candidate passed verify's gate for the files there now "
                          "(run verify first): nothing to baseline")
-    return {**payload, "candidates": passed}
-
-
-def run_predictions(run: RunDir, consumer: str) -> dict[str, np.ndarray]:
-    """The run's ``verify.predictions.npz``, only if it is the file verify wrote (its manifest sha256)."""
-    path = run.require(artifacts.VERIFY_PREDICTIONS, "verify", consumer)
-    recorded = ((run.stage_entry("verify") or {}).get("artifacts") or {}).get(artifacts.VERIFY_PREDICTIONS) or {}
-    if recorded.get("sha256") != sha256_file(path):
-        raise InputError(f"{path} is not the file verify wrote (its sha256 differs from the manifest's): re-run verify")
-    return predictions.read(path)
-
-
-def per_class_accuracy(top1: np.ndarray, labels: np.ndarray, classes: list[str]) -> dict[str, float | None]:
-    """Accuracy per class over the images of that class (None for a class without validation images)."""
-    return {name: (float(np.mean(top1[labels == i] == i)) if np.any(labels == i) else None)
-            for i, name in enumerate(classes)}
-
-
-def _latency_rows(run: RunDir) -> list[dict]:
-    """benchmark.json's rows with their raw samples ([] when benchmark has not run)."""
-    path = run.file(artifacts.BENCHMARK_JSON)
-    if not path.is_file():
-        return []
-    rows = read_json(path, "benchmark report").get("results", [])
-    keep = ("backend", "precision", "device", "batch_size", "timing", "verify", "samples_ms")
-    return [{k: r.get(k) for k in keep} for r in rows if r.get("samples_ms")]
-
-
-def _artifact_entry(candidate: dict, preds: dict, classes: list[str]) -> dict:
-    name = candidate["name"]
-    top1 = preds[f"{name}.top5_class"][:, 0]
-    return {"name": name, "precision": candidate["precision"], "artifact": candidate["artifact"],
-            "artifact_sha256": candidate["artifact_sha256"],
-            "accuracy": float(np.mean(top1 == preds["labels"])),
-            "per_class_accuracy": per_class_accuracy(top1, preds["labels"], classes),
-            "batch_sizes": candidate.get("batch_sizes")}
+    return passed
 
 
 # --------------------------------------------------------------------------- writing and reading a bundle
@@ -119,59 +163,72 @@ def write(run: RunDir, out: Path) -> Path:
     from pipeline import config as config_mod
 
     card = read_json(run.require(artifacts.MODEL_CARD, "train", "baseline"), "model card")
-    verify = _verify_payload(run)
-    preds = run_predictions(run, "baseline")
-    names = [c["name"] for c in verify["candidates"] if f"{c['name']}.top5_class" in preds]
+    classes = list(card["classes"])
+    candidates = _passed_candidates(run)
+    preds = run_predictions(run, "baseline", [predictions.REFERENCE, *(c["name"] for c, _ in candidates)],
+                            len(classes))
+    if predictions.REFERENCE not in preds.top5:
+        raise InputError(f"{run.file(artifacts.VERIFY_PREDICTIONS)} has no predictions of the reference "
+                         f"({predictions.REFERENCE}): re-run verify")
+    kept = [(c, v) for c, v in candidates if c["name"] in preds.top5]
     meta = {
         "schema": SCHEMA, "created": now(), "run_dir": str(run.path), "model": card["model"],
-        "classes": card["classes"], "input_size": card["spec"]["input_size"], "model_card": card,
+        "classes": classes, "input_size": card["spec"]["input_size"], "model_card": card,
         "config": config_mod.load_yaml_file(run.file(artifacts.CONFIG)) if run.file(artifacts.CONFIG).is_file()
         else None,
         "environment": environment((run.manifest or {}).get("environment") or env.collect()),
-        "images": len(preds["names"]),
-        "artifacts": [_artifact_entry(c, preds, card["classes"]) for c in verify["candidates"] if c["name"] in names],
-        "latency": _latency_rows(run),
+        "images": len(preds.names), "predictions_sha256": "",
+        "artifacts": [_artifact_entry(c, v, preds.top5[c["name"]].top1, preds.labels, classes) for c, v in kept],
+        "latency": _latency_entries(run),
     }
-    keep = {"names", "labels"} | {f"{n}.{part}" for n in (predictions.REFERENCE, *names)
-                                  for part in ("top5_class", "top5_logit")}
-    if out.exists() and not (out / META).is_file():
-        raise UsageError(f"{out} exists and is not a baseline bundle: choose another --out")
-    out.mkdir(parents=True, exist_ok=True)
-    predictions.write(out / PREDICTIONS, {k: v for k, v in preds.items() if k in keep})
-    atomic_write(out / META, json.dumps(meta, indent=1, sort_keys=False, default=str) + "\n")
+    shown = {predictions.REFERENCE, *(c["name"] for c, _ in kept)}
+    data = predictions.to_bytes(predictions.as_arrays(Predictions(
+        preds.names, preds.labels, preds.digests, {k: v for k, v in preds.top5.items() if k in shown})))
+    meta["predictions_sha256"] = hashlib.sha256(data).hexdigest()
+    schema.validate(meta, Meta, out / META, "baseline bundle")  # what compare will read back, checked before writing
+    folder = _folder(out)
+    atomic_write(confined(folder, PREDICTIONS), data)
+    atomic_write(confined(folder, META), json.dumps(meta, indent=1, sort_keys=False, default=str) + "\n")
     return out
 
 
-def read(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
-    """A bundle's metadata and predictions; anything else is an :class:`InputError` (exit 2) in one line."""
-    if not (path / META).is_file():
-        raise InputError(f"{path} is not a baseline bundle (no {META}); write one with "
-                         "`python -m pipeline baseline --run-dir DIR --out PATH`")
-    meta = read_json(path / META, "baseline bundle")
-    if not isinstance(meta, dict) or meta.get("schema") != SCHEMA:
-        found = meta.get("schema") if isinstance(meta, dict) else type(meta).__name__
-        raise InputError(f"{path / META}: schema {found!r}, expected {SCHEMA!r}")
-    missing = [k for k in ("model", "classes", "input_size", "environment", "artifacts", "latency") if k not in meta]
-    if missing:
-        raise InputError(f"{path / META} lacks {', '.join(missing)}: not a complete baseline bundle")
-    return meta, predictions.read(path / PREDICTIONS)
+def _folder(out: Path) -> Path:
+    """``out``, created; refused when it holds something that is not a bundle (never written into)."""
+    if out.exists() and not (out.is_dir() and confined(out, META).is_file()):
+        raise UsageError(f"{out} exists and is not a baseline bundle: choose another --out")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot create the bundle folder {out}: {exc.strerror or exc}") from None
+    return out
 
 
-def check_compatible(meta: dict, card: dict, names: np.ndarray, baseline_names: np.ndarray) -> None:
-    """Refuse a bundle of another model, class list, input size or validation set (exit 2, one line)."""
-    if meta["model"] != card["model"]:
-        raise InputError(f"the baseline is of model {meta['model']!r}, this run of {card['model']!r}")
-    if list(meta["classes"]) != list(card["classes"]):
-        raise InputError(f"the baseline's classes {_short(meta['classes'])} differ from this run's "
-                         f"{_short(card['classes'])}")
-    if list(meta["input_size"]) != list(card["spec"]["input_size"]):
-        raise InputError(f"the baseline's input size {'x'.join(map(str, meta['input_size']))} differs from this "
-                         f"run's {'x'.join(map(str, card['spec']['input_size']))}")
-    if list(baseline_names) != list(names):
-        raise InputError(f"the baseline was made on other validation images ({len(baseline_names)} images, this run "
-                         f"verified {len(names)}): compare needs the same data and verify.samples")
+def read(path: Path) -> Bundle:
+    """A bundle's metadata and predictions, checked; anything else is an :class:`InputError` (exit 2) in one line.
+    Its files are read through the confinement rules: a link in the bundle is refused, never followed."""
+    meta_path = confined(path, META) if path.is_dir() else path / META
+    if not meta_path.is_file():
+        raise InputError(f"{path} is not a baseline bundle (no {META}); write one with {WRITE}")
+    meta = bundle_schema.read_meta(meta_path, WRITE)
+    names = [predictions.REFERENCE, *(a.name for a in meta.artifacts)]
+    preds = predictions.read(confined(path, PREDICTIONS), "baseline predictions", names, len(meta.classes),
+                             sha256=meta.predictions_sha256)
+    if len(preds.names) != meta.images:
+        raise InputError(f"{path / PREDICTIONS} holds {len(preds.names)} images, {META} says {meta.images}")
+    return Bundle(path, meta, preds)
 
 
-def _short(items: list) -> str:
-    return str(items) if len(items) <= 6 else f"[{', '.join(map(str, items[:5]))}, ... ({len(items)} classes)]"
-
+def digests(path: str | Path | None) -> dict | None:
+    """The sha256 of a bundle's two files (None for one that is not there or not readable): what compare read,
+    for its fingerprint."""
+    if not path:
+        return None
+    folder = Path(path).expanduser()
+    out = {}
+    for name in (META, PREDICTIONS):
+        try:
+            with open_confined(confined(folder, name)) as f:  # no link in the bundle is followed
+                out[name] = hashlib.file_digest(f, "sha256").hexdigest()
+        except (OSError, InputError, UsageError):
+            out[name] = None
+    return out

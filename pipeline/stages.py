@@ -139,7 +139,8 @@ def _compare_summary(entry: dict) -> str:
     d = entry["details"]
     rows = ", ".join(f"{name}: {status}" for name, status in d.get("artifacts", {}).items())
     slower = d.get("latency_regressions") or []
-    return f"{rows}; latency regressions: {', '.join(slower) or 'none'}; environment: {d.get('environment')}"
+    return f"{rows}; latency regressions or missing rows: {', '.join(slower) or 'none'}; environment: " \
+           f"{d.get('environment')}"
 
 
 PROFILE = "record a torch.profiler trace (Chrome-trace JSON) of a few steps"
@@ -185,9 +186,11 @@ STAGES = {
                   summary=_tune_summary),
 
 
-    # A release gate across runs, not a step that makes an artifact: outside ORDER, never skipped as unchanged
-    # (its input, the bundle, lives outside the run); `all` runs it last when compare.baseline is set.
-    "compare": Stage("compare", "compare", ("compare",), (), ("verify", "benchmark"),
+    # A release gate across runs, not a step that makes an artifact: outside ORDER; `all` runs it last when
+    # compare.baseline is set, and skips it as unchanged when nothing it reads changed: the bundle's two files and
+    # their path (fingerprint), verify's verdicts for the files here now, these inputs, the environment it diffs.
+    "compare": Stage("compare", "compare", ("compare",),
+                     (a.MODEL_CARD, a.VERIFY_JSON, a.VERIFY_PREDICTIONS, a.BENCHMARK_JSON), ("verify", "benchmark"),
                      help="compare the run with a baseline bundle (predictions, accuracy, latency, environment)",
                      options=(Option("--baseline", "the baseline bundle (`baseline --out`); default compare.baseline",
                                      config="compare.baseline", metavar="PATH"),),
@@ -244,7 +247,8 @@ def _gpu_name() -> str | None:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else None
 
 
-def fingerprint(stage: Stage, cfg, run: RunDir) -> str:
+def fingerprint(stage: Stage, cfg, run: RunDir, options: dict | None = None) -> str:
+    """``options``: the stage function's keyword arguments (default: from the config); compare's bundle path."""
     config = cfg.to_dict()
     payload = {
         "stage": stage.name,
@@ -261,12 +265,24 @@ def fingerprint(stage: Stage, cfg, run: RunDir) -> str:
         from pipeline.core.data import content_summary
 
         payload["data"] = content_summary(cfg.data)
-    if stage.name == "benchmark":
+    if stage.name in ("benchmark", "compare"):
         from pipeline.reports.verify_report import read_policy, read_verdicts
 
         payload["verify"] = read_verdicts(run)  # benchmark shows them; the rest of verify's report does not matter
         payload["verify_policy"] = read_policy(run)  # and names the fastest of those that count as passed
+    if stage.name == "compare":
+        payload["compare"] = _compare_inputs(stage, cfg, run, options)
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _compare_inputs(stage: Stage, cfg, run: RunDir, options: dict | None) -> dict:
+    """What compare reads from outside the run's artifacts: the bundle (its path and its files' sha256) and the
+    environment facts it diffs."""
+    from pipeline import baseline
+
+    path = (options if options is not None else stage.options_for(cfg, {})).get("baseline")
+    return {"bundle": str(path), "files": baseline.digests(path),
+            "environment": baseline.environment((run.manifest or {}).get("environment") or {})}
 
 
 def up_to_date(stage: Stage, cfg, run: RunDir) -> tuple[bool, str]:
@@ -390,7 +406,7 @@ def run_stage(name: str, cfg, run: RunDir, **options) -> dict:
     options = stage.options_for(cfg, options)
     check_requirements(stage, cfg)
     token = current_stage.set(name)
-    with run.stage(name, fingerprint(stage, cfg, run)) as record:
+    with run.stage(name, fingerprint(stage, cfg, run, options)) as record:
         record.entry["run_id"] = uuid.uuid4().hex
         record.entry["require"] = sorted(cfg.require)
         record.entry["config"] = _sections(stage, cfg)  # what it ran with: `all` names a change before re-training
@@ -455,10 +471,29 @@ def run_stages(cfg, run: RunDir, *, force: set[str] | None = None, options: dict
             log.debug("%s: %s", name, why)
         run.this_invocation[name] = "ran"
         run_stage(name, cfg, run, **options.get(name, {}))
-    if cfg.compare.baseline:  # the release gate: always re-run, its bundle may have changed
-        run.this_invocation["compare"] = "ran"
-        run_stage("compare", cfg, run)
+    if cfg.compare.baseline:  # the release gate, skipped only when nothing it reads changed
+        _compare_in_all(cfg, run)
+    else:
+        run.this_invocation["compare"] = NOT_CONFIGURED
     return run.manifest
+
+
+NOT_CONFIGURED = "not configured"
+
+
+def _compare_in_all(cfg, run: RunDir) -> None:
+    """compare, unless it passed on the same bundle, verdicts, predictions, latency rows, config, code and
+    environment (a failed compare always runs again: its exit code is this run's result)."""
+    stage = STAGES["compare"]
+    fresh, why = up_to_date(stage, cfg, run)
+    if fresh:
+        check_requirements(stage, cfg)
+        run.this_invocation["compare"] = "unchanged"
+        log.info("compare: unchanged since %s, skipped", run.stage_entry("compare").get("ended"))
+        return
+    log.debug("compare: %s", why)
+    run.this_invocation["compare"] = "ran"
+    run_stage("compare", cfg, run)
 
 
 def _tune_in_all(cfg, run: RunDir, force: set[str]) -> None:
@@ -499,7 +534,10 @@ def summary(run: RunDir) -> str:
         if name not in ORDER and not entry:  # compare: only where it ran
             continue
         line = f"  {name:<10} {entry.get('status', 'not run'):<12} {STAGES[name].line(entry)}"
-        if done is not None and name not in done and entry:  # not reached now: an earlier run's row
+        if done is not None and done.get(name) == NOT_CONFIGURED:  # not part of this result: said, not shown
+            line = f"  {name:<10} {'not run':<12} compare.baseline is not set: the compare that ended " \
+                   f"{entry.get('ended')} ({entry.get('status')}) is not part of this result"
+        elif done is not None and name not in done and entry:  # not reached now: an earlier run's row
             line = f"  {name:<10} {'earlier':<12} (not run now; an earlier run ended {entry.get('ended')}: " \
                    f"{entry.get('status')})"
         lines.append(line)

@@ -16,8 +16,10 @@ pydantic is imported here only, and lazily by callers that need it (``--help`` s
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
+import math
 import os
 import re
 import zipfile
@@ -122,18 +124,31 @@ def _no_constant(name: str) -> float:
 @dataclass(frozen=True)
 class ArraySpec:
     """What one member of an ``.npz`` must be: its dtype kind(s) (``"f"``, ``"i"``, ``"U"``: NumPy's
-    ``dtype.kind``), its number of dimensions and at most how many elements."""
+    ``dtype.kind``), its number of dimensions, at most how many elements and at most how many bytes once loaded
+    (a string's itemsize is 4 bytes a character, so a name array is bounded by this, not by its count)."""
 
     kinds: str
     ndim: int
     max_elements: int
+    max_bytes: int = 64 * MiB
+
+
+NPZ_MEMBERS = 4096  # members an .npz may list: its directory is parsed whole before any member is read
 
 
 def read_npz(path: str | Path, specs: dict[str, ArraySpec], what: str, *, limit: int = 256 * MiB,
-             optional: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+             optional: tuple[str, ...] = (), sha256: str | None = None) -> dict[str, np.ndarray]:
     """The members ``specs`` names (and no other) of an ``.npz`` file, each checked against its :class:`ArraySpec`
-    from its header before it is loaded; a member in ``optional`` may be absent. No pickles, no links, bounded."""
+    from its header before it is loaded; a member in ``optional`` may be absent. No pickles, no links, bounded.
+    ``sha256``: the bytes read must have this digest (the file another file describes), checked on the bytes
+    that are then parsed, so the file cannot change in between."""
     raw = read_bytes(path, what, limit)
+    if sha256 is not None and hashlib.sha256(raw).hexdigest() != sha256:
+        raise InputError(f"{path}: {what} is not the file it is recorded as (its sha256 differs)")
+    members = _member_count(raw)
+    if members is not None and members > NPZ_MEMBERS:
+        raise InputError(f"{path}: {what} lists {members:,} members, more than the {NPZ_MEMBERS:,} such a file can "
+                         "have; refusing to read it")
     try:
         with zipfile.ZipFile(io.BytesIO(raw)) as archive:
             members = {name.removesuffix(".npy"): name for name in archive.namelist()}
@@ -163,8 +178,20 @@ def _member(archive: zipfile.ZipFile, member: str, spec: ArraySpec, path, what: 
             raise InputError(f"{where} has dtype {dtype}, expected kind {spec.kinds!r}")
         if len(shape) != spec.ndim:
             raise InputError(f"{where} has shape {shape}, expected {spec.ndim} dimension(s)")
-        if int(np.prod(shape, dtype=np.int64)) > spec.max_elements:
-            raise InputError(f"{where} has {int(np.prod(shape, dtype=np.int64)):,} elements, more than "
-                             f"{spec.max_elements:,}")
+        elements = math.prod(shape)  # Python integers: a header cannot overflow the count
+        if elements > spec.max_elements:
+            raise InputError(f"{where} has {elements:,} elements, more than {spec.max_elements:,}")
+        if elements * dtype.itemsize > spec.max_bytes:
+            raise InputError(f"{where} would take {elements * dtype.itemsize:,} bytes, more than "
+                             f"{spec.max_bytes:,}")
     with archive.open(info) as f:
         return npy.read_array(f, allow_pickle=False)
+
+
+def _member_count(raw: bytes) -> int | None:
+    """The member count of a zip archive's end record (0xFFFF: a ZIP64 archive, more than any .npz of ours has);
+    None when there is no end record (zipfile then says the file is not a zip)."""
+    end = raw.rfind(b"PK\x05\x06", max(0, len(raw) - (1 << 16) - 22))
+    if end < 0 or end + 22 > len(raw):
+        return None
+    return int.from_bytes(raw[end + 10:end + 12], "little")

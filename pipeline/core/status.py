@@ -14,6 +14,7 @@ class Status(StrEnum):
     SKIPPED = "skipped"  # not run here, with a reason
     CRASHED = "crashed"  # its native runtime killed its child process
     NOT_VERIFIED = "not verified"  # benchmark: no verdict recorded for this artifact
+    MISSING = "missing"  # compare: what the baseline judged has no current, passing verdict in this run
     ERROR = "error"
     # a stage in the manifest
     RUNNING = "running"

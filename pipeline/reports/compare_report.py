@@ -1,6 +1,8 @@
 """compare's reports: compare.json, compare.md, compare.junit.xml (and the GitHub step summary), and the section
-report.html / report.md show. The rows are built here once as :class:`pipeline.reports.tables.Section`s; the writers are
-verify's (:func:`pipeline.reports.verify_report.write_reports`).
+report.html / report.md show, and compare's wording (the reason of a failed artifact or row, the failure line).
+The rows are built here once as :class:`pipeline.reports.tables.Section`s; the writers are verify's
+(:func:`pipeline.reports.verify_report.write_reports`). Text that came from the bundle (or from the run's image
+names) is shown through :func:`pipeline.core.schema.printable`: no escape sequence, newline or table break, bounded.
 """
 
 from __future__ import annotations
@@ -8,23 +10,52 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from pipeline.core.status import Status
 from pipeline.core import artifacts
-from pipeline.reports import tables, verify_report
 from pipeline.core.run import RunDir
+from pipeline.core.schema import printable
+from pipeline.core.status import Status
+from pipeline.reports import tables, verify_report
 from pipeline.reports.tables import Cell, Section, Table, fmt, percent
 
 SCHEMA = "pipeline.compare/1"
 NAMES = (artifacts.COMPARE_JSON, artifacts.COMPARE_MD, artifacts.COMPARE_JUNIT)
 FLIPS_SHOWN = 20  # in the Markdown; compare.json lists every flipped image
+FAILING = (Status.FAILED, Status.MISSING)
+
+
+# --------------------------------------------------------------------------- wording
+
+
+def artifact_reason(result: dict, failed: list[str]) -> str:
+    """The failed checks of one compared artifact, with their numbers and thresholds."""
+    g, a, d = result["agreement"], result["accuracy"], result["drift"]
+    text = {"agreement": f"top-1 agreement {100 * g['value']:.2f}% (min {100 * g['threshold']:.2f}%, upper bound "
+                         f"{100 * g['upper_bound']:.2f}%): {len(result['flipped'])} images flipped",
+            "accuracy": f"accuracy {100 * a['baseline_accuracy']:.2f}% -> {100 * a['accuracy']:.2f}% (max drop "
+                        f"{100 * a['threshold']:.2f} points, lower bound {100 * a['lower_bound']:.2f})",
+            "drift": f"logit drift {d['value']:.3g} at the {100 * d['quantile']:g}th-percentile image (max "
+                     f"{d['threshold']:g} of the baseline's logit scale)"}
+    return ", ".join(text[k] for k in failed)
+
+
+def latency_reason(row: dict) -> str:
+    return (f"median {row['baseline_p50_ms']:.4g} ms -> {row['run_p50_ms']:.4g} ms, ratio {row['ratio']:.2f} "
+            f"[{row['ci_low']:.2f}, {row['ci_high']:.2f}] above {row['threshold']}")
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def _name(value) -> Cell:
+    return Cell(printable(value, 80), code=True)
 
 
 def _artifact_row(a: dict) -> tuple[Cell, ...]:
-    if a["status"] in ("missing", Status.SKIPPED):
-        return (Cell(a["name"], code=True), Cell(a["status"], status=Status.FAILED if a["status"] == "missing" else
-                                                 Status.SKIPPED, note=a.get("reason", "")), *[Cell("-")] * 5)
+    if a["status"] in (Status.MISSING, Status.SKIPPED):
+        return (_name(a["name"]), Cell(a["status"], status=Status.FAILED if a["status"] == Status.MISSING else
+                                       Status.SKIPPED, note=a.get("reason", "")), *[Cell("-")] * 5)
     g, acc, d = a["agreement"], a["accuracy"], a["drift"]
-    return (Cell(a["name"], code=True), Cell(a["status"], status=a["status"]),
+    return (_name(a["name"]), Cell(a["status"], status=a["status"]),
             Cell(f"{percent(g['value'])} (upper {percent(g['upper_bound'])})", status=g["status"]),
             Cell(f"{len(a['flipped'])}"),
             Cell(f"{percent(acc['baseline_accuracy'])} -> {percent(acc['accuracy'])}", status=acc["status"]),
@@ -33,19 +64,22 @@ def _artifact_row(a: dict) -> tuple[Cell, ...]:
 
 
 def _batch_text(rows) -> str:
-    return ", ".join(f"{r['batch_size']}: {r['status']}" for r in rows or [] if "batch_size" in r) or "-"
+    return printable(", ".join(f"{r['batch_size']}: {r['status']}" for r in rows or []
+                               if r.get("batch_size") is not None)) or "-"
 
 
 def _latency_row(r: dict) -> tuple[Cell, ...]:
-    return (Cell(r["backend"], code=True), Cell(str(r["batch_size"])), Cell(r.get("timing") or "-"),
+    shown = r["status"] in (Status.SKIPPED, Status.MISSING)
+    return (_name(r["backend"]), Cell(str(r["batch_size"])), Cell(printable(r.get("timing") or "-", 80)),
             Cell(f"{fmt(r['baseline_p50_ms'])} -> {fmt(r['run_p50_ms'])}"),
             Cell("-" if r["ratio"] is None else f"{r['ratio']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}]"),
-            Cell(r["status"], status=r["status"], note=r.get("reason", "") if r["status"] == Status.SKIPPED else ""))
+            Cell(r["status"], status=Status.FAILED if r["status"] == Status.MISSING else r["status"],
+                 note=r.get("reason", "") if shown else ""))
 
 
 def _flips_section(artifacts_: list[dict]) -> Section | None:
-    rows = [(Cell(a["name"], code=True), Cell(f["image"], code=True), Cell(str(f["label"])),
-             Cell(str(f["baseline"])), Cell(str(f["run"])))
+    rows = [(_name(a["name"]), _name(f["image"]), Cell(printable(f["label"], 80)),
+             Cell(printable(f["baseline"], 80)), Cell(printable(f["run"], 80)))
             for a in artifacts_ for f in a.get("flipped", [])[:FLIPS_SHOWN]]
     if not rows:
         return None
@@ -55,7 +89,7 @@ def _flips_section(artifacts_: list[dict]) -> Section | None:
 
 
 def _class_section(artifacts_: list[dict]) -> Section | None:
-    rows = [(Cell(a["name"], code=True), Cell(c["class"]), Cell(percent(c["baseline"])), Cell(percent(c["run"])),
+    rows = [(_name(a["name"]), Cell(printable(c["class"], 80)), Cell(percent(c["baseline"])), Cell(percent(c["run"])),
              Cell(f"{100 * c['delta']:+.1f} pt"))
             for a in artifacts_ for c in a.get("per_class", []) if c["delta"]]
     if not rows:
@@ -66,11 +100,13 @@ def _class_section(artifacts_: list[dict]) -> Section | None:
 
 def sections(payload: dict) -> list[Section]:
     """The rows of compare.md and of the report's compare section."""
-    env_rows = tuple((Cell(r["what"]), Cell(str(r["baseline"])), Cell(str(r["run"]))) for r in payload["environment"])
+    env_rows = tuple((Cell(printable(r["what"], 80)), Cell(printable(r["baseline"])), Cell(printable(r["run"])))
+                     for r in payload["environment"])
+    base = payload["baseline"]
     out = [
         Section("Compared with the baseline", status=Status.PASSED if payload["passed"] else Status.FAILED,
-                paragraphs=(f"baseline {payload['baseline']['path']} (made {payload['baseline'].get('created')}); "
-                            f"{payload['images']} validation images; environment: {payload['environment_summary']}",),
+                paragraphs=((f"baseline {printable(base['path'], 400)} (made {printable(base.get('created'), 80)}); "
+                             f"{payload['images']} validation images; environment: {payload['environment_summary']}"),),
                 tables=(Table(("artifact", "verdict", "top-1 agreement", "flipped", "accuracy", "logit drift (scaled)",
                                "batch sizes"), tuple(_artifact_row(a) for a in payload["artifacts"])),)),
         Section("Environment changes", level=3,
@@ -92,16 +128,16 @@ def markdown(payload: dict) -> str:
 
 
 def junit(payload: dict) -> str:
-    cases = [(f"artifact.{a['name']}", a) for a in payload["artifacts"]] + \
-            [(f"latency.{r['backend']}.b{r['batch_size']}.{r.get('timing') or ''}".rstrip("."), r)
-             for r in payload["latency"]]
-    failed = sum(1 for _, c in cases if c["status"] in (Status.FAILED, "missing"))
+    cases = [(f"artifact.{printable(a['name'], 80)}", a) for a in payload["artifacts"]] + \
+            [(f"latency.{printable(r['backend'], 80)}.b{r['batch_size']}.{printable(r.get('timing') or '', 80)}"
+              .rstrip("."), r) for r in payload["latency"]]
+    failed = sum(1 for _, c in cases if c["status"] in FAILING)
     suite = ET.Element("testsuite", name="pipeline.compare", tests=str(len(cases)), failures=str(failed),
                        errors="0", skipped=str(sum(1 for _, c in cases if c["status"] == Status.SKIPPED)),
                        timestamp=payload["created"])
     for name, c in cases:
-        case = ET.SubElement(suite, "testcase", classname=f"compare.{payload['model']}", name=name)
-        if c["status"] in (Status.FAILED, "missing"):
+        case = ET.SubElement(suite, "testcase", classname=f"compare.{printable(payload['model'], 80)}", name=name)
+        if c["status"] in FAILING:
             ET.SubElement(case, "failure", type="BaselineDrift", message=c.get("reason") or c["status"])
         elif c["status"] == Status.SKIPPED:
             ET.SubElement(case, Status.SKIPPED, message=c.get("reason") or "")
@@ -117,8 +153,9 @@ def write_all(run_dir: RunDir, payload: dict) -> list[Path]:
 
 def failure_message(payload: dict) -> str:
     """exit 1's line: what crossed which threshold, and what changed in the environment."""
-    parts = [f"{a['name']}: {a['reason']}" for a in payload["artifacts"] if a["status"] in (Status.FAILED, "missing")]
-    parts += [f"{r['backend']} at batch {r['batch_size']}: {r['reason']}" for r in payload["latency"]
-              if r["status"] == Status.FAILED]
+    parts = [f"{printable(a['name'], 80)}: {a['status']}: {a['reason']}" if a["status"] == Status.MISSING else
+             f"{printable(a['name'], 80)}: {a['reason']}" for a in payload["artifacts"] if a["status"] in FAILING]
+    parts += [f"{printable(r['backend'], 80)} at batch {r['batch_size']}: {r['reason']}" for r in payload["latency"]
+              if r["status"] in FAILING]
     return (f"the run differs from the baseline: {'; '.join(parts)}; environment: {payload['environment_summary']}; "
             f"details in {artifacts.COMPARE_MD}")

@@ -417,7 +417,7 @@ class _Report(schema.Open):
 
     candidates: list[_Case] = Field(default_factory=list, max_length=1000)
     reference: _Reference = _Reference()
-    inconclusive_policy: Literal["pass", "fail"] = "pass"  # reports written before it was recorded: the default
+    inconclusive_policy: Literal["pass", "fail"] | None = None
 
 
 def _read_report(run_dir: RunDir) -> _Report | None:
@@ -461,10 +461,10 @@ def read_verdicts(run_dir: RunDir) -> dict | None:
 
 
 def read_policy(run_dir: RunDir) -> InconclusivePolicy:
-    """What an inconclusive verdict counted as when verify ran (``verify.inconclusive``; "pass" for a report
-    written before it was recorded, or none)."""
+    """What an inconclusive verdict counted as when verify ran (``verify.inconclusive``). A report written before
+    it was recorded, or none: ``fail``, so an inconclusive verdict of unknown standing never counts as passed."""
     report = _read_report(run_dir)
-    return report.inconclusive_policy if report is not None else "pass"
+    return (report.inconclusive_policy if report is not None else None) or "fail"
 
 
 def read_accuracies(run_dir: RunDir) -> dict:

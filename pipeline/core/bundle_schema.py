@@ -1,0 +1,147 @@
+"""A baseline bundle's ``baseline.json`` as types (:mod:`pipeline.baseline` writes it, ``compare`` reads it).
+
+A bundle comes from outside the run (a commit, a download, a hand edit), so every field compare reads is typed
+and bounded here: strings by length (names by a pattern), lists by size, latencies positive and finite, the
+accuracy a fraction, per-class keys the class list, artifact names and latency rows unique. Its
+``predictions.npz`` is checked by :func:`pipeline.evaluation.predictions.read`, and tied to this file by its
+sha256. The rows compare reads from this run's ``benchmark.json`` are typed here as well.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, StringConstraints, model_validator
+
+from pipeline.core import schema
+from pipeline.core.errors import InputError
+from pipeline.core.schema import Open, Strict
+from pipeline.core.status import Status
+
+SCHEMA = "pipeline.baseline/2"
+OLD_SCHEMAS = ("pipeline.baseline/1",)  # no image digests: refused, with how to write a new one
+MAX_IMAGES = 100_000
+MAX_CLASSES = 100_000
+MAX_ARTIFACTS = 64
+MAX_ROWS = 4096
+MAX_SAMPLES = 1_000_000
+MAX_BATCH = 1 << 20
+
+Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")]  # a candidate or backend name
+Text = Annotated[str, StringConstraints(max_length=256)]
+Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+Millis = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
+BatchSize = Annotated[int, Field(ge=1, le=MAX_BATCH)]
+
+
+class Environment(Strict):
+    """The facts a comparison names when they change (:func:`pipeline.baseline.environment`)."""
+
+    torch: Text | None
+    onnxruntime: Text | None
+    openvino: Text | None
+    tensorrt: Text | None
+    polygraphy: Text | None
+    onnx: Text | None
+    driver: Text | None
+    gpu: Text | None
+    cpu: Text | None
+    cpu_isa: Text | None
+
+
+class BatchRow(Open):
+    """verify's row for one batch size an artifact serves; compare shows its size and verdict."""
+
+    batch_size: BatchSize | None = None
+    status: Text
+
+
+class Artifact(Strict):
+    name: Name
+    precision: Text
+    artifact: Text | None
+    artifact_sha256: Sha256 | None
+    verdict: Literal[Status.PASSED, Status.INCONCLUSIVE]  # verify's, for the file then; inconclusive: where it counted
+    accuracy: Fraction
+    per_class_accuracy: dict[Text, Fraction | None]
+    batch_sizes: Annotated[list[BatchRow], Field(max_length=64)] | None
+
+
+class LatencyRow(Strict):
+    backend: Name
+    precision: Text | None
+    device: Text | None
+    batch_size: BatchSize
+    timing: Text | None
+    verify: Text | None
+    samples_ms: Annotated[list[Millis], Field(min_length=1, max_length=MAX_SAMPLES)]
+
+    @property
+    def key(self) -> tuple:
+        return self.backend, self.batch_size, self.timing
+
+
+class Meta(Strict):
+    """``baseline.json``."""
+
+    schema_: Literal["pipeline.baseline/2"] = Field(alias="schema")
+    created: Text
+    run_dir: Annotated[str, StringConstraints(max_length=4096)]
+    model: Annotated[str, StringConstraints(min_length=1, max_length=256)]
+    classes: Annotated[list[Text], Field(min_length=2, max_length=MAX_CLASSES)]
+    input_size: Annotated[list[Annotated[int, Field(ge=1, le=1 << 16)]], Field(min_length=1, max_length=4)]
+    model_card: dict[str, Any]
+    config: dict[str, Any] | None
+    environment: Environment
+    images: Annotated[int, Field(ge=1, le=MAX_IMAGES)]
+    predictions_sha256: Sha256
+    artifacts: Annotated[list[Artifact], Field(min_length=1, max_length=MAX_ARTIFACTS)]
+    latency: Annotated[list[LatencyRow], Field(min_length=1, max_length=MAX_ROWS)]
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if len(set(self.classes)) != len(self.classes):
+            raise ValueError("classes: a class is named twice")
+        names = [a.name for a in self.artifacts]
+        if len(set(names)) != len(names):
+            raise ValueError("artifacts: an artifact is listed twice")
+        for a in self.artifacts:
+            if list(a.per_class_accuracy) != self.classes:
+                raise ValueError(f"artifacts: {a.name}: per_class_accuracy does not name the classes, in order")
+        keys = [row.key for row in self.latency]
+        if len(set(keys)) != len(keys):
+            raise ValueError("latency: a (backend, batch size, timing) row is listed twice")
+        return self
+
+
+class Tagged(Open):
+    schema_: Text = Field(alias="schema")
+
+
+def read_meta(path, rewrite: str) -> Meta:
+    """``baseline.json`` at ``path`` (confined by the caller), validated; an older schema is refused, naming
+    ``rewrite`` (the command that writes a new bundle)."""
+    tagged = schema.read_json(path, Tagged, "baseline bundle")
+    if tagged.schema_ in OLD_SCHEMAS:
+        raise InputError(f"{path}: a {schema.printable(tagged.schema_)} bundle, which has no image digests; "
+                         f"compare reads {SCHEMA} only: re-write the baseline with {rewrite}")
+    if tagged.schema_ != SCHEMA:
+        raise InputError(f"{path}: schema {schema.printable(repr(tagged.schema_), 80)}, expected {SCHEMA!r}")
+    return schema.validate(tagged.model_dump(by_alias=True), Meta, path, "baseline bundle")
+
+
+# --------------------------------------------------------------------------- this run's benchmark.json
+
+
+class RunRow(Open):
+    """A benchmark.json row as compare reads it: a row without samples (skipped, an error) was not timed."""
+
+    backend: Name
+    batch_size: BatchSize
+    timing: Text | None = None
+    samples_ms: Annotated[list[Millis], Field(max_length=MAX_SAMPLES)] | None = None
+
+
+class BenchmarkRows(Open):
+    results: Annotated[list[RunRow], Field(default_factory=list, max_length=MAX_ROWS)]
