@@ -9,6 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# The mutation command (scripts/mutation.sh) runs the property tests once per mutant: the same examples every time,
+# so a mutant is killed or survives for a reason, not by the luck of one draw.
+settings.register_profile("mutation", derandomize=True, database=None, deadline=None)
+settings.load_profile(os.environ.get("PIPELINE_HYPOTHESIS_PROFILE", "default"))
 
 ROOT = Path(__file__).resolve().parents[1]
 FAULTS = ROOT / "tests" / "fault_models.py"

@@ -28,6 +28,7 @@ from typing import Any, Iterator
 from pipeline.core.status import Status
 from pipeline.core.artifacts import CONFIG, IR_TEMP_PREFIX, ISOLATE_PREFIX, LOCK, LOGS, MANIFEST, OPENVINO_DIR  # noqa: F401
 from pipeline.core.errors import InputError, PipelineError, StageFailed, UsageError, disk_full, disk_full_cause
+from pipeline.core.schema import NOFOLLOW, open_confined
 
 SCHEMA = "pipeline.manifest/1"
 
@@ -53,9 +54,6 @@ def _fsync_dir(directory: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-
-
-NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # absent on Windows, which is not a supported platform
 
 
 def refuse_symlink(path: Path) -> None:
@@ -91,24 +89,6 @@ def confined(root: Path, name: str | Path) -> Path:
         raise UsageError(f"refusing to use {path}: not a regular file (a pipe or a device); the run directory "
                          "holds plain files only: remove it or use another --run-dir")
     return path
-
-
-@contextlib.contextmanager
-def open_confined(path: str | Path):
-    """``path`` opened for reading in binary, never through a symbolic link, and only if it is a regular file."""
-    path = Path(path)
-    try:
-        fd = os.open(path, os.O_RDONLY | NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            raise UsageError(f"refusing to read {path}: it is a symbolic link; the run directory holds plain "
-                             "files only: remove the link or use another --run-dir") from None
-        raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise UsageError(f"refusing to read {path}: not a regular file")
-    with os.fdopen(fd, "rb") as f:
-        yield f
 
 
 def open_append(path: str | Path):

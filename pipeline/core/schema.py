@@ -3,7 +3,7 @@
 A run directory, a baseline bundle, a fallback file a user edited, a report a later stage reads: all of it is
 untrusted. Each such file is read here, once, in the same way:
 
-* **no links, regular files only**: opened through :func:`pipeline.core.run.open_confined` (``O_NOFOLLOW``);
+* **no links, regular files only**: opened through :func:`open_confined` (``O_NOFOLLOW``);
 * **bounded**: a size cap per file, checked before anything is parsed; an ``.npz`` member's shape and dtype are
   read from its header, and only the named members are loaded, each under its own cap;
 * **typed**: a pydantic model (strict types, ranges, lengths) validates what was parsed;
@@ -16,12 +16,15 @@ pydantic is imported here only, and lazily by callers that need it (``--help`` s
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import io
 import json
 import math
 import os
 import re
+import stat
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,8 +33,7 @@ from typing import Any, TypeVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from pipeline.core.errors import InputError
-from pipeline.core.run import open_confined
+from pipeline.core.errors import InputError, UsageError
 
 MiB = 1 << 20
 JSON_LIMIT = 16 * MiB  # a report, a bundle's metadata or a fallback file is kilobytes; anything this large is not one
@@ -50,6 +52,30 @@ class Open(BaseModel):
     """A record read from a file whose other keys are kept but not read (a report with more in it)."""
 
     model_config = ConfigDict(strict=True, extra="allow", frozen=True)
+
+
+# --------------------------------------------------------------------------- opening a file
+
+
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # absent on Windows, which is not a supported platform
+
+
+@contextlib.contextmanager
+def open_confined(path: str | Path):
+    """``path`` opened for reading in binary, never through a symbolic link, and only if it is a regular file."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | NOFOLLOW | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UsageError(f"refusing to read {path}: it is a symbolic link; the run directory holds plain "
+                             "files only: remove the link or use another --run-dir") from None
+        raise InputError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UsageError(f"refusing to read {path}: not a regular file")
+    with os.fdopen(fd, "rb") as f:
+        yield f
 
 
 # --------------------------------------------------------------------------- text from a file
