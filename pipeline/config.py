@@ -18,6 +18,7 @@ from typing import Any, Literal, Optional, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
+from pipeline.precision import CALIBRATION_METHODS
 from pipeline.runtime import backends as backend_table
 from pipeline.core.artifacts import FP16_ONNX, INT8_ONNX, METRICS
 from pipeline.core.errors import ConfigError, first_line
@@ -118,7 +119,7 @@ class FP16Config(Section):
 
 class INT8Config(Section):
     enabled: bool = Field(True, description=f"write {INT8_ONNX} with ModelOpt PTQ (skipped, and said, without ModelOpt)")
-    calibration_method: Literal["max", "entropy"] = Field(
+    calibration_method: Literal[CALIBRATION_METHODS] = Field(
         "max", description="activation ranges: max (per-tensor absolute max) or entropy (KL-optimal clipping); the "
         "two ModelOpt 0.47 offers for INT8 (no percentile)")
     calibration_samples: int = Field(64, ge=1, description="real validation images the ranges are calibrated on")
@@ -315,7 +316,7 @@ class BenchmarkConfig(Section):
 class TuneConfig(Section):
     precision: Literal["int8", "fp16"] = Field("int8", description="the low precision tune mixes with higher "
                                                "precision (tune --precision)")
-    calibration_methods: list[Literal["max", "entropy"]] = Field(
+    calibration_methods: list[Literal[CALIBRATION_METHODS]] = Field(
         ["max", "entropy"], min_length=1, description="calibration methods searched; the better front is kept")
     sensitivity_samples: int = Field(100, ge=1, description="verify images each per-layer sensitivity is measured "
                                      "on (candidates are judged on every verify image)")

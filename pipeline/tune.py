@@ -63,9 +63,9 @@ class Int8Mixes:
     def methods(self, cfg) -> list[str]:
         return list(cfg.tune.calibration_methods)
 
-    def kept_fp32(self, run_dir: RunDir) -> list[str]:
+    def kept_fp32(self, run_dir: RunDir, fp32_model: onnx.ModelProto) -> list[str]:
         """What the FP16 fallback keeps in FP32 stays in FP32 in every mix (export applies it here too)."""
-        return fallback.read(run_dir, fallback.FP16_GRAPH).fp32
+        return fallback.read(run_dir, fallback.FP16_GRAPH, fp32_model).fp32
 
     def unavailable(self, cfg) -> str:
         if not cfg.export.int8.enabled:  # export would write no INT8 graph to apply the choice to
@@ -108,7 +108,7 @@ class Fp16Mixes:
     def methods(self, cfg) -> list[str]:
         return ["autocast"]  # AutoCast's range rule is the export's, not a searched choice
 
-    def kept_fp32(self, run_dir: RunDir) -> list[str]:
+    def kept_fp32(self, run_dir: RunDir, fp32_model: onnx.ModelProto) -> list[str]:
         return []  # tune chooses these nodes itself, from AutoCast's own graph
 
     def unavailable(self, cfg) -> str:
@@ -147,7 +147,7 @@ class Tuner:
         self.fp32_model = onnx_io.load(run_dir.require(FP32_ONNX, "export", "tune"))
         self.evidence = candidates.evidence(cfg, self.card, self.model)
         self.gate = candidates.gate_for(cfg, mixes.exact, mixes.graph.precision)
-        self.base_fp32 = mixes.kept_fp32(run_dir)
+        self.base_fp32 = mixes.kept_fp32(run_dir, self.fp32_model)
         self.ctx = Context(cfg, run_dir, "verify", self.spec, model=self.model, isolate=False)
         n = min(cfg.tune.sensitivity_samples, len(self.evidence.labels))
         self.sens_feeds, self.sens_ref = _first_images(self.evidence, n)
