@@ -330,7 +330,8 @@ class TuneConfig(Section):
     trials: int = Field(1, ge=1, le=MAX_TRIALS, description=f"timed trials per candidate and batch (at most "
                         f"{MAX_TRIALS})")
     same_speed: float = Field(0.05, ge=0, description="mixes this share slower than the fastest count as equally "
-                              "fast (timing noise); of those, the one with the fewest layers out of INT8 is chosen")
+                              "fast (timing noise); of those, the one with the fewest layers out of INT8 is chosen; "
+                              "a re-run keeps the fallback file's mix unless the new one is faster by more than this")
 
 
 class IsolateConfig(Section):
