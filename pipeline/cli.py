@@ -28,6 +28,7 @@ from pipeline.core.errors import (
     UsageError,
     disk_full,
     interrupt_requested,
+    is_interrupt,
 )
 from pipeline.stages import ORDER, STAGES
 
@@ -300,14 +301,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: config: {problem}", file=sys.stderr)
         return err.exit_code
     except PipelineError as err:
+        if is_interrupt(err):  # a library's own error for the user's interrupt (errors.is_interrupt)
+            return _interrupted(args)
         print(f"error: {_where(args)}: {_one_line(err)}", file=sys.stderr)
         if args.debug:
             traceback.print_exc()
         return err.exit_code
     except KeyboardInterrupt:
-        print(f"interrupted: {_where(args)} stopped; the manifest marks it interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return _interrupted(args)
     except Exception as err:  # a failure we did not anticipate: one line, the stage, the cause
+        if is_interrupt(err):
+            return _interrupted(args)
         if (full := disk_full(err)) is not None:
             print(f"error: {_where(args)}: {full}", file=sys.stderr)
             return full.exit_code
@@ -320,6 +324,12 @@ def main(argv: list[str] | None = None) -> int:
         stages.current_stage.reset(stage_token)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        interrupt_requested.clear()  # this command's; a caller of main() in the same process starts afresh
+
+
+def _interrupted(args) -> int:
+    print(f"interrupted: {_where(args)} stopped; the manifest marks it interrupted", file=sys.stderr)
+    return EXIT_INTERRUPTED
 
 
 def _where(args) -> str:

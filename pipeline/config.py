@@ -18,6 +18,7 @@ from typing import Any, Literal, Optional, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
+from pipeline.precision import CALIBRATION_METHODS
 from pipeline.runtime import backends as backend_table
 from pipeline.core.artifacts import FP16_ONNX, INT8_ONNX, METRICS
 from pipeline.core.errors import ConfigError, first_line
@@ -28,6 +29,12 @@ MAX_CONFIG_BYTES = 1 << 20
 MAX_YAML_DEPTH = 32  # the config tree is 4 levels deep; deeper YAML is a mistake or an attack
 SEED_LIMIT = 2**32  # numpy.random.seed takes 0 <= seed < 2**32 (train.seed reaches it)
 FLOAT32_TINY = 1.1754943508222875e-38  # numpy.finfo(numpy.float32).tiny, without importing numpy here
+# Upper bounds of the timing keys: each is per backend (or tune candidate), batch size and trial, so a value past
+# these makes a run that does not end in any useful time (tune.warmup_s=1e9 and tune.trials=1000000 ran until killed).
+MAX_TIMING_S = 60.0  # a warm-up or a trial's timed seconds
+MAX_TRIALS = 100
+MAX_ITERATIONS = 10_000  # timed runs per trial, at least (a ResNet-18 at batch 32 on a CPU: about 3 hours)
+MAX_CHILD_WAIT_S = 3600.0  # isolate.timeout_s: an hour without an answer is a hang
 
 
 class Section(BaseModel):
@@ -112,7 +119,7 @@ class FP16Config(Section):
 
 class INT8Config(Section):
     enabled: bool = Field(True, description=f"write {INT8_ONNX} with ModelOpt PTQ (skipped, and said, without ModelOpt)")
-    calibration_method: Literal["max", "entropy"] = Field(
+    calibration_method: Literal[CALIBRATION_METHODS] = Field(
         "max", description="activation ranges: max (per-tensor absolute max) or entropy (KL-optimal clipping); the "
         "two ModelOpt 0.47 offers for INT8 (no percentile)")
     calibration_samples: int = Field(64, ge=1, description="real validation images the ranges are calibrated on")
@@ -280,17 +287,21 @@ class BenchmarkConfig(Section):
         description="backends to time (each is skipped with a reason where it cannot run)",
     )
     batch_sizes: list[int] = Field([1, 8, 32], min_length=1, description="batch-size sweep")
-    warmup_s: float = Field(0.2, ge=0, description="warm-up time after the first run")
-    min_iterations: int = Field(10, ge=1, description="timed runs per trial, at least")
-    min_duration_s: float = Field(0.5, ge=0, description="timed seconds per trial, at least")
-    trials: int = Field(3, ge=1, description="repeated trials")
+    warmup_s: float = Field(0.2, ge=0, le=MAX_TIMING_S, description="warm-up time after the first run (at most "
+                            f"{MAX_TIMING_S:g} s)")
+    min_iterations: int = Field(10, ge=1, le=MAX_ITERATIONS, description="timed runs per trial, at least (at most "
+                                f"{MAX_ITERATIONS})")
+    min_duration_s: float = Field(0.5, ge=0, le=MAX_TIMING_S, description="timed seconds per trial, at least (at most "
+                                  f"{MAX_TIMING_S:g} s)")
+    trials: int = Field(3, ge=1, le=MAX_TRIALS, description=f"repeated trials (at most {MAX_TRIALS})")
     threads: Optional[int] = Field(None, ge=1, description="CPU intra-op threads (default: all cores)")
     cuda_graphs: bool = Field(False, description="replay CUDA graphs for PyTorch and TensorRT on GPU")
     cv_warn: float = Field(0.10, gt=0, description="warn when a trial's coefficient of variation exceeds this "
                            "(trtexec uses 2.5% on GPUs; shared CPUs are noisier)")
-    profile_iterations: int = Field(5, ge=1, description="iterations recorded by benchmark --profile")
-    benchmark_app_s: float = Field(2.0, ge=0, description="seconds per OpenVINO benchmark_app run beside the "
-                                   "OpenVINO rows (0: off)")
+    profile_iterations: int = Field(5, ge=1, le=MAX_ITERATIONS, description="iterations recorded by benchmark "
+                                    f"--profile (at most {MAX_ITERATIONS})")
+    benchmark_app_s: float = Field(2.0, ge=0, le=MAX_TIMING_S, description="seconds per OpenVINO benchmark_app run "
+                                   f"beside the OpenVINO rows (0: off; at most {MAX_TIMING_S:g} s)")
     benchmark_app_rows: Literal["summary", "all"] = Field(
         "summary", description="OpenVINO rows cross-checked with benchmark_app: those the summary names (the "
         "fastest that passed, at batch 1 and the largest batch) or all")
@@ -305,24 +316,29 @@ class BenchmarkConfig(Section):
 class TuneConfig(Section):
     precision: Literal["int8", "fp16"] = Field("int8", description="the low precision tune mixes with higher "
                                                "precision (tune --precision)")
-    calibration_methods: list[Literal["max", "entropy"]] = Field(
+    calibration_methods: list[Literal[CALIBRATION_METHODS]] = Field(
         ["max", "entropy"], min_length=1, description="calibration methods searched; the better front is kept")
     sensitivity_samples: int = Field(100, ge=1, description="verify images each per-layer sensitivity is measured "
                                      "on (candidates are judged on every verify image)")
     min_speedup: Optional[float] = Field(1.0, gt=0, description="tune fails (exit 1) unless the chosen mix is this "
                                          "much faster than FP32 on the target at every timed batch (null: off; "
                                          "all --tune never applies it)")
-    warmup_s: float = Field(0.1, ge=0, description="warm-up per candidate and batch before timing")
-    min_duration_s: float = Field(0.25, ge=0, description="timed seconds per trial, at least")
-    trials: int = Field(1, ge=1, description="timed trials per candidate and batch")
+    warmup_s: float = Field(0.1, ge=0, le=MAX_TIMING_S, description="warm-up per candidate and batch before timing "
+                            f"(at most {MAX_TIMING_S:g} s)")
+    min_duration_s: float = Field(0.25, ge=0, le=MAX_TIMING_S, description="timed seconds per trial, at least (at "
+                                  f"most {MAX_TIMING_S:g} s)")
+    trials: int = Field(1, ge=1, le=MAX_TRIALS, description=f"timed trials per candidate and batch (at most "
+                        f"{MAX_TRIALS})")
     same_speed: float = Field(0.05, ge=0, description="mixes this share slower than the fastest count as equally "
-                              "fast (timing noise); of those, the one with the fewest layers out of INT8 is chosen")
+                              "fast (timing noise); of those, the one with the fewest layers out of INT8 is chosen; "
+                              "a re-run keeps the fallback file's mix unless the new one is faster by more than this")
 
 
 class IsolateConfig(Section):
-    timeout_s: float = Field(300.0, gt=0, description="seconds a native runtime's child process has to answer, at "
-                             "least (plus a minute to start, a quarter second per image, a timing's own length); "
-                             "then it is killed and its row says `crashed: no answer in N s`")
+    timeout_s: float = Field(300.0, gt=0, le=MAX_CHILD_WAIT_S, description="seconds a native runtime's child "
+                             "process has to answer, at least (plus a minute to start, a quarter second per image, a "
+                             "timing's own length); then it is killed and its row says `crashed: no answer in N s` "
+                             f"(at most {MAX_CHILD_WAIT_S:g} s)")
 
 
 class CompareConfig(Section):

@@ -102,14 +102,15 @@ def run(cfg, run_dir: RunDir, record: StageRecord) -> None:
         run_dir.file(FP16_ONNX).unlink(missing_ok=True)
         record.details["fp16"] = {"enabled": False, "reason": "export.fp16.enabled is false"}
     else:
-        record.details["fp16"] = convert.convert_fp16(cfg, run_dir, card, fallback.read(run_dir, fallback.FP16_GRAPH).fp32)
+        kept = fallback.read(run_dir, fallback.FP16_GRAPH, exported).fp32  # its names checked against model.onnx
+        record.details["fp16"] = convert.convert_fp16(cfg, run_dir, card, kept)
         record.artifact(FP16_ONNX)
         if run_dir.file(CALIBRATION).exists():
             record.artifact(CALIBRATION)
-    export_int8(cfg, run_dir, card, record)
+    export_int8(cfg, run_dir, card, record, exported)
 
 
-def export_int8(cfg, run_dir: RunDir, card: dict, record: StageRecord) -> None:
+def export_int8(cfg, run_dir: RunDir, card: dict, record: StageRecord, exported: onnx.ModelProto) -> None:
     """``model.int8.onnx`` when ``export.int8.enabled``; without ModelOpt, "skipped: <reason>" in the record."""
     path = run_dir.file(INT8_ONNX)
     if not cfg.export.int8.enabled:
@@ -122,6 +123,6 @@ def export_int8(cfg, run_dir: RunDir, card: dict, record: StageRecord) -> None:
         log.warning("export: INT8 skipped: %s", reason)
         record.details["int8"] = {"enabled": True, "skipped": reason}
         return
-    raised = fallback.read(run_dir, fallback.INT8_GRAPH)  # its own raises, and the FP16 fallback's FP32 nodes
+    raised = fallback.read(run_dir, fallback.INT8_GRAPH, exported)  # its raises and the FP16 fallback's FP32 nodes
     record.details["int8"] = convert.quantize_int8(cfg, run_dir, card, raised.out_of_int8, fp32_nodes=raised.fp32)
     record.artifact(INT8_ONNX)

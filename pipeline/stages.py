@@ -76,6 +76,9 @@ class Stage:
     # more than the last one did re-runs it; a requirement is still a check, not a fingerprint input.
     checks_require: bool = False
     distributed: bool = False  # may run under torchrun (every rank calls the stage function)
+    # Input files that are also its own output under cfg (tune's fallback file): left out of its fingerprint, or
+    # each run would change the next one's; the recorded sha256 of its outputs still catches a hand edit.
+    writes: Callable[..., tuple[str, ...]] | None = None
 
     def function(self) -> Callable:
         return importlib.import_module(f"pipeline.{self.module}").run
@@ -87,6 +90,17 @@ class Stage:
             known = ", ".join(o.dest for o in self.options) or "none"
             raise UsageError(f"{self.name} has no option {', '.join(unknown)} (its options: {known})")
         return {o.dest: o.value(cfg, given.get(o.dest, False)) for o in self.options}
+
+    def configured(self, cfg, options: dict):
+        """``cfg`` with each given value option that names a config key set there (``tune --precision fp16`` is
+        ``tune.precision=fp16``), so the fingerprint and the manifest describe what the stage ran with."""
+        for option in self.options:
+            value = options.get(option.dest)
+            if option.metavar and option.config and value not in (None, False):
+                section, key = option.config.split(".")
+                part = getattr(cfg, section).model_copy(update={key: value})
+                cfg = cfg.model_copy(update={section: part})
+        return cfg
 
     def line(self, entry: dict) -> str:
         """Its note in the end-of-run summary: its own summary of the details, else the skip or failure reason."""
@@ -135,6 +149,12 @@ def _tune_summary(entry: dict) -> str:
     return f"tuned artifact: {entry['details'].get('summary', '')}"
 
 
+def _tune_writes(cfg) -> tuple[str, ...]:
+    """The fallback file tune writes: for FP16 it is also one of its inputs (for INT8 the FP16 fallback's nodes stay
+    in FP32 in every mix, so that file is an input)."""
+    return (a.FALLBACK,) if cfg.tune.precision == "fp16" else (a.INT8_FALLBACK,)
+
+
 def _compare_summary(entry: dict) -> str:
     d = entry["details"]
     rows = ", ".join(f"{name}: {status}" for name, status in d.get("artifacts", {}).items())
@@ -174,8 +194,10 @@ STAGES = {
                        help="measure latency and throughput of every available backend",
                        options=(Option("--profile", PROFILE),), summary=_benchmark_summary),
     # Not in ORDER: `tune`, or `all --tune` (after build; export and build again where its choice changed them).
+    # Upstream is train, not export: export re-runs after tune to apply its choice, and a new export run id would
+    # make every later `all --tune` tune again. What tune reads of export's is model.onnx, an input by content.
     "tune": Stage("tune", "tune", ("model", "data", "export", "verify", "benchmark", "tune"),
-                  (a.WEIGHTS, a.MODEL_CARD, a.FP32_ONNX, a.FALLBACK), ("export",),
+                  (a.WEIGHTS, a.MODEL_CARD, a.FP32_ONNX, a.FALLBACK), ("train",), writes=_tune_writes,
                   help="choose the fastest INT8 (or FP16) mix that passes the gate, from measured per-layer "
                        "sensitivity and measured speed; write it as the precision's fallback file",
                   options=(Option("--tune", "tune the precision mix (tune.precision) after build, so verify and "
@@ -250,10 +272,12 @@ def _gpu_name() -> str | None:
 def fingerprint(stage: Stage, cfg, run: RunDir, options: dict | None = None) -> str:
     """``options``: the stage function's keyword arguments (default: from the config); compare's bundle path."""
     config = cfg.to_dict()
+    own = stage.writes(cfg) if stage.writes else ()
     payload = {
         "stage": stage.name,
         "config": {key: config[key] for key in stage.config_keys},
-        "inputs": {name: sha256_file(run.file(name)) if run.file(name).is_file() else None for name in stage.inputs},
+        "inputs": {name: sha256_file(run.file(name)) if run.file(name).is_file() else None for name in stage.inputs
+                   if name not in own},
         "code": code_version(cfg),
         "libraries": _libraries(),
         "hardware": _hardware(stage.name),
@@ -404,6 +428,7 @@ def run_stage(name: str, cfg, run: RunDir, **options) -> dict:
     """Run one stage with manifest bookkeeping; returns its manifest entry."""
     stage = STAGES[name]
     options = stage.options_for(cfg, options)
+    cfg = stage.configured(cfg, options)
     check_requirements(stage, cfg)
     token = current_stage.set(name)
     with run.stage(name, fingerprint(stage, cfg, run, options)) as record:

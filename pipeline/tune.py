@@ -15,7 +15,9 @@ Over a trained and exported run (docs/verify.md, "Tuning the precision mix"), fo
 4. Speed of every distinct mix on the target (a strongly typed TensorRT engine where TensorRT and a GPU are here;
    else, for INT8, OpenVINO IR on the CPU; an FP16 graph has no CPU target) at batch 1 and the largest
    ``benchmark.batch_sizes``; the Pareto front; the fastest passing mix, confirmed by converting it exactly as
-   export will and judging that graph again.
+   export will and judging that graph again. The mix the fallback file already holds is judged and timed too,
+   and stays unless the fastest is better beyond ``tune.same_speed``
+   (:func:`pipeline.precision.sensitivity.keep_or_replace`): timing noise never flips a choice.
 5. The choice goes to the precision's fallback file (``int8_fallback.json`` with its calibration method, or
    ``fp16_fallback.json``), which export reads: ``all`` then rebuilds, verifies and benchmarks exactly that
    artifact. ``tune.json``/``tune.md`` (FP16: ``tune.fp16.json``/``tune.fp16.md``) keep every number.
@@ -47,6 +49,7 @@ from pipeline.runtime.backends import Context
 log = logging.getLogger("pipeline")
 
 SCRATCH = "model.tune.onnx"  # the graph tune is converting, while it converts it
+PREVIOUS = "previous choice"  # the origin of the fallback file's mix, judged again (tune._incumbent)
 
 
 # --------------------------------------------------------------------------- one precision's mixes
@@ -63,9 +66,13 @@ class Int8Mixes:
     def methods(self, cfg) -> list[str]:
         return list(cfg.tune.calibration_methods)
 
-    def kept_fp32(self, run_dir: RunDir) -> list[str]:
+    def applied_method(self, t: Tuner) -> str:
+        """The calibration export applies now: the fallback file's (tune's earlier choice), else the config's."""
+        return fallback.calibration_method(t.run_dir) or t.cfg.export.int8.calibration_method
+
+    def kept_fp32(self, run_dir: RunDir, fp32_model: onnx.ModelProto) -> list[str]:
         """What the FP16 fallback keeps in FP32 stays in FP32 in every mix (export applies it here too)."""
-        return fallback.read(run_dir, fallback.FP16_GRAPH).fp32
+        return fallback.read(run_dir, fallback.FP16_GRAPH, fp32_model).fp32
 
     def unavailable(self, cfg) -> str:
         if not cfg.export.int8.enabled:  # export would write no INT8 graph to apply the choice to
@@ -108,7 +115,10 @@ class Fp16Mixes:
     def methods(self, cfg) -> list[str]:
         return ["autocast"]  # AutoCast's range rule is the export's, not a searched choice
 
-    def kept_fp32(self, run_dir: RunDir) -> list[str]:
+    def applied_method(self, t: Tuner) -> str:
+        return "autocast"
+
+    def kept_fp32(self, run_dir: RunDir, fp32_model: onnx.ModelProto) -> list[str]:
         return []  # tune chooses these nodes itself, from AutoCast's own graph
 
     def unavailable(self, cfg) -> str:
@@ -147,7 +157,7 @@ class Tuner:
         self.fp32_model = onnx_io.load(run_dir.require(FP32_ONNX, "export", "tune"))
         self.evidence = candidates.evidence(cfg, self.card, self.model)
         self.gate = candidates.gate_for(cfg, mixes.exact, mixes.graph.precision)
-        self.base_fp32 = mixes.kept_fp32(run_dir)
+        self.base_fp32 = mixes.kept_fp32(run_dir, self.fp32_model)
         self.ctx = Context(cfg, run_dir, "verify", self.spec, model=self.model, isolate=False)
         n = min(cfg.tune.sensitivity_samples, len(self.evidence.labels))
         self.sens_feeds, self.sens_ref = _first_images(self.evidence, n)
@@ -350,9 +360,10 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, tune: bool = False, no_spe
     mixes = _mixes(cfg, precision or cfg.tune.precision)
     t = Tuner(cfg, run_dir, mixes)
     runs = [tune_method(t, method) for method in mixes.methods(cfg)]
+    incumbent = _incumbent(t, runs)
     baseline = time_candidates(t, runs)
     with phase(t, "confirm (export's graph)"):
-        chosen, why = _choose(t, runs)
+        chosen, why = _choose(t, runs, incumbent)
     fronts = {r["method"]: sensitivity.pareto(r["candidates"], t.batches[0]) for r in runs}
     t.seconds["total"] = time.perf_counter() - start
     payload = tune_report.payload(cfg, t, runs, baseline, chosen, why, fronts)
@@ -385,9 +396,33 @@ def _mixes(cfg, precision: str):
     return mixes
 
 
-def _choose(t: Tuner, runs: list[dict]) -> tuple[Candidate | None, str]:
+def _incumbent(t: Tuner, runs: list[dict]) -> Candidate | None:
+    """The mix the precision's fallback file holds now (tune's earlier choice, or verify --auto-fallback's), as a
+    candidate of the run of its calibration, judged like every other (reused where the search judged the same mix):
+    a re-run keeps it unless a new mix is better beyond the noise (:func:`sensitivity.keep_or_replace`). None without
+    a fallback file, or when its calibration is not searched now."""
+    if not t.run_dir.file(t.mixes.graph.fallback_file).is_file():
+        return None
+    raised = fallback.read(t.run_dir, t.mixes.graph, t.fp32_model)
+    high, fp32 = t.mixes.greedy_high(raised.out_of_int8, raised.fp32)
+    fp32 = list(dict.fromkeys([*t.base_fp32, *fp32]))
+    method = t.mixes.applied_method(t)
+    run = next((r for r in runs if r["method"] == method), None)
+    if run is None:
+        return None
+    wanted = Candidate(high, PREVIOUS, calibration=method, fp32=fp32).key()
+    same = next((c for c in run["candidates"] if c.key() == wanted), None)
+    if same is not None:
+        return same
+    cand = t.judge(t.mix(run["graph"], high, fp32), high, PREVIOUS, method, fp32)
+    run["candidates"].append(cand)
+    return cand
+
+
+def _choose(t: Tuner, runs: list[dict], incumbent: Candidate | None = None) -> tuple[Candidate | None, str]:
     """The fastest passing mix over every calibration method, confirmed on the graph export will make (its own
-    conversion with those layers raised); a mix whose real graph fails gives way to the next."""
+    conversion with those layers raised); a mix whose real graph fails gives way to the next. The ``incumbent`` (the
+    fallback file's mix) stays unless the fastest is better beyond the noise (:func:`sensitivity.keep_or_replace`)."""
     everything = [c for r in runs for c in r["candidates"]]
     batches = t.batches if t.target["timing"] is not None else []  # untimed: the fewest layers raised wins
 
@@ -397,10 +432,17 @@ def _choose(t: Tuner, runs: list[dict]) -> tuple[Candidate | None, str]:
                                     "candidates": checked.results}
         return checked.passed
 
-    pick, tried = sensitivity.confirmed(everything, batches, t.cfg.tune.same_speed, confirm)
+    pick, tried, fastest = sensitivity.confirmed(everything, batches, t.cfg.tune.same_speed, confirm, incumbent)
     if pick is None:
         return None, "no passing mix" + (f" (confirmation failed for {tried})" if tried else "")
-    return pick, _why(t, pick, runs, batches)
+    kept = pick is incumbent and fastest is not None and fastest is not incumbent
+    return pick, _why(t, pick, runs, batches) + (_kept(t, fastest, batches) if kept else "")
+
+
+def _kept(t: Tuner, fastest: Candidate, batches: list[int]) -> str:
+    lat = ", ".join(f"{fastest.latency_ms[b]:.3f} ms at batch {b}" for b in batches) or "timing not measured"
+    return (f"; kept as the previous choice ({t.mixes.graph.fallback_file}): the best new mix ({fastest.origin}, "
+            f"{fastest.calibration}; {lat}) is not better beyond tune.same_speed ({t.cfg.tune.same_speed:g})")
 
 
 def _why(t: Tuner, pick: Candidate, runs: list[dict], batches: list[int]) -> str:

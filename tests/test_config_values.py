@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 
 import pytest
 from conftest import TINY, cli
@@ -106,8 +107,52 @@ def test_non_finite_tolerance_in_a_per_output_dict():
 
 
 def test_large_finite_values_still_pass():
-    cfg = config.resolve(overrides=["benchmark.warmup_s=1e3", "model.std=[1e-3, 0.5, 2.0]", "verify.fp16.atol=1e30"])
-    assert cfg.benchmark.warmup_s == 1000.0 and cfg.model.std == [1e-3, 0.5, 2.0]
+    # benchmark.warmup_s was 1e3 here; timing keys now have an upper bound (60 s), and a value at the bound passes.
+    cfg = config.resolve(overrides=["benchmark.warmup_s=60", "model.std=[1e-3, 0.5, 2.0]", "verify.fp16.atol=1e30"])
+    assert cfg.benchmark.warmup_s == 60.0 and cfg.model.std == [1e-3, 0.5, 2.0]
+
+
+# --------------------------------------------------------------------------- values that would never end
+
+
+TIMING_KEYS = [key for key, _, _ in config.describe()
+               if key.split(".")[0] in ("benchmark", "tune", "isolate") and re.search(r"(_s|trials|iterations)$", key)]
+
+
+def _upper_bound(key: str):
+    section, name = key.split(".")
+    field = type(getattr(config.Config(), section)).model_fields[name]
+    return next((getattr(m, "le", None) or getattr(m, "lt", None) for m in field.metadata
+                 if getattr(m, "le", None) is not None or getattr(m, "lt", None) is not None), None), field.description
+
+
+def test_every_timing_key_is_found():
+    assert {"tune.warmup_s", "tune.trials", "tune.min_duration_s", "benchmark.warmup_s", "benchmark.min_iterations",
+            "benchmark.min_duration_s", "benchmark.trials", "benchmark.benchmark_app_s", "isolate.timeout_s"} \
+        <= set(TIMING_KEYS)
+
+
+@pytest.mark.parametrize("key", TIMING_KEYS)
+def test_every_timing_key_has_an_upper_bound_and_says_it(key):
+    """Issue 30, §3: tune.warmup_s=1e9 and tune.trials=1000000 passed validation, then ran until killed."""
+    bound, description = _upper_bound(key)
+    assert bound is not None, f"{key} has no upper bound"
+    assert f"at most {bound:g}" in description, description
+    config.resolve(overrides=[f"{key}={bound}"])  # the bound itself is allowed
+    (line,) = problems(overrides=[f"{key}={bound * 10}"])
+    assert line.startswith(f"{key}: input should be less than or equal to {bound:g}")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("tune.warmup_s=1e9", "tune.warmup_s: input should be less than or equal to 60 (got 1000000000.0)"),  # ran on
+    ("tune.trials=1000000", "tune.trials: input should be less than or equal to 100 (got 1000000)"),  # ran on
+])
+def test_an_endless_tune_setting_is_exit_2_before_any_work(capsys, tmp_path, override, message):
+    run = tmp_path / "run"
+    code, _, err = run_main(capsys, "tune", "--model", "tiny_cnn", "--run-dir", run, *TINY, override)
+    assert code == EXIT_USAGE, err
+    assert error_lines(err) == [f"error: config: {message}"]
+    assert not run.exists()
 
 
 # --------------------------------------------------------------------------- std, seeds, nesting

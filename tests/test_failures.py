@@ -986,3 +986,57 @@ def test_unknown_key_with_a_bracket(capsys, tmp_path):
     code, err = run_main(capsys, "config", "--config", cfg)
     assert code == EXIT_USAGE
     assert_error(err, "a[: unknown key", "train.x[0]: unknown key", family="config")
+
+
+# --------------------------------------------------------------------------- Ctrl-C inside a native library (issue 30)
+
+
+def test_ctrl_c_inside_a_librarys_callback_ends_all_with_130_and_interrupted(capsys, tmp_path, monkeypatch):
+    """SIGINT through the command line's own handler, raised in the Python callback OpenVINO's frontend calls while
+    it converts a model: OpenVINO hands back RuntimeError("... KeyboardInterrupt ..."). Was exit 4 and "failed"."""
+    import interrupted_library
+
+    from pipeline import train
+
+    monkeypatch.setattr(train, "run", interrupted_library.stage)
+    monkeypatch.setenv("INTERRUPT_HOW", "self")
+    run = tmp_path / "run"
+    code, err = run_main(capsys, "all", *tiny_args(run))
+    assert code == EXIT_INTERRUPTED, err[-2000:]
+    assert "interrupted: train stopped; the manifest marks it interrupted" in err
+    assert "Traceback" not in err and "error:" not in err
+    entry = stage(run, "train")
+    assert entry["status"] == "interrupted" and entry["error"] == "interrupted by the user" and "exit_code" not in entry
+    assert set(manifest(run)["stages"]) == {"train"}  # all stopped there
+
+
+BOOT_LIBRARY = """
+import sys
+sys.path.insert(0, {tests!r})
+import interrupted_library
+from pipeline import train
+train.run = interrupted_library.stage  # the stage that converts a model through OpenVINO's frontend
+from pipeline.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_sigint_from_outside_during_a_librarys_model_reading_is_130_and_interrupted(tmp_path):
+    """The same, with a real Ctrl-C from another process, sent while OpenVINO waits on its callback."""
+    run, marker, boot = tmp_path / "run", tmp_path / "in-callback", tmp_path / "boot.py"
+    boot.write_text(BOOT_LIBRARY.format(tests=str(ROOT / "tests")))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "INTERRUPT_HOW": "wait", "INTERRUPT_MARKER": str(marker)}
+    proc = subprocess.Popen([sys.executable, str(boot), "-q", "train", *tiny_args(run)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _wait_for(marker.exists, proc, "OpenVINO called the callback")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == EXIT_INTERRUPTED, err[-3000:]
+    assert "interrupted: train stopped; the manifest marks it interrupted" in err
+    assert "Traceback" not in err and "error:" not in err
+    assert stage(run, "train")["status"] == "interrupted"

@@ -271,6 +271,62 @@ def test_stage_failure_statuses(tmp_path, error, status, code):
         assert entry["error"] == "interrupted by the user"
 
 
+OPENVINO_CALLBACK_ERROR = ("Check 'false' failed at src/frontends/common/src/frontend.cpp:53:\nConverting input model\n"
+                           "KeyboardInterrupt: <EMPTY MESSAGE>")  # what OpenVINO raises for Ctrl-C in its callback
+
+
+@pytest.fixture
+def interrupt_requested():
+    """The command line's SIGINT/SIGTERM handler has run (it sets the event, then raises KeyboardInterrupt)."""
+    from pipeline.core.errors import interrupt_requested as event
+
+    event.set()
+    yield event
+    event.clear()
+
+
+@pytest.mark.parametrize("error", [RuntimeError(OPENVINO_CALLBACK_ERROR),
+                                   StageFailed(f"AutoCast FP16 conversion failed: RuntimeError: {OPENVINO_CALLBACK_ERROR}")],
+                         ids=["library's own type", "wrapped by the stage"])
+def test_an_error_raised_after_ctrl_c_marks_the_stage_interrupted(tmp_path, interrupt_requested, error):
+    """Issue 30, §3: SIGINT 8 s into tune, in OpenVINO's model reading, was exit 4 and "failed": OpenVINO turns the
+    KeyboardInterrupt raised in its Python callback into a RuntimeError that keeps only its name, with no chain."""
+    run = RunDir(tmp_path)
+    with pytest.raises(KeyboardInterrupt) as raised, run.stage("tune"):
+        raise error
+    assert raised.value.__cause__ is error  # the library's error stays readable with --debug
+    entry = on_disk(tmp_path)["tune"]
+    assert entry["status"] == "interrupted" and entry["error"] == "interrupted by the user"
+    assert "exit_code" not in entry and "ended" in entry
+
+
+def test_an_error_whose_chain_holds_a_keyboardinterrupt_is_the_interrupt(tmp_path):
+    """Without the command line's handler (``run_all`` from Python, a worker thread): the chain says it."""
+    run = RunDir(tmp_path)
+    with pytest.raises(KeyboardInterrupt), run.stage("verify"):
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as exc:
+            raise RuntimeError("the runtime gave up") from exc
+    assert on_disk(tmp_path)["verify"]["status"] == "interrupted"
+
+
+def test_a_stage_whose_library_swallowed_the_interrupt_does_not_end_ok(tmp_path, interrupt_requested):
+    """A library that turned Ctrl-C into a failed row of its own and went on: the stage still ends interrupted."""
+    run = RunDir(tmp_path)
+    with pytest.raises(KeyboardInterrupt), run.stage("verify"):
+        pass
+    assert on_disk(tmp_path)["verify"]["status"] == "interrupted"
+
+
+def test_the_word_keyboardinterrupt_alone_is_not_an_interrupt(tmp_path):
+    """No interrupt was requested and none is in the chain: the error is a failure, whatever its text says."""
+    run = RunDir(tmp_path)
+    with pytest.raises(RuntimeError), run.stage("tune"):
+        raise RuntimeError(OPENVINO_CALLBACK_ERROR)
+    assert on_disk(tmp_path)["tune"]["status"] == "failed"
+
+
 def test_stage_error_is_not_replaced_when_the_manifest_cannot_be_written(tmp_path, monkeypatch):
     """Disk full: the stage's own error reaches the user, not the manifest's."""
     run = RunDir(tmp_path)

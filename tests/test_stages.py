@@ -180,3 +180,33 @@ def test_every_config_section_a_stage_reads_enters_its_fingerprint(tmp_path, sta
     run = RunDir(tmp_path)
     before = stages.fingerprint(stages.STAGES[stage], tiny_cfg(), run)
     assert stages.fingerprint(stages.STAGES[stage], tiny_cfg(ONE_KEY[section]), run) != before
+
+
+# --------------------------------------------------------------------------- tune's fingerprint (issue 30, §3)
+
+
+def test_tunes_own_fallback_file_is_not_its_input_and_export_rerunning_does_not_make_it_stale(tmp_path):
+    """A second identical `all --tune` re-ran tune: export re-runs after tune (its choice changed int8_fallback.json),
+    and tune's fingerprint held export's run id; an FP16 tune's own fp16_fallback.json was also one of its inputs."""
+    run = RunDir(tmp_path)
+    tune = stages.STAGES["tune"]
+    int8, fp16 = tiny_cfg(), tiny_cfg("tune.precision=fp16")
+    before = {cfg.tune.precision: stages.fingerprint(tune, cfg, run) for cfg in (int8, fp16)}
+    run.manifest["stages"]["export"] = {"status": "ok", "run_id": "export ran again after tune"}
+    (tmp_path / artifacts.FALLBACK).write_text('{"nodes": ["/a/Add"]}')  # what an FP16 tune writes
+    (tmp_path / artifacts.INT8_FALLBACK).write_text('{"nodes": ["/a/Conv"]}')  # what an INT8 tune writes
+    assert stages.fingerprint(tune, fp16, run) == before["fp16"]
+    assert stages.fingerprint(tune, int8, run) != before["int8"]  # the FP16 fallback's nodes stay FP32 in INT8 mixes
+    (tmp_path / artifacts.FALLBACK).unlink()
+    assert stages.fingerprint(tune, int8, run) == before["int8"]
+    run.manifest["stages"]["train"] = {"status": "ok", "run_id": "trained again"}
+    assert stages.fingerprint(tune, int8, run) != before["int8"]
+
+
+def test_tune_precision_flag_is_the_config_key_for_the_fingerprint():
+    """`tune --precision fp16` on an int8 config: its manifest entry must not pass for an INT8 tune later."""
+    tune = stages.STAGES["tune"]
+    cfg = tiny_cfg()
+    assert tune.configured(cfg, tune.options_for(cfg, {"precision": "fp16"})).tune.precision == "fp16"
+    assert tune.configured(cfg, tune.options_for(cfg, {})).tune.precision == "int8"
+    assert cfg.tune.precision == "int8"  # the caller's config is left as it was

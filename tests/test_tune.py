@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import ROOT, cli, copy_run, trained_and_exported
 from pipeline.core import artifacts
@@ -80,6 +82,27 @@ def test_tune_keeps_more_layers_in_int8_than_greedy_fallback_and_round_trips(tra
     out = capsys.readouterr().out
     assert "tuned artifact: INT8: 1 of 3 layers out of INT8 (max)" in out, out
     assert json.loads((run / "int8_fallback.json").read_text())["nodes"] == ["/late/Conv"]
+
+
+def test_all_tune_keeps_the_previous_choice_and_a_second_identical_run_reruns_nothing(trained, tmp_path):
+    """Issue 30, §3: a second identical `all --tune` re-ran tune (its fingerprint held export's run id, and export
+    re-runs after tune to apply its choice), and its choice flipped on timing noise, re-running export, build, verify
+    and benchmark. Here int8_fallback.json holds a passing mix (greedy's two layers): the fastest new mix is not
+    faster beyond tune.same_speed, so tune keeps it; the second identical run then re-runs no stage."""
+    run = _copy(trained(f"{TUNE_MODELS}:mild_then_severe"), tmp_path)
+    previous = ["/early/Conv", "/late/Conv"]
+    (run / "int8_fallback.json").write_text(json.dumps({"nodes": previous, "calibration_method": "max"}))
+    args = ("-q", "all", "--run-dir", run, "--tune", *FAST, "benchmark.backends=[onnxrt_fp32,openvino_int8]")
+    assert cli(*args) == 0
+    chosen = _tune(run)["chosen"]
+    assert sorted(chosen["high"]) == previous and chosen["result"]["status"] == "passed"
+    assert "kept as the previous choice (int8_fallback.json): the best new mix (top-1, max;" in chosen["why"]
+    assert sorted(json.loads((run / "int8_fallback.json").read_text())["nodes"]) == previous
+    first = json.loads((run / "manifest.json").read_text())["stages"]
+    assert cli(*args) == 0
+    second = json.loads((run / "manifest.json").read_text())["stages"]
+    assert {name: entry["run_id"] for name, entry in second.items()} == \
+        {name: entry["run_id"] for name, entry in first.items()}  # tune, export, build, verify, benchmark: unchanged
 
 
 def test_fp16_tune_keeps_more_nodes_in_fp16_than_greedy_fallback_and_round_trips(trained, tmp_path, capsys):
@@ -185,6 +208,86 @@ def test_choose_takes_the_fastest_passing_mix_and_treats_noise_as_a_tie():
     assert sensitivity.choose([fast_fail, slow, fast, tied], [1, 8], same_speed=0.05) is tied  # fewer layers out
     assert sensitivity.choose([fast_fail, slow, fast, tied], [1, 8], same_speed=0.0) is fast
     assert sensitivity.choose([fast_fail], [1, 8]) is None
+
+
+# --------------------------------------------------------------------------- a re-run keeps its choice (issue 30, §3)
+
+
+def _mix(high: int, status: str, ms1: float, ms8: float, origin: str = "") -> sensitivity.Candidate:
+    return sensitivity.Candidate([f"l{i}" for i in range(high)], origin or f"top-{high}", {"status": status},
+                                 latency_ms={1: ms1, 8: ms8}, calibration="max")
+
+
+def test_a_rerun_keeps_the_previous_choice_unless_the_new_one_is_faster_beyond_the_noise():
+    """A second all --tune flipped entropy to max on timing noise, and re-ran export, build, verify, benchmark."""
+    kept = _mix(2, "passed", 1.00, 6.0, "previous choice")
+    noise = _mix(1, "passed", 0.97, 5.9)  # 2-3 % faster: within tune.same_speed (5 %)
+    faster = _mix(3, "passed", 0.80, 4.5)  # 20-25 % faster
+    assert sensitivity.keep_or_replace(kept, noise, [1, 8], 0.05) is kept
+    assert sensitivity.keep_or_replace(kept, faster, [1, 8], 0.05) is faster
+    assert sensitivity.keep_or_replace(kept, faster, [1, 8], 0.5) is kept  # a noisier machine: a wider tie
+    assert sensitivity.keep_or_replace(None, noise, [1, 8], 0.05) is noise  # no previous choice
+    assert sensitivity.keep_or_replace(kept, None, [1, 8], 0.05) is kept
+
+
+def test_a_failing_or_untimed_previous_choice_gives_way():
+    failing = _mix(0, "failed", 0.5, 2.0, "previous choice")
+    pick = _mix(2, "passed", 1.0, 6.0)
+    assert sensitivity.keep_or_replace(failing, pick, [1, 8], 0.05) is pick
+    assert sensitivity.keep_or_replace(failing, None, [1, 8], 0.05) is None
+    untimed = sensitivity.Candidate(["l0"], "previous choice", {"status": "passed"}, calibration="max")
+    assert sensitivity.keep_or_replace(untimed, pick, [1, 8], 0.05) is pick
+    failing_pick = _mix(1, "failed", 0.1, 0.1)
+    assert sensitivity.keep_or_replace(pick, failing_pick, [1, 8], 0.05) is pick  # a failing pick replaces nothing
+    assert sensitivity.keep_or_replace(None, failing_pick, [1, 8], 0.05) is None
+
+
+def test_with_nothing_timed_only_fewer_raised_layers_replace_the_previous_choice():
+    """No FP16 target on a CPU: speed is not measured, and the layer count (free of timing noise) decides."""
+    kept = sensitivity.Candidate(["a", "b", "c"], "previous choice", {"status": "passed"})
+    assert sensitivity.keep_or_replace(kept, sensitivity.Candidate(["a", "b"], "top-2", {"status": "passed"}), [],
+                                       0.05).high == ["a", "b"]
+    assert sensitivity.keep_or_replace(kept, sensitivity.Candidate(["x", "y", "z"], "top-3", {"status": "passed"}),
+                                       [], 0.05) is kept
+
+
+latency = st.floats(min_value=1e-3, max_value=1e3, allow_nan=False)
+mixes = st.builds(lambda high, passed, ms1, ms8: _mix(high, "passed" if passed else "failed", ms1, ms8),
+                  st.integers(0, 5), st.booleans(), latency, latency)
+shares = st.floats(min_value=0, max_value=2, allow_nan=False)
+
+
+def _slower_beyond_noise(incumbent, pick, batches, same_speed) -> bool:
+    """The oracle, written another way: with r the incumbent's latency over the pick's at each batch, the incumbent
+    costs mean(max(r, 1)) and the pick mean(max(1/r, 1)), each relative to the faster of the two."""
+    r = [incumbent.latency_ms[b] / pick.latency_ms[b] for b in batches]
+    return np.mean([max(x, 1.0) for x in r]) > np.mean([max(1 / x, 1.0) for x in r]) * (1 + same_speed)
+
+
+@settings(max_examples=300, deadline=None)
+@given(incumbent=mixes, pick=mixes, same_speed=shares, batches=st.sampled_from([[1], [8], [1, 8]]))
+def test_properties_of_keeping_a_choice(incumbent, pick, same_speed, batches):
+    chosen = sensitivity.keep_or_replace(incumbent, pick, batches, same_speed)
+    assert chosen is None or chosen is incumbent or chosen is pick
+    # The kept choice passes, and there is one whenever either passes.
+    assert (chosen is None) == (not incumbent.passed and not pick.passed)
+    assert chosen is None or chosen.passed
+    # A failing incumbent is always replaced by a passing pick.
+    if not incumbent.passed and pick.passed:
+        assert chosen is pick
+    if incumbent.passed and pick.passed:
+        # A challenger that is not faster beyond same_speed never replaces a passing incumbent; one that is, does.
+        assert (chosen is pick) == bool(_slower_beyond_noise(incumbent, pick, batches, same_speed))
+
+
+@settings(max_examples=300, deadline=None)
+@given(incumbent=mixes, pick=mixes, same_speed=shares, slower=st.floats(min_value=1.0, max_value=10.0))
+def test_a_slower_challenger_never_wins_where_a_faster_one_did_not(incumbent, pick, same_speed, slower):
+    """Monotone in the challenger's speed: timing it slower (noise the other way) cannot flip a kept choice."""
+    if sensitivity.keep_or_replace(incumbent, pick, [1, 8], same_speed) is not incumbent:
+        return
+    retimed = _mix(len(pick.high), pick.result["status"], pick.latency_ms[1] * slower, pick.latency_ms[8] * slower)
+    assert sensitivity.keep_or_replace(incumbent, retimed, [1, 8], same_speed) is incumbent
 
 
 def test_speed_gate_message_says_when_the_cpu_has_no_int8_dot_product():

@@ -202,11 +202,21 @@ def test_confirmation_moves_to_the_next_best_pick_when_the_real_graph_fails():
         seen.append(pick)
         return pick is third
 
-    assert sensitivity.confirmed([first, second, third], [1], 0.0, confirm) == (third, 3)
+    assert sensitivity.confirmed([first, second, third], [1], 0.0, confirm) == (third, 3, third)
     assert seen == [first, second, third]
-    assert sensitivity.confirmed([first, second], [1], 0.0, lambda p: False) == (None, 2)
-    assert sensitivity.confirmed([first], [1], 0.0, lambda p: True) == (first, 1)
-    assert sensitivity.confirmed([], [1], 0.0, lambda p: True) == (None, 0)
+    assert sensitivity.confirmed([first, second], [1], 0.0, lambda p: False) == (None, 2, None)
+    assert sensitivity.confirmed([first], [1], 0.0, lambda p: True) == (first, 1, first)
+    assert sensitivity.confirmed([], [1], 0.0, lambda p: True) == (None, 0, None)
+
+
+def test_an_incumbent_is_kept_within_the_noise_and_dropped_when_its_graph_fails():
+    incumbent, faster, much = cand(2, ms={1: 1.03}), cand(1, ms={1: 1.0}), cand(1, ms={1: 0.5})
+    assert sensitivity.confirmed([incumbent, faster], [1], 0.05, lambda p: True, incumbent) == \
+        (incumbent, 1, faster)
+    assert sensitivity.confirmed([incumbent, much], [1], 0.05, lambda p: True, incumbent) == (much, 1, much)
+    tried = []
+    pick = sensitivity.confirmed([incumbent, faster], [1], 0.05, lambda p: tried.append(p) or p is faster, incumbent)
+    assert pick == (faster, 2, faster) and tried == [incumbent, faster]
 
 
 @FAST
@@ -220,7 +230,7 @@ def test_a_confirmed_pick_passed_its_confirmation_and_was_tried_in_the_order_of_
         tried.append(pick)
         return verdicts[id(pick)]
 
-    pick, count = sensitivity.confirmed(candidates, [1, 8], 0.05, confirm)
+    pick, count, _ = sensitivity.confirmed(candidates, [1, 8], 0.05, confirm)
     assert count == len(tried) == len({id(t) for t in tried})
     if pick is not None:
         assert verdicts[id(pick)] and pick is tried[-1] and pick.passed

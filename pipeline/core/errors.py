@@ -41,6 +41,22 @@ def check_interrupt() -> None:
         raise KeyboardInterrupt
 
 
+def is_interrupt(exc: BaseException) -> bool:
+    """Whether ``exc`` is the user's Ctrl-C or SIGTERM, whatever it looks like by now: a KeyboardInterrupt in its
+    cause/context chain, or any exception raised after the signal handler set :data:`interrupt_requested`. Native
+    libraries (OpenVINO, ONNX Runtime, torch) turn a KeyboardInterrupt raised inside their Python callbacks into their
+    own exception, and keep only its name in the message (OpenVINO's ``RuntimeError: ... KeyboardInterrupt``)."""
+    if interrupt_requested.is_set():
+        return True
+    seen, visited = exc, set()
+    while seen is not None and id(seen) not in visited:
+        visited.add(id(seen))
+        if isinstance(seen, KeyboardInterrupt):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 class PipelineError(Exception):
     """Base class. ``str(err)`` is the one line shown to the user."""
 

@@ -27,7 +27,8 @@ from typing import Any, Iterator
 # CONFIG: re-exported for callers
 from pipeline.core.status import Status
 from pipeline.core.artifacts import CONFIG, IR_TEMP_PREFIX, ISOLATE_PREFIX, LOCK, LOGS, MANIFEST, OPENVINO_DIR  # noqa: F401
-from pipeline.core.errors import InputError, PipelineError, StageFailed, UsageError, disk_full, disk_full_cause
+from pipeline.core.errors import (InputError, PipelineError, StageFailed, UsageError, check_interrupt, disk_full,
+                                  disk_full_cause, is_interrupt)
 from pipeline.core.schema import NOFOLLOW, open_confined
 
 SCHEMA = "pipeline.manifest/1"
@@ -196,6 +197,14 @@ def signals_held() -> Iterator[None]:
             signal.signal(sig, handler)
         if caught:
             signal.raise_signal(caught[0])  # to the handler in force again: KeyboardInterrupt, usually
+
+
+def _failure(exc: Exception) -> dict:
+    """What the manifest records of a stage that failed: its one line, and its exit code where it is known."""
+    if isinstance(exc, PipelineError):
+        return {"error": str(exc), "exit_code": exc.exit_code}
+    full = disk_full(exc)  # recorded as the command line reports it
+    return {"error": str(full), "exit_code": full.exit_code} if full else {"error": f"{type(exc).__name__}: {exc}"}
 
 
 def _disk_full(exc: BaseException, directory: Path) -> bool:
@@ -502,18 +511,16 @@ class RunDir:
 
         try:
             yield record
+            check_interrupt()  # a library that swallowed the interrupt (a failed row of its own) ends the stage here
             record.rehash()
         except KeyboardInterrupt:
             finish(Status.INTERRUPTED, error="interrupted by the user")
             raise
-        except PipelineError as exc:
-            status = Status.FAILED
-            finish(status, error=str(exc), exit_code=exc.exit_code)
-            raise
         except Exception as exc:
-            full = disk_full(exc)  # recorded as the command line reports it
-            finish(Status.FAILED, **({"error": str(full), "exit_code": full.exit_code} if full
-                                else {"error": f"{type(exc).__name__}: {exc}"}))
+            if is_interrupt(exc):  # the interrupt as a library's own exception type (errors.is_interrupt)
+                finish(Status.INTERRUPTED, error="interrupted by the user")
+                raise KeyboardInterrupt from exc
+            finish(Status.FAILED, **_failure(exc))
             raise
         else:
             finish(Status.OK)

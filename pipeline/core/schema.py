@@ -28,12 +28,14 @@ import stat
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from pipeline.core.errors import InputError, UsageError
+
+if TYPE_CHECKING:  # numpy is imported where an .npz is read: `--help` stays light
+    import numpy as np
 
 MiB = 1 << 20
 JSON_LIMIT = 16 * MiB  # a report, a bundle's metadata or a fallback file is kilobytes; anything this large is not one

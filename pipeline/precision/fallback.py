@@ -22,13 +22,16 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Annotated, Callable, Literal
 
 import onnx
+from pydantic import Field, StringConstraints
 
-from pipeline.precision import fp16, int8
+from pipeline.precision import CALIBRATION_METHODS, fp16, int8
+from pipeline.core import schema
 from pipeline.core.artifacts import FALLBACK, FALLBACK_CANDIDATE, FP16_ONNX, INT8_FALLBACK, INT8_FALLBACK_CANDIDATE, INT8_ONNX
-from pipeline.core.run import RunDir, read_json, write_json
+from pipeline.core.errors import InputError
+from pipeline.core.run import RunDir, write_json
 
 log = logging.getLogger("pipeline")
 
@@ -73,28 +76,81 @@ def _share(precisions: dict, precision: str) -> float:
 
 # --------------------------------------------------------------------------- the fallback files
 
+# What a fallback file (written by verify --auto-fallback or tune, or by hand) may hold. Its names are node names of
+# model.onnx: a graph of this tool's scale has hundreds to a few thousand, each a path of a few dozen characters.
+MAX_NODES = 50_000  # names in one list
+MAX_NAME = 1_000  # characters in one name
+MAX_NOTE = 2_000  # characters of the free-text ``note``
+FILE_LIMIT = 4 * schema.MiB  # bytes of the file, checked before it is parsed
+SHOWN = 5  # unknown names a message lists (then their count)
 
-def read(run_dir: RunDir, graph: PrecisionGraph) -> Raised:
-    """The raises kept for ``graph``; the INT8 graph also keeps in FP32 what the FP16 fallback moved there."""
-    own = _read_file(run_dir, graph.fallback_file)
+NodeName = Annotated[str, StringConstraints(min_length=1, max_length=MAX_NAME)]
+NodeNames = Annotated[list[NodeName], Field(max_length=MAX_NODES)]
+Note = Annotated[str, StringConstraints(max_length=MAX_NOTE)]
+
+
+class Fp16FallbackFile(schema.Strict):
+    """``fp16_fallback.json``: the nodes kept in FP32. ``note`` is free text for people (the writers explain the
+    file there); any other key is refused, so a misspelt one (``node``) is said, not silently ignored."""
+
+    nodes: NodeNames
+    note: Note = ""
+
+
+class Int8FallbackFile(schema.Strict):
+    """``int8_fallback.json``: the nodes left out of INT8, the nodes kept in FP32, and tune's calibration method
+    (one the config's ``export.int8.calibration_method`` allows)."""
+
+    nodes: NodeNames
+    fp32_nodes: NodeNames = Field(default_factory=list)
+    calibration_method: Literal[CALIBRATION_METHODS] | None = None
+    note: Note = ""
+
+
+FILES = {FALLBACK: (Fp16FallbackFile, "FP16 fallback list"), INT8_FALLBACK: (Int8FallbackFile, "INT8 fallback list")}
+
+
+def read(run_dir: RunDir, graph: PrecisionGraph, fp32_model: onnx.ModelProto | None = None) -> Raised:
+    """The raises kept for ``graph``; the INT8 graph also keeps in FP32 what the FP16 fallback moved there. With
+    ``fp32_model`` (the graph the names refer to), a name that is none of its nodes is an :class:`InputError`."""
+    fp16_moved = _read_file(run_dir, FALLBACK, fp32_model)
     if graph.fallback_file == FALLBACK:
-        return Raised(fp32=list(own.get("nodes", [])))
-    fp16_moved = _read_file(run_dir, FALLBACK).get("nodes", [])
-    fp32 = list(dict.fromkeys([*own.get("fp32_nodes", []), *fp16_moved]))
-    return Raised(out_of_int8=list(own.get("nodes", [])), fp32=fp32)
+        return Raised(fp32=list(dict.fromkeys(fp16_moved.nodes)) if fp16_moved else [])
+    own = _read_file(run_dir, INT8_FALLBACK, fp32_model)
+    fp32 = list(dict.fromkeys([*(own.fp32_nodes if own else []), *(fp16_moved.nodes if fp16_moved else [])]))
+    return Raised(out_of_int8=list(dict.fromkeys(own.nodes)) if own else [], fp32=fp32)
 
 
-def _read_file(run_dir: RunDir, name: str) -> dict:
+def _read_file(run_dir: RunDir, name: str, fp32_model: onnx.ModelProto | None = None):
+    """The fallback file ``name`` as its schema model (None when there is none), its names checked against
+    ``fp32_model`` when given; anything malformed is exit 2 in one line (:func:`pipeline.core.schema.read_json`)."""
     path = run_dir.file(name)
-    if not path.exists():
-        return {}
-    data = read_json(path, "INT8 fallback list" if name == INT8_FALLBACK else "FP16 fallback list")
-    return data if isinstance(data, dict) else {}
+    if not path.exists() and not path.is_symlink():
+        return None
+    model, what = FILES[name]
+    data = schema.read_json(path, model, what, limit=FILE_LIMIT)
+    if fp32_model is not None:
+        check_names(data, fp32_model, path)
+    return data
+
+
+def check_names(data: Fp16FallbackFile | Int8FallbackFile, fp32_model: onnx.ModelProto, path) -> None:
+    """Every name of the file is a node of ``fp32_model``, or one :class:`InputError` naming the first few."""
+    known = {node.name for node in fp32_model.graph.node}
+    for key in ("nodes", "fp32_nodes"):
+        unknown = list(dict.fromkeys(n for n in getattr(data, key, ()) if n not in known))
+        if unknown:
+            shown = ", ".join(schema.printable(n, 80) for n in unknown[:SHOWN])
+            more = f" and {len(unknown) - SHOWN} more" if len(unknown) > SHOWN else ""
+            raise InputError(f"{path}: {len(unknown)} name(s) in {key!r} are not nodes of the FP32 graph "
+                             f"(model.onnx): {shown}{more}; remove them, or delete the file if it is from another "
+                             "model (verify --auto-fallback and tune write it again)")
 
 
 def calibration_method(run_dir: RunDir) -> str | None:
     """The INT8 calibration method ``python -m pipeline tune`` chose (int8_fallback.json), if it chose one."""
-    return _read_file(run_dir, INT8_FALLBACK).get("calibration_method")
+    own = _read_file(run_dir, INT8_FALLBACK)
+    return own.calibration_method if own else None
 
 
 def write(run_dir: RunDir, graph: PrecisionGraph, raised: Raised) -> None:
@@ -160,7 +216,7 @@ def run(graph: PrecisionGraph, cfg, run_dir: RunDir, fp32_model: onnx.ModelProto
     """Raise, remake, re-check; repeat. ``remake(raised, out_name)`` writes the graph with those raises (export's
     conversion, returning its precision report); ``recheck(graph)`` judges it with the candidates that run it;
     ``localize(graph, failing)`` names the next divergent node. Replaces ``graph.artifact`` only when it passes."""
-    raised = read(run_dir, graph)
+    raised = read(run_dir, graph, fp32_model)
     before = graph.fraction(graph.precisions(fp32_model, model))
     candidate_path = run_dir.file(graph.candidate_file)
     iterations, current, loc, passed = [], model, localization, False

@@ -84,6 +84,17 @@ def exact_name_regex(name: str) -> str:
     return f"^{re.escape(name)}$"
 
 
+def exact_names_patterns(names, graph: onnx.ModelProto) -> list[str]:
+    """``nodes_to_exclude`` patterns (AutoCast's, ModelOpt INT8's) that match exactly those ``names`` that are nodes
+    of ``graph`` (no other can match): one pattern for all of them, [] for none. Both libraries try every pattern on
+    every node with ``re.match``, which compiles a pattern again once more than 512 are in use: a pattern per name
+    was nodes x names compilations (a 13 MB fp16_fallback.json kept export busy for hours), and one pattern of
+    names the graph does not have would still take seconds to compile."""
+    present = {node.name for node in graph.graph.node}
+    kept = [n for n in dict.fromkeys(names) if n in present]
+    return [f"^(?:{'|'.join(re.escape(n) for n in kept)})$"] if kept else []
+
+
 def convert(fp32_path: Path, calibration_npz: Path | None, fp16_cfg, extra_excluded: list[str] = ()) -> tuple[
         onnx.ModelProto, dict]:
     """Run ModelOpt AutoCast (FP32 I/O kept) and return the FP16 model and a precision report."""
@@ -98,7 +109,8 @@ def convert(fp32_path: Path, calibration_npz: Path | None, fp16_cfg, extra_exclu
 
     data_max = fp16_cfg.data_max if fp16_cfg.range_rule else math.inf
     init_max = fp16_cfg.init_max if fp16_cfg.range_rule else math.inf
-    excludes = list(fp16_cfg.nodes_to_exclude) + [exact_name_regex(n) for n in extra_excluded]
+    excludes = list(fp16_cfg.nodes_to_exclude) + exact_names_patterns(
+        extra_excluded, onnx.load(str(fp32_path), load_external_data=False))
     start = time.perf_counter()
     with _quiet_autocast() as capture:
         try:
@@ -282,7 +294,8 @@ def keep_in_fp32(model: onnx.ModelProto, nodes, fp32_model: onnx.ModelProto | No
     ``fp32_model`` (the graph converted from), a moved node's FP16 weights and constants are its FP32 originals,
     as AutoCast's exclusion keeps them: cast up, they would keep the rounding the move is meant to undo."""
     types = infer_types(model)
-    moved = {n.name for n in model.graph.node if n.name in set(nodes) and n.op_type not in NOT_MOVABLE
+    wanted = set(nodes)  # once, not per node of the graph
+    moved = {n.name for n in model.graph.node if n.name in wanted and n.op_type not in NOT_MOVABLE
              and any(types.get(o) == FLOAT16 for o in n.output)}
     out = onnx.ModelProto()
     out.CopyFrom(model)

@@ -75,17 +75,14 @@ def _quiet_modelopt():
             lg.propagate = propagate
 
 
-def exact_name_regex(name: str) -> str:
-    return fp16.exact_name_regex(name)
-
-
 def quantize(fp32_path: Path, images: np.ndarray, input_name: str, int8_cfg, out_path: Path,
              extra_excluded: list[str] = (), fp32_nodes: list[str] = ()) -> dict:
     """Quantize ``fp32_path`` into ``out_path`` (INT8 Q/DQ, FP16 elsewhere, ``fp32_nodes`` kept in FP32: the
     automatic fallback's, :func:`pipeline.precision.fp16.keep_in_fp32`); returns the precision report."""
     from modelopt.onnx.quantization import quantize as modelopt_quantize
 
-    excludes = list(int8_cfg.nodes_to_exclude) + [exact_name_regex(n) for n in extra_excluded]
+    excludes = list(int8_cfg.nodes_to_exclude) + fp16.exact_names_patterns(
+        extra_excluded, onnx.load(str(fp32_path), load_external_data=False))
     batch = min(8, len(images))
     images = images[: len(images) - len(images) % batch]  # whole calibration batches
     shape = "x".join(str(d) for d in (batch, *images.shape[1:]))

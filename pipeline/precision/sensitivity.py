@@ -14,7 +14,8 @@ A library for ``python -m pipeline tune`` (:mod:`pipeline.tune`); it runs no sta
 * **Search.** The k highest-ranked layers kept out of INT8, for increasing k: bisection on k for the smallest
   passing k (pass/fail is monotone in k when the ranking is right), then its neighbours confirmed; the caller
   adds the greedy fallback's answer and the two extremes.
-* **Pareto front and choice** over (accuracy drop, latency): :func:`pareto`, :func:`choose`.
+* **Pareto front and choice** over (accuracy drop, latency): :func:`pareto`, :func:`choose`; a re-run keeps the
+  previous choice unless the new one is better beyond the noise: :func:`keep_or_replace`.
 """
 
 from __future__ import annotations
@@ -170,7 +171,7 @@ class Candidate:
     """One mix: the layers kept out of INT8, how it was found, its gate result and timings."""
 
     high: list[str]
-    origin: str  # "all INT8" (or "all FP16"), "top-3", "greedy fallback", "all high"
+    origin: str  # "all INT8" (or "all FP16"), "top-3", "greedy fallback", "all high", "previous choice"
     result: dict = field(default_factory=dict)  # metrics(...) of the full gate
     latency_ms: dict = field(default_factory=dict)  # {batch: mean ms}
     calibration: str = ""
@@ -183,7 +184,8 @@ class Candidate:
         return self.result.get("status") == criteria.PASSED
 
     def key(self) -> tuple:
-        return self.calibration, tuple(sorted(self.high))
+        """The mix itself: its calibration, the layers it raises and the nodes it keeps in FP32."""
+        return self.calibration, tuple(sorted(self.high)), tuple(sorted(self.fp32))
 
 
 def search(ranked: list[str], judge: Callable[[list[str], str], Candidate], lowest: str = "all INT8") -> list[Candidate]:
@@ -244,17 +246,24 @@ def choose(candidates: list[Candidate], batches: list[int], same_speed: float = 
 
 
 def confirmed(candidates: list[Candidate], batches: list[int], same_speed: float,
-              confirm: Callable[[Candidate], bool]) -> tuple[Candidate | None, int]:
-    """The first :func:`choose` pick whose ``confirm`` (the gate on the graph export will really make) passes; a pick
-    that fails it gives way to the next best. Returns the pick (None: none confirmed) and how many were tried."""
+              confirm: Callable[[Candidate], bool],
+              incumbent: Candidate | None = None) -> tuple[Candidate | None, int, Candidate | None]:
+    """The mix tune writes: the first pick whose ``confirm`` (the gate on the graph export will really make) passes,
+    each pick the :func:`choose` of what is left, or the ``incumbent`` (the fallback file's mix) where
+    :func:`keep_or_replace` keeps it; a pick that fails its confirmation gives way to the next best (an incumbent
+    that fails is not kept). Returns the pick (None: none confirmed), how many were tried, and the last
+    :func:`choose` answer (to say what was not taken when the incumbent stays)."""
     tried: list[Candidate] = []
     while True:
-        pick = choose([c for c in candidates if all(c is not x for x in tried)], batches, same_speed)
+        fastest = choose([c for c in candidates if all(c is not x for x in tried)], batches, same_speed)
+        pick = keep_or_replace(incumbent, fastest, batches, same_speed)
         if pick is None:
-            return None, len(tried)
+            return None, len(tried), fastest
         tried.append(pick)
         if confirm(pick):
-            return pick, len(tried)
+            return pick, len(tried), fastest
+        if pick is incumbent:
+            incumbent = None  # its real graph fails: nothing to keep
 
 
 def speedups(fp32_ms: dict[int, float], chosen_ms: dict[int, float]) -> dict[int, float]:
@@ -269,6 +278,33 @@ def too_slow(speedup: dict[int, float], min_speedup: float | None) -> dict[int, 
     if not min_speedup:
         return {}
     return {b: s for b, s in speedup.items() if not s >= min_speedup}  # NaN is too slow
+
+
+def keep_or_replace(incumbent: Candidate | None, pick: Candidate | None, batches: list[int],
+                    same_speed: float = 0.05) -> Candidate | None:
+    """The mix a re-run of tune keeps: the ``incumbent`` (the mix the fallback file holds now, judged and timed in
+    this run like every other) or the ``pick`` (this run's :func:`choose`). Latencies are positive milliseconds.
+
+    The incumbent stays unless it no longer passes (or, where speed is measured, was not timed at every batch in
+    ``batches``), or the pick is better beyond the measured noise: faster by more than ``same_speed`` (a share; each
+    batch's latency relative to the faster of the two there, averaged, as :func:`choose` does). With nothing timed
+    (``batches`` empty) the only measure free of noise decides: a pick that raises fewer layers. A pick that does not
+    pass never replaces anything. So timing noise alone never flips a choice, nor re-runs what follows it."""
+    def usable(c: Candidate | None) -> bool:
+        return c is not None and c.passed and all(b in c.latency_ms for b in batches)
+
+    if not usable(incumbent):
+        return pick if usable(pick) else None
+    if not usable(pick) or pick is incumbent:
+        return incumbent
+    if not batches:
+        return pick if len(pick.high) < len(incumbent.high) else incumbent
+    best = {b: min(incumbent.latency_ms[b], pick.latency_ms[b]) for b in batches}
+
+    def cost(c: Candidate) -> float:
+        return sum(c.latency_ms[b] / best[b] for b in batches) / len(batches)
+
+    return pick if cost(incumbent) > cost(pick) * (1 + same_speed) else incumbent
 
 
 def timed(fn: Callable, *args):
