@@ -351,8 +351,8 @@ def test_summary_keeps_the_numbers_tune_shows():
 
 
 def test_candidate_key_and_passed():
-    a = Candidate(["b", "a"], "x", {"status": "passed"}, calibration="max")
-    assert a.passed and a.key() == ("max", ("a", "b"))
+    a = Candidate(["b", "a"], "x", {"status": "passed"}, calibration="max", fp32=["z", "y"])
+    assert a.passed and a.key() == ("max", ("a", "b"), ("y", "z"))
     assert not Candidate([], "x", {"status": "inconclusive"}).passed
     assert not Candidate([], "x").passed
 
