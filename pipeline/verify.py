@@ -125,6 +125,7 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, auto_fallback: bool = Fals
         for graph in (fallback.FP16_GRAPH, fallback.INT8_GRAPH)}
     (loc16, fb16), (loc8, fb8) = gated.get("fp16", (None, None)), gated.get("int8", (None, None))
     batching.verify_batch_sizes(cfg, checks, evidence, candidates.gate_for)  # every batch size served
+    verify_report.log_batch_sizes(checks)
     written = predictions.record(run_dir, checks, evidence)
     if written is not None:
         record.artifact(written.name)

@@ -88,6 +88,8 @@ def test_feeds_by_size_take_the_first_images_at_every_other_served_size():
     assert [len(b["x"]) for b in feeds[16]] == [16, 4] and len(feeds[1]) == 20
     np.testing.assert_array_equal(feeds[1][3]["x"][0], ev.feeds[0]["x"][3])
     assert batching.feeds_by_size(cfg(samples=0), ev.feeds) == {}
+    one = batching.feeds_by_size(cfg(samples=4), ev.feeds[:1])  # a single batch of evidence
+    assert [len(b["x"]) for b in one[1]] == [1, 1, 1, 1] and one[16][0]["x"].shape == (4, 6)
 
 
 def test_a_size_the_runtime_refuses_is_skipped_and_one_that_raises_fails_the_candidate():
@@ -114,18 +116,26 @@ def test_a_static_artifact_serves_one_size_but_the_reference_model_has_no_artifa
     ev, w = evidence()
     feeds = batching.feeds_by_size(cfg(), ev.feeds)
     static = batching.run_sizes(Runner(w), Chk(), cfg(dynamic=False), feeds)
-    assert {r["status"] for r in static.values()} == {Status.SKIPPED}
-    assert "static batch" in static[1]["reason"]
+    assert static == {size: {"status": Status.SKIPPED, "reason": "static batch (export.dynamic_batch=false): the "
+                                                                 "artifact serves one batch size"} for size in (1, 16)}
     runs = batching.run_sizes(Runner(w), Chk(artifact=None), cfg(dynamic=False), feeds)
     assert all("outputs" in r for r in runs.values())
 
 
+def gate_for(config, name: str, precision: str) -> dict:
+    """The candidate's own gate, looked up as verify does (a wrong argument finds no gate)."""
+    assert config.verify.batch_check_samples is not None
+    return {("openvino_fp32", "fp32"): GATE, ("int8_exact", "int8"): {**GATE, "max_scaled_error": 10.0,
+                                                                      "min_top1_agreement": 0.0,
+                                                                      "max_accuracy_drop": 1.0}}[name, precision]
+
+
 def check_candidate(runner: Runner, chk: Chk | None = None, config=None):
-    config = config or cfg()
+    config = config or cfg(samples=20)
     ev, _ = evidence()
     chk = chk or Chk()
     chk.batch_runs = batching.run_sizes(runner, chk, config, batching.feeds_by_size(config, ev.feeds))
-    batching.verify_batch_sizes(config, [chk], ev, lambda c, name, precision: GATE)
+    batching.verify_batch_sizes(config, [chk], ev, gate_for)
     return chk
 
 
@@ -136,8 +146,39 @@ def test_a_sound_runner_passes_at_every_size_and_the_rows_say_so():
     assert [r["batch_size"] for r in rows] == [1, 8, 16] and chk.status == Status.PASSED
     assert rows[1] == {"batch_size": 8, "profile": ["build.opt_batch"], "status": Status.PASSED,
                        "reason": "verify.batch_size: the main check"}
-    assert rows[0]["status"] == Status.PASSED and rows[0]["images"] == 32 and rows[0]["batches"] == 32
+    assert rows[0]["status"] == Status.PASSED and rows[0]["images"] == 20 and rows[0]["batches"] == 20
     assert rows[2]["batches"] == 2 and rows[2]["top1_agreement"] == 1.0 and rows[2]["tensor_passed"]
+    assert set(rows[0]) == {"batch_size", "profile", "status", "images", "batches", "max_abs_error", "scaled_error",
+                            "top1_agreement", "tensor_passed", "task_status"}
+    assert rows[0]["task_status"] == Status.PASSED and rows[0]["max_abs_error"] < 1e-4
+    assert rows[0]["scaled_error"] < 1e-4 and rows[0]["scaled_error"] is not None
+
+
+def test_a_runner_that_mixes_rows_is_measured_in_the_rows():
+    _, w = evidence()
+    rows = check_candidate(Runner(w, mixes=0.5)).result["batch_sizes"]
+    assert rows[0]["max_abs_error"] > 0.01 and rows[0]["scaled_error"] > 0.01 and not rows[0]["tensor_passed"]
+    assert rows[0]["task_status"] in (Status.FAILED, Status.INCONCLUSIVE, Status.PASSED)
+
+
+def test_the_candidates_own_gate_judges_its_rows():
+    _, w = evidence()
+    lenient = check_candidate(Runner(w, mixes=0.5), Chk(name="int8_exact", precision="int8"))
+    assert lenient.status == Status.PASSED  # its gate tolerates the mixing; openvino_fp32's does not
+
+
+def test_every_candidate_is_considered_whatever_the_one_before_it():
+    ev, w = evidence()
+    config = cfg(samples=20)
+    feeds = batching.feeds_by_size(config, ev.feeds)
+    skipped = Chk(result={"status": Status.SKIPPED})
+    refit = Chk(result={"status": Status.PASSED, "after_fallback": True})
+    dead = Chk(batch_runs={"error": "child died"})
+    mixing = Chk()
+    mixing.batch_runs = batching.run_sizes(Runner(w, mixes=0.5), mixing, config, feeds)
+    batching.verify_batch_sizes(config, [skipped, refit, dead, mixing], ev, gate_for)
+    assert mixing.status == Status.FAILED and refit.result["batch_sizes"][0]["status"] == Status.SKIPPED
+    assert dead.result["batch_sizes"][0]["status"] == Status.ERROR and "batch_sizes" not in skipped.result
 
 
 def test_rows_that_mix_the_batch_fail_the_candidate_and_name_the_size():
@@ -181,7 +222,7 @@ def test_after_a_fallback_and_after_a_dead_runner_the_row_says_why_and_the_verdi
     assert chk.result["batch_sizes"] == [{"status": Status.SKIPPED, "reason": batching.AFTER_FALLBACK}]
     ev, _ = evidence()
     dead = Chk(batch_runs={"error": "child died"})
-    batching.verify_batch_sizes(cfg(), [dead], ev, lambda c, n, p: GATE)
+    batching.verify_batch_sizes(cfg(), [dead], ev, gate_for)
     assert dead.status == Status.PASSED
     assert dead.result["batch_sizes"] == [{"status": Status.ERROR, "reason": "child died"}]
 
@@ -189,7 +230,7 @@ def test_after_a_fallback_and_after_a_dead_runner_the_row_says_why_and_the_verdi
 def test_the_check_is_off_with_no_samples():
     ev, w = evidence()
     chk = Chk()
-    batching.verify_batch_sizes(cfg(samples=0), [chk], ev, lambda c, n, p: GATE)
+    batching.verify_batch_sizes(cfg(samples=0), [chk], ev, gate_for)
     assert "batch_sizes" not in chk.result
 
 
@@ -200,12 +241,12 @@ def test_a_size_that_was_not_run_is_a_skipped_row():
 
 
 def test_describe_words_each_failing_size():
-    rows = [{"batch_size": 1, "profile": ["build.min_batch"], "scaled_error": 0.25, "max_abs_error": 1.0,
+    rows = [{"batch_size": 16, "profile": ["build.max_batch", "build.opt_batch"], "reason": "cannot run"},
+            {"batch_size": 1, "profile": ["build.min_batch"], "scaled_error": 0.25, "max_abs_error": 1.0,
              "top1_agreement": 0.625},
             {"batch_size": 4, "profile": ["build.max_batch"], "scaled_error": None, "max_abs_error": 0.5,
-             "top1_agreement": 0.5},
-            {"batch_size": 16, "profile": ["build.max_batch", "build.opt_batch"], "reason": "cannot run"}]
+             "top1_agreement": 0.5}]
     assert batching.describe(rows) == (
-        "the output depends on the batch size: fails at batch 1 (build.min_batch): scaled error 0.25, top-1 "
-        "agreement 62.5%; batch 4 (build.max_batch): max abs error 0.5, top-1 agreement 50.0%; batch 16 "
-        "(build.max_batch, build.opt_batch): cannot run")
+        "the output depends on the batch size: fails at batch 16 (build.max_batch, build.opt_batch): cannot run; "
+        "batch 1 (build.min_batch): scaled error 0.25, top-1 agreement 62.5%; batch 4 (build.max_batch): max abs "
+        "error 0.5, top-1 agreement 50.0%")

@@ -60,3 +60,10 @@ def test_stamp_file_rewrites_the_file(tmp_path):
     onnx.save(graph(), str(path))
     provenance.stamp_file(path, WEIGHTS)
     assert provenance.source_weights(onnx.load(str(path))) == WEIGHTS
+
+
+def test_the_refusal_says_what_to_do():
+    with pytest.raises(InputError) as caught:
+        provenance.check_graph(graph(), "model.onnx", WEIGHTS)
+    assert str(caught.value) == ("model.onnx was exported without a record of its weights, not from the current "
+                                 "model.safetensors (sha256 aaaaaaaaaaaa…): export did not finish; re-run export")

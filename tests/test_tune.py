@@ -1,6 +1,7 @@
 """python -m pipeline tune: the sensitivity search keeps more layers in INT8 than greedy fallback and still passes,
 the chosen mix round-trips through export/build/verify, the sensitivity table is reproducible, and the speed
-gate fails (naming the layers) where the INT8 artifact cannot be faster."""
+gate fails (naming the layers) where the INT8 artifact cannot be faster. tune's decisions on plain data (search,
+choice, re-run rule, speed gate): tests/test_tune_rules.py."""
 
 import json
 from pathlib import Path
@@ -8,12 +9,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from conftest import ROOT, cli, copy_run, trained_and_exported
 from pipeline.core import artifacts
-from pipeline.precision import fp16, int8, sensitivity
+from pipeline.precision import fp16, int8
 
 TUNE_MODELS = ROOT / "tests" / "fault_models.py"
 TRAINED = ["data.samples_per_class=30", "data.image_size=16", "data.batch_size=32", "train.epochs=4",
@@ -179,124 +178,3 @@ def test_on_a_gpu_tune_times_tensorrt_engines_and_reads_each_layers_precision_fr
         assert quantized <= set(by_origin["all high"]["runtime_not_low"])  # none of them ran in INT8 there
     finally:
         env.tensorrt_status.cache_clear()
-
-
-def test_search_bisects_on_k_and_confirms_the_neighbours():
-    """Twelve ranked layers, the gate passing from k = 7 on: bisection judges O(log n) mixes, not every k, and the
-    answer's neighbours k = 6 (fails) and k = 8 (passes) are judged too; both extremes always are."""
-    ranked = [f"layer{i}" for i in range(12)]
-    judged = []
-
-    def judge(high, origin):
-        judged.append(len(high))
-        return sensitivity.Candidate(list(high), origin, {"status": "passed" if len(high) >= 7 else "failed"})
-
-    found = sensitivity.search(ranked, judge)
-    assert {0, 6, 7, 8, 12} <= set(judged) and len(judged) <= 8
-    assert min(len(c.high) for c in found if c.passed) == 7
-    assert [c.origin for c in found][:1] == ["all INT8"] and found[-1].origin == "all high"
-
-
-def test_choose_takes_the_fastest_passing_mix_and_treats_noise_as_a_tie():
-    def cand(high: int, status: str, ms1: float, ms8: float):
-        return sensitivity.Candidate([f"l{i}" for i in range(high)], f"top-{high}", {"status": status,
-                                     "scaled_error": 0.1, "accuracy_drop": 0.0}, latency_ms={1: ms1, 8: ms8})
-
-    fast_fail, slow, fast, tied = cand(0, "failed", 1.0, 5.0), cand(3, "passed", 2.0, 9.0), \
-        cand(2, "passed", 1.2, 6.0), cand(1, "passed", 1.22, 6.1)
-    assert sensitivity.choose([fast_fail, slow, fast], [1, 8]) is fast
-    assert sensitivity.choose([fast_fail, slow, fast, tied], [1, 8], same_speed=0.05) is tied  # fewer layers out
-    assert sensitivity.choose([fast_fail, slow, fast, tied], [1, 8], same_speed=0.0) is fast
-    assert sensitivity.choose([fast_fail], [1, 8]) is None
-
-
-# --------------------------------------------------------------------------- a re-run keeps its choice (issue 30, §3)
-
-
-def _mix(high: int, status: str, ms1: float, ms8: float, origin: str = "") -> sensitivity.Candidate:
-    return sensitivity.Candidate([f"l{i}" for i in range(high)], origin or f"top-{high}", {"status": status},
-                                 latency_ms={1: ms1, 8: ms8}, calibration="max")
-
-
-def test_a_rerun_keeps_the_previous_choice_unless_the_new_one_is_faster_beyond_the_noise():
-    """A second all --tune flipped entropy to max on timing noise, and re-ran export, build, verify, benchmark."""
-    kept = _mix(2, "passed", 1.00, 6.0, "previous choice")
-    noise = _mix(1, "passed", 0.97, 5.9)  # 2-3 % faster: within tune.same_speed (5 %)
-    faster = _mix(3, "passed", 0.80, 4.5)  # 20-25 % faster
-    assert sensitivity.keep_or_replace(kept, noise, [1, 8], 0.05) is kept
-    assert sensitivity.keep_or_replace(kept, faster, [1, 8], 0.05) is faster
-    assert sensitivity.keep_or_replace(kept, faster, [1, 8], 0.5) is kept  # a noisier machine: a wider tie
-    assert sensitivity.keep_or_replace(None, noise, [1, 8], 0.05) is noise  # no previous choice
-    assert sensitivity.keep_or_replace(kept, None, [1, 8], 0.05) is kept
-
-
-def test_a_failing_or_untimed_previous_choice_gives_way():
-    failing = _mix(0, "failed", 0.5, 2.0, "previous choice")
-    pick = _mix(2, "passed", 1.0, 6.0)
-    assert sensitivity.keep_or_replace(failing, pick, [1, 8], 0.05) is pick
-    assert sensitivity.keep_or_replace(failing, None, [1, 8], 0.05) is None
-    untimed = sensitivity.Candidate(["l0"], "previous choice", {"status": "passed"}, calibration="max")
-    assert sensitivity.keep_or_replace(untimed, pick, [1, 8], 0.05) is pick
-    failing_pick = _mix(1, "failed", 0.1, 0.1)
-    assert sensitivity.keep_or_replace(pick, failing_pick, [1, 8], 0.05) is pick  # a failing pick replaces nothing
-    assert sensitivity.keep_or_replace(None, failing_pick, [1, 8], 0.05) is None
-
-
-def test_with_nothing_timed_only_fewer_raised_layers_replace_the_previous_choice():
-    """No FP16 target on a CPU: speed is not measured, and the layer count (free of timing noise) decides."""
-    kept = sensitivity.Candidate(["a", "b", "c"], "previous choice", {"status": "passed"})
-    assert sensitivity.keep_or_replace(kept, sensitivity.Candidate(["a", "b"], "top-2", {"status": "passed"}), [],
-                                       0.05).high == ["a", "b"]
-    assert sensitivity.keep_or_replace(kept, sensitivity.Candidate(["x", "y", "z"], "top-3", {"status": "passed"}),
-                                       [], 0.05) is kept
-
-
-latency = st.floats(min_value=1e-3, max_value=1e3, allow_nan=False)
-mixes = st.builds(lambda high, passed, ms1, ms8: _mix(high, "passed" if passed else "failed", ms1, ms8),
-                  st.integers(0, 5), st.booleans(), latency, latency)
-shares = st.floats(min_value=0, max_value=2, allow_nan=False)
-
-
-def _slower_beyond_noise(incumbent, pick, batches, same_speed) -> bool:
-    """The oracle, written another way: with r the incumbent's latency over the pick's at each batch, the incumbent
-    costs mean(max(r, 1)) and the pick mean(max(1/r, 1)), each relative to the faster of the two."""
-    r = [incumbent.latency_ms[b] / pick.latency_ms[b] for b in batches]
-    return np.mean([max(x, 1.0) for x in r]) > np.mean([max(1 / x, 1.0) for x in r]) * (1 + same_speed)
-
-
-@settings(max_examples=300, deadline=None)
-@given(incumbent=mixes, pick=mixes, same_speed=shares, batches=st.sampled_from([[1], [8], [1, 8]]))
-def test_properties_of_keeping_a_choice(incumbent, pick, same_speed, batches):
-    chosen = sensitivity.keep_or_replace(incumbent, pick, batches, same_speed)
-    assert chosen is None or chosen is incumbent or chosen is pick
-    # The kept choice passes, and there is one whenever either passes.
-    assert (chosen is None) == (not incumbent.passed and not pick.passed)
-    assert chosen is None or chosen.passed
-    # A failing incumbent is always replaced by a passing pick.
-    if not incumbent.passed and pick.passed:
-        assert chosen is pick
-    if incumbent.passed and pick.passed:
-        # A challenger that is not faster beyond same_speed never replaces a passing incumbent; one that is, does.
-        assert (chosen is pick) == bool(_slower_beyond_noise(incumbent, pick, batches, same_speed))
-
-
-@settings(max_examples=300, deadline=None)
-@given(incumbent=mixes, pick=mixes, same_speed=shares, slower=st.floats(min_value=1.0, max_value=10.0))
-def test_a_slower_challenger_never_wins_where_a_faster_one_did_not(incumbent, pick, same_speed, slower):
-    """Monotone in the challenger's speed: timing it slower (noise the other way) cannot flip a kept choice."""
-    if sensitivity.keep_or_replace(incumbent, pick, [1, 8], same_speed) is not incumbent:
-        return
-    retimed = _mix(len(pick.high), pick.result["status"], pick.latency_ms[1] * slower, pick.latency_ms[8] * slower)
-    assert sensitivity.keep_or_replace(incumbent, retimed, [1, 8], same_speed) is incumbent
-
-
-def test_speed_gate_message_says_when_the_cpu_has_no_int8_dot_product():
-    from pipeline.reports import tune_report
-
-    payload = {"chosen": {"runtime": {"/a/Conv": "u8", "/b/Conv": "f32", "/fc/Gemm": "f32"}},
-               "speedup_vs_fp32": {"1": 0.9, "8": 1.4}, "int8_dot_product": False}
-    line = tune_report.speed_failure(payload, 1.2)
-    assert line.startswith("INT8 is no faster than FP32 here: 2 of 3 layers run in FP32 (/b/Conv, /fc/Gemm)")
-    assert "no VNNI/AMX" in line and "x0.90 at batch 1" in line
-    assert tune_report.speed_failure(payload, None) == ""  # off
-    assert tune_report.speed_failure({**payload, "speedup_vs_fp32": {"1": 1.3, "8": 1.4}}, 1.2) == ""

@@ -366,3 +366,191 @@ def test_every_k_is_judged_at_most_once_over_many_gates():
     for n, threshold in itertools.product(range(1, 9), range(0, 10)):
         _, judged = run_search(n, lambda k: k >= threshold)
         assert len(judged) == len(set(judged))
+
+
+def test_choose_defaults_to_five_percent_and_an_unmeasured_error_counts_as_none():
+    a, b = cand(1, ms={1: 1.04}), cand(2, ms={1: 1.0})
+    assert sensitivity.choose([a, b], [1]) is a  # within the default 5 %: fewer layers raised wins
+    assert sensitivity.choose([cand(1, ms={1: 1.06}), b], [1]) is b
+    unmeasured = Candidate(["x"], "top-1", {"status": "passed", "scaled_error": None}, latency_ms={1: 1.0})
+    measured = cand(1, ms={1: 1.0}, error=0.5)
+    assert sensitivity.choose([measured, unmeasured], [1]) is unmeasured
+
+
+def test_confirmation_passes_the_noise_margin_on():
+    a, b = cand(1, ms={1: 1.04}), cand(2, ms={1: 1.0})
+    assert sensitivity.confirmed([a, b], [1], 0.0, lambda p: True)[0] is b
+    assert sensitivity.confirmed([a, b], [1], 0.05, lambda p: True)[0] is a
+
+
+def test_search_labels_the_lowest_mix_for_its_precision():
+    found = sensitivity.search(["a", "b"], lambda high, origin: Candidate(list(high), origin, {"status": "failed"}))
+    assert found[0].origin == "all INT8"
+
+
+def test_metrics_judge_one_set_of_outputs_as_the_gate_does():
+    ref = np.array([[3.0, 0.0], [0.0, 3.0]])
+    gate = {"criterion": "scaled", "max_scaled_error": 0.1, "error_quantile": 1.0, "atol": 0.0, "rtol": 0.0,
+            "check_error_stat": "elemwise", "min_top1_agreement": 1.0, "max_accuracy_drop": 0.0}
+    same = sensitivity.metrics([{"y": ref}], [{"y": ref}], np.array([0, 1]), gate, "y", 0.95)
+    assert same["status"] == "passed" and same["scaled_error"] == 0.0 and same["top1_agreement"] == 1.0
+    flipped = sensitivity.metrics([{"y": ref[::-1]}], [{"y": ref}], np.array([0, 1]), gate, "y", 0.5)
+    assert flipped["status"] == "failed" and flipped["accuracy_drop"] == 1.0 and flipped["mean_kl"] > 0
+
+
+def test_unquantize_keeps_the_type_of_the_scale_and_reads_past_plain_inputs():
+    int8, fp32, w1, _ = qdq_chain()
+    for t in int8.graph.initializer:
+        if t.name == "s":
+            t.CopyFrom(numpy_helper.from_array(np.float16(0.05), "s"))
+    mm1 = next(n for n in int8.graph.node if n.name == "mm1")
+    mm1.input[0] = "x"  # a plain first input: the weight after it is still unquantized
+    mixed = sensitivity.unquantize(int8, fp32, ["mm1"])
+    inits = {t.name: numpy_helper.to_array(t) for t in mixed.graph.initializer}
+    assert inits["w1__unquantized"].dtype == np.float16
+    np.testing.assert_array_equal(inits["w1__unquantized"], w1.astype(np.float16))
+    assert list(next(n for n in mixed.graph.node if n.name == "mm1").input) == ["x", "w1__unquantized"]
+
+
+def test_unquantize_with_a_scale_from_a_node_and_a_weight_from_nowhere():
+    int8, fp32, w1, _ = qdq_chain()
+    int8.graph.node.insert(0, helper.make_node("Constant", [], ["s_node"], name="c",
+                                               value=numpy_helper.from_array(np.float32(0.05))))
+    dq = next(n for n in int8.graph.node if n.name == "dq_w1")
+    dq.input[1] = "s_node"
+    mixed = sensitivity.unquantize(int8, fp32, ["mm1"])
+    inits = {t.name: numpy_helper.to_array(t) for t in mixed.graph.initializer}
+    assert inits["w1__unquantized"].dtype == np.float32  # no initializer to read the type from: float32
+    orphan = fp32.graph.node[0]
+    orphan.input[1] = "h_from_elsewhere"
+    with pytest.raises(ValueError, match="mm1: input 1 is neither a quantized activation nor an initializer"):
+        sensitivity.unquantize(int8, fp32, ["mm1"])
+
+
+def test_low_layers_skip_nodes_the_precision_map_does_not_name():
+    _, fp32, _, _ = qdq_chain()
+    assert sensitivity.low_layers(fp32, {"mm2": ("MatMul", "int8")}, "int8") == ["mm2"]
+
+
+# --------------------------------------------------------------------------- moved from test_tune.py
+
+
+def test_search_bisects_on_k_and_confirms_the_neighbours():
+    """Twelve ranked layers, the gate passing from k = 7 on: bisection judges O(log n) mixes, not every k, and the
+    answer's neighbours k = 6 (fails) and k = 8 (passes) are judged too; both extremes always are."""
+    ranked = [f"layer{i}" for i in range(12)]
+    judged = []
+
+    def judge(high, origin):
+        judged.append(len(high))
+        return sensitivity.Candidate(list(high), origin, {"status": "passed" if len(high) >= 7 else "failed"})
+
+    found = sensitivity.search(ranked, judge)
+    assert {0, 6, 7, 8, 12} <= set(judged) and len(judged) <= 8
+    assert min(len(c.high) for c in found if c.passed) == 7
+    assert [c.origin for c in found][:1] == ["all INT8"] and found[-1].origin == "all high"
+
+
+def test_choose_takes_the_fastest_passing_mix_and_treats_noise_as_a_tie():
+    def cand(high: int, status: str, ms1: float, ms8: float):
+        return sensitivity.Candidate([f"l{i}" for i in range(high)], f"top-{high}", {"status": status,
+                                     "scaled_error": 0.1, "accuracy_drop": 0.0}, latency_ms={1: ms1, 8: ms8})
+
+    fast_fail, slow, fast, tied = cand(0, "failed", 1.0, 5.0), cand(3, "passed", 2.0, 9.0), \
+        cand(2, "passed", 1.2, 6.0), cand(1, "passed", 1.22, 6.1)
+    assert sensitivity.choose([fast_fail, slow, fast], [1, 8]) is fast
+    assert sensitivity.choose([fast_fail, slow, fast, tied], [1, 8], same_speed=0.05) is tied  # fewer layers out
+    assert sensitivity.choose([fast_fail, slow, fast, tied], [1, 8], same_speed=0.0) is fast
+    assert sensitivity.choose([fast_fail], [1, 8]) is None
+
+
+# --------------------------------------------------------------------------- a re-run keeps its choice (issue 30, §3)
+
+
+def _mix(high: int, status: str, ms1: float, ms8: float, origin: str = "") -> sensitivity.Candidate:
+    return sensitivity.Candidate([f"l{i}" for i in range(high)], origin or f"top-{high}", {"status": status},
+                                 latency_ms={1: ms1, 8: ms8}, calibration="max")
+
+
+def test_a_rerun_keeps_the_previous_choice_unless_the_new_one_is_faster_beyond_the_noise():
+    """A second all --tune flipped entropy to max on timing noise, and re-ran export, build, verify, benchmark."""
+    kept = _mix(2, "passed", 1.00, 6.0, "previous choice")
+    noise = _mix(1, "passed", 0.97, 5.9)  # 2-3 % faster: within tune.same_speed (5 %)
+    faster = _mix(3, "passed", 0.80, 4.5)  # 20-25 % faster
+    assert sensitivity.keep_or_replace(kept, noise, [1, 8], 0.05) is kept
+    assert sensitivity.keep_or_replace(kept, faster, [1, 8], 0.05) is faster
+    assert sensitivity.keep_or_replace(kept, faster, [1, 8], 0.5) is kept  # a noisier machine: a wider tie
+    assert sensitivity.keep_or_replace(None, noise, [1, 8], 0.05) is noise  # no previous choice
+    assert sensitivity.keep_or_replace(kept, None, [1, 8], 0.05) is kept
+
+
+def test_a_failing_or_untimed_previous_choice_gives_way():
+    failing = _mix(0, "failed", 0.5, 2.0, "previous choice")
+    pick = _mix(2, "passed", 1.0, 6.0)
+    assert sensitivity.keep_or_replace(failing, pick, [1, 8], 0.05) is pick
+    assert sensitivity.keep_or_replace(failing, None, [1, 8], 0.05) is None
+    untimed = sensitivity.Candidate(["l0"], "previous choice", {"status": "passed"}, calibration="max")
+    assert sensitivity.keep_or_replace(untimed, pick, [1, 8], 0.05) is pick
+    failing_pick = _mix(1, "failed", 0.1, 0.1)
+    assert sensitivity.keep_or_replace(pick, failing_pick, [1, 8], 0.05) is pick  # a failing pick replaces nothing
+    assert sensitivity.keep_or_replace(None, failing_pick, [1, 8], 0.05) is None
+
+
+def test_with_nothing_timed_only_fewer_raised_layers_replace_the_previous_choice():
+    """No FP16 target on a CPU: speed is not measured, and the layer count (free of timing noise) decides."""
+    kept = sensitivity.Candidate(["a", "b", "c"], "previous choice", {"status": "passed"})
+    assert sensitivity.keep_or_replace(kept, sensitivity.Candidate(["a", "b"], "top-2", {"status": "passed"}), [],
+                                       0.05).high == ["a", "b"]
+    assert sensitivity.keep_or_replace(kept, sensitivity.Candidate(["x", "y", "z"], "top-3", {"status": "passed"}),
+                                       [], 0.05) is kept
+
+
+latency = st.floats(min_value=1e-3, max_value=1e3, allow_nan=False)
+mixes = st.builds(lambda high, passed, ms1, ms8: _mix(high, "passed" if passed else "failed", ms1, ms8),
+                  st.integers(0, 5), st.booleans(), latency, latency)
+shares = st.floats(min_value=0, max_value=2, allow_nan=False)
+
+
+def _slower_beyond_noise(incumbent, pick, batches, same_speed) -> bool:
+    """The oracle, written another way: with r the incumbent's latency over the pick's at each batch, the incumbent
+    costs mean(max(r, 1)) and the pick mean(max(1/r, 1)), each relative to the faster of the two."""
+    r = [incumbent.latency_ms[b] / pick.latency_ms[b] for b in batches]
+    return np.mean([max(x, 1.0) for x in r]) > np.mean([max(1 / x, 1.0) for x in r]) * (1 + same_speed)
+
+
+@settings(max_examples=300, deadline=None)
+@given(incumbent=mixes, pick=mixes, same_speed=shares, batches=st.sampled_from([[1], [8], [1, 8]]))
+def test_properties_of_keeping_a_choice(incumbent, pick, same_speed, batches):
+    chosen = sensitivity.keep_or_replace(incumbent, pick, batches, same_speed)
+    assert chosen is None or chosen is incumbent or chosen is pick
+    # The kept choice passes, and there is one whenever either passes.
+    assert (chosen is None) == (not incumbent.passed and not pick.passed)
+    assert chosen is None or chosen.passed
+    # A failing incumbent is always replaced by a passing pick.
+    if not incumbent.passed and pick.passed:
+        assert chosen is pick
+    if incumbent.passed and pick.passed:
+        # A challenger that is not faster beyond same_speed never replaces a passing incumbent; one that is, does.
+        assert (chosen is pick) == bool(_slower_beyond_noise(incumbent, pick, batches, same_speed))
+
+
+@settings(max_examples=300, deadline=None)
+@given(incumbent=mixes, pick=mixes, same_speed=shares, slower=st.floats(min_value=1.0, max_value=10.0))
+def test_a_slower_challenger_never_wins_where_a_faster_one_did_not(incumbent, pick, same_speed, slower):
+    """Monotone in the challenger's speed: timing it slower (noise the other way) cannot flip a kept choice."""
+    if sensitivity.keep_or_replace(incumbent, pick, [1, 8], same_speed) is not incumbent:
+        return
+    retimed = _mix(len(pick.high), pick.result["status"], pick.latency_ms[1] * slower, pick.latency_ms[8] * slower)
+    assert sensitivity.keep_or_replace(incumbent, retimed, [1, 8], same_speed) is incumbent
+
+
+def test_speed_gate_message_says_when_the_cpu_has_no_int8_dot_product():
+    from pipeline.reports import tune_report
+
+    payload = {"chosen": {"runtime": {"/a/Conv": "u8", "/b/Conv": "f32", "/fc/Gemm": "f32"}},
+               "speedup_vs_fp32": {"1": 0.9, "8": 1.4}, "int8_dot_product": False}
+    line = tune_report.speed_failure(payload, 1.2)
+    assert line.startswith("INT8 is no faster than FP32 here: 2 of 3 layers run in FP32 (/b/Conv, /fc/Gemm)")
+    assert "no VNNI/AMX" in line and "x0.90 at batch 1" in line
+    assert tune_report.speed_failure(payload, None) == ""  # off
+    assert tune_report.speed_failure({**payload, "speedup_vs_fp32": {"1": 1.3, "8": 1.4}}, 1.2) == ""

@@ -18,8 +18,6 @@ rows land in verify.json as each candidate's ``batch_sizes``.
 
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 
 from pipeline.core.errors import first_line
@@ -27,8 +25,6 @@ from pipeline.core.status import Status
 from pipeline.precision import gate as criteria
 from pipeline.runtime.isolate import Crashed
 from pipeline.runtime.runners import infer_all
-
-log = logging.getLogger("pipeline")
 
 BATCH_HINT = ("not a precision fault (the FP32 fallback cannot fix it): the same images give other outputs at "
               "another batch size; look for a statistic over the batch (BatchNorm in train mode) or rebuild with "
@@ -120,7 +116,7 @@ def describe(rows: list[dict]) -> str:
     """The failing batch sizes, in one phrase: "differs at batch 1 (build.min_batch): top-1 agreement 62.5%, ..."."""
     parts = []
     for r in rows:
-        if "reason" in r and "top1_agreement" not in r:
+        if "top1_agreement" not in r:  # it did not run there: its reason
             parts.append(f"batch {r['batch_size']} ({', '.join(r['profile'])}): {r['reason']}")
             continue
         error = f"scaled error {r['scaled_error']:.3g}" if r.get("scaled_error") is not None else \
@@ -133,7 +129,7 @@ def describe(rows: list[dict]) -> str:
 def verify_batch_sizes(cfg, checks, evidence, gate_for) -> None:
     """verify's hook: every candidate that passed (or was inconclusive) at ``verify.batch_size`` is judged on the
     outputs it gave at each served batch size (:func:`run_sizes`, during its main check); one failing batch size
-    fails the candidate and says which."""
+    fails the candidate and says which (:func:`pipeline.reports.verify_report.log_batch_sizes` words it)."""
     if not cfg.verify.batch_check_samples:
         return
     for chk in checks:
@@ -148,8 +144,5 @@ def verify_batch_sizes(cfg, checks, evidence, gate_for) -> None:
         rows = candidate_rows(chk, cfg, evidence, gate_for(cfg, chk.name, chk.precision))
         chk.result["batch_sizes"] = rows
         failing = [r for r in rows if r["status"] == Status.FAILED]
-        log.info("verify: %-17s batch sizes %s", chk.name,
-                 ", ".join(f"{r['batch_size']}: {r['status']}" for r in rows))
         if failing:
             chk.result.update(status=Status.FAILED, passed=False, reason=describe(failing), hint=BATCH_HINT)
-            log.warning("verify: %s: %s", chk.name, describe(failing))

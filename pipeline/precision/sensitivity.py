@@ -206,7 +206,7 @@ def search(ranked: list[str], judge: Callable[[list[str], str], Candidate], lowe
     while high - low > 1:  # invariant: at(low) fails, at(high) passes
         mid = (low + high) // 2
         low, high = (low, mid) if at(mid).passed else (mid, high)
-    if high + 1 <= len(ranked):  # its neighbour below is `low`, judged and failing; the one above is judged too
+    if high < len(ranked):  # its neighbour below is `low`, judged and failing; the one above is judged too
         at(high + 1)
     return [judged[k] for k in sorted(judged)]
 
@@ -238,7 +238,7 @@ def choose(candidates: list[Candidate], batches: list[int], same_speed: float = 
     best = {b: min(c.latency_ms[b] for c in passing) for b in batches}
 
     def cost(c: Candidate) -> float:  # no batches (nothing timed): every mix costs the same
-        return sum(c.latency_ms[b] / best[b] for b in batches) / max(1, len(batches))
+        return sum(c.latency_ms[b] / best[b] for b in batches)
 
     fastest = min(cost(c) for c in passing)
     tied = [c for c in passing if cost(c) <= fastest * (1 + same_speed)]
@@ -301,8 +301,8 @@ def keep_or_replace(incumbent: Candidate | None, pick: Candidate | None, batches
         return pick if len(pick.high) < len(incumbent.high) else incumbent
     best = {b: min(incumbent.latency_ms[b], pick.latency_ms[b]) for b in batches}
 
-    def cost(c: Candidate) -> float:
-        return sum(c.latency_ms[b] / best[b] for b in batches) / len(batches)
+    def cost(c: Candidate) -> float:  # summed, not averaged: only the ratio of two costs is ever compared
+        return sum(c.latency_ms[b] / best[b] for b in batches)
 
     return pick if cost(incumbent) > cost(pick) * (1 + same_speed) else incumbent
 

@@ -201,6 +201,17 @@ def fallback_errors(rechecked) -> str:
 # --------------------------------------------------------------------------- log lines
 
 
+def log_batch_sizes(checks) -> None:
+    """One line per candidate checked at the other served batch sizes; a warning naming each that failed there."""
+    for chk in checks:
+        rows = chk.result.get("batch_sizes") or []
+        if not any("batch_size" in r for r in rows):
+            continue
+        log.info("verify: %-17s batch sizes %s", chk.name, ", ".join(f"{r['batch_size']}: {r['status']}" for r in rows))
+        if any(r["status"] == Status.FAILED for r in rows):
+            log.warning("verify: %s: %s", chk.name, chk.result["reason"])
+
+
 def log_check(chk) -> None:
     r = chk.result
     if r["status"] == Status.SKIPPED:
