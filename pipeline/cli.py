@@ -21,14 +21,13 @@ from pipeline import __version__, stages
 from pipeline.core.artifacts import CONFIG
 from pipeline.core.errors import (
     EXIT_INTERRUPTED,
-    EXIT_RUNTIME,
     EXIT_USAGE,
     ConfigError,
     PipelineError,
     UsageError,
     disk_full,
+    exit_code,
     interrupt_requested,
-    is_interrupt,
 )
 from pipeline.stages import ORDER, STAGES
 
@@ -296,30 +295,10 @@ def main(argv: list[str] | None = None) -> int:
     stage_token = stages.current_stage.set("pipeline")
     try:
         return COMMANDS.get(args.command, cmd_stage)(args)
-    except ConfigError as err:
-        for problem in err.problems:
-            print(f"error: config: {problem}", file=sys.stderr)
-        return err.exit_code
-    except PipelineError as err:
-        if is_interrupt(err):  # a library's own error for the user's interrupt (errors.is_interrupt)
-            return _interrupted(args)
-        print(f"error: {_where(args)}: {_one_line(err)}", file=sys.stderr)
-        if args.debug:
-            traceback.print_exc()
-        return err.exit_code
-    except KeyboardInterrupt:
-        return _interrupted(args)
-    except Exception as err:  # a failure we did not anticipate: one line, the stage, the cause
-        if is_interrupt(err):
-            return _interrupted(args)
-        if (full := disk_full(err)) is not None:
-            print(f"error: {_where(args)}: {full}", file=sys.stderr)
-            return full.exit_code
-        print(f"error: {_where(args)}: {type(err).__name__}: {_one_line(err)}"
-              + ("" if args.debug else " (run with --debug for the traceback)"), file=sys.stderr)
-        if args.debug:
-            traceback.print_exc()
-        return EXIT_RUNTIME
+    except (Exception, KeyboardInterrupt) as err:  # every ending has its exit code, decided in errors.exit_code
+        code = exit_code(err)
+        _say(err, code, args)
+        return code
     finally:
         stages.current_stage.reset(stage_token)
         for sig, handler in previous.items():
@@ -327,9 +306,22 @@ def main(argv: list[str] | None = None) -> int:
         interrupt_requested.clear()  # this command's; a caller of main() in the same process starts afresh
 
 
-def _interrupted(args) -> int:
-    print(f"interrupted: {_where(args)} stopped; the manifest marks it interrupted", file=sys.stderr)
-    return EXIT_INTERRUPTED
+def _say(err: BaseException, code: int, args) -> None:
+    """The one line (a line per problem for a config error) for the exception a command ended with."""
+    if code == EXIT_INTERRUPTED:
+        print(f"interrupted: {_where(args)} stopped; the manifest marks it interrupted", file=sys.stderr)
+    elif isinstance(err, ConfigError):
+        for problem in err.problems:
+            print(f"error: config: {problem}", file=sys.stderr)
+    elif isinstance(err, PipelineError):
+        print(f"error: {_where(args)}: {_one_line(err)}", file=sys.stderr)
+    elif (full := disk_full(err)) is not None:
+        print(f"error: {_where(args)}: {full}", file=sys.stderr)
+    else:  # a failure we did not anticipate: one line, the stage, the cause
+        print(f"error: {_where(args)}: {type(err).__name__}: {_one_line(err)}"
+              + ("" if args.debug else " (run with --debug for the traceback)"), file=sys.stderr)
+    if args.debug and code != EXIT_INTERRUPTED:
+        traceback.print_exc()
 
 
 def _where(args) -> str:

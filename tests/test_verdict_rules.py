@@ -217,3 +217,47 @@ def test_round_cases():
     assert verdicts.round_passed([Status.INCONCLUSIVE], "pass")
     assert not verdicts.round_passed([Status.INCONCLUSIVE], "fail")
     assert not verdicts.round_passed([Status.PASSED, Status.ERROR], "pass")
+
+
+# --------------------------------------------------------------------------- the exit code of a command
+
+
+PROJECT_ERRORS = [errors.UsageError, errors.InputError, errors.DataError, errors.CheckFailed, errors.Inconclusive,
+                  errors.BackendUnavailable, errors.StageFailed, errors.PipelineError]
+
+
+@FAST
+@given(st.sampled_from(PROJECT_ERRORS + [RuntimeError, OSError, ValueError, KeyboardInterrupt]), st.booleans(),
+       st.booleans())
+def test_the_exit_code_of_an_ending(kind, wrapped, requested):
+    """The interrupt beats everything, whatever carries it; then the project's own class; then 4."""
+    err = kind("x")
+    if wrapped:  # a library's own error around it (OpenVINO turns a KeyboardInterrupt into RuntimeError)
+        outer = RuntimeError("wrapped")
+        outer.__cause__ = err
+        err = outer
+    if requested:
+        errors.interrupt_requested.set()
+    try:
+        code = errors.exit_code(err)
+    finally:
+        errors.interrupt_requested.clear()
+    if requested or kind is KeyboardInterrupt:
+        assert code == errors.EXIT_INTERRUPTED == 130
+    elif not wrapped and issubclass(kind, errors.PipelineError):
+        assert code == kind.exit_code
+    else:
+        assert code == errors.EXIT_RUNTIME
+
+
+def test_each_project_error_has_its_documented_code():
+    assert {k.__name__: k.exit_code for k in PROJECT_ERRORS} == {
+        "UsageError": 2, "InputError": 2, "DataError": 2, "CheckFailed": 1, "Inconclusive": 5,
+        "BackendUnavailable": 3, "StageFailed": 4, "PipelineError": 4}
+    assert errors.exit_code(errors.ConfigError(["a", "b"])) == 2
+    context = RuntimeError("during handling")
+    context.__context__ = KeyboardInterrupt()
+    assert errors.is_interrupt(context) and not errors.is_interrupt(RuntimeError("KeyboardInterrupt"))
+    loop = RuntimeError("a")
+    loop.__context__ = loop  # a chain that loops ends the walk
+    assert not errors.is_interrupt(loop)

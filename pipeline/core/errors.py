@@ -41,6 +41,17 @@ def check_interrupt() -> None:
         raise KeyboardInterrupt
 
 
+def exit_code(exc: BaseException) -> int:
+    """The exit code a command ends with, for the exception that ended it (the one mapping; the CLI words it):
+    the user's interrupt first, whatever carries it (130); then the project's own error, by its class; anything else
+    is a runtime failure (4), a full disk included."""
+    if is_interrupt(exc):
+        return EXIT_INTERRUPTED
+    if isinstance(exc, PipelineError):
+        return exc.exit_code
+    return EXIT_RUNTIME
+
+
 def is_interrupt(exc: BaseException) -> bool:
     """Whether ``exc`` is the user's Ctrl-C or SIGTERM, whatever it looks like by now: a KeyboardInterrupt in its
     cause/context chain, or any exception raised after the signal handler set :data:`interrupt_requested`. Native
