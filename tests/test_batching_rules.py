@@ -242,11 +242,12 @@ def test_a_size_that_was_not_run_is_a_skipped_row():
 
 def test_describe_words_each_failing_size():
     rows = [{"batch_size": 16, "profile": ["build.max_batch", "build.opt_batch"], "reason": "cannot run"},
-            {"batch_size": 1, "profile": ["build.min_batch"], "scaled_error": 0.25, "max_abs_error": 1.0,
-             "top1_agreement": 0.625},
+            {"batch_size": 1, "profile": ["build.min_batch", "build.opt_batch"], "scaled_error": 0.25,
+             "max_abs_error": 1.0, "top1_agreement": 0.625},
             {"batch_size": 4, "profile": ["build.max_batch"], "scaled_error": None, "max_abs_error": 0.5,
              "top1_agreement": 0.5}]
     assert batching.describe(rows) == (
         "the output depends on the batch size: fails at batch 16 (build.max_batch, build.opt_batch): cannot run; "
-        "batch 1 (build.min_batch): scaled error 0.25, top-1 agreement 62.5%; batch 4 (build.max_batch): max abs "
+        "batch 1 (build.min_batch, build.opt_batch): scaled error 0.25, top-1 agreement 62.5%; batch 4 "
+        "(build.max_batch): max abs "
         "error 0.5, top-1 agreement 50.0%")

@@ -508,3 +508,49 @@ def test_property_failed_beats_inconclusive_beats_passed_in_an_artifact(drawn):
     assert drift.failed_checks(result) == [k for k, s in zip(("agreement", "accuracy", "drift"), statuses)
                                            if s == Status.FAILED]
     assert len(result["flipped"]) == int(np.sum(base_top1 != run_top1))
+
+
+# --------------------------------------------------------------------------- the exact words and fields (reports read them)
+
+
+def test_the_reasons_an_artifact_is_missing_word_for_word():
+    assert drift.missing_reason(None, "pass", True) == ("this run's verify has no verdict for it (not a candidate "
+                                                         "here, or not run)")
+    assert drift.missing_reason(Status.NOT_VERIFIED, "pass", True) == (
+        "this run's verdict is about another file: the artifact (or the trained weights) changed or was removed "
+        "since verify ran; re-run verify")
+    assert drift.missing_reason(Status.PASSED, "pass", False) == "no predictions in this run's verify.predictions.npz"
+
+
+def test_a_missing_row_word_for_word_with_every_field():
+    row = drift.latency_row(_series([1.0, 3.0]), None, T, seed=0)
+    assert row == {"backend": "onnxrt_fp32", "batch_size": 1, "timing": None, "baseline_p50_ms": 2.0, "ratio": None,
+                   "ci_low": None, "ci_high": None, "status": Status.MISSING, "run_p50_ms": None,
+                   "reason": "timed in the baseline, not in this run's benchmark.json (benchmark.backends or "
+                             "batch_sizes changed, or the backend is not available here)"}
+
+
+def test_value_errors_say_what_is_wrong():
+    with pytest.raises(ValueError, match="^latency samples must be positive, on both sides$"):
+        drift.bootstrap_median_ratio(np.array([1.0]), np.array([0.0]), resamples=10, confidence=0.95, seed=0)
+    with pytest.raises(ValueError, match=r"^top-k logits of shape \(2, 5\) and \(3, 5\): not the same images$"):
+        drift.logit_drift(np.zeros((2, 5)), np.zeros((3, 5)), 1.0)
+    with pytest.raises(ValueError, match="^logit scale 0.0: must be positive$"):
+        drift.logit_drift(np.zeros((2, 5)), np.zeros((2, 5)), 0.0)
+
+
+def test_other_names_are_quoted_from_both_sides_and_bounded():
+    long = "n" * 300
+    said = drift.incompatibility(images(names=np.array(["a", "b", "c", "d"])), images(names=np.array([long, "b", "c",
+                                                                                                       "d"])))
+    assert "image 0: 'a' there, " in said and "'nnnn" in said
+    quoted = said.split(" there, ")[1].split(" here)")[0]
+    assert len(quoted) == 80 and quoted.endswith("…")  # repr of the name, cut to 80 characters
+
+
+def test_short_class_lists_are_shown_whole_up_to_six():
+    six, seven = tuple(f"c{i}" for i in range(6)), tuple(f"c{i}" for i in range(7))
+    assert "['c0', 'c1', 'c2', 'c3', 'c4', 'c5']" in drift.incompatibility(images(classes=six), images())
+    assert "[c0, c1, c2, c3, c4, ... (7 classes)]" in drift.incompatibility(images(classes=seven), images())
+    wide = ("w" * 60,)
+    assert "'" + "w" * 39 + "…'" in drift.incompatibility(images(classes=wide), images())  # each cut to 40

@@ -560,6 +560,12 @@ def test_empty_and_non_finite_inputs_give_defined_values_without_a_warning():
     assert stats["max_rel_error"] == pytest.approx(0.5 / np.finfo(np.float64).eps)
 
 
+def test_absolute_check_of_no_image_has_no_mismatch():
+    empty = np.zeros((0, 3))  # Polygraphy warns on the empty statistics itself; the gate's own numbers are defined
+    absolute = criteria.absolute_check([{"y": empty}], [{"y": empty}], {**scaled_gate(), "criterion": "absolute"}, "y")
+    assert absolute["mismatch_fraction"] == 0.0 and absolute["passed"]
+
+
 def test_the_scaled_check_reports_the_softmax_and_the_scale():
     ref = np.array([[0.0, 2.0], [2.0, 0.0]])
     cand = ref + np.array([[0.1, -0.1], [0.0, 0.0]])
@@ -639,6 +645,10 @@ def test_absolute_check_applies_the_statistic_and_the_per_output_tolerances():
     assert not criteria.absolute_check([{"y": cand}], [{"y": ref}], {**median, "error_quantile": 1.0}, "y")["passed"]
     per_output = {**gate, "atol": {"y": 0.1, "": 10.0}, "rtol": {"y": 0.001, "": 10.0}}
     assert criteria.absolute_check([{"y": cand}], [{"y": ref}], per_output, "y")["mismatch_fraction"] == 1.0
+    own_atol = {**gate, "atol": {"y": 0.3, "": 10.0}, "rtol": 0.001}  # element 1 (abs 0.2) is within y's own atol
+    assert criteria.absolute_check([{"y": cand}], [{"y": ref}], own_atol, "y")["mismatch_fraction"] == 0.5
+    own_rtol = {**gate, "atol": 0.1, "rtol": {"y": 0.01, "": 10.0}}  # element 1 (rel 0.002) within y's own rtol
+    assert criteria.absolute_check([{"y": cand}], [{"y": ref}], own_rtol, "y")["mismatch_fraction"] == 0.5
     defaults = {**gate, "atol": {"other": 10.0}, "rtol": {"other": 10.0}}  # neither names y: Polygraphy's 1e-5
     assert criteria.absolute_check([{"y": cand}], [{"y": ref}], defaults, "y")["mismatch_fraction"] == 1.0
 
