@@ -261,3 +261,45 @@ def test_each_project_error_has_its_documented_code():
     loop = RuntimeError("a")
     loop.__context__ = loop  # a chain that loops ends the walk
     assert not errors.is_interrupt(loop)
+
+
+def test_a_full_disk_anywhere_in_the_chain_is_one_line():
+    import errno as errno_
+
+    full = OSError(errno_.ENOSPC, "No space left on device", "/run/x.onnx")
+    outer = RuntimeError("save failed")
+    outer.__cause__ = full
+    said = errors.disk_full(outer)
+    assert isinstance(said, errors.StageFailed)
+    assert str(said) == "no space left on device while writing /run/x.onnx; free space and re-run"
+    quota = OSError(errno_.EDQUOT, "Disk quota exceeded")
+    assert str(errors.disk_full(quota)) == "disk quota exceeded; free space and re-run"
+    worded = RuntimeError("PytorchStreamWriter failed: os error 28")
+    assert errors.disk_full_cause(worded) is worded
+    assert str(errors.disk_full(worded)) == "no space left on device; free space and re-run"
+    assert errors.disk_full_cause(RuntimeError("No space left on device")) is not None
+    context = ValueError("later")
+    context.__context__ = OSError(errno_.ENOSPC, "x")
+    assert errors.disk_full_cause(context) is context.__context__
+    assert errors.disk_full(OSError(errno_.EACCES, "denied")) is None and errors.disk_full(ValueError("x")) is None
+    loop = RuntimeError("a")
+    loop.__cause__ = loop
+    assert errors.disk_full_cause(loop) is None
+    assert errors.DISK_FULL_ERRNOS == (errno_.ENOSPC, errno_.EDQUOT)
+
+
+def test_first_line_and_check_interrupt():
+    assert errors.first_line(RuntimeError("\n  \n  first  \nsecond")) == "first"
+    assert errors.first_line(RuntimeError("")) == ""
+    errors.check_interrupt()  # nothing requested: nothing raised
+    errors.interrupt_requested.set()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            errors.check_interrupt()
+    finally:
+        errors.interrupt_requested.clear()
+
+
+def test_a_config_error_keeps_every_problem():
+    err = errors.ConfigError(["a: bad", "b: worse"])
+    assert err.problems == ["a: bad", "b: worse"] and str(err) == "a: bad; b: worse" and err.exit_code == 2
