@@ -1,31 +1,22 @@
 """The verify stage: the precision gate.
 
-Reference: the trained FP32 PyTorch model on the CPU. Candidates (every entry of
-:data:`pipeline.runtime.backends.TABLE` with a candidate name), each on the same real validation images:
+Reference: the trained FP32 PyTorch model on the CPU. Candidates: every entry of
+:data:`pipeline.runtime.backends.TABLE` with a candidate name (``backends.candidates()``; docs/verify.md lists them
+with what each runs), each on the same real validation images, each in its own child process where its runtime is
+native (:mod:`pipeline.runtime.isolate`).
 
-=================  =========  ==============================================================
-candidate          precision  what runs
-=================  =========  ==============================================================
-onnxrt_fp32        fp32       ONNX Runtime (CPU) on ``model.onnx``
-fp16_emulation     fp16       ``model.fp16.onnx`` with every FP16 tensor rounded (see fp16.py)
-onnxrt_fp16_cpu    fp16       ONNX Runtime CPU on ``model.fp16.onnx``: a CPU deployment; it
-                              computes FP16 regions in FP32, so it is no evidence for TensorRT
-int8_exact         int8       ``model.int8.onnx`` executed exactly (ORT, optimisations off, FP16
-                              regions rounded; see int8.py): the Q/DQ arithmetic TensorRT computes
-onnxrt_int8_cpu    int8       ONNX Runtime CPU int8 kernels on ``model.int8.onnx`` (a CPU deployment)
-tensorrt_fp16      fp16       the TensorRT engine (GPU + TensorRT only)
-onnxrt_cuda_fp16   fp16       ONNX Runtime's CUDA provider on ``model.fp16.onnx`` (GPU only)
-=================  =========  ==============================================================
+A candidate passes when both checks of :func:`pipeline.precision.gate.judge` pass: the tensor check (by default
+the scale-free one: each image's largest logit error over the reference's logit scale, held at
+``error_quantile`` to ``max_scaled_error``; ``criterion: absolute`` keeps Polygraphy's atol AND rtol; NaN/Inf
+always fails) and the task check (top-1 agreement and accuracy drop, each decided by a confidence bound: passed,
+failed, or inconclusive). The verdict over the gating candidates and its exit code are
+:func:`pipeline.core.verdicts.verdict` and :func:`~pipeline.core.verdicts.outcome`.
 
-A candidate passes when both checks pass: the tensor check (Polygraphy's ``SimpleCompareFunc``
-on every batch: with ``elemwise`` an element fails only if it exceeds atol AND rtol, relative
-error taken against the reference; NaN/Inf in the candidate always fails) and the task check
-(top-1 agreement with the reference and accuracy against the labels).
-
-Three parts: the gate's numerics (:func:`compare`, :func:`check`), the FP32 fallback loop
-(:func:`auto_fallback`), and the wording, which lives in :mod:`pipeline.reports.verify_report` with the
-reports. verify never runs another stage: when the fallback replaces ``model.fp16.onnx`` it says
-so in ``record.details["replaced_artifacts"]`` and the stage runner re-runs what depends on it.
+Three parts here: the evidence and the candidates (:mod:`pipeline.evaluation.candidates`), localisation and the
+fallback for every lower-precision graph (:func:`_precision_gate`, :mod:`pipeline.precision.fallback`: FP16 nodes
+moved to FP32, INT8 layers left unquantized), and the wording (:mod:`pipeline.reports.verify_report`). verify never
+runs another stage: when the fallback replaces ``model.fp16.onnx`` or ``model.int8.onnx`` it says so in
+``record.details["replaced_artifacts"]`` and the stage runner re-runs what depends on it.
 """
 
 from __future__ import annotations
@@ -51,9 +42,6 @@ from pipeline.core.verdicts import Outcome, Verdict
 from pipeline.evaluation.candidates import Check, Evidence
 
 log = logging.getLogger("pipeline")
-
-
-# --------------------------------------------------------------------------- numerics
 
 
 # --------------------------------------------------------------------------- the stage
