@@ -58,11 +58,14 @@ def preferred_batch_sizes(curve: Sequence[tuple[int, float]], max_batch: int, fr
     smallest batch that reaches ``fraction`` of the best throughput (the knee: later batches add latency, not much
     throughput) and the batch with the best throughput, both within ``max_batch``. Empty without a measured point
     (the batcher then forms the largest batches it can, Triton's default)."""
-    points = [(batch, speed) for batch, speed in curve if 1 <= batch <= max_batch and speed > 0]
-    if not points:
+    fastest: dict[int, float] = {}  # a batch size measured more than once (timers of one backend): its best
+    for batch, speed in curve:
+        if 1 <= batch <= max_batch and speed > 0:
+            fastest[batch] = max(speed, fastest.get(batch, 0.0))
+    if not fastest:
         return ()
-    best_batch, best = max(points, key=lambda p: (p[1], -p[0]))
-    knee = min(batch for batch, speed in points if speed >= fraction * best)
+    best_batch, best = max(fastest.items(), key=lambda p: (p[1], -p[0]))
+    knee = min(batch for batch, speed in fastest.items() if speed >= fraction * best)
     return tuple(sorted({knee, best_batch}))
 
 
