@@ -150,11 +150,7 @@ def _details(payload: dict) -> dict:
 
 def plan(run_dir: RunDir) -> list[Planned]:
     """Every deployable candidate with verify's verdict for the files here now, refused unless it counts as passed."""
-    run_dir.require(a.VERIFY_JSON, "verify", "deploy")
-    recorded = run_dir.recorded_sha256("verify", a.VERIFY_JSON)
-    if recorded != sha256_file(run_dir.file(a.VERIFY_JSON)):
-        raise InputError(f"{a.VERIFY_JSON} is not the file verify wrote (its sha256 differs from the manifest's): "
-                         "re-run verify")
+    _check_verify_finished(run_dir)
     verdicts = verify_report.read_verdicts(run_dir) or {}
     policy = verify_report.read_policy(run_dir)
     plans = []
@@ -166,6 +162,18 @@ def plan(run_dir: RunDir) -> list[Planned]:
                              deployment.refusal(backend.candidate, verdict, policy), verdict,
                              verify_report.artifact_sha256(run_dir, backend.artifact)))
     return plans
+
+
+def _check_verify_finished(run_dir: RunDir) -> None:
+    """verify.json must be the file a finished verify wrote: one that ended ok, or failed its gate (exit 1: every
+    verdict was reached, and a failed one is refused here); not one edited or left by a verify that broke off."""
+    path = run_dir.require(a.VERIFY_JSON, "verify", "deploy")
+    entry = run_dir.stage_entry("verify") or {}
+    finished = entry.get("status") == Status.OK or (entry.get("status") == Status.FAILED and entry.get("exit_code") == 1)
+    recorded = ((entry.get("artifacts") or {}).get(a.VERIFY_JSON) or {}).get("sha256")
+    if not finished or recorded != sha256_file(path):
+        raise InputError(f"{a.VERIFY_JSON} is not the report of a verify that finished here (its sha256 differs from "
+                         "the manifest's, or verify broke off): re-run verify")
 
 
 def _check_release(cfg, run_dir: RunDir, chosen: list[Planned]) -> str | None:
