@@ -8,6 +8,7 @@ Text taken from deploy.json is shown through :func:`pipeline.core.schema.printab
 from __future__ import annotations
 
 from pipeline.core.schema import printable
+from pipeline.core.status import Status
 from pipeline.reports.tables import Cell, Section, Table, fmt
 
 WHERE = {"in-process": "in this process (the runner, no server)", "http": "Triton, HTTP client",
@@ -26,8 +27,8 @@ def repository_section(payload: dict) -> Section:
                                  for t in m["inputs"] + m["outputs"])))
                  for m in payload["models"])
     refused = tuple((_code(r["candidate"]), Cell(r["verdict"] or "no verdict", status=r["verdict"]),
-                     Cell(printable(r["reason"], 300))) for r in payload["refused"] if r["verdict"] != "skipped")
-    skipped = [printable(r["candidate"], 80) for r in payload["refused"] if r["verdict"] == "skipped"]
+                     Cell(printable(r["reason"], 300))) for r in payload["refused"] if r["verdict"] != Status.SKIPPED)
+    skipped = [printable(r["candidate"], 80) for r in payload["refused"] if r["verdict"] == Status.SKIPPED]
     compat = payload["compatibility"]
     target = compat["target_release"] or "not set (deploy.triton_release)"
     paragraphs = ((f"Repository: {printable(payload['repository'], 200)}. Every config.pbtxt was parsed back as "
@@ -54,7 +55,7 @@ def served_section(serve: dict) -> Section:
                   Cell(fmt(t["p50_ms"])), Cell(fmt(t["p90_ms"])), Cell(fmt(t["p95_ms"])), Cell(fmt(t["p99_ms"])),
                   Cell(fmt(t["throughput_per_s"], ".4g")),
                   Cell(fmt(t["p50_ms"] / base["p50_ms"], ".2f") + "x" if base and base["p50_ms"] else "-"),
-                  Cell("yes" if t["stable"] else "no", status=None if t["stable"] else "skipped",
+                  Cell("yes" if t["stable"] else "no", status=None if t["stable"] else Status.SKIPPED,
                        note="" if t["stable"] else f"{t['windows']} windows"))
                  for t in timings)
     m = serve["method"]
