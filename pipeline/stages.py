@@ -225,7 +225,7 @@ STAGES = {
                                      config="compare.baseline", metavar="PATH"),),
                      summary=_compare_summary),
     # A handoff, not a step of `all`: a Triton model repository outside the run directory (docs/deploy.md).
-    "deploy": Stage("deploy", "deploy", ("build", "deploy"), (a.VERIFY_JSON, a.BENCHMARK_JSON), ("verify", "benchmark"),
+    "deploy": Stage("deploy", "deploy", ("model", "data", "build", "verify", "deploy"), (a.VERIFY_JSON, a.BENCHMARK_JSON), ("verify", "benchmark"),
                     help="write a Triton model repository of every artifact that passed the gate (--serve: serve one "
                          "with a local Triton and check it end to end)",
                     options=(Option("--target", "the serving system (default deploy.target)", config="deploy.target",

@@ -127,3 +127,22 @@ def test_serve_without_the_extra_says_how_to_get_it(clone_run, tmp_path, capfd, 
     assert cli("deploy", "--run-dir", run, "--out", tmp_path / "repo", "--serve") == 3
     assert "pip install -e '.[serve]'" in capfd.readouterr().err
     shutil.rmtree(tmp_path / "repo", ignore_errors=True)
+
+
+def test_an_engines_signature_and_max_batch_size_come_from_the_engine(tiny_run, monkeypatch):
+    """Read through TensorRT's own calls (tests/fake_tensorrt.py checks them): I/O names, types, dims and the
+    optimisation profile, whose maximum is the model's max_batch_size whatever build.max_batch says now."""
+    import fake_tensorrt
+
+    from pipeline.core import deployment
+    from pipeline.runtime import triton
+
+    fake_tensorrt.install(monkeypatch)
+    blob = fake_tensorrt.serialize((tiny_run / "model.onnx").read_bytes(),
+                                   {"min": [1, 3, 16, 16], "opt": [8, 3, 16, 16], "max": [16, 3, 16, 16]})
+    signature = triton.engine_signature(blob)
+    assert signature.inputs == (triton.Tensor("input", "TYPE_FP32", (-1, 3, 16, 16)),)
+    assert signature.outputs == (triton.Tensor("logits", "TYPE_FP32", (-1, 10)),)
+    assert signature.profile_max == 16
+    assert deployment.max_batch_size(batch_dim=signature.batch_dim, profile_max=signature.profile_max,
+                                     served_max=32) == 16

@@ -99,15 +99,19 @@ def engine_signature(engine_bytes: bytes) -> Signature:
     """Names, types, dims and the profile's largest batch of a TensorRT engine, as TensorRT deserializes it (bytes
     that ``tensorrt_engine.load_engine_bytes`` checked)."""
     import tensorrt as trt
+    from polygraphy.backend.trt import engine_from_bytes
+    from polygraphy.exception import PolygraphyException
 
-    engine = trt.Runtime(trt.Logger(trt.Logger.ERROR)).deserialize_cuda_engine(engine_bytes)
-    if engine is None:
-        raise InputError("TensorRT could not deserialize the engine; rebuild it")
+    try:
+        engine = engine_from_bytes(engine_bytes)
+    except PolygraphyException as exc:  # an engine TensorRT refuses to deserialize
+        raise InputError(f"TensorRT could not deserialize the engine ({first_line(exc)[:200]}); rebuild it") from None
     inputs, outputs, profile_max = [], [], None
     for index in range(engine.num_io_tensors):
         name = engine.get_tensor_name(index)
         dtype = _type(TENSORRT_TYPES, engine.get_tensor_dtype(name).name, "engine", name)
-        tensor = Tensor(name, dtype, tuple(int(d) for d in engine.get_tensor_shape(name)))
+        shape = engine.get_tensor_shape(name)
+        tensor = Tensor(name, dtype, tuple(int(shape[i]) for i in range(len(shape))))
         if engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT:
             inputs.append(tensor)
             if tensor.dims and tensor.dims[0] < 0:
