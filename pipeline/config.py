@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
 from pipeline.precision import CALIBRATION_METHODS
 from pipeline.runtime import backends as backend_table
@@ -363,6 +363,49 @@ class CompareConfig(Section):
     seed: int = Field(0, ge=0, lt=SEED_LIMIT, description="seed of the bootstrap (the interval is reproducible)")
 
 
+class DeployConfig(Section):
+    """``python -m pipeline deploy``: a Triton model repository of the artifacts that passed the gate (docs/deploy.md)."""
+
+    target: Literal["triton"] = Field("triton", description="the serving system the repository is written for")
+    out: str | None = Field(None, description="the model repository folder deploy writes (`deploy --out DIR`); "
+                               "replaced whole, atomically, and only if it is empty or a repository deploy wrote")
+    triton_release: str | None = Field(None, pattern=r"^\d\d\.\d\d$", description="the NGC Triton container "
+                                          "release the repository is for (`25.01`): engines built with another "
+                                          "TensorRT are refused before anything is written (exit 2); null: not checked")
+    instances: int = Field(1, ge=1, le=64, description="model instances per device (instance_group count)")
+    max_queue_delay_us: int = Field(100, ge=0, le=10_000_000, description="how long the dynamic batcher waits for a "
+                                    "preferred batch, in microseconds")
+    preferred_fraction: float = Field(0.9, gt=0, le=1, description="preferred batch sizes: the smallest measured batch "
+                                      "reaching this share of the best benchmark throughput, and the best one")
+    serve: bool = Field(False, description="also serve serve_candidate with a local Triton (the `serve` extra), check "
+                        "its outputs through the gate over HTTP and gRPC and time it (`deploy --serve`)")
+    serve_candidate: str = Field("openvino_fp32", description="the CPU artifact `deploy --serve` serves (a verify "
+                                 "candidate that deploy wrote)")
+    serve_samples: int = Field(64, ge=1, le=100_000, description="validation images sent through the server (each "
+                               "at concurrency 1 and at the largest of concurrency, over HTTP and gRPC)")
+    concurrency: list[int] = Field([1, 4], min_length=1, description="client concurrency levels timed (perf_analyzer's "
+                                   "--concurrency-range)")
+    warmup_s: float = Field(0.5, ge=0, le=MAX_TIMING_S, description="seconds of requests before timing starts")
+    window_s: float = Field(1.0, gt=0, le=MAX_TIMING_S, description="one measurement window, in seconds "
+                            "(perf_analyzer's --measurement-interval)")
+    stability: float = Field(0.1, gt=0, le=1, description="three windows in a row within this share of their mean "
+                             "throughput and latency are stable (perf_analyzer's --stability-percentage)")
+    max_trials: int = Field(10, ge=3, le=MAX_TRIALS, description="measurement windows at most per level "
+                            "(perf_analyzer's --max-trials)")
+
+    @field_validator("triton_release", mode="before")
+    @classmethod
+    def _release_as_written(cls, value):
+        """``deploy.triton_release=25.10`` reads as the number 25.1 in YAML: the release it names is 25.10."""
+        return f"{value:.2f}" if isinstance(value, float) else value
+
+    @model_validator(mode="after")
+    def _concurrency_positive(self):
+        if any(c < 1 or c > 256 for c in self.concurrency):
+            raise ValueError("deploy.concurrency values must be between 1 and 256")
+        return self
+
+
 class Config(Section):
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
@@ -374,6 +417,7 @@ class Config(Section):
     tune: TuneConfig = TuneConfig()
     isolate: IsolateConfig = IsolateConfig()
     compare: CompareConfig = CompareConfig()
+    deploy: DeployConfig = DeployConfig()
     require: list[Literal["tensorrt", "cuda"]] = Field(
         [], description="backends whose absence fails the run with exit code 3"
     )

@@ -17,7 +17,7 @@ import platform
 import re
 from dataclasses import dataclass
 
-from pipeline.core import env
+from pipeline.core import deployment, env
 from pipeline.core.errors import BackendUnavailable, first_line
 
 GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
@@ -262,6 +262,7 @@ def lines(facts: dict) -> list[str]:
         f"onnxruntime  {ort_line}",
         "tensorrt     " + (f"{facts['tensorrt']} (CUDA {facts['tensorrt_cuda'] or '?'} build)" if facts["tensorrt"]
                            else f"none: {facts['tensorrt_reason']}"),
+        f"triton       {deployment.describe_releases(facts['tensorrt'])} (deploy --target triton; docs/deploy.md)",
         "libcudart    " + (f"found at {facts['libcudart']}" if facts["libcudart"] else
                            "not found: searched LD_LIBRARY_PATH, site-packages nvidia/cu13/lib and "
                            "nvidia/cuda_runtime/lib, /usr/local/cuda"),

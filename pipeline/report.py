@@ -49,7 +49,7 @@ LOAD_CHECK = ("<script>window.addEventListener('load',function(){document.body.s
 WRITTEN_BY = {"verify.json": "python -m pipeline verify", "benchmark.json": "python -m pipeline benchmark",
               "manifest.json": "python -m pipeline all",
               **{artifacts.tune_files(p)[0]: f"python -m pipeline tune --precision {p}" for p in artifacts.TUNE_PRECISIONS},
-              artifacts.COMPARE_JSON: "python -m pipeline compare"}
+              artifacts.COMPARE_JSON: "python -m pipeline compare", artifacts.DEPLOY_JSON: "python -m pipeline deploy"}
 
 
 def _load(run: RunDir, name: str):
@@ -99,6 +99,11 @@ def sections(run: RunDir, cfg) -> dict:
         from pipeline.reports import compare_report
 
         body += _built(artifacts.COMPARE_JSON, compare_report.sections, compared)
+    deployed = _load(run, artifacts.DEPLOY_JSON)
+    if deployed is not None:  # the Triton repository and, after --serve, the served numbers (pipeline/deploy.py)
+        from pipeline.reports import deploy_report
+
+        body += _built(artifacts.DEPLOY_JSON, deploy_report.sections, deployed)
     return {
         "model": manifest.get("model", cfg.model.name),
         "body": [section for section in body if section is not None],

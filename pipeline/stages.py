@@ -155,6 +155,13 @@ def _tune_writes(cfg) -> tuple[str, ...]:
     return (a.FALLBACK,) if cfg.tune.precision == "fp16" else (a.INT8_FALLBACK,)
 
 
+def _deploy_summary(entry: dict) -> str:
+    d = entry["details"]
+    refused = f"; refused: {', '.join(d['refused'])}" if d.get("refused") else ""
+    served = f"; served and checked over HTTP and gRPC: {d['served']}" if d.get("served") else ""
+    return f"{d.get('repository')}: {', '.join(d.get('models') or [])}{refused}{served}"
+
+
 def _compare_summary(entry: dict) -> str:
     d = entry["details"]
     rows = ", ".join(f"{name}: {status}" for name, status in d.get("artifacts", {}).items())
@@ -217,6 +224,18 @@ STAGES = {
                      options=(Option("--baseline", "the baseline bundle (`baseline --out`); default compare.baseline",
                                      config="compare.baseline", metavar="PATH"),),
                      summary=_compare_summary),
+    # A handoff, not a step of `all`: a Triton model repository outside the run directory (docs/deploy.md).
+    "deploy": Stage("deploy", "deploy", ("model", "data", "build", "verify", "deploy"), (a.VERIFY_JSON, a.BENCHMARK_JSON), ("verify", "benchmark"),
+                    help="write a Triton model repository of every artifact that passed the gate (--serve: serve one "
+                         "with a local Triton and check it end to end)",
+                    options=(Option("--target", "the serving system (default deploy.target)", config="deploy.target",
+                                    metavar="triton"),
+                             Option("--out", "the model repository folder (default deploy.out)", config="deploy.out",
+                                    metavar="DIR"),
+                             Option("--serve", "serve deploy.serve_candidate with Triton here (the serve extra), check "
+                                    "its outputs through the gate over HTTP and gRPC, and time it",
+                                    config="deploy.serve")),
+                    summary=_deploy_summary),
 }
 
 

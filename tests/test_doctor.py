@@ -29,7 +29,7 @@ def test_a_coherent_cuda13_stack_has_no_problems_and_meets_both_requirements():
     assert doctor.problems(facts) == []
     assert doctor.requirement_problem(facts, "cuda") is None
     assert doctor.requirement_problem(facts, "tensorrt") is None
-    assert len(doctor.lines(facts)) == 14  # with the cpu bf16 and cpu int8 lines
+    assert len(doctor.lines(facts)) == 15  # with the cpu bf16 and cpu int8 lines, and the Triton release
 
 
 def test_a_cuda12_onnxruntime_beside_a_cuda13_torch_is_named_with_the_fix():
@@ -146,3 +146,11 @@ def test_nvml_driver_reads_nvml(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "pynvml", SimpleNamespace(nvmlInit=no_driver))
     assert doctor.nvml_driver() is None
+
+
+def test_doctor_names_the_triton_release_of_the_tensorrt_here():
+    """deploy --target triton: which NGC Triton container runs engines built with this TensorRT (issue 36)."""
+    facts = {**doctor.gather(), "tensorrt": "10.8.0.43"}
+    line = next(line for line in doctor.lines(facts) if line.startswith("triton"))
+    assert "Triton release 25.02, 25.01" in line and "nvcr.io/nvidia/tritonserver:25.02-trtllm-python-py3" in line
+    assert "no TensorRT here" in next(x for x in doctor.lines({**facts, "tensorrt": None}) if x.startswith("triton"))

@@ -18,7 +18,7 @@ import pytest
 from conftest import ROOT
 
 TRT_MODULES = ["pipeline/build.py", "pipeline/runtime/tensorrt_engine.py", "pipeline/runtime/runners.py",
-               "pipeline/runtime/tensorrt_speed.py"]
+               "pipeline/runtime/tensorrt_speed.py", "pipeline/runtime/triton.py"]
 STUBS = ROOT / ".venv" / "typecheck-stubs"
 
 

@@ -57,6 +57,13 @@ COMPARE_JSON = "compare.json"
 COMPARE_MD = "compare.md"
 COMPARE_JUNIT = "compare.junit.xml"
 
+# deploy (a Triton model repository outside the run directory, `deploy --out DIR`; docs/deploy.md)
+DEPLOY_JSON = "deploy.json"  # what deploy wrote, refused, served and timed (the report's serving section)
+TRITON_CONFIG = "config.pbtxt"  # per model: Triton's ModelConfig, protobuf text format
+TRITON_SIDECAR = "pipeline.json"  # per model: the verify verdict and the sha256 it was deployed on
+TRITON_VERSION = "1"  # the model version folder
+DEPLOY_WORKSPACE_PREFIX = ".triton."  # `deploy --serve`: PyTriton's sockets and model store, removed when it ends
+
 # report
 TUNE_JSON = "tune.json"  # python -m pipeline tune: sensitivity, candidates, timings, the choice (INT8)
 TUNE_MD = "tune.md"

@@ -7,6 +7,9 @@ written as one line to the file ``PIPELINE_NETGUARD_LOG`` names (pid, call, targ
 the socket module) and refused with ``ConnectionRefusedError``/``socket.gaierror``, so the caller fails as it would
 offline. Native code that opens its own sockets is not seen here; the test's proxy listener catches those that honour
 HTTP(S)_PROXY.
+
+With ``PIPELINE_NETGUARD_LOOPBACK=1`` a connection to the loopback (127.0.0.0/8, ::1) is let through: a test that
+serves on this machine (tests/test_serve.py) talks to its own server there, and nowhere else.
 """
 
 import os
@@ -15,6 +18,12 @@ import traceback
 
 _LOG = os.environ.get("PIPELINE_NETGUARD_LOG", "")
 _LOCAL_NAMES = {"", "localhost", "localhost.localdomain", socket.gethostname()}
+_LOOPBACK = os.environ.get("PIPELINE_NETGUARD_LOOPBACK") == "1"
+
+
+def _loopback(address) -> bool:
+    host = address[0] if isinstance(address, tuple) and address else None
+    return _LOOPBACK and isinstance(host, str) and (host.startswith("127.") or host in ("::1", "localhost"))
 
 
 def _record(call: str, target) -> None:
@@ -42,20 +51,25 @@ _getaddrinfo, _gethostbyname = socket.getaddrinfo, socket.gethostbyname
 
 
 def connect(self, address):
-    if self.family == socket.AF_UNIX:
+    if self.family == socket.AF_UNIX or _loopback(address):
         return _connect(self, address)
     _record("connect", address)
     raise ConnectionRefusedError(111, "network access refused by the test (tests/netguard)")
 
 
 def connect_ex(self, address):
-    if self.family == socket.AF_UNIX:
+    if self.family == socket.AF_UNIX or _loopback(address):
         return _connect_ex(self, address)
     _record("connect_ex", address)
     return 111  # ECONNREFUSED
 
 
+_create_connection = socket.create_connection
+
+
 def create_connection(address, *args, **kwargs):
+    if _loopback(address):
+        return _create_connection(address, *args, **kwargs)
     _record("create_connection", address)
     raise ConnectionRefusedError(111, "network access refused by the test (tests/netguard)")
 

@@ -1,0 +1,84 @@
+"""deploy's sections of report.html / report.md: the Triton repository it wrote (models, batching, refusals, which
+container release runs the engines), and, after ``deploy --serve``, the served outputs' checks and the client-side
+latency and throughput beside the same artifact timed in this process (the serving overhead).
+
+Text taken from deploy.json is shown through :func:`pipeline.core.schema.printable`.
+"""
+
+from __future__ import annotations
+
+from pipeline.core.schema import printable
+from pipeline.core.status import Status
+from pipeline.reports.tables import Cell, Section, Table, fmt
+
+WHERE = {"in-process": "in this process (the runner, no server)", "http": "Triton, HTTP client",
+         "grpc": "Triton, gRPC client"}
+
+
+def _code(value) -> Cell:
+    return Cell(printable(value, 80), code=True)
+
+
+def repository_section(payload: dict) -> Section:
+    rows = tuple((_code(m["name"]), Cell(printable(m["platform"] or m["backend"], 40)), Cell(m["device"]),
+                  Cell(str(m["max_batch_size"])), Cell(", ".join(map(str, m["preferred_batch_sizes"])) or "-"),
+                  Cell(m["verdict"], status=m["verdict"]),
+                  Cell(", ".join(f"{t['name']} {t['dtype'].removeprefix('TYPE_')} {list(t['dims'])}"
+                                 for t in m["inputs"] + m["outputs"])))
+                 for m in payload["models"])
+    refused = tuple((_code(r["candidate"]), Cell(r["verdict"] or "no verdict", status=r["verdict"]),
+                     Cell(printable(r["reason"], 300))) for r in payload["refused"] if r["verdict"] != Status.SKIPPED)
+    skipped = [printable(r["candidate"], 80) for r in payload["refused"] if r["verdict"] == Status.SKIPPED]
+    compat = payload["compatibility"]
+    target = compat["target_release"] or "not set (deploy.triton_release)"
+    paragraphs = ((f"Repository: {printable(payload['repository'], 200)}. Every config.pbtxt was parsed back as "
+                  "Triton's ModelConfig and matched against its artifact before the repository was put in place."),
+                  (f"Engines: {printable(compat['releases'], 300)}; target release: {printable(target, 40)}. "
+                  f"Source: {printable(compat['source'], 300)}."),
+                  *([(f"Not deployable here (verify skipped them: not built, or no runtime for them on this machine): "
+                     f"{', '.join(skipped)}.")] if skipped else []))
+    tables = [Table(("model", "runs on", "device", "max_batch_size", "preferred batch sizes", "verdict",
+                     "tensors (dims, -1: dynamic)"), rows)]
+    if refused:
+        tables.append(Table(("refused", "verdict", "reason"), refused))
+    return Section("Deployment: Triton model repository", paragraphs=paragraphs, tables=tuple(tables))
+
+
+def served_section(serve: dict) -> Section:
+    server = serve["server"]
+    checks = tuple((Cell(c["protocol"]), Cell(str(c["concurrency"])), Cell(str(c["images"])),
+                    Cell(f"{c['identical']} of {c['images']}"), Cell(fmt(c["max_abs_diff"])),
+                    Cell(c["status"], status=c["status"])) for c in serve["checks"])
+    timings = serve["timings"]
+    base = next((t for t in timings if t["where"] == "in-process"), None)
+    rows = tuple((Cell(WHERE.get(t["where"], printable(t["where"], 40))), Cell(str(t["concurrency"])),
+                  Cell(fmt(t["p50_ms"])), Cell(fmt(t["p90_ms"])), Cell(fmt(t["p95_ms"])), Cell(fmt(t["p99_ms"])),
+                  Cell(fmt(t["throughput_per_s"], ".4g")),
+                  Cell(fmt(t["p50_ms"] / base["p50_ms"], ".2f") + "x" if base and base["p50_ms"] else "-"),
+                  Cell("yes" if t["stable"] else "no", status=None if t["stable"] else Status.SKIPPED,
+                       note="" if t["stable"] else f"{t['windows']} windows"))
+                 for t in timings)
+    m = serve["method"]
+    paragraphs = (
+        (f"{printable(serve['candidate'], 80)} served by Triton {printable(server['triton'], 40)} "
+        f"({printable(server['binary'], 120)}) on {printable(serve['cpu'], 80)}, {serve['cores']} cores; ready "
+        f"{server['start_s']:.1f} s after start; max_batch_size {serve['max_batch_size']}, preferred batch sizes "
+        f"{serve['preferred_batch_sizes'] or 'none'}."),
+        f"Each of {serve['images']} validation images sent as its own request and judged by the gate against the "
+        "verified artifact's own outputs: " + (serve["verdict"] if not serve["reason"] else
+                                              f"{serve['verdict']} ({printable(serve['reason'], 300)})") + ".",
+        (f"Timing (perf_analyzer's method, one image per request, closed loop): {m['warmup_s']:g} s warm-up, windows "
+        f"of {m['window_s']:g} s until three agree within {100 * m['stability']:g}% (at most {m['max_trials']}); "
+        "percentiles over those three windows, client-side. The in-process row times the same runner without the "
+        "server; the last column is the served p50 over that one."))
+    return Section("Served by Triton on this machine", status=serve["verdict"], paragraphs=paragraphs,
+                   tables=(Table(("protocol", "concurrency", "images", "bit-identical", "max |diff|", "gate"), checks),
+                           Table(("where", "concurrency", "p50 ms", "p90 ms", "p95 ms", "p99 ms", "images/s",
+                                  "p50 vs in-process", "stable"), rows)))
+
+
+def sections(payload: dict) -> list[Section]:
+    found = [repository_section(payload)]
+    if payload.get("serve"):
+        found.append(served_section(payload["serve"]))
+    return found
