@@ -19,9 +19,9 @@ from pipeline.core.run import CONFIG, RunDir, atomic_write, now, open_confined, 
 
 HTML_NAME, MD_NAME = artifacts.REPORT_HTML, artifacts.REPORT_MD
 PLOTS = [
-    ("train_curve.png", "Training curves"),
-    ("benchmark_latency.png", "Latency distribution"),
-    ("benchmark_throughput.png", "Throughput versus batch size"),
+    (artifacts.CURVE, "Training curves"),
+    (artifacts.LATENCY_PLOT, "Latency distribution"),
+    (artifacts.THROUGHPUT_PLOT, "Throughput versus batch size"),
     *((plot, f"{caption} ({precision.upper()} tune)") for precision in artifacts.TUNE_PRECISIONS
       for plot, caption in zip(artifacts.tune_files(precision)[2:], ("Per-layer sensitivity",
                                                                        "Accuracy versus latency of the tuned mixes"))),
@@ -46,9 +46,10 @@ LOAD_CHECK = ("<script>window.addEventListener('load',function(){document.body.s
 
 
 # The command that rewrites each JSON file the report reads, for the hint.
-WRITTEN_BY = {"verify.json": "python -m pipeline verify", "benchmark.json": "python -m pipeline benchmark",
-              "manifest.json": "python -m pipeline all",
-              **{artifacts.tune_files(p)[0]: f"python -m pipeline tune --precision {p}" for p in artifacts.TUNE_PRECISIONS},
+WRITTEN_BY = {artifacts.VERIFY_JSON: "python -m pipeline verify",
+              artifacts.BENCHMARK_JSON: "python -m pipeline benchmark", artifacts.MANIFEST: "python -m pipeline all",
+              **{artifacts.tune_files(p)[0]: f"python -m pipeline tune --precision {p}"
+                 for p in artifacts.TUNE_PRECISIONS},
               artifacts.COMPARE_JSON: "python -m pipeline compare", artifacts.DEPLOY_JSON: "python -m pipeline deploy"}
 
 
@@ -78,15 +79,15 @@ def _built(name: str, builder, payload):
 def sections(run: RunDir, cfg) -> dict:
     """Everything the report shows, gathered once for both renderings: the rows, the plots, the title."""
     manifest = run.manifest
-    verify, bench = _load(run, "verify.json"), _load(run, "benchmark.json")
+    verify, bench = _load(run, artifacts.VERIFY_JSON), _load(run, artifacts.BENCHMARK_JSON)
     config_yaml = (run.file(CONFIG).read_text(encoding="utf-8") if run.file(CONFIG).exists()
                    else yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-    body = [_built("manifest.json", f, manifest) for f in (tables.stage_section, tables.training_section,
+    body = [_built(artifacts.MANIFEST, f, manifest) for f in (tables.stage_section, tables.training_section,
                                                              tables.fp16_section, tables.int8_section)]
     if verify is not None:
-        body += _built("verify.json", tables.verify_sections, verify)
+        body += _built(artifacts.VERIFY_JSON, tables.verify_sections, verify)
     if bench is not None:
-        body.append(_built("benchmark.json", tables.benchmark_section, bench))
+        body.append(_built(artifacts.BENCHMARK_JSON, tables.benchmark_section, bench))
     for precision in artifacts.TUNE_PRECISIONS:
         name = artifacts.tune_files(precision)[0]
         tuned = _load(run, name)
@@ -109,7 +110,7 @@ def sections(run: RunDir, cfg) -> dict:
         "body": [section for section in body if section is not None],
         "plots": [(name, title) for name, title in PLOTS if run.file(name).exists()],
         "tail": [tables.Section("Configuration", preformatted=config_yaml),
-                 _built("manifest.json", tables.environment_section, manifest.get("environment") or {})],
+                 _built(artifacts.MANIFEST, tables.environment_section, manifest.get("environment") or {})],
     }
 
 

@@ -158,11 +158,11 @@ class Tuner:
         self.evidence = candidates.evidence(cfg, self.card, self.model)
         self.gate = candidates.gate_for(cfg, mixes.exact, mixes.graph.precision)
         self.base_fp32 = mixes.kept_fp32(run_dir, self.fp32_model)
-        self.ctx = Context(cfg, run_dir, "verify", self.spec, model=self.model, isolate=False)
+        self.ctx = Context(cfg, run_dir, "tune", self.spec, model=self.model, isolate=False)
         n = min(cfg.tune.sensitivity_samples, len(self.evidence.labels))
         self.sens_feeds, self.sens_ref = _first_images(self.evidence, n)
         self.sens_labels = self.evidence.labels[:n]
-        self.method = cfg_method(cfg)
+        self.timing = timing_method(cfg)  # how each mix is timed (a calibration method is a `method: str`)
         self.batches = sorted({1, max(cfg.benchmark.batch_sizes)})
         self.target = speed_target(self)
         self.seconds: dict[str, float] = {}
@@ -202,7 +202,7 @@ class Tuner:
         return cand
 
 
-def cfg_method(cfg):
+def timing_method(cfg):
     from pipeline.runtime.runners import Method
 
     tc = cfg.tune
@@ -309,7 +309,7 @@ def speed_target(t: Tuner) -> dict:
     if t.mixes.graph.precision == "int8":
         threads = t.cfg.benchmark.threads or env.usable_cores()
         return {"name": "OpenVINO CPU (f32 hint, LATENCY)", "timing": lambda model, low: openvino_speed.openvino_timing(
-            model, _images(t), t.batches, t.method, threads, int8_graph=low)}
+            model, _images(t), t.batches, t.timing, threads, int8_graph=low)}
     return {"name": "none", "timing": None,
             "reason": f"no FP16 deployment target here: an FP16 graph runs faster only as a TensorRT engine on a GPU "
                       f"({trt_reason}); CPU runtimes run its nodes through FP32 kernels. The mix is chosen on the gate "
@@ -320,7 +320,7 @@ def _tensorrt_timing(t: Tuner):
     from pipeline.runtime import tensorrt_speed
 
     cache = tensorrt_engine.timing_cache_path(t.cfg, t.run_dir)
-    return lambda model, low: tensorrt_speed.tensorrt_timing(model, _images(t), t.batches, t.method,
+    return lambda model, low: tensorrt_speed.tensorrt_timing(model, _images(t), t.batches, t.timing,
                                                             build_cfg=t.cfg.build, timing_cache=cache)
 
 
