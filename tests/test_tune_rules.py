@@ -559,6 +559,8 @@ def test_speed_gate_message_says_when_the_cpu_has_no_int8_dot_product():
 def test_the_incumbent_rule_defaults_to_five_percent_and_confirmation_passes_the_margin_on():
     kept, pick = _mix(2, "passed", 1.00, 6.0, "previous choice"), _mix(1, "passed", 0.97, 5.9)
     assert sensitivity.keep_or_replace(kept, pick, [1, 8]) is kept  # 2-3 % faster: within the default 5 %
+    faster = _mix(3, "passed", 0.80, 4.5)
+    assert sensitivity.keep_or_replace(kept, faster, [1, 8]) is faster  # 20-25 % faster: beyond it
     assert sensitivity.confirmed([kept, pick], [1, 8], 0.0, lambda p: True, kept)[0] is pick
     assert sensitivity.confirmed([kept, pick], [1, 8], 0.05, lambda p: True, kept)[0] is kept
 
