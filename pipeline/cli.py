@@ -34,7 +34,7 @@ from pipeline.stages import ORDER, STAGES
 log = logging.getLogger("pipeline")
 
 
-EPILOG = """exit codes: 0 ok, 1 precision check failed, 2 usage/config/input error,
+EPILOG = """exit codes: 0 ok, 1 check failed (precision gate, or the model did not learn), 2 usage/config/input error,
 3 required backend unavailable, 4 other runtime failure, 5 gate inconclusive
 (only with verify.inconclusive=fail), 130 interrupted"""
 

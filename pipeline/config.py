@@ -111,6 +111,13 @@ class TrainConfig(Section):
     log_every: int = Field(10, ge=1, description=f"optimizer steps between {METRICS} lines")
     tensorboard: bool = Field(True, description="write TensorBoard events when tensorboard is installed")
     profile_steps: int = Field(5, ge=1, description="steps recorded by train --profile")
+    precise_bn: PreciseBNConfig = PreciseBNConfig()
+    require_learning: bool = Field(True, description="fail (exit 1) when the validation accuracy is not above chance "
+                                   "at verify.confidence: nothing is exported")
+    min_val_accuracy: float | None = Field(None, ge=0, le=1, description="fail (exit 1) below this validation "
+                                              "accuracy: a CI quality gate (null: off)")
+    min_mode_agreement: float = Field(0.8, ge=0, le=1, description="train-mode and eval-mode top-1 agreement on "
+                                      "validation images below which train names the gap and its likely cause")
 
 
 class FP16Config(Section):
