@@ -1,7 +1,8 @@
 """Model registry: ``@register_model`` on a builder, ``create_model(name)`` to build one.
 
 Every registered model carries a :class:`ModelSpec` (input size, class count,
-normalisation, tensor names) that the pipeline reads instead of guessing. A model
+normalisation, tensor names) that the pipeline reads instead of guessing, and a
+:class:`Recipe`: the training defaults it trains with (``get_recipe(name)``). A model
 that is not registered can still be used: ``create_model("pkg.module:factory")`` or
 ``create_model("path/to/file.py:factory")`` imports the factory and takes the spec
 from keyword overrides or from attributes the factory sets on the module it returns.
@@ -44,6 +45,29 @@ class ModelSpec:
         return dataclasses.asdict(self)
 
 
+# The train.* config keys a recipe sets (pipeline/config.py puts them between the defaults and the user's config).
+RECIPE_KEYS = ("optimizer", "lr", "momentum", "weight_decay", "warmup_epochs", "epochs", "bn_momentum")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """The training defaults of a registered model: what it learns with on the embedded data set at the default
+    size, measured (docs/models-and-data.md). A user's config file and ``key=value`` overrides still win."""
+
+    optimizer: str  # "sgd" or "adamw"
+    lr: float  # peak learning rate
+    momentum: float  # SGD momentum (adamw ignores it)
+    weight_decay: float  # on weights, not on norm scales and biases
+    warmup_epochs: float  # the schedule: linear warm-up over these epochs, then cosine decay to zero
+    epochs: int
+    bn_momentum: float | None  # BatchNorm momentum while training; None: the layers' own
+    min_image_size: int  # the smallest sensible square input (train warns below it); not a config key
+
+    def train_keys(self) -> dict:
+        """The recipe as ``train.*`` config values."""
+        return {key: getattr(self, key) for key in RECIPE_KEYS}
+
+
 class UnknownModelError(LookupError):
     """Raised for a model name that is neither registered nor an importable ``module:factory``."""
 
@@ -52,6 +76,7 @@ class UnknownModelError(LookupError):
 class _Entry:
     builder: Callable
     spec: ModelSpec
+    recipe: Recipe
 
 
 _REGISTRY: dict[str, _Entry] = {}
@@ -59,13 +84,15 @@ _REGISTRY: dict[str, _Entry] = {}
 
 def register_model(
     *,
+    recipe: Recipe,
     input_size: tuple[int, int, int] = (3, 224, 224),
     num_classes: int = 1000,
     mean: tuple[float, ...] = IMAGENET_MEAN,
     std: tuple[float, ...] = IMAGENET_STD,
     fixed_input_size: bool = False,
 ):
-    """Register ``builder(num_classes=..., image_size=...) -> nn.Module`` under its function name."""
+    """Register ``builder(num_classes=..., image_size=...) -> nn.Module`` under its function name, with the
+    ``recipe`` it trains with."""
 
     def decorator(builder: Callable) -> Callable:
         name = builder.__name__
@@ -81,7 +108,7 @@ def register_model(
             fixed_input_size=fixed_input_size,
             description=doc[0] if doc else "",
         )
-        _REGISTRY[name] = _Entry(builder=builder, spec=spec)
+        _REGISTRY[name] = _Entry(builder=builder, spec=spec, recipe=recipe)
         return builder
 
     return decorator
@@ -130,6 +157,12 @@ def get_spec(name: str) -> ModelSpec:
             f"unknown model {name!r}; known models: {', '.join(list_models())} "
             "(or give your own as 'package.module:factory' or 'path/to/file.py:factory')"
         ) from None
+
+
+def get_recipe(name: str) -> Recipe:
+    """The training recipe of registered model ``name``; raises :class:`UnknownModelError` like :func:`get_spec`."""
+    get_spec(name)
+    return _REGISTRY[name].recipe
 
 
 def create_model(name: str, *, num_classes: int | None = None, image_size: int | None = None):

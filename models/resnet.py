@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models import register_model
+from models import Recipe, register_model
 
 
 def conv3x3(in_ch: int, out_ch: int, stride: int = 1) -> nn.Conv2d:
@@ -108,19 +108,25 @@ class ResNet(nn.Module):
         return self.fc(torch.flatten(self.avgpool(x), 1))
 
 
-@register_model()
+# Measured on the embedded data set at 32x32 (docs/models-and-data.md). Below 32x32 layer4 sees 1x1 maps (where
+# bf16 weight gradients can be NaN on some CPUs: docs/training.md).
+RECIPE = Recipe(optimizer="sgd", lr=0.05, momentum=0.9, weight_decay=5e-4, warmup_epochs=0.5, epochs=4,
+                bn_momentum=None, min_image_size=32)
+
+
+@register_model(recipe=RECIPE)
 def resnet18(num_classes: int = 1000, image_size: int = 224) -> ResNet:
     """ResNet-18 (11.7M parameters at 1000 classes), torchvision-compatible names."""
     return ResNet(BasicBlock, [2, 2, 2, 2], num_classes)
 
 
-@register_model()
+@register_model(recipe=RECIPE)
 def resnet34(num_classes: int = 1000, image_size: int = 224) -> ResNet:
     """ResNet-34 (21.8M parameters at 1000 classes), torchvision-compatible names."""
     return ResNet(BasicBlock, [3, 4, 6, 3], num_classes)
 
 
-@register_model()
+@register_model(recipe=RECIPE)
 def resnet50(num_classes: int = 1000, image_size: int = 224) -> ResNet:
     """ResNet-50 v1.5 (25.6M parameters at 1000 classes), torchvision-compatible names."""
     return ResNet(Bottleneck, [3, 4, 6, 3], num_classes)

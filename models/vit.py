@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models import register_model
+from models import Recipe, register_model
 
 
 class PatchEmbed(nn.Module):
@@ -101,13 +101,19 @@ class VisionTransformer(nn.Module):
         return self.head(x[:, 0])
 
 
-@register_model(fixed_input_size=True)
+# AdamW, as ViTs are trained; measured on the embedded data set (docs/models-and-data.md): ViT-Tiny/16 at 32x32 (4
+# patches, the fewest that make sense) 88 % against 85 % with the SGD defaults, vit_micro 88 % against 79 %.
+@register_model(fixed_input_size=True, recipe=Recipe(
+    optimizer="adamw", lr=0.001, momentum=0.9, weight_decay=0.05, warmup_epochs=0.5, epochs=4, bn_momentum=None,
+    min_image_size=32))
 def vit_tiny_patch16_224(num_classes: int = 1000, image_size: int = 224) -> VisionTransformer:
     """ViT-Tiny/16 (5.7M parameters at 1000 classes), timm-compatible names."""
     return VisionTransformer(image_size=image_size, patch=16, dim=192, depth=12, heads=3, num_classes=num_classes)
 
 
-@register_model(input_size=(3, 32, 32), num_classes=10, fixed_input_size=True)
+@register_model(input_size=(3, 32, 32), num_classes=10, fixed_input_size=True, recipe=Recipe(
+    optimizer="adamw", lr=0.002, momentum=0.9, weight_decay=0.05, warmup_epochs=0.5, epochs=4, bn_momentum=None,
+    min_image_size=16))
 def vit_micro(num_classes: int = 10, image_size: int = 32) -> VisionTransformer:
     """Two-block ViT with 4x4 patches (about 0.1M parameters) for fast tests."""
     return VisionTransformer(image_size=image_size, patch=4, dim=64, depth=2, heads=2, num_classes=num_classes)

@@ -34,7 +34,7 @@ from pipeline.stages import ORDER, STAGES
 log = logging.getLogger("pipeline")
 
 
-EPILOG = """exit codes: 0 ok, 1 precision check failed, 2 usage/config/input error,
+EPILOG = """exit codes: 0 ok, 1 check failed (precision gate, or the model did not learn), 2 usage/config/input error,
 3 required backend unavailable, 4 other runtime failure, 5 gate inconclusive
 (only with verify.inconclusive=fail), 130 interrupted"""
 
@@ -134,24 +134,31 @@ def resolve_config(args) -> tuple[object, Path, object]:
     """
     from pipeline import config as config_mod
 
-    overrides = list(getattr(args, "overrides", []) or [])
-    if getattr(args, "model", None):
-        overrides.insert(0, f"model.name={args.model}")
     run_dir = getattr(args, "run_dir", None)
-
-    def resolve(directory):
-        base = {}
-        if directory is not None and (directory / CONFIG).is_file():
-            base = config_mod.load_yaml_file(directory / CONFIG)
-        return config_mod.resolve(base, getattr(args, "config", None), overrides)
-
-    saved = resolve(run_dir)
+    saved = config_mod.resolve(_saved_config(run_dir), getattr(args, "config", None), _overrides(args))
     if run_dir is None:  # the default run directory keeps its own config too
         run_dir = Path("runs") / _sanitize(saved.model.name)
-        saved = resolve(run_dir)
+        saved = config_mod.resolve(_saved_config(run_dir), getattr(args, "config", None), _overrides(args))
     required = sorted(set(saved.require) | set(getattr(args, "require", []) or []))
     cfg = saved.model_copy(update={"require": required}) if required != saved.require else saved
     return cfg, run_dir, saved
+
+
+def _overrides(args) -> list[str]:
+    """The ``key=value`` overrides, ``--model`` first among them."""
+    overrides = list(getattr(args, "overrides", []) or [])
+    if getattr(args, "model", None):
+        overrides.insert(0, f"model.name={args.model}")
+    return overrides
+
+
+def _saved_config(directory: Path | None) -> dict:
+    """A run directory's config.yaml ({} where there is none): the layer below ``--config`` and the overrides."""
+    from pipeline import config as config_mod
+
+    if directory is not None and (directory / CONFIG).is_file():
+        return config_mod.load_yaml_file(directory / CONFIG)
+    return {}
 
 
 def _check_not_distributed(command: str) -> None:
@@ -173,12 +180,21 @@ def _on_interrupt(signum, frame):
 def cmd_models(args) -> int:
     from pipeline.core.registry import models
 
-    rows = [(name, models.get_spec(name)) for name in models.list_models()]
+    names = models.list_models()
     print(f"{'model':<24} {'input':<12} {'classes':>7}  description")
-    for name, spec in rows:
+    for name in names:
+        spec = models.get_spec(name)
         c, h, w = spec.input_size
         print(f"{name:<24} {f'{c}x{h}x{w}':<12} {spec.num_classes:>7}  {spec.description}")
-    print("\nAny registered model trains at data.image_size (default 32) with the data set's class count;\n"
+    print(f"\n{'training defaults':<24} {'optimizer':<9} {'lr':>7} {'epochs':>6} {'warm-up':>7} {'BN momentum':>11} "
+          f"{'smallest input':>14}")
+    for name in names:
+        r = models.get_recipe(name)
+        bn = "own" if r.bn_momentum is None else f"{r.bn_momentum:g}"
+        print(f"{name:<24} {r.optimizer:<9} {r.lr:>7g} {r.epochs:>6} {r.warmup_epochs:>7g} {bn:>11} "
+              f"{f'{r.min_image_size}x{r.min_image_size}':>14}")
+    print("\nAny registered model trains at data.image_size (default 32) with the data set's class count and its\n"
+          "training defaults (a config file or key=value overrides them: docs/configuration.md#precedence);\n"
           "a user model is given as --model package.module:factory or --model path/to/file.py:factory.")
     return 0
 
@@ -196,8 +212,14 @@ def cmd_config(args) -> int:
         for key, default, doc in config_mod.describe():
             print(f"{key:<48} {str(default):<24} {doc}")
         return 0
-    cfg, _, _ = resolve_config(args)
+    cfg, run_dir, _ = resolve_config(args)
     print(config_mod.dump_yaml(cfg), end="")
+    origins = config_mod.origins(_saved_config(run_dir), args.config, _overrides(args))
+    if origins:  # YAML comments: the output still reads back as a config file
+        print("# where values come from, where not from the defaults (docs/configuration.md#precedence):")
+        width = max(map(len, origins))
+        for key, origin in origins.items():
+            print(f"#   {key:<{width}}  {origin}")
     return 0
 
 

@@ -79,12 +79,26 @@ class DataConfig(Section):
         return self
 
 
+class PreciseBNConfig(Section):
+    """BatchNorm statistics re-estimated on training batches at the end of every epoch (fvcore's precise BN)."""
+
+    enabled: bool = Field(True, description="re-estimate every BatchNorm's running statistics over training batches "
+                          "at each epoch's end, before validation and the checkpoint (docs/training.md)")
+    batches: int = Field(20, ge=1, description="training batches the statistics are averaged over (at most one "
+                         "epoch's)")
+
+
 class TrainConfig(Section):
+    """Training. A registered model's card sets the recipe keys (optimizer, lr, momentum, weight_decay,
+    warmup_epochs, epochs, bn_momentum) beneath the user's config: :func:`resolve`."""
+
     epochs: int = Field(4, ge=1, description="training epochs")
     optimizer: Literal["sgd", "adamw"] = Field("sgd", description="optimizer")
     lr: float = Field(0.05, gt=0, description="peak learning rate")
     momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum")
     weight_decay: float = Field(5e-4, ge=0, description="weight decay")
+    bn_momentum: float | None = Field(None, gt=0, le=1, description="BatchNorm momentum while training (null: "
+                                         "the layers' own)")
     label_smoothing: float = Field(0.0, ge=0, lt=1, description="cross-entropy label smoothing")
     warmup_epochs: float = Field(0.5, ge=0, description="linear LR warm-up, then cosine decay to zero")
     amp: Literal["auto", "fp16", "bf16", "off"] = Field(
@@ -104,6 +118,13 @@ class TrainConfig(Section):
     log_every: int = Field(10, ge=1, description=f"optimizer steps between {METRICS} lines")
     tensorboard: bool = Field(True, description="write TensorBoard events when tensorboard is installed")
     profile_steps: int = Field(5, ge=1, description="steps recorded by train --profile")
+    precise_bn: PreciseBNConfig = PreciseBNConfig()
+    require_learning: bool = Field(True, description="fail (exit 1) when the validation accuracy is not above chance "
+                                   "at verify.confidence: nothing is exported")
+    min_val_accuracy: float | None = Field(None, ge=0, le=1, description="fail (exit 1) below this validation "
+                                              "accuracy: a CI quality gate (null: off)")
+    min_mode_agreement: float = Field(0.8, ge=0, le=1, description="train-mode and eval-mode top-1 agreement on "
+                                      "validation images below which train names the gap and its likely cause")
 
 
 class FP16Config(Section):
@@ -663,22 +684,103 @@ def validate(data: Any) -> Config:
         raise ConfigError([f"config: {exc}"]) from None
 
 
-def resolve(base: dict | None = None, config_file: str | None = None, overrides: list[str] = ()) -> Config:
-    """Defaults <- ``base`` (a run directory's saved config) <- YAML file <- overrides."""
-    data = dict(base or {})
-    problems: list[str] = []
+# --------------------------------------------------------------------------- precedence
+
+
+def recipe_layer(model_name: Any) -> dict:
+    """The ``train.*`` values the card of registered model ``model_name`` carries (``models.Recipe``); {} for a user
+    model and for an unknown name (which fails later, naming the known models)."""
+    if not isinstance(model_name, str) or not model_name or ":" in model_name:
+        return {}
+    from pipeline.core.registry import models
+
+    try:
+        return {"train": models.get_recipe(model_name).train_keys()}
+    except models.UnknownModelError:
+        return {}
+
+
+def _model_name(data: dict) -> Any:
+    section = data.get("model")
+    name = section.get("name") if isinstance(section, dict) else None
+    return name if name is not None else ModelConfig.model_fields["name"].default
+
+
+def _without_recipe(base: dict) -> dict:
+    """A run directory's config.yaml (which holds every key) without the values its model's recipe, or the defaults,
+    gave it: what the user chose there. Used when the model changes, so the new model's recipe applies."""
+    from pipeline.core.registry import models
+
+    train = base.get("train")
+    if not isinstance(train, dict):
+        return base
+    given = {key: TrainConfig.model_fields[key].default for key in models.RECIPE_KEYS}
+    given.update(recipe_layer(_model_name(base)).get("train", {}))
+    return {**base, "train": {k: v for k, v in train.items() if not (k in given and v == given[k])}}
+
+
+def _user_layers(base: dict, config_file: str | None, overrides: list[str]) -> tuple[dict, dict]:
+    """The user's config over ``base``, merged, and the config file alone; every problem at once."""
+    data, from_file, problems = dict(base), {}, []
     if config_file:
         try:
-            data = deep_merge(data, load_yaml_file(config_file))
+            from_file = load_yaml_file(config_file)
         except ConfigError as err:
             problems += err.problems
     try:
-        data = apply_overrides(data, list(overrides))
+        data = apply_overrides(deep_merge(data, from_file), list(overrides))
     except ConfigError as err:
         problems += err.problems
     if problems:
         raise ConfigError(problems)
-    return validate(data)
+    return data, from_file
+
+
+def _own_base(base: dict | None, config_file: str | None, overrides: list[str]) -> tuple[dict, Any]:
+    """``base`` as it applies to the model the config resolves to (that model's name beside it)."""
+    base = dict(base or {})
+    model = _model_name(_user_layers(base, config_file, overrides)[0])
+    if base and _model_name(base) != model:
+        base = _without_recipe(base)
+    return base, model
+
+
+def resolve(base: dict | None = None, config_file: str | None = None, overrides: list[str] = ()) -> Config:
+    """Defaults <- the model's recipe <- ``base`` (a run directory's saved config) <- YAML file <- overrides
+    (docs/configuration.md#precedence). A ``base`` saved for another model keeps only what the user chose there."""
+    base, model = _own_base(base, config_file, list(overrides))
+    user, _ = _user_layers(base, config_file, list(overrides))
+    return validate(deep_merge(recipe_layer(model), user))
+
+
+def origins(base: dict | None = None, config_file: str | None = None, overrides: list[str] = ()) -> dict[str, str]:
+    """Where each value that is not the default comes from (``python -m pipeline config`` prints it): dotted key ->
+    the layer that set it last; a run directory's config.yaml counts only where it differs from what lies below."""
+    overrides = list(overrides)
+    base, model = _own_base(base, config_file, overrides)
+    _, from_file = _user_layers(base, config_file, overrides)
+    leaves = {key for key, _, _ in describe()}
+    current = _flat(Config().to_dict(), leaves)
+    found: dict[str, str] = {}
+    for name, layer in ((f"{model}'s recipe", recipe_layer(model)), ("the run directory's config.yaml", base),
+                        (f"--config {config_file}", from_file), ("--model / key=value", apply_overrides({}, overrides))):
+        for key, value in _flat(layer, leaves).items():
+            if name.startswith("the run directory") and current.get(key) == value:
+                continue
+            found[key], current[key] = name, value
+    return found
+
+
+def _flat(data: dict, leaves: set[str], prefix: str = "") -> dict:
+    """A nested config as dotted keys down to its leaves (a per-output tolerance dict stays one value)."""
+    flat = {}
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict) and dotted not in leaves:
+            flat.update(_flat(value, leaves, dotted + "."))
+        else:
+            flat[dotted] = value
+    return flat
 
 
 class _Dumper(yaml.SafeDumper):

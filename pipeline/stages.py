@@ -117,7 +117,17 @@ class Stage:
 
 def _train_summary(entry: dict) -> str:
     d = entry["details"]
-    return f"best val acc {100 * d.get('best_val_acc', 0):.1f}% after {d.get('epochs')} epochs, amp {d.get('amp')}"
+    line = f"best val acc {100 * d.get('best_val_acc', 0):.1f}% after {d.get('epochs')} epochs, amp {d.get('amp')}"
+    precise = d.get("precise_bn") or {}
+    if precise.get("best_epoch_val_acc_before") is not None:
+        line += (f"; precise BN {100 * precise['best_epoch_val_acc_before']:.1f}% -> "
+                 f"{100 * precise['best_epoch_val_acc_after']:.1f}%")
+    learning = d.get("learning")
+    if learning and entry.get("status") == Status.FAILED:  # the learning check failed (exit 1): its line
+        line += f"; {entry.get('error')}"
+    elif learning:
+        line += f"; {'learned' if learning.get('learned') else learning.get('line')}"
+    return line
 
 
 def _export_summary(entry: dict) -> str:
@@ -134,11 +144,14 @@ def _verify_summary(entry: dict) -> str:
     d = entry["details"]
     rows = ", ".join(f"{c}: {s}" for c, s in d.get("candidates", {}).items())
     deployable = d.get("deployable")
-    if deployable is None:
-        return rows
     undecided = d.get("undecided") or []
     why = f" ({', '.join(undecided)}: inconclusive, passed only because the bound could not decide)" if undecided else ""
-    return f"{rows}; deployable: {', '.join(deployable) or 'none'}{why}"
+    line = rows if deployable is None else f"{rows}; deployable: {', '.join(deployable) or 'none'}{why}"
+    if "reference_accuracy" not in d:
+        return line
+    from pipeline.reports.verify_report import reference_words
+
+    return f"{reference_words(d)}; {line}"
 
 
 def _benchmark_summary(entry: dict) -> str:

@@ -28,38 +28,20 @@ from torch.utils.data import DataLoader, DistributedSampler
 from pipeline.core import data as data_mod
 from pipeline.core import modeling
 from pipeline.core.artifacts import BEST_CHECKPOINT, CHECKPOINT, CURVE, METRICS, TENSORBOARD, TRACE
-from pipeline.core.errors import InputError, StageFailed, UsageError, check_interrupt, first_line
+from pipeline.core.registry import models
+from pipeline.core.errors import CheckFailed, InputError, StageFailed, UsageError, check_interrupt, first_line
 from pipeline.core.run import RunDir, StageRecord, atomic_path
 from pipeline.training.checkpoint import CHECKPOINT_FORMAT, load_checkpoint, save_checkpoint
 from pipeline.training.device import AMP_NAMES, resolve_amp, resolve_device
-from pipeline.training.distributed import Dist, all_reduce_sum, broadcast_buffers, init_distributed, replica_checksums, unwrap
-from pipeline.training.metrics import MetricsLog, evaluate, plot_curves
+from pipeline.training import batchnorm, learning
+from pipeline.training.distributed import (Dist, all_reduce_sum, average_buffers, broadcast_buffers, init_distributed,
+                                           replica_checksums, unwrap)
+from pipeline.training.metrics import MetricsLog, evaluate, plot_curves, predict
 from pipeline.training.optim import StepResult, lr_lambda, make_optimizer, optimizer_step, restore_buffers, snapshot_buffers
 from pipeline.training.profiler import StepProfiler
 from pipeline.training.rng import EpochBatches, batch_generator, rng_state, seed_everything, set_rng_state
 
 log = logging.getLogger("pipeline")
-
-
-# --------------------------------------------------------------------------- distributed
-
-
-# --------------------------------------------------------------------------- precision and device
-
-
-# --------------------------------------------------------------------------- data order
-
-
-# --------------------------------------------------------------------------- schedule
-
-
-# --------------------------------------------------------------------------- metrics
-
-
-# --------------------------------------------------------------------------- checkpoints
-
-
-# --------------------------------------------------------------------------- evaluation
 
 
 # --------------------------------------------------------------------------- state and steps
@@ -155,6 +137,7 @@ class Trainer:
     loader: DataLoader
     batches_per_epoch: int
     # Optimisation
+    bn_layers: int  # BatchNorm layers with running statistics (train.precise_bn re-estimates them)
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     scaler: torch.amp.GradScaler  # enabled for float16 only
@@ -181,6 +164,7 @@ class Trainer:
         steps_per_epoch = math.ceil(self.batches_per_epoch / self.tc.accumulate)
         warmup_steps = round(self.tc.warmup_epochs * steps_per_epoch)
         model.to(device)
+        self.bn_layers = batchnorm.set_momentum(model, self.tc.bn_momentum)
         if self.tc.channels_last:
             model.to(memory_format=torch.channels_last)
         self.optimizer = make_optimizer(cfg, model)
@@ -373,16 +357,20 @@ class Trainer:
         self.window = Window(start=now)
 
     def end_epoch(self, epoch: int) -> None:
-        """Validate, log, fail on divergence, and checkpoint (the best one too when it improved)."""
+        """Re-estimate the BatchNorm statistics, validate, log, fail on divergence, and checkpoint (the best one too
+        when it improved): the best epoch is chosen, and saved, with the statistics that are exported."""
         broadcast_buffers(self.model, self.world)
-        val_loss, val_acc = evaluate(self.model, self.splits.val, self.device, self.world, self.amp_now,
-                                     self.tc.channels_last)
+        before = self.precise_bn(epoch)
+        val_loss, val_acc = self.validate()
         st = self.state
-        self.history.append({"epoch": epoch + 1, "val_loss": val_loss, "val_acc": val_acc})
+        self.history.append({"epoch": epoch + 1, "val_loss": val_loss, "val_acc": val_acc,
+                             **({"val_acc_before_precise_bn": before} if before is not None else {})})
         self.metrics.write({"event": "epoch", "epoch": epoch, "step": st.step, "val_loss": val_loss,
-                            "val_acc": val_acc, "amp": AMP_NAMES[self.amp_now], "skipped_steps": st.skipped_steps})
-        log.info("train: epoch %d/%d  val loss %.4f  val acc %.2f%%  (%d skipped steps)", epoch + 1, self.tc.epochs,
-                 val_loss, 100 * val_acc, st.skipped_steps)
+                            "val_acc": val_acc, "val_acc_before_precise_bn": before, "amp": AMP_NAMES[self.amp_now],
+                            "skipped_steps": st.skipped_steps})
+        log.info("train: epoch %d/%d  val loss %.4f  val acc %.2f%%%s  (%d skipped steps)", epoch + 1, self.tc.epochs,
+                 val_loss, 100 * val_acc, "" if before is None else f" ({100 * before:.2f}% before precise BN)",
+                 st.skipped_steps)
         if not math.isfinite(val_loss):
             raise StageFailed(f"training diverged: the validation loss is {val_loss} after epoch {epoch + 1} "
                               f"({st.skipped_steps} steps skipped); {self.kept_checkpoint()}. {self.advice()}")
@@ -394,6 +382,34 @@ class Trainer:
             save_checkpoint(self.ckpt_path, state)
             if improved:
                 save_checkpoint(self.best_path, state)
+
+    def validate(self) -> tuple[float, float]:
+        return evaluate(self.model, self.splits.val, self.device, self.world, self.amp_now, self.tc.channels_last)
+
+    def precise_bn(self, epoch: int) -> float | None:
+        """``train.precise_bn``: every BatchNorm's running statistics re-estimated over this epoch's first training
+        batches (averaged over the ranks); returns the validation accuracy before, None where nothing was done."""
+        if not self.tc.precise_bn.enabled or not self.bn_layers:
+            return None
+        _, before = self.validate()
+        model = unwrap(self.model)
+        batchnorm.recompute_statistics(model, self.precise_batches(epoch), amp_dtype=self.amp_now,
+                                       device_type=self.device.type)
+        average_buffers(batchnorm.statistics(model), self.world)
+        return before
+
+    def precise_batches(self, epoch: int):
+        """The epoch's first ``train.precise_bn.batches`` batches, as training saw them (order and augmentation are
+        functions of seed, epoch and batch index), without their labels."""
+        self.sampler.set_epoch(epoch)
+        order, size = list(self.sampler), self.cfg.data.batch_size
+        for b in range(min(self.tc.precise_bn.batches, self.batches_per_epoch)):
+            check_interrupt()
+            x, _ = data_mod.collate(data_mod.fetch_items(self.splits.train, order[b * size:(b + 1) * size]))
+            if self.cfg.data.augment:
+                x = data_mod.augment(x, batch_generator(self.tc.seed, epoch, b, self.world.rank))
+            x = x.to(self.device)
+            yield x.contiguous(memory_format=torch.channels_last) if self.tc.channels_last else x
 
     def finish(self, seconds: float) -> dict:
         """Check the replicas agree, write the deployable weights and the curve; the facts for the manifest."""
@@ -427,10 +443,71 @@ class Trainer:
             "final_weights_sha256": checksums[0],  # the final (not the best) weights, see state_checksum
             **({"replica_sha256": checksums, "replicas_identical": len(set(checksums)) == 1}
                if world.enabled else {}),
+            "precise_bn": self.precise_bn_details(best_state["epoch"] if best_state else None),
         }
 
+    def precise_bn_details(self, best_epoch: int | None) -> dict:
+        """What ``train.precise_bn`` did, and its effect on the exported (best) epoch's validation accuracy."""
+        done = self.tc.precise_bn.enabled and self.bn_layers > 0
+        best = next((h for h in self.history if h["epoch"] == best_epoch), {})
+        details = {"enabled": self.tc.precise_bn.enabled, "batchnorm_layers": self.bn_layers,
+                   "batches": min(self.tc.precise_bn.batches, self.batches_per_epoch) if done else 0,
+                   "best_epoch_val_acc_before": best.get("val_acc_before_precise_bn"),
+                   "best_epoch_val_acc_after": best.get("val_acc") if done else None}
+        if done and best.get("val_acc_before_precise_bn") is not None:
+            log.info("train: precise BatchNorm statistics (%d layers, %d batches per epoch): val acc of the exported "
+                     "weights (epoch %d) %.2f%% -> %.2f%%", self.bn_layers, details["batches"], best_epoch,
+                     100 * details["best_epoch_val_acc_before"], 100 * details["best_epoch_val_acc_after"])
+        return details
+
+    def check_learning(self) -> tuple[learning.LearningEvidence, learning.LearningVerdict, learning.LearningPolicy]:
+        """The learning check on the exported weights (rank 0, after :meth:`finish` wrote them): the evidence, the
+        verdict and the policy it was judged under, logged; the caller records it and raises on a failed one."""
+        source = self.best_path if self.best_path.exists() else self.ckpt_path
+        model = unwrap(self.model)
+        model.load_state_dict(load_checkpoint(source)["model"])
+        evidence = self.learning_evidence(model)
+        policy = learning.LearningPolicy(confidence=self.cfg.verify.confidence,
+                                         require_learning=self.tc.require_learning,
+                                         min_val_accuracy=self.tc.min_val_accuracy,
+                                         min_mode_agreement=self.tc.min_mode_agreement)
+        verdict = learning.judge(evidence, policy)
+        if verdict.mode_gap and (verdict.learned or not verdict.train_mode_learned):  # else the line below names it
+            log.warning("train: %s", learning.gap_line(evidence, verdict, policy))
+        if not verdict.learned and not self.tc.require_learning:
+            log.warning("train: %s (train.require_learning=false: going on)",
+                        learning.not_learned_line(evidence, verdict, policy.confidence))
+        elif verdict.learned:
+            log.info("train: %s", learning.summary(evidence, verdict, policy))
+        return evidence, verdict, policy
+
+    def learning_evidence(self, model: nn.Module) -> learning.LearningEvidence:
+        """Counts over the validation images: eval mode (FP32, as exported and verified) on all of them; train mode,
+        eval mode and BatchNorm alone on batch statistics on the first batches of the training batch size."""
+        predicted, labels = predict(model, self.splits.val, self.device, self.tc.channels_last)
+        size = self.cfg.data.batch_size
+        count = min(len(labels), MODE_CHECK_IMAGES)
+        count = count // size * size if count >= size else count
+        if count < 2:  # BatchNorm on batch statistics needs two images
+            agree = train_right = count = 0
+            batchnorm_agree = None
+        else:
+            x, y = data_mod.collate(data_mod.fetch_items(self.splits.val, list(range(count))))
+            x = x.to(self.device)
+            modes = batchnorm.mode_predictions(
+                model, x.contiguous(memory_format=torch.channels_last) if self.tc.channels_last else x,
+                batch_size=size, seed=self.tc.seed)
+            agree, train_right = int((modes.eval == modes.train).sum()), int((modes.train.cpu() == y).sum())
+            batchnorm_agree = None if modes.batchnorm_only is None else int((modes.eval == modes.batchnorm_only).sum())
+        return learning.LearningEvidence(
+            classes=self.splits.num_classes, samples=len(labels), correct=int((predicted == labels).sum()),
+            majority=int(labels.bincount().max()) if len(labels) else 0, mode_samples=count, mode_agree=agree,
+            train_mode_correct=train_right, batchnorm_agree=batchnorm_agree, dropout=batchnorm.has_dropout(model),
+            precise_bn=self.tc.precise_bn.enabled and self.bn_layers > 0)
 
 # --------------------------------------------------------------------------- the stage
+
+MODE_CHECK_IMAGES = 256  # validation images the learning check predicts in train mode and in eval mode
 
 
 def run(cfg, run_dir: RunDir, record: StageRecord, *, resume: bool = False, profile: bool = False) -> None:
@@ -441,6 +518,8 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, resume: bool = False, prof
         logging.getLogger("pipeline").setLevel(logging.WARNING)
     seed_everything(cfg.train.seed, cfg.train.deterministic)
     model, spec, splits, size, init_info = _model_and_data(cfg)
+    if world.is_main:
+        _warn_below_smallest_size(cfg.model.name, size)
     amp_dtype, amp_note = resolve_amp(cfg.train.amp, device)
     log.info("train: %s on %s (%s), %d classes at %dx%d, %s", cfg.model.name, device,
              f"{world.world_size} processes" if world.enabled else "1 process",
@@ -458,15 +537,46 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, resume: bool = False, prof
     })
     trainer = Trainer(cfg, run_dir, model, spec, splits, device, world, amp_dtype)
     record.details.update(trainer.train(resume=resume, profile=profile))
+    failure = None
     if world.is_main:
         for name in (CHECKPOINT, BEST_CHECKPOINT, modeling.WEIGHTS, modeling.MODEL_CARD, METRICS, CURVE):
             if run_dir.file(name).exists():
                 record.artifact(name)
         if profile and run_dir.file(TRACE).exists():
             record.artifact(TRACE)
+        failure = _record_learning(record, *trainer.check_learning())
     if world.enabled:
         dist.barrier()
         dist.destroy_process_group()
+    if failure:
+        raise CheckFailed(failure)
+
+
+def _record_learning(record: StageRecord, evidence: learning.LearningEvidence, verdict: learning.LearningVerdict,
+                     policy: learning.LearningPolicy) -> str | None:
+    """The learning check in the manifest (``details.learning``); returns the failure line, None when it passed."""
+    record.details["learning"] = {
+        **verdict.to_dict(), "classes": evidence.classes, "samples": evidence.samples,
+        "mode_samples": evidence.mode_samples, "confidence": policy.confidence,
+        "require_learning": policy.require_learning, "min_val_accuracy": policy.min_val_accuracy,
+        "line": learning.summary(evidence, verdict, policy),
+    }
+    if not verdict.failed:
+        return None
+    if verdict.learned or not policy.require_learning:
+        return learning.below_minimum_line(evidence, verdict, policy)
+    return learning.not_learned_line(evidence, verdict, policy.confidence) + \
+        "; nothing is exported (train longer, check the data, or set train.require_learning=false to go on)"
+
+
+def _warn_below_smallest_size(name: str, size: int) -> None:
+    """A registered model trains below its card's smallest sensible input size, but not well: say so."""
+    if models.is_import_path(name):
+        return
+    smallest = models.get_recipe(name).min_image_size
+    if size < smallest:
+        log.warning("train: data.image_size=%d is below %s's smallest sensible input size (%d, from its card): its "
+                    "last feature maps shrink to nothing and it may not learn", size, name, smallest)
 
 
 def _model_and_data(cfg):

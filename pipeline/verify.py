@@ -124,13 +124,26 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, auto_fallback: bool = Fals
     for p in verify_report.write_all(run_dir, payload):
         record.artifact(p.name)
     record.details.update(_details(checks, verdict, evidence, fb16, fb8))
+    record.details.update(_reference_quality(run_dir, evidence))
     failing_first = verdict.failed[0] if verdict.failed else None
     shown_loc = loc8 if failing_first is not None and failing_first.backend.uses_int8_model else loc16
     fixable = any((c.backend.uses_fp16_model or c.backend.uses_int8_model) and not c.result.get("hint")
                   for c in verdict.failed)
     _raise_for(verdict, shown_loc, export_broken, suggest_fallback=fixable and not auto_fallback)
-    log.info("verify: passed (%s); deployable: %s", ", ".join(f"{c.name} {c.status}" for c in checks),
-             ", ".join(verdict.deployable) or "none")
+    log.info("verify: passed (%s); deployable: %s; %s", ", ".join(f"{c.name} {c.status}" for c in checks),
+             ", ".join(verdict.deployable) or "none", verify_report.reference_words(record.details))
+
+
+def _reference_quality(run_dir: RunDir, evidence: Evidence) -> dict:
+    """The reference's own accuracy on these images, and train's learning verdict (its manifest entry): the gate
+    says the artifacts agree with the reference, not that the reference is any good."""
+    top1 = np.concatenate([r[evidence.output_name] for r in evidence.reference]).argmax(1)
+    learning = ((run_dir.stage_entry("train") or {}).get("details") or {}).get("learning") or {}
+    if learning.get("learned") is False:
+        log.warning("verify: the reference did not learn (train: %s): passing this gate says the artifacts agree "
+                    "with it, not that they are any good", learning.get("line"))
+    return {"reference_accuracy": float((top1 == evidence.labels).mean()) if len(evidence.labels) else None,
+            "reference_learned": learning.get("learned"), "reference_learning": learning.get("line")}
 
 
 def _details(checks: list[Check], verdict: Verdict, evidence: Evidence, fb16: dict | None, fb8: dict | None) -> dict:

@@ -97,3 +97,79 @@ def test_dump_roundtrip():
 
     again = config.validate(yaml.safe_load(config.dump_yaml(cfg)))
     assert again == cfg
+
+
+# --------------------------------------------------------------------------- the model card's recipe
+
+
+@pytest.fixture
+def recipes(monkeypatch):
+    """Give two registered models recipes unlike the defaults and unlike each other."""
+    import dataclasses
+
+    from pipeline.core.registry import models
+
+    planted = {"tiny_cnn": {"lr": 0.3, "epochs": 9, "warmup_epochs": 0.0},
+               "vit_micro": {"optimizer": "adamw", "lr": 0.001, "weight_decay": 0.05, "epochs": 5}}
+    for name, values in planted.items():
+        entry = models._REGISTRY[name]
+        monkeypatch.setattr(entry, "recipe", dataclasses.replace(entry.recipe, **values))
+    return planted
+
+
+def test_the_recipe_sits_between_the_defaults_and_the_users_config(recipes, tmp_path):
+    cfg = config.resolve(overrides=["model.name=tiny_cnn"])
+    assert (cfg.train.lr, cfg.train.epochs, cfg.train.warmup_epochs) == (0.3, 9, 0.0)
+    assert cfg.train.label_smoothing == 0.0 and cfg.train.optimizer == "sgd"  # not in the recipe: the defaults
+    f = tmp_path / "c.yaml"
+    f.write_text("train:\n  lr: 0.123\n")
+    cfg = config.resolve(config_file=str(f), overrides=["model.name=tiny_cnn", "train.epochs=2"])
+    assert (cfg.train.lr, cfg.train.epochs, cfg.train.warmup_epochs) == (0.123, 2, 0.0)
+    # a run directory's config.yaml (every key) of the same model wins over the recipe
+    saved = config.resolve(overrides=["model.name=tiny_cnn", "train.lr=0.2"]).to_dict()
+    assert config.resolve(saved).train.lr == 0.2
+    assert config.resolve(overrides=["model.name=resnet18"]).train.lr == 0.05  # the defaults where the card says so
+
+
+def test_a_run_directory_of_another_model_keeps_only_what_the_user_chose_there(recipes):
+    saved = config.resolve(overrides=["model.name=tiny_cnn", "train.weight_decay=0.01"]).to_dict()
+    cfg = config.resolve(saved, overrides=["model.name=vit_micro"])
+    assert (cfg.train.optimizer, cfg.train.lr, cfg.train.epochs) == ("adamw", 0.001, 5)  # vit_micro's recipe
+    assert cfg.train.weight_decay == 0.01  # the user's choice stays
+    assert config.resolve(saved, overrides=["model.name=vit_micro", "train.lr=0.3"]).train.lr == 0.3
+
+
+def test_origins_say_where_each_value_comes_from(recipes, tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("train:\n  weight_decay: 0.001\n")
+    saved = config.resolve(overrides=["model.name=tiny_cnn", "data.seed=4"]).to_dict()
+    found = config.origins(saved, str(f), ["model.name=tiny_cnn", "train.epochs=2"])
+    assert found["train.lr"] == "tiny_cnn's recipe" and found["train.warmup_epochs"] == "tiny_cnn's recipe"
+    assert found["train.epochs"] == "--model / key=value" and found["model.name"] == "--model / key=value"
+    assert found["train.weight_decay"] == f"--config {f}"
+    assert found["data.seed"] == "the run directory's config.yaml"
+    assert "data.batch_size" not in found and "verify.fp32.atol" not in found  # the defaults
+
+
+def test_the_config_command_shows_the_resolved_values_and_their_origins(recipes, tmp_path, capsys):
+    from conftest import cli
+
+    assert cli("config", "--model", "tiny_cnn", "--run-dir", tmp_path / "run", "train.epochs=3") == 0
+    out = capsys.readouterr().out
+    import yaml
+
+    shown = yaml.safe_load(out)  # the comments keep it a config file
+    assert shown["train"]["lr"] == 0.3 and shown["train"]["epochs"] == 3
+    lines = [line.split() for line in out.splitlines() if line.startswith("#   ")]
+    assert ["#", "train.lr", "tiny_cnn's", "recipe"] in lines and ["#", "train.epochs", "--model", "/", "key=value"] \
+        in lines
+
+
+def test_every_registered_models_recipe_is_a_valid_config():
+    from pipeline.core.registry import models
+
+    for name in models.list_models():
+        recipe = models.get_recipe(name)
+        cfg = config.resolve(overrides=[f"model.name={name}"])
+        assert {key: getattr(cfg.train, key) for key in models.RECIPE_KEYS} == recipe.train_keys(), name
+        assert recipe.min_image_size >= 1

@@ -720,7 +720,7 @@ def test_external_data_that_is_missing(capsys, clone_run):
 
 # Long enough to be interrupted mid-epoch, short enough to keep the file fast.
 SLOW = ["--model", "tiny_cnn", "data.samples_per_class=40", "data.image_size=16", "data.batch_size=8",
-        "train.checkpoint_every=2", "train.log_every=1", "train.tensorboard=false"]
+        "train.checkpoint_every=2", "train.log_every=1", "train.tensorboard=false", "train.require_learning=false"]
 
 
 def _start(run: Path, *args: str) -> subprocess.Popen:

@@ -13,7 +13,8 @@ from PIL import Image
 from pipeline.core import data
 from pipeline.core.errors import EXIT_USAGE, DataError
 
-SMALL = ["data.source=imagefolder", "data.image_size=16", "data.batch_size=4", "train.epochs=1"]
+SMALL = ["data.source=imagefolder", "data.image_size=16", "data.batch_size=4", "train.epochs=1",
+         "train.require_learning=false"]
 
 
 def _png(path: Path, size=(8, 8)) -> None:

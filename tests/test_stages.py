@@ -210,3 +210,37 @@ def test_tune_precision_flag_is_the_config_key_for_the_fingerprint():
     assert tune.configured(cfg, tune.options_for(cfg, {"precision": "fp16"})).tune.precision == "fp16"
     assert tune.configured(cfg, tune.options_for(cfg, {})).tune.precision == "int8"
     assert cfg.tune.precision == "int8"  # the caller's config is left as it was
+
+
+def test_the_recipe_enters_the_train_fingerprint_as_resolved(tmp_path, monkeypatch):
+    """The model card's recipe is part of the resolved train section, so a changed recipe re-trains."""
+    import dataclasses
+
+    from pipeline.core.registry import models
+
+    run = RunDir(tmp_path)
+    before = stages.fingerprint(stages.STAGES["train"], tiny_cfg(), run)
+    entry = models._REGISTRY["tiny_cnn"]
+    monkeypatch.setattr(entry, "recipe", dataclasses.replace(entry.recipe, lr=0.07))
+    assert tiny_cfg().train.lr == 0.07
+    assert stages.fingerprint(stages.STAGES["train"], tiny_cfg(), run) != before
+
+
+def test_summary_lines_name_precise_bn_learning_and_the_reference(tmp_path):
+    run = RunDir(tmp_path)
+    learned = {"learned": True, "line": "learned: ..."}
+    run.manifest["stages"] = {
+        "train": {"status": "ok", "details": {"best_val_acc": 0.865, "epochs": 4, "amp": "off", "learning": learned,
+                                              "precise_bn": {"best_epoch_val_acc_before": 0.1,
+                                                             "best_epoch_val_acc_after": 0.865}}},
+        "verify": {"status": "ok", "details": {"candidates": {"onnxrt_fp32": "passed"}, "deployable": ["onnxrt_fp32"],
+                                               "reference_accuracy": 0.1, "reference_learned": False}},
+    }
+    lines = stages.summary(run).splitlines()
+    assert lines[2].endswith("best val acc 86.5% after 4 epochs, amp off; precise BN 10.0% -> 86.5%; learned")
+    assert lines[5].endswith("reference (FP32) val acc 10.0% (it did not learn); onnxrt_fp32: passed; "
+                             "deployable: onnxrt_fp32")
+    run.manifest["stages"]["train"] = {"status": "failed", "exit_code": 1, "error": "the model did not learn: x",
+                                       "details": {"best_val_acc": 0.1, "epochs": 1, "amp": "off",
+                                                   "learning": {"learned": False, "line": "the model did not learn: x"}}}
+    assert stages.summary(run).splitlines()[2].endswith("amp off; the model did not learn: x")

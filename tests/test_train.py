@@ -32,6 +32,7 @@ from pipeline.training.distributed import Dist
 
 # 10 classes x 12 images at 16x16: 100 train / 20 val images, batch 16 -> 6 steps per epoch.
 TINY_TRAIN = [
+    "train.require_learning=false",  # one epoch on 100 images: the learning check has its own tests (test_recipes.py)
     "data.samples_per_class=12",
     "data.image_size=16",
     "data.batch_size=16",
@@ -219,6 +220,23 @@ def test_same_seed_same_weights_other_seed_other_weights(trained, tmp_path):
     assert not torch.equal(other["fc.weight"], ref["fc.weight"])
 
 
+def test_precise_bn_changes_the_batchnorm_statistics_and_nothing_else(trained, tmp_path):
+    """train.precise_bn (on in ``trained``) runs only BatchNorm in train mode and draws no random number: the weights,
+    the optimizer and every step are those of a run without it; the running means and variances differ."""
+    args = ["--model", "tiny_cnn", *TINY_TRAIN, "train.epochs=2", "train.warmup_epochs=1", "train.seed=3"]
+    assert cli("train", "--run-dir", tmp_path / "off", *args, "train.precise_bn.enabled=false") == 0
+    on, off = load_ckpt(trained / CHECKPOINT), load_ckpt(tmp_path / "off" / CHECKPOINT)
+    stats = {k for k in on["model"] if k.endswith(("running_mean", "running_var"))}
+    assert stats and any(not torch.equal(on["model"][k], off["model"][k]) for k in stats)
+    assert_same_tensors({k: v for k, v in on["model"].items() if k not in stats},
+                        {k: v for k, v in off["model"].items() if k not in stats})
+    assert on["rng"]["torch"].equal(off["rng"]["torch"]) and on["step"] == off["step"]
+    d = manifest(trained)["stages"]["train"]["details"]
+    assert d["precise_bn"]["enabled"] and d["precise_bn"]["batchnorm_layers"] == 2 and d["precise_bn"]["batches"] == 6
+    assert all("val_acc_before_precise_bn" in h for h in d["history"])
+    assert "val_acc_before_precise_bn" not in manifest(tmp_path / "off")["stages"]["train"]["details"]["history"][0]
+
+
 def test_metrics_go_to_tensorboard_when_it_is_installed(tmp_path, monkeypatch):
     import types
 
@@ -257,7 +275,7 @@ RESUME_ARGS = [
     # 4 classes x 18 images: 56 train images -> 7 batches of 8 -> optimizer steps of 2+2+2+1 micro-batches.
     "data.num_classes=4", "data.samples_per_class=18", "data.image_size=16", "data.batch_size=8",
     "data.augment=true", "train.epochs=2", "train.accumulate=2", "train.log_every=1",
-    "train.deterministic=true", "train.tensorboard=false", "train.clip_grad_norm=5.0",
+    "train.deterministic=true", "train.tensorboard=false", "train.clip_grad_norm=5.0", "train.require_learning=false",
 ]
 
 
@@ -344,7 +362,8 @@ def test_resume_without_checkpoint_and_with_a_malicious_one(tmp_path, capsys):
 # --------------------------------------------------------------------------- torchrun / DDP
 
 DDP_ARGS = ["--model", "tiny_cnn", "data.samples_per_class=8", "data.image_size=16", "data.batch_size=8",
-            "train.epochs=2", "train.log_every=1", "train.accumulate=2", "train.tensorboard=false"]
+            "train.epochs=2", "train.log_every=1", "train.accumulate=2", "train.tensorboard=false",
+            "train.require_learning=false"]
 TRAIN_FILES = (CHECKPOINT, BEST_CHECKPOINT, METRICS, CURVE, modeling.WEIGHTS, modeling.MODEL_CARD)
 
 
@@ -402,7 +421,7 @@ def test_accumulating_two_batches_of_16_equals_one_batch_of_32(test_models, tmp_
     the two differ by bf16 rounding (about 1e-3 relative), so the equivalence is checked in FP32 only."""
     common = ["--model", f"{test_models}:plainnet", "train.amp=off", "data.num_classes=4", "data.samples_per_class=10",
               "data.image_size=16", "train.epochs=1", "train.warmup_epochs=0", "train.log_every=1",
-              "train.tensorboard=false", "train.clip_grad_norm=1.0"]  # 32 train images
+              "train.tensorboard=false", "train.clip_grad_norm=1.0", "train.require_learning=false"]  # 32 train images
     assert cli("train", "--run-dir", tmp_path / "acc", *common, "data.batch_size=16", "train.accumulate=2") == 0
     assert cli("train", "--run-dir", tmp_path / "one", *common, "data.batch_size=32", "train.accumulate=1") == 0
     acc, one = load_ckpt(tmp_path / "acc" / CHECKPOINT), load_ckpt(tmp_path / "one" / CHECKPOINT)
@@ -559,7 +578,8 @@ def test_resnet50_in_bf16_at_16px_never_reports_ok_with_nan(tmp_path, capsys):
     Whatever this CPU does, train ends with finite weights and loss, or fails saying so."""
     run_dir = tmp_path / "run"
     rc = cli("train", "--model", "resnet50", "--run-dir", run_dir, "data.samples_per_class=12",
-             "data.image_size=16", "data.batch_size=32", "train.epochs=1", "train.amp=bf16")
+             "data.image_size=16", "data.batch_size=32", "train.epochs=1", "train.amp=bf16",
+             "train.require_learning=false")
     err = capsys.readouterr().err
     if rc == 0:
         d = manifest(run_dir)["stages"]["train"]["details"]

@@ -4,7 +4,8 @@
 code   meaning
 =====  ==========================================================================
 0      every stage that ran succeeded; every required verify candidate passed
-1      a precision check failed (verify's gate)
+1      a check failed: verify's gate, or train's learning check (not above chance,
+       below ``train.min_val_accuracy``)
 2      usage, configuration or input error (bad key, unknown model, missing or
        corrupt stage input, bad data, unusable run directory)
 3      a backend the user required (``require: [tensorrt]``) is unavailable
@@ -97,7 +98,7 @@ class DataError(InputError):
 
 
 class CheckFailed(PipelineError):
-    """The precision gate failed."""
+    """A check failed: the precision gate, or train's learning check."""
 
     exit_code = EXIT_CHECK_FAILED
 

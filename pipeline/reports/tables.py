@@ -82,7 +82,14 @@ def training_section(manifest: dict) -> Section | None:
     text = (f"Device {train.get('device')}, mixed precision {train.get('amp')} ({train.get('amp_note')}), "
             f"{train.get('steps')} optimizer steps, {train.get('skipped_steps')} skipped, "
             f"{fmt(train.get('images_per_s'), '.1f')} images/s.")
-    return Section("Training", paragraphs=(text,), tables=(Table(("epoch", "val loss", "val accuracy"), rows),))
+    precise = train.get("precise_bn") or {}
+    if precise.get("best_epoch_val_acc_before") is not None:
+        text += (f" Precise BatchNorm statistics ({precise.get('batches')} batches): validation accuracy of the "
+                 f"exported epoch {percent(precise['best_epoch_val_acc_before'])} before, "
+                 f"{percent(precise['best_epoch_val_acc_after'])} after.")
+    learning = train.get("learning") or {}
+    paragraphs = (text, f"Learning check: {learning['line']}.") if learning.get("line") else (text,)
+    return Section("Training", paragraphs=paragraphs, tables=(Table(("epoch", "val loss", "val accuracy"), rows),))
 
 
 def fp16_section(manifest: dict) -> Section | None:

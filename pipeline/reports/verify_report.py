@@ -492,3 +492,11 @@ def read_accuracies(run_dir: RunDir) -> dict:
     if reference is not None:
         accuracies["reference"] = reference
     return accuracies
+
+
+def reference_words(details: dict) -> str:
+    """The reference beside the verdicts (verify's log and its summary line): "passed" means the artifacts agree with
+    the FP32 model; its own accuracy, and train's learning check, say whether that model is any good."""
+    accuracy = details.get("reference_accuracy")
+    words = "reference (FP32) " + ("accuracy unknown" if accuracy is None else f"val acc {100 * accuracy:.1f}%")
+    return words + (" (it did not learn)" if details.get("reference_learned") is False else "")

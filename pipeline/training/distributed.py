@@ -63,6 +63,16 @@ def broadcast_buffers(model: nn.Module, world: Dist) -> None:
         dist.broadcast(buffer.data, src=0)
 
 
+def average_buffers(tensors: list[torch.Tensor], world: Dist) -> None:
+    """Every rank gets the mean over the ranks of each tensor (precise BatchNorm statistics, each rank's estimate
+    from its own batches)."""
+    if not world.enabled:
+        return
+    for t in tensors:
+        dist.all_reduce(t.data)
+        t.data.div_(world.world_size)
+
+
 def state_checksum(state: dict[str, torch.Tensor]) -> str:
     """sha256 over every tensor's name, dtype, shape and bytes (layout-independent), in key order."""
     import hashlib

@@ -121,3 +121,21 @@ def evaluate(model: nn.Module, dataset, device, world: Dist, amp_dtype, channels
         correct += (logits.argmax(1) == y).sum().item()
     loss_sum, correct, count = all_reduce_sum([loss_sum, correct, float(len(indices))], world, device)
     return loss_sum / max(count, 1), correct / max(count, 1)
+
+
+@torch.no_grad()
+def predict(model: nn.Module, dataset, device, channels_last: bool,
+            batch_size: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-1 predictions (eval mode, FP32) and labels of every image of ``dataset``, on CPU, in this process."""
+    model.eval()
+    predicted, labels = [], []
+    for i in range(0, len(dataset), batch_size):
+        x, y = data_mod.collate(data_mod.fetch_items(dataset, list(range(i, min(i + batch_size, len(dataset))))))
+        x = x.to(device)
+        if channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        predicted.append(model(x).argmax(1).cpu())
+        labels.append(y)
+    if not predicted:
+        return torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long)
+    return torch.cat(predicted), torch.cat(labels)
