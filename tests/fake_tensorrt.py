@@ -23,7 +23,9 @@ as TensorRT does, so unchecked returns also show up as wrong results):
   virtual clocks, the legacy default stream's ordering, events, poison until a synchronize; its docstring and
   docs/gpu-validation.md say what it models). ``execute_async_v3`` is a kernel on the stream whose handle it
   gets (an unknown handle is a violation; handle 0, the legacy default stream, logs TensorRT's warning and
-  synchronizes, as TensorRT does); the binding calls cost the host virtual time; ``torch.cuda``'s streams,
+  synchronizes, as TensorRT does); the binding calls cost the host virtual time, and so does the enqueue itself
+  before its first kernel starts: TensorRT's set-up (``vc.ENQUEUE_NS``), each call of a Python output allocator
+  (``vc.CALLBACK_NS``: Polygraphy sets one on every ``infer``), then one launch per layer; ``torch.cuda``'s streams,
   events, graphs, ``current_stream``/``stream`` and ``is_available()`` (True) are the device's, so
   Polygraphy's ``TrtRunner`` takes its torch-tensor path.
 
@@ -369,6 +371,7 @@ class FakeContext:
             self.engine.logger.log(Severity.WARNING, self.fake.fail["warning"])
         if self.warn_default_stream(stream):
             device.synchronize()  # what TensorRT does on the legacy default stream
+        device.host += vc.ENQUEUE_NS  # TensorRT's own work before its first kernel launch
         kernel = self._kernel()
         if kernel is None:
             return False
@@ -377,6 +380,8 @@ class FakeContext:
         except RuntimeError as exc:  # the legacy default stream during a capture: the capture is invalidated
             self.fake.violation(f"execute_async_v3: {exc}")
             return False
+        # one kernel launch per layer: the first starts the op above, the others overlap the running kernels
+        device.host += (self.engine.layers - 1) * vc.LAUNCH_NS
         if not capturing:
             self.launched += 1
         if self.warn_default_stream(stream, log=False):
@@ -421,7 +426,8 @@ class FakeContext:
                 continue
             shape = self._shape(name)
             nbytes = int(np.prod(shape)) * np.dtype(np_dtype).itemsize
-            if name in self.allocators:
+            if name in self.allocators:  # a Python callback on the host, inside the enqueue, before any kernel
+                vc.DEVICE[0].host += vc.CALLBACK_NS
                 ptr = self.allocators[name].reallocate_output_async(name, 0, nbytes, 256, vc.LEGACY)
                 self.allocators[name].notify_shape(name, tuple(shape))
                 self.addresses[name] = (ptr, self.fake.block_at(ptr)[0]) if self.fake.block_at(ptr) else (ptr, None)

@@ -19,7 +19,7 @@ from pipeline.precision.int8 import MATRIX_OPS
 if TYPE_CHECKING:  # type-checked against tensorrt-stubs (tests/test_typecheck.py); never imported at run time
     import tensorrt as trt
 
-GPU_COMPUTE = "GPU compute"  # the label of TensorrtRunner's device-side timer: CUDA events around the enqueue
+GPU_COMPUTE = "GPU compute"  # the label of TensorrtRunner's device-side timer (runners.QueuedAheadTimer)
 
 
 def tensorrt_timing(model: onnx.ModelProto, images: np.ndarray, batches: list[int], method, *, build_cfg,
@@ -28,7 +28,7 @@ def tensorrt_timing(model: onnx.ModelProto, images: np.ndarray, batches: list[in
     """The mix built as build builds an engine (:func:`build_engine`: strongly typed, no precision flag, one
     profile of ``build.min/opt/max_batch``, DETAILED profiling verbosity), run by benchmark's
     :class:`~pipeline.runtime.runners.TensorrtRunner` and timed with benchmark's device-side timer ("GPU compute":
-    CUDA events around the enqueue, over a CUDA graph with ``cuda_graphs``) and method
+    CUDA events with one inference queued ahead, over a CUDA graph with ``cuda_graphs``) and method
     (:func:`~pipeline.runtime.runners.measure`); the median per batch, and what the inspector says each matrix
     layer ran in. The same shape as :func:`pipeline.runtime.openvino_speed.openvino_timing`'s result."""
     from pipeline.core import env
