@@ -1,23 +1,26 @@
 #!/usr/bin/env python3
-"""The GPU questions the virtual CUDA device of the tests cannot answer, measured on a real GPU.
+"""The GPU questions the virtual CUDA device of the tests cannot answer, measured on a real GPU, with pass/fail rules.
 
     python scripts/gpu_timing_check.py RUN_DIR [--steps STEPS_FILE] [--out PREFIX]
 
 Run by scripts/gpu_check.sh after its pipeline steps (RUN_DIR holds their run). It writes PREFIX.json and
-PREFIX.md (default RUN_DIR/gpu_check) with:
+PREFIX.md (default RUN_DIR/gpu_check), PREFIX.inspector.<precision>.json (the engine inspector's JSON of each
+engine), and exits 0 when every check ran and passed, 1 when one failed, 3 when none failed but one did not run
+(no GPU, no TensorRT, no engine, trtexec not on PATH). The rules are pipeline.runtime.gpu_check's:
 
-* graph-replay GPU compute, side by side: (a) as the benchmark measures it (its timer, its warm-up and trials),
-  (b) CUDA events around 100 replays inside ``with torch.cuda.stream(s)`` on the stream the events are recorded
-  on, and (c) trtexec's ``computeMs`` where trtexec is on PATH; for PyTorch (always, where CUDA is) and for the
-  TensorRT engine (where TensorRT and the run's engine are);
-* whether graph-replay outputs equal the runner's (eager PyTorch; Polygraphy's ``TrtRunner``) outputs;
-* the per-call overhead of the runner path: host latency of one call minus its GPU compute;
-* the TensorRT build log of the run's TF32-off build (``build.tf32`` is false by default);
-* which libcudart copies a child process that loads what the benchmark's TensorRT child loads (torch CUDA,
-  Polygraphy's CUDA wrapper, TensorRT) has mapped (``/proc/self/maps``).
+* GPU compute of one inference as the benchmark measures it (its timer and timing loop, one inference queued
+  ahead) against (b) CUDA events around K = 100 launches on the timer's stream, one more queued ahead, and (c)
+  trtexec's computeMs, with and without CUDA graphs, for every engine the run built (FP16 and INT8), at batch 1
+  (or the profile's smallest) and min(8, the profile's largest); and for a PyTorch ResNet-18 (224 px, batch 8,
+  random weights) eager and graphed, against (b);
+* a graph replay's outputs against Polygraphy's ``TrtRunner`` (eager PyTorch for the PyTorch model);
+* every matrix layer's precision read from the engine inspector (``runtime_precisions``): none ``unknown``;
+* reported, not judged: the runner path's host latency and per-call overhead, the host's enqueue time of one
+  launch and trtexec's "bound by Enqueue Time" rule, the TF32-off build log, the libcudart copies mapped by a child
+  process that loads what the benchmark's TensorRT child loads (``/proc/self/maps``), each section's seconds.
 
-Without a CUDA GPU every GPU question is "not run: <reason>" and the summary is still written (the CPU-safe
-parts: the child's maps, the build log, the report). Exit 0 when the report was written.
+Without a CUDA GPU every GPU question is "not run: <reason>" and the summary is still written (the CPU-safe parts:
+the child's maps, the build log, the report).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-REPLAYS = 100
+REPLAYS = 100  # K: the launches between one pair of events of the reference timing (b)
 TINY_METHOD = dict(warmup_s=0.2, min_iterations=50, min_duration_s=0.5, trials=2, cv_warn=0.025)
 CHILD = """
 import json, sys
@@ -73,19 +76,36 @@ def p50(run_once) -> float:
     return samples[len(samples) // 2]
 
 
-def events_around_replays(replay, stream, replays: int = REPLAYS) -> float:
-    """(b): CUDA events on ``stream`` around ``replays`` replays launched on that same stream, ms per replay."""
+def events_around(launch, stream) -> float:
+    """(b): CUDA events on ``stream`` around :data:`REPLAYS` launches on that stream, one more queued ahead so the
+    start event does not fire on an idle stream; ms per launch."""
     import torch
 
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with torch.cuda.stream(stream):
-        replay()  # one untimed
+        launch()
         start.record(stream)
-        for _ in range(replays):
-            replay()
+        for _ in range(REPLAYS):
+            launch()
         end.record(stream)
     end.synchronize()
-    return start.elapsed_time(end) / replays
+    return start.elapsed_time(end) / REPLAYS
+
+
+def enqueue_ms(launch, stream) -> float:
+    """The host's time for one launch (median, no synchronize in between): what trtexec calls the enqueue time."""
+    import torch
+
+    from pipeline.runtime import runners
+
+    times = []
+    with torch.cuda.stream(stream):
+        for _ in range(REPLAYS):
+            t = runners.host_ms()
+            launch()
+            times.append(runners.host_ms() - t)
+    stream.synchronize()
+    return sorted(times)[len(times) // 2]
 
 
 def max_abs_diff(a, b) -> float:
@@ -94,13 +114,37 @@ def max_abs_diff(a, b) -> float:
     return float(np.max(np.abs(np.asarray(a, np.float32) - np.asarray(b, np.float32))))
 
 
+def max_abs(a) -> float:
+    import numpy as np
+
+    return float(np.max(np.abs(np.asarray(a, np.float32))))
+
+
+def check_record(check) -> dict:
+    return {"name": check.name, "status": str(check.status), "detail": check.detail}
+
+
+def timing_checks(where: str, timings: dict) -> list:
+    """(a) against (b) and (c): one Check each."""
+    from pipeline.runtime import gpu_check
+
+    return [gpu_check.agreement(f"{where}: benchmark timer vs events around {REPLAYS} launches",
+                                timings["a_benchmark"], timings["b_events"], gpu_check.EVENTS_TOLERANCE),
+            *([gpu_check.agreement(f"{where}: benchmark timer vs trtexec computeMs", timings["a_benchmark"],
+                                   timings["c_trtexec"], gpu_check.TRTEXEC_TOLERANCE)] if "c_trtexec" in timings
+              else [])]
+
+
+# --------------------------------------------------------------------------- PyTorch
+
+
 def torch_section(batch: int = 8, size: int = 224) -> dict:
-    """PyTorch ResNet-18 (random weights) on CUDA: the benchmark's CUDA-graph timer against events around replays."""
+    """PyTorch ResNet-18 (random weights) on CUDA, eager and graphed: the benchmark's timers against events."""
     import torch
 
     from pipeline import config
     from pipeline.core import modeling
-    from pipeline.runtime import runners
+    from pipeline.runtime import gpu_check, runners
 
     cfg = config.resolve(overrides=["model.name=resnet18", f"data.image_size={size}"])
     model, _ = modeling.build(cfg, 10, size)
@@ -111,10 +155,12 @@ def torch_section(batch: int = 8, size: int = 224) -> dict:
         with torch.inference_mode():
             return model(x)
 
-    timers = dict(runners.cuda_timers(forward, x_host, cuda_graphs=True))
-    bench_gpu = p50(next(v for k, v in timers.items() if k.startswith("GPU compute")))
-    host = p50(next(v for k, v in timers.items() if k.startswith("host latency")))
     x_dev, stream = x_host.cuda(), torch.cuda.Stream()
+    eager = {"a_benchmark": p50(dict(runners.cuda_timers(forward, x_host, cuda_graphs=False))[_gpu_label(False)]),
+             "b_events": events_around(lambda: forward(x_dev), stream)}
+    timers = dict(runners.cuda_timers(forward, x_host, cuda_graphs=True))
+    graphed = {"a_benchmark": p50(timers[_gpu_label(True)])}
+    host = p50(next(v for k, v in timers.items() if k.startswith("host latency")))
     with torch.cuda.stream(stream):
         for _ in range(3):
             forward(x_dev)
@@ -122,58 +168,120 @@ def torch_section(batch: int = 8, size: int = 224) -> dict:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
         static_out = forward(x_dev)
-    events = events_around_replays(graph.replay, stream)
+    graphed["b_events"] = events_around(graph.replay, stream)
     stream.synchronize()
-    eager = forward(x_dev)
+    reference = forward(x_dev).float().cpu()
     torch.cuda.synchronize()
+    difference = max_abs_diff(static_out.float().cpu(), reference)
+    checks = [*timing_checks("PyTorch eager", eager), *timing_checks("PyTorch CUDA graph", graphed),
+              gpu_check.same_outputs("PyTorch: graph replay equals eager", difference, max_abs(reference))]
     return {"model": f"resnet18 (random weights), batch {batch}, {size}x{size}, fp32",
-            "gpu_compute_ms": {"a_benchmark": bench_gpu, f"b_events_{REPLAYS}_replays": events, "c_trtexec": None},
-            "replay_equals_eager_max_abs": max_abs_diff(static_out.float().cpu(), eager.float().cpu()),
-            "host_latency_ms": host, "per_call_overhead_ms": host - bench_gpu}
+            "gpu_compute_ms": {"eager": eager, "cuda_graphs": graphed}, "replay_vs_eager_max_abs": difference,
+            "host_latency_ms": host, "per_call_overhead_ms": host - graphed["a_benchmark"],
+            "checks": [check_record(c) for c in checks]}
 
 
-def tensorrt_section(run_dir: Path) -> dict:
-    """The run's FP16 engine: TrtRunner's and the CUDA-graph timers, events around replays, trtexec, outputs."""
-    import numpy as np
+def _gpu_label(graphs: bool) -> str:
+    from pipeline.runtime.runners import QUEUED_AHEAD
 
-    from pipeline.core import artifacts
+    return f"GPU compute ({QUEUED_AHEAD}, device-resident input)" + (" with CUDA graphs" if graphs else "")
+
+
+# --------------------------------------------------------------------------- TensorRT engines
+
+
+def tensorrt_sections(run_dir: Path, out: Path) -> dict:
+    """Every engine the run built (FP16, INT8): its timings per batch and what its inspector says."""
     from pipeline.core.run import RunDir
-    from pipeline.runtime import runners, tensorrt_engine
-
-    import onnx
+    from pipeline.runtime import tensorrt_engine
 
     run = RunDir(run_dir, create=False)
-    engine_bytes, sidecar = tensorrt_engine.load_engine_bytes(run)
-    name = sidecar["profile"]["input"]
-    out_name = onnx.load(str(run.file(sidecar["onnx"])), load_external_data=False).graph.output[0].name
-    shape = [min(8, sidecar["profile"]["max"][0]), *sidecar["profile"]["min"][1:]]
-    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
-    runner = runners.TensorrtRunner(engine_bytes, sidecar, name="tensorrt_fp16", input_name=name,
+    built = [t for t in tensorrt_engine.TARGETS if run.file(t.engine).is_file()]
+    if not built:
+        return {"note": f"not run: no engine in {run_dir}"}
+    return {t.precision: guarded(engine_section, run, t, out) for t in built}
+
+
+def engine_section(run, target, out: Path) -> dict:
+    import onnx
+
+    from pipeline.runtime import runners, tensorrt_engine
+
+    engine_bytes, sidecar = tensorrt_engine.load_engine_bytes(run, engine=target.engine)
+    model = onnx.load(str(run.file(sidecar["onnx"])), load_external_data=False)
+    profile, name, out_name = sidecar["profile"], model.graph.input[0].name, model.graph.output[0].name
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(model.graph.input[0].type.tensor_type.elem_type)
+    runner = runners.TensorrtRunner(engine_bytes, sidecar, name=f"tensorrt_{target.precision}", input_name=name,
                                     output_name=out_name)
+    started = time.perf_counter()
     with runner:
-        plain = dict(runner.timers({name: x}))
-        gpu = p50(next(v for k, v in plain.items() if k.startswith("GPU compute")))
-        host = p50(next(v for k, v in plain.items() if k.startswith("host latency")))
-        reference = runner.infer({name: x})[out_name]
-        graphed = runners.GraphedEngine(runner.engine, input_name=name, output_name=out_name, host=x)
-        bench_gpu = p50(graphed.gpu_compute)
-        events = events_around_replays(graphed.graph.replay, graphed.stream)
-        graphed.host_latency()  # the replay's outputs, copied after the stream's synchronize
-        replay_out = graphed.host_output.float().numpy()
-        graphed.close()
-    return {"engine": f"{artifacts.ENGINE}, batch {shape[0]}", "tensorrt": sidecar.get("tensorrt"),
-            "gpu_compute_ms": {"a_benchmark": bench_gpu, f"b_events_{REPLAYS}_replays": events,
-                               "c_trtexec": trtexec_compute(run, name, shape), "trtrunner_enqueue_events": gpu},
-            "replay_equals_trtrunner_max_abs": max_abs_diff(replay_out, _numpy(reference)),
-            "host_latency_ms": host, "per_call_overhead_ms": host - gpu}
+        inspected = inspector_section(runner.engine, model, {name: profile["opt"]},
+                                      Path(f"{out}.inspector.{target.precision}.json"), target.precision)
+        batches = {b: batch_section(runner, run, target, name, out_name, [b, *profile["min"][1:]], dtype)
+                   for b in check_batches(profile)}
+    checks = inspected.pop("checks") + [c for section in batches.values() for c in section.pop("checks")]
+    return {"engine": target.engine, "tensorrt": sidecar.get("tensorrt"), "precision": sidecar.get("precision"),
+            "inspector": inspected, "batches": batches, "checks": checks,
+            "seconds": round(time.perf_counter() - started, 1)}
 
 
-def _numpy(value):
-    return value.detach().cpu().numpy() if hasattr(value, "detach") else value
+def check_batches(profile: dict) -> list[int]:
+    """Batch 1 (or the profile's smallest) and min(8, the profile's largest)."""
+    low, high = profile["min"][0], profile["max"][0]
+    return sorted({max(1, low), max(low, min(8, high))})
 
 
-def trtexec_compute(run, input_name: str, shape: list[int]) -> float | str:
-    from pipeline.core import artifacts
+def batch_section(runner, run, target, name: str, out_name: str, shape: list[int], dtype) -> dict:
+    """One batch of one engine: the default rows (no graphs: the runner's timers) and the graphed ones."""
+    import numpy as np
+
+    from pipeline.runtime import gpu_check, runners
+
+    x = np.random.default_rng(0).standard_normal(shape).astype(dtype)
+    plain = dict(runner.timers({name: x}))
+    gpu = next(v for k, v in plain.items() if k.startswith("GPU compute"))
+    host = p50(next(v for k, v in plain.items() if k.startswith("host latency")))
+    bound = runner.bound
+    nographs = {"a_benchmark": p50(gpu), "b_events": events_around(bound.enqueue, bound.stream),
+                "c_trtexec": trtexec_compute(run, target, name, shape, graphs=False)}
+    enqueue = enqueue_ms(bound.enqueue, bound.stream)
+    reference = runners.to_numpy(runner.infer({name: x})[out_name])
+    graphed_engine = runners.GraphedEngine(runner.engine, input_name=name, output_name=out_name, host=x)
+    graphed = {"a_benchmark": p50(graphed_engine.gpu_compute),
+               "b_events": events_around(graphed_engine.replay, graphed_engine.stream),
+               "c_trtexec": trtexec_compute(run, target, name, shape, graphs=True)}
+    graphed_engine.host_latency()  # the replay's outputs, copied after the stream's synchronize
+    replayed = graphed_engine.host_output.float().numpy()
+    graphed_engine.close()
+    where = f"TensorRT {target.precision} b={shape[0]}"
+    difference = max_abs_diff(replayed, reference)
+    checks = [*timing_checks(f"{where} (no graphs, the default)", nographs),
+              *timing_checks(f"{where} (CUDA graphs)", graphed),
+              gpu_check.same_outputs(f"{where}: graph replay equals TrtRunner", difference, max_abs(reference))]
+    return {"gpu_compute_ms": {"no_graphs": nographs, "cuda_graphs": graphed},
+            "replay_vs_trtrunner_max_abs": difference, "host_latency_ms": host,
+            "per_call_overhead_ms": host - nographs["a_benchmark"], "enqueue_ms": enqueue,
+            "enqueue_bound": gpu_check.enqueue_bound(enqueue, nographs["a_benchmark"]),
+            "checks": [check_record(c) for c in checks]}
+
+
+def inspector_section(engine, model, shapes: dict, dump: Path, precision: str) -> dict:
+    """The engine inspector's JSON (dumped to ``dump``) and what ``runtime_precisions`` reads from it."""
+    from collections import Counter
+
+    from pipeline.precision.int8 import MATRIX_OPS
+    from pipeline.runtime import gpu_check, tensorrt_speed
+
+    dump.write_text(json.dumps(tensorrt_speed.engine_information(engine, shapes), indent=1) + "\n")
+    precisions = tensorrt_speed.runtime_precisions(engine, model, shapes)
+    unknown = [n for n, p in precisions.items() if p == "unknown"]
+    total = sum(1 for n in model.graph.node if n.op_type in MATRIX_OPS)
+    check = gpu_check.all_known(f"TensorRT {precision}: inspector reads every matrix layer", unknown, total)
+    return {"json": str(dump), "matrix_layers": total, "unknown": len(unknown), "unknown_layers": unknown[:20],
+            "precisions": dict(Counter(precisions.values())), "checks": [check_record(check)]}
+
+
+def trtexec_compute(run, target, input_name: str, shape: list[int], graphs: bool) -> float | str:
     from pipeline.runtime import trtexec
 
     exe = trtexec.find()
@@ -181,21 +289,27 @@ def trtexec_compute(run, input_name: str, shape: list[int]) -> float | str:
         return "not run: trtexec is not on PATH"
     out = run.file(trtexec.DIR)
     out.mkdir(parents=True, exist_ok=True)
-    result = trtexec.measure(exe, run.file(artifacts.ENGINE), f"{input_name}:" + "x".join(map(str, shape)),
-                             "GPU compute", out, "gpu_check", method(), shape[0])
+    kind = "GPU compute" if graphs else trtexec.NO_GRAPHS
+    result = trtexec.measure(exe, run.file(target.engine), f"{input_name}:" + "x".join(map(str, shape)), kind, out,
+                             f"gpu_check.{target.precision}.b{shape[0]}", method(), shape[0])
     return result.get("p50", f"error: {result.get('error')}")
 
 
+# --------------------------------------------------------------------------- CPU-safe parts, the report
+
+
 def build_log_section(run_dir: Path) -> dict:
-    """The run's TensorRT build log (a TF32-off build: build.tf32 defaults to false)."""
+    """The run's TensorRT build logs (a TF32-off build: build.tf32 defaults to false)."""
     from pipeline.core.artifacts import build_log
 
-    path = run_dir / build_log("fp16")
-    if not path.is_file():
-        return {"log": None, "note": f"not run: {path} does not exist (no TensorRT build in this run)"}
-    lines = path.read_text(errors="replace").splitlines()
-    return {"log": str(path), "lines": len(lines), "tf32_lines": [x for x in lines if "TF32" in x or "tf32" in x][:20],
-            "tail": lines[-20:]}
+    found = {}
+    for precision in ("fp16", "int8"):
+        path = run_dir / build_log(precision)
+        if path.is_file():
+            lines = path.read_text(errors="replace").splitlines()
+            found[precision] = {"log": str(path), "lines": len(lines),
+                                "tf32_lines": [x for x in lines if "TF32" in x or "tf32" in x][:20], "tail": lines[-20:]}
+    return found or {"note": f"not run: no TensorRT build log in {run_dir} (no TensorRT build in this run)"}
 
 
 def libcudart_section() -> dict:
@@ -208,51 +322,82 @@ def libcudart_section() -> dict:
 
 
 def guarded(section, *args) -> dict:
+    from pipeline.core.status import Status
+
     try:
         return section(*args)
     except Exception as exc:  # one question failing must not hide the others
-        return {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"}
+        name = getattr(section, "__name__", "section")
+        error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        return {"error": error, "checks": [{"name": f"{name} ran", "status": str(Status.FAILED), "detail": error}]}
 
 
-def gather(run_dir: Path, steps: list[str]) -> dict:
+def not_run(name: str, reason: str) -> dict:
+    from pipeline.core.status import Status
+
+    return {"note": reason, "checks": [{"name": name, "status": str(Status.SKIPPED), "detail": reason}]}
+
+
+def gather(run_dir: Path, steps: list[str], out: Path) -> dict:
     import torch
 
     cuda = torch.cuda.is_available()
     reason = "" if cuda else "not run: no CUDA GPU (torch.cuda.is_available() is False)"
     try:
         import tensorrt  # noqa: F401
-        trt_reason = "" if cuda else reason
+        trt_reason = reason
     except ImportError:
         trt_reason = "not run: TensorRT is not installed"
-    if not trt_reason and not (run_dir / "model.fp16.engine").is_file():
-        trt_reason = f"not run: {run_dir / 'model.fp16.engine'} does not exist"
+    started = time.perf_counter()
+    torch_part = guarded(torch_section) if cuda else not_run("PyTorch timings", reason)
+    torch_part["seconds"] = round(time.perf_counter() - started, 1)
+    engines = {"note": trt_reason} if trt_reason else tensorrt_sections(run_dir, out)
+    checks = [*torch_part.get("checks", []),
+              *(not_run("TensorRT timings", trt_reason)["checks"] if trt_reason else []),
+              *[c for e in engines.values() if isinstance(e, dict) for c in e.get("checks", [])],
+              *(not_run("TensorRT timings", engines["note"])["checks"] if "note" in engines and not trt_reason
+                else [])]
     return {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "run_dir": str(run_dir),
             "gpu": torch.cuda.get_device_name() if cuda else None, "torch": torch.__version__, "steps": steps,
-            "torch_graphs": guarded(torch_section) if cuda else {"note": reason},
-            "tensorrt_graphs": guarded(tensorrt_section, run_dir) if not trt_reason else {"note": trt_reason},
-            "tensorrt_build_log": guarded(build_log_section, run_dir), "libcudart": guarded(libcudart_section)}
+            "events_launches": REPLAYS, "checks": checks, "torch_graphs": torch_part, "tensorrt": engines,
+            "tensorrt_build_log": guarded(build_log_section, run_dir), "libcudart": guarded(libcudart_section),
+            "seconds": round(time.perf_counter() - started, 1)}
+
+
+def exit_code(report: dict) -> int:
+    from pipeline.core.status import Status
+    from pipeline.runtime import gpu_check
+
+    return gpu_check.exit_code([gpu_check.Check(c["name"], Status(c["status"]), c["detail"])
+                                for c in report["checks"]])
 
 
 def markdown(report: dict) -> str:
-    out = [f"# GPU check, {report['date']}", "", f"GPU: {report['gpu'] or 'none'}; torch {report['torch']}; "
-           f"run directory `{report['run_dir']}`", "", "## Steps", ""]
+    out = [f"# GPU check, {report['date']}", "", (f"GPU: {report['gpu'] or 'none'}; torch {report['torch']}; "
+                                                    f"run directory `{report['run_dir']}`; "
+                                                    f"{report.get('seconds', '?')} s"), "", "## Steps", ""]
     out += [f"- {step}" for step in report["steps"]] or ["- (none recorded)"]
-    for key, title in (("torch_graphs", "PyTorch CUDA graph"), ("tensorrt_graphs", "TensorRT engine")):
-        section = report[key]
-        out += ["", f"## {title}: GPU compute of one replay", ""]
-        if "gpu_compute_ms" not in section:
-            out.append(section.get("note") or section.get("error", ""))
-            continue
-        out += ["| measurement | ms |", "|---|---|"]
-        out += [f"| {k} | {v:.4f} |" if isinstance(v, float) else f"| {k} | {v} |"
-                for k, v in section["gpu_compute_ms"].items()]
-        out += [""] + [f"- {k}: {v}" for k, v in section.items() if k != "gpu_compute_ms"]
-    log = report["tensorrt_build_log"]
-    out += ["", "## TensorRT build log (TF32 off)", "", log.get("log") and f"`{log['log']}`, {log['lines']} lines"
-            or log.get("note", log.get("error", ""))]
+    out += ["", "## Checks", "", "| check | status | detail |", "|---|---|---|"]
+    out += [f"| {c['name']} | {c['status']} | {c['detail']} |" for c in report["checks"]] or ["| (none) | | |"]
+    out += ["", "## PyTorch ResNet-18", "", _details(report["torch_graphs"])]
+    engines = report["tensorrt"]
+    out += ["", "## TensorRT engines", ""]
+    if "note" in engines:
+        out.append(engines["note"])
+    for precision, section in ((k, v) for k, v in engines.items() if isinstance(v, dict)):
+        out += [f"### {precision}", "", _details(section), ""]
+    logs = report["tensorrt_build_log"]
+    out += ["", "## TensorRT build logs (TF32 off)", ""]
+    out += [f"- {p}: `{v['log']}`, {v['lines']} lines" for p, v in logs.items() if isinstance(v, dict)] or \
+        [logs.get("note", logs.get("error", ""))]
     out += ["", "## libcudart in the benchmark's TensorRT child", "", "```", json.dumps(report["libcudart"], indent=1),
             "```", ""]
     return "\n".join(out)
+
+
+def _details(section: dict) -> str:
+    shown = {k: v for k, v in section.items() if k != "checks"}
+    return "```\n" + json.dumps(shown, indent=1, default=str) + "\n```"
 
 
 def main(argv: list[str]) -> int:
@@ -265,17 +410,17 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     steps = args.steps.read_text().splitlines() if args.steps and args.steps.is_file() else []
     prefix = args.out or args.run_dir / "gpu_check"
+    prefix.parent.mkdir(parents=True, exist_ok=True)
     previous = Path(f"{prefix}.json")
     if args.steps_only and previous.is_file():
         report = {**json.loads(previous.read_text()), "steps": steps}
     else:
-        report = gather(args.run_dir, steps)
-    prefix.parent.mkdir(parents=True, exist_ok=True)
-    Path(f"{prefix}.json").write_text(json.dumps(report, indent=2) + "\n")
+        report = gather(args.run_dir, steps, prefix)
+    Path(f"{prefix}.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     Path(f"{prefix}.md").write_text(markdown(report))
     print(markdown(report))
     print(f"written: {prefix}.json, {prefix}.md")
-    return 0
+    return exit_code(report)
 
 
 if __name__ == "__main__":

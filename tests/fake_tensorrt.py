@@ -23,7 +23,9 @@ as TensorRT does, so unchecked returns also show up as wrong results):
   virtual clocks, the legacy default stream's ordering, events, poison until a synchronize; its docstring and
   docs/gpu-validation.md say what it models). ``execute_async_v3`` is a kernel on the stream whose handle it
   gets (an unknown handle is a violation; handle 0, the legacy default stream, logs TensorRT's warning and
-  synchronizes, as TensorRT does); the binding calls cost the host virtual time; ``torch.cuda``'s streams,
+  synchronizes, as TensorRT does); the binding calls cost the host virtual time, and so does the enqueue itself
+  before its first kernel starts: TensorRT's set-up (``vc.ENQUEUE_NS``), each call of a Python output allocator
+  (``vc.CALLBACK_NS``: Polygraphy sets one on every ``infer``), then one launch per layer; ``torch.cuda``'s streams,
   events, graphs, ``current_stream``/``stream`` and ``is_available()`` (True) are the device's, so
   Polygraphy's ``TrtRunner`` takes its torch-tensor path.
 
@@ -39,11 +41,13 @@ as TensorRT does, so unchecked returns also show up as wrong results):
 
 * the engine inspector (``ICudaEngine.create_engine_inspector()``, an ``EngineInspector``):
   ``get_engine_information(LayerInformationFormat.JSON)`` gives TensorRT's JSON, ``{"Layers": [...], "Bindings":
-  [...]}``, with each layer's ``Name`` (fused ONNX nodes joined by " + "), ``LayerType``, ``Inputs``/``Outputs``
-  (``Format/Datatype`` such as "Thirty-two wide channel vectorized row major Int8 format") and ``Metadata``
-  ("[ONNX Layer: name]" per node) only when the engine was built with ``ProfilingVerbosity.DETAILED``; with
-  LAYER_NAMES_ONLY (TensorRT's default) the names alone. The layers' data types follow the strongly typed graph
-  (:func:`engine_layers`): Int8 behind a DequantizeLinear of INT8, Half on float16 tensors, Float otherwise.
+  [...]}``, each layer's record only when the engine was built with ``ProfilingVerbosity.DETAILED`` (with
+  LAYER_NAMES_ONLY, TensorRT's default, the names alone), each tensor's type only through an ``execution_context``
+  with every dynamic input's shape set. The records follow real published dumps (:mod:`fake_inspector`: Cask
+  layers, NoOp and Reformat copies, Myelin's gemm/kgen/shape_call layers or one ``{ForeignNode[...]}`` layer,
+  TensorRT 10's ``Format/Datatype`` or 11's ``DataType``/``Format``, as ``FakeTensorRT.inspector`` says); their
+  data types follow the strongly typed graph: Int8 behind a DequantizeLinear of INT8, Half on float16 tensors,
+  Float otherwise.
 
 ``fail["warning"] = "<text>"`` makes every enqueue log that TensorRT WARNING through the runtime's logger.
 ``fail`` injects failures: ``fail["execute_async_v3"] = {4}`` makes ``execute_async_v3`` return False at
@@ -63,6 +67,7 @@ import json
 import types
 import weakref
 
+import fake_inspector
 import numpy as np
 
 import virtual_cuda as vc
@@ -269,7 +274,7 @@ class FakeEngine:
 
     @property
     def num_layers(self) -> int:
-        return len(engine_layers(self.proto))
+        return len(fake_inspector.engine_layers(self.proto, FAKE[0].inspector))
 
     def create_engine_inspector(self) -> EngineInspector:
         self.fake.record("create_engine_inspector")
@@ -369,6 +374,7 @@ class FakeContext:
             self.engine.logger.log(Severity.WARNING, self.fake.fail["warning"])
         if self.warn_default_stream(stream):
             device.synchronize()  # what TensorRT does on the legacy default stream
+        device.host += vc.ENQUEUE_NS  # TensorRT's own work before its first kernel launch
         kernel = self._kernel()
         if kernel is None:
             return False
@@ -377,6 +383,8 @@ class FakeContext:
         except RuntimeError as exc:  # the legacy default stream during a capture: the capture is invalidated
             self.fake.violation(f"execute_async_v3: {exc}")
             return False
+        # one kernel launch per layer: the first starts the op above, the others overlap the running kernels
+        device.host += (self.engine.layers - 1) * vc.LAUNCH_NS
         if not capturing:
             self.launched += 1
         if self.warn_default_stream(stream, log=False):
@@ -421,7 +429,8 @@ class FakeContext:
                 continue
             shape = self._shape(name)
             nbytes = int(np.prod(shape)) * np.dtype(np_dtype).itemsize
-            if name in self.allocators:
+            if name in self.allocators:  # a Python callback on the host, inside the enqueue, before any kernel
+                vc.DEVICE[0].host += vc.CALLBACK_NS
                 ptr = self.allocators[name].reallocate_output_async(name, 0, nbytes, 256, vc.LEGACY)
                 self.allocators[name].notify_shape(name, tuple(shape))
                 self.addresses[name] = (ptr, self.fake.block_at(ptr)[0]) if self.fake.block_at(ptr) else (ptr, None)
@@ -527,10 +536,11 @@ class LayerInformationFormat(enum.IntEnum):
 
 class EngineInspector:
     """``ICudaEngine.create_engine_inspector()`` (the binding's class is ``tensorrt.EngineInspector``). As TensorRT's:
-    what it tells depends on the profiling verbosity the engine was built with: DETAILED gives every layer's JSON
-    (``Name``, ``LayerType``, ``Inputs``/``Outputs`` with ``Format/Datatype``, ``Metadata``), LAYER_NAMES_ONLY (the
+    what it tells depends on the profiling verbosity the engine was built with: DETAILED gives every layer's record
+    (:mod:`fake_inspector`: modelled on published dumps, in TensorRT 10's or 11's keys), LAYER_NAMES_ONLY (the
     builder's default) the layer names alone, NONE no layers (an assumption: the documentation says only that
-    nothing is printed)."""
+    nothing is printed); and, for an engine with a dynamic input, on ``execution_context``: without a context
+    whose every input shape is set, each tensor's type is "N/A due to dynamic shapes"."""
 
     def __init__(self, engine: FakeEngine):
         self.engine, self.execution_context, self.error_recorder = engine, None, None
@@ -547,87 +557,17 @@ class EngineInspector:
         return json.dumps(layer) if format == LayerInformationFormat.JSON or isinstance(layer, dict) else layer
 
     def _layers(self) -> list:
-        detailed = engine_layers(self.engine.proto)
         verbosity = self.engine.profiling_verbosity
         if verbosity == ProfilingVerbosity.DETAILED:
-            return detailed
-        return [layer["Name"] for layer in detailed] if verbosity == ProfilingVerbosity.LAYER_NAMES_ONLY else []
+            return fake_inspector.records(self.engine.proto, FAKE[0].inspector, self._shapes_known())
+        if verbosity == ProfilingVerbosity.LAYER_NAMES_ONLY:
+            return [layer.name for layer in fake_inspector.engine_layers(self.engine.proto, FAKE[0].inspector)]
+        return []
 
-
-# The formats TensorRT's inspector names (trex's activations.py lists them); kgen layers say "Int8"/"Half"/"Float".
-_FORMATS = {"Int8": "Thirty-two wide channel vectorized row major Int8 format",
-            "Half": "Channel major FP16 format where channel % 8 == 0", "Float": "Row major linear FP32"}
-_LAYER_TYPES = {"Conv": "CaskConvolution", "ConvTranspose": "CaskDeconvolutionV2", "Gemm": "CaskGemmConvolution",
-                "MatMul": "CaskGemmMatrixMultiply"}
-
-
-def engine_layers(proto) -> list[dict]:
-    """The layers a strongly typed build of ``proto`` reports: one per compute node, with the DequantizeLinear of its
-    weights and a Relu it alone feeds fused in (names joined by " + ", each in Metadata as "[ONNX Layer: name]"), and
-    a Reformat before the first layer when it reads another type than the network input. A layer reads Int8 when
-    its input comes from a DequantizeLinear of an INT8 tensor (an explicitly quantized kernel), Half when its input
-    is float16 (a strongly typed FP16 layer), Float otherwise; Q/DQ pairs are not layers of their own."""
-    import onnx
-
-    types = _tensor_types(proto)
-    producer = {o: n for n in proto.graph.node for o in n.output}
-    consumers: dict = {}
-    for n in proto.graph.node:
-        for i in n.input:
-            consumers.setdefault(i, []).append(n)
-    int8 = {onnx.TensorProto.INT8, onnx.TensorProto.UINT8}
-
-    def reads(tensor: str) -> str:
-        source = producer.get(tensor)
-        if source is not None and source.op_type == "DequantizeLinear" and types.get(source.input[0]) in int8:
-            return "Int8"
-        return "Half" if types.get(tensor) == onnx.TensorProto.FLOAT16 else "Float"
-
-    def origin(tensor: str) -> str:
-        """The tensor a Q/DQ pair quantizes: the name TensorRT gives the fused kernel's input."""
-        dq = producer.get(tensor)
-        q = producer.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
-        return q.input[0] if q is not None and q.op_type == "QuantizeLinear" else tensor
-
-    layers, fused_away = [], set()
-    for node in proto.graph.node:
-        if node.op_type in ("QuantizeLinear", "DequantizeLinear", "Constant") or node.name in fused_away:
-            continue
-        weights = [producer[i].name for i in node.input[1:] if i in producer
-                   and producer[i].op_type == "DequantizeLinear"]
-        after = consumers.get(node.output[0], [])
-        relu = after[0] if node.op_type in _LAYER_TYPES and len(after) == 1 and after[0].op_type == "Relu" else None
-        names = [*weights, node.name, *([relu.name] if relu is not None else [])]
-        fused_away.update(names)
-        out = (relu or node).output[0]
-        layers.append({"Name": " + ".join(names), "LayerType": _LAYER_TYPES.get(node.op_type, "PointWiseV2"),
-                       "Inputs": [_region(origin(node.input[0]), reads(node.input[0]))],
-                       "Outputs": [_region(out, "Half" if types.get(out) == onnx.TensorProto.FLOAT16 else "Float")],
-                       "Metadata": "\x1e".join(f"[ONNX Layer: {n}]" for n in names)})
-    network_input = proto.graph.input[0].name
-    first = next((layer for layer in layers if layer["Inputs"][0]["Name"] == network_input), None)
-    if first is not None and first["Inputs"][0]["Format/Datatype"] != _FORMATS[reads(network_input)]:
-        # TensorRT copies the network input into the format and type the first layer reads
-        layers.insert(0, {"Name": f"Reformatting CopyNode for Input Tensor 0 to {first['Name']}",
-                          "LayerType": "Reformat", "Inputs": [_region(network_input, reads(network_input))],
-                          "Outputs": [dict(first["Inputs"][0], Name=f"Reformatted Input Tensor 0 to {first['Name']}")],
-                          "Metadata": ""})
-    return layers
-
-
-def _region(name: str, datatype: str) -> dict:
-    return {"Name": name, "Location": "Device", "Dimensions": [], "Format/Datatype": _FORMATS[datatype]}
-
-
-def _tensor_types(proto) -> dict:
-    """``{tensor: ONNX elem type}`` of every typed tensor (inputs, initializers, inferred values, outputs)."""
-    import onnx
-
-    inferred = onnx.shape_inference.infer_shapes(proto)
-    types = {t.name: t.data_type for t in proto.graph.initializer}
-    for value in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output):
-        types[value.name] = value.type.tensor_type.elem_type
-    return types
+    def _shapes_known(self) -> bool:
+        dynamic = [name for name, (mode, dims, _) in self.engine.io.items() if mode == TensorIOMode.INPUT and -1 in dims]
+        context = self.execution_context
+        return all(name in (context.shapes if context is not None else {}) for name in dynamic)
 
 
 class HostMemory(bytes):
@@ -876,6 +816,7 @@ class FakeTensorRT:
         self.calls, self.violations, self.runs, self.capture_modes = [], [], [], []
         self.configs: list[FakeBuilderConfig] = []
         self.fail: dict = {}
+        self.inspector = fake_inspector.Options()  # how the engine inspector writes (TensorRT 10 or 11, Myelin)
         self.live: dict = {}  # address -> (allocation id, bytes, is_alive())
         self.ids = itertools.count(1)
         self.tensor_class = VIRTUAL_TENSOR[0] if VIRTUAL_TENSOR else VIRTUAL_TENSOR.append(_virtual_tensor_class()) \
@@ -941,7 +882,8 @@ def serialize(onnx_bytes: bytes, profile: dict, **header) -> bytes:
     return MAGIC + json.dumps({"profile": profile, **header}).encode() + b"\n" + onnx_bytes
 
 
-def install(monkeypatch, *, gpu_name: str = "Fake GPU (tests/fake_tensorrt.py)") -> FakeTensorRT:
+def install(monkeypatch, *, gpu_name: str = "Fake GPU (tests/fake_tensorrt.py)",
+            version: str = "10.13.0.35") -> FakeTensorRT:
     """Put the fake in place for this test: ``import tensorrt``, Polygraphy's CUDA wrapper, the runner's device
     memory and torch's CUDA stream/event/graph calls, and a GPU for :mod:`pipeline.core.env`."""
     import sys
@@ -955,7 +897,8 @@ def install(monkeypatch, *, gpu_name: str = "Fake GPU (tests/fake_tensorrt.py)")
     fake = FakeTensorRT()
     FAKE[:] = [fake]
     module = types.ModuleType("tensorrt")
-    module.__version__ = "10.13.0.35"
+    module.__version__ = version
+    fake.inspector.version = int(version.split(".")[0])
     for name, value in dict(DataType=DataType, TensorIOMode=TensorIOMode, TensorFormat=TensorFormat,
                             ILogger=ILogger, Logger=Logger, IOutputAllocator=IOutputAllocator,
                             IDebugListener=IDebugListener, Runtime=Runtime, ICudaEngine=ICudaEngine,

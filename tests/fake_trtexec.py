@@ -9,7 +9,9 @@ option. TensorRT 11: data transfers are OFF unless ``--includeDataTransfers``; `
 
 It refuses (exit 2, a trtexec-style "[E]" line) a command that real trtexec would not run as benchmark means it:
 an engine that is not the fake TensorRT engine, ``--shapes`` that are not ``<input>:<b>x<c>x<h>x<w>``, on
-TensorRT 10 no ``--useCudaGraph`` or an ``--exportProfile`` without ``--separateProfileRun``, an unknown flag.
+TensorRT 10 an ``--exportProfile`` without ``--separateProfileRun``, an unknown flag (TensorRT 11 knows
+``--includeDataTransfers`` and ``--noCudaGraph``, 10 neither); which runs use ``--useCudaGraph`` the tests read
+from FAKE_TRTEXEC_CALLS.
 Otherwise it writes
 ``--exportTimes`` in trtexec's format (``samples/common/sampleReporting.cpp``: one record per timed inference
 with ``startEnqMs … endD2hMs``, ``h2dMs``, ``computeMs``, ``d2hMs``, ``latencyMs`` = h2d + compute + d2h; the
@@ -17,7 +19,8 @@ transfers are 0 with ``--noDataTransfers``) and ``--exportProfile`` (``[{"count"
 "averageMs", "medianMs", "percentage"}, ...]``).
 
 Environment: FAKE_TRTEXEC_VERSION (10 or 11, default 10),
-FAKE_TRTEXEC_COMPUTE_MS (the compute time per inference, default 1.0), FAKE_TRTEXEC_FAIL_BATCH
+FAKE_TRTEXEC_COMPUTE_MS (the compute time per inference, default 1.0; "virtual": what tests/virtual_cuda.py gives
+the engine's kernels), FAKE_TRTEXEC_FAIL_BATCH
 (exit 1 at that batch), FAKE_TRTEXEC_SLEEP_BATCH (hang at that batch), FAKE_TRTEXEC_GARBAGE (bad JSON),
 FAKE_TRTEXEC_CALLS (a file each command line is appended to, as JSON).
 """
@@ -49,7 +52,7 @@ def main(argv):
     if os.environ.get("FAKE_TRTEXEC_CALLS"):
         with open(os.environ["FAKE_TRTEXEC_CALLS"], "a") as f:
             f.write(json.dumps(argv) + "\n")
-    known = KNOWN | ({"--includeDataTransfers"} if major == "11" else set())
+    known = KNOWN | ({"--includeDataTransfers", "--noCudaGraph"} if major == "11" else set())
     unknown = [a for a in argv if a.split("=", 1)[0] not in known]
     if unknown:
         fail(f"Unknown option: {unknown[0]}")
@@ -63,15 +66,17 @@ def main(argv):
     shape = [int(d) for d in dims.split("x") if d.isdigit()]
     if not name or len(shape) != 4:
         fail(f"Invalid --shapes: {args.get('shapes')}")
-    if major == "10" and ("useCudaGraph" not in args or ("exportProfile" in args and "separateProfileRun" not in args)):
-        fail("fake trtexec: expected --useCudaGraph, and --separateProfileRun with --exportProfile")
+    if major == "10" and "exportProfile" in args and "separateProfileRun" not in args:
+        fail("fake trtexec: expected --separateProfileRun with --exportProfile")
     batch = shape[0]
     if str(batch) == os.environ.get("FAKE_TRTEXEC_FAIL_BATCH"):
         fail("Error[2]: [executionContext.cpp::setInputShape]: out of memory", 1)
     if str(batch) == os.environ.get("FAKE_TRTEXEC_SLEEP_BATCH"):
         time.sleep(60)
     transfers = "includeDataTransfers" in args if major == "11" else "noDataTransfers" not in args
-    write_times(args["exportTimes"], batch, not transfers, int(args["iterations"]))
+    compute = os.environ.get("FAKE_TRTEXEC_COMPUTE_MS", "1.0")
+    compute_ms = virtual_kernel_ms(args["loadEngine"]) if compute == "virtual" else float(compute)
+    write_times(args["exportTimes"], batch, not transfers, int(args["iterations"]), compute_ms)
     if "exportProfile" in args:
         with open(args["exportProfile"], "w") as f:
             json.dump([{"count": 10}, {"name": "conv1", "timeMs": 5.0, "averageMs": 0.5, "medianMs": 0.5,
@@ -79,12 +84,21 @@ def main(argv):
     print(f"&&&& PASSED TensorRT.trtexec [TensorRT v{BANNERS[major]}] # trtexec " + " ".join(argv))
 
 
-def write_times(path, batch, no_transfers, iterations):
+def virtual_kernel_ms(engine: str) -> float:
+    """What the virtual CUDA device of the tests gives the fake engine's kernels (tests/virtual_cuda.py)."""
+    import onnx
+    import virtual_cuda
+
+    with open(engine, "rb") as f:
+        model = onnx.load_from_string(f.read()[len(MAGIC):].split(b"\n", 1)[1])
+    return virtual_cuda.LAYER_NS * len(model.graph.node) / 1e6
+
+
+def write_times(path, batch, no_transfers, iterations, compute):
     if os.environ.get("FAKE_TRTEXEC_GARBAGE"):
         with open(path, "w") as f:
             f.write("[ { \"startEnqMs\" : ")
         return
-    compute = float(os.environ.get("FAKE_TRTEXEC_COMPUTE_MS", "1.0"))
     records, t = [], 100.0
     for i in range(max(iterations, 10)):
         c = compute * (1 + 0.01 * (i % 5))  # a little spread, so the percentiles differ

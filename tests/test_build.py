@@ -7,6 +7,7 @@ import pytest
 from pipeline.runtime import tensorrt_engine
 from pipeline import build, config
 from pipeline.core.run import RunDir
+from pipeline.core.artifacts import timing_cache_name
 
 
 def pieces_for(tmp_path, **build_overrides):
@@ -54,16 +55,28 @@ def test_tf32_is_configurable(tmp_path):
     assert cfg.tf32 is True
 
 
-def test_timing_cache_is_keyed_by_tensorrt_version_and_compute_capability(tmp_path, monkeypatch):
+def test_timing_cache_is_keyed_by_tensorrt_version_gpu_and_compute_capability(tmp_path, monkeypatch):
+    """An H100 and an H200 are both sm90: the GPU's name keeps their caches apart (Polygraphy merges the cache on
+    disk into the new one with ignore_mismatch=True)."""
     cfg = config.resolve()
     run = RunDir(tmp_path / "runs" / "m")
     monkeypatch.setattr(tensorrt_engine, "current_platform", lambda: dict(PLATFORM))
-    assert tensorrt_engine.timing_cache_path(cfg, run) == tmp_path / "runs" / "trt_timing.11.4.0.sm90.cache"
+    assert tensorrt_engine.timing_cache_path(cfg, run) == tmp_path / "runs" / "trt_timing.11.4.0.NVIDIA_H200.sm90.cache"
     other_gpu = {**PLATFORM, "gpu": "NVIDIA A100-SXM4-80GB", "compute_capability": "8.0"}
+    same_sm = {**PLATFORM, "gpu": "NVIDIA H100 80GB HBM3"}
     other_trt = {**PLATFORM, "tensorrt": "10.13.0"}
-    paths = {tensorrt_engine.timing_cache_path(cfg, run, p) for p in (PLATFORM, other_gpu, other_trt)}
-    assert len(paths) == 3 and all(p.parent == tmp_path / "runs" for p in paths)
-    assert tensorrt_engine.timing_cache_path(cfg, run, other_gpu).name == "trt_timing.11.4.0.sm80.cache"
+    paths = {tensorrt_engine.timing_cache_path(cfg, run, p) for p in (PLATFORM, other_gpu, same_sm, other_trt)}
+    assert len(paths) == 4 and all(p.parent == tmp_path / "runs" for p in paths)
+    assert tensorrt_engine.timing_cache_path(cfg, run, other_gpu).name == \
+        "trt_timing.11.4.0.NVIDIA_A100-SXM4-80GB.sm80.cache"
+    assert tensorrt_engine.timing_cache_path(cfg, run, same_sm).name == "trt_timing.11.4.0.NVIDIA_H100_80GB_HBM3.sm90.cache"
+
+
+@pytest.mark.parametrize("gpu, part", [("../../etc/passwd", "etc_passwd"), ("NVIDIA H200", "NVIDIA_H200"),
+                                       ("", "unknown"), (None, "unknown"), (" / . ", "unknown"), ("x" * 300, "x" * 64)])
+def test_a_gpu_name_is_one_safe_part_of_the_cache_s_file_name(gpu, part):
+    name = timing_cache_name("11.4.0", gpu, "9.0")
+    assert name == f"trt_timing.11.4.0.{part}.sm90.cache" and "/" not in name and ".." not in name
 
 
 def test_a_given_timing_cache_wins(tmp_path, monkeypatch):
@@ -218,7 +231,7 @@ def test_build_makes_one_engine_per_precision_from_its_graph(clone_run, fake_trt
         assert sidecar["onnx"] == onnx_name and sidecar["precision"] == engines[precision]["precision"]
         assert sidecar["flags"] == {"strongly_typed": True, "precision_flags": [], "tf32": False,
                                     "builder_optimization_level": 3}
-        assert sidecar["timing_cache"].endswith("trt_timing.11.4.0.sm90.cache")
+        assert sidecar["timing_cache"].endswith("trt_timing.11.4.0.NVIDIA_H200.sm90.cache")
 
 
 @pytest.mark.parametrize("overrides, reason", [

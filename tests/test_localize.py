@@ -72,4 +72,4 @@ def test_verify_passes_the_build_config_and_cache_to_tensorrt_localisation(tmp_p
     result = candidates.localize_candidate(cfg, fallback.FP16_GRAPH, None, None, evidence, chk, run)
     assert result["candidate"] == "tensorrt_fp16"
     assert seen["build_cfg"] == cfg.build
-    assert seen["timing_cache"] == tmp_path / "runs" / "trt_timing.11.4.0.sm90.cache"
+    assert seen["timing_cache"] == tmp_path / "runs" / "trt_timing.11.4.0.H200.sm90.cache"

@@ -145,29 +145,13 @@ def test_runtime_precisions_follow_the_strongly_typed_graph(fake_trt, left_out, 
     profile = {key: [1, 3, 8, 8] for key in ("min", "opt", "max")}
     blob = fake_tensorrt.serialize(model.SerializeToString(), profile, profiling_verbosity="DETAILED")
     engine = fake_tensorrt.Runtime(None).deserialize_cuda_engine(blob)
-    assert tensorrt_speed.runtime_precisions(engine, model) == expected
+    assert tensorrt_speed.runtime_precisions(engine, model, {"x": [1, 3, 8, 8]}) == expected
 
 
 def test_a_batch_outside_the_profile_is_a_config_error_before_any_build(fake_trt):
     with pytest.raises(UsageError, match="batch 8 is outside the TensorRT profile"):
         tensorrt_speed.tensorrt_timing(mix(), IMAGES, [1, 8], METHOD, build_cfg=BUILD)
     assert not any(c[0] == "build_serialized_network" for c in fake_trt.calls)
-
-
-@pytest.mark.parametrize("text, precision", [
-    ("Thirty-two wide channel vectorized row major Int8 format", "int8"), ("Row major Int8 format", "int8"),
-    ("Channel major INT8 format where channel % 16 == 0", "int8"), ("Int8", "int8"),
-    ("Channel major FP16 format where channel % 8 == 0", "fp16"), ("Half", "fp16"),
-    ("Row major linear FP32", "fp32"), ("Float", "fp32"), ("Row major linear BFloat16 format", "bf16"),
-    ("Unknown format", "unknown")])
-def test_tensor_precision_reads_tensorrt_s_format_strings(text, precision):
-    assert tensorrt_speed.tensor_precision({"Format/Datatype": text}) == precision
-    assert tensorrt_speed.tensor_precision({"Datatype": text, "Format": "whatever"}) == precision  # TensorRT 11
-
-
-def test_fused_nodes_from_the_name_and_the_metadata():
-    layer = {"Name": "conv1_w_dq + conv1 + relu1 || conv9", "Metadata": "[ONNX Layer: conv1]\x1e[ONNX Layer: conv7]"}
-    assert tensorrt_speed.fused_nodes(layer) == {"conv1_w_dq", "conv1", "relu1", "conv9", "conv7"}
 
 
 def test_a_failed_build_names_tensorrt_s_error_and_keeps_the_log(fake_trt, tmp_path):

@@ -4,10 +4,14 @@ It models the SEMANTICS that GPU timing code must respect, not a GPU's speed or 
 
 * time is virtual (integer nanoseconds): the host has a clock, every stream has a clock (when its last
   piece of work ends); nothing here reads the wall clock, so every timing is exact and repeatable;
-* work is enqueued on the stream it was launched on and starts when that stream is free and the host has
-  launched it: kernels (an engine's ``execute_async_v3``, a graph replay) take :data:`LAYER_NS` per layer of
-  the engine's ONNX graph, copies :data:`COPY_FIXED_NS` plus a cost per byte (pageable host memory costs
-  twice as much per byte, and the host waits for such a copy), event records take no time;
+* work is enqueued on the stream it was launched on and starts when that stream is free AND the host has
+  finished launching it: a launch costs the host :data:`LAUNCH_NS`, and the work it launches starts no earlier
+  than the end of that launch. So an event recorded on an idle stream right before a launch fires before the
+  work starts, and the pair brackets the launch too (on a GPU: cudaLaunchKernel, cudaGraphLaunch, TensorRT's
+  enqueue loop); only work queued ahead on the stream hides it. Kernels (an engine's ``execute_async_v3``, a
+  graph replay) take :data:`LAYER_NS` per layer of the engine's ONNX graph, copies :data:`COPY_FIXED_NS` plus a
+  cost per byte (pageable host memory costs twice as much per byte, and the host waits for such a copy), event
+  records take no time;
 * the legacy default stream (handle 0) orders with blocking streams (Polygraphy's ``cudaStreamCreate``
   streams) and not with non-blocking ones (``torch.cuda.Stream()``: PyTorch's pool streams are created
   with ``cudaStreamNonBlocking``);
@@ -20,15 +24,16 @@ It models the SEMANTICS that GPU timing code must respect, not a GPU's speed or 
   copy into host memory fills the host buffer with poison (NaN, 0xFF bytes) as soon as it is enqueued; the
   host sees the result only after a synchronize (stream, event or device) that covers the copy;
 * host costs: a launch costs the host :data:`LAUNCH_NS`, a call to the execution context's binding methods
-  :data:`HOST_CALL_NS`, returning from a synchronize :data:`SYNC_NS`; with these values a GPU-bound stream
-  runs back to back, so "GPU compute" is exactly the kernels' time and "host latency" exactly copies +
-  kernels + :data:`SYNC_NS`;
+  :data:`HOST_CALL_NS`, returning from a synchronize :data:`SYNC_NS` (TensorRT's enqueue adds its own, in the
+  fake: :data:`ENQUEUE_NS` of set-up, one launch per layer, :data:`CALLBACK_NS` per Python output-allocator
+  call). A launch is cheaper than the work it launches (:data:`LAUNCH_NS` < :data:`LAYER_NS`), so a stream kept
+  busy ahead runs back to back and "GPU compute" measured that way is exactly the kernels' time;
 * CUDA graphs: capture needs a stream that is not the legacy default stream; launches on the capture stream
   are recorded, not run; ``replay`` runs them as one launch. The capture-time rules of TensorRT (a warm-up
   enqueue before the capture, shapes fixed at capture) are checked by the fake execution context.
 
-It does not model: concurrency inside a stream, several GPUs, memory bandwidth contention, kernel launch
-latency on the device side, stream priorities, per-thread default streams, events inside graphs, or any
+It does not model: concurrency inside a stream, several GPUs, memory bandwidth contention, launch latency
+on the device side (between the launch's end and the work's start), jitter of any host cost, stream priorities, per-thread default streams, events inside graphs, or any
 real kernel's speed. docs/gpu-validation.md says so too.
 """
 
@@ -47,9 +52,11 @@ LAYER_NS = 20_000  # one layer (ONNX node) of an engine
 COPY_FIXED_NS = 10_000  # one host<->device copy, before its bytes
 PINNED_NS_PER_BYTE = 0.05  # 20 GB/s from page-locked memory
 PAGEABLE_NS_PER_BYTE = 0.1  # staged through a driver buffer: half the speed, and synchronous for the host
-LAUNCH_NS = 2_000  # the host's cost of one launch (enqueue, copy, replay)
+LAUNCH_NS = 2_000  # the host's cost of one launch (kernel, copy, graph replay); the work starts after it
 HOST_CALL_NS = 500  # the host's cost of one call to the execution context's binding methods
 SYNC_NS = 5_000  # the host's cost of returning from a synchronize once the work is done
+ENQUEUE_NS = 15_000  # TensorRT's enqueue on the host before it launches its first kernel (fake_tensorrt)
+CALLBACK_NS = 30_000  # one Python callback from TensorRT's enqueue (Polygraphy's output allocator; fake_tensorrt)
 LEGACY = 0  # the legacy default stream's handle
 POISON = 0xFF  # a host byte not yet written by its copy: NaN as float32 and as float16
 
@@ -208,7 +215,7 @@ class Device:
         if self.capture is not None and stream.handle == LEGACY:
             raise RuntimeError("CUDA error: operation not permitted when stream is capturing "
                                "(work on the legacy default stream during a capture)")
-        start = self.start_time(stream)
+        start = max(self.start_time(stream), self.host + LAUNCH_NS)  # not before the host has launched it
         op = Op(kind, stream.handle, start, start + duration, next(self.seq), read, write, nbytes, pinned)
         stream.ready = op.end
         self.pending.append(op)

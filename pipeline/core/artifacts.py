@@ -98,14 +98,27 @@ def child_log(stage: str, backend: str) -> str:
     return f"{LOGS}/{stage}.{backend}.log"
 
 
-def timing_cache_name(tensorrt: str | None, compute_capability: str | None) -> str:
-    """The TensorRT timing cache beside the run directories, one per TensorRT version and compute capability.
+def timing_cache_name(tensorrt: str | None, gpu: str | None, compute_capability: str | None) -> str:
+    """The TensorRT timing cache beside the run directories, one per TensorRT version, GPU and compute capability.
 
-    ``trt_timing.11.4.0.sm90.cache``: TensorRT warns that a cache from another device or version may give
-    functional or performance bugs, so runs share a cache only where both match.
+    ``trt_timing.11.4.0.NVIDIA_H200.sm90.cache``: TensorRT warns that "combining caches generated from devices with
+    different device properties may lead to functional/performance bugs" (``NvInfer.h``, ``ITimingCache::combine``)
+    and Polygraphy's ``EngineBytesFromNetwork`` combines the cache on disk into the new one with
+    ``ignore_mismatch=True``; an H100 and an H200 are both ``sm90``, so the GPU's name is part of the key too.
     """
     sm = "sm" + str(compute_capability or "unknown").replace(".", "")
-    return f"trt_timing.{tensorrt or 'unknown'}.{sm}.cache"
+    return f"trt_timing.{tensorrt or 'unknown'}.{file_safe(gpu or 'unknown')}.{sm}.cache"
+
+
+FILE_SAFE_CHARS = 64
+
+
+def file_safe(text: str) -> str:
+    """``text`` as one part of a file name: letters, digits and ``-`` kept, every other run of characters one ``_``
+    (no separator, no dot, no space), at most :data:`FILE_SAFE_CHARS` characters; "unknown" when nothing is left."""
+    kept = [ch if ch.isascii() and (ch.isalnum() or ch == "-") else "_" for ch in text]
+    joined = "".join(ch for i, ch in enumerate(kept) if ch != "_" or i == 0 or kept[i - 1] != "_")
+    return joined.strip("_")[:FILE_SAFE_CHARS] or "unknown"
 
 
 def xml_name(precision: str) -> str:

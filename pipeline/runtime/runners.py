@@ -46,6 +46,7 @@ if TYPE_CHECKING:  # type-checked against tensorrt-stubs (tests/test_typecheck.p
     import tensorrt as trt
 
 CPU_WALL_CLOCK = "wall-clock, synchronous CPU call"
+QUEUED_AHEAD = "CUDA events, one inference queued ahead"  # how every "GPU compute" row is timed
 Timers = list[tuple[str, Callable[[], float]]]
 
 
@@ -62,6 +63,40 @@ def cpu_timer(fn, *args) -> Callable[[], float]:
         return (time.perf_counter() - t) * 1000.0
 
     return run_once
+
+
+class QueuedAheadTimer:
+    """GPU compute of one inference (ms): CUDA events on ``stream`` around one ``launch()``, with one inference
+    queued ahead of the start event.
+
+    Every timed sample ends with a synchronize, so without the inference ahead the start event would fire on an
+    idle stream, at once, and the kernels only once the host had launched them: the pair would bracket the launch
+    too (``cudaGraphLaunch``; TensorRT's enqueue loop and the Python output-allocator callback Polygraphy sets on
+    every ``infer``; eager PyTorch's dispatch). With an inference queued ahead, the start event fires when that
+    one ends, by which time the host has launched the timed one, so the pair brackets kernels only, whenever a
+    launch takes the host less time than the inference takes the GPU. trtexec does the same: its inference loop
+    (TensorRT ``samples/common/sampleInference.cpp``, ``IterationBase``, depth ``1 + overlap``) enqueues the next
+    inference before it waits for the previous one. When the launch takes longer than the GPU work no queue
+    depth can hide it (trtexec then warns "Throughput may be bound by Enqueue Time"): the number then includes
+    the GPU waiting for the host, as trtexec's does. ``launch`` must enqueue on the current stream.
+    """
+
+    def __init__(self, launch: Callable[[], object], stream):
+        import torch
+
+        self.launch, self.stream = launch, stream
+        self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def __call__(self) -> float:
+        import torch
+
+        with torch.cuda.stream(self.stream):
+            self.launch()  # queued ahead, not timed: the start event waits behind it
+            self.start.record(self.stream)
+            self.launch()
+            self.end.record(self.stream)
+        self.end.synchronize()
+        return self.start.elapsed_time(self.end)
 
 
 def cuda_timers(forward, x_host, cuda_graphs: bool) -> Timers:
@@ -83,16 +118,8 @@ def cuda_timers(forward, x_host, cuda_graphs: bool) -> Timers:
         def compute():
             graph.replay()
             return static_out
-    start_evt, end_evt = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    gpu_compute = QueuedAheadTimer(compute, stream)
     pinned = x_host.pin_memory()
-
-    def gpu_compute() -> float:
-        with torch.cuda.stream(stream):
-            start_evt.record(stream)
-            compute()
-            end_evt.record(stream)
-        end_evt.synchronize()
-        return start_evt.elapsed_time(end_evt)
 
     def host_latency() -> float:
         t = host_ms()
@@ -103,7 +130,7 @@ def cuda_timers(forward, x_host, cuda_graphs: bool) -> Timers:
         return host_ms() - t
 
     label = " with CUDA graphs" if cuda_graphs else ""
-    return [(f"GPU compute (CUDA events, device-resident input){label}", gpu_compute),
+    return [(f"GPU compute ({QUEUED_AHEAD}, device-resident input){label}", gpu_compute),
             (f"host latency (H2D + compute + D2H){label}", host_latency)]
 
 
@@ -450,13 +477,15 @@ def _torch_dtype(trt_dtype):
     return DataType.to_dtype(DataType.from_dtype(trt_dtype, source_module="tensorrt"), "torch")
 
 
-class GraphedEngine:
-    """``execute_async_v3`` captured in a CUDA graph: the one thing Polygraphy's ``TrtRunner`` cannot do.
+class BoundEngine:
+    """An execution context of its own, every I/O buffer bound with ``set_tensor_address``: what the timing launches.
 
-    Every buffer bound to the execution context is an attribute of this object, so it lives exactly as long
-    as the context (and the graph that replays it); every bool the bindings return is checked; the graph is
-    captured in thread-local mode, and a capture that fails raises. The "host latency" copies go into
-    ``self.input``, the very buffer bound with ``set_tensor_address``.
+    Polygraphy's ``TrtRunner.infer`` calls ``set_output_allocator`` on every call and TensorRT calls that Python
+    allocator back from inside ``execute_async_v3`` (polygraphy 0.53.6, ``backend/trt/runner.py``): fine for
+    verify, host work in the way of a timing. Here both buffers are bound once and ``enqueue`` is
+    ``execute_async_v3`` alone. Every buffer bound to the context is an attribute of this object, so it lives
+    exactly as long as the context; every bool the bindings return is checked; three warm-up enqueues on its own
+    (non-blocking) stream, because TensorRT sets itself up on the first enqueues of a context.
     """
 
     def __init__(self, engine: trt.ICudaEngine, *, input_name: str, output_name: str, host: np.ndarray):
@@ -470,17 +499,42 @@ class GraphedEngine:
         checked(self.context.set_input_shape(input_name, tuple(self.input.shape)),
                 f"set_input_shape({input_name!r}, {tuple(self.input.shape)})")
         dims = self.context.get_tensor_shape(output_name)
-        shape = tuple(int(dims[i]) for i in range(len(dims)))
-        self.output = DEVICE_MEMORY.empty(shape, _torch_dtype(engine.get_tensor_dtype(output_name)))
+        self.shape = tuple(int(dims[i]) for i in range(len(dims)))
+        self.output = DEVICE_MEMORY.empty(self.shape, _torch_dtype(engine.get_tensor_dtype(output_name)))
         for name, tensor in ((input_name, self.input), (output_name, self.output)):
             checked(self.context.set_tensor_address(name, tensor.data_ptr()), f"set_tensor_address({name!r})")
-        self.host_input = DEVICE_MEMORY.pinned(host)
-        self.host_output = DEVICE_MEMORY.pinned_empty(shape, self.output.dtype)
         self.stream = torch.cuda.Stream()
         with torch.cuda.stream(self.stream):
-            for _ in range(3):  # warm-up, outside the capture: TensorRT sets itself up on the first enqueues
+            for _ in range(3):
                 self.enqueue()
         self.stream.synchronize()
+        self.gpu_compute = QueuedAheadTimer(self.enqueue, self.stream)
+
+    def enqueue(self) -> None:
+        import torch
+
+        checked(self.context.execute_async_v3(torch.cuda.current_stream().cuda_stream), "execute_async_v3")
+
+    def close(self) -> None:
+        """The context first, then the buffers bound to it."""
+        for name in ("gpu_compute", "context", "input", "output"):
+            self.__dict__.pop(name, None)
+
+
+class GraphedEngine(BoundEngine):
+    """``execute_async_v3`` captured in a CUDA graph: the one thing Polygraphy's ``TrtRunner`` cannot do.
+
+    A :class:`BoundEngine` (own context, bound buffers, warmed up) whose enqueue is captured in thread-local mode
+    on its stream; a capture that fails raises. The "host latency" copies go into ``self.input``, the very buffer
+    bound with ``set_tensor_address``.
+    """
+
+    def __init__(self, engine: trt.ICudaEngine, *, input_name: str, output_name: str, host: np.ndarray):
+        import torch
+
+        super().__init__(engine, input_name=input_name, output_name=output_name, host=host)
+        self.host_input = DEVICE_MEMORY.pinned(host)
+        self.host_output = DEVICE_MEMORY.pinned_empty(self.shape, self.output.dtype)
         self.graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.graph(self.graph, stream=self.stream, capture_error_mode="thread_local"):
@@ -488,25 +542,13 @@ class GraphedEngine:
         except Exception as exc:
             raise TensorrtCallFailed(f"CUDA graph capture of the TensorRT engine failed: {type(exc).__name__}: "
                                      f"{first_line(exc)}") from None
-        self.start, self.end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        # replay() launches on the CURRENT stream (cudaGraphLaunch(graph, getCurrentCUDAStream()), PyTorch
+        # aten/src/ATen/cuda/CUDAGraph.cpp): the timer replays inside `with torch.cuda.stream(self.stream)`, where
+        # its events are recorded. On the legacy default stream it would not even order with them.
+        self.gpu_compute = QueuedAheadTimer(self.replay, self.stream)
 
-    def enqueue(self) -> None:
-        import torch
-
-        checked(self.context.execute_async_v3(torch.cuda.current_stream().cuda_stream), "execute_async_v3")
-
-    def gpu_compute(self) -> float:
-        import torch
-
-        # replay() launches on the CURRENT stream (cudaGraphLaunch(graph, getCurrentCUDAStream())): the events
-        # bracket the replay only when it runs on their stream. On the legacy default stream it would not even
-        # order with them (torch's pool streams are non-blocking).
-        with torch.cuda.stream(self.stream):
-            self.start.record(self.stream)
-            self.graph.replay()
-            self.end.record(self.stream)
-        self.end.synchronize()
-        return self.start.elapsed_time(self.end)
+    def replay(self) -> None:
+        self.graph.replay()
 
     def host_latency(self) -> float:
         import torch
@@ -521,29 +563,28 @@ class GraphedEngine:
 
     def close(self) -> None:
         """The graph first, then the context, then the buffers bound to it."""
-        for name in ("graph", "context", "input", "output"):
-            self.__dict__.pop(name, None)
+        self.__dict__.pop("graph", None)
+        super().close()
 
 
 class TensorrtRunner(Timed, TrtRunner):
     """Polygraphy's ``TrtRunner`` over engine bytes that :func:`pipeline.runtime.tensorrt_engine.load_engine_bytes` checked.
 
-    Inference (verify) and the plain timings go through ``TrtRunner.infer`` with device-resident inputs
-    (torch CUDA tensors). "GPU compute" is CUDA events recorded on the runner's stream immediately before and
-    after the engine's enqueue (``execute_async_v3``) inside that call, so they bracket the engine's kernels
-    and nothing of Polygraphy's Python setup or its synchronize. "host latency" is the host clock around one
-    call from page-locked (pinned) host memory with the outputs copied back into page-locked buffers too
-    (Polygraphy's own output buffers are pageable; the runner hands it pinned ones of the right size), then
-    Polygraphy's synchronize. With ``benchmark.cuda_graphs`` the engine runs from a :class:`GraphedEngine`
-    instead (trtexec's default).
+    Inference (verify) goes through ``TrtRunner.infer`` with device-resident inputs (torch CUDA tensors).
+    "GPU compute" times a :class:`BoundEngine` (its own context, both buffers bound with ``set_tensor_address``,
+    no output allocator) with :class:`QueuedAheadTimer`: one inference queued ahead, then CUDA events around one
+    ``execute_async_v3``, so the pair brackets the engine's kernels, not the enqueue's host work. "host latency"
+    is the host clock around one ``TrtRunner.infer`` from page-locked (pinned) host memory with the outputs
+    copied back into page-locked buffers too (Polygraphy's own output buffers are pageable; the runner hands it
+    pinned ones of the right size), then Polygraphy's synchronize: what a user of the runner waits for. With
+    ``benchmark.cuda_graphs`` the engine runs from a :class:`GraphedEngine` instead (trtexec's default).
 
     While the runner is active, TensorRT's runtime WARNINGs (for example "Using default stream in
     enqueueV3()") pass Polygraphy's logger, which prints them to the process's stdout: the child process's log,
     ``logs/<stage>.<backend>.log``.
     """
 
-    # Polygraphy's execution context; an EnqueueEvents wrapping it while "GPU compute" times one enqueue.
-    context: Any
+    context: Any  # Polygraphy's execution context
 
     def __init__(self, engine_bytes: bytes, sidecar: dict, *, name: str, input_name: str, output_name: str,
                  cuda_graphs: bool = False):
@@ -589,26 +630,17 @@ class TensorrtRunner(Timed, TrtRunner):
         return self._runner_timers(host)
 
     def _runner_timers(self, host: np.ndarray) -> Timers:
-        self.bench_feed = {self.input_name: DEVICE_MEMORY.tensor(host)}  # held: bound while the runner lives
+        self.bound = BoundEngine(self.engine, input_name=self.input_name, output_name=self.output_name, host=host)
         self.bench_host_feed = {self.input_name: DEVICE_MEMORY.pinned(host)}
         self._pin_output_buffers(len(host))
-        enqueue = EnqueueEvents(self.context, self.stream.ptr)
-
-        def gpu_compute() -> float:
-            context, self.context = self.context, enqueue
-            try:
-                self.infer(self.bench_feed, check_inputs=False, copy_outputs_to_host=False)
-            finally:
-                self.context = context
-            return enqueue.elapsed_ms()
 
         def host_latency() -> float:
             t = host_ms()
             self.infer(self.bench_host_feed, check_inputs=False, copy_outputs_to_host=True)
             return host_ms() - t
 
-        return [("GPU compute (CUDA events around the engine's enqueue in TrtRunner.infer, device-resident input)",
-                 gpu_compute),
+        return [(f"GPU compute ({QUEUED_AHEAD}, device-resident input, buffers bound with set_tensor_address)",
+                 self.bound.gpu_compute),
                 ("host latency (H2D + compute + D2H, pinned host memory, TrtRunner.infer)", host_latency)]
 
     def _pin_output_buffers(self, batch: int) -> None:
@@ -629,10 +661,10 @@ class TensorrtRunner(Timed, TrtRunner):
             self.host_output_buffers[name] = DEVICE_MEMORY.pinned_empty((nbytes,), torch.uint8)
 
     def _drop_bench_state(self) -> None:
-        graphed = self.__dict__.pop("graphed", None)
-        if graphed is not None:
-            graphed.close()
-        self.__dict__.pop("bench_feed", None)
+        for name in ("graphed", "bound"):
+            engine = self.__dict__.pop(name, None)
+            if engine is not None:
+                engine.close()
         self.__dict__.pop("bench_host_feed", None)
 
     def deactivate(self):
@@ -642,30 +674,6 @@ class TensorrtRunner(Timed, TrtRunner):
         finally:
             self.__dict__.pop("_bound_feed", None)  # after the context that was bound to it
             G_LOGGER.module_severity = getattr(self, "_severity", G_LOGGER.module_severity)
-
-
-class EnqueueEvents:
-    """The execution context as ``TrtRunner`` uses it, with CUDA events recorded on the engine's stream right
-    before and right after ``execute_async_v3``: on the GPU they bracket exactly the engine's kernels."""
-
-    def __init__(self, context: trt.IExecutionContext, stream_ptr: int):
-        import torch
-
-        self._context, self._stream = context, torch.cuda.ExternalStream(stream_ptr)
-        self._start, self._end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-
-    def __getattr__(self, name):
-        return getattr(self._context, name)
-
-    def execute_async_v3(self, stream_handle: int) -> bool:
-        self._start.record(self._stream)
-        ok = self._context.execute_async_v3(stream_handle)
-        self._end.record(self._stream)
-        return ok
-
-    def elapsed_ms(self) -> float:
-        self._end.synchronize()
-        return self._start.elapsed_time(self._end)
 
 
 class OpenVINORunner(Timed, BaseRunner):

@@ -74,12 +74,12 @@ def availability() -> tuple[bool, str]:
 
 def timing_cache_path(cfg, run_dir: RunDir, platform: dict | None = None) -> Path:
     """``build.timing_cache`` when given (the user's choice wins); else beside the run directories, one file
-    per TensorRT version and compute capability (``trt_timing.11.4.0.sm90.cache``), so every run on this
-    machine with this GPU and TensorRT shares (and merges into) one cache, and no other machine's does."""
+    per TensorRT version, GPU and compute capability (``trt_timing.11.4.0.NVIDIA_H200.sm90.cache``), so every run
+    on this machine with this GPU and TensorRT shares (and merges into) one cache, and no other GPU's does."""
     if cfg.build.timing_cache:
         return Path(cfg.build.timing_cache).expanduser()
     platform = platform or current_platform()
-    return run_dir.path.resolve().parent / timing_cache_name(platform.get("tensorrt"),
+    return run_dir.path.resolve().parent / timing_cache_name(platform.get("tensorrt"), platform.get("gpu"),
                                                              platform.get("compute_capability"))
 
 

@@ -5,7 +5,7 @@ stage's recipe, timed with the benchmark's method on the device, and the precisi
 from __future__ import annotations
 
 import json
-import re
+import logging
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,7 +19,8 @@ from pipeline.precision.int8 import MATRIX_OPS
 if TYPE_CHECKING:  # type-checked against tensorrt-stubs (tests/test_typecheck.py); never imported at run time
     import tensorrt as trt
 
-GPU_COMPUTE = "GPU compute"  # the label of TensorrtRunner's device-side timer: CUDA events around the enqueue
+log = logging.getLogger("pipeline")
+GPU_COMPUTE = "GPU compute"  # the label of TensorrtRunner's device-side timer (runners.QueuedAheadTimer)
 
 
 def tensorrt_timing(model: onnx.ModelProto, images: np.ndarray, batches: list[int], method, *, build_cfg,
@@ -28,7 +29,7 @@ def tensorrt_timing(model: onnx.ModelProto, images: np.ndarray, batches: list[in
     """The mix built as build builds an engine (:func:`build_engine`: strongly typed, no precision flag, one
     profile of ``build.min/opt/max_batch``, DETAILED profiling verbosity), run by benchmark's
     :class:`~pipeline.runtime.runners.TensorrtRunner` and timed with benchmark's device-side timer ("GPU compute":
-    CUDA events around the enqueue, over a CUDA graph with ``cuda_graphs``) and method
+    CUDA events with one inference queued ahead, over a CUDA graph with ``cuda_graphs``) and method
     (:func:`~pipeline.runtime.runners.measure`); the median per batch, and what the inspector says each matrix
     layer ran in. The same shape as :func:`pipeline.runtime.openvino_speed.openvino_timing`'s result."""
     from pipeline.core import env
@@ -44,7 +45,7 @@ def tensorrt_timing(model: onnx.ModelProto, images: np.ndarray, batches: list[in
                             input_name=input_name, output_name=output_name, cuda_graphs=cuda_graphs)
     latency, spread = {}, {}
     with runner:
-        runtime = runtime_precisions(runner.engine, model)
+        runtime = runtime_precisions(runner.engine, model, {input_name: shapes["opt"]})
         for batch in batches:
             x = np.ascontiguousarray(np.resize(images, (batch, *images.shape[1:])), dtype=dtype)
             run_once = next(timer for label, timer in runner.timers({input_name: x}) if label.startswith(GPU_COMPUTE))
@@ -93,49 +94,43 @@ def build_engine(model: onnx.ModelProto, *, input_name: str, shapes: dict, build
                 raise StageFailed(f"TensorRT engine build of a candidate mix failed: {first}") from None
 
 
-def runtime_precisions(engine: trt.ICudaEngine, model: onnx.ModelProto) -> dict[str, str]:
-    """``{matrix layer of model: "int8" | "fp16" | "fp32" | ... | "unknown"}`` from the engine inspector's JSON: the
-    data type of the activation each engine layer reads (its first input: the INT8 kernel of a Q/DQ convolution
-    reads Int8, whatever it writes), for every ONNX node the layer fused (:func:`fused_nodes`)."""
-    import tensorrt
+def runtime_precisions(engine: trt.ICudaEngine, model: onnx.ModelProto, shapes: dict[str, list[int]]) -> dict[str, str]:
+    """``{matrix layer of model: "int8" | "fp16" | "fp32" | ... | "unknown"}``: what the engine inspector says each
+    matrix node ran in (:func:`pipeline.runtime.tensorrt_inspector.read`), inspected through an execution context
+    with every input at ``shapes`` (``{input: shape}``), without which a dynamic-shape engine's layers show no data
+    type. The unknown ones are logged: a matrix node the inspector did not tell about is reported, not guessed."""
+    from pipeline.runtime import tensorrt_inspector
 
-    info = json.loads(engine.create_engine_inspector().get_engine_information(tensorrt.LayerInformationFormat.JSON))
-    layers = info.get("Layers") or []
-    if not layers or not all(isinstance(layer, dict) for layer in layers):
+    info = engine_information(engine, shapes)
+    matrix = [node.name for node in model.graph.node if node.op_type in MATRIX_OPS]
+    try:
+        reading = tensorrt_inspector.read(info, [node.name for node in model.graph.node], matrix)
+    except ValueError:
         verbosity = getattr(engine, "profiling_verbosity", "unknown")
         raise StageFailed(f"the TensorRT engine inspector reports layer names only (profiling verbosity "
                           f"{verbosity}); the layers' data types need an engine built with "
-                          "ProfilingVerbosity.DETAILED (tensorrt_engine.config_loader(detailed_profile=True))")
-    executed: dict[str, str] = {}
-    for layer in layers:
-        if layer.get("LayerType") == "Reformat":  # a copy between formats, named after the layer it feeds
-            continue
-        precision = tensor_precision(layer["Inputs"][0]) if layer.get("Inputs") else "unknown"
-        for name in fused_nodes(layer):
-            executed.setdefault(name, precision)
-    return {node.name: executed.get(node.name, "unknown") for node in model.graph.node if node.op_type in MATRIX_OPS}
+                          "ProfilingVerbosity.DETAILED (tensorrt_engine.config_loader(detailed_profile=True))") from None
+    if reading.unknown:
+        log.warning("tensorrt: the engine inspector tells the precision of %d of %d matrix layers; unknown: %s",
+                    len(matrix) - len(reading.unknown), len(matrix), ", ".join(reading.unknown[:10]))
+    return reading.precisions
 
 
-# TensorRT joins fused layers' names with " + " (vertical fusion) and " || " (horizontal); from 8.6 its Metadata
-# names each ONNX node as "[ONNX Layer: name]", joined with \x1e; 10.x may put \x1e/\x1f into names too.
-_NAME_SEPARATORS = re.compile(r" \+ | \|\| |[\x1e\x1f]")
-_ONNX_LAYER = re.compile(r"\[ONNX Layer: ([^\]\x1e]*)\]")
+def engine_information(engine: trt.ICudaEngine, shapes: dict[str, list[int]]) -> dict:
+    """The inspector's JSON of ``engine`` (``LayerInformationFormat.JSON``), inspected through an execution context
+    whose inputs are set to ``shapes``. ``IEngineInspector::setExecutionContext`` (TensorRT ``NvInferRuntime.h``):
+    "Setting the execution context and specifying all the input shapes allows the inspector to calculate concrete
+    dimensions for any dynamic shapes and display their format information. Otherwise ... format information will
+    not be shown" (trtexec's ``--exportLayerInfo`` sets it too: ``samples/common/sampleInference.cpp``)."""
+    import tensorrt
 
+    from pipeline.runtime.runners import TensorrtCallFailed, checked
 
-def fused_nodes(layer: dict) -> set[str]:
-    """The ONNX node names an engine layer stands for: its Metadata's ONNX layers and the parts of its name."""
-    names = {part.strip() for part in _NAME_SEPARATORS.split(layer.get("Name", ""))}
-    return (names | set(_ONNX_LAYER.findall(layer.get("Metadata") or ""))) - {""}
-
-
-# The words TensorRT's formats use for a data type, e.g. "Thirty-two wide channel vectorized row major Int8 format",
-# "Channel major FP16 format where channel % 8 == 0", "Row major linear FP32", and kgen's "Int8"/"Half"/"Float".
-_DATA_TYPES = {"INT8": "int8", "FP16": "fp16", "HALF": "fp16", "FP32": "fp32", "FLOAT": "fp32", "BFLOAT16": "bf16",
-               "BF16": "bf16", "FP8": "fp8", "FLOAT8E4M3": "fp8", "UINT8": "uint8", "INT32": "int32", "INT64": "int64"}
-
-
-def tensor_precision(tensor: dict) -> str:
-    """The data type of one tensor of an inspector layer: its "Format/Datatype" (TensorRT <= 10) or its
-    "Datatype" (TensorRT 11 split the two)."""
-    text = tensor.get("Format/Datatype") or tensor.get("Datatype") or ""
-    return next((_DATA_TYPES[w] for w in re.findall(r"[A-Z0-9]+", text.upper()) if w in _DATA_TYPES), "unknown")
+    context = engine.create_execution_context()
+    if not context:
+        raise TensorrtCallFailed("TensorRT could not create an execution context (its log above says why)")
+    for name, shape in shapes.items():
+        checked(context.set_input_shape(name, tuple(shape)), f"set_input_shape({name!r}, {tuple(shape)})")
+    inspector = engine.create_engine_inspector()
+    inspector.execution_context = context
+    return json.loads(inspector.get_engine_information(tensorrt.LayerInformationFormat.JSON))

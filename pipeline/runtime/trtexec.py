@@ -52,10 +52,12 @@ KINDS = {  # our row's timing label starts with ...: (name, exportTimes field)
     "GPU compute": ("compute", "computeMs"),
     "host latency": ("transfers", "latencyMs"),
 }
+NO_GRAPHS = "GPU compute without CUDA graphs"  # scripts/gpu_timing_check.py's reference for rows without graphs
 FLAGS = {  # trtexec's TensorRT major -> kind name -> its flags; the profile's flags
     10: {"compute": ["--useCudaGraph", "--noDataTransfers"], "transfers": ["--useCudaGraph"],
-         "profile": ["--separateProfileRun"]},
-    11: {"compute": [], "transfers": ["--includeDataTransfers"], "profile": []},
+         "compute-nographs": ["--noDataTransfers"], "profile": ["--separateProfileRun"]},
+    # 11 captures graphs by default; --noCudaGraph turns that off (samples/common/sampleOptions.cpp)
+    11: {"compute": [], "transfers": ["--includeDataTransfers"], "compute-nographs": ["--noCudaGraph"], "profile": []},
 }
 
 
@@ -124,8 +126,9 @@ def run_once(cmd: list[str], log_path: Path) -> str:
 
 
 def measure(exe: str, engine: Path, shape: str, kind: str, out_dir: Path, stem: str, method, batch: int) -> dict:
-    """One trtexec run of one kind ("GPU compute" or "host latency"): its statistics, or ``{"error": ...}``."""
-    name, field = KINDS[kind]
+    """One trtexec run of one kind ("GPU compute", "host latency" or :data:`NO_GRAPHS`): its statistics, or
+    ``{"error": ...}``."""
+    name, field = {**KINDS, NO_GRAPHS: ("compute-nographs", "computeMs")}[kind]
     major = version(exe)
     if major is None:
         return {"metric": field, "error": f"trtexec's TensorRT version is unknown (no [TensorRT vNNNNNN] banner in "

@@ -1,0 +1,126 @@
+"""scripts/gpu_timing_check.py on the virtual CUDA device (tests/virtual_cuda.py, tests/fake_tensorrt.py) with a
+stand-in trtexec (tests/fake_trtexec.py): both engines, batch 1 and 8, with and without CUDA graphs, the inspector's
+JSON, and the exit code. On a GPU it measures the real ones; here every rule and every path runs, and a timer that
+brackets the launch or an inspector whose layers say no data type fail it (the tolerances themselves:
+tests/test_gpu_check_rules.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from conftest import ROOT, cli
+from test_tensorrt_contract import built, built_run, fake_trt  # noqa: F401  (fixtures)
+from test_trtexec import fake_trtexec  # noqa: F401  (fixture)
+
+from pipeline.runtime import runners
+
+
+@pytest.fixture
+def check(monkeypatch):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import gpu_timing_check
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    monkeypatch.setattr(gpu_timing_check, "TINY_METHOD", {"warmup_s": 0, "min_iterations": 3, "min_duration_s": 0,
+                                                          "trials": 1, "cv_warn": 0.025})  # virtual time: exact
+    monkeypatch.setattr(gpu_timing_check, "REPLAYS", 10)  # K; the fake engine's kernels run ONNX Runtime
+    monkeypatch.setattr(gpu_timing_check, "libcudart_section", lambda: {"note": "a child importing torch: seconds"})
+    monkeypatch.setattr(gpu_timing_check, "torch_section", lambda: {"note": "not run: PyTorch's own CUDA kernels are "
+                                                                            "not modelled", "checks": []})
+    return gpu_timing_check
+
+
+@pytest.fixture
+def both_engines(built_run, fake_trt):  # noqa: F811
+    assert cli("export", "--run-dir", built_run, "export.int8.enabled=true") == 0
+    built(built_run, fake_trt, "export.int8.enabled=true")
+    assert (built_run / "model.int8.engine").is_file()
+    return built_run
+
+
+def statuses(report: dict) -> dict:
+    return {c["name"]: c["status"] for c in report["checks"]}
+
+
+def test_gpu_check_on_the_virtual_device(both_engines, fake_trt, fake_trtexec, check, monkeypatch, tmp_path):  # noqa: F811
+    """Every TensorRT question for both engines at batch 1 and 8 passes (exit 0) and dumps each inspector's JSON;
+    the defects it is for fail it (exit 1): a timer that brackets the launch (events on an idle stream), and an
+    inspector JSON without data types (every matrix layer unknown); without trtexec its checks are skipped
+    (exit 3)."""
+    monkeypatch.setenv("FAKE_TRTEXEC_VERSION", "11")  # --noCudaGraph for the rows without graphs
+    monkeypatch.setenv("FAKE_TRTEXEC_COMPUTE_MS", "virtual")
+    prefix = tmp_path / "out" / "gpu_check"
+    assert check.main([str(both_engines), "--out", str(prefix)]) == 0
+    report = json.loads(prefix.with_suffix(".json").read_text())
+    names = statuses(report)
+    assert set(names.values()) == {"passed"}, report["checks"]
+    for precision in ("fp16", "int8"):
+        for batch in (1, 8):
+            for mode in ("no graphs, the default", "CUDA graphs"):
+                where = f"TensorRT {precision} b={batch} ({mode})"
+                assert {f"{where}: benchmark timer vs events around 10 launches",
+                        f"{where}: benchmark timer vs trtexec computeMs"} <= set(names)
+        inspected = report["tensorrt"][precision]["inspector"]
+        assert inspected["unknown"] == 0 and inspected["matrix_layers"] > 0
+        assert json.loads((tmp_path / "out" / f"gpu_check.inspector.{precision}.json").read_text())["Layers"]
+    assert report["tensorrt"]["int8"]["inspector"]["precisions"].get("int8", 0) > 0
+    calls = fake_trtexec()
+    assert sum("--noCudaGraph" in c for c in calls) == len(calls) // 2 == 4
+
+    real_timer = runners.QueuedAheadTimer.__call__
+
+    def idle_stream(self):  # the defect: the start event on an idle stream, the launch inside the pair
+        import torch
+
+        with torch.cuda.stream(self.stream):
+            self.start.record(self.stream)
+            self.launch()
+            self.end.record(self.stream)
+        self.end.synchronize()
+        return self.start.elapsed_time(self.end)
+
+    monkeypatch.setattr(runners.QueuedAheadTimer, "__call__", idle_stream)
+    monkeypatch.setattr("pipeline.runtime.trtexec.find", lambda: None)  # trtexec's runs done: the rest is quicker
+    assert check.main([str(both_engines), "--out", str(prefix)]) == 1
+    failed = {n for n, s in statuses(json.loads(prefix.with_suffix(".json").read_text())).items() if s == "failed"}
+    assert failed and all("benchmark timer vs" in n for n in failed)
+    assert any("events around 10 launches" in n for n in failed)
+    monkeypatch.setattr(runners.QueuedAheadTimer, "__call__", real_timer)
+
+    monkeypatch.setattr(check, "inspector_section", _unreadable(check.inspector_section))
+    assert check.main([str(both_engines), "--out", str(prefix)]) == 1
+    report = json.loads(prefix.with_suffix(".json").read_text())
+    failed = {n for n, s in statuses(report).items() if s == "failed"}
+    assert failed == {f"TensorRT {p}: inspector reads every matrix layer" for p in ("fp16", "int8")}
+    assert all(c["detail"] == "not run: trtexec is not on PATH" for c in report["checks"]
+               if c["status"] == "skipped")
+    monkeypatch.setattr(check, "inspector_section", _unreadable.original)
+    assert check.main([str(both_engines), "--out", str(prefix)]) == 3  # trtexec missing: not every check ran
+
+
+def _unreadable(section):
+    """The inspector section over an engine whose JSON names no layer's type: every matrix layer unknown."""
+    _unreadable.original = section
+
+    def unreadable(engine, model, shapes, dump, precision):
+        from pipeline.runtime import tensorrt_speed
+
+        real = tensorrt_speed.engine_information
+
+        def strip(engine, shapes):
+            info = real(engine, shapes)
+            for layer in info["Layers"]:
+                for tensor in layer["Inputs"]:
+                    tensor.pop("Format/Datatype", None)
+            return info
+
+        tensorrt_speed.engine_information = strip
+        try:
+            return section(engine, model, shapes, dump, precision)
+        finally:
+            tensorrt_speed.engine_information = real
+
+    return unreadable
