@@ -108,8 +108,8 @@ def test_fp16_tune_keeps_more_nodes_in_fp16_than_greedy_fallback_and_round_trips
     """FP16 (tune --precision fp16): an early shift by 48 on the feature map (its FP16 rounding shows in its own
     tensor, so greedy fallback moves it first, but the pool washes it out) and the classifier's input shifted by
     384 with its FP16 weight sum (the logits are wrong): not matrix layers but an Add and a ReduceSum. tune ranks
-    every FP16 node that rounds, keeps only the late two in FP32 (with their FP32 weights) and passes, where greedy
-    keeps four; with no TensorRT here there is no FP16 target, so speed is not measured and said so, and the choice
+    every FP16 node that rounds, keeps only late nodes in FP32 (with their FP32 weights) and passes, where greedy
+    keeps the early shift too; with no TensorRT here there is no FP16 target, so speed is not measured and said so, and the choice
     goes to fp16_fallback.json, which export applies."""
     run = _copy(trained(f"{TUNE_MODELS}:mild_then_severe_fp16"), tmp_path)
     assert cli("tune", "--run-dir", run, "--precision", "fp16", *FAST) == 0
@@ -122,7 +122,10 @@ def test_fp16_tune_keeps_more_nodes_in_fp16_than_greedy_fallback_and_round_trips
     assert chosen["result"]["status"] == "passed" and chosen["result"]["confirmed"]["status"] == "passed"
     ranked = [r["layer"] for r in report["sensitivity"]["autocast"]]
     assert set(chosen["high"]) == set(ranked[: len(chosen["high"])])  # the top of the ranking
-    assert sorted(chosen["high"]) == ["/Add_1", "/ReduceSum"]
+    # The late fault is kept in FP32 and the early, washed-out shift is not. How many of the classifier's nodes must
+    # join /Add_1 and /ReduceSum depends on the trained weights, which differ by CPU: two on an AVX-512 Xeon, five
+    # (/Mul, /Sub_1, /fc/Gemm too) on an AVX2 EPYC; greedy keeps the early shift as well, seven.
+    assert {"/Add_1", "/ReduceSum"} <= set(chosen["high"]) and not {"/Add", "/Sub"} & set(chosen["high"])
     greedy = report["greedy"]
     assert greedy["result"]["status"] == "passed" and {"/Add", "/Sub"} <= set(greedy["high"])
     assert len(chosen["high"]) < len(greedy["high"])
