@@ -92,7 +92,8 @@ def time_backend(backend: Backend, ctx: Context, images, method: Method, verdict
     try:
         for batch in ctx.cfg.benchmark.batch_sizes:
             rows, skips = _time_batch(backend, ctx, runner, batch, images, method, verdict)
-            results += [{**row, "accuracy": accuracy, "deployable": deployable(verdict, policy)} for row in rows]
+            results += [{**row, "accuracy": accuracy, "deployable": backend.deploys and deployable(verdict, policy)}
+                        for row in rows]
             skipped += skips
     except Crashed as exc:  # the rows measured so far stand; the rest of this backend is a "crashed" row
         skipped.append({"backend": backend.name, "batch_size": batch, "reason": crashed(backend, exc), "log": exc.log,

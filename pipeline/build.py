@@ -43,35 +43,28 @@ def check_required(cfg) -> None:
 
 
 def plan(cfg, run_dir: RunDir) -> list[tuple[Target, Path | None, str]]:
-    """Per target: the ONNX graph to build it from, or None and why it is skipped.
-
-    FP16 without ``model.fp16.onnx`` because ``export.fp16.enabled`` is false builds ``model.onnx``
-    into the same engine (recorded as fp32); with FP16 enabled a missing file is "run export first".
-    A precision whose graph export did not write (``export.int8.enabled`` false, ModelOpt absent)
-    is skipped with its reason, not an error.
-    """
+    """Per target: the ONNX graph to build it from, or None and why it is skipped. A precision whose graph export
+    does not write (``export.<precision>.enabled`` false, ModelOpt absent) is skipped with its reason, never built
+    from another graph under its name; with its export on, a missing graph is "run export first"."""
     planned: list[tuple[Target, Path | None, str]] = []
     for t in tensorrt_engine.TARGETS:
         if t.precision not in cfg.build.precisions:
             planned.append((t, None, f"build.precisions does not include {t.precision}"))
         elif run_dir.file(t.onnx).exists():
             planned.append((t, run_dir.file(t.onnx), ""))
-        elif t.precision == "fp16":
-            if cfg.export.fp16.enabled:
-                run_dir.require(t.onnx, "export", "build")  # raises: export is enabled but wrote nothing
-            planned.append((t, run_dir.require(FP32_ONNX, "export", "build"), ""))
         else:
             planned.append((t, None, _no_onnx_reason(cfg, run_dir, t)))
     return planned
 
 
 def _no_onnx_reason(cfg, run_dir: RunDir, t: Target) -> str:
-    section = getattr(cfg.export, t.precision)
-    if not section.enabled:
+    if not getattr(cfg.export, t.precision).enabled:
         return f"no {t.onnx} ({t.switch} is false)"
-    said = ((run_dir.stage_entry("export") or {}).get("details") or {}).get(t.precision)
-    why = said.get("skipped") if isinstance(said, dict) else None  # e.g. no ModelOpt
-    return f"export wrote no {t.onnx}" + (f" ({why})" if why else "; run export")
+    why = run_dir.export_skipped(t.precision)  # e.g. no ModelOpt
+    if why:
+        return f"export wrote no {t.onnx} ({why})"
+    run_dir.require(t.onnx, "export", "build")  # raises: export is enabled but wrote nothing
+    return f"export wrote no {t.onnx}; run export"
 
 
 def run(cfg, run_dir: RunDir, record: StageRecord) -> None:
@@ -149,13 +142,15 @@ def build_engine(cfg, run_dir: RunDir, t: Target, onnx_path: Path, spec: dict, p
 
 def built_precision(run_dir: RunDir, t: Target, onnx_path: Path) -> str:
     """The precision the engine really has, from the graph it was built from (recorded in sidecar and manifest)."""
-    if onnx_path.name == FP32_ONNX:
-        return f"fp32 (strongly typed from {FP32_ONNX}; FP16 conversion was disabled)"
-    if t.precision == "int8":
-        return f"int8 (strongly typed from {t.onnx}: explicit Q/DQ, non-quantized regions as the graph types them)"
-    details = ((run_dir.stage_entry("export") or {}).get("details") or {}).get(t.precision) or {}
-    return (f"fp16 (strongly typed from {t.onnx}; {details.get('fp32_nodes_count', '?')} nodes kept FP32 by "
-            "AutoCast)")
+    from pipeline.core import onnx_io
+    from pipeline.precision import plugs
+
+    plug = plugs.by_name(t.precision)
+    graph = onnx_io.load(onnx_path, f"{plug.label} ONNX model")
+    precisions = plug.node_precisions(onnx_io.load(run_dir.file(FP32_ONNX)), graph)
+    counts = {p: sum(1 for _, q in precisions.values() if q == p) for p in plug.ladder}
+    return (f"{t.precision} (strongly typed from {t.onnx}: " +
+            ", ".join(f"{n} nodes {p}" for p, n in counts.items()) + ")")
 
 
 def _remove_stale(run_dir: RunDir, t: Target, onnx_path: Path | None) -> None:

@@ -11,6 +11,7 @@ import copy
 import difflib
 import math
 import re
+import logging
 import reprlib
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
@@ -18,9 +19,9 @@ from typing import Any, Literal, Optional, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
 
-from pipeline.precision import CALIBRATION_METHODS
+from pipeline.precision import CALIBRATION_METHODS, PRECISIONS
 from pipeline.runtime import backends as backend_table
-from pipeline.core.artifacts import FP16_ONNX, INT8_ONNX, METRICS
+from pipeline.core.artifacts import BF16_ONNX, FP16_ONNX, INT8_ONNX, METRICS
 from pipeline.core.errors import ConfigError, first_line
 
 MAX_CONFIG_BYTES = 1 << 20
@@ -138,6 +139,17 @@ class FP16Config(Section):
     op_types_to_exclude: list[str] = Field([], description="op types kept in FP32")
 
 
+class BF16Config(FP16Config):
+    """BF16 keeps FP32's exponent range, so nothing FP32 holds overflows it: no range rule by default; its 8-bit
+    mantissa rounds more than FP16's 11, which the gate (verify.bf16) judges."""
+
+    enabled: bool = Field(True, description=f"write {BF16_ONNX} with ModelOpt AutoCast (opset 22: the first with "
+                          "bfloat16 Conv, Gemm and pooling)")
+    range_rule: bool = Field(False, description="keep nodes whose measured values exceed data_max in FP32 (BF16 "
+                             "holds FP32's range: off by default)")
+    init_max: float = Field(3.0e38, gt=0, description="largest |initializer| a node may hold and run in BF16")
+
+
 class INT8Config(Section):
     enabled: bool = Field(True, description=f"write {INT8_ONNX} with ModelOpt PTQ (skipped, and said, without ModelOpt)")
     calibration_method: Literal[CALIBRATION_METHODS] = Field(
@@ -153,12 +165,13 @@ class ExportConfig(Section):
     exporter: Literal["torchscript", "dynamo"] = Field("torchscript", description="torch.onnx exporter")
     dynamic_batch: bool = Field(True, description="dynamic batch axis")
     fp16: FP16Config = FP16Config()
+    bf16: BF16Config = BF16Config()
     int8: INT8Config = INT8Config()
 
 
 class BuildConfig(Section):
-    precisions: list[Literal["fp16", "int8"]] = Field(["fp16", "int8"], description="TensorRT engines to build "
-                                                     "(each from its ONNX graph, where export wrote it)")
+    precisions: list[Literal[PRECISIONS]] = Field(list(PRECISIONS), description="TensorRT engines to build "
+                                                  "(each from its ONNX graph, where export wrote it)")
     min_batch: int = Field(1, ge=1, description="optimization profile: smallest batch")
     opt_batch: int = Field(8, ge=1, description="optimization profile: batch tuned for")
     max_batch: int = Field(32, ge=1, description="optimization profile: largest batch")
@@ -307,6 +320,18 @@ class BenchmarkConfig(Section):
         [b.name for b in backend_table.TABLE if b.benchmark == "default"],
         description="backends to time (each is skipped with a reason where it cannot run)",
     )
+
+    @field_validator("backends", mode="before")
+    @classmethod
+    def _renamed(cls, names):
+        """An old backend name (``onnxrt_fp16``, now ``onnxrt_fp16_cpu`` as verify names it) still works, and says so."""
+        if not isinstance(names, list):
+            return names
+        old = [n for n in names if isinstance(n, str) and n in backend_table.RENAMED]
+        for name in old:
+            logging.getLogger("pipeline").warning("config: benchmark.backends: %s is now %s (the old name still works)",
+                                                  name, backend_table.RENAMED[name])
+        return [backend_table.RENAMED.get(n, n) if isinstance(n, str) else n for n in names]
     batch_sizes: list[int] = Field([1, 8, 32], min_length=1, description="batch-size sweep")
     warmup_s: float = Field(0.2, ge=0, le=MAX_TIMING_S, description="warm-up time after the first run (at most "
                             f"{MAX_TIMING_S:g} s)")
@@ -335,7 +360,7 @@ class BenchmarkConfig(Section):
 
 
 class TuneConfig(Section):
-    precision: Literal["int8", "fp16"] = Field("int8", description="the low precision tune mixes with higher "
+    precision: Literal[PRECISIONS] = Field("int8", description="the low precision tune mixes with higher "
                                                "precision (tune --precision)")
     calibration_methods: list[Literal[CALIBRATION_METHODS]] = Field(
         ["max", "entropy"], min_length=1, description="calibration methods searched; the better front is kept")

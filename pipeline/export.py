@@ -3,9 +3,10 @@
 ``model.onnx`` comes from ``torch.onnx.export`` (the TorchScript exporter by default: a
 ResNet-18 exported with the dynamo exporter once lost all accuracy, pytorch/pytorch#169178;
 either way verify is what proves the result). ``model.fp16.onnx`` is the FP32 graph converted
-by ModelOpt AutoCast with FP32 inputs and outputs kept, calibrated on real validation images.
-``model.int8.onnx`` is the FP32 graph quantized by ModelOpt's INT8 PTQ (explicit Q/DQ, FP16
-elsewhere; see :mod:`pipeline.precision.int8`), calibrated on the first images of the same set.
+by ModelOpt AutoCast with FP32 inputs and outputs kept, calibrated on real validation images;
+``model.bf16.onnx`` the same in BF16 (opset 22). ``model.int8.onnx`` is the FP32 graph quantized by
+ModelOpt's INT8 PTQ (explicit Q/DQ, FP16 elsewhere; see :mod:`pipeline.precision.int8`), calibrated on
+the first images of the same set. Each through its plug (:mod:`pipeline.precision.plugs`).
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ import onnx
 import torch
 
 from pipeline.core import modeling, onnx_io, provenance
-from pipeline.precision import convert, fallback, int8
-from pipeline.core.artifacts import CALIBRATION, FP16_ONNX, FP32_ONNX, INT8_ONNX, WEIGHTS
+from pipeline.precision import fallback, int8, plugs
+from pipeline.core.artifacts import CALIBRATION, FP32_ONNX, WEIGHTS
 from pipeline.core.data import validation_batch
 from pipeline.core.errors import StageFailed, first_line
 from pipeline.core.run import RunDir, StageRecord, atomic_path, sha256_file
@@ -71,8 +72,8 @@ def run(cfg, run_dir: RunDir, record: StageRecord) -> None:
     weights_sha256 = sha256_file(run_dir.file(WEIGHTS))  # what every graph of this export records (the lock is held)
     # An export that does not finish leaves no graph a later stage could take for its output: the derived graphs
     # go first; model.onnx is replaced atomically, and one from other weights is refused by its stamp (provenance).
-    for graph in (FP16_ONNX, INT8_ONNX):
-        run_dir.file(graph).unlink(missing_ok=True)
+    for plug in plugs.ORDER:
+        run_dir.file(plug.graph).unlink(missing_ok=True)
     spec = card["spec"]
     ec = cfg.export
     examples, _ = validation_batch(cfg, card, 2)
@@ -98,31 +99,25 @@ def run(cfg, run_dir: RunDir, record: StageRecord) -> None:
     })
     record.artifact(FP32_ONNX)
 
-    if not ec.fp16.enabled:
-        run_dir.file(FP16_ONNX).unlink(missing_ok=True)
-        record.details["fp16"] = {"enabled": False, "reason": "export.fp16.enabled is false"}
-    else:
-        kept = fallback.read(run_dir, fallback.FP16_GRAPH, exported).fp32  # its names checked against model.onnx
-        record.details["fp16"] = convert.convert_fp16(cfg, run_dir, card, kept)
-        record.artifact(FP16_ONNX)
-        if run_dir.file(CALIBRATION).exists():
-            record.artifact(CALIBRATION)
-    export_int8(cfg, run_dir, card, record, exported)
+    for plug in plugs.ORDER:
+        export_graph(cfg, run_dir, card, record, exported, plug)
 
 
-def export_int8(cfg, run_dir: RunDir, card: dict, record: StageRecord, exported: onnx.ModelProto) -> None:
-    """``model.int8.onnx`` when ``export.int8.enabled``; without ModelOpt, "skipped: <reason>" in the record."""
-    path = run_dir.file(INT8_ONNX)
-    if not cfg.export.int8.enabled:
+def export_graph(cfg, run_dir: RunDir, card: dict, record: StageRecord, exported: onnx.ModelProto, plug) -> None:
+    """``model.<precision>.onnx`` when ``export.<precision>.enabled``; without ModelOpt, "skipped: <reason>" in the
+    record. The fallback file's raises are kept higher, its names checked against ``model.onnx``."""
+    path = run_dir.file(plug.graph)
+    if not plug.enabled(cfg):
         path.unlink(missing_ok=True)
-        record.details["int8"] = {"enabled": False, "reason": "export.int8.enabled is false"}
+        record.details[plug.name] = {"enabled": False, "reason": f"export.{plug.name}.enabled is false"}
         return
-    reason = int8.availability()
+    reason = int8.availability()  # ModelOpt: AutoCast and INT8 PTQ alike
     if reason:
         path.unlink(missing_ok=True)
-        log.warning("export: INT8 skipped: %s", reason)
-        record.details["int8"] = {"enabled": True, "skipped": reason}
+        log.warning("export: %s skipped: %s", plug.label, reason)
+        record.details[plug.name] = {"enabled": True, "skipped": reason}
         return
-    raised = fallback.read(run_dir, fallback.INT8_GRAPH, exported)  # its raises and the FP16 fallback's FP32 nodes
-    record.details["int8"] = convert.quantize_int8(cfg, run_dir, card, raised.out_of_int8, fp32_nodes=raised.fp32)
-    record.artifact(INT8_ONNX)
+    record.details[plug.name] = plug.write(cfg, run_dir, card, fallback.read(run_dir, plug, exported))
+    record.artifact(plug.graph)
+    if run_dir.file(CALIBRATION).exists():
+        record.artifact(CALIBRATION)

@@ -82,8 +82,9 @@ def sections(run: RunDir, cfg) -> dict:
     verify, bench = _load(run, artifacts.VERIFY_JSON), _load(run, artifacts.BENCHMARK_JSON)
     config_yaml = (run.file(CONFIG).read_text(encoding="utf-8") if run.file(CONFIG).exists()
                    else yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-    body = [_built(artifacts.MANIFEST, f, manifest) for f in (tables.stage_section, tables.training_section,
-                                                             tables.fp16_section, tables.int8_section)]
+    body = [_built(artifacts.MANIFEST, f, manifest) for f in (tables.stage_section, tables.training_section)]
+    body += [*_built(artifacts.MANIFEST, tables.float_sections, manifest),
+             _built(artifacts.MANIFEST, tables.int8_section, manifest)]
     if verify is not None:
         body += _built(artifacts.VERIFY_JSON, tables.verify_sections, verify)
     if bench is not None:

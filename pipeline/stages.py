@@ -29,6 +29,7 @@ from pipeline.core.status import Status
 from pipeline.core import artifacts as a
 from pipeline.core import env
 from pipeline.core.manifest import STAGE_ORDER
+from pipeline.precision import PRECISIONS
 from pipeline.core.errors import BackendUnavailable, UsageError
 from pipeline.core.run import RunDir, atomic_write, sha256_file
 
@@ -132,12 +133,10 @@ def _train_summary(entry: dict) -> str:
 
 def _export_summary(entry: dict) -> str:
     d = entry["details"]
-    fp16 = d.get("fp16") or {}
-    share = fp16.get("fp16_fraction")
-    int8 = d.get("int8") or {}
-    q = f"; INT8 {100 * int8['int8_fraction']:.1f}% of matrix ops" if int8.get("int8_fraction") is not None else ""
-    return f"opset {d.get('opset')}, {d.get('exporter')}" + (f"; FP16 nodes {100 * share:.1f}%" if share is not None
-                                                             else "") + q
+    shares = [f"{p.upper()} {100 * (d.get(p) or {})[f'{p}_fraction']:.1f}%" for p in PRECISIONS
+              if (d.get(p) or {}).get(f"{p}_fraction") is not None]
+    return f"opset {d.get('opset')}, {d.get('exporter')}" + (f"; {', '.join(shares)} of the nodes or matrix ops "
+                                                             "in that precision" if shares else "")
 
 
 def _verify_summary(entry: dict) -> str:
@@ -163,9 +162,9 @@ def _tune_summary(entry: dict) -> str:
 
 
 def _tune_writes(cfg) -> tuple[str, ...]:
-    """The fallback file tune writes: for FP16 it is also one of its inputs (for INT8 the FP16 fallback's nodes stay
-    in FP32 in every mix, so that file is an input)."""
-    return (a.FALLBACK,) if cfg.tune.precision == "fp16" else (a.INT8_FALLBACK,)
+    """The fallback file tune writes, its precision's: never one of its own inputs (an FP16 tune's output is
+    ``fp16_fallback.json``; an INT8 tune reads that file, whose nodes stay in FP32 in every INT8 mix)."""
+    return (a.fallback_file(cfg.tune.precision),)
 
 
 def _deploy_summary(entry: dict) -> str:
@@ -183,6 +182,12 @@ def _compare_summary(entry: dict) -> str:
            f"{d.get('environment')}"
 
 
+# Each lower precision's graph, engine and fallback file (pipeline/precision/plugs.py), by name only: no plug is
+# loaded to build the table (`--help` stays light).
+GRAPHS = tuple(a.graph_file(p) for p in PRECISIONS)
+ENGINES = tuple(a.engine_file(p) for p in PRECISIONS)
+FALLBACKS = tuple(a.fallback_file(p) for p in PRECISIONS)
+
 PROFILE = "record a torch.profiler trace (Chrome-trace JSON) of a few steps"
 
 STAGES = {
@@ -191,16 +196,16 @@ STAGES = {
                    options=(Option("--resume", f"continue from the run's {a.CHECKPOINT}"), Option("--profile", PROFILE)),
                    summary=_train_summary, distributed=True),
     "export": Stage("export", "export", ("model", "data", "export"),
-                    (a.WEIGHTS, a.MODEL_CARD, a.FALLBACK, a.INT8_FALLBACK), ("train",),
+                    (a.WEIGHTS, a.MODEL_CARD, *FALLBACKS), ("train",),
                     help="export FP32 ONNX, convert it to mixed-precision FP16 ONNX and quantize it to INT8 Q/DQ ONNX",
                     summary=_export_summary),
-    "build": Stage("build", "build", ("build",), (a.FP16_ONNX, a.FP32_ONNX, a.INT8_ONNX), ("export",),
+    "build": Stage("build", "build", ("build",), (a.FP32_ONNX, *GRAPHS), ("export",),
                    help="build strongly typed TensorRT engines, FP16 and INT8 (skipped without GPU/TensorRT), and "
                         "OpenVINO IR",
                    precheck="check_required"),
     # verify reads build.min/opt/max_batch too: it checks every batch size the artifacts serve (pipeline/evaluation/batching.py)
     "verify": Stage("verify", "verify", ("model", "data", "build", "verify"),
-                    (a.WEIGHTS, a.MODEL_CARD, a.FP32_ONNX, a.FP16_ONNX, a.ENGINE, a.INT8_ONNX, a.INT8_ENGINE),
+                    (a.WEIGHTS, a.MODEL_CARD, a.FP32_ONNX, *GRAPHS, *ENGINES),
                     ("train", "export", "build"),
                     help="compare every backend with the FP32 PyTorch model and gate on it",
                     options=(Option("--auto-fallback", "move failing FP16 nodes to FP32 until the gate passes",
@@ -209,7 +214,7 @@ STAGES = {
     # Benchmark shows verify's verdicts, so those (not verify's whole report) enter its fingerprint:
     # a tolerance change that does not flip a verdict does not re-time anything.
     "benchmark": Stage("benchmark", "benchmark", ("model", "data", "benchmark"),
-                       (a.WEIGHTS, a.FP32_ONNX, a.FP16_ONNX, a.ENGINE, a.INT8_ONNX, a.INT8_ENGINE),
+                       (a.WEIGHTS, a.FP32_ONNX, *GRAPHS, *ENGINES),
                        ("train", "export", "build"),
                        help="measure latency and throughput of every available backend",
                        options=(Option("--profile", PROFILE),), summary=_benchmark_summary),
@@ -217,7 +222,7 @@ STAGES = {
     # Upstream is train, not export: export re-runs after tune to apply its choice, and a new export run id would
     # make every later `all --tune` tune again. What tune reads of export's is model.onnx, an input by content.
     "tune": Stage("tune", "tune", ("model", "data", "export", "verify", "benchmark", "tune"),
-                  (a.WEIGHTS, a.MODEL_CARD, a.FP32_ONNX, a.FALLBACK), ("train",), writes=_tune_writes,
+                  (a.WEIGHTS, a.MODEL_CARD, a.FP32_ONNX, *FALLBACKS), ("train",), writes=_tune_writes,
                   help="choose the fastest INT8 (or FP16) mix that passes the gate, from measured per-layer "
                        "sensitivity and measured speed; write it as the precision's fallback file",
                   options=(Option("--tune", "tune the precision mix (tune.precision) after build, so verify and "

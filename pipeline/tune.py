@@ -40,7 +40,8 @@ from pipeline.core.errors import BackendUnavailable, CheckFailed, UsageError
 from pipeline.core.run import RunDir, StageRecord, write_json
 from pipeline.core.status import Status
 from pipeline.evaluation import candidates
-from pipeline.precision import convert, fallback, fp16, int8, sensitivity
+from pipeline.precision import fallback, int8, plugs, sensitivity
+from pipeline.precision.plugs import Precision
 from pipeline.precision.sensitivity import Candidate
 from pipeline.reports import tune_report
 from pipeline.runtime import openvino_speed, tensorrt_engine
@@ -52,112 +53,34 @@ SCRATCH = "model.tune.onnx"  # the graph tune is converting, while it converts i
 PREVIOUS = "previous choice"  # the origin of the fallback file's mix, judged again (tune._incumbent)
 
 
-# --------------------------------------------------------------------------- one precision's mixes
+# --------------------------------------------------------------------------- one precision's mixes (its plug)
 
 
-class Int8Mixes:
-    """INT8: layers left out of INT8 (into the FP16 regions); one calibration per method; ``int8_exact``."""
-
-    graph = fallback.INT8_GRAPH
-    exact = "int8_exact"  # the faithful CPU execution: its gate judges sensitivity
-    label = "INT8"
-    raised_to = "out of INT8"
-
-    def methods(self, cfg) -> list[str]:
-        return list(cfg.tune.calibration_methods)
-
-    def applied_method(self, t: Tuner) -> str:
-        """The calibration export applies now: the fallback file's (tune's earlier choice), else the config's."""
-        return fallback.calibration_method(t.run_dir) or t.cfg.export.int8.calibration_method
-
-    def kept_fp32(self, run_dir: RunDir, fp32_model: onnx.ModelProto) -> list[str]:
-        """What the FP16 fallback keeps in FP32 stays in FP32 in every mix (export applies it here too)."""
-        return fallback.read(run_dir, fallback.FP16_GRAPH, fp32_model).fp32
-
-    def unavailable(self, cfg) -> str:
-        if not cfg.export.int8.enabled:  # export would write no INT8 graph to apply the choice to
-            return "export.int8.enabled is false: there is no INT8 graph to tune (set it to true)"
-        return ""
-
-    def convert(self, t: Tuner, high: list[str], fp32: list[str], method: str) -> None:
-        """Export's own quantization into ``SCRATCH``: ``high`` left out of INT8, ``fp32`` kept in FP32."""
-        convert.quantize_int8(t.cfg, t.run_dir, t.card, high, out_name=SCRATCH, fp32_nodes=fp32,
-                              calibration_method=method)
-
-    def mix(self, t: Tuner, all_low: onnx.ModelProto, high, fp32=()) -> onnx.ModelProto:
-        model = sensitivity.unquantize(all_low, t.fp32_model, high)
-        extra = [n for n in fp32 if n not in t.base_fp32]
-        return fp16.keep_in_fp32(model, extra, t.fp32_model) if extra else model
-
-    def runner(self, t: Tuner, model: onnx.ModelProto):
-        from pipeline.runtime.runners import int8_exact_runner
-
-        return int8_exact_runner(model, self.exact)
-
-    def greedy_high(self, out_of_int8: list[str], fp32: list[str]) -> tuple[list[str], list[str]]:
-        """The fallback's raises as (layers raised, nodes kept in FP32)."""
-        return out_of_int8, fp32
-
-    def fallback_file(self, chosen: Candidate) -> dict:
-        return {"nodes": chosen.high, "fp32_nodes": chosen.fp32, "calibration_method": chosen.calibration,
-                "note": "chosen by python -m pipeline tune (tune.md): nodes left out of INT8, fp32_nodes kept in "
-                        "FP32, calibrated with calibration_method"}
+def _unavailable(plug: Precision, cfg) -> str:
+    """Why the precision cannot be tuned with this config: export would write no graph to apply the choice to."""
+    return "" if plug.enabled(cfg) else \
+        f"export.{plug.name}.enabled is false: there is no {plug.label} graph to tune (set it to true)"
 
 
-class Fp16Mixes:
-    """FP16: layers kept in FP32; one AutoCast conversion; the FP16 emulation (``verify.emulation``)."""
-
-    graph = fallback.FP16_GRAPH
-    exact = "fp16_emulation"
-    label = "FP16"
-    raised_to = "kept in FP32"
-
-    def methods(self, cfg) -> list[str]:
-        return ["autocast"]  # AutoCast's range rule is the export's, not a searched choice
-
-    def applied_method(self, t: Tuner) -> str:
-        return "autocast"
-
-    def kept_fp32(self, run_dir: RunDir, fp32_model: onnx.ModelProto) -> list[str]:
-        return []  # tune chooses these nodes itself, from AutoCast's own graph
-
-    def unavailable(self, cfg) -> str:
-        return "" if cfg.export.fp16.enabled else \
-            "export.fp16.enabled is false: there is no FP16 graph to tune (set it to true)"
-
-    def convert(self, t: Tuner, high: list[str], fp32: list[str], method: str) -> None:
-        convert.convert_fp16(t.cfg, t.run_dir, t.card, list(dict.fromkeys([*fp32, *high])), out_name=SCRATCH)
-
-    def mix(self, t: Tuner, all_low: onnx.ModelProto, high, fp32=()) -> onnx.ModelProto:
-        raised = [n for n in dict.fromkeys([*high, *fp32])]
-        return fp16.keep_in_fp32(all_low, raised, t.fp32_model) if raised else all_low
-
-    def runner(self, t: Tuner, model: onnx.ModelProto):
-        from pipeline.runtime.runners import fp16_emulation_runner
-
-        return fp16_emulation_runner(model, t.cfg.verify.emulation, self.exact)
-
-    def greedy_high(self, out_of_int8: list[str], fp32: list[str]) -> tuple[list[str], list[str]]:
-        return fp32, []  # an FP16 graph has no INT8 layers: what the fallback kept in FP32 is what it raised
-
-    def fallback_file(self, chosen: Candidate) -> dict:
-        return {"nodes": chosen.high, "note": "chosen by python -m pipeline tune (tune.md): kept in FP32"}
-
-
-MIXES = {"int8": Int8Mixes(), "fp16": Fp16Mixes()}
+def _applied_method(t: Tuner) -> str:
+    """How export makes the graph now: the fallback file's calibration (tune's earlier choice), else the config's,
+    else the plug's one way (AutoCast's)."""
+    configured = getattr(getattr(t.cfg.export, t.plug.name), "calibration_method", None)
+    return fallback.calibration_method(t.run_dir, t.plug) or configured or t.plug.methods(t.cfg)[0]
 
 
 class Tuner:
     """What every phase of one tune run shares: the evidence, the gate, the graphs, the target, the timing."""
 
-    def __init__(self, cfg, run_dir: RunDir, mixes):
-        self.cfg, self.run_dir, self.mixes = cfg, run_dir, mixes
+    def __init__(self, cfg, run_dir: RunDir, plug: Precision):
+        self.cfg, self.run_dir, self.plug = cfg, run_dir, plug
         self.model, self.card = modeling.load_trained(cfg, run_dir, "tune")
         self.spec = self.card["spec"]
         self.fp32_model = onnx_io.load(run_dir.require(FP32_ONNX, "export", "tune"))
         self.evidence = candidates.evidence(cfg, self.card, self.model)
-        self.gate = candidates.gate_for(cfg, mixes.exact, mixes.graph.precision)
-        self.base_fp32 = mixes.kept_fp32(run_dir, self.fp32_model)
+        self.gate = candidates.gate_for(cfg, plug.faithful, plug.name)
+        # What other precisions' fallbacks keep in FP32 stays in FP32 in every mix (export applies it here too).
+        self.base_fp32 = fallback.inherited_fp32(run_dir, plug, self.fp32_model)
         self.ctx = Context(cfg, run_dir, "tune", self.spec, model=self.model, isolate=False)
         n = min(cfg.tune.sensitivity_samples, len(self.evidence.labels))
         self.sens_feeds, self.sens_ref = _first_images(self.evidence, n)
@@ -170,34 +93,35 @@ class Tuner:
     def converted(self, high=(), fp32=(), method: str = "") -> onnx.ModelProto:
         """The graph export makes with ``high`` raised and ``fp32`` in FP32 (its own conversion, in a scratch file)."""
         try:
-            self.mixes.convert(self, list(high), list(fp32), method)
+            self.plug.write(self.cfg, self.run_dir, self.card, self.plug.as_raised(list(high), list(fp32)),
+                            out_name=SCRATCH, method=method)
             return onnx.load(str(self.run_dir.file(SCRATCH)))
         finally:
             self.run_dir.file(SCRATCH).unlink(missing_ok=True)
 
     def mix(self, all_low: onnx.ModelProto, high, fp32=()) -> onnx.ModelProto:
-        return self.mixes.mix(self, all_low, high, fp32)
+        return self.plug.mix(all_low, self.fp32_model, high, [n for n in fp32 if n not in self.base_fp32])
 
     def quick(self, model: onnx.ModelProto) -> dict:
         """The gate's criteria on the sensitivity images, run faithfully (the Q/DQ arithmetic, the FP16 rounding)."""
-        from pipeline.runtime.runners import collect
+        from pipeline.runtime.runners import collect, faithful_runner
 
-        outputs = collect(self.mixes.runner(self, model), self.sens_feeds)
+        outputs = collect(faithful_runner(self.plug, model, self.cfg.verify.emulation), self.sens_feeds)
         return sensitivity.metrics(outputs, self.sens_ref, self.sens_labels, self.gate, self.spec["output_name"],
                                    self.evidence.confidence)
 
     def full(self, model: onnx.ModelProto) -> fallback.Round:
         """The full gate: every candidate verify runs on the precision's graph, on every verify image."""
-        return candidates.recheck_round(self.mixes.graph, self.cfg, self.ctx, self.evidence, model)
+        return candidates.recheck_round(self.plug, self.cfg, self.ctx, self.evidence, model)
 
     def judge(self, model: onnx.ModelProto, high, origin: str, method: str, fp32=()) -> Candidate:
         checked = self.full(model)
-        exact = next((c for c in checked.checks if c.name == self.mixes.exact), None)
+        exact = next((c for c in checked.checks if c.name == self.plug.faithful), None)
         result = sensitivity.summary(exact.result) if exact is not None and "task_check" in exact.result else {}
         result.update({"status": Status.PASSED if checked.passed else Status.FAILED, "candidates": checked.results})
         cand = Candidate(list(high), origin, result, calibration=method, fp32=list(fp32 or self.base_fp32))
         cand.round = checked
-        log.info("tune: %s %s (%d layers %s): %s", method, origin, len(cand.high), self.mixes.raised_to,
+        log.info("tune: %s %s (%d layers %s): %s", method, origin, len(cand.high), self.plug.raised_to,
                  result["status"])
         return cand
 
@@ -232,8 +156,7 @@ def tune_method(t: Tuner, method: str) -> dict:
     with phase(t, f"convert ({method})", 1) as bar:
         all_low = t.converted(fp32=t.base_fp32, method=method)
         bar.update(1)
-    graph = t.mixes.graph
-    layers = sensitivity.low_layers(t.fp32_model, graph.precisions(t.fp32_model, all_low), graph.precision)
+    layers = sensitivity.low_layers(t.fp32_model, t.plug.node_precisions(t.fp32_model, all_low), t.plug)
     ops = {n.name: n.op_type for n in t.fp32_model.graph.node}
     with phase(t, f"sensitivity ({method})", 2 * len(layers) + 1) as bar:
         def quick(high) -> dict:
@@ -247,7 +170,7 @@ def tune_method(t: Tuner, method: str) -> dict:
             bar.update(1)
             return t.judge(t.mix(all_low, high), high, origin, method)
 
-        found = sensitivity.search([r.layer for r in ranked], judge, lowest=f"all {t.mixes.label}")
+        found = sensitivity.search([r.layer for r in ranked], judge, lowest=f"all {t.plug.label}")
         greedy = _greedy(t, all_low, method, found[0])
         if greedy is not None:
             found.append(greedy)
@@ -276,20 +199,20 @@ def _greedy(t: Tuner, all_low: onnx.ModelProto, method: str, all_low_cand: Candi
                          fp32=list(all_low_cand.fp32), round=all_low_cand.round)
     if failing is None:
         return None
-    cfg, graph = t.cfg, t.mixes.graph
-    loc = candidates.localize_candidate(cfg, graph, t.fp32_model, all_low, t.evidence, failing, None)
+    cfg, plug = t.cfg, t.plug
+    loc = candidates.localize_candidate(cfg, plug, t.fp32_model, all_low, t.evidence, failing, None)
     with tempfile.TemporaryDirectory(prefix=".tune.") as tmp:
         scratch = RunDir(Path(tmp))
 
         def remake(raised: fallback.Raised, out_name: str) -> dict:
-            model = t.mix(all_low, *t.mixes.greedy_high(raised.out_of_int8, raised.fp32))
+            model = t.mix(all_low, *plug.tune_raises(raised))
             onnx.save(model, str(scratch.file(out_name)))
-            return {f"{graph.precision}_fraction": graph.fraction(graph.precisions(t.fp32_model, model))}
+            return {f"{plug.name}_fraction": plug.fraction(plug.node_precisions(t.fp32_model, model))}
 
-        result = fallback.run(graph, cfg, scratch, t.fp32_model, all_low, loc, remake=remake, recheck=t.full,
+        result = fallback.run(plug, cfg, scratch, t.fp32_model, all_low, loc, remake=remake, recheck=t.full,
                               localize=lambda current, chk: candidates.localize_candidate(
-                                  cfg, graph, t.fp32_model, current, t.evidence, chk, None))
-    high, fp32 = t.mixes.greedy_high(result["raised"]["out_of_int8"], result["raised"]["fp32"])
+                                  cfg, plug, t.fp32_model, current, t.evidence, chk, None))
+    high, fp32 = plug.tune_raises(fallback.Raised(**result["raised"]))
     fp32 = list(dict.fromkeys([*t.base_fp32, *fp32]))
     cand = t.judge(t.mix(all_low, high, fp32), high, "greedy fallback", method, fp32)
     cand.result["greedy_passed"] = result["passed"]
@@ -301,19 +224,20 @@ def _greedy(t: Tuner, all_low: onnx.ModelProto, method: str, all_low_cand: Candi
 
 
 def speed_target(t: Tuner) -> dict:
-    """Where the mixes are timed: a strongly typed TensorRT engine where TensorRT and a GPU are here; else, for
-    INT8, the OpenVINO CPU plugin; an FP16 graph has no faster CPU target (``timing`` None, and ``reason``)."""
+    """Where the mixes are timed: a strongly typed TensorRT engine where TensorRT and a GPU are here; else the CPU
+    where the plug has a CPU target (INT8: the OpenVINO CPU plugin); a low float graph has no faster CPU target
+    (``timing`` None, and ``reason``)."""
     trt_ok, trt_reason = tensorrt_engine.availability()
     if trt_ok:
         return {"name": "TensorRT (strongly typed engine)", "timing": _tensorrt_timing(t)}
-    if t.mixes.graph.precision == "int8":
+    if t.plug.cpu_target:
         threads = t.cfg.benchmark.threads or env.usable_cores()
         return {"name": "OpenVINO CPU (f32 hint, LATENCY)", "timing": lambda model, low: openvino_speed.openvino_timing(
             model, _images(t), t.batches, t.timing, threads, int8_graph=low)}
     return {"name": "none", "timing": None,
-            "reason": f"no FP16 deployment target here: an FP16 graph runs faster only as a TensorRT engine on a GPU "
-                      f"({trt_reason}); CPU runtimes run its nodes through FP32 kernels. The mix is chosen on the gate "
-                      f"alone: the passing mix with the fewest layers kept in FP32"}
+            "reason": f"no {t.plug.label} deployment target here: an {t.plug.label} graph runs faster only as a "
+                      f"TensorRT engine on a GPU ({trt_reason}); CPU runtimes run its nodes through FP32 kernels. The "
+                      f"mix is chosen on the gate alone: the passing mix with the fewest layers {t.plug.raised_to}"}
 
 
 def _tensorrt_timing(t: Tuner):
@@ -357,9 +281,9 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, tune: bool = False, no_spe
     """``tune`` is ``all``'s flag (it runs this stage); ``no_speed_gate``: ``tune.min_speedup`` is reported only;
     ``precision``: ``tune --precision`` (else ``tune.precision``)."""
     start = time.perf_counter()
-    mixes = _mixes(cfg, precision or cfg.tune.precision)
-    t = Tuner(cfg, run_dir, mixes)
-    runs = [tune_method(t, method) for method in mixes.methods(cfg)]
+    plug = _plug(cfg, precision or cfg.tune.precision)
+    t = Tuner(cfg, run_dir, plug)
+    runs = [tune_method(t, method) for method in plug.methods(cfg)]
     incumbent = _incumbent(t, runs)
     baseline = time_candidates(t, runs)
     with phase(t, "confirm (export's graph)"):
@@ -368,13 +292,16 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, tune: bool = False, no_spe
     t.seconds["total"] = time.perf_counter() - start
     payload = tune_report.payload(cfg, t, runs, baseline, chosen, why, fronts)
     if chosen is not None:
-        write_json(run_dir.file(mixes.graph.fallback_file), mixes.fallback_file(chosen))
-        record.artifact(mixes.graph.fallback_file)
+        note = (f"chosen by python -m pipeline tune (tune.md): {plug.raised_to}" +
+                (", fp32_nodes kept in FP32, calibrated with calibration_method" if len(plug.ladder) > 2 else ""))
+        write_json(run_dir.file(plug.fallback_file),
+                   plug.fallback_payload(plug.as_raised(chosen.high, chosen.fp32), chosen.calibration, note))
+        record.artifact(plug.fallback_file)
     for path in tune_report.write_all(run_dir, payload):
         record.artifact(path.name)
     record.details.update(tune_report.details(payload))
     if chosen is None:
-        raise CheckFailed(f"tune: no {mixes.label} mix passes the gate, not even every layer {mixes.raised_to}; "
+        raise CheckFailed(f"tune: no {plug.label} mix passes the gate, not even every layer {plug.raised_to}; "
                           f"see tune.md")
     failure = tune_report.speed_failure(payload, None if no_speed_gate else cfg.tune.min_speedup)
     if failure:
@@ -382,18 +309,18 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, tune: bool = False, no_spe
     log.info("tune: %s", payload["summary"])
 
 
-def _mixes(cfg, precision: str):
-    """The precision's :class:`Int8Mixes`/:class:`Fp16Mixes`, once it can be tuned here."""
-    if precision not in MIXES:
-        raise UsageError(f"tune --precision {precision}: choose one of {', '.join(MIXES)}")
-    mixes = MIXES[precision]
-    reason = mixes.unavailable(cfg)
+def _plug(cfg, precision: str) -> Precision:
+    """The precision's plug, once it can be tuned here."""
+    if precision not in plugs.PLUGS:
+        raise UsageError(f"tune --precision {precision}: choose one of {', '.join(plugs.PLUGS)}")
+    plug = plugs.PLUGS[precision]
+    reason = _unavailable(plug, cfg)
     if reason:
         raise UsageError(reason)
-    missing = int8.availability()  # ModelOpt: both INT8 PTQ and AutoCast
+    missing = int8.availability()  # ModelOpt: INT8 PTQ and AutoCast alike
     if missing:
-        raise BackendUnavailable(f"{mixes.label} tuning needs ModelOpt: {missing}")
-    return mixes
+        raise BackendUnavailable(f"{plug.label} tuning needs ModelOpt: {missing}")
+    return plug
 
 
 def _incumbent(t: Tuner, runs: list[dict]) -> Candidate | None:
@@ -401,12 +328,12 @@ def _incumbent(t: Tuner, runs: list[dict]) -> Candidate | None:
     candidate of the run of its calibration, judged like every other (reused where the search judged the same mix):
     a re-run keeps it unless a new mix is better beyond the noise (:func:`sensitivity.keep_or_replace`). None without
     a fallback file, or when its calibration is not searched now."""
-    if not t.run_dir.file(t.mixes.graph.fallback_file).is_file():
+    if not t.run_dir.file(t.plug.fallback_file).is_file():
         return None
-    raised = fallback.read(t.run_dir, t.mixes.graph, t.fp32_model)
-    high, fp32 = t.mixes.greedy_high(raised.out_of_int8, raised.fp32)
+    raised = fallback.read(t.run_dir, t.plug, t.fp32_model)
+    high, fp32 = t.plug.tune_raises(raised)
     fp32 = list(dict.fromkeys([*t.base_fp32, *fp32]))
-    method = t.mixes.applied_method(t)
+    method = _applied_method(t)
     run = next((r for r in runs if r["method"] == method), None)
     if run is None:
         return None
@@ -441,7 +368,7 @@ def _choose(t: Tuner, runs: list[dict], incumbent: Candidate | None = None) -> t
 
 def _kept(t: Tuner, fastest: Candidate, batches: list[int]) -> str:
     lat = ", ".join(f"{fastest.latency_ms[b]:.3f} ms at batch {b}" for b in batches) or "timing not measured"
-    return (f"; kept as the previous choice ({t.mixes.graph.fallback_file}): the best new mix ({fastest.origin}, "
+    return (f"; kept as the previous choice ({t.plug.fallback_file}): the best new mix ({fastest.origin}, "
             f"{fastest.calibration}; {lat}) is not better beyond tune.same_speed ({t.cfg.tune.same_speed:g})")
 
 
@@ -449,9 +376,9 @@ def _why(t: Tuner, pick: Candidate, runs: list[dict], batches: list[int]) -> str
     others = [r["method"] for r in runs if r["method"] != pick.calibration]
     rest = f" (the {', '.join(others)} calibration's mixes judged and timed alike)" if others else ""
     if not batches:
-        return (f"the passing mix with the fewest layers {t.mixes.raised_to} (speed not measured: "
+        return (f"the passing mix with the fewest layers {t.plug.raised_to} (speed not measured: "
                 f"{t.target['reason'].split(':')[0]}), {pick.calibration}{rest}")
     lat = ", ".join(f"{pick.latency_ms[b]:.3f} ms at batch {b}" for b in batches)
     return (f"the fastest passing mix ({lat}; mixes within tune.same_speed of the fastest count as equally fast, "
-            f"and of those the one with the fewest layers {t.mixes.raised_to} wins), {pick.calibration} "
+            f"and of those the one with the fewest layers {t.plug.raised_to} wins), {pick.calibration} "
             f"calibration{rest}")

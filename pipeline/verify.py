@@ -29,9 +29,10 @@ import onnx
 
 from pipeline.core.status import Status
 from pipeline.core import modeling, onnx_io, provenance, verdicts
-from pipeline.precision import fallback
+from pipeline.precision import fallback, plugs
+from pipeline.precision.plugs import Precision
 from pipeline.runtime import backends
-from pipeline.core.artifacts import FP16_ONNX, FP32_ONNX, INT8_ONNX, WEIGHTS
+from pipeline.core.artifacts import FP32_ONNX, WEIGHTS
 from pipeline.reports import verify_report
 from pipeline.runtime.backends import Context
 from pipeline.core.errors import BackendUnavailable, CheckFailed, Inconclusive, StageFailed
@@ -47,52 +48,39 @@ log = logging.getLogger("pipeline")
 # --------------------------------------------------------------------------- the stage
 
 
-def _load_graphs(cfg, run_dir: RunDir, spec: dict, hashes: dict) -> tuple[onnx.ModelProto, onnx.ModelProto | None]:
-    """Both graphs, checked against the model card; ``hashes`` gets the sha256 of each file as it is read.
-
-    A ``model.fp16.onnx`` the config says export writes (``export.fp16.enabled``) must be there: its
-    candidates skipped for want of it would let the gate pass without checking FP16 at all.
-    """
+def _load_graphs(cfg, run_dir: RunDir, spec: dict, hashes: dict) -> tuple[onnx.ModelProto, dict]:
+    """``model.onnx`` and every lower-precision graph present, each checked against the model card; ``hashes`` gets
+    the sha256 of each file as it is read. A graph the config says export writes (``export.<precision>.enabled``)
+    must be there: its candidates skipped for want of it would let the gate pass without checking it at all."""
     fp32_path = run_dir.require(FP32_ONNX, "export", "verify")
     hashes[FP32_ONNX] = sha256_file(fp32_path)
     fp32_model = onnx_io.load(fp32_path)
     onnx_io.check_matches_spec(fp32_model, fp32_path, spec)
-    fp16_path = run_dir.file(FP16_ONNX)
-    if cfg.export.fp16.enabled:
-        run_dir.require(FP16_ONNX, "export", "verify")
-    fp16_model = None
-    if fp16_path.exists():
-        hashes[FP16_ONNX] = sha256_file(fp16_path)
-        fp16_model = onnx_io.load(fp16_path, "FP16 ONNX model")
-        onnx_io.check_matches_spec(fp16_model, fp16_path, spec)
+    graphs = {}
+    for plug in plugs.ORDER:
+        path = run_dir.file(plug.graph)
+        if plug.enabled(cfg) and not run_dir.export_skipped(plug.name):
+            run_dir.require(plug.graph, "export", "verify")
+        if path.exists():
+            hashes[plug.graph] = sha256_file(path)
+            graphs[plug.name] = onnx_io.load(path, f"{plug.label} ONNX model")
+            onnx_io.check_matches_spec(graphs[plug.name], path, spec)
     # Engines and IR: loaded (through their sidecar checks) by their runners; hashed for benchmark's verdicts.
     for artifact in (b.artifact for b in backends.TABLE if b.runtime in ("TensorRT", backends.OV)):
         if run_dir.file(artifact).is_file():
             hashes[artifact] = verify_report.artifact_sha256(run_dir, artifact)
-    return fp32_model, fp16_model
-
-
-def _load_int8(run_dir: RunDir, spec: dict, hashes: dict) -> onnx.ModelProto | None:
-    """``model.int8.onnx`` when present, checked against the model card (its absence: ``backends._needs_int8``)."""
-    path = run_dir.file(INT8_ONNX)
-    if not path.exists():
-        return None
-    hashes[INT8_ONNX] = sha256_file(path)
-    model = onnx_io.load(path, "INT8 ONNX model")
-    onnx_io.check_matches_spec(model, path, spec)
-    return model
+    return fp32_model, graphs
 
 
 def run(cfg, run_dir: RunDir, record: StageRecord, *, auto_fallback: bool = False) -> None:
     model, card = modeling.load_trained(cfg, run_dir, "verify")
     spec = card["spec"]
     hashes = {WEIGHTS: sha256_file(run_dir.file(WEIGHTS))}  # what each verdict is about (benchmark checks them)
-    fp32_model, fp16_model = _load_graphs(cfg, run_dir, spec, hashes)
-    int8_model = _load_int8(run_dir, spec, hashes)
-    provenance.check_graphs(hashes[WEIGHTS], {FP32_ONNX: fp32_model, FP16_ONNX: fp16_model,
-                                               INT8_ONNX: int8_model})  # never judge a stale graph
+    fp32_model, graphs = _load_graphs(cfg, run_dir, spec, hashes)
+    provenance.check_graphs(hashes[WEIGHTS], {FP32_ONNX: fp32_model, **{plugs.by_name(name).graph: graph
+                                                                          for name, graph in graphs.items()}})
     evidence = candidates.evidence(cfg, card, model)
-    ctx = Context(cfg, run_dir, "verify", spec, model=model, fp16=fp16_model, int8=int8_model)
+    ctx = Context(cfg, run_dir, "verify", spec, model=model, under_test=graphs)
     checks = candidates.plan(cfg, ctx)
     nonfinite = _nonfinite(evidence)
     if nonfinite:
@@ -108,27 +96,25 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, auto_fallback: bool = Fals
     for chk in (c for c in checks if c.name == "openvino_bf16" and c.status == Status.FAILED):
         chk.result["hint"] = verify_report.OPENVINO_BF16_NO_FALLBACK  # the FP32 fallback cannot reach an OpenVINO kernel
     gated = {} if export_broken else {
-        graph.precision: _precision_gate(graph, cfg, run_dir, card, ctx, fp32_model, evidence, checks, hashes,
-                                         auto_fallback=auto_fallback)
-        for graph in (fallback.FP16_GRAPH, fallback.INT8_GRAPH)}
-    (loc16, fb16), (loc8, fb8) = gated.get("fp16", (None, None)), gated.get("int8", (None, None))
+        plug.name: _precision_gate(plug, cfg, run_dir, card, ctx, fp32_model, evidence, checks, hashes,
+                                   auto_fallback=auto_fallback)
+        for plug in plugs.ORDER}
     batching.verify_batch_sizes(cfg, checks, evidence, candidates.gate_for)  # every batch size served
     verify_report.log_batch_sizes(checks)
     written = predictions.record(run_dir, checks, evidence)
     if written is not None:
         record.artifact(written.name)
-    fb16, fb8 = verify_report.with_earlier_fallbacks(run_dir, hashes, fb16, fb8)
+    gated = verify_report.with_earlier_fallbacks(run_dir, hashes, gated)
     verdict = candidates.verdict(checks, cfg.verify.inconclusive)
-    payload = verify_report.build_payload(cfg, card, checks, loc16, fb16, verdict, len(evidence.labels),
-                                   cfg.verify.batch_size, hashes=hashes, int8_localization=loc8, int8_fallback=fb8)
+    payload = verify_report.build_payload(cfg, card, checks, gated, verdict, len(evidence.labels),
+                                          cfg.verify.batch_size, hashes=hashes)
     for p in verify_report.write_all(run_dir, payload):
         record.artifact(p.name)
-    record.details.update(_details(checks, verdict, evidence, fb16, fb8))
+    record.details.update(_details(checks, verdict, evidence, gated))
     record.details.update(_reference_quality(run_dir, evidence))
     failing_first = verdict.failed[0] if verdict.failed else None
-    shown_loc = loc8 if failing_first is not None and failing_first.backend.uses_int8_model else loc16
-    fixable = any((c.backend.uses_fp16_model or c.backend.uses_int8_model) and not c.result.get("hint")
-                  for c in verdict.failed)
+    shown_loc = (gated.get(failing_first.backend.graph) or (None, None))[0] if failing_first is not None else None
+    fixable = any(c.backend.graph and not c.result.get("hint") for c in verdict.failed)
     _raise_for(verdict, shown_loc, export_broken, suggest_fallback=fixable and not auto_fallback)
     log.info("verify: passed (%s); deployable: %s; %s", ", ".join(f"{c.name} {c.status}" for c in checks),
              ", ".join(verdict.deployable) or "none", verify_report.reference_words(record.details))
@@ -146,8 +132,9 @@ def _reference_quality(run_dir: RunDir, evidence: Evidence) -> dict:
             "reference_learned": learning.get("learned"), "reference_learning": learning.get("line")}
 
 
-def _details(checks: list[Check], verdict: Verdict, evidence: Evidence, fb16: dict | None, fb8: dict | None) -> dict:
+def _details(checks: list[Check], verdict: Verdict, evidence: Evidence, gated: dict) -> dict:
     """The manifest's summary of verify: what passed, what is deployable, what a fallback replaced."""
+    fallbacks = {name: fb for name, (_, fb) in gated.items() if fb is not None}
     return {
         "passed": verdict.passed,
         "candidates": {c.name: c.status for c in checks},
@@ -155,11 +142,9 @@ def _details(checks: list[Check], verdict: Verdict, evidence: Evidence, fb16: di
         "undecided": verdict.undecided,
         **verify_report.runtime_details(checks),
         "samples": len(evidence.labels),
-        "fallback": None if fb16 is None else {k: fb16[k] for k in (Status.PASSED, "moved_to_fp32")},
-        "int8_fallback": None if fb8 is None else {k: fb8[k] for k in (Status.PASSED, "excluded_from_int8", "kept_in_fp32",
-                                                                         "int8_fraction_after") if k in fb8},
+        "fallbacks": {name: {"passed": fb["passed"], "raised": fb["raised"]} for name, fb in fallbacks.items()},
         # The stage runner re-runs the stages that produce and consume these (verify runs none itself).
-        "replaced_artifacts": (fb16["replaced"] if fb16 else []) + (fb8["replaced"] if fb8 else []),
+        "replaced_artifacts": [a for fb in fallbacks.values() for a in fb["replaced"]],
     }
 
 
@@ -176,13 +161,13 @@ def _refuse_broken_reference(cfg, card, run_dir: RunDir, record: StageRecord, ch
     for chk in checks:
         chk.result = {"status": Status.SKIPPED, "reason": reason, "tolerance": candidates.gate_for(cfg, chk.name, chk.precision)}
         verify_report.log_check(chk)
-    payload = verify_report.build_payload(cfg, card, checks, None, None, Verdict(passed=False), len(evidence.labels),
-                                   cfg.verify.batch_size, hashes=hashes, reference_nonfinite=nonfinite)
+    payload = verify_report.build_payload(cfg, card, checks, {}, Verdict(passed=False), len(evidence.labels),
+                                          cfg.verify.batch_size, hashes=hashes, reference_nonfinite=nonfinite)
     for p in verify_report.write_all(run_dir, payload):
         record.artifact(p.name)
     record.details.update({"passed": False, "candidates": {c.name: c.status for c in checks},
                            "samples": len(evidence.labels), "reference_nonfinite": nonfinite,
-                           "fallback": None, "replaced_artifacts": []})
+                           "fallbacks": {}, "replaced_artifacts": []})
     raise CheckFailed(verify_report.reference_nonfinite_message(nonfinite, len(evidence.labels)))
 
 
@@ -207,56 +192,46 @@ def _raise_for(verdict: Verdict, localization, export_broken: bool, suggest_fall
 # --------------------------------------------------------------------------- localisation and fallback, every precision
 
 
-def _precision_gate(graph: fallback.PrecisionGraph, cfg, run_dir: RunDir, card, ctx: Context, fp32_model,
-                    evidence: Evidence, checks: list[Check], hashes: dict, *,
-                    auto_fallback: bool) -> tuple[dict | None, dict | None]:
-    """A failing gating candidate of ``graph``: localise it, then (``--auto-fallback``) raise the precision of the
-    offending nodes until the graph passes. Returns (localisation, fallback), each None when it did not run."""
-    failing = [c for c in checks if c.gates and c.status == Status.FAILED and candidates.runs_graph(c, graph)]
+def _precision_gate(plug: Precision, cfg, run_dir: RunDir, card, ctx: Context, fp32_model, evidence: Evidence,
+                    checks: list[Check], hashes: dict, *, auto_fallback: bool) -> tuple[dict | None, dict | None]:
+    """A failing gating candidate of ``plug``'s graph: localise it, then (``--auto-fallback``) raise the precision of
+    the offending nodes until the graph passes. Returns (localisation, fallback), each None when it did not run."""
+    failing = [c for c in checks if c.gates and c.status == Status.FAILED and candidates.runs_graph(c, plug)]
     if not failing:
         return None, None
-    if graph.precision == "int8" and any(c.name == "int8_exact" and c.status == Status.PASSED for c in checks):
-        for chk in failing:  # the Q/DQ graph itself is sound: a runtime's kernels compute it differently
-            chk.result["hint"] = verify_report.INT8_KERNELS_HINT
+    if any(c.name == plug.faithful and c.status == Status.PASSED for c in checks):
+        for chk in failing:  # the graph itself is sound: a runtime's kernels compute it differently
+            chk.result["hint"] = verify_report.kernels_hint(plug)
         return None, None
-    model = ctx.int8_model if graph.precision == "int8" else ctx.fp16_model
-    loc = candidates.localize_candidate(cfg, graph, fp32_model, model, evidence, failing[0], run_dir) if cfg.verify.localize else None
+    model = ctx.graph(plug.name)
+    loc = candidates.localize_candidate(cfg, plug, fp32_model, model, evidence, failing[0], run_dir) \
+        if cfg.verify.localize else None
     if not auto_fallback:
         return loc, None
     rounds: list[fallback.Round] = []
 
     def recheck(current) -> fallback.Round:
-        rounds.append(candidates.recheck_round(graph, cfg, ctx, evidence, current))
+        rounds.append(candidates.recheck_round(plug, cfg, ctx, evidence, current))
         return rounds[-1]
 
     result = fallback.run(
-        graph, cfg, run_dir, fp32_model, model, loc, recheck=recheck,
-        remake=lambda raised, out_name: candidates.remake(graph, cfg, run_dir, card, raised, out_name),
-        localize=lambda current, chk: candidates.localize_candidate(cfg, graph, fp32_model, current, evidence, chk, None))
+        plug, cfg, run_dir, fp32_model, model, loc, recheck=recheck,
+        remake=lambda raised, out_name: plug.write(cfg, run_dir, card, raised, out_name),
+        localize=lambda current, chk: candidates.localize_candidate(cfg, plug, fp32_model, current, evidence, chk,
+                                                                    None))
     if result["passed"]:
-        _commit(graph, checks, rounds[-1].checks)
-        hashes[graph.artifact] = sha256_file(run_dir.file(graph.artifact))
-    return loc, _legacy_keys(graph, result)
+        _commit(plug, checks, rounds[-1].checks)
+        hashes[plug.graph] = sha256_file(run_dir.file(plug.graph))
+    return loc, verify_report.with_legacy_keys(plug, result)
 
 
-def _legacy_keys(graph: fallback.PrecisionGraph, result: dict) -> dict:
-    """verify.json's names for what moved (schemas pipeline.verify/1 and /2), beside the precision core's ``raised``."""
-    if graph.precision == "int8":
-        return {**result, "excluded_from_int8": result["raised"]["out_of_int8"],
-                "kept_in_fp32": result["raised"]["fp32"]}
-    return {**result, "moved_to_fp32": result["raised"]["fp32"]}
-
-
-def _commit(graph: fallback.PrecisionGraph, checks: list[Check], rechecked: list[Check]) -> None:
+def _commit(plug: Precision, checks: list[Check], rechecked: list[Check]) -> None:
     """The passing round's results replace the candidates' of the old file; what was made from the old file
     (an engine, an OpenVINO IR) is stale until build re-makes it."""
     by_name = {c.name: c for c in rechecked}
-    stale = verify_report.STALE_INT8_ENGINE if graph.precision == "int8" else verify_report.STALE_ENGINE
     for chk in checks:
         if chk.name in by_name:
             chk.result = {**by_name[chk.name].result, "after_fallback": True}
-        elif candidates.runs_graph(chk, graph) and chk.status != Status.SKIPPED:
-            chk.result = {"status": Status.SKIPPED, "reason": stale, "after_fallback": True,
+        elif candidates.runs_graph(chk, plug) and chk.status != Status.SKIPPED:
+            chk.result = {"status": Status.SKIPPED, "reason": verify_report.stale_artifact(plug), "after_fallback": True,
                           "tolerance": chk.result.get("tolerance")}
-
-

@@ -1,6 +1,6 @@
 """A backend whose child process kills itself with SIGSEGV, for tests/test_isolate.py.
 
-``TABLE`` holds the ``onnxrt_fp16`` entry (verify's ``onnxrt_fp16_cpu``) with a runner that crashes
+``TABLE`` holds the ``onnxrt_fp16_cpu`` entry (verify's ``onnxrt_fp16_cpu``) with a runner that crashes
 where ``CRASH_AT`` says: ``start`` (while the session is created), ``infer`` (the first inference) or
 ``time`` (the first timed run); ``stop`` stops itself with SIGSTOP at the first
 inference (a hang); ``raise`` raises a Python exception instead (an error, not a
@@ -13,7 +13,7 @@ import signal
 
 from pipeline.runtime import backends
 
-REAL = backends.by_name("onnxrt_fp16")
+REAL = backends.by_name("onnxrt_fp16_cpu")
 
 
 def _segfault(*args, **kwargs):

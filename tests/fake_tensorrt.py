@@ -72,7 +72,7 @@ import numpy as np
 
 import virtual_cuda as vc
 
-MAGIC = b"FAKE-TRT-ENGINE\n"
+MAGIC = b"FAKE-TRT-FP16_ENGINE\n"
 STREAM = 0x5EED  # a blocking stream that exists on every virtual device (the first one created)
 
 

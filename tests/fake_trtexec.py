@@ -30,7 +30,7 @@ import os
 import sys
 import time
 
-MAGIC = b"FAKE-TRT-ENGINE\n"
+MAGIC = b"FAKE-TRT-FP16_ENGINE\n"
 KNOWN = {"--loadEngine", "--shapes", "--useCudaGraph", "--noDataTransfers", "--warmUp", "--iterations", "--duration",
          "--exportTimes", "--exportProfile", "--separateProfileRun", "--help"}
 NO_OPS_11 = ("--noDataTransfers", "--useCudaGraph", "--separateProfileRun")  # TensorRT 11: warned, ignored

@@ -162,3 +162,43 @@ def test_a_status_is_its_json_string(status):
     import json
 
     assert json.dumps({"s": status}) == json.dumps({"s": str(status)}) and status == str(status)
+
+
+# --------------------------------------------------------------------------- one precision protocol (issue 32)
+
+# The precision plugs and the graph modules they are made of: the only places that may name a precision.
+PLUG_MODULES = {"plugs.py", "fp16.py", "int8.py"}
+
+
+def precision_branches(path: Path) -> list[str]:
+    """Comparisons of something named "...precision..." with a lower precision's name (``precision == "int8"``,
+    ``graph.precision in ("fp16", "int8")``): a branch that a precision's plug should carry as data."""
+    from pipeline.precision import PRECISIONS
+
+    def names(node) -> set[str]:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return {node.value} & set(PRECISIONS)
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return {v for e in node.elts for v in names(e)}
+        return set()
+
+    hits = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(names(s) for s in sides) and any("precision" in ast.unparse(s) for s in sides if not names(s)):
+                hits.append(f"{path.parent.name}/{path.name}:{node.lineno}: {ast.unparse(node)}")
+    return hits
+
+
+def test_no_precision_is_named_in_a_branch_outside_its_plug():
+    files = [p for p in sorted(ROOT.rglob("*.py")) if not (p.parent.name == "precision" and p.name in PLUG_MODULES)]
+    assert [hit for p in files for hit in precision_branches(p)] == []
+
+
+def test_the_precision_check_finds_a_branch_and_leaves_data(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text('a = plug.precision == "int8"\nb = precision in ("fp16", "bf16")\nc = {"int8": 1}["int8"]\n'
+                    'd = hint == "bf16"\ne = x.precision == other\n')
+    assert [h.split(": ", 1)[1] for h in precision_branches(path)] == ["plug.precision == 'int8'",
+                                                                         "precision in ('fp16', 'bf16')"]

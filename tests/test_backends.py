@@ -78,9 +78,9 @@ def test_table_names_match_the_config():
 
 def test_verify_candidates_keep_their_order_and_names():
     assert [b.candidate for b in backends.candidates()] == [
-        "onnxrt_fp32", "fp16_emulation", "onnxrt_fp16_cpu", "int8_exact", "onnxrt_int8_cpu", "tensorrt_fp16",
-        "tensorrt_int8", "onnxrt_cuda_fp16", "openvino_fp32", "openvino_bf16", "openvino_int8"]
-    assert backends.verified_by(backends.by_name("onnxrt_fp16")) == "onnxrt_fp16_cpu"
+        "onnxrt_fp32", "fp16_emulation", "onnxrt_fp16_cpu", "bf16_emulation", "int8_exact", "onnxrt_int8_cpu",
+        "tensorrt_fp16", "tensorrt_bf16", "tensorrt_int8", "onnxrt_cuda_fp16", "openvino_fp32", "openvino_bf16", "openvino_int8"]
+    assert backends.verified_by(backends.by_name("onnxrt_fp16_cpu")) == "onnxrt_fp16_cpu"
     assert backends.verified_by(backends.by_name("torch_fp32")) == "reference"
     assert backends.verified_by(backends.by_name("torch_autocast")) is None
 
@@ -176,7 +176,7 @@ def test_tensorrt_int8_entry():
     entry = backends.by_name("tensorrt_int8")
     assert (entry.precision, entry.device, entry.artifact, entry.candidate, entry.requires, entry.runtime) == (
         "int8", "cuda", "model.int8.engine", "tensorrt_int8", "tensorrt", "TensorRT")
-    assert entry.isolated and not entry.uses_fp16_model
+    assert entry.isolated and entry.graph == "int8"
     assert "tensorrt_int8" in config.resolve().benchmark.backends
 
 

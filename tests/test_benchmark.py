@@ -70,7 +70,7 @@ def test_benchmark_outputs(tiny_run):
         assert key in payload
     assert payload["environment"]["threads"] >= 1 and payload["environment"]["cpu"]
     backends = {r["backend"] for r in payload["results"]}
-    assert {"torch_fp32", "onnxrt_fp32", "onnxrt_fp16"} <= backends
+    assert {"torch_fp32", "onnxrt_fp32", "onnxrt_fp16_cpu"} <= backends
     for r in payload["results"]:
         for key in ("backend", "precision", "device", "batch_size", "timing", "latency_ms", "throughput_per_s",
                     "iterations", "trials", "cv_warning", "cuda_graphs", "verify"):
@@ -82,7 +82,7 @@ def test_benchmark_outputs(tiny_run):
     assert verdicts["torch_fp32"] == "reference" and verdicts["onnxrt_fp32"] == "passed"
     assert {r["batch_size"] for r in payload["results"]} == {1, 4}
     md = (tiny_run / "benchmark.md").read_text()
-    assert "| backend |" in md and "onnxrt_fp16" in md
+    assert "| backend |" in md and "onnxrt_fp16_cpu" in md
     for name in ("benchmark_latency.png", "benchmark_throughput.png"):
         w, h = png_size(tiny_run / name)
         assert w > 300 and h > 200

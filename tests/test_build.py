@@ -95,7 +95,7 @@ def test_build_skips_with_reason_without_tensorrt(clone_run):
     assert cli("build", "--run-dir", run) == 0
     entry = json.loads((run / "manifest.json").read_text())["stages"]["build"]
     assert entry["status"] == "skipped" and entry["reason"] == reason
-    assert not (run / tensorrt_engine.ENGINE).exists()
+    assert not (run / tensorrt_engine.FP16_ENGINE).exists()
 
 
 def test_require_tensorrt_fails_with_exit_3(clone_run, capsys):
@@ -114,13 +114,13 @@ PLATFORM = {"tensorrt": "11.4.0", "gpu": "NVIDIA H200", "compute_capability": "9
 def fake_engine(tmp_path, **sidecar_changes):
     import hashlib
 
-    engine = tmp_path / tensorrt_engine.ENGINE
+    engine = tmp_path / tensorrt_engine.FP16_ENGINE
     engine.write_bytes(b"serialized engine bytes")
-    sidecar = {"schema": tensorrt_engine.SIDECAR_SCHEMA, "built_by": "pipeline 0.1.0", "engine": tensorrt_engine.ENGINE,
+    sidecar = {"schema": tensorrt_engine.SIDECAR_SCHEMA, "built_by": "pipeline 0.1.0", "engine": tensorrt_engine.FP16_ENGINE,
                "sha256": hashlib.sha256(engine.read_bytes()).hexdigest(), **PLATFORM, **sidecar_changes}
     (tmp_path / tensorrt_engine.SIDECAR).write_text(json.dumps(sidecar))
     run = RunDir(tmp_path)  # as the build stage records it: only recorded engines are loaded
-    run.manifest["stages"]["build"] = {"status": "ok", "artifacts": {tensorrt_engine.ENGINE: {
+    run.manifest["stages"]["build"] = {"status": "ok", "artifacts": {tensorrt_engine.FP16_ENGINE: {
         "sha256": hashlib.sha256(engine.read_bytes()).hexdigest(), "bytes": engine.stat().st_size}}}
     return run
 
@@ -151,7 +151,7 @@ def test_tampered_engine_bytes_refused(tmp_path):
     from pipeline.core.errors import InputError
 
     run = fake_engine(tmp_path)
-    (tmp_path / tensorrt_engine.ENGINE).write_bytes(b"serialized engine bytes, with a payload appended")
+    (tmp_path / tensorrt_engine.FP16_ENGINE).write_bytes(b"serialized engine bytes, with a payload appended")
     with pytest.raises(InputError, match="changed after the build"):
         tensorrt_engine.load_engine_bytes(run, platform=PLATFORM)
 
@@ -220,11 +220,11 @@ def test_build_makes_one_engine_per_precision_from_its_graph(clone_run, fake_trt
     entry = build_entry(run)
     assert entry["status"] == "ok" and entry["details"]["skipped"] == {}
     engines = {name for name in entry["artifacts"] if not name.startswith("openvino/")}  # build writes the IR too
-    assert engines == {tensorrt_engine.ENGINE, tensorrt_engine.SIDECAR, tensorrt_engine.INT8_ENGINE, tensorrt_engine.INT8_ENGINE_SIDECAR}
+    assert engines == {tensorrt_engine.FP16_ENGINE, tensorrt_engine.SIDECAR, tensorrt_engine.INT8_ENGINE, tensorrt_engine.INT8_ENGINE_SIDECAR}
     engines = entry["details"]["engines"]
     assert engines["int8"]["precision"].startswith("int8 (strongly typed from model.int8.onnx")
     assert engines["fp16"]["precision"].startswith("fp16 (strongly typed from model.fp16.onnx")
-    for precision, engine, onnx_name in (("fp16", tensorrt_engine.ENGINE, tensorrt_engine.FP16_ONNX),
+    for precision, engine, onnx_name in (("fp16", tensorrt_engine.FP16_ENGINE, tensorrt_engine.FP16_ONNX),
                                          ("int8", tensorrt_engine.INT8_ENGINE, tensorrt_engine.INT8_ONNX)):
         data, sidecar = tensorrt_engine.load_engine_bytes(RunDir(run), platform=PLATFORM, engine=engine)
         assert data == b"engine from " + (run / onnx_name).read_bytes()[:16]
@@ -277,7 +277,7 @@ def test_int8_engine_has_the_same_trust_checks(clone_run, fake_trt):
     with pytest.raises(InputError, match="changed after the build"):
         tensorrt_engine.load_engine_bytes(rd, platform=PLATFORM, engine=tensorrt_engine.INT8_ENGINE)
     # The FP16 engine and sidecar put in the INT8 engine's place: the sidecar names another engine.
-    for src, dst in ((tensorrt_engine.ENGINE, tensorrt_engine.INT8_ENGINE), (tensorrt_engine.SIDECAR, tensorrt_engine.INT8_ENGINE_SIDECAR)):
+    for src, dst in ((tensorrt_engine.FP16_ENGINE, tensorrt_engine.INT8_ENGINE), (tensorrt_engine.SIDECAR, tensorrt_engine.INT8_ENGINE_SIDECAR)):
         (run / dst).write_bytes((run / src).read_bytes())
     with pytest.raises(InputError, match="describes model.fp16.engine, not model.int8.engine"):
         tensorrt_engine.load_engine_bytes(rd, platform=PLATFORM, engine=tensorrt_engine.INT8_ENGINE)
@@ -290,7 +290,7 @@ def test_an_int8_engine_the_build_did_not_record_is_refused(tmp_path):
     from pipeline.core.errors import InputError
 
     run = fake_engine(tmp_path)  # records only model.fp16.engine
-    (tmp_path / tensorrt_engine.INT8_ENGINE).write_bytes((tmp_path / tensorrt_engine.ENGINE).read_bytes())
+    (tmp_path / tensorrt_engine.INT8_ENGINE).write_bytes((tmp_path / tensorrt_engine.FP16_ENGINE).read_bytes())
     sidecar = json.loads((tmp_path / tensorrt_engine.SIDECAR).read_text())
     (tmp_path / tensorrt_engine.INT8_ENGINE_SIDECAR).write_text(json.dumps({**sidecar, "engine": tensorrt_engine.INT8_ENGINE}))
     with pytest.raises(InputError, match="not the engine the build stage recorded"):

@@ -473,7 +473,7 @@ def test_bundle_text_is_shown_printable(bundled, capsys):
     run, bundle = bundled
     planted = "\x1b[31mRED\x1b[0m\n| x | y |"
     _edit(bundle, _set("environment.tensorrt", planted))
-    (run / "model.fp16.onnx").unlink()  # onnxrt_fp16 missing: the failure line carries the environment
+    (run / "model.fp16.onnx").unlink()  # onnxrt_fp16_cpu missing: the failure line carries the environment
     code, err = _compare(run, bundle, capsys)
     assert "tensorrt ?[31mRED?[0m?" in _failure(code, err) and not any("\x1b" in line for line in err), err
     md = (run / "compare.md").read_text()

@@ -8,7 +8,7 @@ import pytest
 
 from pipeline.core import onnx_io
 from pipeline.core.errors import InputError
-from pipeline.precision import fallback, fp16
+from pipeline.precision import plugs, fallback, fp16
 from pipeline.runtime.runners import collect, onnxrt_runner
 
 
@@ -98,7 +98,7 @@ def _graph(*names: str) -> onnx.ModelProto:
 GRAPH = _graph("/a/Conv", "/b/Add", "/c/Gemm")
 
 
-def _read(tmp_path, files: dict[str, object], graph=fallback.INT8_GRAPH, fp32_model=GRAPH):
+def _read(tmp_path, files: dict[str, object], graph=plugs.INT8, fp32_model=GRAPH):
     from pipeline.core.run import RunDir
 
     for name, content in files.items():

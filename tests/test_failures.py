@@ -556,22 +556,22 @@ PLATFORM = {"tensorrt": "10.13.0", "gpu": "NVIDIA H200", "compute_capability": "
 
 
 def _engine(tmp_path: Path, **changes) -> Path:
-    engine = tmp_path / tensorrt_engine.ENGINE
+    engine = tmp_path / tensorrt_engine.FP16_ENGINE
     engine.write_bytes(b"\x00serialized engine\x00")
-    sidecar = {"schema": tensorrt_engine.SIDECAR_SCHEMA, "built_by": "pipeline 0.1.0", "engine": tensorrt_engine.ENGINE,
+    sidecar = {"schema": tensorrt_engine.SIDECAR_SCHEMA, "built_by": "pipeline 0.1.0", "engine": tensorrt_engine.FP16_ENGINE,
                "sha256": sha(engine), **PLATFORM, **changes}
     (tmp_path / tensorrt_engine.SIDECAR).write_text(json.dumps(sidecar))
     from pipeline.core.run import RunDir
 
     run = RunDir(tmp_path)  # as the build stage records it: only recorded engines are loaded
-    run.manifest["stages"]["build"] = {"status": "ok", "artifacts": {tensorrt_engine.ENGINE: {"sha256": sha(engine),
+    run.manifest["stages"]["build"] = {"status": "ok", "artifacts": {tensorrt_engine.FP16_ENGINE: {"sha256": sha(engine),
                                                                                    "bytes": engine.stat().st_size}}}
     run.save_manifest()
     return engine
 
 
 @pytest.mark.parametrize("tamper, fragment", [
-    (lambda t: (t / tensorrt_engine.ENGINE).write_bytes(b"\x00serialized engine\x00 + payload"), "changed after the build"),
+    (lambda t: (t / tensorrt_engine.FP16_ENGINE).write_bytes(b"\x00serialized engine\x00 + payload"), "changed after the build"),
     (lambda t: (t / tensorrt_engine.SIDECAR).unlink(), "has no sidecar model.fp16.engine.json"),
     (lambda t: _engine(t, built_by="trtexec"), "is not a pipeline engine sidecar"),
     (lambda t: _engine(t, schema="someone.else/1"), "is not a pipeline engine sidecar"),
@@ -597,7 +597,7 @@ def test_engine_checked_on_exactly_the_bytes_that_are_loaded(tmp_path):
     (tmp_path / tensorrt_engine.SIDECAR).write_text("{corrupt")
     with pytest.raises(InputError, match="engine sidecar is unreadable or corrupt"):
         tensorrt_engine.load_engine_bytes(RunDir(tmp_path), platform=PLATFORM)
-    (tmp_path / tensorrt_engine.ENGINE).unlink()
+    (tmp_path / tensorrt_engine.FP16_ENGINE).unlink()
     with pytest.raises(InputError, match="model.fp16.engine does not exist; run `python -m pipeline build"):
         tensorrt_engine.load_engine_bytes(RunDir(tmp_path), platform=PLATFORM)
 
@@ -609,7 +609,7 @@ def test_build_without_tensorrt_removes_an_engine_it_did_not_build(capsys, clone
     code, err = run_main(capsys, "build", "--run-dir", run)
     assert code == EXIT_OK, err
     assert stage(run, "build")["status"] == "skipped"
-    assert not (run / tensorrt_engine.ENGINE).exists() and not (run / tensorrt_engine.SIDECAR).exists()
+    assert not (run / tensorrt_engine.FP16_ENGINE).exists() and not (run / tensorrt_engine.SIDECAR).exists()
 
 
 # --------------------------------------------------------------------------- untrusted files
@@ -949,7 +949,7 @@ VALID = {
     "verify.candidates.tensorrt_fp16.rtol": st.none() | tolerance,
     "verify.candidates.onnxrt_fp32.enabled": st.booleans(),
     "benchmark.batch_sizes": st.lists(st.integers(1, 4096), min_size=1, max_size=5),
-    "benchmark.backends": st.lists(st.sampled_from(["torch_fp32", "onnxrt_fp32", "onnxrt_fp16", "tensorrt_fp16"]),
+    "benchmark.backends": st.lists(st.sampled_from(["torch_fp32", "onnxrt_fp32", "onnxrt_fp16_cpu", "tensorrt_fp16"]),
                                    max_size=4),
     "require": st.lists(st.sampled_from(["tensorrt", "cuda"]), max_size=2),
 }

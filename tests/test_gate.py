@@ -213,7 +213,9 @@ def test_int8_localisation_names_the_first_node_over_the_rule_not_the_worst():
 
     feed = {"x": np.random.default_rng(0).uniform(-1, 1, (8, 4)).astype(np.float32)}
     rule = criteria.TensorRule.of(scaled_gate(max_scaled_error=0.01))
-    result = localize.localize_int8(_chain(False), _chain(True), feed, rule, top=5)
+    from pipeline.precision import plugs
+
+    result = localize.localize_faithful(plugs.INT8, _chain(False), _chain(True), feed, rule, top=5)
     errors = {row["name"]: row["scaled_error"] for row in result["worst"]}
     assert 0.01 < errors["mmA"] < errors["mmB"]  # both over; mmB far worse
     assert result["first_divergent"]["name"] == "mmA"

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from conftest import FAULTS, ROOT, TINY, cli, copy_run, trained_and_exported
 from pipeline.core import env
-from pipeline.precision import int8
+from pipeline.precision import plugs, int8
 from pipeline.runtime import backends, runners
 from pipeline.runtime.backends import Context
 
@@ -54,7 +54,7 @@ def _numpy_qdq_matmul(x, x_scale, x_zero, w_q, w_scale) -> np.ndarray:
 
 
 def _exact(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
-    ctx = Context(cfg=None, run_dir=None, stage="verify", spec={}, int8=model)
+    ctx = Context(cfg=None, run_dir=None, stage="verify", spec={}, under_test={"int8": model})
     runner = backends.by_name("int8_exact").make(ctx)  # the table entry's own runner
     with runner:
         return runner.infer({"x": x})["y"]
@@ -115,8 +115,8 @@ def test_onnxrt_int8_cpu_computes_the_graph_with_fp16_biases():
     loses the whole bias); onnxrt_int8_cpu leaves that pass out and matches the exact Q/DQ execution."""
     model = _qdq_conv_fp16_bias(5.0)
     feed = {"x": np.random.default_rng(1).normal(0, 2, (1, 4, 6, 6)).astype(np.float32)}
-    ctx = Context(cfg=None, run_dir=None, stage="verify", spec={}, int8=model, isolate=False)
-    with runners.int8_exact_runner(model, "int8_exact") as exact:
+    ctx = Context(cfg=None, run_dir=None, stage="verify", spec={}, under_test={"int8": model}, isolate=False)
+    with runners.faithful_runner(plugs.INT8, model) as exact:
         expected = exact.infer(feed)["y"]
     with backends.by_name("onnxrt_int8_cpu").make(ctx) as runner:
         actual = runner.infer(feed)["y"]
@@ -154,7 +154,7 @@ def test_int8_exact_is_the_graph_as_written_where_fused_kernels_differ():
     model = _qdq_conv_half_bias()
     feed = {"x": (np.arange(16, dtype=np.float32) - 8).reshape(1, 4, 2, 2)}
     expected = ReferenceEvaluator(model).run(None, feed)[0]
-    ctx = Context(cfg=None, run_dir=None, stage="verify", spec={}, int8=model, isolate=False)
+    ctx = Context(cfg=None, run_dir=None, stage="verify", spec={}, under_test={"int8": model}, isolate=False)
     with backends.by_name("int8_exact").make(ctx) as runner:
         np.testing.assert_array_equal(runner.infer(feed)["y"], expected)
     from pipeline.runtime.runners import onnxrt_runner
@@ -174,7 +174,7 @@ def test_exact_model_rounds_fp16_regions():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     model.ir_version = 9
     x = np.array([2048.0], np.float32)  # 2048 + 1 is not an FP16 number: rounds to 2048
-    runner = runners.int8_exact_runner(model, "t")
+    runner = runners.faithful_runner(plugs.INT8, model)
     with runner:
         assert runner.infer({"x": x})["y"][0] == 2048.0
 

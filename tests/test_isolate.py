@@ -36,8 +36,8 @@ GATED = "verify.gate=[onnxrt_fp32,fp16_emulation,onnxrt_fp16_cpu]"
 
 @pytest.fixture
 def crashing(monkeypatch):
-    """The ``onnxrt_fp16`` entry replaced by one whose child kills itself with SIGSEGV at ``CRASH_AT``."""
-    table = [crash_backends.TABLE[0] if b.name == "onnxrt_fp16" else b for b in backends.TABLE]
+    """The ``onnxrt_fp16_cpu`` entry replaced by one whose child kills itself with SIGSEGV at ``CRASH_AT``."""
+    table = [crash_backends.TABLE[0] if b.name == "onnxrt_fp16_cpu" else b for b in backends.TABLE]
     monkeypatch.setattr(backends, "TABLE", table)
 
     def at(where: str) -> None:
@@ -54,7 +54,7 @@ def test_a_segfaulting_candidate_is_crashed_and_the_others_complete(capsys, clon
     capsys.readouterr()
     assert cli("-q", "verify", "--run-dir", run, GATED) == EXIT_RUNTIME
     err = capsys.readouterr().err
-    log = "logs/verify.onnxrt_fp16.log"
+    log = "logs/verify.onnxrt_fp16_cpu.log"
     assert f"onnxrt_fp16_cpu: crashed: SIGSEGV while {phase} (log: {log})" in err and "Traceback" not in err
 
     report = json.loads((run / "verify.json").read_text())
@@ -81,11 +81,11 @@ def test_benchmark_records_a_crash_and_completes(capsys, clone_run, crashing):
     payload = json.loads((run / "benchmark.json").read_text())
     measured = {(r["backend"], r["batch_size"]) for r in payload["results"]}
     assert measured == {(b, n) for b in ("torch_fp32", "onnxrt_fp32") for n in (1, 4)}
-    (skip,) = [s for s in payload["skipped"] if s["backend"] == "onnxrt_fp16"]
+    (skip,) = [s for s in payload["skipped"] if s["backend"] == "onnxrt_fp16_cpu"]
     assert skip["reason"] == ("crashed: SIGSEGV while timing batch 1 (wall-clock, synchronous CPU call) "
-                              "(log: logs/benchmark.onnxrt_fp16.log)")
+                              "(log: logs/benchmark.onnxrt_fp16_cpu.log)")
     assert skip["log_tail"][-1] == "[pipeline.runtime.isolate] timing batch 1 (wall-clock, synchronous CPU call)"
-    assert "Skipped onnxrt_fp16 at batch 1: crashed: SIGSEGV" in (run / "benchmark.md").read_text()
+    assert "Skipped onnxrt_fp16_cpu at batch 1: crashed: SIGSEGV" in (run / "benchmark.md").read_text()
     assert manifest(run)["stages"]["benchmark"]["status"] == "ok"
 
 

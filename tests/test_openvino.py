@@ -150,7 +150,7 @@ def test_bf16_also_needs_openvinos_own_bf16_capability(tmp_path, monkeypatch):
 def test_int8_without_the_q_dq_model(clone_run):
     run = clone_run()
     int8 = backends.by_name("openvino_int8").unavailable
-    assert int8(_ctx(run, "export.int8.enabled=false")) == backends.NO_INT8
+    assert int8(_ctx(run, "export.int8.enabled=false")) == backends.disabled("int8")
     with pytest.raises(InputError, match="run `python -m pipeline export"):  # INT8 on, and no file: not a skip
         int8(_ctx(run, "export.int8.enabled=true"))
 
@@ -158,14 +158,14 @@ def test_int8_without_the_q_dq_model(clone_run):
 def test_a_bf16_hint_that_reaches_no_kernel_is_refused(tiny_run):
     import openvino as ov
 
-    from pipeline.runtime.runners import check_runs_bf16
+    from pipeline.runtime.runners import check_runs_in
 
     core = ov.Core()
     model = core.read_model(str(tiny_run / "openvino/fp32.xml"))
     with pytest.raises(RuntimeError, match="no layer runs in bf16"):
-        check_runs_bf16(core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"}))
+        check_runs_in(core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"}), "bf16")
     if not openvino_ir.bf16_reason():
-        check_runs_bf16(core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "bf16"}))
+        check_runs_in(core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "bf16"}), "bf16")
 
 
 # --------------------------------------------------------------------------- a planted BF16 fault
@@ -244,7 +244,7 @@ def test_benchmark_openvino_rows_throughput_ratios_and_benchmark_app(clone_run, 
 
 def _row(backend, batch, p50, images, verify="passed", device="cpu", timing=CPU_WALL_CLOCK):
     return {"backend": backend, "batch_size": batch, "latency_ms": {"p50": p50}, "throughput_per_s": images,
-            "verify": verify, "device": device, "timing": timing}
+            "verify": verify, "device": device, "timing": timing, "deployable": verify == "passed"}
 
 
 def test_headline_names_the_fastest_passing_artifact_per_device_at_batch_1_and_the_largest():

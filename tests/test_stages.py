@@ -193,11 +193,11 @@ def test_tunes_own_fallback_file_is_not_its_input_and_export_rerunning_does_not_
     int8, fp16 = tiny_cfg(), tiny_cfg("tune.precision=fp16")
     before = {cfg.tune.precision: stages.fingerprint(tune, cfg, run) for cfg in (int8, fp16)}
     run.manifest["stages"]["export"] = {"status": "ok", "run_id": "export ran again after tune"}
-    (tmp_path / artifacts.FALLBACK).write_text('{"nodes": ["/a/Add"]}')  # what an FP16 tune writes
+    (tmp_path / artifacts.FP16_FALLBACK).write_text('{"nodes": ["/a/Add"]}')  # what an FP16 tune writes
     (tmp_path / artifacts.INT8_FALLBACK).write_text('{"nodes": ["/a/Conv"]}')  # what an INT8 tune writes
     assert stages.fingerprint(tune, fp16, run) == before["fp16"]
     assert stages.fingerprint(tune, int8, run) != before["int8"]  # the FP16 fallback's nodes stay FP32 in INT8 mixes
-    (tmp_path / artifacts.FALLBACK).unlink()
+    (tmp_path / artifacts.FP16_FALLBACK).unlink()
     assert stages.fingerprint(tune, int8, run) == before["int8"]
     run.manifest["stages"]["train"] = {"status": "ok", "run_id": "trained again"}
     assert stages.fingerprint(tune, int8, run) != before["int8"]

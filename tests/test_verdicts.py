@@ -57,7 +57,7 @@ def test_missing_fp16_model_is_run_export_first(clone_run, capsys):
     err = capsys.readouterr().err
     assert "verify needs model.fp16.onnx" in err and "run `python -m pipeline export" in err
     assert "export.fp16.enabled is false" not in err
-    assert cli("benchmark", "--run-dir", run) == 2  # onnxrt_fp16 is among the timed backends
+    assert cli("benchmark", "--run-dir", run) == 2  # onnxrt_fp16_cpu is among the timed backends
     assert "benchmark needs model.fp16.onnx" in capsys.readouterr().err
 
 
@@ -106,7 +106,7 @@ def test_benchmark_shows_no_verdict_for_another_model_onnx(clone_run):
     assert cli("benchmark", "--run-dir", run) == 0
     rows = json.loads((run / "benchmark.json").read_text())["results"]
     column = {r["backend"]: r["verify"] for r in rows}
-    assert column == {"torch_fp32": "reference", "onnxrt_fp32": "not verified", "onnxrt_fp16": "passed"}
+    assert column == {"torch_fp32": "reference", "onnxrt_fp32": "not verified", "onnxrt_fp16_cpu": "passed"}
 
 
 def test_retrained_weights_unverify_every_candidate(clone_run):

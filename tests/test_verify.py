@@ -123,7 +123,7 @@ def test_fallback_budget_exhausted_replaces_nothing(trained, tmp_path):
     assert fb["passed"] is False and fb["moved_to_fp32"] == ["/Add"]
     assert (run / "model.fp16.onnx").read_bytes() == original
     assert not (run / "fp16_fallback.json").exists()
-    assert not (run / artifacts.FALLBACK_CANDIDATE).exists()
+    assert not (run / artifacts.fallback_candidate_file("fp16")).exists()
 
 
 def test_overflow_is_absorbed_by_calibrated_conversion(trained, tmp_path):
@@ -141,6 +141,20 @@ def test_overflow_without_range_rule_fails_and_names_the_node(trained, tmp_path,
     assert emu["status"] == "failed" and emu["tensor_check"]["nonfinite"] > 0
     first = report(run)["localization"]["first_divergent"]
     assert first["name"] == "/Mul" and first["nonfinite"] > 0 and first["fp32_max"] > 65504
+
+
+def test_bf16_holds_the_overflow_that_fp16_cannot(trained, tmp_path):
+    """BF16 keeps FP32's exponent range: the x40000 region (80k-400k, over FP16's 65504) overflows FP16 without
+    AutoCast's range rule, and the BF16 graph, converted whole, passes its gate (docs/verify.md: BF16)."""
+    run = copy(trained("overflow"), tmp_path)
+    assert cli("export", "--run-dir", run, "export.fp16.range_rule=false") == 0
+    precisions = json.loads((run / "manifest.json").read_text())["stages"]["export"]["details"]
+    assert precisions["bf16"]["bf16_fraction"] == 1.0 and precisions["bf16"]["fp32_nodes_count"] == 0
+    assert cli("verify", "--run-dir", run) == 1
+    by_name = {c["name"]: c for c in report(run)["candidates"]}
+    assert by_name["fp16_emulation"]["status"] == "failed" and by_name["fp16_emulation"]["tensor_check"]["nonfinite"]
+    assert by_name["bf16_emulation"]["status"] in ("passed", "inconclusive")
+    assert by_name["bf16_emulation"]["tensor_check"]["nonfinite"] == 0
 
 
 def test_export_fault_does_not_pass(trained, tmp_path, capsys):
@@ -277,7 +291,7 @@ def test_candidate_crash_exits_4(clone_run, monkeypatch, capsys):
     def broken(*args, **kwargs):
         raise RuntimeError("provider exploded")
 
-    monkeypatch.setattr("pipeline.runtime.runners.fp16_emulation_runner", broken)
+    monkeypatch.setattr("pipeline.runtime.runners.faithful_runner", broken)
     monkeypatch.setattr("pipeline.runtime.backends.Backend.isolated", False)  # in this process, where the patch is
     assert cli("verify", "--run-dir", run) == 4
     err = capsys.readouterr().err
@@ -322,15 +336,15 @@ def test_fallback_stops_cleanly_when_a_recheck_errors_but_none_fails(trained, tm
     run = copy(trained("cancellation"), tmp_path)
     from pipeline.runtime import runners
 
-    real, calls = runners.fp16_emulation_runner, []
+    real, calls = runners.faithful_runner, []
 
-    def first_call_only(*args, **kwargs):  # the first check runs; the fallback's re-checks cannot start
-        calls.append(1)
-        if len(calls) > 1:
+    def first_call_only(plug, *args, **kwargs):  # the first FP16 check runs; the fallback's re-checks cannot start
+        calls.append(plug.name)
+        if calls.count("fp16") > 1 and plug.name == "fp16":
             raise RuntimeError("emulation unavailable")
-        return real(*args, **kwargs)
+        return real(plug, *args, **kwargs)
 
-    monkeypatch.setattr("pipeline.runtime.runners.fp16_emulation_runner", first_call_only)
+    monkeypatch.setattr("pipeline.runtime.runners.faithful_runner", first_call_only)
     monkeypatch.setattr("pipeline.runtime.backends.Backend.isolated", False)  # in this process, where the patch is
     assert cli("verify", "--run-dir", run, "--auto-fallback") == 1  # the gate failed; no StopIteration (exit 4)
     assert "StopIteration" not in capsys.readouterr().err
@@ -345,7 +359,7 @@ def fake_tensorrt(monkeypatch):
     monkeypatch.setattr(build, "run", lambda cfg, run_dir, record: record.skip("no TensorRT in this test"))
     # Only the FP16 engine exists in these tests: the INT8 engine is skipped as build records it when export wrote
     # no model.int8.onnx.
-    monkeypatch.setattr(tensorrt_engine, "skip_reason", lambda cfg, run_dir, engine: "" if engine == tensorrt_engine.ENGINE
+    monkeypatch.setattr(tensorrt_engine, "skip_reason", lambda cfg, run_dir, engine: "" if engine == tensorrt_engine.FP16_ENGINE
                         else "no INT8 engine in this test")
     monkeypatch.setattr("pipeline.runtime.backends.Backend.isolated", False)  # the fakes live in this process
 
@@ -354,7 +368,7 @@ def test_disabled_tensorrt_candidate_never_loads_the_engine(clone_run, monkeypat
 
     run = clone_run()
     fake_tensorrt(monkeypatch)
-    (run / tensorrt_engine.ENGINE).write_bytes(b"an engine without a sidecar: loading it is refused")
+    (run / tensorrt_engine.FP16_ENGINE).write_bytes(b"an engine without a sidecar: loading it is refused")
     assert cli("verify", "--run-dir", run, "verify.candidates.tensorrt_fp16.enabled=false") == 0
     trt = next(c for c in report(run)["candidates"] if c["name"] == "tensorrt_fp16")
     assert trt["status"] == "skipped" and trt["reason"] == "disabled (verify.candidates.tensorrt_fp16.enabled=false)"
@@ -365,7 +379,7 @@ def test_fallback_loads_the_engine_once_and_marks_it_stale(trained, tmp_path, mo
 
     run = copy(trained("cancellation"), tmp_path)
     fake_tensorrt(monkeypatch)
-    (run / tensorrt_engine.ENGINE).write_bytes(b"engine")
+    (run / tensorrt_engine.FP16_ENGINE).write_bytes(b"engine")
     sidecar = {"onnx": "model.fp16.onnx", "onnx_sha256": sha256_file(run / "model.fp16.onnx"), "precision": "fp16",
                "profile": {"min": [1], "max": [64]}}
     loads = []

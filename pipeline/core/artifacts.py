@@ -20,19 +20,40 @@ CURVE = "train_curve.png"
 TRACE = "train.trace.json"
 TENSORBOARD = "tensorboard"  # a directory
 
-# export
-FP32_ONNX = "model.onnx"
-FP16_ONNX = "model.fp16.onnx"
-CALIBRATION = "calibration.npz"
-FALLBACK = "fp16_fallback.json"  # nodes verify --auto-fallback moved to FP32 (kept across re-exports)
-INT8_ONNX = "model.int8.onnx"  # ModelOpt Q/DQ graph, non-quantized regions FP16 (export.int8)
-INT8_FALLBACK = "int8_fallback.json"  # nodes verify --auto-fallback excluded from quantization
+# export: one graph per lower precision (pipeline/precision/plugs.py), its fallback file, and the graph the fallback
+# is trying; build: one strongly typed TensorRT engine per precision, with its sidecar
 
-# build
-ENGINE = "model.fp16.engine"
-ENGINE_SIDECAR = "model.fp16.engine.json"
-INT8_ENGINE = "model.int8.engine"  # strongly typed from model.int8.onnx (build.precisions)
-INT8_ENGINE_SIDECAR = "model.int8.engine.json"
+
+def graph_file(precision: str) -> str:
+    """``model.<precision>.onnx``: the graph that carries the precision's decisions (export writes it)."""
+    return f"model.{precision}.onnx"
+
+
+def fallback_file(precision: str) -> str:
+    """The nodes ``verify --auto-fallback`` or ``tune`` raised, kept across re-exports."""
+    return f"{precision}_fallback.json"
+
+
+def fallback_candidate_file(precision: str) -> str:
+    """The graph ``verify --auto-fallback`` is trying, while it tries it."""
+    return f"model.{precision}.fallback.onnx"
+
+
+def engine_file(precision: str) -> str:
+    """The strongly typed TensorRT engine built from :func:`graph_file` (build.precisions)."""
+    return f"model.{precision}.engine"
+
+
+def engine_sidecar(precision: str) -> str:
+    return f"{engine_file(precision)}.json"
+
+
+FP32_ONNX = "model.onnx"
+CALIBRATION = "calibration.npz"
+FP16_ONNX, BF16_ONNX, INT8_ONNX = graph_file("fp16"), graph_file("bf16"), graph_file("int8")
+FP16_FALLBACK, BF16_FALLBACK, INT8_FALLBACK = fallback_file("fp16"), fallback_file("bf16"), fallback_file("int8")
+FP16_ENGINE, BF16_ENGINE, INT8_ENGINE = engine_file("fp16"), engine_file("bf16"), engine_file("int8")
+FP16_ENGINE_SIDECAR, BF16_ENGINE_SIDECAR, INT8_ENGINE_SIDECAR = (engine_sidecar(p) for p in ("fp16", "bf16", "int8"))
 OPENVINO_DIR = "openvino"  # OpenVINO IR: openvino/<precision>.xml + .bin + .json sidecar (build)
 IR_TEMP_PREFIX = ".ir."  # openvino/.ir.*/: a conversion's temporary folder, removed when it ends
 
@@ -41,8 +62,6 @@ VERIFY_JSON = "verify.json"
 VERIFY_MD = "verify.md"
 VERIFY_JUNIT = "verify.junit.xml"
 VERIFY_PREDICTIONS = "verify.predictions.npz"  # each candidate's top-5 classes and logits per image (baseline/compare)
-FALLBACK_CANDIDATE = "model.fp16.fallback.onnx"  # the FP16 model --auto-fallback is trying
-INT8_FALLBACK_CANDIDATE = "model.int8.fallback.onnx"  # the INT8 model --auto-fallback is trying
 
 # benchmark
 BENCHMARK_JSON = "benchmark.json"
@@ -69,16 +88,16 @@ TUNE_JSON = "tune.json"  # python -m pipeline tune: sensitivity, candidates, tim
 TUNE_MD = "tune.md"
 TUNE_SENSITIVITY_PLOT = "tune_sensitivity.png"
 TUNE_PARETO_PLOT = "tune_pareto.png"
-TUNE_PRECISIONS = ("int8", "fp16")
+TUNE_PRECISIONS = ("int8", "fp16", "bf16")
+# INT8's tune files kept their first names; every other precision's carry its name.
+FIRST_TUNE_FILES = {"int8": (TUNE_JSON, TUNE_MD, TUNE_SENSITIVITY_PLOT, TUNE_PARETO_PLOT)}
 
 
 def tune_files(precision: str) -> tuple[str, str, str, str]:
     """tune's report, markdown and two plots for one precision: INT8's are ``tune.json`` and the rest, FP16's
-    ``tune.fp16.json`` and so on, so tuning one precision never replaces the other's report."""
-    if precision == "int8":
-        return TUNE_JSON, TUNE_MD, TUNE_SENSITIVITY_PLOT, TUNE_PARETO_PLOT
-    return (f"tune.{precision}.json", f"tune.{precision}.md", f"tune_{precision}_sensitivity.png",
-            f"tune_{precision}_pareto.png")
+    ``tune.fp16.json`` and so on, so tuning one precision never replaces another's report."""
+    return FIRST_TUNE_FILES.get(precision, (f"tune.{precision}.json", f"tune.{precision}.md",
+                                            f"tune_{precision}_sensitivity.png", f"tune_{precision}_pareto.png"))
 
 REPORT_HTML = "report.html"
 REPORT_MD = "report.md"

@@ -410,6 +410,11 @@ class RunDir:
             return None
         return ((entry.get("artifacts") or {}).get(name) or {}).get("sha256")
 
+    def export_skipped(self, precision: str) -> str | None:
+        """Why export skipped the precision's graph, as it recorded (no ModelOpt); None when it did not."""
+        said = ((self.stage_entry("export") or {}).get("details") or {}).get(precision)
+        return said.get("skipped") if isinstance(said, dict) else None
+
     def file(self, name: str) -> Path:
         """``name`` in the run directory, confined: the one check every file read or written there goes through."""
         return confined(self.path, name)

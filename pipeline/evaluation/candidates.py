@@ -17,10 +17,10 @@ from pipeline.core import verdicts
 from pipeline.core.status import Status
 from pipeline.core.verdicts import Verdict
 from pipeline.core import data
-from pipeline.precision import convert, fallback, gate as criteria
+from pipeline.precision import fallback, gate as criteria
+from pipeline.precision.plugs import Precision
 from pipeline.runtime import isolate, localize
 from pipeline.runtime import backends
-from pipeline.core.artifacts import FP16_ONNX
 from pipeline.reports import verify_report
 from pipeline.runtime.backends import Backend, Context
 from pipeline.core.errors import InputError, disk_full, first_line
@@ -210,22 +210,17 @@ def worst_batch(chk: Check, evidence: Evidence) -> dict:
     return evidence.feeds[criteria.worst_batch_index(chk.result.get("tensor_check", {}), size)]
 
 
-def runs_graph(chk: Check, graph: fallback.PrecisionGraph) -> bool:
-    """Whether a candidate runs ``graph`` (the file itself, or an engine or IR made from it)."""
-    return chk.backend.uses_int8_model if graph.precision == "int8" else chk.backend.uses_fp16_model
+def runs_graph(chk: Check, plug: Precision) -> bool:
+    """Whether a candidate runs ``plug``'s graph (the file itself, or an engine or IR made from it)."""
+    return chk.backend.graph == plug.name
 
 
-def remake(graph: fallback.PrecisionGraph, cfg, run_dir: RunDir, card, raised: fallback.Raised, out_name: str):
-    if graph.precision == "int8":
-        return convert.quantize_int8(cfg, run_dir, card, raised.out_of_int8, out_name=out_name, fp32_nodes=raised.fp32)
-    return convert.convert_fp16(cfg, run_dir, card, raised.fp32, out_name=out_name)
-
-
-def recheck_round(graph: fallback.PrecisionGraph, cfg, ctx: Context, evidence: Evidence, current) -> fallback.Round:
-    """The candidates that run ``graph``'s file itself, on the remade graph; the round passes when every gating one
-    that ran passed (inconclusive counts as passing under ``verify.inconclusive: pass``) and one at least ran."""
-    sub = dataclasses.replace(ctx, **{graph.precision: current})
-    rechecked = plan(cfg, sub, [b for b in backends.candidates() if b.artifact == graph.artifact])
+def recheck_round(plug: Precision, cfg, ctx: Context, evidence: Evidence, current) -> fallback.Round:
+    """The candidates that run ``plug``'s graph file itself, on the remade graph ``current``; the round passes when
+    every gating one that ran passed (inconclusive counts as passing under ``verify.inconclusive: pass``) and one at
+    least ran."""
+    sub = dataclasses.replace(ctx, under_test={**ctx.under_test, plug.name: current}, _loaded={})
+    rechecked = plan(cfg, sub, [b for b in backends.candidates() if b.graph == plug.name and b.artifact == plug.graph])
     for chk in rechecked:
         check(chk, cfg, sub, evidence)
     gating = [c for c in rechecked if c.gates]
@@ -235,19 +230,18 @@ def recheck_round(graph: fallback.PrecisionGraph, cfg, ctx: Context, evidence: E
     return fallback.Round({c.name: c.status for c in rechecked}, passed, failing, note, rechecked)
 
 
-def localize_candidate(cfg, graph: fallback.PrecisionGraph, fp32_model, model, evidence: Evidence, chk: Check,
-              run_dir: RunDir | None) -> dict:
-    """The first node over the gate's own rule (per tensor), on the candidate's worst batch: the INT8 graph executed
-    exactly, or the FP16 emulation (on a GPU, for the FP16 engine: the engine rebuilt with every tensor marked)."""
+def localize_candidate(cfg, plug: Precision, fp32_model, model, evidence: Evidence, chk: Check,
+                       run_dir: RunDir | None) -> dict:
+    """The first node over the gate's own rule (per tensor), on the candidate's worst batch: the precision's faithful
+    execution of ``model`` (for a Q/DQ graph, the first lowered node over it), or on a GPU, for an engine of a float
+    graph, the engine rebuilt with every tensor marked."""
     rule = localization_rule(chk)
     feed = worst_batch(chk, evidence)
     result = None
-    if graph.precision == "int8":
-        result = localize.localize_int8(fp32_model, model, feed, rule, cfg.verify.localize_top)
-    elif chk.artifact == backends.ENGINE and run_dir is not None:
-        result = _localize_engine(cfg, fp32_model, run_dir, feed, rule, evidence)
+    if chk.artifact == plug.engine and not plug.exact_localization and run_dir is not None:
+        result = _localize_engine(cfg, fp32_model, run_dir, plug, feed, rule)
     if result is None:
-        result = localize.localize_emulation(fp32_model, model, feed, rule, cfg.verify.localize_top)
+        result = localize.localize_faithful(plug, fp32_model, model, feed, rule, cfg.verify.localize_top)
     result["candidate"] = chk.name
     verify_report.log_localization(result)
     return result
@@ -263,14 +257,14 @@ def localization_rule(chk: Check) -> criteria.TensorRule:
     return dataclasses.replace(rule, max_scaled_error=criteria.localization_limit(rule.max_scaled_error, observed))
 
 
-def _localize_engine(cfg, fp32_model, run_dir: RunDir, feed: dict, rule, evidence: Evidence) -> dict | None:
+def _localize_engine(cfg, fp32_model, run_dir: RunDir, plug: Precision, feed: dict, rule) -> dict | None:
     from pipeline.runtime import tensorrt_engine
 
     spec_input = next(iter(feed))
     try:
         shapes = tensorrt_engine.profile_shapes(cfg.build, list(feed[spec_input].shape[1:]))
         cache = tensorrt_engine.timing_cache_path(cfg, run_dir)
-        return localize.localize_tensorrt(fp32_model, run_dir.file(FP16_ONNX), feed, rule,
+        return localize.localize_tensorrt(fp32_model, run_dir.file(plug.graph), feed, rule,
                                           cfg.verify.localize_top, spec_input, shapes, build_cfg=cfg.build,
                                           timing_cache=cache)
     except Exception as exc:  # fall back to the emulation, and say so

@@ -12,7 +12,7 @@ the run's file and the raises go to its fallback file, which every later export 
 The FP16 graph's raises to FP32 also apply to the INT8 graph's FP16 regions (the nodes are the same), so
 what the FP16 fallback found carries over (:func:`read`).
 
-The same loop serves every precision; :class:`PrecisionGraph` says how a graph is read and summarised. How a
+The same loop serves every precision; its plug (:mod:`pipeline.precision.plugs`) says how a graph is read and summarised. How a
 graph is remade (export's conversion), re-checked and localised is the caller's (verify's): this module
 imports no stage.
 """
@@ -22,56 +22,50 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Annotated, Callable, Literal
+from typing import Annotated, Callable, Literal, Protocol
 
 import onnx
 from pydantic import Field, StringConstraints
 
-from pipeline.precision import CALIBRATION_METHODS, fp16, int8
+from pipeline.precision import CALIBRATION_METHODS
 from pipeline.core import schema
-from pipeline.core.artifacts import FALLBACK, FALLBACK_CANDIDATE, FP16_ONNX, INT8_FALLBACK, INT8_FALLBACK_CANDIDATE, INT8_ONNX
+from pipeline.core.artifacts import fallback_file
 from pipeline.core.errors import InputError
 from pipeline.core.run import RunDir, write_json
 
 log = logging.getLogger("pipeline")
 
-LADDER = ("int8", "fp16", "fp32")
-
-
 @dataclass
 class Raised:
-    """What the fallback keeps in higher precision: nodes left out of INT8, nodes kept in FP32."""
+    """What the fallback keeps in higher precision: nodes left out of the lowest precision (one step up its ladder:
+    INT8's layers into the FP16 regions), and nodes kept in FP32."""
 
-    out_of_int8: list[str] = field(default_factory=list)
+    out_of_low: list[str] = field(default_factory=list)
     fp32: list[str] = field(default_factory=list)
 
     def add(self, moves: dict[str, str]) -> None:
         for name, precision in moves.items():
-            target = self.fp32 if precision == "fp32" else self.out_of_int8
+            target = self.fp32 if precision == "fp32" else self.out_of_low
             if name not in target:
                 target.append(name)
 
 
-@dataclass(frozen=True)
-class PrecisionGraph:
-    """One lower-precision graph of the run, as the fallback sees it."""
+class Plug(Protocol):
+    """What the fallback reads of a precision plug (:class:`pipeline.precision.plugs.Precision`)."""
 
-    precision: str  # "fp16" | "int8": verify's candidates that run it have this precision
-    artifact: str  # the run's file
-    candidate_file: str  # where a remade graph waits for its re-check
-    fallback_file: str  # the raises, kept for later exports
-    precisions: Callable[[onnx.ModelProto, onnx.ModelProto], dict]  # (fp32 graph, graph) -> {node: (op, precision)}
-    fraction: Callable[[dict], float]  # the share of the graph in its precision, for the report
+    name: str
+    label: str
+    ladder: tuple[str, ...]
+    graph: str
+    candidate_file: str
+    fallback_file: str
+    fallback_schema: type
+    reads_fp32_from: tuple[str, ...]
 
-
-FP16_GRAPH = PrecisionGraph("fp16", FP16_ONNX, FALLBACK_CANDIDATE, FALLBACK, fp16.node_precisions,
-                            lambda precisions: _share(precisions, "fp16"))
-INT8_GRAPH = PrecisionGraph("int8", INT8_ONNX, INT8_FALLBACK_CANDIDATE, INT8_FALLBACK, int8.node_precisions,
-                            int8.int8_fraction)
-
-
-def _share(precisions: dict, precision: str) -> float:
-    return sum(1 for _, p in precisions.values() if p == precision) / max(1, len(precisions))
+    def node_precisions(self, fp32_model: onnx.ModelProto, model: onnx.ModelProto) -> dict: ...
+    def fraction(self, precisions: dict) -> float: ...
+    def raised_from(self, payload) -> Raised: ...
+    def fallback_payload(self, raised: Raised, method: str | None, note: str) -> dict: ...
 
 
 # --------------------------------------------------------------------------- the fallback files
@@ -89,9 +83,10 @@ NodeNames = Annotated[list[NodeName], Field(max_length=MAX_NODES)]
 Note = Annotated[str, StringConstraints(max_length=MAX_NOTE)]
 
 
-class Fp16FallbackFile(schema.Strict):
-    """``fp16_fallback.json``: the nodes kept in FP32. ``note`` is free text for people (the writers explain the
-    file there); any other key is refused, so a misspelt one (``node``) is said, not silently ignored."""
+class FloatFallbackFile(schema.Strict):
+    """``fp16_fallback.json``, ``bf16_fallback.json``: the nodes kept in FP32. ``note`` is free text for people (the
+    writers explain the file there); any other key is refused, so a misspelt one (``node``) is said, not silently
+    ignored."""
 
     nodes: NodeNames
     note: Note = ""
@@ -107,34 +102,39 @@ class Int8FallbackFile(schema.Strict):
     note: Note = ""
 
 
-FILES = {FALLBACK: (Fp16FallbackFile, "FP16 fallback list"), INT8_FALLBACK: (Int8FallbackFile, "INT8 fallback list")}
+def read(run_dir: RunDir, plug: Plug, fp32_model: onnx.ModelProto | None = None) -> Raised:
+    """The raises kept for ``plug``'s graph, and the FP32 nodes of the plugs it also reads (the INT8 graph keeps in
+    FP32 what the FP16 fallback moved there: its regions are FP16). With ``fp32_model`` (the graph the names refer
+    to), a name that is none of its nodes is an :class:`InputError`."""
+    own = _read_file(run_dir, plug.fallback_file, plug.fallback_schema, f"{plug.label} fallback list", fp32_model)
+    raised = plug.raised_from(own) if own is not None else Raised()
+    raised.fp32 = list(dict.fromkeys([*raised.fp32, *inherited_fp32(run_dir, plug, fp32_model)]))
+    return raised
 
 
-def read(run_dir: RunDir, graph: PrecisionGraph, fp32_model: onnx.ModelProto | None = None) -> Raised:
-    """The raises kept for ``graph``; the INT8 graph also keeps in FP32 what the FP16 fallback moved there. With
-    ``fp32_model`` (the graph the names refer to), a name that is none of its nodes is an :class:`InputError`."""
-    fp16_moved = _read_file(run_dir, FALLBACK, fp32_model)
-    if graph.fallback_file == FALLBACK:
-        return Raised(fp32=list(dict.fromkeys(fp16_moved.nodes)) if fp16_moved else [])
-    own = _read_file(run_dir, INT8_FALLBACK, fp32_model)
-    fp32 = list(dict.fromkeys([*(own.fp32_nodes if own else []), *(fp16_moved.nodes if fp16_moved else [])]))
-    return Raised(out_of_int8=list(dict.fromkeys(own.nodes)) if own else [], fp32=fp32)
+def inherited_fp32(run_dir: RunDir, plug: Plug, fp32_model: onnx.ModelProto | None = None) -> list[str]:
+    """The nodes the fallbacks of the precisions ``plug`` reads (``reads_fp32_from``) keep in FP32."""
+    nodes: list[str] = []
+    for other in plug.reads_fp32_from:
+        moved = _read_file(run_dir, fallback_file(other), FloatFallbackFile, f"{other.upper()} fallback list",
+                           fp32_model)
+        nodes += moved.nodes if moved else []
+    return list(dict.fromkeys(nodes))
 
 
-def _read_file(run_dir: RunDir, name: str, fp32_model: onnx.ModelProto | None = None):
-    """The fallback file ``name`` as its schema model (None when there is none), its names checked against
+def _read_file(run_dir: RunDir, name: str, model: type, what: str, fp32_model: onnx.ModelProto | None = None):
+    """The fallback file ``name`` as its schema ``model`` (None when there is none), its names checked against
     ``fp32_model`` when given; anything malformed is exit 2 in one line (:func:`pipeline.core.schema.read_json`)."""
     path = run_dir.file(name)
     if not path.exists() and not path.is_symlink():
         return None
-    model, what = FILES[name]
     data = schema.read_json(path, model, what, limit=FILE_LIMIT)
     if fp32_model is not None:
         check_names(data, fp32_model, path)
     return data
 
 
-def check_names(data: Fp16FallbackFile | Int8FallbackFile, fp32_model: onnx.ModelProto, path) -> None:
+def check_names(data: FloatFallbackFile | Int8FallbackFile, fp32_model: onnx.ModelProto, path) -> None:
     """Every name of the file is a node of ``fp32_model``, or one :class:`InputError` naming the first few."""
     known = {node.name for node in fp32_model.graph.node}
     for key in ("nodes", "fp32_nodes"):
@@ -147,33 +147,31 @@ def check_names(data: Fp16FallbackFile | Int8FallbackFile, fp32_model: onnx.Mode
                              "model (verify --auto-fallback and tune write it again)")
 
 
-def calibration_method(run_dir: RunDir) -> str | None:
-    """The INT8 calibration method ``python -m pipeline tune`` chose (int8_fallback.json), if it chose one."""
-    own = _read_file(run_dir, INT8_FALLBACK)
-    return own.calibration_method if own else None
+def calibration_method(run_dir: RunDir, plug: Plug) -> str | None:
+    """The calibration method ``python -m pipeline tune`` chose for ``plug`` (its fallback file), if it chose one."""
+    own = _read_file(run_dir, plug.fallback_file, plug.fallback_schema, f"{plug.label} fallback list")
+    return getattr(own, "calibration_method", None)
 
 
-def write(run_dir: RunDir, graph: PrecisionGraph, raised: Raised) -> None:
-    if graph.fallback_file == FALLBACK:
-        payload = {"nodes": raised.fp32, "note": "kept in FP32 by verify --auto-fallback"}
-    else:
-        method = calibration_method(run_dir)  # tune's choice stays: the graph was quantized with it
-        payload = {"nodes": raised.out_of_int8, "fp32_nodes": raised.fp32,
-                   **({"calibration_method": method} if method else {}),
-                   "note": "nodes: left unquantized by verify --auto-fallback; fp32_nodes: kept in FP32 (the FP16 "
-                           "fallback's nodes are kept in FP32 here too)"}
-    write_json(run_dir.file(graph.fallback_file), payload)
+def write(run_dir: RunDir, plug: Plug, raised: Raised) -> None:
+    """The fallback file of ``plug`` with ``raised``; tune's calibration method stays (the graph was made with it)."""
+    note = (f"kept higher by verify --auto-fallback: nodes one step up the {' < '.join(plug.ladder)} ladder"
+            + (", fp32_nodes in FP32 (the FP16 fallback's nodes are kept in FP32 here too)"
+               if plug.reads_fp32_from else ""))
+    write_json(run_dir.file(plug.fallback_file), plug.fallback_payload(raised, calibration_method(run_dir, plug), note))
 
 
 # --------------------------------------------------------------------------- which nodes move
 
 
-def next_moves(node_name: str, fp32_model: onnx.ModelProto, precisions: dict) -> dict[str, str]:
-    """``{node: precision it moves to}``: the divergent node one step up the ladder when it computes below FP32;
-    else the nearest producers upstream of it that do (breadth first, the first level that has any)."""
+def next_moves(node_name: str, fp32_model: onnx.ModelProto, precisions: dict,
+               ladder: tuple[str, ...]) -> dict[str, str]:
+    """``{node: precision it moves to}``: the divergent node one step up ``ladder`` (lowest first, ending in
+    "fp32") when it computes below FP32; else the nearest producers upstream of it that do (breadth first, the first
+    level that has any)."""
     def raised(name: str) -> str | None:
         current = precisions.get(name, ("", "fp32"))[1]
-        return LADDER[LADDER.index(current) + 1] if current in LADDER[:-1] else None
+        return ladder[ladder.index(current) + 1] if current in ladder[:-1] else None
 
     if raised(node_name):
         return {node_name: raised(node_name)}
@@ -210,48 +208,49 @@ class Round:
     checks: list = field(default_factory=list)  # the caller's re-checked candidates
 
 
-def run(graph: PrecisionGraph, cfg, run_dir: RunDir, fp32_model: onnx.ModelProto, model: onnx.ModelProto,
+def run(plug: Plug, cfg, run_dir: RunDir, fp32_model: onnx.ModelProto, model: onnx.ModelProto,
         localization: dict | None, *, remake: Callable[[Raised, str], dict],
         recheck: Callable[[onnx.ModelProto], Round], localize: Callable[[onnx.ModelProto, object], dict]) -> dict:
     """Raise, remake, re-check; repeat. ``remake(raised, out_name)`` writes the graph with those raises (export's
     conversion, returning its precision report); ``recheck(graph)`` judges it with the candidates that run it;
-    ``localize(graph, failing)`` names the next divergent node. Replaces ``graph.artifact`` only when it passes."""
-    raised = read(run_dir, graph, fp32_model)
-    before = graph.fraction(graph.precisions(fp32_model, model))
-    candidate_path = run_dir.file(graph.candidate_file)
+    ``localize(graph, failing)`` names the next divergent node. Replaces ``plug.graph`` only when it passes."""
+    raised = read(run_dir, plug, fp32_model)
+    before = plug.fraction(plug.node_precisions(fp32_model, model))
+    candidate_path = run_dir.file(plug.candidate_file)
+    fraction = f"{plug.name}_fraction"
     iterations, current, loc, passed = [], model, localization, False
     try:
         for i in range(cfg.verify.fallback_iterations):
             first = (loc or {}).get("first_divergent")
-            moves = next_moves(first["name"], fp32_model, graph.precisions(fp32_model, current)) if first else {}
+            moves = next_moves(first["name"], fp32_model, plug.node_precisions(fp32_model, current),
+                               plug.ladder) if first else {}
             if not moves:
                 iterations.append({"iteration": i + 1, "moved": [], "note": _nothing_to_move(first)})
                 break
             raised.add(moves)
-            report = remake(raised, graph.candidate_file)
+            report = remake(raised, plug.candidate_file)
             current = onnx.load(str(candidate_path))
             checked = recheck(current)
             passed = checked.passed
             iterations.append({"iteration": i + 1, "moved": list(moves), "to": moves, "divergent_node": first["name"],
-                               f"{graph.precision}_fraction": report[f"{graph.precision}_fraction"], "passed": passed,
-                               "results": checked.results, **({"note": checked.note} if checked.note else {})})
-            log.info("verify: %s fallback %d: %s -> %s fraction %.1f%%, %s", graph.precision.upper(), i + 1,
-                     ", ".join(f"{n} to {p}" for n, p in moves.items()), graph.precision.upper(),
-                     100 * report[f"{graph.precision}_fraction"], "passes" if passed else "still fails")
+                               fraction: report[fraction], "passed": passed, "results": checked.results,
+                               **({"note": checked.note} if checked.note else {})})
+            log.info("verify: %s fallback %d: %s -> %s fraction %.1f%%, %s", plug.label, i + 1,
+                     ", ".join(f"{n} to {p}" for n, p in moves.items()), plug.label, 100 * report[fraction],
+                     "passes" if passed else "still fails")
             if passed:
-                os.replace(candidate_path, run_dir.file(graph.artifact))
-                write(run_dir, graph, raised)
+                os.replace(candidate_path, run_dir.file(plug.graph))
+                write(run_dir, plug, raised)
                 break
             if checked.failing is None:
                 break
             loc = localize(current, checked.failing)
     finally:
         candidate_path.unlink(missing_ok=True)
-    after = graph.fraction(graph.precisions(fp32_model, current)) if passed else before
-    return {"passed": passed, "precision": graph.precision, "raised": {"out_of_int8": raised.out_of_int8,
-            "fp32": raised.fp32}, "iterations": iterations, f"{graph.precision}_fraction_before": before,
-            f"{graph.precision}_fraction_after": after, "budget": cfg.verify.fallback_iterations,
-            "replaced": [graph.artifact] if passed else []}
+    after = plug.fraction(plug.node_precisions(fp32_model, current)) if passed else before
+    return {"passed": passed, "precision": plug.name, "raised": {"out_of_low": raised.out_of_low, "fp32": raised.fp32},
+            "iterations": iterations, f"{fraction}_before": before, f"{fraction}_after": after,
+            "budget": cfg.verify.fallback_iterations, "replaced": [plug.graph] if passed else []}
 
 
 def _nothing_to_move(first: dict | None) -> str:

@@ -1,4 +1,6 @@
-"""FP16: AutoCast conversion, the precision report, and FP16-faithful emulation on any CPU.
+"""The low float types, FP16 and BF16: AutoCast conversion, the precision report, the faithful emulation on any CPU,
+and keeping nodes in FP32. One implementation for both: a graph's types say which low type each tensor has, so every
+function here reads the type from the graph (FP16 and BF16 plugs differ only in data: pipeline/precision/plugs.py).
 
 TensorRT 10.12+ and 11 build what the ONNX graph's types say (strong typing), so the FP16
 precision decisions live in ``model.fp16.onnx``. ONNX Runtime's CPU provider computes FP16
@@ -32,7 +34,10 @@ from pipeline.core.run import signals_held
 
 log = logging.getLogger("pipeline")
 
-FLOAT, FLOAT16 = TensorProto.FLOAT, TensorProto.FLOAT16
+FLOAT, FLOAT16, BFLOAT16 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16
+LOW = (FLOAT16, BFLOAT16)  # the low float types a graph's tensors can have
+NAMES = {FLOAT16: "fp16", BFLOAT16: "bf16", FLOAT: "fp32"}  # each float type as a precision's name
+TYPES = {name: kind for kind, name in NAMES.items()}
 
 
 # --------------------------------------------------------------------------- AutoCast
@@ -95,9 +100,10 @@ def exact_names_patterns(names, graph: onnx.ModelProto) -> list[str]:
     return [f"^(?:{'|'.join(re.escape(n) for n in kept)})$"] if kept else []
 
 
-def convert(fp32_path: Path, calibration_npz: Path | None, fp16_cfg, extra_excluded: list[str] = ()) -> tuple[
-        onnx.ModelProto, dict]:
-    """Run ModelOpt AutoCast (FP32 I/O kept) and return the FP16 model and a precision report."""
+def convert(fp32_path: Path, calibration_npz: Path | None, fp16_cfg, extra_excluded: list[str] = (),
+            low: str = "fp16", opset: int | None = None) -> tuple[onnx.ModelProto, dict]:
+    """Run ModelOpt AutoCast (FP32 I/O kept) to the low type ``low`` ("fp16", "bf16") and return the mixed-precision
+    model and a precision report. ``opset``: AutoCast's default when None (19 for FP16, 22 for BF16)."""
     try:
         # ModelOpt's import loads LIEF, a nanobind module whose initialisation runs Python code: a
         # KeyboardInterrupt raised there is thrown through C++ and ends the process in std::terminate
@@ -116,7 +122,7 @@ def convert(fp32_path: Path, calibration_npz: Path | None, fp16_cfg, extra_exclu
         try:
             model16 = convert_to_mixed_precision(
                 onnx_path=str(fp32_path),
-                low_precision_type="fp16",
+                low_precision_type=low,
                 nodes_to_exclude=excludes or None,
                 op_types_to_exclude=list(fp16_cfg.op_types_to_exclude) or None,
                 data_max=data_max,
@@ -125,11 +131,12 @@ def convert(fp32_path: Path, calibration_npz: Path | None, fp16_cfg, extra_exclu
                 calibration_data=str(calibration_npz) if calibration_npz and data_max != math.inf else None,
                 max_depth_of_reduction=fp16_cfg.max_depth_of_reduction,
                 providers=["cpu"],
+                opset=opset,
             )
         except Exception as exc:
-            raise StageFailed(f"AutoCast FP16 conversion failed: {type(exc).__name__}: {exc}") from None
+            raise StageFailed(f"AutoCast {low.upper()} conversion failed: {type(exc).__name__}: {exc}") from None
     fp32_model = onnx.load(str(fp32_path), load_external_data=False)
-    report = precision_report(fp32_model, model16, capture.messages, set(extra_excluded))
+    report = precision_report(fp32_model, model16, capture.messages, set(extra_excluded), low)
     report.update({
         "converter": "modelopt.onnx.autocast.convert_to_mixed_precision",
         "keep_io_types": True,
@@ -160,24 +167,28 @@ def infer_types(model: onnx.ModelProto) -> dict[str, int]:
     return types
 
 
-def node_precisions(fp32_model: onnx.ModelProto, fp16_model: onnx.ModelProto) -> dict[str, tuple[str, str]]:
-    """``{node name: (op type, "fp16" | "fp32")}`` for the original nodes that produce float tensors."""
+def node_precisions(fp32_model: onnx.ModelProto, low_model: onnx.ModelProto) -> dict[str, tuple[str, str]]:
+    """``{node name: (op type, "fp16" | "bf16" | "fp32")}`` for the original nodes that produce float tensors: the
+    lowest float type among a node's outputs."""
     original = {n.name for n in fp32_model.graph.node}
-    types = infer_types(fp16_model)
+    types = infer_types(low_model)
     out = {}
-    for node in fp16_model.graph.node:
+    for node in low_model.graph.node:
         if node.name not in original or node.op_type == "Constant":
             continue
-        kinds = {types.get(o) for o in node.output if o}
-        if FLOAT16 in kinds:
-            out[node.name] = (node.op_type, "fp16")
-        elif FLOAT in kinds:
-            out[node.name] = (node.op_type, "fp32")
+        kinds = [k for k in (*LOW, FLOAT) if k in {types.get(o) for o in node.output if o}]
+        if kinds:
+            out[node.name] = (node.op_type, NAMES[kinds[0]])
     return out
 
 
-def precision_report(fp32_model, fp16_model, messages: list[str], fallback: set[str]) -> dict:
-    precisions = node_precisions(fp32_model, fp16_model)
+def share(precisions: dict, name: str) -> float:
+    """The share of the graph's float nodes that compute in ``name`` (its report's ``<name>_fraction``)."""
+    return sum(1 for _, p in precisions.values() if p == name) / max(1, len(precisions))
+
+
+def precision_report(fp32_model, low_model, messages: list[str], fallback: set[str], low: str = "fp16") -> dict:
+    precisions = node_precisions(fp32_model, low_model)
     reasons = {}
     for message in messages:
         if message.startswith("Skipping node "):
@@ -194,11 +205,10 @@ def precision_report(fp32_model, fp16_model, messages: list[str], fallback: set[
         else:
             why = _explain(reasons.get(name))
         fp32_nodes.append({"name": name, "op_type": op, "reason": why})
-    n16 = sum(1 for _, p in precisions.values() if p == "fp16")
     return {
-        "fp16_nodes": n16,
+        f"{low}_nodes": sum(1 for _, p in precisions.values() if p == low),
         "fp32_nodes_count": len(fp32_nodes),
-        "fp16_fraction": n16 / max(1, len(precisions)),
+        f"{low}_fraction": share(precisions, low),
         "fp32_nodes": fp32_nodes,
     }
 
@@ -223,7 +233,8 @@ def _explain(reason: str | None) -> str:
 
 
 def emulation_model(fp16_model: onnx.ModelProto) -> onnx.ModelProto:
-    """An FP32 model that rounds every FP16-typed tensor of ``fp16_model`` to FP16 (see module doc)."""
+    """An FP32 model that rounds every low-typed tensor of ``fp16_model`` to its type, FP16 or BF16 (see module
+    doc): ONNX Runtime's CPU Cast rounds to the nearest even in both, and keeps the cast pairs at every level."""
     for node in fp16_model.graph.node:
         if any(attr.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for attr in node.attribute):
             raise NotImplementedError(f"node {node.name!r} ({node.op_type}) has a subgraph; the fast FP16 "
@@ -241,20 +252,22 @@ def emulation_model(fp16_model: onnx.ModelProto) -> onnx.ModelProto:
         used_names.add(candidate)
         return candidate
 
-    def round_pair(src: str, dst: str, prefix: str) -> list[onnx.NodeProto]:
-        half = f"{dst}__as_fp16"
+    def round_pair(src: str, dst: str, prefix: str, low: int) -> list[onnx.NodeProto]:
+        name = NAMES[low]
+        half = f"{dst}__as_{name}"
         return [
-            helper.make_node("Cast", [src], [half], name=unique(f"{prefix}/round_to_fp16"), to=FLOAT16),
+            helper.make_node("Cast", [src], [half], name=unique(f"{prefix}/round_to_{name}"), to=low),
             helper.make_node("Cast", [half], [dst], name=unique(f"{prefix}/round_back_fp32"), to=FLOAT),
         ]
 
-    # Graph inputs typed FP16 (only when I/O types were not kept): feed FP32, round on entry.
+    # Graph inputs of a low type (only when I/O types were not kept): feed FP32, round on entry.
     renamed_inputs = {}
     for value in graph.input:
-        if value.type.tensor_type.elem_type == FLOAT16:
+        low = value.type.tensor_type.elem_type
+        if low in LOW:
             value.type.tensor_type.elem_type = FLOAT
             renamed_inputs[value.name] = f"{value.name}__rounded"
-            new_nodes += round_pair(value.name, renamed_inputs[value.name], value.name)
+            new_nodes += round_pair(value.name, renamed_inputs[value.name], value.name, low)
 
     for node in graph.node:
         node = _copy(node)
@@ -264,16 +277,16 @@ def emulation_model(fp16_model: onnx.ModelProto) -> onnx.ModelProto:
         _attributes_to_fp32(node)
         rounding = []
         for i, out in enumerate(node.output):
-            if out and types.get(out) == FLOAT16:
+            if out and types.get(out) in LOW:
                 raw = f"{out}__fp32_compute"
                 node.output[i] = raw
-                rounding += round_pair(raw, out, node.name or out)
+                rounding += round_pair(raw, out, node.name or out, types[out])
         new_nodes.append(node)
         new_nodes += rounding
 
-    initializers = [_to_fp32(t) if t.data_type == FLOAT16 else t for t in graph.initializer]
+    initializers = [_to_fp32(t) if t.data_type in LOW else t for t in graph.initializer]
     for value in graph.output:
-        if value.type.tensor_type.elem_type == FLOAT16:
+        if value.type.tensor_type.elem_type in LOW:
             value.type.tensor_type.elem_type = FLOAT
 
     new_graph = helper.make_graph(new_nodes, graph.name, list(graph.input), list(graph.output), initializers)
@@ -296,7 +309,7 @@ def keep_in_fp32(model: onnx.ModelProto, nodes, fp32_model: onnx.ModelProto | No
     types = infer_types(model)
     wanted = set(nodes)  # once, not per node of the graph
     moved = {n.name for n in model.graph.node if n.name in wanted and n.op_type not in NOT_MOVABLE
-             and any(types.get(o) == FLOAT16 for o in n.output)}
+             and any(types.get(o) in LOW for o in n.output)}
     out = onnx.ModelProto()
     out.CopyFrom(model)
     if not moved:
@@ -304,8 +317,8 @@ def keep_in_fp32(model: onnx.ModelProto, nodes, fp32_model: onnx.ModelProto | No
     # A moved output keeps its name, now holding the FP32 value (what localisation compares with model.onnx),
     # and an FP16 copy serves the consumers outside the set; a graph output keeps its declared FP16 name.
     graph_outputs = {o.name for o in model.graph.output}
-    renamed = {o: (f"{o}__fp32", o) if o in graph_outputs else (o, f"{o}__fp16")
-               for n in model.graph.node if n.name in moved for o in n.output if types.get(o) == FLOAT16}
+    renamed = {o: (f"{o}__fp32", o) if o in graph_outputs else (o, f"{o}__{NAMES[types[o]]}")
+               for n in model.graph.node if n.name in moved for o in n.output if types.get(o) in LOW}
     originals = _fp32_originals(model, fp32_model, moved, out) if fp32_model is not None else {}
     nodes_out, cast_up = [], {}
     for node in model.graph.node:
@@ -329,7 +342,7 @@ def _moved(node: onnx.NodeProto, renamed: dict, types: dict, originals: dict, ca
     for i, name in enumerate(node.input):
         if name in renamed:
             node.input[i] = renamed[name][0]
-        elif name and types.get(name) == FLOAT16:
+        elif name and types.get(name) in LOW:
             if (node.name, i) in originals:
                 node.input[i] = originals[(node.name, i)]
                 continue
@@ -342,9 +355,9 @@ def _moved(node: onnx.NodeProto, renamed: dict, types: dict, originals: dict, ca
     downs = []
     for i, name in enumerate(node.output):
         if name in renamed:
-            node.output[i], fp16_name = renamed[name]
-            downs.append(helper.make_node("Cast", [node.output[i]], [fp16_name], name=f"{name}/fallback_to_fp16",
-                                          to=FLOAT16))
+            node.output[i], low_name = renamed[name]
+            downs.append(helper.make_node("Cast", [node.output[i]], [low_name],
+                                          name=f"{name}/fallback_to_{NAMES[types[name]]}", to=types[name]))
     return [*added, node, *downs]
 
 
@@ -398,11 +411,11 @@ def _reading_renamed(node: onnx.NodeProto, renamed: dict) -> onnx.NodeProto:
 def _attributes_to_fp32(node: onnx.NodeProto) -> None:
     """FP16 in a node's attributes (Cast targets, constant tensors, dtype) becomes FP32, in place."""
     for attr in node.attribute:
-        if node.op_type == "Cast" and attr.name == "to" and attr.i == FLOAT16:
+        if node.op_type == "Cast" and attr.name == "to" and attr.i in LOW:
             attr.i = FLOAT
-        elif attr.type == onnx.AttributeProto.TENSOR and attr.t.data_type == FLOAT16:
+        elif attr.type == onnx.AttributeProto.TENSOR and attr.t.data_type in LOW:
             attr.t.CopyFrom(_to_fp32(attr.t))
-        elif attr.name == "dtype" and attr.type == onnx.AttributeProto.INT and attr.i == FLOAT16:
+        elif attr.name == "dtype" and attr.type == onnx.AttributeProto.INT and attr.i in LOW:
             attr.i = FLOAT
 
 

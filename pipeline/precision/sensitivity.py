@@ -30,7 +30,7 @@ import onnx
 from onnx import numpy_helper
 
 from pipeline.precision import gate as criteria
-from pipeline.precision.int8 import DQ, MATRIX_OPS, Q
+from pipeline.precision.int8 import DQ, Q
 
 log = logging.getLogger("pipeline")
 
@@ -44,16 +44,14 @@ ROUNDING_FREE = frozenset({"Relu", "MaxPool", "Flatten", "Reshape", "Transpose",
                            "Unsqueeze", "Gather", "Slice", "Split", "Shape", "Expand", "Tile", "Pad", "Cast"})
 
 
-def low_layers(fp32_model: onnx.ModelProto, precisions: dict, precision: str) -> list[str]:
-    """The units tune raises, in graph order; ``precisions`` is the graph's ``{node: (op, precision)}``
-    (:func:`pipeline.precision.int8.node_precisions`, ``fp16.node_precisions``). INT8: the matrix layers (Conv,
-    Gemm, MatMul) it computes in INT8, the only ops ModelOpt quantizes. FP16: every node it computes in FP16 that
-    rounds (not :data:`ROUNDING_FREE`): an FP16 fault can sit in an Add as well as in a layer (``(x + 384) - 384``),
-    and a graph AutoCast converts whole is one FP16 region, which would rank nothing."""
-    def unit(node) -> bool:
-        return node.op_type in MATRIX_OPS if precision == "int8" else node.op_type not in ROUNDING_FREE
-
-    return [n.name for n in fp32_model.graph.node if unit(n) and precisions.get(n.name, ("", ""))[1] == precision]
+def low_layers(fp32_model: onnx.ModelProto, precisions: dict, plug) -> list[str]:
+    """The units tune raises, in graph order: the nodes the graph computes in ``plug``'s precision that its plug
+    counts as units (``plug.is_unit``). ``precisions`` is the graph's ``{node: (op, precision)}``. INT8: the matrix
+    layers (Conv, Gemm, MatMul), the only ops ModelOpt quantizes. A low float type: every node that rounds (not
+    :data:`ROUNDING_FREE`): a fault can sit in an Add as well as in a layer (``(x + 384) - 384``), and a graph AutoCast
+    converts whole is one low region, which would rank nothing."""
+    return [n.name for n in fp32_model.graph.node
+            if plug.is_unit(n) and precisions.get(n.name, ("", ""))[1] == plug.name]
 
 
 def unquantize(int8_model: onnx.ModelProto, fp32_model: onnx.ModelProto, names) -> onnx.ModelProto:

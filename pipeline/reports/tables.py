@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from pipeline.core.status import Status
 from pipeline.core.manifest import STAGE_ORDER
+from pipeline.precision import plugs
 from pipeline.runtime import trtexec
 
 
@@ -92,15 +93,21 @@ def training_section(manifest: dict) -> Section | None:
     return Section("Training", paragraphs=paragraphs, tables=(Table(("epoch", "val loss", "val accuracy"), rows),))
 
 
-def fp16_section(manifest: dict) -> Section | None:
-    fp16 = (manifest.get("stages", {}).get("export", {}).get("details") or {}).get("fp16") or {}
-    if fp16.get("fp16_fraction") is None:
-        return None
-    rows = tuple(_row(Cell(n["name"], code=True), n["op_type"], n["reason"]) for n in fp16.get("fp32_nodes", []))
-    text = (f"{fp16.get('fp16_nodes')} nodes in FP16 ({percent(fp16['fp16_fraction'], '.1f')}), "
-            f"{fp16.get('fp32_nodes_count')} kept in FP32 by {fp16.get('converter')}.")
-    tables = (Table(("node kept in FP32", "op", "why"), rows),) if rows else ()
-    return Section("FP16 conversion", paragraphs=(text,), tables=tables)
+def float_sections(manifest: dict) -> list[Section]:
+    """Each low float graph's conversion (FP16, BF16): its share of the nodes, and why a node stayed in FP32."""
+    export = manifest.get("stages", {}).get("export", {}).get("details") or {}
+    sections = []
+    for plug in plugs.FLOATS:
+        name, label = plug.name, plug.label
+        report = export.get(name) or {}
+        if report.get(f"{name}_fraction") is None:
+            continue
+        rows = tuple(_row(Cell(n["name"], code=True), n["op_type"], n["reason"]) for n in report.get("fp32_nodes", []))
+        text = (f"{report.get(f'{name}_nodes')} nodes in {label} ({percent(report[f'{name}_fraction'], '.1f')}), "
+                f"{report.get('fp32_nodes_count')} kept in FP32 by {report.get('converter')}.")
+        tables = (Table(("node kept in FP32", "op", "why"), rows),) if rows else ()
+        sections.append(Section(f"{label} conversion", paragraphs=(text,), tables=tables))
+    return sections
 
 
 def int8_section(manifest: dict) -> Section | None:
@@ -176,19 +183,27 @@ def _names(names: list[str]) -> tuple[Cell, ...]:
     return tuple(cell for name in names for cell in (Cell(name, code=True), Cell(", ")))[:-1] or (Cell("none"),)
 
 
-def _fallback_section(fb: dict, precision: str = "fp16") -> Section:
+# verify.json's keys for each precision's localisation and fallback; FP16's kept their first names (pipeline.verify/2).
+SECTION_KEYS = {"fp16": ("localization", "fallback")}
+
+
+def section_keys(precision: str) -> tuple[str, str]:
+    return SECTION_KEYS.get(precision, (f"{precision}_localization", f"{precision}_fallback"))
+
+
+def _fallback_section(fb: dict, plug) -> Section:
     """One automatic fallback (every precision's: pipeline.precision.fallback): what moved where, and the share left low."""
-    if precision == "int8":
-        moved = (Cell("left unquantized: "), *_names(fb.get("excluded_from_int8", [])), Cell("; kept in FP32: "),
-                 *_names(fb.get("kept_in_fp32", [])))
-        share = "INT8 share of the matrix ops"
-    else:
-        moved, share = (Cell("moved to FP32: "), *_names(fb["moved_to_fp32"])), "FP16 node fraction"
+    raised = fb.get("raised") or {"out_of_low": fb.get(f"excluded_from_{plug.name}", []),
+                                  "fp32": fb.get("kept_in_fp32", fb.get("moved_to_fp32", []))}  # pipeline.verify/2
+    one_step = (Cell(f"{plug.raised_to}: "), *_names(raised.get("out_of_low", [])), Cell("; ")) \
+        if len(plug.ladder) > 2 else ()
+    moved = (*one_step, Cell("kept in FP32: " if one_step else "moved to FP32: "), *_names(raised.get("fp32", [])))
+    share = f"{plug.label} share"
     text = (Cell(f"{len(fb['iterations'])} iteration(s); "), *moved,
-            Cell(f"; {share} {percent(fb[f'{precision}_fraction_before'], '.1f')} -> "
-                 f"{percent(fb[f'{precision}_fraction_after'], '.1f')}."))
-    title = "Automatic INT8 fallback" if precision == "int8" else "Automatic FP32 fallback"
-    return Section(title, status=Status.PASSED if fb["passed"] else Status.FAILED, paragraphs=(text,), level=3)
+            Cell(f"; {share} {percent(fb[f'{plug.name}_fraction_before'], '.1f')} -> "
+                 f"{percent(fb[f'{plug.name}_fraction_after'], '.1f')}."))
+    return Section(f"Automatic {plug.label} fallback", status=Status.PASSED if fb["passed"] else Status.FAILED,
+                   paragraphs=(text,), level=3)
 
 
 def _batch_section(candidates: list[dict]) -> Section | None:
@@ -222,14 +237,12 @@ def verify_sections(payload: dict) -> list[Section]:
     batches = _batch_section(payload["candidates"])
     if batches:
         sections.append(batches)
-    if payload.get("localization"):
-        sections.append(_localization_section(payload["localization"]))
-    if payload.get("fallback"):
-        sections.append(_fallback_section(payload["fallback"]))
-    if payload.get("int8_localization"):
-        sections.append(_localization_section(payload["int8_localization"], "INT8 localisation (Q/DQ graph)"))
-    if payload.get("int8_fallback"):
-        sections.append(_fallback_section(payload["int8_fallback"], "int8"))
+    for plug in plugs.ORDER:
+        localization, fallback = (payload.get(key) for key in section_keys(plug.name))
+        if localization:
+            sections.append(_localization_section(localization, f"{plug.label} localisation ({plug.faithful})"))
+        if fallback:
+            sections.append(_fallback_section(fallback, plug))
     return sections
 
 

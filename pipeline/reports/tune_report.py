@@ -9,14 +9,12 @@ from pipeline.core import env
 from pipeline.reports import tables
 from pipeline.core.artifacts import tune_files
 from pipeline.core.run import RunDir, atomic_path, atomic_write, write_json
-from pipeline.precision import sensitivity
+from pipeline.precision import plugs, sensitivity
 from pipeline.precision.sensitivity import Candidate
 from pipeline.runtime.openvino_speed import layers_not_in
 from pipeline.reports.tables import Cell, Section, Table, fmt
 
 SCHEMA = "pipeline.tune/2"
-LABELS = {"int8": "INT8", "fp16": "FP16"}
-RAISED = {"int8": "out of INT8", "fp16": "kept in FP32"}
 
 
 def _candidate(c: Candidate, chosen: Candidate | None, fronts: dict, precision: str) -> dict:
@@ -29,12 +27,13 @@ def _candidate(c: Candidate, chosen: Candidate | None, fronts: dict, precision: 
 
 def payload(cfg, t, runs: list[dict], baseline: dict | None, chosen: Candidate | None, why: str, fronts: dict) -> dict:
     """Everything tune measured, and the choice."""
-    precision = t.mixes.graph.precision
+    plug = t.plug
+    precision = plug.name
     candidates = [_candidate(c, chosen, fronts, precision) for r in runs for c in r["candidates"]]
     speedup = {str(b): s for b, s in sensitivity.speedups(baseline["latency_ms"], chosen.latency_ms).items()} \
         if chosen and baseline else {}
     out = {
-        "schema": SCHEMA, "model": cfg.model.name, "precision": precision, "raised": RAISED[precision],
+        "schema": SCHEMA, "model": cfg.model.name, "precision": precision, "raised": plug.raised_to,
         "target": t.target["name"], "speed_not_measured": t.target.get("reason"),
         "cpu": env.cpu_model(), "int8_dot_product": env.cpu_has_int8_dot_product(),
         "cpu_flags_simulated": env.cpu_flags_simulated(), "batches": t.batches,
@@ -50,19 +49,19 @@ def payload(cfg, t, runs: list[dict], baseline: dict | None, chosen: Candidate |
                                                "runtime": chosen.runtime},
         "speedup_vs_fp32": speedup, "seconds": {k: round(v, 2) for k, v in t.seconds.items()},
     }
-    method = cfg.export.int8.calibration_method if precision == "int8" else "autocast"
+    method = getattr(getattr(cfg.export, precision), "calibration_method", None) or plug.methods(cfg)[0]
     out["greedy"] = next((c for c in candidates if c["origin"] == "greedy fallback" and c["calibration"] == method),
                          None)
-    out["summary"] = _summary(out, chosen, len(runs[0]["ranked"]) if runs else 0, t.mixes.graph.fallback_file)
+    out["summary"] = _summary(out, chosen, len(runs[0]["ranked"]) if runs else 0, plug.fallback_file)
     return out
 
 
 def _summary(p: dict, chosen: Candidate | None, layers: int, written: str) -> str:
     if chosen is None:
-        return f"no passing {LABELS[p['precision']]} mix"
-    head = f"{LABELS[p['precision']]}: {len(chosen.high)} of {layers} layers {p['raised']} ({chosen.calibration})"
+        return f"no passing {_label(p)} mix"
+    head = f"{_label(p)}: {len(chosen.high)} of {layers} layers {p['raised']} ({chosen.calibration})"
     if not p["speedup_vs_fp32"]:
-        return f"{head}; speed not measured (no {LABELS[p['precision']]} target here); written to {written}"
+        return f"{head}; speed not measured (no {_label(p)} target here); written to {written}"
     big = p["batches"][-1]
     return (f"{head}; {chosen.latency_ms[1]:.3f} ms at batch 1, {chosen.latency_ms[big]:.3f} ms at batch {big}; "
             f"x{p['speedup_vs_fp32']['1']:.2f} vs FP32 at batch 1; written to {written}")
@@ -87,11 +86,21 @@ def speed_failure(p: dict, min_speedup: float | None) -> str:
     runtime = p["chosen"]["runtime"]
     not_low = layers_not_in(runtime, precision)
     named = ", ".join(not_low[:6]) + (", ..." if len(not_low) > 6 else "")
-    cpu = "; this CPU has no VNNI/AMX int8 dot product" if precision == "int8" and not p["int8_dot_product"] else ""
+    cpu = f"; {_no_units(p)}" if _no_units(p) else ""
     worst = min(slow, key=slow.get)
-    return (f"{LABELS[precision]} is no faster than FP32 here: {len(not_low)} of {len(runtime)} layers run in "
+    return (f"{_label(p)} is no faster than FP32 here: {len(not_low)} of {len(runtime)} layers run in "
             f"{_ran_in(runtime, not_low)} ({named or 'none'}){cpu}; x{slow[worst]:.2f} at batch {worst}, below "
             f"tune.min_speedup {min_speedup:g}")
+
+
+def _label(p: dict) -> str:
+    return plugs.by_name(p.get("precision", "int8")).label
+
+
+def _no_units(p: dict) -> str:
+    """The plug's note where this CPU lacks the units its CPU kernels need (INT8 without VNNI/AMX); else ""."""
+    plug = plugs.by_name(p.get("precision", "int8"))
+    return plug.dot_product_note if plug.dot_product_note and not p.get("int8_dot_product", True) else ""
 
 
 SHOWN = {"f32": "FP32", "fp32": "FP32", "f16": "FP16", "fp16": "FP16", "bf16": "BF16"}
@@ -109,17 +118,16 @@ def _ran_in(runtime: dict[str, str], layers: list[str]) -> str:
 def sections(p: dict) -> list[Section]:
     chosen = p["chosen"]
     status = Status.PASSED if chosen else Status.FAILED
-    no_vnni = p["precision"] == "int8" and not p["int8_dot_product"]
     head = [f"{p['summary']}.", f"Target: {p['target']} on {p['cpu']}"
-            + (" (no VNNI/AMX: INT8 kernels gain little here)" if no_vnni else "") + ".",
+            + (f" ({_no_units(p)}: its kernels gain little here)" if _no_units(p) else "") + ".",
             *([f"Speed not measured: {p['speed_not_measured']}."] if p["speed_not_measured"] else []),
             (f"Sensitivity on {p['samples']['sensitivity']} images; every candidate judged by the full gate on "
              f"{p['samples']['gate']} images; timings: {p['timing']['statistic']}.")]
     if chosen:
         head.append(f"Why: {chosen['why']}.")
         if chosen["runtime_not_low"]:
-            head.append(f"Not run in {LABELS[p['precision']]} by the target: {', '.join(chosen['runtime_not_low'])}.")
-    out = [Section(f"Precision tuning (tune, {LABELS[p['precision']]})", status, tuple(head), (_candidates_table(p),))]
+            head.append(f"Not run in {_label(p)} by the target: {', '.join(chosen['runtime_not_low'])}.")
+    out = [Section(f"Precision tuning (tune, {_label(p)})", status, tuple(head), (_candidates_table(p),))]
     for method, rows in p["sensitivity"].items():
         out.append(Section(f"Sensitivity, {method} calibration (most sensitive first)", None, (), (Table(
             ("layer", "op", "score", "alone: scaled error", "alone: KL", "all but: scaled error", "all but: drop"),
@@ -158,7 +166,7 @@ def write_plots(run_dir: RunDir, p: dict) -> list[str]:
         fig, ax = plt.subplots(figsize=(7, max(3, 0.25 * len(rows))))
         ax.barh([r["layer"] for r in rows][::-1], [r["score"] for r in rows][::-1])
         ax.set_xlabel("sensitivity score (scaled error units)")
-        ax.set_title(f"{p['model']}: per-layer {LABELS[p['precision']]} sensitivity ({method})")
+        ax.set_title(f"{p['model']}: per-layer {_label(p)} sensitivity ({method})")
         ax.tick_params(axis="y", labelsize=6)
         written.append(_save(fig, plt, run_dir, tune_files(p["precision"])[2]))
     fig, ax = plt.subplots(figsize=(7, 4))

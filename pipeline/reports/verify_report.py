@@ -24,10 +24,11 @@ from pipeline.core.errors import PipelineError, first_line
 from pipeline.core.status import Status
 from pipeline.core.verdicts import JUDGED, InconclusivePolicy
 from pipeline.core import artifacts, env
+from pipeline.precision import plugs
 from pipeline.reports import tables
 from pipeline.runtime import backends
 from pipeline.core.run import RunDir, atomic_write, now, read_json, sha256_file, write_json
-from pipeline.reports.tables import fmt
+from pipeline.reports.tables import fmt, section_keys
 
 log = logging.getLogger("pipeline")
 
@@ -43,13 +44,28 @@ EXPORT_FIX = ("look for data-dependent control flow (exporter warnings in manife
 EXPORT_BROKEN_HINT = f"the FP32 export disagrees with PyTorch: {EXPORT_FIX}"
 EXPORT_BROKEN_LOG = ("verify: the FP32 export disagrees with PyTorch; FP16 localisation and fallback are skipped "
                      "(they compare against the FP32 ONNX graph, which is already wrong)")
-STALE_ENGINE = ("the engine was built from the model.fp16.onnx the FP32 fallback replaced: build re-runs and "
-                "verify checks the new engine")
-INT8_KERNELS_HINT = ("the Q/DQ graph itself passes (int8_exact): this runtime's int8 kernels compute it differently "
-                     "(fused integer kernels); deploy it elsewhere (TensorRT) or exclude it from benchmark.backends")
-STALE_INT8_ENGINE = ("built from the model.int8.onnx the INT8 fallback replaced: build re-runs and verify checks "
-                     "the new engine or IR")
-TENSORRT_LOCALIZE_FAILED = "verify: TensorRT layer-wise localisation failed (%s); using the FP16 emulation"
+TENSORRT_LOCALIZE_FAILED = "verify: TensorRT layer-wise localisation failed (%s); using the faithful execution"
+
+
+def kernels_hint(plug) -> str:
+    """A deployment of ``plug``'s graph failed where its faithful execution passed: the graph is sound."""
+    return (f"the {plug.label} graph itself passes ({plug.faithful}): this runtime's kernels compute it differently "
+            "(fused kernels); deploy it elsewhere (TensorRT) or exclude it from benchmark.backends")
+
+
+def stale_artifact(plug) -> str:
+    """An engine or IR made from the graph the fallback just replaced."""
+    return (f"built from the {plug.graph} the {plug.label} fallback replaced: build re-runs and verify checks the new "
+            "engine or IR")
+
+
+def with_legacy_keys(plug, result: dict) -> dict:
+    """verify.json's names for what moved (schemas pipeline.verify/1 and /2), beside the fallback's ``raised``: a
+    graph with a step between its precision and FP32 (INT8's FP16 regions) says what left it and what is in FP32."""
+    raised = result["raised"]
+    if len(plug.ladder) > 2:
+        return {**result, f"excluded_from_{plug.name}": raised["out_of_low"], "kept_in_fp32": raised["fp32"]}
+    return {**result, "moved_to_fp32": raised["fp32"]}
 
 
 def disabled(name: str) -> str:
@@ -173,13 +189,12 @@ def failure_message(verdict, localization, export_broken: bool, suggest_fallback
                 f"{EXPORT_FIX}"
     elif localization and localization.get("first_divergent"):
         node = localization["first_divergent"]
-        what = "first quantized node" if first.backend.uses_int8_model else "first node"
-        text += f"; {what} over tolerance: {node['name']} ({node['op_type']})"
-    if first.result.get("hint") and first.backend.uses_int8_model:
+        plug = plugs.by_name(first.backend.graph) if first.backend.graph else None
+        text += f"; {plug.divergent if plug else 'first node'} over tolerance: {node['name']} ({node['op_type']})"
+    if first.result.get("hint") and first.backend.graph:
         text += f"; {first.result['hint']}"
-    if suggest_fallback and not export_broken:
-        text += ("; `verify --auto-fallback` can leave the offending layers unquantized"
-                 if first.backend.uses_int8_model else "; `verify --auto-fallback` can move the offending nodes to FP32")
+    if suggest_fallback and not export_broken and first.backend.graph:
+        text += f"; `verify --auto-fallback` can {plugs.by_name(first.backend.graph).offer}"
     return text + "; details in verify.md"
 
 
@@ -256,8 +271,8 @@ def _clean(value):
     return value
 
 
-def build_payload(cfg, card, candidates, localization, fallback, verdict, samples: int, batch_size: int, *,
-                  hashes: dict, reference_nonfinite: int = 0, int8_localization=None, int8_fallback=None) -> dict:
+def build_payload(cfg, card, candidates, gated: dict, verdict, samples: int, batch_size: int, *,
+                  hashes: dict, reference_nonfinite: int = 0) -> dict:
     """verify.json. ``hashes`` maps each artifact verify read to its sha256: the reference records its
     weights', each candidate that reached a verdict the file it judged (benchmark shows a verdict only
     while those still match the files it times)."""
@@ -297,10 +312,8 @@ def build_payload(cfg, card, candidates, localization, fallback, verdict, sample
             }
             for c in candidates
         ],
-        "localization": localization,
-        "fallback": fallback,
-        "int8_localization": int8_localization,
-        "int8_fallback": int8_fallback,
+        **{key: section for name in plugs.PLUGS
+           for key, section in zip(section_keys(name), gated.get(name) or (None, None))},
         "environment": {k: v for k, v in env.collect().items() if k in ("cpu", "gpu", "torch", "onnxruntime",
                                                                           "polygraphy", "modelopt", "tensorrt",
                                                                           "openvino")},
@@ -376,26 +389,30 @@ def write_reports(run_dir: RunDir, payload: dict, md: str, junit_xml: str, names
     return [run_dir.file(name) for name in names]
 
 
-def with_earlier_fallbacks(run_dir: RunDir, hashes: dict, fallback: dict | None,
-                           int8_fallback: dict | None) -> tuple[dict | None, dict | None]:
-    """This run's fallback sections, or the previous verify's passed ones whose replacement is still the file on
-    disk (``earlier_run``: true; nothing to replace again). verify re-runs after ``--auto-fallback`` once build
-    re-made the engines and IR from the replaced file; its report still says what was moved, and why."""
+def with_earlier_fallbacks(run_dir: RunDir, hashes: dict, gated: dict) -> dict:
+    """This run's (localisation, fallback) per precision, the fallback replaced by the previous verify's passed one
+    whose replacement is still the file on disk (``earlier_run``: true; nothing to replace again) where this run has
+    none. verify re-runs after ``--auto-fallback`` once build re-made the engines and IR from the replaced file; its
+    report still says what was moved, and why."""
     try:
         previous = read_json(run_dir.file(JSON), "verify report") if run_dir.file(JSON).is_file() else {}
     except Exception:  # a damaged report: nothing to carry
         previous = {}
     judged = {c.get("artifact"): c["artifact_sha256"] for c in previous.get("candidates", [])
-              if c.get("artifact_sha256")}  # skipped candidates record none
+              if isinstance(c, dict) and c.get("artifact_sha256")}  # skipped candidates record none
 
-    def carried(key: str, artifact: str) -> dict | None:
-        section = previous.get(key)
-        if section and section.get("passed") and judged.get(artifact) and judged[artifact] == hashes.get(artifact):
+    def carried(plug) -> dict | None:
+        section = previous.get(section_keys(plug.name)[1])
+        if isinstance(section, dict) and section.get("passed") and judged.get(plug.graph) and \
+                judged[plug.graph] == hashes.get(plug.graph):
             return {**section, "replaced": [], "earlier_run": True}
         return None
 
-    return (fallback or carried("fallback", artifacts.FP16_ONNX),
-            int8_fallback or carried("int8_fallback", artifacts.INT8_ONNX))
+    out = {}
+    for plug in plugs.ORDER:
+        loc, fb = gated.get(plug.name) or (None, None)
+        out[plug.name] = (loc, fb or carried(plug))
+    return out
 
 
 def artifact_sha256(run_dir: RunDir, name: str) -> str | None:

@@ -22,7 +22,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, Callable
 
 from pipeline.core import env
-from pipeline.core.artifacts import ENGINE, FP16_ONNX, FP32_ONNX, INT8_ENGINE, INT8_ONNX, xml_name
+from pipeline.core.artifacts import FP32_ONNX, engine_file, graph_file, xml_name
 from pipeline.core.errors import InputError
 from pipeline.core.run import RunDir, sha256_file
 
@@ -33,8 +33,11 @@ if TYPE_CHECKING:  # only for the annotations: this module imports nothing heavy
 log = logging.getLogger("pipeline")
 
 REFERENCE = "torch_fp32"
-NO_FP16 = "no model.fp16.onnx (export.fp16.enabled is false)"
-NO_INT8 = "no model.int8.onnx (export.int8.enabled is false)"
+
+
+def disabled(precision: str) -> str:
+    """Why a precision's candidates do not run when the config writes no graph of it."""
+    return f"no {graph_file(precision)} (export.{precision}.enabled is false)"
 
 
 @dataclass
@@ -48,25 +51,21 @@ class Context:
     model: torch.nn.Module | None = None  # the trained FP32 model (verify's reference; the torch backends)
     threads: int | None = None  # ONNX Runtime intra-op threads; None: its defaults (verify)
     gpu: bool = False  # whether "auto" backends run on CUDA (benchmark on a GPU machine)
-    fp16: onnx.ModelProto | None = field(default=None, repr=False)  # an FP16 ModelProto under test (verify's fallback candidates)
     isolate: bool = True  # native runtimes in a child process (False: in this process, as the child itself does)
-    int8: onnx.ModelProto | None = field(default=None, repr=False)  # an INT8 Q/DQ ModelProto under test (verify's fallback candidates)
+    # A lower-precision graph under test, by precision (verify's fallback candidates, tune's mixes); else the run's.
+    under_test: dict[str, onnx.ModelProto] = field(default_factory=dict, repr=False)
+    _loaded: dict = field(default_factory=dict, repr=False, compare=False)
 
-    @cached_property
-    def fp16_model(self):
-        """``model.fp16.onnx`` (or the FP16 model under test), loaded and checked once; None without one."""
-        return self.fp16 if self.fp16 is not None else self._graph(FP16_ONNX, "FP16 ONNX model")
+    def graph(self, precision: str):
+        """``model.<precision>.onnx`` (or the graph under test), loaded and checked once; None without one."""
+        if precision in self.under_test:
+            return self.under_test[precision]
+        if precision not in self._loaded:
+            from pipeline.core import onnx_io
 
-    @cached_property
-    def int8_model(self):
-        """``model.int8.onnx`` (or the INT8 model under test), loaded and checked once; None without one."""
-        return self.int8 if self.int8 is not None else self._graph(INT8_ONNX, "INT8 ONNX model")
-
-    def _graph(self, name: str, what: str):
-        from pipeline.core import onnx_io
-
-        path = self.run_dir.file(name)
-        return onnx_io.load(path, what) if path.exists() else None
+            path = self.run_dir.file(graph_file(precision))
+            self._loaded[precision] = onnx_io.load(path, f"{precision.upper()} ONNX model") if path.exists() else None
+        return self._loaded[precision]
 
     def fp32_path(self):
         from pipeline.core import onnx_io
@@ -93,6 +92,8 @@ class Backend:
     note: str = ""  # benchmark.json's note
     runtime: str = "PyTorch"  # the library that runs it, as crash messages name it
     required_if: Callable[[object], bool] | None = None  # whether the config asks for it at all (None: always)
+    graph: str | None = None  # the precision whose graph it runs (the file, or an engine or IR made from it)
+    deploys: bool = True  # a deployment (benchmark may name it the fastest); False: an emulation, timed for its cost
     # Whether its verdict decides verify's exit code under verify.gate=auto: a deployment target (an engine, an
     # OpenVINO IR, the FP32 export) or the faithful CPU proxy of one (the FP16 emulation, the exact Q/DQ run).
     # False only for what is neither, which is then run and reported only.
@@ -112,16 +113,6 @@ class Backend:
         wanted = self.required_if is None or self.required_if(cfg)
         return self.requires is not None and self.requires in cfg.require and wanted
 
-    @property
-    def uses_fp16_model(self) -> bool:
-        """Whether it runs the FP16 model (so localisation and the FP32 fallback concern it)."""
-        return self.artifact in (FP16_ONNX, ENGINE)
-
-    @property
-    def uses_int8_model(self) -> bool:
-        """Whether it runs the INT8 Q/DQ model, or an engine or IR made from it (so INT8 localisation and
-        fallback concern it)."""
-        return self.artifact in (INT8_ONNX, INT8_ENGINE, xml_name("int8"))
 
 
 # --------------------------------------------------------------------------- availability
@@ -131,31 +122,22 @@ def _always(ctx: Context) -> str:
     return ""
 
 
-def _needs_fp16(ctx: Context) -> str:
-    """"" with an FP16 model; the reason without one, only when the config says export writes none.
+def _needs(precision: str) -> Callable[[Context], str]:
+    """"" with the precision's graph; the reason without one: disabled by the config, or the reason export recorded
+    for skipping it (no ModelOpt). Otherwise a missing ``model.<precision>.onnx`` is an :class:`InputError` ("run
+    export first"): skipping its candidates would pass a gate that checked nothing."""
+    def check(ctx: Context) -> str:
+        if ctx.graph(precision) is not None:
+            return ""
+        if not getattr(ctx.cfg.export, precision).enabled:
+            return disabled(precision)
+        skipped = ctx.run_dir.export_skipped(precision)
+        if skipped:
+            return f"no {graph_file(precision)}: export skipped {precision.upper()} ({skipped})"
+        ctx.run_dir.require(graph_file(precision), "export", ctx.stage)  # raises: the file is missing
+        return disabled(precision)
 
-    When ``export.fp16.enabled`` is true, a missing ``model.fp16.onnx`` is an :class:`InputError`
-    ("run export first"): skipping its candidates would pass a gate that checked nothing.
-    """
-    if ctx.fp16_model is not None:
-        return ""
-    if ctx.cfg.export.fp16.enabled:
-        ctx.run_dir.require(FP16_ONNX, "export", ctx.stage)  # raises: the file is missing
-    return NO_FP16
-
-
-def _needs_int8(ctx: Context) -> str:
-    """"" with an INT8 model; the reason without one: disabled by the config, or the reason export recorded
-    for skipping it (no ModelOpt). Otherwise a missing ``model.int8.onnx`` is an :class:`InputError`."""
-    if ctx.int8_model is not None:
-        return ""
-    if not ctx.cfg.export.int8.enabled:
-        return NO_INT8
-    skipped = ((ctx.run_dir.stage_entry("export") or {}).get("details") or {}).get("int8", {}).get("skipped")
-    if skipped:
-        return f"no model.int8.onnx: export skipped INT8 ({skipped})"
-    ctx.run_dir.require(INT8_ONNX, "export", ctx.stage)  # raises: the file is missing
-    return NO_INT8
+    return check
 
 
 def no_int8_dot_product(runtime: str) -> str:
@@ -167,13 +149,14 @@ def no_int8_dot_product(runtime: str) -> str:
 
 
 def _ort_int8_unavailable(ctx: Context) -> str:
-    return _needs_int8(ctx) or ("" if env.cpu_has_int8_dot_product() else no_int8_dot_product(ORT))
+    return _needs("int8")(ctx) or ("" if env.cpu_has_int8_dot_product() else no_int8_dot_product(ORT))
 
 
-def _cuda_ort(fp16_graph: bool) -> Callable[[Context], str]:
+def _cuda_ort(precision: str | None) -> Callable[[Context], str]:
     def check(ctx: Context) -> str:
-        if fp16_graph and _needs_fp16(ctx):
-            return NO_FP16
+        missing = _needs(precision)(ctx) if precision else ""
+        if missing:
+            return missing
         ok, reason = env.cuda_status()
         if not ok:
             return reason
@@ -186,13 +169,15 @@ def _cuda_ort(fp16_graph: bool) -> Callable[[Context], str]:
     return check
 
 
-def _tensorrt_unavailable(engine: str) -> Callable[[Context], str]:
+def _tensorrt_unavailable(precision: str) -> Callable[[Context], str]:
+    engine = engine_file(precision)
+
     def check(ctx: Context) -> str:
         """Cheap checks only: the engine itself is loaded (and checked) when the runner is made."""
         from pipeline.runtime import tensorrt_engine
 
-        if engine == INT8_ENGINE and not ctx.cfg.export.int8.enabled:
-            return NO_INT8  # INT8 off: "disabled" everywhere, whatever this machine has
+        if not getattr(ctx.cfg.export, precision).enabled:
+            return disabled(precision)  # its graph off: "disabled" everywhere, whatever this machine has
         ok, reason = tensorrt_engine.availability()
         if not ok:
             return reason
@@ -207,22 +192,29 @@ def _tensorrt_unavailable(engine: str) -> Callable[[Context], str]:
     return check
 
 
-def _openvino_unavailable(precision: str) -> Callable[[Context], str]:
-    """OpenVINO installed; bf16: bf16 units (the pipeline's CPU flags and OpenVINO's capabilities); int8: the
-    Q/DQ model. Cheap checks only: the IR itself is checked (and loaded) when the runner is made."""
+def _openvino_unavailable(ir: str, *needs: Callable[[Context], str]) -> Callable[[Context], str]:
+    """OpenVINO installed, then each of ``needs`` (bf16 units; the Q/DQ graph and int8 units), then the IR
+    ``openvino/<ir>.xml``. Cheap checks only: the IR itself is checked (and loaded) when the runner is made."""
     def check(ctx: Context) -> str:
         from pipeline.runtime import openvino_ir
 
         ov, reason = openvino_ir.status()
         if ov is None:
             return reason
-        if precision == "bf16" and openvino_ir.bf16_reason():
-            return openvino_ir.bf16_reason()
-        if precision == "int8" and _needs_int8(ctx):
-            return _needs_int8(ctx)
-        if precision == "int8" and not env.cpu_has_int8_dot_product():
-            return no_int8_dot_product("OpenVINO")
-        return _no_ir(ctx, precision)
+        return next((why for need in needs if (why := need(ctx))), "") or _no_ir(ctx, ir)
+
+    return check
+
+
+def _bf16_units(ctx: Context) -> str:
+    from pipeline.runtime import openvino_ir
+
+    return openvino_ir.bf16_reason()
+
+
+def _int8_units(runtime: str) -> Callable[[Context], str]:
+    def check(ctx: Context) -> str:
+        return "" if env.cpu_has_int8_dot_product() else no_int8_dot_product(runtime)
 
     return check
 
@@ -265,54 +257,53 @@ def _torch(name: str, *, autocast: bool = False, compile: bool = False) -> Calla
     return make
 
 
-def _ort(name: str, *, fp16_graph: bool, cuda: bool = False) -> Callable[[Context], object]:
+def _ort(name: str, *, precision: str | None, cuda: bool = False) -> Callable[[Context], object]:
+    """ONNX Runtime on ``model.onnx`` (``precision`` None) or on the precision's graph; on the CPU provider without
+    the optimizers that break that graph (``runners.CPU_DISABLED_OPTIMIZERS``)."""
     def make(ctx: Context):
-        from pipeline.runtime.runners import onnxrt_runner
+        from pipeline.runtime.runners import CPU_DISABLED_OPTIMIZERS, onnxrt_runner
 
-        from pipeline.runtime.runners import FP16_CPU_DISABLED_OPTIMIZERS
-
-        source = ctx.fp16_model.SerializeToString() if fp16_graph else ctx.fp32_path()
-        disabled = FP16_CPU_DISABLED_OPTIMIZERS if fp16_graph and not cuda else ()
+        source = ctx.graph(precision).SerializeToString() if precision else ctx.fp32_path()
+        disabled = () if cuda else CPU_DISABLED_OPTIMIZERS.get(precision, ())
         return onnxrt_runner(source, name=name, providers=["cuda"] if cuda else ["cpu"], threads=ctx.threads,
                              disabled_optimizers=disabled)
 
     return make
 
 
-def _emulation(ctx: Context):
-    from pipeline.runtime.runners import fp16_emulation_runner
+def _faithful(precision: str) -> Callable[[Context], object]:
+    """The precision's faithful execution (its plug's: the emulation, or the Q/DQ graph executed exactly)."""
+    def make(ctx: Context):
+        from pipeline.precision import plugs
+        from pipeline.runtime.runners import faithful_runner
 
-    return fp16_emulation_runner(ctx.fp16_model, ctx.cfg.verify.emulation, "fp16_emulation")
+        plug = plugs.by_name(precision)
+        return faithful_runner(plug, ctx.graph(precision), ctx.cfg.verify.emulation)
 
-
-def _emulation_label(cfg) -> str:
-    mode = cfg.verify.emulation
-    how = "every FP16 tensor rounded, FP32 accumulation" if mode == "fast" else "NumPy float16 reference evaluator"
-    return f"FP16 emulation ({mode}: {how}), model.fp16.onnx"
-
-
-def _int8_exact(ctx: Context):
-    from pipeline.runtime.runners import int8_exact_runner
-
-    return int8_exact_runner(ctx.int8_model, "int8_exact")
+    return make
 
 
-def _ort_int8(ctx: Context):
-    from pipeline.runtime.runners import INT8_CPU_DISABLED_OPTIMIZERS, onnxrt_runner
+def _emulation_label(precision: str) -> Callable[[object], str]:
+    def label(cfg) -> str:
+        mode = cfg.verify.emulation
+        how = (f"every {precision.upper()} tensor rounded, FP32 accumulation" if mode == "fast" else
+               "NumPy reference evaluator in the low type")
+        return f"{precision.upper()} emulation ({mode}: {how}), {graph_file(precision)}"
 
-    return onnxrt_runner(ctx.int8_model.SerializeToString(), name="onnxrt_int8_cpu", threads=ctx.threads,
-                         disabled_optimizers=INT8_CPU_DISABLED_OPTIMIZERS)
+    return label
 
 
 def _engine_wanted(precision: str) -> Callable[[object], bool]:
-    """Whether the config asks build for this precision's engine (INT8 also needs export to write its graph)."""
+    """Whether the config asks build for this precision's engine (its graph must be written by export too)."""
     def wanted(cfg) -> bool:
-        return precision in cfg.build.precisions and (precision != "int8" or cfg.export.int8.enabled)
+        return precision in cfg.build.precisions and getattr(cfg.export, precision).enabled
 
     return wanted
 
 
-def _tensorrt(engine: str, name: str) -> Callable[[Context], object]:
+def _tensorrt(precision: str, name: str) -> Callable[[Context], object]:
+    engine = engine_file(precision)
+
     def make(ctx: Context):
         from pipeline.runtime import tensorrt_engine
         from pipeline.runtime.runners import TensorrtRunner
@@ -356,53 +347,60 @@ TABLE: list[Backend] = [
     Backend("torch_compile", precision="fp32", device="auto", artifact=None, label="torch.compile, FP32",
             unavailable=_always, make=_torch("torch_compile", compile=True), benchmark="opt-in"),
     Backend("onnxrt_fp32", precision="fp32", device="cpu", artifact=FP32_ONNX, label="ONNX Runtime CPU, model.onnx",
-            unavailable=_always, make=_ort("onnxrt_fp32", fp16_graph=False), candidate="onnxrt_fp32",
+            unavailable=_always, make=_ort("onnxrt_fp32", precision=None), candidate="onnxrt_fp32",
             note="ONNX Runtime CPU", runtime=ORT),
-    Backend("fp16_emulation", precision="fp16", device="cpu", artifact=FP16_ONNX, label=_emulation_label,
-            unavailable=_needs_fp16, make=_emulation, candidate="fp16_emulation", benchmark="no",
-            runtime="FP16 emulation"),
-    Backend("onnxrt_fp16", precision="fp16", device="cpu", artifact=FP16_ONNX,
+    Backend("fp16_emulation", precision="fp16", device="cpu", artifact=graph_file("fp16"),
+            label=_emulation_label("fp16"), unavailable=_needs("fp16"), make=_faithful("fp16"),
+            candidate="fp16_emulation", benchmark="no", runtime="FP16 emulation", graph="fp16", deploys=False),
+    Backend("onnxrt_fp16_cpu", precision="fp16", device="cpu", artifact=graph_file("fp16"),
             label="ONNX Runtime CPU on model.fp16.onnx (a CPU deployment; computes FP16 regions in FP32)",
-            unavailable=_needs_fp16, make=_ort("onnxrt_fp16_cpu", fp16_graph=True), candidate="onnxrt_fp16_cpu",
-            shown_precision="fp16 graph", note="ONNX Runtime CPU runs most FP16 nodes through FP32 kernels",
-            runtime=ORT, gates=False),
-    Backend("int8_exact", precision="int8", device="cpu", artifact=INT8_ONNX,
+            unavailable=_needs("fp16"), make=_ort("onnxrt_fp16_cpu", precision="fp16"),
+            candidate="onnxrt_fp16_cpu", shown_precision="fp16 graph",
+            note="ONNX Runtime CPU runs most FP16 nodes through FP32 kernels", runtime=ORT, gates=False, graph="fp16"),
+    # ONNX Runtime's CPU provider has no bfloat16 kernels (Conv, Gemm): the BF16 graph runs on a CPU only emulated.
+    Backend("bf16_emulation", precision="bf16", device="cpu", artifact=graph_file("bf16"),
+            label=_emulation_label("bf16"), unavailable=_needs("bf16"), make=_faithful("bf16"),
+            candidate="bf16_emulation", runtime="BF16 emulation", graph="bf16", deploys=False,
+            note="the BF16 graph's arithmetic on FP32 kernels (Cast pairs): a check, not a deployment"),
+    Backend("int8_exact", precision="int8", device="cpu", artifact=graph_file("int8"),
             label="INT8 Q/DQ graph executed exactly (ONNX Runtime, optimisations off: every Q/DQ as written, FP16 "
                   "regions rounded as the FP16 emulation does), model.int8.onnx",
-            unavailable=_needs_int8, make=_int8_exact, candidate="int8_exact", benchmark="no", runtime=ORT),
-    Backend("onnxrt_int8_cpu", precision="int8", device="cpu", artifact=INT8_ONNX,
+            unavailable=_needs("int8"), make=_faithful("int8"), candidate="int8_exact", benchmark="no", runtime=ORT,
+            graph="int8", deploys=False),
+    Backend("onnxrt_int8_cpu", precision="int8", device="cpu", artifact=graph_file("int8"),
             label="ONNX Runtime CPU int8 kernels on model.int8.onnx (a CPU deployment; fuses Q/DQ into int8 ops)",
-            unavailable=_ort_int8_unavailable, make=_ort_int8, candidate="onnxrt_int8_cpu",
-            shown_precision="int8 (Q/DQ graph)", note="ONNX Runtime CPU int8 kernels", runtime=ORT, gates=False),
-    Backend("tensorrt_fp16", precision="fp16", device="cuda", artifact=ENGINE,
-            label="TensorRT engine (strongly typed from model.fp16.onnx)", unavailable=_tensorrt_unavailable(ENGINE),
-            make=_tensorrt(ENGINE, "tensorrt_fp16"), candidate="tensorrt_fp16", requires="tensorrt",
-            shown_precision="fp16 (strongly typed engine)", runtime="TensorRT", required_if=_engine_wanted("fp16")),
-    Backend("tensorrt_int8", precision="int8", device="cuda", artifact=INT8_ENGINE,
-            label="TensorRT engine (strongly typed from model.int8.onnx: explicit Q/DQ, other regions FP16)",
-            unavailable=_tensorrt_unavailable(INT8_ENGINE), make=_tensorrt(INT8_ENGINE, "tensorrt_int8"),
-            candidate="tensorrt_int8", requires="tensorrt", shown_precision="int8 (strongly typed Q/DQ engine)",
-            runtime="TensorRT", required_if=_engine_wanted("int8")),
+            unavailable=_ort_int8_unavailable, make=_ort("onnxrt_int8_cpu", precision="int8"),
+            candidate="onnxrt_int8_cpu", shown_precision="int8 (Q/DQ graph)", note="ONNX Runtime CPU int8 kernels",
+            runtime=ORT, gates=False, graph="int8"),
+    *(Backend(f"tensorrt_{p}", precision=p, device="cuda", artifact=engine_file(p),
+              label=f"TensorRT engine (strongly typed from {graph_file(p)}{how})",
+              unavailable=_tensorrt_unavailable(p), make=_tensorrt(p, f"tensorrt_{p}"), candidate=f"tensorrt_{p}",
+              requires="tensorrt", shown_precision=f"{p} (strongly typed{kind} engine)", runtime="TensorRT",
+              required_if=_engine_wanted(p), graph=p)
+      for p, how, kind in (("fp16", "", ""), ("bf16", "", ""),
+                           ("int8", ": explicit Q/DQ, other regions FP16", " Q/DQ"))),
     Backend("onnxrt_cuda_fp32", precision="fp32", device="cuda", artifact=FP32_ONNX,
-            label="ONNX Runtime CUDA provider on model.onnx", unavailable=_cuda_ort(False),
-            make=_ort("onnxrt_cuda_fp32", fp16_graph=False, cuda=True), note="ONNX Runtime CUDA", runtime=ORT),
-    Backend("onnxrt_cuda_fp16", precision="fp16", device="cuda", artifact=FP16_ONNX,
-            label="ONNX Runtime CUDA provider on model.fp16.onnx", unavailable=_cuda_ort(True),
-            make=_ort("onnxrt_cuda_fp16", fp16_graph=True, cuda=True), candidate="onnxrt_cuda_fp16", requires="cuda",
-            shown_precision="fp16 graph", note="ONNX Runtime CUDA", runtime=ORT),
+            label="ONNX Runtime CUDA provider on model.onnx", unavailable=_cuda_ort(None),
+            make=_ort("onnxrt_cuda_fp32", precision=None, cuda=True), note="ONNX Runtime CUDA", runtime=ORT),
+    Backend("onnxrt_cuda_fp16", precision="fp16", device="cuda", artifact=graph_file("fp16"),
+            label="ONNX Runtime CUDA provider on model.fp16.onnx", unavailable=_cuda_ort("fp16"),
+            make=_ort("onnxrt_cuda_fp16", precision="fp16", cuda=True), candidate="onnxrt_cuda_fp16", requires="cuda",
+            shown_precision="fp16 graph", note="ONNX Runtime CUDA", runtime=ORT, graph="fp16"),
     Backend("openvino_fp32", precision="fp32", device="cpu", artifact=xml_name("fp32"),
             label="OpenVINO CPU, openvino/fp32.xml (IR of model.onnx), INFERENCE_PRECISION_HINT=f32" + DEPLOYED,
             unavailable=_openvino_unavailable("fp32"), make=_openvino("fp32"), candidate="openvino_fp32",
             note="OpenVINO CPU", runtime=OV),
     Backend("openvino_bf16", precision="bf16", device="cpu", artifact=xml_name("bf16"),
             label="OpenVINO CPU, openvino/bf16.xml (IR of model.onnx), INFERENCE_PRECISION_HINT=bf16" + DEPLOYED,
-            unavailable=_openvino_unavailable("bf16"), make=_openvino("bf16"), candidate="openvino_bf16",
-            note="OpenVINO CPU, bf16", runtime=OV),
+            unavailable=_openvino_unavailable("bf16", _bf16_units), make=_openvino("bf16"),
+            candidate="openvino_bf16", note="OpenVINO CPU, bf16", runtime=OV),
     Backend("openvino_int8", precision="int8", device="cpu", artifact=xml_name("int8"),
             label="OpenVINO CPU, openvino/int8.xml (IR of the Q/DQ model.int8.onnx), int8 kernels" + DEPLOYED,
-            unavailable=_openvino_unavailable("int8"), make=_openvino("int8"), candidate="openvino_int8",
-            note="OpenVINO CPU, int8", runtime=OV),
+            unavailable=_openvino_unavailable("int8", _needs("int8"), _int8_units("OpenVINO")),
+            make=_openvino("int8"), candidate="openvino_int8", note="OpenVINO CPU, int8", runtime=OV, graph="int8"),
 ]
+# The old name of onnxrt_fp16_cpu in benchmark.backends: accepted, with a warning (config.BenchmarkConfig).
+RENAMED = {"onnxrt_fp16": "onnxrt_fp16_cpu"}
 
 
 def by_name(name: str) -> Backend:

@@ -157,20 +157,17 @@ class Isolated(Timed, BaseRunner):
     def _write_job(self) -> None:
         ctx, make = self.ctx, self.backend.make
         module = sys.modules.get(make.__module__)
-        fp16_file = None
-        if ctx.fp16 is not None and self.backend.uses_fp16_model:
-            fp16_file = "fp16.onnx"  # the FP16 model under test (verify's fallback rounds), as a file
-            (self.folder / fp16_file).write_bytes(ctx.fp16.SerializeToString())
-        int8_file = None
-        if ctx.int8 is not None and self.backend.uses_int8_model:
-            int8_file = "int8.onnx"  # the INT8 model under test (verify's fallback rounds)
-            (self.folder / int8_file).write_bytes(ctx.int8.SerializeToString())
+        under_test = {}  # the graph under test it runs (verify's fallback rounds), as a file
+        graph = self.backend.graph
+        if graph in ctx.under_test:
+            under_test[graph] = f"{graph}.onnx"
+            (self.folder / under_test[graph]).write_bytes(ctx.under_test[graph].SerializeToString())
         job = {
             "backend": {"name": self.backend.name, "module": make.__module__,
                         "file": getattr(module, "__file__", None)},
             "run_dir": str(Path(ctx.run_dir.path).resolve()),
             "stage": ctx.stage, "spec": ctx.spec, "threads": ctx.threads, "gpu": ctx.gpu,
-            "config": ctx.cfg.to_dict(), "fp16": fp16_file, "int8": int8_file,
+            "config": ctx.cfg.to_dict(), "under_test": under_test,
         }
         (self.folder / JOB).write_text(json.dumps(job), encoding="utf-8")
 
@@ -406,13 +403,13 @@ def _context(job: dict, folder: Path):
     from pipeline.runtime.backends import Context
     from pipeline.core.run import RunDir
 
-    fp16 = onnx_io.load(folder / job["fp16"], "FP16 ONNX model") if job["fp16"] else None
-    int8 = onnx_io.load(folder / job["int8"], "INT8 ONNX model") if job.get("int8") else None
+    under_test = {precision: onnx_io.load(folder / name, f"{precision.upper()} ONNX model")
+                  for precision, name in job["under_test"].items()}
     # The parent validated the config; read-only attribute access is all a runner needs, and skipping
     # pydantic (import and validation) saves a tenth of a second of every child's start.
     cfg = json.loads(json.dumps(job["config"]), object_hook=lambda d: SimpleNamespace(**d))
     return Context(cfg, RunDir(job["run_dir"], create=False), job["stage"], job["spec"],
-                   threads=job["threads"], gpu=job["gpu"], fp16=fp16, int8=int8, isolate=False)
+                   threads=job["threads"], gpu=job["gpu"], under_test=under_test, isolate=False)
 
 
 def main(argv: list[str] | None = None) -> int:

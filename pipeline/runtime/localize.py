@@ -1,10 +1,9 @@
-"""Layer-by-layer localisation of an FP16 precision failure, and the choice of nodes to move to FP32.
+"""Layer-by-layer localisation of a lower-precision failure: the first node over the gate's rule, per tensor.
 
-Both graphs keep the FP32 export's tensor names (AutoCast only inserts Casts), so after marking
-every tensor as an output, the FP32 model and the candidate can be compared tensor by tensor.
-The candidate is the FP16 graph's faithful emulation on ONNX Runtime (any machine) or, on a
-GPU, the TensorRT engine built with every tensor marked (which can change fusions; Polygraphy's
-own accuracy guide warns of that).
+Every lower-precision graph keeps the FP32 export's tensor names (AutoCast only inserts Casts, ModelOpt only Q/DQ),
+so after marking every tensor as an output, the FP32 model and the candidate can be compared tensor by tensor. The
+candidate is the precision's faithful execution on ONNX Runtime (any machine) or, on a GPU, the TensorRT engine
+built with every tensor marked (which can change fusions; Polygraphy's own accuracy guide warns of that).
 """
 
 from __future__ import annotations
@@ -16,7 +15,6 @@ import numpy as np
 import onnx
 
 from pipeline.core import onnx_io
-from pipeline.precision import fp16
 from pipeline.precision.gate import TensorRule
 from pipeline.runtime.runners import collect, onnxrt_runner
 
@@ -47,16 +45,6 @@ def compare_layers(fp32_model: onnx.ModelProto, ref: dict, cand: dict, rule: Ten
             break  # one row per node: its first float output
     worst = sorted(rows, key=lambda r: (r["nonfinite"] > 0, r["scaled_error"]), reverse=True)[:top]
     return {"first_divergent": first, "worst": worst, "compared_nodes": len(rows), "tolerance": rule.describe()}
-
-
-def localize_emulation(fp32_model: onnx.ModelProto, fp16_model: onnx.ModelProto, feed: dict, rule: TensorRule,
-                       top: int) -> dict:
-    """Compare ONNX Runtime on the FP32 graph with the fast FP16 emulation, tensor by tensor."""
-    ref = _marked_outputs(fp32_model, feed, "fp32-layers")
-    cand = _marked_outputs(fp16.emulation_model(fp16_model), feed, "fp16-emulation-layers")
-    result = compare_layers(fp32_model, ref, cand, rule, top)
-    result["method"] = "ONNX Runtime, FP32 graph vs FP16 emulation, every tensor marked as output"
-    return result
 
 
 def tensorrt_layers_engine(onnx_path, *, input_name: str, shapes: dict, build_cfg, timing_cache=None):
@@ -94,21 +82,29 @@ def localize_tensorrt(fp32_model: onnx.ModelProto, fp16_path, feed: dict, rule: 
     return result
 
 
-def localize_int8(fp32_model: onnx.ModelProto, int8_model: onnx.ModelProto, feed: dict, rule, top: int) -> dict:
-    """FP32 ONNX Runtime vs the exact Q/DQ execution, every tensor marked; the first quantized node over tolerance."""
-    from pipeline.precision import int8
-
-    ref = collect(onnxrt_runner(onnx_io.mark_all_outputs(fp32_model).SerializeToString(), name="fp32-layers"),
-                  [feed])[0]
-    marked = onnx_io.mark_all_outputs(int8.exact_model(int8_model))
-    cand = collect(onnxrt_runner(marked.SerializeToString(), name="int8-exact-layers", optimize=False), [feed])[0]
+def localize_faithful(plug, fp32_model: onnx.ModelProto, model: onnx.ModelProto, feed: dict, rule: TensorRule,
+                      top: int) -> dict:
+    """FP32 ONNX Runtime vs ``plug``'s faithful execution of ``model`` (the emulation that rounds every low tensor;
+    the Q/DQ graph executed exactly, optimisations off), every tensor marked as an output. With the plug's
+    ``exact_localization``, the first node over tolerance is the first one that computes below FP32."""
+    ref = _marked_outputs(fp32_model, feed, "fp32-layers")
+    # Only the FP32 graph's tensors are compared; the rounding casts' own outputs (bfloat16: no NumPy type in ONNX
+    # Runtime) are not asked for.
+    produced = [out for node in fp32_model.graph.node for out in node.output if out]
+    marked = onnx_io.mark_outputs(plug.faithful_model(model), produced)
+    cand = collect(onnxrt_runner(marked.SerializeToString(), name=f"{plug.faithful}-layers",
+                                 optimize=plug.faithful_optimized), [feed])[0]
+    if not plug.exact_localization:
+        result = compare_layers(fp32_model, ref, cand, rule, top)
+        result["method"] = f"ONNX Runtime, FP32 graph vs {plug.faithful}, every tensor marked as output"
+        return result
     order = {node.name: i for i, node in enumerate(fp32_model.graph.node)}
     result = compare_layers(fp32_model, ref, cand, rule, top=len(order))
-    lowered = {name for name, (_, precision) in int8.node_precisions(fp32_model, int8_model).items() if precision != "fp32"}
+    lowered = {name for name, (_, p) in plug.node_precisions(fp32_model, model).items() if p != "fp32"}
     over = sorted((r for r in result["worst"] if r["exceeds"] and r["name"] in lowered), key=lambda r: order[r["name"]])
     if over:  # else: compare_layers' first node over tolerance (the fallback walks upstream from it)
         result["first_divergent"] = over[0]
     result["worst"] = result["worst"][:top]
-    result["method"] = ("ONNX Runtime, FP32 graph vs the Q/DQ graph executed exactly (optimisations off), every "
-                        "tensor marked as output; the first INT8 or FP16 node over tolerance")
+    result["method"] = (f"ONNX Runtime, FP32 graph vs {plug.faithful} (optimisations off), every tensor marked as "
+                        f"output; the first node below FP32 over tolerance")
     return result

@@ -370,6 +370,8 @@ FP16_CPU_DISABLED_OPTIMIZERS = ("NchwcTransformer",)
 # below FP16's normal range), and the result no longer computes the graph's arithmetic: on a trained ResNet-18
 # (32 px) the logits moved up to 14.7 from the exact Q/DQ execution (top-1 agreement 93 %); without it, 0.19.
 INT8_CPU_DISABLED_OPTIMIZERS = ("WeightBiasQuantization", "NchwcTransformer")
+# Per lower-precision graph on the CPU provider: the optimizers its CPU deployment turns off.
+CPU_DISABLED_OPTIMIZERS = {"fp16": FP16_CPU_DISABLED_OPTIMIZERS, "int8": INT8_CPU_DISABLED_OPTIMIZERS}
 DISABLED_BECAUSE = {"NchwcTransformer": "it crashes ONNX Runtime's CPU provider on FP16 graphs "
                                         "(microsoft/onnxruntime#28392); the other optimizations stay on",
                     "WeightBiasQuantization": "on an INT8 graph with FP16 biases and scales it changes the result "
@@ -720,8 +722,8 @@ class OpenVINORunner(Timed, BaseRunner):
             shape[0] = batch
             model.reshape({model.input(0).get_any_name(): shape})
             compiled = self.core.compile_model(model, "CPU", self._config(mode))
-            if self.hint == "bf16":
-                check_runs_bf16(compiled)
+            if self.hint != "f32":  # a lower precision asked for: it must reach a kernel
+                check_runs_in(compiled, self.hint)
             self.compiled[key] = compiled
         return self.compiled[key]
 
@@ -792,13 +794,13 @@ class OpenVINORunner(Timed, BaseRunner):
 THROUGHPUT_LABEL = "throughput"
 
 
-def check_runs_bf16(compiled) -> None:
-    """A bf16 hint that reached no kernel would be FP32 under a bf16 label: refuse it."""
-    precisions = {op.get_rt_info()["runtimePrecision"].astype(str) for op in compiled.get_runtime_model().get_ops()
-                  if "runtimePrecision" in op.get_rt_info()}
-    if "bf16" not in precisions:
-        raise RuntimeError(f"OpenVINO compiled the model with INFERENCE_PRECISION_HINT=bf16 but no layer runs in "
-                           f"bf16 (runtime precisions: {', '.join(sorted(precisions))})")
+def check_runs_in(compiled, hint: str) -> None:
+    """A precision hint that reached no kernel would be FP32 under a lower label: refuse it."""
+    ran = {op.get_rt_info()["runtimePrecision"].astype(str) for op in compiled.get_runtime_model().get_ops()
+           if "runtimePrecision" in op.get_rt_info()}
+    if hint not in ran:
+        raise RuntimeError(f"OpenVINO compiled the model with INFERENCE_PRECISION_HINT={hint} but no layer runs in "
+                           f"{hint} (runtime precisions: {', '.join(sorted(ran))})")
 
 
 def collect(runner, feeds: list[dict]) -> list[OrderedDict]:
@@ -824,17 +826,11 @@ def to_numpy(value) -> np.ndarray:
 # --------------------------------------------------------------------------- faithful CPU executions
 
 
-def fp16_emulation_runner(fp16_model: onnx.ModelProto, mode: str, name: str):
-    """The runner of an FP16 emulation: ``fast`` (ONNX Runtime on the rounding graph) or ``strict``."""
-    from pipeline.precision import fp16
-
-    if mode == "strict":
-        return ReferenceRunner(fp16_model, name=name)
-    return onnxrt_runner(fp16.emulation_model(fp16_model).SerializeToString(), name=name)
-
-
-def int8_exact_runner(int8_model: onnx.ModelProto, name: str, threads: int | None = None):
-    """ONNX Runtime, optimisations off, on :func:`pipeline.precision.int8.exact_model`: each Q and DQ computed as written."""
-    from pipeline.precision import int8
-
-    return onnxrt_runner(int8.exact_model(int8_model).SerializeToString(), name=name, threads=threads, optimize=False)
+def faithful_runner(plug, model: onnx.ModelProto, mode: str = "fast", threads: int | None = None):
+    """The faithful execution of ``model``, a graph of ``plug``'s precision: ONNX Runtime on the plug's faithful
+    graph (the emulation that rounds every low tensor; the Q/DQ graph executed exactly, optimisations off), or with
+    ``mode="strict"`` for a float graph, ONNX's reference evaluator in the low type itself."""
+    if mode == "strict" and plug.strict_reference:
+        return ReferenceRunner(model, name=plug.faithful)
+    return onnxrt_runner(plug.faithful_model(model).SerializeToString(), name=plug.faithful, threads=threads,
+                         optimize=plug.faithful_optimized)

@@ -17,8 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.core import env
-from pipeline.core.artifacts import ENGINE, FP16_ONNX, INT8_ENGINE, INT8_ENGINE_SIDECAR, INT8_ONNX, timing_cache_name
-from pipeline.core.artifacts import ENGINE_SIDECAR as SIDECAR
+from pipeline.core.artifacts import FP16_ENGINE, engine_file, engine_sidecar, graph_file
+# The engines' file names, as the tests and the fakes of TensorRT read them from here.
+from pipeline.core.artifacts import FP16_ENGINE_SIDECAR as SIDECAR  # noqa: F401
+from pipeline.core.artifacts import FP16_ONNX, INT8_ENGINE, INT8_ENGINE_SIDECAR, INT8_ONNX  # noqa: F401
+from pipeline.core.artifacts import timing_cache_name
+from pipeline.precision import PRECISIONS
 from pipeline.core.errors import InputError
 from pipeline.core.run import RunDir, read_sidecar
 
@@ -38,10 +42,8 @@ class Target:
     switch: str  # the export setting that turns the source graph off
 
 
-TARGETS = (
-    Target("fp16", FP16_ONNX, ENGINE, SIDECAR, "export.fp16.enabled"),
-    Target("int8", INT8_ONNX, INT8_ENGINE, INT8_ENGINE_SIDECAR, "export.int8.enabled"),
-)
+# One engine per lower precision, strongly typed from its graph (pipeline/precision/plugs.py).
+TARGETS = tuple(Target(p, graph_file(p), engine_file(p), engine_sidecar(p), f"export.{p}.enabled") for p in PRECISIONS)
 
 
 def target_of(engine: str) -> Target:
@@ -198,7 +200,7 @@ def check_sidecar(engine_path: Path, engine_bytes: bytes, sidecar_path: Path, pl
     return sidecar
 
 
-def load_engine_bytes(run_dir: RunDir, platform: dict | None = None, *, engine: str = ENGINE) -> tuple[bytes, dict]:
+def load_engine_bytes(run_dir: RunDir, platform: dict | None = None, *, engine: str = FP16_ENGINE) -> tuple[bytes, dict]:
     """The bytes of ``engine`` (``model.fp16.engine`` or ``model.int8.engine``), after :func:`check_sidecar`
     passed on exactly those bytes and :func:`check_recorded` found them in the manifest.
 
