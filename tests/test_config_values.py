@@ -75,7 +75,7 @@ def test_deeply_nested_config_file_is_malformed_yaml(capsys, tmp_path):
 # --------------------------------------------------------------------------- finite numbers, generically
 
 
-def float_keys(model: type[BaseModel] = config.Config, prefix: str = "") -> dict[str, bool]:
+def float_keys(model: type[BaseModel] = config.TableConfig, prefix: str = "") -> dict[str, bool]:
     """Every key whose type admits a float (alone, optional, in a list, dict or union): is it a list?"""
     keys = {}
     for name, field in model.model_fields.items():
@@ -121,7 +121,7 @@ TIMING_KEYS = [key for key, _, _ in config.describe()
 
 def _upper_bound(key: str):
     section, name = key.split(".")
-    field = type(getattr(config.Config(), section)).model_fields[name]
+    field = type(getattr(config.TableConfig(), section)).model_fields[name]
     return next((getattr(m, "le", None) or getattr(m, "lt", None) for m in field.metadata
                  if getattr(m, "le", None) is not None or getattr(m, "lt", None) is not None), None), field.description
 

@@ -84,7 +84,7 @@ class Evidence:
 def gate_for(cfg, name: str, precision: str) -> dict:
     """The thresholds of one candidate: its own non-null keys over the precision's defaults."""
     base = getattr(cfg.verify, precision, cfg.verify.fp32).model_dump()  # verify.fp16/int8/bf16; else fp32
-    section = getattr(cfg.verify.candidates, name, None)  # a table entry without a config section: defaults
+    section = cfg.verify.candidates.get(name)  # a table entry without a config section: defaults
     own = section.model_dump() if section is not None else {}
     return {key: own[key] if own.get(key) is not None else value for key, value in base.items()}
 
@@ -93,7 +93,7 @@ def plan(cfg, ctx: Context, entries: list[Backend] | None = None) -> list[Check]
     """The candidates, each with the reason it cannot run; ``enabled=false`` is decided before anything loads."""
     checks = []
     for backend in entries if entries is not None else backends.candidates():
-        section = getattr(cfg.verify.candidates, backend.candidate, None)
+        section = cfg.verify.candidates.get(backend.candidate)
         if section is not None and not section.enabled:
             reason = verify_report.disabled(backend.candidate)
         else:

@@ -2,10 +2,8 @@
 graphs they make and read (``fp16`` for the low float types, ``int8``, ``convert``), the one fallback loop for every
 precision (``fallback``) and tune's sensitivity and search (``sensitivity``). Imports ``core`` only."""
 
-# The lower precisions, by name (each a plug in plugs.py, which checks this list): what build.precisions,
-# tune.precision and the config sections export.<name> and verify.<name> may name, without loading a plug.
-PRECISIONS = ("fp16", "bf16", "int8")
+# The names live in the bottom layer, where the config schema reads them too (each precision a plug in plugs.py,
+# which checks the list).
+from pipeline.core.precisions import CALIBRATION_METHODS, PRECISIONS
 
-# ModelOpt 0.47's INT8 calibrations (it offers no percentile): what export.int8.calibration_method and
-# tune.calibration_methods may name, and what int8_fallback.json's calibration_method may hold.
-CALIBRATION_METHODS = ("max", "entropy")
+__all__ = ["CALIBRATION_METHODS", "PRECISIONS"]
