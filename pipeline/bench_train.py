@@ -7,6 +7,8 @@ This is a benchmark (a command that measures and reports), not a test.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import copy
 import logging
 import math
@@ -19,10 +21,13 @@ from pipeline.core import data as data_mod
 from pipeline.core import env, modeling
 from pipeline.training.optim import make_optimizer
 
+if TYPE_CHECKING:  # annotations only
+    from pipeline.core.config_schema import Config
+
 log = logging.getLogger("pipeline")
 
 
-def _batches(cfg, steps: int):
+def _batches(cfg: Config, steps: int):
     spec = modeling.resolve_spec(cfg)
     size = modeling.image_size(cfg, spec)
     mean, std = modeling.normalisation(cfg, spec)
@@ -41,7 +46,7 @@ def _batches(cfg, steps: int):
     return batches, splits.num_classes, size
 
 
-def _train(model, batches, cfg, device, dtype, warmup: int) -> dict:
+def _train(model, batches, cfg: Config, device, dtype, warmup: int) -> dict:
     optimizer = make_optimizer(cfg, model)
     scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
     criterion = nn.CrossEntropyLoss()
@@ -70,7 +75,7 @@ def _train(model, batches, cfg, device, dtype, warmup: int) -> dict:
             "losses": losses, "final_loss": sum(losses[-5:]) / len(losses[-5:])}
 
 
-def run(cfg, *, steps: int = 20, amp: str | None = None) -> dict:
+def run(cfg: Config, *, steps: int = 20, amp: str | None = None) -> dict:
     device = torch.device("cuda" if torch.cuda.is_available() and cfg.train.device != "cpu" else "cpu")
     amp = amp or ("fp16" if device.type == "cuda" else "bf16")
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[amp]

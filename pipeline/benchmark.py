@@ -17,6 +17,8 @@ each is timed through its runner's timing hook (``timers(feed)``, see :mod:`pipe
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import logging
 import math
 
@@ -33,6 +35,9 @@ from pipeline.core.errors import BackendUnavailable, InputError, UsageError
 from pipeline.runtime.isolate import Crashed
 from pipeline.core.run import RunDir, StageRecord, atomic_path, atomic_write, now, write_json
 from pipeline.runtime.runners import THROUGHPUT_LABEL, Method, measure, one_line  # noqa: F401  (measure: the timing loop)
+
+if TYPE_CHECKING:  # annotations only
+    from pipeline.core.config_schema import Config
 
 log = logging.getLogger("pipeline")
 
@@ -175,7 +180,7 @@ def verify_column(backend: Backend, verdicts: dict) -> str:
 # --------------------------------------------------------------------------- the stage
 
 
-def run(cfg, run_dir: RunDir, record: StageRecord, *, profile: bool = False) -> None:
+def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, profile: bool = False) -> None:
     import torch
 
     bc = cfg.benchmark
@@ -240,7 +245,7 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.3g} GiB"
 
 
-def _payload(cfg, spec: dict, threads: int, results: list, skipped: list) -> dict:
+def _payload(cfg: Config, spec: dict, threads: int, results: list, skipped: list) -> dict:
     bc = cfg.benchmark
     environment = env.collect()
     environment["threads"] = threads
@@ -375,7 +380,7 @@ def write_plots(run_dir: RunDir, payload: dict) -> list[str]:
     return written
 
 
-def profile_torch(cfg, run_dir: RunDir, model, images, record: StageRecord) -> None:
+def profile_torch(cfg: Config, run_dir: RunDir, model, images, record: StageRecord) -> None:
     """A torch.profiler trace of a few batch-1 iterations (Chrome-trace JSON, open in Perfetto)."""
     import torch
     from torch.profiler import ProfilerActivity, profile

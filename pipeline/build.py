@@ -19,6 +19,8 @@ whose sha256 the build stage did not record in the manifest.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import logging
 import time
 from pathlib import Path
@@ -32,9 +34,12 @@ from pipeline.core.errors import BackendUnavailable, InputError, StageFailed
 from pipeline.core.run import (RunDir, StageRecord, atomic_write, now, read_json, sha256_file,
                           write_json)
 
+if TYPE_CHECKING:  # annotations only
+    from pipeline.core.config_schema import Config
+
 log = logging.getLogger("pipeline")
 
-def check_required(cfg) -> None:
+def check_required(cfg: Config) -> None:
     """``require: [tensorrt]`` (or ``cuda``) where no engine can be built: :class:`BackendUnavailable`."""
     if "tensorrt" in cfg.require or "cuda" in cfg.require:
         ok, reason = tensorrt_engine.availability()
@@ -42,7 +47,7 @@ def check_required(cfg) -> None:
             raise BackendUnavailable(f"TensorRT engine required but {reason}")
 
 
-def plan(cfg, run_dir: RunDir) -> list[tuple[Target, Path | None, str]]:
+def plan(cfg: Config, run_dir: RunDir) -> list[tuple[Target, Path | None, str]]:
     """Per target: the ONNX graph to build it from, or None and why it is skipped. A precision whose graph export
     does not write (``export.<precision>.enabled`` false, ModelOpt absent) is skipped with its reason, never built
     from another graph under its name; with its export on, a missing graph is "run export first"."""
@@ -57,7 +62,7 @@ def plan(cfg, run_dir: RunDir) -> list[tuple[Target, Path | None, str]]:
     return planned
 
 
-def _no_onnx_reason(cfg, run_dir: RunDir, t: Target) -> str:
+def _no_onnx_reason(cfg: Config, run_dir: RunDir, t: Target) -> str:
     if not getattr(cfg.export, t.precision).enabled:
         return f"no {t.onnx} ({t.switch} is false)"
     why = run_dir.export_skipped(t.precision)  # e.g. no ModelOpt
@@ -67,7 +72,7 @@ def _no_onnx_reason(cfg, run_dir: RunDir, t: Target) -> str:
     return f"export wrote no {t.onnx}; run export"
 
 
-def run(cfg, run_dir: RunDir, record: StageRecord) -> None:
+def run(cfg: Config, run_dir: RunDir, record: StageRecord) -> None:
     spec = read_json(run_dir.require(MODEL_CARD, "train", "build"), "model card")["spec"]
     planned = plan(cfg, run_dir)
     check_required(cfg)
@@ -96,7 +101,7 @@ def run(cfg, run_dir: RunDir, record: StageRecord) -> None:
         record.skip("no engine to build: " + "; ".join(f"{p}: {why}" for p, why in skipped.items()))
 
 
-def build_engine(cfg, run_dir: RunDir, t: Target, onnx_path: Path, spec: dict, platform: dict) -> dict:
+def build_engine(cfg: Config, run_dir: RunDir, t: Target, onnx_path: Path, spec: dict, platform: dict) -> dict:
     """Build one strongly typed engine from ``onnx_path``; write it and its sidecar; return the sidecar."""
     shapes = tensorrt_engine.profile_shapes(cfg.build, spec["input_size"])
     cache = tensorrt_engine.timing_cache_path(cfg, run_dir, platform)

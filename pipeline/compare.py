@@ -14,6 +14,8 @@ summary, and a section in report.html.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import logging
 from pathlib import Path
 
@@ -30,10 +32,13 @@ from pipeline.evaluation.predictions import REFERENCE, Predictions
 from pipeline.precision import gate as criteria
 from pipeline.reports import compare_report
 
+if TYPE_CHECKING:  # annotations only
+    from pipeline.core.config_schema import Config
+
 log = logging.getLogger("pipeline")
 
 
-def thresholds(cfg) -> drift.Thresholds:
+def thresholds(cfg: Config) -> drift.Thresholds:
     return drift.Thresholds(**cfg.compare.model_dump(exclude={"baseline"}))
 
 
@@ -72,7 +77,7 @@ def compare_latency(base: bundles.Bundle, run_rows, t: drift.Thresholds) -> list
     return rows
 
 
-def build_payload(cfg, base: bundles.Bundle, run: Predictions, verdicts: dict, policy: str, run_env: dict,
+def build_payload(cfg: Config, base: bundles.Bundle, run: Predictions, verdicts: dict, policy: str, run_env: dict,
                   run_rows) -> dict:
     t = thresholds(cfg)
     meta = base.meta
@@ -90,7 +95,7 @@ def build_payload(cfg, base: bundles.Bundle, run: Predictions, verdicts: dict, p
     }
 
 
-def _bundle_path(cfg, baseline: str | None) -> Path:
+def _bundle_path(cfg: Config, baseline: str | None) -> Path:
     where = baseline or cfg.compare.baseline
     if not where:
         raise UsageError("no baseline to compare with: pass --baseline PATH or set compare.baseline "
@@ -98,7 +103,7 @@ def _bundle_path(cfg, baseline: str | None) -> Path:
     return Path(where).expanduser()
 
 
-def run(cfg, run_dir: RunDir, record: StageRecord, *, baseline: str | None = None) -> None:
+def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, baseline: str | None = None) -> None:
     base = bundles.read(_bundle_path(cfg, baseline))
     card = read_json(run_dir.require(artifacts.MODEL_CARD, "train", "compare"), "model card")
     verdicts, policy = bundles.run_verdicts(run_dir, "compare")

@@ -15,6 +15,8 @@ section). docs/deploy.md explains the layout, the version table and what runs wh
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import contextlib
 import hashlib
 import json
@@ -36,6 +38,9 @@ from pipeline.core.status import Status
 from pipeline.reports import verify_report
 from pipeline.runtime import backends, triton
 from pipeline.runtime.backends import Backend
+
+if TYPE_CHECKING:  # annotations only
+    from pipeline.core.config_schema import Config
 
 log = logging.getLogger("pipeline")
 
@@ -81,7 +86,7 @@ class Planned:
 # --------------------------------------------------------------------------- the stage
 
 
-def run(cfg, run_dir: RunDir, record: StageRecord, *, target: str | None = None, out: str | None = None,
+def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, target: str | None = None, out: str | None = None,
         serve: bool = False) -> None:
     if (target or cfg.deploy.target) != "triton":
         raise UsageError(f"deploy --target {target}: the only target is triton")
@@ -116,7 +121,7 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, target: str | None = None,
                           f"artifact's: {payload['serve']['reason']}")
 
 
-def _repository_path(cfg, run_dir: RunDir, out: str | None) -> Path:
+def _repository_path(cfg: Config, run_dir: RunDir, out: str | None) -> Path:
     given = out or cfg.deploy.out
     if not given:
         raise UsageError("deploy needs the repository folder: --out DIR (or deploy.out)")
@@ -176,7 +181,7 @@ def _check_verify_finished(run_dir: RunDir) -> None:
                          "the manifest's, or verify broke off): re-run verify")
 
 
-def _check_release(cfg, run_dir: RunDir, chosen: list[Planned]) -> str | None:
+def _check_release(cfg: Config, run_dir: RunDir, chosen: list[Planned]) -> str | None:
     """The TensorRT of the engines deployed (None without one); refused (exit 2) before anything is written when
     ``deploy.triton_release`` ships another."""
     versions = {_engine_tensorrt(run_dir, p) for p in chosen if p.format is PLAN}
@@ -228,7 +233,7 @@ def benchmark_curves(run_dir: RunDir) -> dict[str, list[tuple[int, float]]]:
 # --------------------------------------------------------------------------- the repository
 
 
-def write_repository(cfg, run_dir: RunDir, chosen: list[Planned], curves: dict,
+def write_repository(cfg: Config, run_dir: RunDir, chosen: list[Planned], curves: dict,
                      repository: Path) -> list[tuple[triton.Model, Planned]]:
     """Every chosen model written into a folder beside ``repository``, each config parsed back and checked, then
     the folder put in ``repository``'s place (an older repository deploy wrote is replaced whole)."""
@@ -257,7 +262,7 @@ def _swap(staging: Path, repository: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _write_model(cfg, run_dir: RunDir, p: Planned, curves: dict, folder: Path) -> triton.Model:
+def _write_model(cfg: Config, run_dir: RunDir, p: Planned, curves: dict, folder: Path) -> triton.Model:
     files, signature = _artifact_files(run_dir, p)
     bound = _binding(p, files)
     if bound != p.sha256:
@@ -314,7 +319,7 @@ def _binding(p: Planned, files: dict[str, bytes]) -> str:
     return next(iter(digests.values()))
 
 
-def _model(cfg, p: Planned, signature: triton.Signature, curve: list[tuple[int, float]]) -> triton.Model:
+def _model(cfg: Config, p: Planned, signature: triton.Signature, curve: list[tuple[int, float]]) -> triton.Model:
     largest = deployment.max_batch_size(batch_dim=signature.batch_dim, profile_max=signature.profile_max,
                                         served_max=cfg.build.max_batch)
     preferred = deployment.preferred_batch_sizes(curve, largest, cfg.deploy.preferred_fraction) if largest else ()
@@ -335,7 +340,7 @@ def _model_entry(model: triton.Model, p: Planned) -> dict:
 # --------------------------------------------------------------------------- serving it here
 
 
-def serve_and_check(cfg, run_dir: RunDir, model: triton.Model, p: Planned) -> dict:
+def serve_and_check(cfg: Config, run_dir: RunDir, model: triton.Model, p: Planned) -> dict:
     """Serve ``model`` (its verified runner behind Triton's dynamic batcher), send the validation images over HTTP
     and gRPC at concurrency 1 and the largest configured, judge the served outputs against the artifact's own with
     the gate, and time it from the client's side beside the runner in this process."""
@@ -396,7 +401,8 @@ def _in_process(infer, image: np.ndarray, method) -> object:
     return triton_serve.measure(make, where="in-process", concurrency=1, method=method)
 
 
-def _check(server, protocol: str, concurrency: int, images, labels, reference, gate: dict, cfg, spec: dict) -> dict:
+def _check(server, protocol: str, concurrency: int, images, labels, reference, gate: dict, cfg: Config,
+           spec: dict) -> dict:
     """One protocol at one concurrency: every image served, judged against the artifact's own output."""
     from pipeline.precision import gate as criteria
     from pipeline.runtime import triton_serve

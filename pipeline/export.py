@@ -11,6 +11,8 @@ the first images of the same set. Each through its plug (:mod:`pipeline.precisio
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import logging
 import warnings
 from pathlib import Path
@@ -24,6 +26,9 @@ from pipeline.core.artifacts import CALIBRATION, FP32_ONNX, WEIGHTS
 from pipeline.core.data import validation_batch
 from pipeline.core.errors import StageFailed, first_line
 from pipeline.core.run import RunDir, StageRecord, atomic_path, sha256_file
+
+if TYPE_CHECKING:  # annotations only
+    from pipeline.core.config_schema import Config
 
 log = logging.getLogger("pipeline")
 
@@ -67,7 +72,7 @@ def _dynamic_shapes(model, dynamic):
     return {params[0]: dynamic["x"]}
 
 
-def run(cfg, run_dir: RunDir, record: StageRecord) -> None:
+def run(cfg: Config, run_dir: RunDir, record: StageRecord) -> None:
     model, card = modeling.load_trained(cfg, run_dir, "export")
     weights_sha256 = sha256_file(run_dir.file(WEIGHTS))  # what every graph of this export records (the lock is held)
     # An export that does not finish leaves no graph a later stage could take for its output: the derived graphs
@@ -103,7 +108,8 @@ def run(cfg, run_dir: RunDir, record: StageRecord) -> None:
         export_graph(cfg, run_dir, card, record, exported, plug)
 
 
-def export_graph(cfg, run_dir: RunDir, card: dict, record: StageRecord, exported: onnx.ModelProto, plug) -> None:
+def export_graph(cfg: Config, run_dir: RunDir, card: dict, record: StageRecord, exported: onnx.ModelProto,
+                 plug) -> None:
     """``model.<precision>.onnx`` when ``export.<precision>.enabled``; without ModelOpt, "skipped: <reason>" in the
     record. The fallback file's raises are kept higher, its names checked against ``model.onnx``."""
     path = run_dir.file(plug.graph)

@@ -6,6 +6,8 @@ network access and can be attached to a ticket or a CI artefact on its own.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import base64
 import html
 from pathlib import Path
@@ -16,6 +18,9 @@ from pipeline.core import artifacts
 from pipeline.reports import tables
 from pipeline.core.errors import InputError
 from pipeline.core.run import CONFIG, RunDir, atomic_write, now, open_confined, read_json
+
+if TYPE_CHECKING:  # annotations only
+    from pipeline.core.config_schema import Config
 
 HTML_NAME, MD_NAME = artifacts.REPORT_HTML, artifacts.REPORT_MD
 PLOTS = [
@@ -76,7 +81,7 @@ def _built(name: str, builder, payload):
                      f"re-run {WRITTEN_BY[name]}")
 
 
-def sections(run: RunDir, cfg) -> dict:
+def sections(run: RunDir, cfg: Config) -> dict:
     """Everything the report shows, gathered once for both renderings: the rows, the plots, the title."""
     manifest = run.manifest
     verify, bench = _load(run, artifacts.VERIFY_JSON), _load(run, artifacts.BENCHMARK_JSON)
@@ -156,7 +161,7 @@ def recorded_png(run: RunDir, name: str) -> tuple[bytes | None, str]:
     return data, ""
 
 
-def render_html(run: RunDir, cfg) -> str:
+def render_html(run: RunDir, cfg: Config) -> str:
     s = sections(run, cfg)
     parts = [f"<h1>Run report: {_esc(s['model'])}</h1>",
              f"<p class='muted'>{_esc(run.path.resolve())} &middot; written {_esc(now())}</p>",
@@ -167,7 +172,7 @@ def render_html(run: RunDir, cfg) -> str:
     return f"{_html_head(s['model'])}\n<body>\n{body}\n{LOAD_CHECK}</body></html>\n"
 
 
-def render_markdown(run: RunDir, cfg) -> str:
+def render_markdown(run: RunDir, cfg: Config) -> str:
     s = sections(run, cfg)
     lines = [f"# Run report: {tables.md_escape(s['model'])}", "", tables.markdown(s["body"])]
     if s["plots"]:
@@ -176,7 +181,7 @@ def render_markdown(run: RunDir, cfg) -> str:
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
-def write(run: RunDir, cfg) -> list[Path]:
+def write(run: RunDir, cfg: Config) -> list[Path]:
     for entry in run.manifest["stages"].values():  # one link in the run directory: refused before anything is read
         for name in entry.get("artifacts", {}):
             run.file(name)

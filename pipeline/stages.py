@@ -13,6 +13,8 @@ artifact hashes, everything downstream of it.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import contextlib
 import contextvars
 import functools
@@ -32,6 +34,9 @@ from pipeline.core.manifest import STAGE_ORDER
 from pipeline.precision import PRECISIONS
 from pipeline.core.errors import BackendUnavailable, UsageError
 from pipeline.core.run import RunDir, atomic_write, sha256_file
+
+if TYPE_CHECKING:  # annotations only
+    from pipeline.core.config_schema import Config
 
 log = logging.getLogger("pipeline")
 
@@ -55,7 +60,7 @@ class Option:
     def dest(self) -> str:
         return self.flag.lstrip("-").replace("-", "_")
 
-    def value(self, cfg, given):
+    def value(self, cfg: Config, given):
         configured = functools.reduce(getattr, self.config.split("."), cfg) if self.config else None
         if self.metavar:
             return given if given not in (None, False) else configured
@@ -84,7 +89,7 @@ class Stage:
     def function(self) -> Callable:
         return importlib.import_module(f"pipeline.{self.module}").run
 
-    def options_for(self, cfg, given: dict) -> dict:
+    def options_for(self, cfg: Config, given: dict) -> dict:
         """The keyword arguments of the stage function: every declared option, from ``given`` or the config."""
         unknown = sorted(set(given) - {o.dest for o in self.options})
         if unknown:
@@ -92,7 +97,7 @@ class Stage:
             raise UsageError(f"{self.name} has no option {', '.join(unknown)} (its options: {known})")
         return {o.dest: o.value(cfg, given.get(o.dest, False)) for o in self.options}
 
-    def configured(self, cfg, options: dict):
+    def configured(self, cfg: Config, options: dict):
         """``cfg`` with each given value option that names a config key set there (``tune --precision fp16`` is
         ``tune.precision=fp16``), so the fingerprint and the manifest describe what the stage ran with."""
         for option in self.options:
@@ -161,7 +166,7 @@ def _tune_summary(entry: dict) -> str:
     return f"tuned artifact: {entry['details'].get('summary', '')}"
 
 
-def _tune_writes(cfg) -> tuple[str, ...]:
+def _tune_writes(cfg: Config) -> tuple[str, ...]:
     """The fallback file tune writes, its precision's: never one of its own inputs (an FP16 tune's output is
     ``fp16_fallback.json``; an INT8 tune reads that file, whose nodes stay in FP32 in every INT8 mix)."""
     return (a.fallback_file(cfg.tune.precision),)
@@ -260,7 +265,7 @@ STAGES = {
 # --------------------------------------------------------------------------- fingerprints
 
 
-def _source_files(cfg) -> list[Path]:
+def _source_files(cfg: Config) -> list[Path]:
     from pipeline.core.registry import models
 
     roots = [Path(__file__).parent, Path(models.__file__).parent]
@@ -272,7 +277,7 @@ def _source_files(cfg) -> list[Path]:
     return files
 
 
-def code_version(cfg) -> str:
+def code_version(cfg: Config) -> str:
     digest = hashlib.sha256()
     for path in _source_files(cfg):
         if path.is_file():
@@ -306,7 +311,7 @@ def _gpu_name() -> str | None:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else None
 
 
-def fingerprint(stage: Stage, cfg, run: RunDir, options: dict | None = None) -> str:
+def fingerprint(stage: Stage, cfg: Config, run: RunDir, options: dict | None = None) -> str:
     """``options``: the stage function's keyword arguments (default: from the config); compare's bundle path."""
     config = cfg.to_dict()
     own = stage.writes(cfg) if stage.writes else ()
@@ -336,7 +341,7 @@ def fingerprint(stage: Stage, cfg, run: RunDir, options: dict | None = None) -> 
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _compare_inputs(stage: Stage, cfg, run: RunDir, options: dict | None) -> dict:
+def _compare_inputs(stage: Stage, cfg: Config, run: RunDir, options: dict | None) -> dict:
     """What compare reads from outside the run's artifacts: the bundle (its path and its files' sha256) and the
     environment facts it diffs."""
     from pipeline import baseline
@@ -346,7 +351,7 @@ def _compare_inputs(stage: Stage, cfg, run: RunDir, options: dict | None) -> dic
             "environment": baseline.environment((run.manifest or {}).get("environment") or {})}
 
 
-def up_to_date(stage: Stage, cfg, run: RunDir) -> tuple[bool, str]:
+def up_to_date(stage: Stage, cfg: Config, run: RunDir) -> tuple[bool, str]:
     """Whether ``stage`` can be skipped: same fingerprint, finished, outputs still intact."""
     entry = run.stage_entry(stage.name)
     if not entry or entry.get("status") not in (Status.OK, Status.SKIPPED):
@@ -366,7 +371,7 @@ def up_to_date(stage: Stage, cfg, run: RunDir) -> tuple[bool, str]:
 
 
 @contextlib.contextmanager
-def open_run(cfg, run_dir: str | Path, *, save=None, reads_trained: bool = False) -> Iterator[RunDir]:
+def open_run(cfg: Config, run_dir: str | Path, *, save=None, reads_trained: bool = False) -> Iterator[RunDir]:
     """The run directory, locked, with the environment recorded; what every stage runs in.
 
     The model name is checked first, so a typo creates nothing (``reads_trained``: against the run's model card
@@ -403,7 +408,7 @@ def save_config(run: RunDir) -> None:
         run.save_manifest()
 
 
-def _sections(stage: Stage, cfg) -> dict:
+def _sections(stage: Stage, cfg: Config) -> dict:
     """The config sections ``stage`` reads, as they are recorded in its manifest entry (plain JSON)."""
     config = cfg.to_dict()
     return json.loads(json.dumps({key: config[key] for key in stage.config_keys}, default=str))
@@ -420,7 +425,7 @@ def _changes(before: dict, after: dict, prefix: str = "") -> list[str]:
     return changes
 
 
-def retrain_notice(cfg, run: RunDir, force: set[str]) -> str | None:
+def retrain_notice(cfg: Config, run: RunDir, force: set[str]) -> str | None:
     """The line ``all`` prints before it replaces trained weights without ``--force train``; None if it won't."""
     stage, entry = STAGES["train"], run.stage_entry("train")
     if "train" in force or not entry or entry.get("status") != Status.OK or not run.file(a.WEIGHTS).is_file():
@@ -444,7 +449,7 @@ def record_environment(run: RunDir) -> None:
     run.save_manifest()
 
 
-def check_requirements(stage: Stage, cfg) -> None:
+def check_requirements(stage: Stage, cfg: Config) -> None:
     """Raise :class:`BackendUnavailable` for a required backend this stage cannot have here.
 
     A requirement is a check, not an input: it runs before the stage starts (also when the stage is
@@ -461,7 +466,7 @@ def check_requirements(stage: Stage, cfg) -> None:
     current_stage.reset(token)
 
 
-def run_stage(name: str, cfg, run: RunDir, **options) -> dict:
+def run_stage(name: str, cfg: Config, run: RunDir, **options) -> dict:
     """Run one stage with manifest bookkeeping; returns its manifest entry."""
     stage = STAGES[name]
     options = stage.options_for(cfg, options)
@@ -480,7 +485,7 @@ def run_stage(name: str, cfg, run: RunDir, **options) -> dict:
     return run.stage_entry(name)
 
 
-def _follow_replacement(name: str, cfg, run: RunDir) -> None:
+def _follow_replacement(name: str, cfg: Config, run: RunDir) -> None:
     """A stage replaced an upstream artifact (verify --auto-fallback: model.fp16.onnx or model.int8.onnx). Re-run
     the stages that produce and consume it, so every manifest entry describes the files on disk; then the
     replacing stage is current again, or re-runs where the model or the engine it judged changed."""
@@ -496,7 +501,7 @@ def _follow_replacement(name: str, cfg, run: RunDir) -> None:
         run.save_manifest()
 
 
-def run_worker(name: str, cfg, run_dir: str | Path, **options) -> None:
+def run_worker(name: str, cfg: Config, run_dir: str | Path, **options) -> None:
     """A torchrun rank > 0: the stage function in step with rank 0, which alone locks the run directory
     and writes the config, the manifest and the artifacts."""
     from pipeline.core.run import StageRecord
@@ -507,7 +512,7 @@ def run_worker(name: str, cfg, run_dir: str | Path, **options) -> None:
     stage.function()(cfg, run, StageRecord(run, name, {}), **stage.options_for(cfg, options))
 
 
-def run_stages(cfg, run: RunDir, *, force: set[str] | None = None, options: dict | None = None) -> dict:
+def run_stages(cfg: Config, run: RunDir, *, force: set[str] | None = None, options: dict | None = None) -> dict:
     """train -> export -> build -> verify -> benchmark in an open run; unchanged stages are skipped unless forced."""
     force = set(force or ())
     options = options or {}
@@ -543,7 +548,7 @@ def run_stages(cfg, run: RunDir, *, force: set[str] | None = None, options: dict
 NOT_CONFIGURED = "not configured"
 
 
-def _compare_in_all(cfg, run: RunDir) -> None:
+def _compare_in_all(cfg: Config, run: RunDir) -> None:
     """compare, unless it passed on the same bundle, verdicts, predictions, latency rows, config, code and
     environment (a failed compare always runs again: its exit code is this run's result)."""
     stage = STAGES["compare"]
@@ -558,7 +563,7 @@ def _compare_in_all(cfg, run: RunDir) -> None:
     run_stage("compare", cfg, run)
 
 
-def _tune_in_all(cfg, run: RunDir, force: set[str]) -> None:
+def _tune_in_all(cfg: Config, run: RunDir, force: set[str]) -> None:
     """``all --tune``: tune (its speed gate only reported) before verify, then export and build again where its
     int8_fallback.json changed them, so verify and benchmark judge and time the tuned artifact."""
     fresh, _ = up_to_date(STAGES["tune"], cfg, run)
@@ -570,7 +575,7 @@ def _tune_in_all(cfg, run: RunDir, force: set[str]) -> None:
             run_stage(name, cfg, run)
 
 
-def run_all(cfg, run_dir: str | Path, *, force: set[str] | None = None, options: dict | None = None,
+def run_all(cfg: Config, run_dir: str | Path, *, force: set[str] | None = None, options: dict | None = None,
             save=None, on_end: Callable[[RunDir], None] | None = None) -> dict:
     """Exactly ``python -m pipeline all`` (``cli.cmd_all`` calls it): open the run (lock, config.yaml,
     environment), then every stage.

@@ -12,6 +12,8 @@ uninterrupted one.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import contextlib
 import json
 import logging
@@ -40,6 +42,9 @@ from pipeline.training.metrics import MetricsLog, evaluate, plot_curves, predict
 from pipeline.training.optim import StepResult, lr_lambda, make_optimizer, optimizer_step, restore_buffers, snapshot_buffers
 from pipeline.training.profiler import StepProfiler
 from pipeline.training.rng import EpochBatches, batch_generator, rng_state, seed_everything, set_rng_state
+
+if TYPE_CHECKING:  # annotations only
+    from pipeline.core.config_schema import Config
 
 log = logging.getLogger("pipeline")
 
@@ -86,7 +91,7 @@ class Window:
     data_s: float = 0.0
 
 
-def build_loader(cfg, dataset, world: Dist, device) -> tuple[DistributedSampler, EpochBatches, DataLoader]:
+def build_loader(cfg: Config, dataset, world: Dist, device) -> tuple[DistributedSampler, EpochBatches, DataLoader]:
     batch_size = cfg.data.batch_size
     sampler = DistributedSampler(dataset, num_replicas=world.world_size, rank=world.rank, shuffle=True,
                                  seed=cfg.train.seed, drop_last=True)
@@ -155,7 +160,7 @@ class Trainer:
     profiler: StepProfiler
     window: Window  # throughput since the last metrics line
 
-    def __init__(self, cfg, run_dir: RunDir, model: nn.Module, spec, splits, device, world: Dist, amp_dtype):
+    def __init__(self, cfg: Config, run_dir: RunDir, model: nn.Module, spec, splits, device, world: Dist, amp_dtype):
         self.cfg, self.tc, self.run_dir = cfg, cfg.train, run_dir
         self.model, self.spec, self.splits = model, spec, splits
         self.device, self.world, self.amp_dtype = device, world, amp_dtype
@@ -510,7 +515,7 @@ class Trainer:
 MODE_CHECK_IMAGES = 256  # validation images the learning check predicts in train mode and in eval mode
 
 
-def run(cfg, run_dir: RunDir, record: StageRecord, *, resume: bool = False, profile: bool = False) -> None:
+def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, resume: bool = False, profile: bool = False) -> None:
     """Train ``cfg.model`` on ``cfg.data`` into ``run_dir`` (checkpoints, weights, metrics, curve)."""
     device = resolve_device(cfg)
     world = init_distributed(device.type)
@@ -579,7 +584,7 @@ def _warn_below_smallest_size(name: str, size: int) -> None:
                     "last feature maps shrink to nothing and it may not learn", size, name, smallest)
 
 
-def _model_and_data(cfg):
+def _model_and_data(cfg: Config):
     spec = modeling.resolve_spec(cfg)
     size = modeling.image_size(cfg, spec)
     mean, std = modeling.normalisation(cfg, spec)
@@ -594,7 +599,7 @@ def _model_and_data(cfg):
     return model, spec, splits, size, init_info
 
 
-def _write_outputs(run_dir: RunDir, source: Path, cfg, spec, splits) -> None:
+def _write_outputs(run_dir: RunDir, source: Path, cfg: Config, spec, splits) -> None:
     """``model.safetensors`` (best weights) and ``model.json`` (everything a deployment needs to know)."""
     from safetensors.torch import save_file
 

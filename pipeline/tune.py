@@ -26,6 +26,8 @@ Over a trained and exported run (docs/verify.md, "Tuning the precision mix"), fo
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import logging
 import tempfile
 import time
@@ -47,6 +49,9 @@ from pipeline.reports import tune_report
 from pipeline.runtime import openvino_speed, tensorrt_engine
 from pipeline.runtime.backends import Context
 
+if TYPE_CHECKING:  # annotations only
+    from pipeline.core.config_schema import Config
+
 log = logging.getLogger("pipeline")
 
 SCRATCH = "model.tune.onnx"  # the graph tune is converting, while it converts it
@@ -56,7 +61,7 @@ PREVIOUS = "previous choice"  # the origin of the fallback file's mix, judged ag
 # --------------------------------------------------------------------------- one precision's mixes (its plug)
 
 
-def _unavailable(plug: Precision, cfg) -> str:
+def _unavailable(plug: Precision, cfg: Config) -> str:
     """Why the precision cannot be tuned with this config: export would write no graph to apply the choice to."""
     return "" if plug.enabled(cfg) else \
         f"export.{plug.name}.enabled is false: there is no {plug.label} graph to tune (set it to true)"
@@ -72,7 +77,7 @@ def _applied_method(t: Tuner) -> str:
 class Tuner:
     """What every phase of one tune run shares: the evidence, the gate, the graphs, the target, the timing."""
 
-    def __init__(self, cfg, run_dir: RunDir, plug: Precision):
+    def __init__(self, cfg: Config, run_dir: RunDir, plug: Precision):
         self.cfg, self.run_dir, self.plug = cfg, run_dir, plug
         self.model, self.card = modeling.load_trained(cfg, run_dir, "tune")
         self.spec = self.card["spec"]
@@ -126,7 +131,7 @@ class Tuner:
         return cand
 
 
-def timing_method(cfg):
+def timing_method(cfg: Config):
     from pipeline.runtime.runners import Method
 
     tc = cfg.tune
@@ -276,7 +281,7 @@ def time_candidates(t: Tuner, runs: list[dict]) -> dict | None:
 # --------------------------------------------------------------------------- the stage
 
 
-def run(cfg, run_dir: RunDir, record: StageRecord, *, tune: bool = False, no_speed_gate: bool = False,
+def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, tune: bool = False, no_speed_gate: bool = False,
         precision: str | None = None) -> None:
     """``tune`` is ``all``'s flag (it runs this stage); ``no_speed_gate``: ``tune.min_speedup`` is reported only;
     ``precision``: ``tune --precision`` (else ``tune.precision``)."""
@@ -309,7 +314,7 @@ def run(cfg, run_dir: RunDir, record: StageRecord, *, tune: bool = False, no_spe
     log.info("tune: %s", payload["summary"])
 
 
-def _plug(cfg, precision: str) -> Precision:
+def _plug(cfg: Config, precision: str) -> Precision:
     """The precision's plug, once it can be tuned here."""
     if precision not in plugs.PLUGS:
         raise UsageError(f"tune --precision {precision}: choose one of {', '.join(plugs.PLUGS)}")

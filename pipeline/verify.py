@@ -21,6 +21,8 @@ runs another stage: when the fallback replaces ``model.fp16.onnx`` or ``model.in
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import logging
 
 import numpy as np
@@ -42,13 +44,16 @@ from pipeline.evaluation import batching, candidates, predictions
 from pipeline.core.verdicts import Outcome, Verdict
 from pipeline.evaluation.candidates import Check, Evidence
 
+if TYPE_CHECKING:  # annotations only
+    from pipeline.core.config_schema import Config
+
 log = logging.getLogger("pipeline")
 
 
 # --------------------------------------------------------------------------- the stage
 
 
-def _load_graphs(cfg, run_dir: RunDir, spec: dict, hashes: dict) -> tuple[onnx.ModelProto, dict]:
+def _load_graphs(cfg: Config, run_dir: RunDir, spec: dict, hashes: dict) -> tuple[onnx.ModelProto, dict]:
     """``model.onnx`` and every lower-precision graph present, each checked against the model card; ``hashes`` gets
     the sha256 of each file as it is read. A graph the config says export writes (``export.<precision>.enabled``)
     must be there: its candidates skipped for want of it would let the gate pass without checking it at all."""
@@ -72,7 +77,7 @@ def _load_graphs(cfg, run_dir: RunDir, spec: dict, hashes: dict) -> tuple[onnx.M
     return fp32_model, graphs
 
 
-def run(cfg, run_dir: RunDir, record: StageRecord, *, auto_fallback: bool = False) -> None:
+def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, auto_fallback: bool = False) -> None:
     model, card = modeling.load_trained(cfg, run_dir, "verify")
     spec = card["spec"]
     hashes = {WEIGHTS: sha256_file(run_dir.file(WEIGHTS))}  # what each verdict is about (benchmark checks them)
@@ -153,7 +158,7 @@ def _nonfinite(evidence: Evidence) -> int:
     return int(sum((~np.isfinite(r[evidence.output_name])).any(axis=1).sum() for r in evidence.reference))
 
 
-def _refuse_broken_reference(cfg, card, run_dir: RunDir, record: StageRecord, checks: list[Check],
+def _refuse_broken_reference(cfg: Config, card, run_dir: RunDir, record: StageRecord, checks: list[Check],
                              evidence: Evidence, nonfinite: int, hashes: dict) -> None:
     """The trained model's own FP32 output is NaN/Inf: no candidate can be judged against it, and the
     fault is the training's, not the export's. The reports say so; the gate fails (exit 1)."""
@@ -192,7 +197,7 @@ def _raise_for(verdict: Verdict, localization, export_broken: bool, suggest_fall
 # --------------------------------------------------------------------------- localisation and fallback, every precision
 
 
-def _precision_gate(plug: Precision, cfg, run_dir: RunDir, card, ctx: Context, fp32_model, evidence: Evidence,
+def _precision_gate(plug: Precision, cfg: Config, run_dir: RunDir, card, ctx: Context, fp32_model, evidence: Evidence,
                     checks: list[Check], hashes: dict, *, auto_fallback: bool) -> tuple[dict | None, dict | None]:
     """A failing gating candidate of ``plug``'s graph: localise it, then (``--auto-fallback``) raise the precision of
     the offending nodes until the graph passes. Returns (localisation, fallback), each None when it did not run."""

@@ -202,3 +202,37 @@ def test_the_precision_check_finds_a_branch_and_leaves_data(tmp_path):
                     'd = hint == "bf16"\ne = x.precision == other\n')
     assert [h.split(": ", 1)[1] for h in precision_branches(path)] == ["plug.precision == 'int8'",
                                                                          "precision in ('fp16', 'bf16')"]
+
+
+# --------------------------------------------------------------------------- typed contracts (issue 32)
+
+
+def config_parameters(path: Path) -> list[str]:
+    """Every parameter named ``cfg`` in ``path`` whose annotation is not the config (``Config``, also quoted or
+    qualified: ``config_schema.Config``): ``cfg`` always means the whole validated config; a section is named for
+    it (``data_cfg: DataConfig``)."""
+    hits = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            args = node.args
+            for arg in [*args.posonlyargs, *args.args, *args.kwonlyargs]:
+                if arg.arg != "cfg":
+                    continue
+                annotation = arg.annotation
+                text = annotation.value if isinstance(annotation, ast.Constant) else (
+                    ast.unparse(annotation) if annotation is not None else "")
+                if not isinstance(text, str) or text.split(".")[-1] != "Config":
+                    hits.append(f"{path.parent.name}/{path.name}:{arg.lineno}: {node.name}(cfg: {text or '-'})")
+    return hits
+
+
+def test_every_cfg_parameter_is_typed_as_the_config():
+    assert [hit for p in sorted(ROOT.rglob("*.py")) for hit in config_parameters(p)] == []
+
+
+def test_the_config_parameter_check_finds_an_untyped_or_other_cfg(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text('def a(cfg): ...\ndef b(x, *, cfg: dict): ...\ndef c(cfg: Config): ...\n'
+                    'def d(cfg: "Config"): ...\ndef e(cfg: config_schema.Config): ...\nf = lambda cfg: cfg\n'
+                    'async def g(cfg: DataConfig): ...\n')
+    assert [h.split(": ", 1)[1] for h in config_parameters(path)] == ["a(cfg: -)", "b(cfg: dict)", "g(cfg: DataConfig)"]

@@ -22,6 +22,7 @@ from torch.utils.data import Dataset
 from pipeline.core.errors import DataError
 
 if TYPE_CHECKING:
+    from pipeline.core.config_schema import Config, DataConfig
     import numpy as np
 
 log = logging.getLogger("pipeline")
@@ -62,7 +63,7 @@ def fetch_items(dataset: Dataset, indices: list[int]):
     return [dataset[i] for i in indices]
 
 
-def validation_batch(cfg, card: dict, count: int, offset: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def validation_batch(cfg: Config, card: dict, count: int, offset: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """``count`` real validation images (float32) and labels, deterministic: the first ones of the split.
 
     ``card`` is the run's model card: its spec gives the image size and the normalisation.
@@ -233,17 +234,17 @@ def _split_indices(labels: list[int] | torch.Tensor, val_fraction: float, seed: 
     return sorted(train_idx), sorted(val_idx)
 
 
-def _synthetic(cfg, size: int, mean, std) -> DataSplits:
-    images, labels = synthetic_images(cfg.num_classes, cfg.samples_per_class, size, cfg.seed)
-    tr, va = _split_indices(labels, cfg.val_fraction, cfg.seed)
+def _synthetic(data_cfg: DataConfig, size: int, mean, std) -> DataSplits:
+    images, labels = synthetic_images(data_cfg.num_classes, data_cfg.samples_per_class, size, data_cfg.seed)
+    tr, va = _split_indices(labels, data_cfg.val_fraction, data_cfg.seed)
     tr, va = torch.tensor(tr), torch.tensor(va)
     return DataSplits(
         train=TensorImageDataset(images[tr], labels[tr], mean, std),
         val=TensorImageDataset(images[va], labels[va], mean, std),
-        classes=[f"class_{i}" for i in range(cfg.num_classes)],
+        classes=[f"class_{i}" for i in range(data_cfg.num_classes)],
         source="synthetic",
         image_size=size,
-        details={"train_images": len(tr), "val_images": len(va), "generator": "blob layouts", "seed": cfg.seed},
+        details={"train_images": len(tr), "val_images": len(va), "generator": "blob layouts", "seed": data_cfg.seed},
     )
 
 
@@ -389,8 +390,8 @@ def _check_images(files: list[Path]) -> None:
             raise DataError(f"cannot read image {path}: {type(exc).__name__}: {exc}") from None
 
 
-def _image_folder(cfg, size: int, mean, std) -> DataSplits:
-    root = Path(cfg.path).expanduser()
+def _image_folder(data_cfg: DataConfig, size: int, mean, std) -> DataSplits:
+    root = Path(data_cfg.path).expanduser()
     layout, folders = detect_layout(root)
     skipped: list[Path] = []
     if "all" not in folders and "train" not in folders:
@@ -410,10 +411,10 @@ def _image_folder(cfg, size: int, mean, std) -> DataSplits:
         elif "test" in folders:
             split += " (test/ is not used)"
     else:
-        tr, va = _split_indices(train_labels, cfg.val_fraction, cfg.seed)
+        tr, va = _split_indices(train_labels, data_cfg.val_fraction, data_cfg.seed)
         val_files, val_labels = [train_files[i] for i in va], [train_labels[i] for i in va]
         train_files, train_labels = [train_files[i] for i in tr], [train_labels[i] for i in tr]
-        split = f"stratified {cfg.val_fraction:.0%} held out (seed {cfg.seed})"
+        split = f"stratified {data_cfg.val_fraction:.0%} held out (seed {data_cfg.seed})"
         if "train" in folders:
             split += " of train/ (there is no val/ or test/)"
     if not val_files:
@@ -509,8 +510,8 @@ def _load_cifar_file(path: Path) -> dict:
         raise DataError(f"cannot read CIFAR-10 file {path}: {exc}") from None
 
 
-def _cifar10(cfg, size: int, mean, std) -> DataSplits:
-    root = Path(cfg.path).expanduser()
+def _cifar10(data_cfg: DataConfig, size: int, mean, std) -> DataSplits:
+    root = Path(data_cfg.path).expanduser()
     if (root / "cifar-10-batches-py").is_dir():
         root = root / "cifar-10-batches-py"
     if not root.is_dir():
@@ -561,9 +562,9 @@ def _resize_u8(images: torch.Tensor, size: int) -> torch.Tensor:
 _SOURCES = {"synthetic": _synthetic, "imagefolder": _image_folder, "cifar10": _cifar10}
 
 
-def load(cfg, *, image_size: int, mean, std) -> DataSplits:
+def load(data_cfg: DataConfig, *, image_size: int, mean, std) -> DataSplits:
     """Load the configured data set at ``image_size``, normalised with ``mean``/``std``."""
-    splits = _SOURCES[cfg.source](cfg, image_size, mean, std)
+    splits = _SOURCES[data_cfg.source](data_cfg, image_size, mean, std)
     splits.details["normalisation"] = {"mean": [float(v) for v in mean], "std": [float(v) for v in std]}
     return splits
 
@@ -584,7 +585,7 @@ def augment(images: torch.Tensor, generator: torch.Generator, pad: int = 4) -> t
 # --------------------------------------------------------------------------- content summary and class check
 
 
-def content_summary(data_cfg) -> dict:
+def content_summary(data_cfg: DataConfig) -> dict:
     """A cheap summary of the data's content for the stage fingerprints: no file is opened or decoded.
 
     For an image folder or CIFAR-10: every file and folder under ``data.path`` (relative path, size,
@@ -632,7 +633,7 @@ def check_classes(card: dict, classes: list[str]) -> None:
                     f"{list(trained)} ({what or 'same names, other order'}); re-run train")
 
 
-def labelled_validation_batch(cfg, card: dict, count: int, *, spread: bool = False,
+def labelled_validation_batch(cfg: Config, card: dict, count: int, *, spread: bool = False,
                               names: list[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """:func:`validation_batch` for a consumer that judges with the labels: refuses data whose classes
     differ from the model card's (a 2-class model against 3-class labels judges nothing). ``spread``: when
@@ -652,7 +653,7 @@ def labelled_validation_batch(cfg, card: dict, count: int, *, spread: bool = Fal
     return x.numpy().astype("float32"), y.numpy()
 
 
-def _image_name(cfg, dataset: Dataset, index: int) -> str:
+def _image_name(cfg: Config, dataset: Dataset, index: int) -> str:
     files = getattr(dataset, "files", None)
     if files is None:
         return f"val[{index}]"

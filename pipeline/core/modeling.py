@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import json
 import math
 import re
@@ -15,8 +17,11 @@ from pipeline.core.artifacts import MODEL_CARD, WEIGHTS
 from pipeline.core.errors import InputError, UsageError, first_line
 from pipeline.core.run import RunDir, read_json, write_json
 
+if TYPE_CHECKING:  # annotations only
+    from pipeline.core.config_schema import Config
 
-def resolve_spec(cfg) -> models.ModelSpec:
+
+def resolve_spec(cfg: Config) -> models.ModelSpec:
     """The spec ``model.name`` declares: its input size and normalisation, which the data is loaded with.
 
     A user factory declares them on the module it returns, so it is called once here to read them; the same
@@ -32,19 +37,19 @@ def resolve_spec(cfg) -> models.ModelSpec:
         raise UsageError(str(exc)) from None
 
 
-def _create(cfg, *, num_classes: int | None, size: int | None) -> tuple[nn.Module, models.ModelSpec]:
+def _create(cfg: Config, *, num_classes: int | None, size: int | None) -> tuple[nn.Module, models.ModelSpec]:
     try:
         return models.create_model(cfg.model.name, num_classes=num_classes, image_size=size)
     except (models.UnknownModelError, models.InvalidModelError) as exc:
         raise UsageError(str(exc)) from None
 
 
-def _another_model(run_dir, card: dict, cfg) -> str:
+def _another_model(run_dir, card: dict, cfg: Config) -> str:
     return (f"{run_dir} holds a trained {card.get('model')!r}, but the config asks for {cfg.model.name!r}; "
             "re-run train or use another --run-dir")
 
 
-def check_card_first(cfg, run_dir) -> None:
+def check_card_first(cfg: Config, run_dir) -> None:
     """Before :func:`check_model_name` imports a user's model file: a stage that reads the trained model refuses
     a run whose model card names another model (a ``model.name`` in a run's config.yaml that points at a Python
     file is then never imported and run). A missing or unreadable card is left to :func:`read_card`."""
@@ -59,7 +64,7 @@ def check_card_first(cfg, run_dir) -> None:
         raise InputError(_another_model(run_dir, card, cfg))
 
 
-def check_model_name(cfg) -> None:
+def check_model_name(cfg: Config) -> None:
     """Fail early (exit 2) on an unknown model or a user factory that cannot be imported."""
     try:
         if models.is_import_path(cfg.model.name):
@@ -70,11 +75,11 @@ def check_model_name(cfg) -> None:
         raise UsageError(str(exc)) from None
 
 
-def image_size(cfg, spec: models.ModelSpec) -> int:
+def image_size(cfg: Config, spec: models.ModelSpec) -> int:
     return cfg.data.image_size or spec.input_size[1]
 
 
-def normalisation(cfg, spec: models.ModelSpec) -> tuple[tuple[float, ...], tuple[float, ...]]:
+def normalisation(cfg: Config, spec: models.ModelSpec) -> tuple[tuple[float, ...], tuple[float, ...]]:
     mean = tuple(cfg.model.mean) if cfg.model.mean else spec.mean
     std = tuple(cfg.model.std) if cfg.model.std else spec.std
     if len(mean) != len(std):
@@ -82,7 +87,7 @@ def normalisation(cfg, spec: models.ModelSpec) -> tuple[tuple[float, ...], tuple
     return mean, std
 
 
-def build(cfg, num_classes: int, size: int) -> tuple[nn.Module, models.ModelSpec]:
+def build(cfg: Config, num_classes: int, size: int) -> tuple[nn.Module, models.ModelSpec]:
     """Instantiate the model for ``num_classes`` at ``size`` and check its output shape once."""
     module, spec = _create(cfg, num_classes=num_classes, size=size)
     mean, std = normalisation(cfg, spec)
@@ -275,7 +280,7 @@ def _spec_problem(spec: dict) -> str | None:
     return None
 
 
-def load_trained(cfg, run: RunDir, consumer: str) -> tuple[nn.Module, dict]:
+def load_trained(cfg: Config, run: RunDir, consumer: str) -> tuple[nn.Module, dict]:
     """The trained FP32 model (eval mode, CPU) and its model card."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file

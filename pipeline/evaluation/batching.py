@@ -18,6 +18,8 @@ rows land in verify.json as each candidate's ``batch_sizes``.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from pipeline.core.errors import first_line
@@ -25,6 +27,9 @@ from pipeline.core.status import Status
 from pipeline.precision import gate as criteria
 from pipeline.runtime.isolate import Crashed
 from pipeline.runtime.runners import infer_all
+
+if TYPE_CHECKING:  # annotations only
+    from pipeline.core.config_schema import Config
 
 BATCH_HINT = ("not a precision fault (the FP32 fallback cannot fix it): the same images give other outputs at "
               "another batch size; look for a statistic over the batch (BatchNorm in train mode) or rebuild with "
@@ -34,7 +39,7 @@ AFTER_FALLBACK = ("checked when verify re-runs on the graph the fallback wrote (
 RECHECKED = (Status.PASSED, Status.INCONCLUSIVE)  # failed, skipped, error, crashed: nothing more to learn at other sizes
 
 
-def served_batches(cfg) -> dict[int, list[str]]:
+def served_batches(cfg: Config) -> dict[int, list[str]]:
     """Each batch size of the build profile, with the keys that name it (min and opt may coincide)."""
     sizes: dict[int, list[str]] = {}
     for key in ("min_batch", "opt_batch", "max_batch"):
@@ -53,7 +58,7 @@ def _first(batches: list[dict], name: str, count: int) -> list[dict]:
     return [{name: np.concatenate([b[name] for b in batches])[:count]}]
 
 
-def feeds_by_size(cfg, feeds: list[dict]) -> dict[int, list[dict]]:
+def feeds_by_size(cfg: Config, feeds: list[dict]) -> dict[int, list[dict]]:
     """The first ``verify.batch_check_samples`` images, batched at each served size other than ``verify.batch_size``
     (the main check's own batching); empty when the check is off."""
     count = cfg.verify.batch_check_samples
@@ -64,7 +69,7 @@ def feeds_by_size(cfg, feeds: list[dict]) -> dict[int, list[dict]]:
     return {size: rebatch(first, name, size) for size in served_batches(cfg) if size != cfg.verify.batch_size}
 
 
-def run_sizes(runner, chk, cfg, feeds: dict[int, list[dict]]) -> dict[int, dict]:
+def run_sizes(runner, chk, cfg: Config, feeds: dict[int, list[dict]]) -> dict[int, dict]:
     """Each batch size's outputs from the runner the main check has just run, still active (a second start of a child
     process, session or compiled IR would double verify's time): ``{"outputs": [...]}``, or a status and reason."""
     if cfg.export.dynamic_batch is False and chk.artifact is not None:
@@ -99,7 +104,7 @@ def _judged(run: dict, evidence, gate: dict, size: int, count: int) -> dict:
             "top1_agreement": task["top1_agreement"], "tensor_passed": tensor["passed"], "task_status": task["status"]}
 
 
-def candidate_rows(chk, cfg, evidence, gate: dict) -> list[dict]:
+def candidate_rows(chk, cfg: Config, evidence, gate: dict) -> list[dict]:
     """The rows of one candidate, one per served batch size; ``verify.batch_size`` is the main check's row."""
     rows = []
     for size, keys in served_batches(cfg).items():
@@ -126,7 +131,7 @@ def describe(rows: list[dict]) -> str:
     return "the output depends on the batch size: fails at " + "; ".join(parts)
 
 
-def verify_batch_sizes(cfg, checks, evidence, gate_for) -> None:
+def verify_batch_sizes(cfg: Config, checks, evidence, gate_for) -> None:
     """verify's hook: every candidate that passed (or was inconclusive) at ``verify.batch_size`` is judged on the
     outputs it gave at each served batch size (:func:`run_sizes`, during its main check); one failing batch size
     fails the candidate and says which (:func:`pipeline.reports.verify_report.log_batch_sizes` words it)."""

@@ -6,6 +6,8 @@ a remade graph, localise a failing candidate). verify and tune both judge this w
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import dataclasses
 import logging
 from dataclasses import dataclass, field
@@ -28,6 +30,9 @@ from pipeline.evaluation import batching
 from pipeline.runtime.isolate import Crashed
 from pipeline.core.run import RunDir
 from pipeline.runtime.runners import TorchRunner, collect, infer_all
+
+if TYPE_CHECKING:  # annotations only
+    from pipeline.core.config_schema import Config
 
 log = logging.getLogger("pipeline")
 
@@ -81,7 +86,7 @@ class Evidence:
     outputs: dict = field(default_factory=dict)  # each judged candidate's outputs (verify.predictions.npz)
 
 
-def gate_for(cfg, name: str, precision: str) -> dict:
+def gate_for(cfg: Config, name: str, precision: str) -> dict:
     """The thresholds of one candidate: its own non-null keys over the precision's defaults."""
     base = getattr(cfg.verify, precision, cfg.verify.fp32).model_dump()  # verify.fp16/int8/bf16; else fp32
     section = cfg.verify.candidates.get(name)  # a table entry without a config section: defaults
@@ -89,7 +94,7 @@ def gate_for(cfg, name: str, precision: str) -> dict:
     return {key: own[key] if own.get(key) is not None else value for key, value in base.items()}
 
 
-def plan(cfg, ctx: Context, entries: list[Backend] | None = None) -> list[Check]:
+def plan(cfg: Config, ctx: Context, entries: list[Backend] | None = None) -> list[Check]:
     """The candidates, each with the reason it cannot run; ``enabled=false`` is decided before anything loads."""
     checks = []
     for backend in entries if entries is not None else backends.candidates():
@@ -103,7 +108,7 @@ def plan(cfg, ctx: Context, entries: list[Backend] | None = None) -> list[Check]
     return checks
 
 
-def gates(cfg, backend: Backend) -> bool:
+def gates(cfg: Config, backend: Backend) -> bool:
     """Whether a candidate's verdict decides the exit code: named in ``verify.gate``, or (``auto``) a deployment
     target or its faithful CPU proxy (the table's ``gates``)."""
     chosen = cfg.verify.gate
@@ -120,7 +125,8 @@ def task_check(ref: np.ndarray, cand: np.ndarray, labels: np.ndarray, gate: dict
     return criteria.task_check(ref, cand, labels, gate, confidence)
 
 
-def check(chk: Check, cfg, ctx: Context, evidence: Evidence, batch_feeds: dict[int, list[dict]] | None = None) -> dict:
+def check(chk: Check, cfg: Config, ctx: Context, evidence: Evidence,
+          batch_feeds: dict[int, list[dict]] | None = None) -> dict:
     """Run one candidate on the evidence and judge it; sets and returns ``chk.result``. With ``batch_feeds``
     (:func:`pipeline.evaluation.batching.feeds_by_size`) the same runner also runs them, for the batch-size check."""
     gate = gate_for(cfg, chk.name, chk.precision)
@@ -180,7 +186,7 @@ def verdict(checks: list[Check], inconclusive: verdicts.InconclusivePolicy = "pa
     return verdicts.verdict(checks, inconclusive)
 
 
-def evidence(cfg, card: dict, model) -> Evidence:
+def evidence(cfg: Config, card: dict, model) -> Evidence:
     spec = card["spec"]
     names: list[str] = []
     images, labels = data.labelled_validation_batch(cfg, card, sample_count(cfg, spec), spread=True, names=names)
@@ -195,7 +201,7 @@ def evidence(cfg, card: dict, model) -> Evidence:
 IMAGE_BYTES_BUDGET = 256 << 20  # the images verify holds (and hands to each child process), at most
 
 
-def sample_count(cfg, spec: dict) -> int:
+def sample_count(cfg: Config, spec: dict) -> int:
     """``verify.samples``, or every validation image up to ``verify.max_samples`` and a memory budget (256 MiB of
     float32 images: 1,000 at 32x32 and 224x224 alike would be 12 MiB and 602 MiB)."""
     if cfg.verify.samples is not None:
@@ -215,7 +221,7 @@ def runs_graph(chk: Check, plug: Precision) -> bool:
     return chk.backend.graph == plug.name
 
 
-def recheck_round(plug: Precision, cfg, ctx: Context, evidence: Evidence, current) -> fallback.Round:
+def recheck_round(plug: Precision, cfg: Config, ctx: Context, evidence: Evidence, current) -> fallback.Round:
     """The candidates that run ``plug``'s graph file itself, on the remade graph ``current``; the round passes when
     every gating one that ran passed (inconclusive counts as passing under ``verify.inconclusive: pass``) and one at
     least ran."""
@@ -230,7 +236,7 @@ def recheck_round(plug: Precision, cfg, ctx: Context, evidence: Evidence, curren
     return fallback.Round({c.name: c.status for c in rechecked}, passed, failing, note, rechecked)
 
 
-def localize_candidate(cfg, plug: Precision, fp32_model, model, evidence: Evidence, chk: Check,
+def localize_candidate(cfg: Config, plug: Precision, fp32_model, model, evidence: Evidence, chk: Check,
                        run_dir: RunDir | None) -> dict:
     """The first node over the gate's own rule (per tensor), on the candidate's worst batch: the precision's faithful
     execution of ``model`` (for a Q/DQ graph, the first lowered node over it), or on a GPU, for an engine of a float
@@ -257,7 +263,7 @@ def localization_rule(chk: Check) -> criteria.TensorRule:
     return dataclasses.replace(rule, max_scaled_error=criteria.localization_limit(rule.max_scaled_error, observed))
 
 
-def _localize_engine(cfg, fp32_model, run_dir: RunDir, plug: Precision, feed: dict, rule) -> dict | None:
+def _localize_engine(cfg: Config, fp32_model, run_dir: RunDir, plug: Precision, feed: dict, rule) -> dict | None:
     from pipeline.runtime import tensorrt_engine
 
     spec_input = next(iter(feed))

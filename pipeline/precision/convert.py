@@ -6,6 +6,8 @@ two functions, so what they re-check is what export would write."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import logging
 
 import numpy as np
@@ -17,10 +19,13 @@ from pipeline.core.data import validation_batch
 from pipeline.core.run import RunDir, atomic_path, install, scratch_folder
 from pipeline.precision import fallback, fp16, int8
 
+if TYPE_CHECKING:  # annotations only
+    from pipeline.core.config_schema import Config
+
 log = logging.getLogger("pipeline")
 
 
-def quantize_int8(cfg, run_dir: RunDir, card: dict, out_of_int8: list[str], plug, out_name: str = INT8_ONNX,
+def quantize_int8(cfg: Config, run_dir: RunDir, card: dict, out_of_int8: list[str], plug, out_name: str = INT8_ONNX,
                   fp32_nodes: list[str] = (), calibration_method: str | None = None) -> dict:
     """ModelOpt INT8 PTQ of ``model.onnx`` into ``out_name``, calibrated on real validation images; the
     fallback's nodes left out of INT8, and its FP32 nodes kept in FP32 in the FP16 regions. The calibration
@@ -43,7 +48,7 @@ def quantize_int8(cfg, run_dir: RunDir, card: dict, out_of_int8: list[str], plug
     return report
 
 
-def convert_float(cfg, run_dir: RunDir, card: dict, plug, fp32_nodes: list[str], out_name: str) -> dict:
+def convert_float(cfg: Config, run_dir: RunDir, card: dict, plug, fp32_nodes: list[str], out_name: str) -> dict:
     """AutoCast ``model.onnx`` into ``out_name`` in ``plug``'s low float type (its section ``export.<name>``),
     calibrated on real validation images, ``fp32_nodes`` kept in FP32 (the automatic fallback's)."""
     fc = getattr(cfg.export, plug.name)

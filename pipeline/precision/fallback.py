@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Annotated, Callable, Literal, Protocol
+from typing import TYPE_CHECKING, Annotated, Callable, Literal, Protocol
 
 import onnx
 from pydantic import Field, StringConstraints
@@ -32,6 +32,9 @@ from pipeline.core import schema
 from pipeline.core.artifacts import fallback_file
 from pipeline.core.errors import InputError
 from pipeline.core.run import RunDir, write_json
+
+if TYPE_CHECKING:  # annotations only
+    from pipeline.core.config_schema import Config
 
 log = logging.getLogger("pipeline")
 
@@ -208,7 +211,7 @@ class Round:
     checks: list = field(default_factory=list)  # the caller's re-checked candidates
 
 
-def run(plug: Plug, cfg, run_dir: RunDir, fp32_model: onnx.ModelProto, model: onnx.ModelProto,
+def run(plug: Plug, cfg: Config, run_dir: RunDir, fp32_model: onnx.ModelProto, model: onnx.ModelProto,
         localization: dict | None, *, remake: Callable[[Raised, str], dict],
         recheck: Callable[[onnx.ModelProto], Round], localize: Callable[[onnx.ModelProto, object], dict]) -> dict:
     """Raise, remake, re-check; repeat. ``remake(raised, out_name)`` writes the graph with those raises (export's

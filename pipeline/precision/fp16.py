@@ -18,6 +18,8 @@ alternatives run here:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import contextlib
 import logging
 import math
@@ -31,6 +33,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from pipeline.core.errors import StageFailed
 from pipeline.core.run import signals_held
+
+if TYPE_CHECKING:  # annotations only
+    from pipeline.core.config_schema import FP16Config
 
 log = logging.getLogger("pipeline")
 
@@ -100,7 +105,7 @@ def exact_names_patterns(names, graph: onnx.ModelProto) -> list[str]:
     return [f"^(?:{'|'.join(re.escape(n) for n in kept)})$"] if kept else []
 
 
-def convert(fp32_path: Path, calibration_npz: Path | None, fp16_cfg, extra_excluded: list[str] = (),
+def convert(fp32_path: Path, calibration_npz: Path | None, fp16_cfg: FP16Config, extra_excluded: list[str] = (),
             low: str = "fp16", opset: int | None = None) -> tuple[onnx.ModelProto, dict]:
     """Run ModelOpt AutoCast (FP32 I/O kept) to the low type ``low`` ("fp16", "bf16") and return the mixed-precision
     model and a precision report. ``opset``: AutoCast's default when None (19 for FP16, 22 for BF16)."""

@@ -19,6 +19,8 @@ ONNX graph (implicit calibration is gone in 11), so every INT8 decision lives in
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import contextlib
 import io
 import logging
@@ -32,6 +34,9 @@ import onnx
 from pipeline.precision import fp16
 from pipeline.core.errors import StageFailed
 from pipeline.core.run import signals_held
+
+if TYPE_CHECKING:  # annotations only
+    from pipeline.core.config_schema import INT8Config
 
 log = logging.getLogger("pipeline")
 
@@ -75,7 +80,7 @@ def _quiet_modelopt():
             lg.propagate = propagate
 
 
-def quantize(fp32_path: Path, images: np.ndarray, input_name: str, int8_cfg, out_path: Path,
+def quantize(fp32_path: Path, images: np.ndarray, input_name: str, int8_cfg: INT8Config, out_path: Path,
              extra_excluded: list[str] = (), fp32_nodes: list[str] = ()) -> dict:
     """Quantize ``fp32_path`` into ``out_path`` (INT8 Q/DQ, FP16 elsewhere, ``fp32_nodes`` kept in FP32: the
     automatic fallback's, :func:`pipeline.precision.fp16.keep_in_fp32`); returns the precision report."""
@@ -169,7 +174,7 @@ def int8_fraction(precisions: dict) -> float:
     return sum(1 for p in compute if p == "int8") / max(1, len(compute))
 
 
-def precision_report(fp32_model, int8_model, int8_cfg, fallback: set[str], fp32_fallback: set[str] = frozenset()) -> dict:
+def precision_report(fp32_model, int8_model, int8_cfg: INT8Config, fallback: set[str], fp32_fallback: set[str] = frozenset()) -> dict:
     precisions = node_precisions(fp32_model, int8_model)
     left, why_counts = [], {}
     for name, (op, precision) in precisions.items():
@@ -193,7 +198,7 @@ def precision_report(fp32_model, int8_model, int8_cfg, fallback: set[str], fp32_
     }
 
 
-def _why_unquantized(name: str, op: str, int8_cfg, fallback: set[str]) -> str:
+def _why_unquantized(name: str, op: str, int8_cfg: INT8Config, fallback: set[str]) -> str:
     if name in fallback:
         return "excluded by verify --auto-fallback"
     if any(re.match(pattern, name) for pattern in int8_cfg.nodes_to_exclude):

@@ -16,6 +16,8 @@ kind of plug (:class:`FloatPrecision`: a float type, AutoCast, rounding), with o
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from dataclasses import dataclass
 
 import onnx
@@ -24,6 +26,9 @@ from pipeline.core import artifacts
 from pipeline.precision import PRECISIONS
 from pipeline.precision import convert, fp16, int8, sensitivity
 from pipeline.precision.fallback import FloatFallbackFile, Int8FallbackFile, Raised
+
+if TYPE_CHECKING:  # annotations only
+    from pipeline.core.config_schema import Config
 
 
 @dataclass(frozen=True)
@@ -57,7 +62,7 @@ class Precision:
     def candidate_file(self) -> str:
         return artifacts.fallback_candidate_file(self.name)
 
-    def enabled(self, cfg) -> bool:
+    def enabled(self, cfg: Config) -> bool:
         return getattr(cfg.export, self.name).enabled
 
     def node_precisions(self, fp32_model: onnx.ModelProto, model: onnx.ModelProto) -> dict:
@@ -78,11 +83,11 @@ class Precision:
     # itself where the failing candidate is one.
     exact_localization: bool = False
 
-    def methods(self, cfg) -> list[str]:
+    def methods(self, cfg: Config) -> list[str]:
         """The ways tune makes the all-low graph (calibration methods; AutoCast's one)."""
         raise NotImplementedError
 
-    def write(self, cfg, run_dir, card: dict, raised: Raised, out_name: str | None = None,
+    def write(self, cfg: Config, run_dir, card: dict, raised: Raised, out_name: str | None = None,
               method: str | None = None) -> dict:
         """Export's conversion of ``model.onnx`` into ``out_name`` (default: the run's graph) with ``raised`` kept
         higher; returns its precision report."""
@@ -130,10 +135,10 @@ class FloatPrecision(Precision):
     def faithful_model(self, model):
         return fp16.emulation_model(model)
 
-    def methods(self, cfg) -> list[str]:
+    def methods(self, cfg: Config) -> list[str]:
         return ["autocast"]  # AutoCast's range rule is the export's, not a searched choice
 
-    def write(self, cfg, run_dir, card, raised, out_name=None, method=None) -> dict:
+    def write(self, cfg: Config, run_dir, card, raised, out_name=None, method=None) -> dict:
         return convert.convert_float(cfg, run_dir, card, self, raised.fp32, out_name or self.graph)
 
     def is_unit(self, node) -> bool:
@@ -176,10 +181,10 @@ class QuantizedPrecision(Precision):
     def faithful_model(self, model):
         return int8.exact_model(model)
 
-    def methods(self, cfg) -> list[str]:
+    def methods(self, cfg: Config) -> list[str]:
         return list(cfg.tune.calibration_methods)
 
-    def write(self, cfg, run_dir, card, raised, out_name=None, method=None) -> dict:
+    def write(self, cfg: Config, run_dir, card, raised, out_name=None, method=None) -> dict:
         return convert.quantize_int8(cfg, run_dir, card, raised.out_of_low, self, out_name=out_name or self.graph,
                                      fp32_nodes=raised.fp32, calibration_method=method)
 

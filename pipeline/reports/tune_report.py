@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pathlib import Path
 
 from pipeline.core.status import Status
@@ -14,6 +16,9 @@ from pipeline.precision.sensitivity import Candidate
 from pipeline.runtime.openvino_speed import layers_not_in
 from pipeline.reports.tables import Cell, Section, Table, fmt
 
+if TYPE_CHECKING:  # annotations only
+    from pipeline.core.config_schema import Config
+
 SCHEMA = "pipeline.tune/2"
 
 
@@ -25,7 +30,8 @@ def _candidate(c: Candidate, chosen: Candidate | None, fronts: dict, precision: 
             "pareto": any(c is f for f in fronts.get(c.calibration, []))}
 
 
-def payload(cfg, t, runs: list[dict], baseline: dict | None, chosen: Candidate | None, why: str, fronts: dict) -> dict:
+def payload(cfg: Config, t, runs: list[dict], baseline: dict | None, chosen: Candidate | None, why: str,
+            fronts: dict) -> dict:
     """Everything tune measured, and the choice."""
     plug = t.plug
     precision = plug.name

@@ -15,7 +15,7 @@ import os
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
@@ -29,6 +29,9 @@ from pipeline.reports import tables
 from pipeline.runtime import backends
 from pipeline.core.run import RunDir, atomic_write, now, read_json, sha256_file, write_json
 from pipeline.reports.tables import fmt, section_keys
+
+if TYPE_CHECKING:  # annotations only
+    from pipeline.core.config_schema import Config
 
 log = logging.getLogger("pipeline")
 
@@ -271,7 +274,7 @@ def _clean(value):
     return value
 
 
-def build_payload(cfg, card, candidates, gated: dict, verdict, samples: int, batch_size: int, *,
+def build_payload(cfg: Config, card, candidates, gated: dict, verdict, samples: int, batch_size: int, *,
                   hashes: dict, reference_nonfinite: int = 0) -> dict:
     """verify.json. ``hashes`` maps each artifact verify read to its sha256: the reference records its
     weights', each candidate that reached a verdict the file it judged (benchmark shows a verdict only

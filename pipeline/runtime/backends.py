@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from dataclasses import KW_ONLY, dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from pipeline.core import env
 from pipeline.core.artifacts import FP32_ONNX, engine_file, graph_file, xml_name
@@ -27,6 +27,7 @@ from pipeline.core.errors import InputError
 from pipeline.core.run import RunDir, sha256_file
 
 if TYPE_CHECKING:  # only for the annotations: this module imports nothing heavy
+    from pipeline.core.config_schema import Config
     import onnx
     import torch
 
@@ -44,7 +45,7 @@ def disabled(precision: str) -> str:
 class Context:
     """What the runners of one stage may need; built once by verify or benchmark."""
 
-    cfg: Any  # the validated config (pipeline.config.Config; in a child process, the same keys as attributes)
+    cfg: Config  # the validated config (pipeline.config.resolve; in a child process, the same keys as attributes)
     run_dir: RunDir
     stage: str  # "verify" or "benchmark", for messages
     spec: dict  # the model card's spec: input/output names, input size
@@ -107,7 +108,7 @@ class Backend:
     def on(self, ctx: Context) -> str:
         return ("cuda" if ctx.gpu else "cpu") if self.device == "auto" else self.device
 
-    def required(self, cfg) -> bool:
+    def required(self, cfg: Config) -> bool:
         """Its absence is exit 3: ``require`` names its runtime and the config asks for it (an engine
         precision left out of ``build.precisions`` or whose export is off is skipped, never required)."""
         wanted = self.required_if is None or self.required_if(cfg)
@@ -284,7 +285,7 @@ def _faithful(precision: str) -> Callable[[Context], object]:
 
 
 def _emulation_label(precision: str) -> Callable[[object], str]:
-    def label(cfg) -> str:
+    def label(cfg: Config) -> str:
         mode = cfg.verify.emulation
         how = (f"every {precision.upper()} tensor rounded, FP32 accumulation" if mode == "fast" else
                "NumPy reference evaluator in the low type")
@@ -295,7 +296,7 @@ def _emulation_label(precision: str) -> Callable[[object], str]:
 
 def _engine_wanted(precision: str) -> Callable[[object], bool]:
     """Whether the config asks build for this precision's engine (its graph must be written by export too)."""
-    def wanted(cfg) -> bool:
+    def wanted(cfg: Config) -> bool:
         return precision in cfg.build.precisions and getattr(cfg.export, precision).enabled
 
     return wanted
@@ -415,7 +416,7 @@ def candidates() -> list[Backend]:
     return [b for b in TABLE if b.candidate]
 
 
-def label(backend: Backend, cfg) -> str:
+def label(backend: Backend, cfg: Config) -> str:
     """The report label; the FP16 emulation's depends on ``verify.emulation``."""
     return backend.label(cfg) if callable(backend.label) else backend.label
 

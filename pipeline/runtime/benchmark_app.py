@@ -15,6 +15,8 @@ comparison is skipped with that reason. ``benchmark.benchmark_app_s: 0`` turns i
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import json
 import logging
 import shutil
@@ -25,6 +27,9 @@ from pathlib import Path
 
 from pipeline.core.artifacts import xml_name
 from pipeline.core.run import RunDir
+
+if TYPE_CHECKING:  # annotations only
+    from pipeline.core.config_schema import Config
 
 log = logging.getLogger("pipeline")
 
@@ -74,7 +79,7 @@ def run_one(exe: str, xml: Path, shape: list[int], mode: str, hint: str, threads
                              + (f": {tail[0][:200]}" if tail else "")}
 
 
-def side_by_side(cfg, run_dir: RunDir, results: list[dict], input_size: list[int], threads: int,
+def side_by_side(cfg: Config, run_dir: RunDir, results: list[dict], input_size: list[int], threads: int,
                  named: list[dict] = ()) -> dict:
     """benchmark_app's numbers beside ours for the OpenVINO rows among ``named`` (the rows the summary names:
     two benchmark_app runs instead of two per OpenVINO row, 18 for resnet18), or for every OpenVINO row with

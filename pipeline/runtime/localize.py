@@ -8,6 +8,8 @@ built with every tensor marked (which can change fusions; Polygraphy's own accur
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import logging
 from collections import OrderedDict
 
@@ -17,6 +19,9 @@ import onnx
 from pipeline.core import onnx_io
 from pipeline.precision.gate import TensorRule
 from pipeline.runtime.runners import collect, onnxrt_runner
+
+if TYPE_CHECKING:  # annotations only
+    from pipeline.core.config_schema import BuildConfig
 
 log = logging.getLogger("pipeline")
 
@@ -47,7 +52,7 @@ def compare_layers(fp32_model: onnx.ModelProto, ref: dict, cand: dict, rule: Ten
     return {"first_divergent": first, "worst": worst, "compared_nodes": len(rows), "tolerance": rule.describe()}
 
 
-def tensorrt_layers_engine(onnx_path, *, input_name: str, shapes: dict, build_cfg, timing_cache=None):
+def tensorrt_layers_engine(onnx_path, *, input_name: str, shapes: dict, build_cfg: BuildConfig, timing_cache=None):
     """The localisation engine's loader: the engine's own network parser and builder config (``tensorrt_engine.network_loader``,
     ``tensorrt_engine.config_loader``: strongly typed, same profile, ``build.tf32``, ``build.optimization_level``, the
     engine's timing cache), with every tensor marked as a network output. Lazy: nothing touches TensorRT."""
@@ -62,7 +67,7 @@ def tensorrt_layers_engine(onnx_path, *, input_name: str, shapes: dict, build_cf
 
 
 def localize_tensorrt(fp32_model: onnx.ModelProto, fp16_path, feed: dict, rule: TensorRule, top: int,
-                      input_name: str, shapes: dict, *, build_cfg, timing_cache=None) -> dict:
+                      input_name: str, shapes: dict, *, build_cfg: BuildConfig, timing_cache=None) -> dict:
     """GPU: the FP16 engine rebuilt with every tensor marked as a network output, against FP32 ONNX Runtime.
 
     Built with the engine's configuration (:func:`tensorrt_layers_engine`), so it diagnoses the engine that failed.

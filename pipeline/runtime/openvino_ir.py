@@ -27,6 +27,8 @@ The bytes checked are the bytes loaded.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import hashlib
 import logging
 import os
@@ -40,6 +42,9 @@ from pipeline.core import env
 from pipeline.core.artifacts import FP32_ONNX, INT8_ONNX, IR_TEMP_PREFIX, OPENVINO_DIR, bin_name, sidecar_name, xml_name
 from pipeline.core.errors import InputError, StageFailed
 from pipeline.core.run import RunDir, StageRecord, now, read_sidecar, sha256_file, write_json
+
+if TYPE_CHECKING:  # annotations only
+    from pipeline.core.config_schema import Config
 
 log = logging.getLogger("pipeline")
 
@@ -101,7 +106,7 @@ def checked_on() -> dict:
 # --------------------------------------------------------------------------- build
 
 
-def write_all(cfg, run_dir: RunDir, record: StageRecord) -> dict:
+def write_all(cfg: Config, run_dir: RunDir, record: StageRecord) -> dict:
     """build's hook: every IR whose ONNX source exists, with its sidecar, recorded in ``record``.
 
     Runs whether or not TensorRT can build here. Returns what it wrote (build's details["openvino"]).

@@ -9,6 +9,8 @@ its ONNX graph.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import contextlib
 import hashlib
 import logging
@@ -25,6 +27,9 @@ from pipeline.core.artifacts import timing_cache_name
 from pipeline.precision import PRECISIONS
 from pipeline.core.errors import InputError
 from pipeline.core.run import RunDir, read_sidecar
+
+if TYPE_CHECKING:  # annotations only
+    from pipeline.core.config_schema import BuildConfig, Config
 
 log = logging.getLogger("pipeline")
 
@@ -54,7 +59,7 @@ def target_of(engine: str) -> Target:
     raise ValueError(f"{engine!r} is not an engine the build stage writes")
 
 
-def skip_reason(cfg, run_dir: RunDir, engine: str) -> str:
+def skip_reason(cfg: Config, run_dir: RunDir, engine: str) -> str:
     """Why ``engine`` is not built where TensorRT can run: not selected, or recorded as skipped by build; "" else."""
     t = target_of(engine)
     if t.precision not in cfg.build.precisions:
@@ -74,7 +79,7 @@ def availability() -> tuple[bool, str]:
     return True, ""
 
 
-def timing_cache_path(cfg, run_dir: RunDir, platform: dict | None = None) -> Path:
+def timing_cache_path(cfg: Config, run_dir: RunDir, platform: dict | None = None) -> Path:
     """``build.timing_cache`` when given (the user's choice wins); else beside the run directories, one file
     per TensorRT version, GPU and compute capability (``trt_timing.11.4.0.NVIDIA_H200.sm90.cache``), so every run
     on this machine with this GPU and TensorRT shares (and merges into) one cache, and no other GPU's does."""
@@ -85,7 +90,7 @@ def timing_cache_path(cfg, run_dir: RunDir, platform: dict | None = None) -> Pat
                                                              platform.get("compute_capability"))
 
 
-def profile_shapes(build_cfg, input_size: list[int]) -> dict[str, list[int]]:
+def profile_shapes(build_cfg: BuildConfig, input_size: list[int]) -> dict[str, list[int]]:
     """The one optimization profile: ``build.min/opt/max_batch`` images of ``input_size``."""
     return {"min": [build_cfg.min_batch, *input_size], "opt": [build_cfg.opt_batch, *input_size],
             "max": [build_cfg.max_batch, *input_size]}
@@ -98,7 +103,7 @@ def network_loader(onnx_path: Path):
     return NetworkFromOnnxPath(str(onnx_path), strongly_typed=True)
 
 
-def config_loader(*, input_name: str, shapes: dict, build_cfg, timing_cache: Path | None,
+def config_loader(*, input_name: str, shapes: dict, build_cfg: BuildConfig, timing_cache: Path | None,
                   detailed_profile: bool = False):
     """The builder config (Polygraphy ``CreateConfig``): one profile, no precision flag; lazy.
 
@@ -123,7 +128,7 @@ def config_loader(*, input_name: str, shapes: dict, build_cfg, timing_cache: Pat
     )
 
 
-def engine_loader(onnx_path: Path, *, input_name: str, shapes: dict, build_cfg, timing_cache: Path | None):
+def engine_loader(onnx_path: Path, *, input_name: str, shapes: dict, build_cfg: BuildConfig, timing_cache: Path | None):
     """The Polygraphy loader chain; lazy: nothing touches TensorRT until it is called.
 
     Returns an ``EngineBytesFromNetwork`` that yields the serialized engine.

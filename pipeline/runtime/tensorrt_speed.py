@@ -17,13 +17,14 @@ from pipeline.core.errors import StageFailed, UsageError
 from pipeline.precision.int8 import MATRIX_OPS
 
 if TYPE_CHECKING:  # type-checked against tensorrt-stubs (tests/test_typecheck.py); never imported at run time
+    from pipeline.core.config_schema import BuildConfig
     import tensorrt as trt
 
 log = logging.getLogger("pipeline")
 GPU_COMPUTE = "GPU compute"  # the label of TensorrtRunner's device-side timer (runners.QueuedAheadTimer)
 
 
-def tensorrt_timing(model: onnx.ModelProto, images: np.ndarray, batches: list[int], method, *, build_cfg,
+def tensorrt_timing(model: onnx.ModelProto, images: np.ndarray, batches: list[int], method, *, build_cfg: BuildConfig,
                     timing_cache: Path | None = None, cuda_graphs: bool = False,
                     log_path: Path | None = None) -> dict:
     """The mix built as build builds an engine (:func:`build_engine`: strongly typed, no precision flag, one
@@ -55,7 +56,7 @@ def tensorrt_timing(model: onnx.ModelProto, images: np.ndarray, batches: list[in
     return {"latency_ms": latency, "p10_p90_ms": spread, "runtime": runtime}
 
 
-def _shapes(build_cfg, batches: list[int], input_size: list[int]) -> dict:
+def _shapes(build_cfg: BuildConfig, batches: list[int], input_size: list[int]) -> dict:
     """The build stage's profile; a batch it does not cover is the config's error, found before any build."""
     from pipeline.runtime.tensorrt_engine import profile_shapes
 
@@ -68,8 +69,8 @@ def _shapes(build_cfg, batches: list[int], input_size: list[int]) -> dict:
     return shapes
 
 
-def build_engine(model: onnx.ModelProto, *, input_name: str, shapes: dict, build_cfg, timing_cache: Path | None,
-                 log_path: Path | None = None) -> bytes:
+def build_engine(model: onnx.ModelProto, *, input_name: str, shapes: dict, build_cfg: BuildConfig,
+                 timing_cache: Path | None, log_path: Path | None = None) -> bytes:
     """The serialized engine of ``model``, built with the build stage's network parser and builder config
     (:mod:`pipeline.runtime.tensorrt_engine`) plus DETAILED profiling verbosity: without it the engine inspector
     names the layers but not their data types. The timing cache is read and merged into as build does. TensorRT's

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import logging
 import os
 
@@ -10,13 +12,16 @@ import torch
 from pipeline.core import env
 from pipeline.core.errors import BackendUnavailable, UsageError
 
+if TYPE_CHECKING:  # annotations only
+    from pipeline.core.config_schema import Config
+
 log = logging.getLogger("pipeline")
 
 
 AMP_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", None: "off"}  # as train.amp spells them
 
 
-def resolve_device(cfg) -> torch.device:
+def resolve_device(cfg: Config) -> torch.device:
     """This process's device; under torchrun each process takes the GPU of its LOCAL_RANK.
 
     Called before the process group starts, because NCCL needs every rank on its own GPU first.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import logging
 import math
 from dataclasses import dataclass
@@ -9,6 +11,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from pipeline.training.distributed import Dist, all_reduce_sum
+
+if TYPE_CHECKING:  # annotations only
+    from pipeline.core.config_schema import Config
 
 log = logging.getLogger("pipeline")
 
@@ -23,7 +28,7 @@ def lr_lambda(total_steps: int, warmup_steps: int):
     return factor
 
 
-def make_optimizer(cfg, model: nn.Module) -> torch.optim.Optimizer:
+def make_optimizer(cfg: Config, model: nn.Module) -> torch.optim.Optimizer:
     # No weight decay on norm scales and biases (1-D parameters), as is usual for CNNs and ViTs.
     decay = [p for p in model.parameters() if p.requires_grad and p.ndim > 1]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim <= 1]
