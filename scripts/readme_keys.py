@@ -1,4 +1,5 @@
-"""Rewrite the config-key table in docs/configuration.md from pipeline.config (tests/test_readme.py checks it)."""
+"""Rewrite the config-key table in docs/configuration.md from pipeline.config.describe (the schema in
+pipeline/core/config_schema.py with the backend table's names; tests/test_readme.py checks it)."""
 
 import json
 import re
