@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 # CONFIG: re-exported for callers
 from pipeline.core.status import Status
@@ -30,6 +30,9 @@ from pipeline.core.artifacts import CONFIG, IR_TEMP_PREFIX, ISOLATE_PREFIX, LOCK
 from pipeline.core.errors import (InputError, PipelineError, StageFailed, UsageError, check_interrupt, disk_full,
                                   disk_full_cause, is_interrupt)
 from pipeline.core.schema import NOFOLLOW, open_confined
+
+if TYPE_CHECKING:  # annotations only
+    from pipeline.core.config_schema import Config
 
 SCHEMA = "pipeline.manifest/1"
 
@@ -378,7 +381,8 @@ class RunDir:
         elif not self.path.is_dir():
             raise InputError(f"run directory {self.path} does not exist")
         self._lock_fd: int | None = None
-        self.config_to_save = None  # what config.yaml gets when the command succeeds (pipeline.stages.open_run)
+        # what config.yaml gets when the command succeeds (pipeline.stages.open_run)
+        self.config_to_save: Config | None = None
         self.manifest = self._load_manifest()
 
     # ------------------------------------------------------------------ manifest

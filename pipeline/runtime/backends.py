@@ -83,7 +83,7 @@ class Backend:
     precision: str  # "fp32", "fp16", "int8", "bf16", "mixed": picks the gate verify.<precision> (else verify.fp32)
     device: str  # "cpu", "cuda", or "auto" (CUDA where usable, else the CPU)
     artifact: str | None  # the run-directory file it runs; None: the trained PyTorch model
-    label: str | Callable[[object], str]  # one line for the reports (or a function of the config)
+    label: str | Callable[[Config], str]  # one line for the reports (or a function of the config)
     unavailable: Callable[[Context], str]  # why it cannot run here; "" when it can
     make: Callable[[Context], object]  # its runner (see pipeline.runtime.runners)
     candidate: str | None = None  # verify checks it under this name (verify.candidates.<name>); None: it does not
@@ -92,7 +92,7 @@ class Backend:
     shown_precision: str = ""  # benchmark.json's precision column, when more telling than ``precision``
     note: str = ""  # benchmark.json's note
     runtime: str = "PyTorch"  # the library that runs it, as crash messages name it
-    required_if: Callable[[object], bool] | None = None  # whether the config asks for it at all (None: always)
+    required_if: Callable[[Config], bool] | None = None  # whether the config asks for it at all (None: always)
     graph: str | None = None  # the precision whose graph it runs (the file, or an engine or IR made from it)
     deploys: bool = True  # a deployment (benchmark may name it the fastest); False: an emulation, timed for its cost
     # Whether its verdict decides verify's exit code under verify.gate=auto: a deployment target (an engine, an
@@ -284,7 +284,7 @@ def _faithful(precision: str) -> Callable[[Context], object]:
     return make
 
 
-def _emulation_label(precision: str) -> Callable[[object], str]:
+def _emulation_label(precision: str) -> Callable[[Config], str]:
     def label(cfg: Config) -> str:
         mode = cfg.verify.emulation
         how = (f"every {precision.upper()} tensor rounded, FP32 accumulation" if mode == "fast" else
@@ -294,7 +294,7 @@ def _emulation_label(precision: str) -> Callable[[object], str]:
     return label
 
 
-def _engine_wanted(precision: str) -> Callable[[object], bool]:
+def _engine_wanted(precision: str) -> Callable[[Config], bool]:
     """Whether the config asks build for this precision's engine (its graph must be written by export too)."""
     def wanted(cfg: Config) -> bool:
         return precision in cfg.build.precisions and getattr(cfg.export, precision).enabled
