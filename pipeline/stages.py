@@ -31,7 +31,7 @@ from pipeline.core import records
 from pipeline.core import env
 from pipeline.core.manifest import STAGE_ORDER
 from pipeline.precision import PRECISIONS
-from pipeline.core.errors import BackendUnavailable, UsageError
+from pipeline.core.errors import BackendUnavailable, InputError, UsageError
 from pipeline.core.run import RunDir, atomic_write, sha256_file
 
 log = logging.getLogger("pipeline")
@@ -112,8 +112,12 @@ class Stage:
         finished = status == Status.OK or (status == Status.FAILED and entry.get("exit_code") == 1)
         if status in (Status.FAILED, Status.INTERRUPTED) and not finished:
             return " ".join(str(entry.get("error") or "see the error above").split())
-        if self.summary and finished and records.from_entry(records.kind_of(self.name), entry) is not None:
-            return self.summary(entry)
+        if self.summary and finished:
+            try:
+                if records.from_entry(records.kind_of(self.name), entry) is not None:
+                    return self.summary(entry)
+            except InputError as exc:  # a damaged manifest: said on its line, never instead of the run's own error
+                return str(exc)
         return entry.get("reason") or ""
 
 

@@ -98,3 +98,10 @@ def test_every_stage_with_a_summary_has_a_record_kind():
     from pipeline import stages
 
     assert {name for name, s in stages.STAGES.items() if s.summary} <= set(records.RECORDS)
+
+
+def test_a_damaged_record_is_said_on_its_summary_line():
+    from pipeline import stages
+
+    line = stages.STAGES["verify"].line({"status": "ok", "details": {"candidates": {"ort": 1}}})
+    assert line.startswith("manifest.json is damaged: stages.verify.details.candidates.ort")
