@@ -87,10 +87,10 @@ def written_by(run: RunDir, stage: str, name: str, consumer: str) -> tuple[Path,
     """The path of ``name`` and the sha256 ``stage`` recorded for it, which the file must still have (checked by
     the caller on the bytes it reads): never a file edited, copied in or left from another run."""
     path = run.require(name, stage, consumer)
-    recorded = ((run.stage_entry(stage) or {}).get("artifacts") or {}).get(name) or {}
-    if not recorded.get("sha256"):
+    recorded = run.recorded_artifacts(stage).get(name)
+    if not recorded:
         raise InputError(f"{path} is not recorded in the manifest as written by {stage}: re-run {stage}")
-    return path, recorded["sha256"]
+    return path, recorded
 
 
 def check_written_by(run: RunDir, stage: str, name: str, consumer: str) -> Path:

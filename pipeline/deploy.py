@@ -175,7 +175,7 @@ def _check_verify_finished(run_dir: RunDir) -> None:
     path = run_dir.require(a.VERIFY_JSON, "verify", "deploy")
     entry = run_dir.stage_entry("verify") or {}
     finished = entry.get("status") == Status.OK or (entry.get("status") == Status.FAILED and entry.get("exit_code") == 1)
-    recorded = ((entry.get("artifacts") or {}).get(a.VERIFY_JSON) or {}).get("sha256")
+    recorded = run_dir.recorded_artifacts("verify").get(a.VERIFY_JSON)
     if not finished or recorded != sha256_file(path):
         raise InputError(f"{a.VERIFY_JSON} is not the report of a verify that finished here (its sha256 differs from "
                          "the manifest's, or verify broke off): re-run verify")

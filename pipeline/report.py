@@ -150,13 +150,13 @@ def recorded_png(run: RunDir, name: str) -> tuple[bytes | None, str]:
     another file's content."""
     import hashlib
 
-    stage, info = next(((stage, entry["artifacts"][name]) for stage, entry in run.manifest["stages"].items()
-                        if name in entry.get("artifacts", {})), (None, None))
+    stage, recorded = next(((stage, run.recorded_artifacts(stage)[name]) for stage in run.manifest["stages"]
+                            if name in run.recorded_artifacts(stage)), (None, None))
     with open_confined(run.file(name)) as f:
         data = f.read()
-    if info is None:
+    if recorded is None:
         return None, f"{name} is not recorded in the manifest"
-    if hashlib.sha256(data).hexdigest() != info["sha256"] or not data.startswith(PNG_SIGNATURE):
+    if hashlib.sha256(data).hexdigest() != recorded or not data.startswith(PNG_SIGNATURE):
         return None, f"{name} is not the file {stage} recorded"
     return data, ""
 
@@ -182,8 +182,8 @@ def render_markdown(run: RunDir, cfg: Config) -> str:
 
 
 def write(run: RunDir, cfg: Config) -> list[Path]:
-    for entry in run.manifest["stages"].values():  # one link in the run directory: refused before anything is read
-        for name in entry.get("artifacts", {}):
+    for stage in run.manifest["stages"]:  # one link in the run directory: refused before anything is read
+        for name in run.recorded_artifacts(stage):
             run.file(name)
     run.file(artifacts.LOGS)
     atomic_write(run.file(HTML_NAME), render_html(run, cfg))

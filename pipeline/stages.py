@@ -29,10 +29,11 @@ from pathlib import Path
 
 from pipeline.core.status import Status
 from pipeline.core import artifacts as a
+from pipeline.core import records
 from pipeline.core import env
 from pipeline.core.manifest import STAGE_ORDER
 from pipeline.precision import PRECISIONS
-from pipeline.core.errors import BackendUnavailable, UsageError
+from pipeline.core.errors import BackendUnavailable, InputError, UsageError
 from pipeline.core.run import RunDir, atomic_write, sha256_file
 
 if TYPE_CHECKING:  # annotations only
@@ -116,54 +117,58 @@ class Stage:
         finished = status == Status.OK or (status == Status.FAILED and entry.get("exit_code") == 1)
         if status in (Status.FAILED, Status.INTERRUPTED) and not finished:
             return " ".join(str(entry.get("error") or "see the error above").split())
-        if self.summary and finished and entry.get("details"):
-            return self.summary(entry)
+        if self.summary and finished:
+            try:
+                if records.from_entry(records.kind_of(self.name), entry) is not None:
+                    return self.summary(entry)
+            except InputError as exc:  # a damaged manifest: said on its line, never instead of the run's own error
+                return str(exc)
         return entry.get("reason") or ""
 
 
 def _train_summary(entry: dict) -> str:
-    d = entry["details"]
-    line = f"best val acc {100 * d.get('best_val_acc', 0):.1f}% after {d.get('epochs')} epochs, amp {d.get('amp')}"
-    precise = d.get("precise_bn") or {}
-    if precise.get("best_epoch_val_acc_before") is not None:
-        line += (f"; precise BN {100 * precise['best_epoch_val_acc_before']:.1f}% -> "
-                 f"{100 * precise['best_epoch_val_acc_after']:.1f}%")
-    learning = d.get("learning")
-    if learning and entry.get("status") == Status.FAILED:  # the learning check failed (exit 1): its line
+    train = records.from_entry(records.TrainRecord, entry) or records.TrainRecord()
+    line = f"best val acc {100 * (train.best_val_acc or 0):.1f}% after {train.epochs} epochs, amp {train.amp}"
+    precise = train.precise_bn
+    if precise is not None and precise.best_epoch_val_acc_before is not None:
+        line += (f"; precise BN {100 * precise.best_epoch_val_acc_before:.1f}% -> "
+                 f"{100 * (precise.best_epoch_val_acc_after or 0):.1f}%")
+    learning = train.learning
+    if learning is not None and entry.get("status") == Status.FAILED:  # the learning check failed (exit 1): its line
         line += f"; {entry.get('error')}"
-    elif learning:
-        line += f"; {'learned' if learning.get('learned') else learning.get('line')}"
+    elif learning is not None:
+        line += f"; {'learned' if learning.learned else learning.line}"
     return line
 
 
 def _export_summary(entry: dict) -> str:
-    d = entry["details"]
-    shares = [f"{p.upper()} {100 * (d.get(p) or {})[f'{p}_fraction']:.1f}%" for p in PRECISIONS
-              if (d.get(p) or {}).get(f"{p}_fraction") is not None]
-    return f"opset {d.get('opset')}, {d.get('exporter')}" + (f"; {', '.join(shares)} of the nodes or matrix ops "
-                                                             "in that precision" if shares else "")
+    export = records.from_entry(records.ExportRecord, entry) or records.ExportRecord()
+    graphs = {p: export.graph(p) for p in PRECISIONS}
+    shares = [f"{p.upper()} {100 * g.fraction:.1f}%" for p, g in graphs.items() if g and g.fraction is not None]
+    return f"opset {export.opset}, {export.exporter}" + (f"; {', '.join(shares)} of the nodes or matrix ops "
+                                                         "in that precision" if shares else "")
 
 
 def _verify_summary(entry: dict) -> str:
-    d = entry["details"]
-    rows = ", ".join(f"{c}: {s}" for c, s in d.get("candidates", {}).items())
-    deployable = d.get("deployable")
-    undecided = d.get("undecided") or []
+    verify = records.from_entry(records.VerifyRecord, entry) or records.VerifyRecord()
+    rows = ", ".join(f"{c}: {s}" for c, s in verify.candidates.items())
+    undecided = verify.undecided
     why = f" ({', '.join(undecided)}: inconclusive, passed only because the bound could not decide)" if undecided else ""
+    deployable = verify.deployable
     line = rows if deployable is None else f"{rows}; deployable: {', '.join(deployable) or 'none'}{why}"
-    if "reference_accuracy" not in d:
+    if not verify.judged_reference:
         return line
     from pipeline.reports.verify_report import reference_words
 
-    return f"{reference_words(d)}; {line}"
+    return f"{reference_words(verify.reference_accuracy, verify.reference_learned)}; {line}"
 
 
 def _benchmark_summary(entry: dict) -> str:
-    return entry["details"].get("headline", "")
+    return (records.from_entry(records.BenchmarkRecord, entry) or records.BenchmarkRecord()).headline
 
 
 def _tune_summary(entry: dict) -> str:
-    return f"tuned artifact: {entry['details'].get('summary', '')}"
+    return f"tuned artifact: {(records.from_entry(records.TuneRecord, entry) or records.TuneRecord()).summary}"
 
 
 def _tune_writes(cfg: Config) -> tuple[str, ...]:
@@ -173,18 +178,18 @@ def _tune_writes(cfg: Config) -> tuple[str, ...]:
 
 
 def _deploy_summary(entry: dict) -> str:
-    d = entry["details"]
-    refused = f"; refused: {', '.join(d['refused'])}" if d.get("refused") else ""
-    served = f"; served and checked over HTTP and gRPC: {d['served']}" if d.get("served") else ""
-    return f"{d.get('repository')}: {', '.join(d.get('models') or [])}{refused}{served}"
+    deploy = records.from_entry(records.DeployRecord, entry) or records.DeployRecord()
+    refused = f"; refused: {', '.join(deploy.refused)}" if deploy.refused else ""
+    served = f"; served and checked over HTTP and gRPC: {deploy.served}" if deploy.served else ""
+    return f"{deploy.repository}: {', '.join(deploy.models)}{refused}{served}"
 
 
 def _compare_summary(entry: dict) -> str:
-    d = entry["details"]
-    rows = ", ".join(f"{name}: {status}" for name, status in d.get("artifacts", {}).items())
-    slower = d.get("latency_regressions") or []
+    compare = records.from_entry(records.CompareRecord, entry) or records.CompareRecord()
+    rows = ", ".join(f"{name}: {status}" for name, status in compare.artifacts.items())
+    slower = compare.latency_regressions
     return f"{rows}; latency regressions or missing rows: {', '.join(slower) or 'none'}; environment: " \
-           f"{d.get('environment')}"
+           f"{compare.environment}"
 
 
 # Each lower precision's graph, engine and fallback file (pipeline/precision/plugs.py), by name only: no plug is
@@ -360,9 +365,9 @@ def up_to_date(stage: Stage, cfg: Config, run: RunDir) -> tuple[bool, str]:
         return False, "inputs changed"
     if stage.checks_require and not set(cfg.require) <= set(entry.get("require", ())):
         return False, "it has not checked every required backend yet"
-    for name, info in entry.get("artifacts", {}).items():
+    for name, sha256 in run.recorded_artifacts(stage.name).items():
         path = run.file(name)
-        if not path.is_file() or sha256_file(path) != info["sha256"]:
+        if not path.is_file() or sha256_file(path) != sha256:
             return False, f"{name} is missing or was modified"
     return True, ""
 
@@ -480,20 +485,27 @@ def run_stage(name: str, cfg: Config, run: RunDir, **options) -> dict:
         stage.function()(cfg, run, record, **options)
     current_stage.reset(token)  # left set on failure, so the CLI can name the stage that failed
     save_config(run)  # its artifacts were made with this config
-    if (run.stage_entry(name).get("details") or {}).get("replaced_artifacts"):
+    if _replaced_artifacts(name, run):
         _follow_replacement(name, cfg, run)
     return run.stage_entry(name)
+
+
+def _replaced_artifacts(name: str, run: RunDir) -> list[str]:
+    """The upstream artifacts stage ``name`` replaced (verify --auto-fallback), as its record says."""
+    record = records.from_entry(records.kind_of(name), run.stage_entry(name))
+    return record.replaced_artifacts if record is not None else []
 
 
 def _follow_replacement(name: str, cfg: Config, run: RunDir) -> None:
     """A stage replaced an upstream artifact (verify --auto-fallback: model.fp16.onnx or model.int8.onnx). Re-run
     the stages that produce and consume it, so every manifest entry describes the files on disk; then the
     replacing stage is current again, or re-runs where the model or the engine it judged changed."""
-    replaced = run.stage_entry(name)["details"]["replaced_artifacts"]
+    replaced = _replaced_artifacts(name, run)
     log.info("%s replaced %s: re-running export and build", name, ", ".join(replaced))
     judged = {artifact: sha256_file(run.file(artifact)) for artifact in replaced}
     run_stage("export", cfg, run)  # keeps the replacement: the moved nodes are in fp16_fallback.json
-    built = bool(run_stage("build", cfg, run).get("artifacts"))  # engines, or OpenVINO IR without TensorRT
+    run_stage("build", cfg, run)
+    built = bool(run.recorded_artifacts("build"))  # engines, or OpenVINO IR without TensorRT
     if built or any(sha256_file(run.file(a)) != h for a, h in judged.items()):
         run_stage(name, cfg, run)  # judge what is on disk now (a rebuilt engine included)
     else:

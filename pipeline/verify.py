@@ -41,6 +41,7 @@ from pipeline.core.errors import BackendUnavailable, CheckFailed, Inconclusive, 
 from pipeline.core.run import RunDir, StageRecord, sha256_file
 
 from pipeline.evaluation import batching, candidates, predictions
+from pipeline.core.records import Learning
 from pipeline.core.verdicts import Outcome, Verdict
 from pipeline.evaluation.candidates import Check, Evidence
 
@@ -116,25 +117,28 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, auto_fallback: boo
     for p in verify_report.write_all(run_dir, payload):
         record.artifact(p.name)
     record.details.update(_details(checks, verdict, evidence, gated))
-    record.details.update(_reference_quality(run_dir, evidence))
+    quality = _reference_quality(run_dir, evidence)
+    record.details.update(quality)
     failing_first = verdict.failed[0] if verdict.failed else None
     shown_loc = (gated.get(failing_first.backend.graph) or (None, None))[0] if failing_first is not None else None
     fixable = any(c.backend.graph and not c.result.get("hint") for c in verdict.failed)
     _raise_for(verdict, shown_loc, export_broken, suggest_fallback=fixable and not auto_fallback)
     log.info("verify: passed (%s); deployable: %s; %s", ", ".join(f"{c.name} {c.status}" for c in checks),
-             ", ".join(verdict.deployable) or "none", verify_report.reference_words(record.details))
+             ", ".join(verdict.deployable) or "none",
+             verify_report.reference_words(quality["reference_accuracy"], quality["reference_learned"]))
 
 
 def _reference_quality(run_dir: RunDir, evidence: Evidence) -> dict:
     """The reference's own accuracy on these images, and train's learning verdict (its manifest entry): the gate
     says the artifacts agree with the reference, not that the reference is any good."""
     top1 = np.concatenate([r[evidence.output_name] for r in evidence.reference]).argmax(1)
-    learning = ((run_dir.stage_entry("train") or {}).get("details") or {}).get("learning") or {}
-    if learning.get("learned") is False:
+    train = run_dir.train_record()
+    learning = (train.learning if train is not None else None) or Learning()
+    if learning.learned is False:
         log.warning("verify: the reference did not learn (train: %s): passing this gate says the artifacts agree "
-                    "with it, not that they are any good", learning.get("line"))
+                    "with it, not that they are any good", learning.line)
     return {"reference_accuracy": float((top1 == evidence.labels).mean()) if len(evidence.labels) else None,
-            "reference_learned": learning.get("learned"), "reference_learning": learning.get("line")}
+            "reference_learned": learning.learned, "reference_learning": learning.line}
 
 
 def _details(checks: list[Check], verdict: Verdict, evidence: Evidence, gated: dict) -> dict:

@@ -236,3 +236,47 @@ def test_the_config_parameter_check_finds_an_untyped_or_other_cfg(tmp_path):
                     'def d(cfg: "Config"): ...\ndef e(cfg: config_schema.Config): ...\nf = lambda cfg: cfg\n'
                     'async def g(cfg: DataConfig): ...\n')
     assert [h.split(": ", 1)[1] for h in config_parameters(path)] == ["a(cfg: -)", "b(cfg: dict)", "g(cfg: DataConfig)"]
+
+
+# --------------------------------------------------------------------------- typed records between the stages (issue 32)
+
+CORE = ROOT / "core"
+
+
+def details_reads(path: Path) -> list[str]:
+    """Reads of a manifest entry's ``details`` dict: ``entry["details"]``, ``entry.get("details")``,
+    ``"details" in entry``. A stage writes its own through ``record.details`` (an attribute, not a key); every
+    other module reads another stage's through its record (:mod:`pipeline.core.records`)."""
+
+    def is_details(node) -> bool:
+        return isinstance(node, ast.Constant) and node.value == "details"
+
+    hits = []
+    for node in sorted(ast.walk(ast.parse(path.read_text())), key=lambda n: getattr(n, "lineno", 0)):
+        read = ((isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and is_details(node.slice))
+                or (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in ("get", "pop", "setdefault") and node.args and is_details(node.args[0]))
+                or (isinstance(node, ast.Compare) and is_details(node.left)
+                    and isinstance(node.ops[0], (ast.In, ast.NotIn))))
+        if read:
+            hits.append(f"{path.relative_to(path.parents[1])}:{node.lineno}: {ast.unparse(node)}")
+    return hits
+
+
+def test_no_module_outside_core_reads_a_details_dict():
+    files = [p for p in sorted(ROOT.rglob("*.py")) if CORE not in p.parents]
+    assert [hit for p in files for hit in details_reads(p)] == []
+
+
+def test_the_details_check_finds_a_read_and_leaves_the_writes(tmp_path):
+    path = tmp_path / "pkg" / "m.py"
+    path.parent.mkdir()
+    path.write_text('a = ((run.stage_entry("build") or {}).get("details") or {}).get("skipped")\n'
+                    'b = entry["details"]["headline"]\n'
+                    'c = "details" in entry\n'
+                    'record.details.update({"skipped": {}})\n'
+                    'record.details["learning"] = {}\n'
+                    'entry["details"] = {}\n'
+                    'd = record.details.get("said")\n')
+    assert details_reads(path) == ['pkg/m.py:1: (run.stage_entry(\'build\') or {}).get(\'details\')',
+                                   "pkg/m.py:2: entry['details']", "pkg/m.py:3: 'details' in entry"]

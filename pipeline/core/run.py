@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, TypeVar
 
 # CONFIG: re-exported for callers
 from pipeline.core.status import Status
@@ -31,8 +31,11 @@ from pipeline.core.errors import (InputError, PipelineError, StageFailed, UsageE
                                   disk_full_cause, is_interrupt)
 from pipeline.core.schema import NOFOLLOW, open_confined
 
-if TYPE_CHECKING:  # annotations only
+if TYPE_CHECKING:  # annotations only; pydantic is imported where a record is read: `--help` stays light
     from pipeline.core.config_schema import Config
+    from pipeline.core.records import BuildRecord, ExportRecord, StageDetails, TrainRecord, VerifyRecord
+
+    Record = TypeVar("Record", bound=StageDetails)
 
 SCHEMA = "pipeline.manifest/1"
 
@@ -406,18 +409,50 @@ class RunDir:
     def stage_entry(self, name: str) -> dict | None:
         return self.manifest["stages"].get(name)
 
+    def recorded_artifacts(self, stage: str) -> dict[str, str]:
+        """Every artifact ``stage`` recorded, with its sha256, however the stage ended; empty when it has not run."""
+        artifacts = (self.stage_entry(stage) or {}).get("artifacts") or {}
+        return {name: info["sha256"] for name, info in artifacts.items()}
+
     def recorded_sha256(self, stage: str, name: str) -> str | None:
         """The sha256 that ``stage`` recorded for artifact ``name`` when it ended normally (ok, or skipped
         with what it did write: build writes the OpenVINO IR and skips the engines on a CPU); else None."""
         entry = self.stage_entry(stage) or {}
         if entry.get("status") not in (Status.OK, Status.SKIPPED):
             return None
-        return ((entry.get("artifacts") or {}).get(name) or {}).get("sha256")
+        return self.recorded_artifacts(stage).get(name)
+
+    def record(self, kind: type[Record]) -> Record | None:
+        """What ``kind``'s stage handed on in its details, typed (:mod:`pipeline.core.records`); None when the
+        stage has no entry or recorded no details. A damaged value is one :class:`InputError`."""
+        from pipeline.core import records
+
+        return records.from_entry(kind, self.stage_entry(kind.STAGE), str(self.path / MANIFEST))
+
+    def train_record(self) -> TrainRecord | None:
+        from pipeline.core.records import TrainRecord
+
+        return self.record(TrainRecord)
+
+    def export_record(self) -> ExportRecord | None:
+        from pipeline.core.records import ExportRecord
+
+        return self.record(ExportRecord)
+
+    def build_record(self) -> BuildRecord | None:
+        from pipeline.core.records import BuildRecord
+
+        return self.record(BuildRecord)
+
+    def verify_record(self) -> VerifyRecord | None:
+        from pipeline.core.records import VerifyRecord
+
+        return self.record(VerifyRecord)
 
     def export_skipped(self, precision: str) -> str | None:
         """Why export skipped the precision's graph, as it recorded (no ModelOpt); None when it did not."""
-        said = ((self.stage_entry("export") or {}).get("details") or {}).get(precision)
-        return said.get("skipped") if isinstance(said, dict) else None
+        export = self.export_record()
+        return export.skipped(precision) if export is not None else None
 
     def file(self, name: str) -> Path:
         """``name`` in the run directory, confined: the one check every file read or written there goes through."""

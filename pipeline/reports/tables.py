@@ -12,6 +12,7 @@ import html as _html
 import re
 from dataclasses import dataclass
 
+from pipeline.core import records
 from pipeline.core.status import Status
 from pipeline.core.manifest import STAGE_ORDER
 from pipeline.precision import plugs
@@ -76,35 +77,35 @@ def stage_section(manifest: dict) -> Section:
 
 
 def training_section(manifest: dict) -> Section | None:
-    train = manifest.get("stages", {}).get("train", {}).get("details") or {}
-    if not train:
+    train = records.from_manifest(records.TrainRecord, manifest)
+    if train is None:
         return None
-    rows = tuple(_row(h["epoch"], fmt(h["val_loss"], ".4f"), percent(h["val_acc"])) for h in train.get("history", []))
-    text = (f"Device {train.get('device')}, mixed precision {train.get('amp')} ({train.get('amp_note')}), "
-            f"{train.get('steps')} optimizer steps, {train.get('skipped_steps')} skipped, "
-            f"{fmt(train.get('images_per_s'), '.1f')} images/s.")
-    precise = train.get("precise_bn") or {}
-    if precise.get("best_epoch_val_acc_before") is not None:
-        text += (f" Precise BatchNorm statistics ({precise.get('batches')} batches): validation accuracy of the "
-                 f"exported epoch {percent(precise['best_epoch_val_acc_before'])} before, "
-                 f"{percent(precise['best_epoch_val_acc_after'])} after.")
-    learning = train.get("learning") or {}
-    paragraphs = (text, f"Learning check: {learning['line']}.") if learning.get("line") else (text,)
+    rows = tuple(_row(h.epoch, fmt(h.val_loss, ".4f"), percent(h.val_acc)) for h in train.history)
+    text = (f"Device {train.device}, mixed precision {train.amp} ({train.amp_note}), "
+            f"{train.steps} optimizer steps, {train.skipped_steps} skipped, "
+            f"{fmt(train.images_per_s, '.1f')} images/s.")
+    precise = train.precise_bn
+    if precise is not None and precise.best_epoch_val_acc_before is not None:
+        text += (f" Precise BatchNorm statistics ({precise.batches} batches): validation accuracy of the "
+                 f"exported epoch {percent(precise.best_epoch_val_acc_before)} before, "
+                 f"{percent(precise.best_epoch_val_acc_after)} after.")
+    line = train.learning.line if train.learning is not None else None
+    paragraphs = (text, f"Learning check: {line}.") if line else (text,)
     return Section("Training", paragraphs=paragraphs, tables=(Table(("epoch", "val loss", "val accuracy"), rows),))
 
 
 def float_sections(manifest: dict) -> list[Section]:
     """Each low float graph's conversion (FP16, BF16): its share of the nodes, and why a node stayed in FP32."""
-    export = manifest.get("stages", {}).get("export", {}).get("details") or {}
+    export = records.from_manifest(records.ExportRecord, manifest) or records.ExportRecord()
     sections = []
     for plug in plugs.FLOATS:
-        name, label = plug.name, plug.label
-        report = export.get(name) or {}
-        if report.get(f"{name}_fraction") is None:
+        label = plug.label
+        graph = export.graph(plug.name)
+        if graph is None or graph.fraction is None:
             continue
-        rows = tuple(_row(Cell(n["name"], code=True), n["op_type"], n["reason"]) for n in report.get("fp32_nodes", []))
-        text = (f"{report.get(f'{name}_nodes')} nodes in {label} ({percent(report[f'{name}_fraction'], '.1f')}), "
-                f"{report.get('fp32_nodes_count')} kept in FP32 by {report.get('converter')}.")
+        rows = tuple(_row(Cell(n.name, code=True), n.op_type, n.reason) for n in graph.fp32_nodes)
+        text = (f"{graph.nodes} nodes in {label} ({percent(graph.fraction, '.1f')}), "
+                f"{graph.fp32_nodes_count} kept in FP32 by {graph.converter}.")
         tables = (Table(("node kept in FP32", "op", "why"), rows),) if rows else ()
         sections.append(Section(f"{label} conversion", paragraphs=(text,), tables=tables))
     return sections
@@ -112,23 +113,22 @@ def float_sections(manifest: dict) -> list[Section]:
 
 def int8_section(manifest: dict) -> Section | None:
     """INT8 quantization: the Q/DQ count, the nodes that run INT8, FP16 and FP32, and why a compute node is not INT8."""
-    export = manifest.get("stages", {}).get("export", {}).get("details") or {}
-    int8 = export.get("int8")
-    if not int8:
+    export = records.from_manifest(records.ExportRecord, manifest) or records.ExportRecord()
+    int8 = export.graph("int8")
+    if int8 is None:
         return None
-    if int8.get("int8_fraction") is None:
-        why = int8.get("reason") or int8.get("skipped") or "-"
-        status = "disabled" if int8.get("enabled") is False else Status.SKIPPED
+    if int8.fraction is None:
+        why = int8.reason or int8.skipped or "-"
+        status = "disabled" if int8.enabled is False else Status.SKIPPED
         return Section("INT8 quantization", status=status, paragraphs=(f"No model.int8.onnx: {why}.",))
-    text = (f"{int8['qdq_pairs']} Q/DQ pairs; {int8['int8_nodes']} nodes compute on INT8 inputs "
-            f"({percent(int8['int8_fraction'], '.1f')} of the matrix ops: Conv, Gemm, MatMul), {int8['fp16_nodes']} in "
-            f"FP16, {int8['fp32_nodes_count']} in FP32; {int8.get('quantizer')}, calibration "
-            f"{int8.get('calibration_method')} on {int8.get('calibration_images')} real validation images, "
-            f"{fmt(int8.get('seconds'), '.1f')} s.")
-    counts = "Not INT8: " + ("; ".join(f"{n} {why}" for why, n in int8.get("unquantized_reasons", {}).items())
+    text = (f"{int8.qdq_pairs} Q/DQ pairs; {int8.nodes} nodes compute on INT8 inputs "
+            f"({percent(int8.fraction, '.1f')} of the matrix ops: Conv, Gemm, MatMul), {int8.fp16_nodes} in "
+            f"FP16, {int8.fp32_nodes_count} in FP32; {int8.quantizer}, calibration "
+            f"{int8.calibration_method} on {int8.calibration_images} real validation images, "
+            f"{fmt(int8.seconds, '.1f')} s.")
+    counts = "Not INT8: " + ("; ".join(f"{n} {why}" for why, n in int8.unquantized_reasons.items())
                              or "none") + "."
-    rows = tuple(_row(Cell(n["name"], code=True), n["op_type"], n["precision"], n["reason"])
-                 for n in int8.get("unquantized_nodes", []))
+    rows = tuple(_row(Cell(n.name, code=True), n.op_type, n.precision, n.reason) for n in int8.unquantized_nodes)
     tables = (Table(("matrix op not in INT8", "op", "precision", "why"), rows),) if rows else ()
     return Section("INT8 quantization", paragraphs=(text, counts), tables=tables)
 

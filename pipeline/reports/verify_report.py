@@ -514,9 +514,8 @@ def read_accuracies(run_dir: RunDir) -> dict:
     return accuracies
 
 
-def reference_words(details: dict) -> str:
+def reference_words(accuracy: float | None, learned: bool | None) -> str:
     """The reference beside the verdicts (verify's log and its summary line): "passed" means the artifacts agree with
     the FP32 model; its own accuracy, and train's learning check, say whether that model is any good."""
-    accuracy = details.get("reference_accuracy")
     words = "reference (FP32) " + ("accuracy unknown" if accuracy is None else f"val acc {100 * accuracy:.1f}%")
-    return words + (" (it did not learn)" if details.get("reference_learned") is False else "")
+    return words + (" (it did not learn)" if learned is False else "")

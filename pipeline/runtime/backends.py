@@ -230,7 +230,7 @@ def _no_ir(ctx: Context, precision: str) -> str:
     error = openvino_ir.build_error(ctx.run_dir, precision)
     if error:
         return f"no {name}: {error}"
-    if name in ((ctx.run_dir.stage_entry("build") or {}).get("artifacts") or {}):
+    if name in ctx.run_dir.recorded_artifacts("build"):
         ctx.run_dir.require(name, "build", ctx.stage)  # raises: build wrote it, and it is gone
     return f"no {name}: the build stage has not written it (run `python -m pipeline build`)"
 

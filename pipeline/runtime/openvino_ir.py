@@ -139,8 +139,9 @@ def write_all(cfg: Config, run_dir: RunDir, record: StageRecord) -> dict:
 
 def build_error(run_dir: RunDir, precision: str) -> str | None:
     """Why the build stage could not write this IR (OpenVINO could not convert its ONNX file), if it said so."""
-    details = (run_dir.stage_entry("build") or {}).get("details") or {}
-    return ((details.get("openvino") or {}).get(precision) or {}).get("error")
+    build = run_dir.build_record()
+    ir = build.openvino.get(precision) if build is not None else None
+    return ir.error if ir is not None else None
 
 
 def write(ov, source: Path, run_dir: RunDir, spec: Spec) -> dict:

@@ -64,8 +64,8 @@ def skip_reason(cfg: Config, run_dir: RunDir, engine: str) -> str:
     t = target_of(engine)
     if t.precision not in cfg.build.precisions:
         return f"build.precisions does not include {t.precision}"
-    skipped = ((run_dir.stage_entry("build") or {}).get("details") or {}).get("skipped") or {}
-    return skipped.get(t.precision, "")
+    build = run_dir.build_record()
+    return build.skipped.get(t.precision, "") if build is not None else ""
 
 
 def availability() -> tuple[bool, str]:
