@@ -83,9 +83,10 @@ class Stage:
     # more than the last one did re-runs it; a requirement is still a check, not a fingerprint input.
     checks_require: bool = False
     distributed: bool = False  # may run under torchrun (every rank calls the stage function)
-    # Input files that are also its own output under cfg (tune's fallback file): left out of its fingerprint, or
-    # each run would change the next one's; the recorded sha256 of its outputs still catches a hand edit.
-    writes: Callable[..., tuple[str, ...]] | None = None
+    # Declared input files that this cfg does not read (tune reads only the fallback files its precision inherits;
+    # its own is its output): left out of its fingerprint, or each run would change the next one's; the recorded
+    # sha256 of its outputs still catches a hand edit.
+    not_read: Callable[..., tuple[str, ...]] | None = None
 
     def function(self) -> Callable:
         return importlib.import_module(f"pipeline.{self.module}").run
@@ -171,10 +172,15 @@ def _tune_summary(entry: dict) -> str:
     return f"tuned artifact: {(records.from_entry(records.TuneRecord, entry) or records.TuneRecord()).summary}"
 
 
-def _tune_writes(cfg: Config) -> tuple[str, ...]:
-    """The fallback file tune writes, its precision's: never one of its own inputs (an FP16 tune's output is
-    ``fp16_fallback.json``; an INT8 tune reads that file, whose nodes stay in FP32 in every INT8 mix)."""
-    return (a.fallback_file(cfg.tune.precision),)
+def _tune_not_read(cfg: Config) -> tuple[str, ...]:
+    """The fallback files a tune of ``cfg.tune.precision`` does not read: its own (its output) and every other
+    precision's but those its plug inherits FP32 nodes from (an INT8 tune reads ``fp16_fallback.json``, whose
+    nodes stay in FP32 in every INT8 mix; an FP16 or BF16 tune reads none)."""
+    from pipeline.precision import plugs
+
+    plug = plugs.PLUGS.get(cfg.tune.precision)  # another name: tune itself says what it takes
+    read = plug.reads_fp32_from if plug else ()
+    return tuple(a.fallback_file(p) for p in PRECISIONS if p not in read)
 
 
 def _deploy_summary(entry: dict) -> str:
@@ -232,7 +238,7 @@ STAGES = {
     # Upstream is train, not export: export re-runs after tune to apply its choice, and a new export run id would
     # make every later `all --tune` tune again. What tune reads of export's is model.onnx, an input by content.
     "tune": Stage("tune", "tune", ("model", "data", "export", "verify", "benchmark", "tune"),
-                  (a.WEIGHTS, a.MODEL_CARD, a.FP32_ONNX, *FALLBACKS), ("train",), writes=_tune_writes,
+                  (a.WEIGHTS, a.MODEL_CARD, a.FP32_ONNX, *FALLBACKS), ("train",), not_read=_tune_not_read,
                   help="choose the fastest INT8 (or FP16) mix that passes the gate, from measured per-layer "
                        "sensitivity and measured speed; write it as the precision's fallback file",
                   options=(Option("--tune", "tune the precision mix (tune.precision) after build, so verify and "
@@ -319,12 +325,12 @@ def _gpu_name() -> str | None:
 def fingerprint(stage: Stage, cfg: Config, run: RunDir, options: dict | None = None) -> str:
     """``options``: the stage function's keyword arguments (default: from the config); compare's bundle path."""
     config = cfg.to_dict()
-    own = stage.writes(cfg) if stage.writes else ()
+    unread = stage.not_read(cfg) if stage.not_read else ()
     payload = {
         "stage": stage.name,
         "config": {key: config[key] for key in stage.config_keys},
         "inputs": {name: sha256_file(run.file(name)) if run.file(name).is_file() else None for name in stage.inputs
-                   if name not in own},
+                   if name not in unread},
         "code": code_version(cfg),
         "libraries": _libraries(),
         "hardware": _hardware(stage.name),

@@ -221,6 +221,19 @@ class FakeDeviceMemory:
         return tensor
 
 
+def _has_bf16(proto) -> bool:
+    from onnx import TensorProto
+
+    return any(i.data_type == TensorProto.BFLOAT16 for i in proto.graph.initializer) or any(
+        a.name == "to" and a.i == TensorProto.BFLOAT16 for n in proto.graph.node for a in n.attribute)
+
+
+def _bf16_emulated(proto):
+    from pipeline.precision import plugs
+
+    return plugs.BF16.faithful_model(proto)
+
+
 class FakeEngine:
     """An ``ICudaEngine`` whose serialized form is a header plus the ONNX file it "compiled"."""
 
@@ -230,8 +243,11 @@ class FakeEngine:
 
         header, model = blob[len(MAGIC):].split(b"\n", 1)
         self.fake, self.header, self.logger = fake, json.loads(header), logger
-        self.session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
         proto = onnx.load_from_string(model)
+        # ONNX Runtime's CPU provider has no BF16 kernels: a BF16 engine computes as the BF16 emulation (every BF16
+        # tensor rounded, FP32 accumulation: what a BF16 tensor core does).
+        computes = _bf16_emulated(proto) if _has_bf16(proto) else proto
+        self.session = ort.InferenceSession(computes.SerializeToString(), providers=["CPUExecutionProvider"])
         self.proto = proto
         self.layers = len(proto.graph.node)  # the kernel's virtual time: vc.LAYER_NS per layer
         # What the builder config said; an engine serialized without it has TensorRT's default.

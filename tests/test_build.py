@@ -7,6 +7,7 @@ import pytest
 from pipeline.runtime import tensorrt_engine
 from pipeline import build, config
 from pipeline.core.run import RunDir
+from pipeline.core import artifacts
 from pipeline.core.artifacts import timing_cache_name
 
 
@@ -203,7 +204,9 @@ def fake_trt(monkeypatch):
 
 
 def with_int8_onnx(run):
-    (run / tensorrt_engine.INT8_ONNX).write_bytes(b"a Q/DQ graph, not parsed by the recorder")
+    """A graph in model.int8.onnx's place (the FP32 one: build reads it for the engine's node precisions; the
+    recording builder does not parse it)."""
+    (run / tensorrt_engine.INT8_ONNX).write_bytes((run / build.FP32_ONNX).read_bytes())
     return run
 
 
@@ -216,15 +219,19 @@ def test_build_makes_one_engine_per_precision_from_its_graph(clone_run, fake_trt
 
     run = with_int8_onnx(clone_run())
     assert cli("build", "--run-dir", run, "--require", "tensorrt") == 0
-    assert fake_trt == [tensorrt_engine.FP16_ONNX, tensorrt_engine.INT8_ONNX]
+    assert fake_trt == [tensorrt_engine.FP16_ONNX, artifacts.BF16_ONNX, tensorrt_engine.INT8_ONNX]
     entry = build_entry(run)
     assert entry["status"] == "ok" and entry["details"]["skipped"] == {}
     engines = {name for name in entry["artifacts"] if not name.startswith("openvino/")}  # build writes the IR too
-    assert engines == {tensorrt_engine.FP16_ENGINE, tensorrt_engine.SIDECAR, tensorrt_engine.INT8_ENGINE, tensorrt_engine.INT8_ENGINE_SIDECAR}
+    assert engines == {tensorrt_engine.FP16_ENGINE, tensorrt_engine.SIDECAR, artifacts.BF16_ENGINE,
+                       artifacts.BF16_ENGINE_SIDECAR, tensorrt_engine.INT8_ENGINE,
+                       tensorrt_engine.INT8_ENGINE_SIDECAR}
     engines = entry["details"]["engines"]
     assert engines["int8"]["precision"].startswith("int8 (strongly typed from model.int8.onnx")
     assert engines["fp16"]["precision"].startswith("fp16 (strongly typed from model.fp16.onnx")
+    assert engines["bf16"]["precision"].startswith("bf16 (strongly typed from model.bf16.onnx")
     for precision, engine, onnx_name in (("fp16", tensorrt_engine.FP16_ENGINE, tensorrt_engine.FP16_ONNX),
+                                         ("bf16", artifacts.BF16_ENGINE, artifacts.BF16_ONNX),
                                          ("int8", tensorrt_engine.INT8_ENGINE, tensorrt_engine.INT8_ONNX)):
         data, sidecar = tensorrt_engine.load_engine_bytes(RunDir(run), platform=PLATFORM, engine=engine)
         assert data == b"engine from " + (run / onnx_name).read_bytes()[:16]
@@ -236,21 +243,30 @@ def test_build_makes_one_engine_per_precision_from_its_graph(clone_run, fake_trt
 
 @pytest.mark.parametrize("overrides, reason", [
     (["export.int8.enabled=false"], "no model.int8.onnx (export.int8.enabled is false)"),
-    (["export.int8.enabled=true"], "export wrote no model.int8.onnx; run export"),
-    (["build.precisions=[fp16]"], "build.precisions does not include int8"),
+    (["build.precisions=[fp16,bf16]"], "build.precisions does not include int8"),
 ])
 def test_a_precision_without_its_graph_is_skipped_with_its_reason(clone_run, fake_trt, overrides, reason):
     from conftest import cli
 
     run = clone_run()
-    if "build.precisions=[fp16]" in overrides:
+    if "build.precisions=[fp16,bf16]" in overrides:
         with_int8_onnx(run)
     (run / tensorrt_engine.INT8_ENGINE).write_bytes(b"an engine of an earlier build")  # stale: removed, never loaded
     assert cli("build", "--run-dir", run, "--require", "tensorrt", *overrides) == 0
     entry = build_entry(run)
     assert entry["status"] == "ok" and entry["details"]["skipped"] == {"int8": reason}
-    assert set(entry["details"]["engines"]) == {"fp16"} and fake_trt == [tensorrt_engine.FP16_ONNX]
+    assert set(entry["details"]["engines"]) == {"fp16", "bf16"}
+    assert fake_trt == [tensorrt_engine.FP16_ONNX, artifacts.BF16_ONNX]
     assert not (run / tensorrt_engine.INT8_ENGINE).exists() and not (run / tensorrt_engine.INT8_ENGINE_SIDECAR).exists()
+
+
+def test_a_graph_the_config_expects_and_export_did_not_write_is_run_export_first(clone_run, fake_trt, capsys):
+    """INT8 on in the config, and no model.int8.onnx: the same answer as for FP16, never a quiet skip."""
+    from conftest import cli
+
+    run = clone_run()
+    assert cli("build", "--run-dir", run, "--require", "tensorrt", "export.int8.enabled=true") == 2
+    assert "build needs model.int8.onnx" in capsys.readouterr().err and fake_trt == []
 
 
 def test_no_engine_to_build_is_a_skipped_stage(clone_run, fake_trt):
@@ -260,8 +276,8 @@ def test_no_engine_to_build_is_a_skipped_stage(clone_run, fake_trt):
     assert cli("build", "--run-dir", run, "build.precisions=[int8]", "export.int8.enabled=false") == 0
     entry = build_entry(run)
     assert entry["status"] == "skipped" and fake_trt == []
-    assert entry["reason"] == "no engine to build: fp16: build.precisions does not include fp16; int8: no " \
-                              "model.int8.onnx (export.int8.enabled is false)"
+    assert entry["reason"] == "no engine to build: fp16: build.precisions does not include fp16; bf16: " \
+        "build.precisions does not include bf16; int8: no model.int8.onnx (export.int8.enabled is false)"
 
 
 def test_int8_engine_has_the_same_trust_checks(clone_run, fake_trt):
@@ -311,14 +327,16 @@ def test_unavailable_tensorrt_skips_every_precision_and_removes_stale_engines(cl
 
 
 def test_fp16_graph_missing_while_fp16_export_is_on_is_run_export_first(clone_run, fake_trt, capsys):
-    """Never an FP32 engine under the FP16 name because a file went missing (only export.fp16.enabled=false)."""
+    """Never an FP32 engine under the FP16 name: a missing graph is run export first; FP16 export off, a skip."""
     from conftest import cli
 
     run = clone_run()
     (run / tensorrt_engine.FP16_ONNX).unlink()
     assert cli("build", "--run-dir", run) == 2
     assert "build needs model.fp16.onnx" in capsys.readouterr().err and fake_trt == []
+    # FP16 export off: no FP16 engine at all (an FP32 engine under the FP16 name would be timed as FP16)
     assert cli("build", "--run-dir", run, "export.fp16.enabled=false") == 0
-    assert fake_trt == [build.FP32_ONNX]
-    precision = build_entry(run)["details"]["engines"]["fp16"]["precision"]
-    assert precision.startswith("fp32 (strongly typed from model.onnx")
+    assert fake_trt == [artifacts.BF16_ONNX]
+    entry = build_entry(run)
+    assert "fp16" not in entry["details"]["engines"]
+    assert entry["details"]["skipped"]["fp16"] == "no model.fp16.onnx (export.fp16.enabled is false)"

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from pipeline.precision import plugs
 from pipeline import config as config_mod
 from pipeline.core.errors import InputError
 from pipeline.core.status import Status
@@ -71,8 +72,9 @@ def test_plan_says_why_each_cannot_run_and_a_disabled_one_is_never_asked():
 def test_runs_graph_follows_the_table():
     for b in backends.candidates():
         chk = candidates.Check(b, b.candidate, False)
-        assert candidates.runs_graph(chk, fallback.INT8_GRAPH) == b.uses_int8_model
-        assert candidates.runs_graph(chk, fallback.FP16_GRAPH) == b.uses_fp16_model
+        for plug in plugs.ORDER:
+            assert candidates.runs_graph(chk, plug) == (b.graph == plug.name)
+    assert {b.candidate for b in backends.candidates() if b.graph == "bf16"} == {"bf16_emulation", "tensorrt_bf16"}
 
 
 def test_localisation_limit_and_batch_come_from_the_candidates_own_result():

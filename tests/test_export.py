@@ -153,12 +153,12 @@ def test_a_valid_fallback_file_reads_as_before(tmp_path):
         "fp16_fallback.json": {"nodes": ["/b/Add"], "note": "kept in FP32 by verify --auto-fallback"},
         "int8_fallback.json": {"nodes": ["/c/Gemm", "/c/Gemm"], "fp32_nodes": ["/a/Conv"], "calibration_method":
                                "entropy", "note": "mine"}})
-    assert raised.out_of_int8 == ["/c/Gemm"] and raised.fp32 == ["/a/Conv", "/b/Add"]
+    assert raised.out_of_low == ["/c/Gemm"] and raised.fp32 == ["/a/Conv", "/b/Add"]
     from pipeline.core.run import RunDir
 
-    assert fallback.calibration_method(RunDir(tmp_path)) == "entropy"
-    assert _read(tmp_path, {}, graph=fallback.FP16_GRAPH).fp32 == ["/b/Add"]
-    assert fallback.read(RunDir(tmp_path / "none"), fallback.INT8_GRAPH, GRAPH) == fallback.Raised()
+    assert fallback.calibration_method(RunDir(tmp_path), plugs.INT8) == "entropy"
+    assert _read(tmp_path, {}, graph=plugs.FP16).fp32 == ["/b/Add"]
+    assert fallback.read(RunDir(tmp_path / "none"), plugs.INT8, GRAPH) == fallback.Raised()
 
 
 def test_the_calibration_methods_a_fallback_file_may_name_are_the_configs():

@@ -57,7 +57,7 @@ def test_gpu_check_on_the_virtual_device(both_engines, fake_trt, fake_trtexec, c
     report = json.loads(prefix.with_suffix(".json").read_text())
     names = statuses(report)
     assert set(names.values()) == {"passed"}, report["checks"]
-    for precision in ("fp16", "int8"):
+    for precision in ("fp16", "bf16", "int8"):
         for batch in (1, 8):
             for mode in ("no graphs, the default", "CUDA graphs"):
                 where = f"TensorRT {precision} b={batch} ({mode})"
@@ -68,7 +68,7 @@ def test_gpu_check_on_the_virtual_device(both_engines, fake_trt, fake_trtexec, c
         assert json.loads((tmp_path / "out" / f"gpu_check.inspector.{precision}.json").read_text())["Layers"]
     assert report["tensorrt"]["int8"]["inspector"]["precisions"].get("int8", 0) > 0
     calls = fake_trtexec()
-    assert sum("--noCudaGraph" in c for c in calls) == len(calls) // 2 == 4
+    assert sum("--noCudaGraph" in c for c in calls) == len(calls) // 2 == 6  # 3 precisions x batch 1, 8
 
     real_timer = runners.QueuedAheadTimer.__call__
 
@@ -94,7 +94,7 @@ def test_gpu_check_on_the_virtual_device(both_engines, fake_trt, fake_trtexec, c
     assert check.main([str(both_engines), "--out", str(prefix)]) == 1
     report = json.loads(prefix.with_suffix(".json").read_text())
     failed = {n for n, s in statuses(report).items() if s == "failed"}
-    assert failed == {f"TensorRT {p}: inspector reads every matrix layer" for p in ("fp16", "int8")}
+    assert failed == {f"TensorRT {p}: inspector reads every matrix layer" for p in ("fp16", "bf16", "int8")}
     assert all(c["detail"] == "not run: trtexec is not on PATH" for c in report["checks"]
                if c["status"] == "skipped")
     monkeypatch.setattr(check, "inspector_section", _unreadable.original)

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 import jsonschema
+from types import SimpleNamespace
+
 import numpy as np
 import onnx
 import pytest
@@ -53,8 +55,11 @@ def _numpy_qdq_matmul(x, x_scale, x_zero, w_q, w_scale) -> np.ndarray:
     return (acc.astype(np.float64) * x_scale * w_scale).astype(np.float32)
 
 
+FAST = SimpleNamespace(verify=SimpleNamespace(emulation="fast"))  # what the faithful runners read of the config
+
+
 def _exact(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
-    ctx = Context(cfg=None, run_dir=None, stage="verify", spec={}, under_test={"int8": model})
+    ctx = Context(cfg=FAST, run_dir=None, stage="verify", spec={}, under_test={"int8": model})
     runner = backends.by_name("int8_exact").make(ctx)  # the table entry's own runner
     with runner:
         return runner.infer({"x": x})["y"]
@@ -115,7 +120,7 @@ def test_onnxrt_int8_cpu_computes_the_graph_with_fp16_biases():
     loses the whole bias); onnxrt_int8_cpu leaves that pass out and matches the exact Q/DQ execution."""
     model = _qdq_conv_fp16_bias(5.0)
     feed = {"x": np.random.default_rng(1).normal(0, 2, (1, 4, 6, 6)).astype(np.float32)}
-    ctx = Context(cfg=None, run_dir=None, stage="verify", spec={}, under_test={"int8": model}, isolate=False)
+    ctx = Context(cfg=FAST, run_dir=None, stage="verify", spec={}, under_test={"int8": model}, isolate=False)
     with runners.faithful_runner(plugs.INT8, model) as exact:
         expected = exact.infer(feed)["y"]
     with backends.by_name("onnxrt_int8_cpu").make(ctx) as runner:
@@ -154,7 +159,7 @@ def test_int8_exact_is_the_graph_as_written_where_fused_kernels_differ():
     model = _qdq_conv_half_bias()
     feed = {"x": (np.arange(16, dtype=np.float32) - 8).reshape(1, 4, 2, 2)}
     expected = ReferenceEvaluator(model).run(None, feed)[0]
-    ctx = Context(cfg=None, run_dir=None, stage="verify", spec={}, under_test={"int8": model}, isolate=False)
+    ctx = Context(cfg=FAST, run_dir=None, stage="verify", spec={}, under_test={"int8": model}, isolate=False)
     with backends.by_name("int8_exact").make(ctx) as runner:
         np.testing.assert_array_equal(runner.infer(feed)["y"], expected)
     from pipeline.runtime.runners import onnxrt_runner
@@ -271,10 +276,10 @@ def test_int8_disabled_leaves_only_disabled(clone_run):
     assert _export_int8(run) == {"enabled": False, "reason": "export.int8.enabled is false"}
     for name in ("int8_exact", "onnxrt_int8_cpu"):
         assert _status(run)[name]["status"] == "skipped"
-        assert _status(run)[name]["reason"] == backends.NO_INT8
+        assert _status(run)[name]["reason"] == backends.disabled("int8")
     bench = json.loads((run / "benchmark.json").read_text())
     assert not [r for r in bench["results"] if "int8" in r["backend"]]
-    assert bench["skipped"] == [{"backend": "onnxrt_int8_cpu", "reason": backends.NO_INT8}]
+    assert bench["skipped"] == [{"backend": "onnxrt_int8_cpu", "reason": backends.disabled("int8")}]
     assert cli("report", "--run-dir", run) == 0
     report_md = (run / "report.md").read_text().split("## Configuration")[0]  # the config lists every key
     for text in ((run / "verify.md").read_text(), (run / "benchmark.md").read_text(), report_md):

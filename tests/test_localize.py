@@ -6,6 +6,7 @@ without building anything (what TensorRT would compute is not checked).
 
 import numpy as np
 
+from pipeline.precision import plugs
 from pipeline.evaluation import candidates
 from pipeline import config
 from pipeline.precision import fallback
@@ -69,7 +70,7 @@ def test_verify_passes_the_build_config_and_cache_to_tensorrt_localisation(tmp_p
                        result={"tolerance": {"criterion": "scaled", "max_scaled_error": 0.05, "atol": 1e-3,
                                              "rtol": 1e-3}})
     evidence = candidates.Evidence([{"input": np.zeros((1, 3, 8, 8), np.float32)}], [], np.zeros(1), "logits")
-    result = candidates.localize_candidate(cfg, fallback.FP16_GRAPH, None, None, evidence, chk, run)
+    result = candidates.localize_candidate(cfg, plugs.FP16, None, None, evidence, chk, run)
     assert result["candidate"] == "tensorrt_fp16"
     assert seen["build_cfg"] == cfg.build
     assert seen["timing_cache"] == tmp_path / "runs" / "trt_timing.11.4.0.H200.sm90.cache"

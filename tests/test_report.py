@@ -111,13 +111,13 @@ def test_verify_rows_render_the_same_numbers_in_markdown_and_html():
     assert md.startswith("### Precision gate: FAILED\n")
     assert "| fp16_emulation | fp16 | failed | 0.5 | 0.25 | 97.00% | 80.00% (81.00%) |" in md
     assert "| tensorrt_fp16 | fp16 | skipped (required): no GPU / here |" in md  # a '|' cannot break the table
-    assert "#### Localisation" in md and "First node over tolerance: `/Sub` (Sub)." in md
-    assert "#### Automatic FP32 fallback: PASSED" in md and "moved to FP32: `/Sub`, `/Add`" in md
+    assert "#### FP16 localisation (fp16_emulation)" in md and "First node over tolerance: `/Sub` (Sub)." in md
+    assert "#### Automatic FP16 fallback: PASSED" in md and "moved to FP32: `/Sub`, `/Add`" in md
     assert "100.0% -> 80.0%" in md
     page = "".join(tables.html(s) for s in sections)
     assert "Model m&lt;x&gt;." in page and "<x>" not in page  # every text is escaped
     assert '<td><span class="failed">failed</span></td><td>0.5</td><td>0.25</td><td>97.00%</td>' in page
-    assert "<h3>Automatic FP32 fallback: <span class=\"passed\">passed</span></h3>" in page
+    assert "<h3>Automatic FP16 fallback: <span class=\"passed\">passed</span></h3>" in page
 
 
 def browser():

@@ -190,12 +190,14 @@ def test_tunes_own_fallback_file_is_not_its_input_and_export_rerunning_does_not_
     and tune's fingerprint held export's run id; an FP16 tune's own fp16_fallback.json was also one of its inputs."""
     run = RunDir(tmp_path)
     tune = stages.STAGES["tune"]
-    int8, fp16 = tiny_cfg(), tiny_cfg("tune.precision=fp16")
-    before = {cfg.tune.precision: stages.fingerprint(tune, cfg, run) for cfg in (int8, fp16)}
+    int8, fp16, bf16 = tiny_cfg(), tiny_cfg("tune.precision=fp16"), tiny_cfg("tune.precision=bf16")
+    before = {cfg.tune.precision: stages.fingerprint(tune, cfg, run) for cfg in (int8, fp16, bf16)}
     run.manifest["stages"]["export"] = {"status": "ok", "run_id": "export ran again after tune"}
     (tmp_path / artifacts.FP16_FALLBACK).write_text('{"nodes": ["/a/Add"]}')  # what an FP16 tune writes
     (tmp_path / artifacts.INT8_FALLBACK).write_text('{"nodes": ["/a/Conv"]}')  # what an INT8 tune writes
-    assert stages.fingerprint(tune, fp16, run) == before["fp16"]
+    (tmp_path / artifacts.BF16_FALLBACK).write_text('{"nodes": ["/a/Mul"]}')  # what a BF16 tune writes
+    assert stages.fingerprint(tune, fp16, run) == before["fp16"]  # a float tune reads no other fallback file
+    assert stages.fingerprint(tune, bf16, run) == before["bf16"]
     assert stages.fingerprint(tune, int8, run) != before["int8"]  # the FP16 fallback's nodes stay FP32 in INT8 mixes
     (tmp_path / artifacts.FP16_FALLBACK).unlink()
     assert stages.fingerprint(tune, int8, run) == before["int8"]

@@ -52,7 +52,8 @@ def test_fake_calls_build_runs_polygraphy_s_loaders_strongly_typed_without_preci
     profile equal to build.min/opt/max batch, no precision flag (TF32 only when build.tf32), the optimization
     level, and the timing cache loaded and saved."""
     run = clone_run()
-    sidecar = built(run, fake_trt, "build.min_batch=2", "build.opt_batch=4", "build.optimization_level=2")
+    sidecar = built(run, fake_trt, "build.min_batch=2", "build.opt_batch=4", "build.optimization_level=2",
+                    "build.precisions=[fp16]")
     calls = [c[0] for c in fake_trt.calls]
     assert calls.index("create_network") < calls.index("parse_from_file") < calls.index("build_serialized_network")
     (flags,) = [c[1] for c in fake_trt.calls if c[0] == "create_network"]
@@ -75,7 +76,7 @@ def test_fake_calls_build_runs_polygraphy_s_loaders_strongly_typed_without_preci
     log = (run / "logs" / "build.tensorrt.fp16.log").read_text()  # TensorRT's INFO lines, through Polygraphy's logger
     assert "Parsing of ONNX model" in log and "Total Activation Memory" in log
     fake_trt.calls.clear()
-    built(run, fake_trt, "build.tf32=true")  # the second build loads the saved cache, and TF32 is asked for
+    built(run, fake_trt, "build.tf32=true", "build.precisions=[fp16]")  # the second build loads the saved cache, and TF32 is asked for
     assert ("set_flag", "TF32") in fake_trt.calls
     assert not fake_trt.configs[-1].flags & fake_tensorrt.PRECISION_FLAGS
     assert any(c[0] == "create_timing_cache" and c[1] > 0 for c in fake_trt.calls)

@@ -140,7 +140,7 @@ def test_fp16_tune_keeps_more_nodes_in_fp16_than_greedy_fallback_and_round_trips
     assert cli("report", "--run-dir", run) == 0
     assert "Precision tuning (tune, FP16)" in (run / "report.md").read_text()
     assert cli("tune", "--run-dir", run, "--precision", "fp32") == 2
-    assert "tune --precision fp32: choose one of int8, fp16" in capsys.readouterr().err
+    assert "tune --precision fp32: choose one of fp16, bf16, int8" in capsys.readouterr().err
 
 
 def test_speed_gate_fails_and_names_the_layers_when_int8_cannot_be_faster(trained, tmp_path, capsys):

@@ -14,6 +14,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
+from pipeline.precision import plugs
 from pipeline.precision import sensitivity
 from pipeline.precision.sensitivity import Candidate
 
@@ -334,9 +335,12 @@ def test_low_layers_are_the_units_of_each_precision_in_graph_order():
     fp32.graph.node.append(helper.make_node("Add", ["r", "r"], ["a"], name="add"))
     precisions = {"mm1": ("MatMul", "int8"), "mm2": ("MatMul", "fp16"), "relu": ("Relu", "int8"),
                   "add": ("Add", "int8")}
-    assert sensitivity.low_layers(fp32, precisions, "int8") == ["mm1"]
+    assert sensitivity.low_layers(fp32, precisions, plugs.INT8) == ["mm1"]
     fp16 = {"mm1": ("MatMul", "fp16"), "mm2": ("MatMul", "fp32"), "relu": ("Relu", "fp16"), "add": ("Add", "fp16")}
-    assert sensitivity.low_layers(fp32, fp16, "fp16") == ["mm1", "add"]  # Relu rounds nothing
+    assert sensitivity.low_layers(fp32, fp16, plugs.FP16) == ["mm1", "add"]  # Relu rounds nothing
+    bf16 = {name: (op, "bf16" if p == "fp16" else p) for name, (op, p) in fp16.items()}
+    assert sensitivity.low_layers(fp32, bf16, plugs.BF16) == ["mm1", "add"]  # the same units in another float type
+    assert sensitivity.low_layers(fp32, bf16, plugs.FP16) == []
 
 
 def test_summary_keeps_the_numbers_tune_shows():
@@ -429,7 +433,7 @@ def test_unquantize_with_a_scale_from_a_node_and_a_weight_from_nowhere():
 
 def test_low_layers_skip_nodes_the_precision_map_does_not_name():
     _, fp32, _, _ = qdq_chain()
-    assert sensitivity.low_layers(fp32, {"mm2": ("MatMul", "int8")}, "int8") == ["mm2"]
+    assert sensitivity.low_layers(fp32, {"mm2": ("MatMul", "int8")}, plugs.INT8) == ["mm2"]
 
 
 # --------------------------------------------------------------------------- moved from test_tune.py

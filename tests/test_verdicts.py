@@ -16,6 +16,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from pipeline.core.verdicts import JUDGED
+
 from conftest import ROOT, TINY, cli
 from pipeline import config as config_mod
 from pipeline.core.run import RunDir, sha256_file
@@ -85,7 +87,7 @@ def test_verify_json_records_what_each_verdict_judged(tiny_run):
     payload = verify_report(tiny_run)
     assert payload["reference"]["weights_sha256"] == sha256_file(tiny_run / "model.safetensors")
     for c in payload["candidates"]:
-        if c["status"] in ("passed", "failed"):
+        if c["status"] in JUDGED:  # a verdict (inconclusive too) names the file it judged
             assert c["artifact_sha256"] == artifact_sha256(RunDir(tiny_run, create=False), c["artifact"]), c["name"]
             if not c["artifact"].endswith(".xml"):  # an OpenVINO IR's digest covers its .xml and .bin
                 assert c["artifact_sha256"] == sha256_file(tiny_run / c["artifact"]), c["name"]
@@ -250,7 +252,7 @@ def _claim_current_weights(run) -> None:
     from pipeline.core import provenance
 
     weights = hashlib.sha256((run / "model.safetensors").read_bytes()).hexdigest()
-    for name in ("model.onnx", "model.fp16.onnx", "model.int8.onnx"):
+    for name in ("model.onnx", "model.fp16.onnx", "model.bf16.onnx", "model.int8.onnx"):
         if (run / name).exists():
             provenance.stamp_file(run / name, weights)
 

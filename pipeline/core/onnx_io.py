@@ -168,5 +168,5 @@ def mark_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
     """Those of ``names`` that a node of ``model`` produces become its graph outputs (the rest are not in it)."""
     from polygraphy.backend.onnx import ModifyOutputs
 
-    produced = {out for node in model.graph.node for out in node.output}
+    produced = {out for node in model.graph.node if node.op_type != "Constant" for out in node.output}
     return ModifyOutputs(model, outputs=[n for n in dict.fromkeys(names) if n in produced], copy=True)()

@@ -95,7 +95,7 @@ def localize_faithful(plug, fp32_model: onnx.ModelProto, model: onnx.ModelProto,
     ref = _marked_outputs(fp32_model, feed, "fp32-layers")
     # Only the FP32 graph's tensors are compared; the rounding casts' own outputs (bfloat16: no NumPy type in ONNX
     # Runtime) are not asked for.
-    produced = [out for node in fp32_model.graph.node for out in node.output if out]
+    produced = [out for node in fp32_model.graph.node if node.op_type != "Constant" for out in node.output if out]
     marked = onnx_io.mark_outputs(plug.faithful_model(model), produced)
     cand = collect(onnxrt_runner(marked.SerializeToString(), name=f"{plug.faithful}-layers",
                                  optimize=plug.faithful_optimized), [feed])[0]
