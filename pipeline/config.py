@@ -18,7 +18,8 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, Field, ValidationError, create_model, field_validator
 
 from pipeline.core.config_schema import (  # noqa: F401  (re-exported: callers use pipeline.config.<name>)
-    MAX_CHILD_WAIT_S, MAX_CONFIG_BYTES, MAX_ITERATIONS, MAX_TIMING_S, MAX_TRIALS, MAX_YAML_DEPTH, SEED_LIMIT,
+    FLOAT32_TINY, MAX_CHILD_WAIT_S, MAX_CONFIG_BYTES, MAX_ITERATIONS, MAX_TIMING_S, MAX_TRIALS, MAX_YAML_DEPTH,
+    SEED_LIMIT,
     BenchmarkConfig, BF16Config, BF16Gate, BuildConfig, CandidateConfig, CompareConfig, Config, Criterion,
     DataConfig, DeployConfig, ErrorStat, ExportConfig, FP16Config, FP16Gate, FP32Gate, INT8Config, INT8Gate,
     IsolateConfig, ModelConfig, PreciseBNConfig, Section, Tolerance, TrainConfig, TuneConfig, VerifyConfig, _Dumper,

@@ -960,7 +960,7 @@ valid_pairs = st.lists(st.sampled_from(sorted(VALID)).flatmap(lambda k: st.tuple
 def _resolved(cfg: config.Config, key: str):
     node = cfg
     for part in key.split("."):
-        node = getattr(node, part)
+        node = node[part] if isinstance(node, dict) else getattr(node, part)  # verify.candidates: by name
     return node
 
 

@@ -411,6 +411,6 @@ def test_verify_reports_the_replacement_and_runs_no_other_stage(trained, tmp_pat
     stages.run_stage("verify", cfg, rd, auto_fallback=True)
     after = json.loads((run / "manifest.json").read_text())["stages"]
     assert after["export"]["run_id"] != before["export"]["run_id"]
-    assert after["verify"]["details"]["fallback"]["passed"] is True
+    assert after["verify"]["details"]["fallbacks"]["fp16"]["passed"] is True
     for name in ("export", "build", "verify"):
         assert stages.up_to_date(stages.STAGES[name], cfg, rd)[0], name
