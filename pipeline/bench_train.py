@@ -7,12 +7,11 @@ This is a benchmark (a command that measures and reports), not a test.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import copy
 import logging
 import math
 import time
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn

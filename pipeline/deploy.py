@@ -15,8 +15,6 @@ section). docs/deploy.md explains the layout, the version table and what runs wh
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import contextlib
 import hashlib
 import json
@@ -26,6 +24,7 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from pydantic import Field

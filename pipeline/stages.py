@@ -13,8 +13,6 @@ artifact hashes, everything downstream of it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import contextlib
 import contextvars
 import functools
@@ -26,15 +24,15 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from pipeline.core.status import Status
 from pipeline.core import artifacts as a
-from pipeline.core import records
-from pipeline.core import env
-from pipeline.core.manifest import STAGE_ORDER
-from pipeline.precision import PRECISIONS
+from pipeline.core import env, records
 from pipeline.core.errors import BackendUnavailable, InputError, UsageError
+from pipeline.core.manifest import STAGE_ORDER
 from pipeline.core.run import RunDir, atomic_write, sha256_file
+from pipeline.core.status import Status
+from pipeline.precision import PRECISIONS
 
 if TYPE_CHECKING:  # annotations only
     from pipeline.core.config_schema import Config

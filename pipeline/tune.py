@@ -26,13 +26,12 @@ Over a trained and exported run (docs/verify.md, "Tuning the precision mix"), fo
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import logging
 import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import onnx
 

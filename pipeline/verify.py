@@ -21,29 +21,26 @@ runs another stage: when the fallback replaces ``model.fp16.onnx`` or ``model.in
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import logging
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 
-
-from pipeline.core.status import Status
 from pipeline.core import modeling, onnx_io, provenance, verdicts
+from pipeline.core.artifacts import FP32_ONNX, WEIGHTS
+from pipeline.core.errors import BackendUnavailable, CheckFailed, Inconclusive, StageFailed
+from pipeline.core.records import Learning
+from pipeline.core.run import RunDir, StageRecord, sha256_file
+from pipeline.core.status import Status
+from pipeline.core.verdicts import Outcome, Verdict
+from pipeline.evaluation import batching, candidates, predictions
+from pipeline.evaluation.candidates import Check, Evidence
 from pipeline.precision import fallback, plugs
 from pipeline.precision.plugs import Precision
-from pipeline.runtime import backends
-from pipeline.core.artifacts import FP32_ONNX, WEIGHTS
 from pipeline.reports import verify_report
+from pipeline.runtime import backends
 from pipeline.runtime.backends import Context
-from pipeline.core.errors import BackendUnavailable, CheckFailed, Inconclusive, StageFailed
-from pipeline.core.run import RunDir, StageRecord, sha256_file
-
-from pipeline.evaluation import batching, candidates, predictions
-from pipeline.core.records import Learning
-from pipeline.core.verdicts import Outcome, Verdict
-from pipeline.evaluation.candidates import Check, Evidence
 
 if TYPE_CHECKING:  # annotations only
     from pipeline.core.config_schema import Config

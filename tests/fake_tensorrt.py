@@ -67,9 +67,9 @@ import json
 import types
 import weakref
 
-import fake_inspector
 import numpy as np
 
+import fake_inspector
 import virtual_cuda as vc
 
 MAGIC = b"FAKE-TRT-FP16_ENGINE\n"

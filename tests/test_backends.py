@@ -9,11 +9,11 @@ import pytest
 from polygraphy import config as polygraphy_config
 
 from conftest import TINY
-from pipeline.evaluation import candidates
 from pipeline import config, stages
-from pipeline.runtime import backends, tensorrt_engine
 from pipeline.core.errors import CheckFailed
 from pipeline.core.run import RunDir, sha256_file
+from pipeline.evaluation import candidates
+from pipeline.runtime import backends, tensorrt_engine
 from pipeline.runtime.runners import OrtRunner, ReferenceRunner, TorchRunner
 
 
@@ -210,8 +210,8 @@ def test_tensorrt_int8_runner_loads_its_own_checked_engine(tmp_path, monkeypatch
     import hashlib
 
     from pipeline.core import env
-    from pipeline.runtime import runners
     from pipeline.core.errors import InputError
+    from pipeline.runtime import runners
 
     platform = {"tensorrt": "11.4.0", "gpu": "NVIDIA H200", "compute_capability": "9.0"}
     monkeypatch.setattr(tensorrt_engine, "current_platform", lambda: dict(platform))

@@ -4,11 +4,11 @@ import json
 
 import pytest
 
-from pipeline.runtime import tensorrt_engine
 from pipeline import build, config
-from pipeline.core.run import RunDir
 from pipeline.core import artifacts
 from pipeline.core.artifacts import timing_cache_name
+from pipeline.core.run import RunDir
+from pipeline.runtime import tensorrt_engine
 
 
 def pieces_for(tmp_path, **build_overrides):
@@ -281,8 +281,8 @@ def test_no_engine_to_build_is_a_skipped_stage(clone_run, fake_trt):
 
 
 def test_int8_engine_has_the_same_trust_checks(clone_run, fake_trt):
-    from pipeline.core.errors import InputError
     from conftest import cli
+    from pipeline.core.errors import InputError
 
     run = with_int8_onnx(clone_run())
     assert cli("build", "--run-dir", run) == 0

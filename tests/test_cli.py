@@ -5,8 +5,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, TINY, cli, run_cli
 
+from conftest import ROOT, TINY, cli, run_cli
 from pipeline.runtime import tensorrt_engine
 from pipeline.stages import ORDER
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import run_cli
 from PIL import Image
 
+from conftest import run_cli
 from pipeline import config
 from pipeline.core import data as data_mod
 from pipeline.core.errors import DataError

@@ -8,7 +8,7 @@ import pytest
 
 from pipeline.core import onnx_io
 from pipeline.core.errors import InputError
-from pipeline.precision import plugs, fallback, fp16
+from pipeline.precision import fallback, fp16, plugs
 from pipeline.runtime.runners import collect, onnxrt_runner
 
 

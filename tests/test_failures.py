@@ -23,11 +23,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, TINY, cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.runtime import tensorrt_engine
+from conftest import ROOT, TINY, cli
 from pipeline import config
 from pipeline.core import onnx_io
 from pipeline.core.errors import (
@@ -39,6 +38,7 @@ from pipeline.core.errors import (
     ConfigError,
     InputError,
 )
+from pipeline.runtime import tensorrt_engine
 
 # --------------------------------------------------------------------------- helpers
 
@@ -304,8 +304,8 @@ def test_corrupt_weights(capsys, clone_run, command, damage):
 
 
 def test_weights_of_another_model(capsys, clone_run):
-    from safetensors.torch import save_file
     import torch
+    from safetensors.torch import save_file
 
     run = clone_run()
     save_file({"fc.weight": torch.zeros(2, 2)}, str(run / "model.safetensors"))
@@ -365,8 +365,8 @@ def test_onnx_of_another_image_size(capsys, clone_run):
 
     from pipeline import config as config_mod
     from pipeline.core import modeling
-    from pipeline.export import export_onnx
     from pipeline.core.run import RunDir
+    from pipeline.export import export_onnx
 
     run = clone_run()
     cfg = config_mod.resolve(config_mod.load_yaml_file(run / "config.yaml"))
@@ -995,7 +995,6 @@ def test_ctrl_c_inside_a_librarys_callback_ends_all_with_130_and_interrupted(cap
     """SIGINT through the command line's own handler, raised in the Python callback OpenVINO's frontend calls while
     it converts a model: OpenVINO hands back RuntimeError("... KeyboardInterrupt ..."). Was exit 4 and "failed"."""
     import interrupted_library
-
     from pipeline import train
 
     monkeypatch.setattr(train, "run", interrupted_library.stage)

@@ -5,7 +5,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline.precision import plugs, fp16
+from pipeline.precision import fp16, plugs
 from pipeline.runtime import runners
 from pipeline.runtime.runners import collect, onnxrt_runner
 

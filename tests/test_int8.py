@@ -4,10 +4,9 @@ leaves no INT8 trace but "disabled"."""
 
 import json
 from pathlib import Path
-
-import jsonschema
 from types import SimpleNamespace
 
+import jsonschema
 import numpy as np
 import onnx
 import pytest
@@ -15,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from conftest import FAULTS, ROOT, TINY, cli, copy_run, trained_and_exported
 from pipeline.core import env
-from pipeline.precision import plugs, int8
+from pipeline.precision import int8, plugs
 from pipeline.runtime import backends, runners
 from pipeline.runtime.backends import Context
 

@@ -6,13 +6,11 @@ without building anything (what TensorRT would compute is not checked).
 
 import numpy as np
 
-from pipeline.precision import plugs
-from pipeline.evaluation import candidates
 from pipeline import config
-from pipeline.precision import fallback
-from pipeline.runtime import localize
-from pipeline.runtime import backends, tensorrt_engine
 from pipeline.core.run import RunDir
+from pipeline.evaluation import candidates
+from pipeline.precision import fallback, plugs
+from pipeline.runtime import backends, localize, tensorrt_engine
 
 OVERRIDES = ["build.tf32=true", "build.optimization_level=5", "build.min_batch=2", "build.opt_batch=4",
              "build.max_batch=16", "verify.batch_size=4"]

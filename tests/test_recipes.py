@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import TINY, cli
 
+from conftest import TINY, cli
 from pipeline import stages
 from pipeline.core import artifacts
 from pipeline.core.registry import models

@@ -14,14 +14,14 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import cli
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline.runtime import tensorrt_engine
+from conftest import cli
 from pipeline import config, stages
 from pipeline.core import artifacts, onnx_io
 from pipeline.core.errors import EXIT_USAGE, InputError, UsageError
 from pipeline.core.run import RunDir, atomic_path, atomic_write, open_append
+from pipeline.runtime import tensorrt_engine
 
 # --------------------------------------------------------------------------- reads: external data of every tensor
 

@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, cli
 
+from conftest import ROOT, cli
 from pipeline.runtime import triton_serve
 
 pytestmark = [pytest.mark.serve, pytest.mark.slow,

@@ -8,8 +8,8 @@ import sys
 import types
 
 import pytest
-from conftest import TINY, cli, run_cli
 
+from conftest import TINY, cli, run_cli
 from pipeline import config, stages
 from pipeline.core import artifacts
 from pipeline.core.errors import UsageError

@@ -15,8 +15,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, TINY
 
+from conftest import ROOT, TINY
 from pipeline.core import telemetry
 
 GUARD = ROOT / "tests" / "netguard"

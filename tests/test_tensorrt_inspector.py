@@ -10,13 +10,13 @@ examples/pytorch/resnet/A100/qat/resnet-qat.onnx.engine.graph.json (a NoOp copy)
 
 from __future__ import annotations
 
-import fake_inspector
-import fake_tensorrt
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+import fake_inspector
+import fake_tensorrt
 from pipeline.core import env
 from pipeline.runtime import tensorrt_inspector as inspector
 from pipeline.runtime import tensorrt_speed

@@ -14,8 +14,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline.precision import plugs
-from pipeline.precision import sensitivity
+from pipeline.precision import plugs, sensitivity
 from pipeline.precision.sensitivity import Candidate
 
 FAST = settings(max_examples=120, deadline=None)

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from conftest import FAULTS, ROOT, TINY, cli
-from pipeline.evaluation import candidates
-from pipeline.runtime import tensorrt_engine
 from pipeline import config, verify
 from pipeline.core import artifacts
+from pipeline.evaluation import candidates
+from pipeline.runtime import tensorrt_engine
 
 SCHEMA = json.loads((ROOT / "docs" / "verify.schema.json").read_text())
 

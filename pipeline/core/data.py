@@ -22,8 +22,9 @@ from torch.utils.data import Dataset
 from pipeline.core.errors import DataError
 
 if TYPE_CHECKING:
-    from pipeline.core.config_schema import Config, DataConfig
     import numpy as np
+
+    from pipeline.core.config_schema import Config, DataConfig
 
 log = logging.getLogger("pipeline")
 

@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING, Annotated, Callable, Literal, Protocol
 import onnx
 from pydantic import Field, StringConstraints
 
-from pipeline.precision import CALIBRATION_METHODS
 from pipeline.core import schema
 from pipeline.core.artifacts import fallback_file
 from pipeline.core.errors import InputError
 from pipeline.core.run import RunDir, write_json
+from pipeline.precision import CALIBRATION_METHODS
 
 if TYPE_CHECKING:  # annotations only
     from pipeline.core.config_schema import Config

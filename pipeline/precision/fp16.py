@@ -18,14 +18,13 @@ alternatives run here:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import contextlib
 import logging
 import math
 import re
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx

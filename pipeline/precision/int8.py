@@ -19,21 +19,20 @@ ONNX graph (implicit calibration is gone in 11), so every INT8 decision lives in
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import contextlib
 import io
 import logging
 import re
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 
-from pipeline.precision import fp16
 from pipeline.core.errors import StageFailed
 from pipeline.core.run import signals_held
+from pipeline.precision import fp16
 
 if TYPE_CHECKING:  # annotations only
     from pipeline.core.config_schema import INT8Config

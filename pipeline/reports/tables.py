@@ -13,8 +13,8 @@ import re
 from dataclasses import dataclass
 
 from pipeline.core import records
-from pipeline.core.status import Status
 from pipeline.core.manifest import STAGE_ORDER
+from pipeline.core.status import Status
 from pipeline.precision import plugs
 from pipeline.runtime import trtexec
 

@@ -27,9 +27,10 @@ from pipeline.core.errors import InputError
 from pipeline.core.run import RunDir, sha256_file
 
 if TYPE_CHECKING:  # only for the annotations: this module imports nothing heavy
-    from pipeline.core.config_schema import Config
     import onnx
     import torch
+
+    from pipeline.core.config_schema import Config
 
 log = logging.getLogger("pipeline")
 

@@ -15,8 +15,6 @@ comparison is skipped with that reason. ``benchmark.benchmark_app_s: 0`` turns i
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import json
 import logging
 import shutil
@@ -24,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.core.artifacts import xml_name
 from pipeline.core.run import RunDir

@@ -8,10 +8,9 @@ built with every tensor marked (which can change fusions; Polygraphy's own accur
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import logging
 from collections import OrderedDict
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx

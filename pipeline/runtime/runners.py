@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import onnx
-from pipeline.core.errors import first_line
 from polygraphy.backend.base import BaseRunner
 from polygraphy.backend.onnxrt import OnnxrtRunner
 from polygraphy.backend.trt import TrtRunner  # imports TensorRT lazily, on activation
@@ -39,6 +38,8 @@ from polygraphy.common import TensorMetadata
 # Polygraphy forwards TensorRT's own ERROR and INTERNAL_ERROR messages (and the ONNX parser's errors) there,
 # and a failure without them says only "Invalid Engine" (pipeline.build also keeps the whole log).
 from polygraphy.logger import G_LOGGER
+
+from pipeline.core.errors import first_line
 
 G_LOGGER.module_severity = G_LOGGER.ERROR
 

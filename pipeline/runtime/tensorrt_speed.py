@@ -17,8 +17,9 @@ from pipeline.core.errors import StageFailed, UsageError
 from pipeline.precision.int8 import MATRIX_OPS
 
 if TYPE_CHECKING:  # type-checked against tensorrt-stubs (tests/test_typecheck.py); never imported at run time
-    from pipeline.core.config_schema import BuildConfig
     import tensorrt as trt
+
+    from pipeline.core.config_schema import BuildConfig
 
 log = logging.getLogger("pipeline")
 GPU_COMPUTE = "GPU compute"  # the label of TensorrtRunner's device-side timer (runners.QueuedAheadTimer)

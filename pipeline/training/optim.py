@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import logging
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+
 from pipeline.training.distributed import Dist, all_reduce_sum
 
 if TYPE_CHECKING:  # annotations only
