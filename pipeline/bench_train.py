@@ -51,7 +51,7 @@ def _train(model, batches, cfg: Config, device, dtype, warmup: int) -> dict:
     criterion = nn.CrossEntropyLoss()
     losses, times = [], []
     model.train()
-    for i, (x, y) in enumerate(batches):
+    for _i, (x, y) in enumerate(batches):
         x, y = x.to(device), y.to(device)
         if cfg.train.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)

@@ -300,7 +300,8 @@ def origins(base: dict | None = None, config_file: str | None = None, overrides:
     current = _flat(TableConfig().to_dict(), leaves)
     found: dict[str, str] = {}
     for name, layer in ((f"{model}'s recipe", recipe_layer(model)), ("the run directory's config.yaml", base),
-                        (f"--config {config_file}", from_file), ("--model / key=value", apply_overrides({}, overrides))):
+                        (f"--config {config_file}", from_file),
+                        ("--model / key=value", apply_overrides({}, overrides))):
         for key, value in _flat(layer, leaves).items():
             if name.startswith("the run directory") and current.get(key) == value:
                 continue

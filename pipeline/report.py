@@ -27,8 +27,8 @@ PLOTS = [
     (artifacts.LATENCY_PLOT, "Latency distribution"),
     (artifacts.THROUGHPUT_PLOT, "Throughput versus batch size"),
     *((plot, f"{caption} ({precision.upper()} tune)") for precision in artifacts.TUNE_PRECISIONS
-      for plot, caption in zip(artifacts.tune_files(precision)[2:], ("Per-layer sensitivity",
-                                                                       "Accuracy versus latency of the tuned mixes"))),
+      for plot, caption in zip(artifacts.tune_files(precision)[2:],
+                               ("Per-layer sensitivity", "Accuracy versus latency of the tuned mixes"), strict=True)),
 ]
 
 STYLE = """

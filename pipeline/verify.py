@@ -97,7 +97,8 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, auto_fallback: boo
         next(c for c in checks if c.name == "onnxrt_fp32").result["hint"] = verify_report.EXPORT_BROKEN_HINT
         log.warning(verify_report.EXPORT_BROKEN_LOG)
     for chk in (c for c in checks if c.name == "openvino_bf16" and c.status == Status.FAILED):
-        chk.result["hint"] = verify_report.OPENVINO_BF16_NO_FALLBACK  # the FP32 fallback cannot reach an OpenVINO kernel
+        # the FP32 fallback cannot reach an OpenVINO kernel
+        chk.result["hint"] = verify_report.OPENVINO_BF16_NO_FALLBACK
     gated = {} if export_broken else {
         plug.name: _precision_gate(plug, cfg, run_dir, card, ctx, fp32_model, evidence, checks, hashes,
                                    auto_fallback=auto_fallback)
@@ -165,7 +166,8 @@ def _refuse_broken_reference(cfg: Config, card, run_dir: RunDir, record: StageRe
     fault is the training's, not the export's. The reports say so; the gate fails (exit 1)."""
     reason = verify_report.reference_nonfinite_reason(nonfinite, len(evidence.labels))
     for chk in checks:
-        chk.result = {"status": Status.SKIPPED, "reason": reason, "tolerance": candidates.gate_for(cfg, chk.name, chk.precision)}
+        chk.result = {"status": Status.SKIPPED, "reason": reason,
+                      "tolerance": candidates.gate_for(cfg, chk.name, chk.precision)}
         verify_report.log_check(chk)
     payload = verify_report.build_payload(cfg, card, checks, {}, Verdict(passed=False), len(evidence.labels),
                                           cfg.verify.batch_size, hashes=hashes, reference_nonfinite=nonfinite)
@@ -239,5 +241,5 @@ def _commit(plug: Precision, checks: list[Check], rechecked: list[Check]) -> Non
         if chk.name in by_name:
             chk.result = {**by_name[chk.name].result, "after_fallback": True}
         elif candidates.runs_graph(chk, plug) and chk.status != Status.SKIPPED:
-            chk.result = {"status": Status.SKIPPED, "reason": verify_report.stale_artifact(plug), "after_fallback": True,
-                          "tolerance": chk.result.get("tolerance")}
+            chk.result = {"status": Status.SKIPPED, "reason": verify_report.stale_artifact(plug),
+                          "after_fallback": True, "tolerance": chk.result.get("tolerance")}

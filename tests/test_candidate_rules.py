@@ -13,7 +13,7 @@ from pipeline import config as config_mod
 from pipeline.core.errors import InputError
 from pipeline.core.status import Status
 from pipeline.evaluation import candidates
-from pipeline.precision import fallback, plugs
+from pipeline.precision import plugs
 from pipeline.runtime import backends
 
 

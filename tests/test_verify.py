@@ -359,7 +359,8 @@ def fake_tensorrt(monkeypatch):
     monkeypatch.setattr(build, "run", lambda cfg, run_dir, record: record.skip("no TensorRT in this test"))
     # Only the FP16 engine exists in these tests: the INT8 engine is skipped as build records it when export wrote
     # no model.int8.onnx.
-    monkeypatch.setattr(tensorrt_engine, "skip_reason", lambda cfg, run_dir, engine: "" if engine == tensorrt_engine.FP16_ENGINE
+    monkeypatch.setattr(tensorrt_engine, "skip_reason",
+                        lambda cfg, run_dir, engine: "" if engine == tensorrt_engine.FP16_ENGINE
                         else "no INT8 engine in this test")
     monkeypatch.setattr("pipeline.runtime.backends.Backend.isolated", False)  # the fakes live in this process
 

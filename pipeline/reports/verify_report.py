@@ -314,7 +314,7 @@ def build_payload(cfg: Config, card, candidates, gated: dict, verdict, samples: 
             for c in candidates
         ],
         **{key: section for name in plugs.PLUGS
-           for key, section in zip(section_keys(name), gated.get(name) or (None, None))},
+           for key, section in zip(section_keys(name), gated.get(name) or (None, None), strict=True)},
         "environment": {k: v for k, v in env.collect().items() if k in ("cpu", "gpu", "torch", "onnxruntime",
                                                                           "polygraphy", "modelopt", "tensorrt",
                                                                           "openvino")},

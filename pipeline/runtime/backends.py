@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import KW_ONLY, dataclass, field
-from functools import cached_property
 from typing import TYPE_CHECKING, Callable
 
 from pipeline.core import env

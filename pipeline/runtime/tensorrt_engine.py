@@ -213,7 +213,8 @@ def check_sidecar(engine_path: Path, engine_bytes: bytes, sidecar_path: Path, pl
     return sidecar
 
 
-def load_engine_bytes(run_dir: RunDir, platform: dict | None = None, *, engine: str = FP16_ENGINE) -> tuple[bytes, dict]:
+def load_engine_bytes(run_dir: RunDir, platform: dict | None = None, *,
+                      engine: str = FP16_ENGINE) -> tuple[bytes, dict]:
     """The bytes of ``engine`` (``model.fp16.engine`` or ``model.int8.engine``), after :func:`check_sidecar`
     passed on exactly those bytes and :func:`check_recorded` found them in the manifest.
 

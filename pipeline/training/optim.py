@@ -52,7 +52,7 @@ def snapshot_buffers(model: nn.Module) -> list[torch.Tensor]:
 
 def restore_buffers(model: nn.Module, saved: list[torch.Tensor]) -> None:
     with torch.no_grad():
-        for buffer, value in zip(model.buffers(), saved):
+        for buffer, value in zip(model.buffers(), saved, strict=False):
             buffer.copy_(value)
 
 
