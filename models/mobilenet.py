@@ -121,8 +121,8 @@ class MobileNetV3(nn.Module):
 
 
 # Measured on the embedded data set at 32x32 (docs/models-and-data.md): lr 0.1 reaches 89-95 % (seeds 0-2) where 0.05
-# reaches 82-88 % and 0.2 84 %. BatchNorm keeps torchvision's momentum 0.01: precise statistics (train.precise_bn) make up for its lag,
-# and at 32x32 the last feature maps are 1x1, the smallest that makes sense.
+# reaches 82-88 % and 0.2 84 %. BatchNorm keeps torchvision's momentum 0.01: precise statistics (train.precise_bn)
+# make up for its lag, and at 32x32 the last feature maps are 1x1, the smallest that makes sense.
 @register_model(recipe=Recipe(
     optimizer="sgd", lr=0.1, momentum=0.9, weight_decay=5e-4, warmup_epochs=0.5, epochs=4, bn_momentum=None,
     min_image_size=32))

@@ -7,12 +7,11 @@ This is a benchmark (a command that measures and reports), not a test.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import copy
 import logging
 import math
 import time
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -52,7 +51,7 @@ def _train(model, batches, cfg: Config, device, dtype, warmup: int) -> dict:
     criterion = nn.CrossEntropyLoss()
     losses, times = [], []
     model.train()
-    for i, (x, y) in enumerate(batches):
+    for _i, (x, y) in enumerate(batches):
         x, y = x.to(device), y.to(device)
         if cfg.train.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)

@@ -17,24 +17,23 @@ each is timed through its runner's timing hook (``timers(feed)``, see :mod:`pipe
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import logging
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from pipeline.core import artifacts, data, env, modeling
+from pipeline.core.errors import BackendUnavailable, InputError, UsageError
+from pipeline.core.run import RunDir, StageRecord, atomic_path, atomic_write, now, write_json
 from pipeline.core.status import Status
 from pipeline.core.verdicts import InconclusivePolicy, counts_as_passed
-from pipeline.core import artifacts, data, env, modeling
 from pipeline.reports import verify_report
 from pipeline.runtime import backends, benchmark_app, isolate, trtexec
-from pipeline.runtime.timing import summarize
 from pipeline.runtime.backends import Backend, Context
-from pipeline.core.errors import BackendUnavailable, InputError, UsageError
 from pipeline.runtime.isolate import Crashed
-from pipeline.core.run import RunDir, StageRecord, atomic_path, atomic_write, now, write_json
 from pipeline.runtime.runners import THROUGHPUT_LABEL, Method, measure, one_line  # noqa: F401  (measure: the timing loop)
+from pipeline.runtime.timing import summarize
 
 if TYPE_CHECKING:  # annotations only
     from pipeline.core.config_schema import Config

@@ -19,20 +19,17 @@ whose sha256 the build stage did not record in the manifest.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import logging
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline import __version__
-from pipeline.runtime import openvino_ir
-from pipeline.runtime import tensorrt_engine
-from pipeline.runtime.tensorrt_engine import Target
-from pipeline.core.artifacts import (FP32_ONNX, MODEL_CARD, build_log)
+from pipeline.core.artifacts import FP32_ONNX, MODEL_CARD, build_log
 from pipeline.core.errors import BackendUnavailable, InputError, StageFailed
-from pipeline.core.run import (RunDir, StageRecord, atomic_write, now, read_json, sha256_file,
-                          write_json)
+from pipeline.core.run import RunDir, StageRecord, atomic_write, now, read_json, sha256_file, write_json
+from pipeline.runtime import openvino_ir, tensorrt_engine
+from pipeline.runtime.tensorrt_engine import Target
 
 if TYPE_CHECKING:  # annotations only
     from pipeline.core.config_schema import Config

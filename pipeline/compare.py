@@ -14,10 +14,9 @@ summary, and a section in report.html.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 

@@ -18,12 +18,47 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, Field, ValidationError, create_model, field_validator
 
 from pipeline.core.config_schema import (  # noqa: F401  (re-exported: callers use pipeline.config.<name>)
-    FLOAT32_TINY, MAX_CHILD_WAIT_S, MAX_CONFIG_BYTES, MAX_ITERATIONS, MAX_TIMING_S, MAX_TRIALS, MAX_YAML_DEPTH,
+    FLOAT32_TINY,
+    MAX_CHILD_WAIT_S,
+    MAX_CONFIG_BYTES,
+    MAX_ITERATIONS,
+    MAX_TIMING_S,
+    MAX_TRIALS,
+    MAX_YAML_DEPTH,
     SEED_LIMIT,
-    BenchmarkConfig, BF16Config, BF16Gate, BuildConfig, CandidateConfig, CompareConfig, Config, Criterion,
-    DataConfig, DeployConfig, ErrorStat, ExportConfig, FP16Config, FP16Gate, FP32Gate, INT8Config, INT8Gate,
-    IsolateConfig, ModelConfig, PreciseBNConfig, Section, Tolerance, TrainConfig, TuneConfig, VerifyConfig, _Dumper,
-    _Loader, apply_overrides, deep_merge, dump_yaml, load_yaml_file, parse_override, parse_yaml,
+    BenchmarkConfig,
+    BF16Config,
+    BF16Gate,
+    BuildConfig,
+    CandidateConfig,
+    CompareConfig,
+    Config,
+    Criterion,
+    DataConfig,
+    DeployConfig,
+    ErrorStat,
+    ExportConfig,
+    FP16Config,
+    FP16Gate,
+    FP32Gate,
+    INT8Config,
+    INT8Gate,
+    IsolateConfig,
+    ModelConfig,
+    PreciseBNConfig,
+    Section,
+    Tolerance,
+    TrainConfig,
+    TuneConfig,
+    VerifyConfig,
+    _Dumper,
+    _Loader,
+    apply_overrides,
+    deep_merge,
+    dump_yaml,
+    load_yaml_file,
+    parse_override,
+    parse_yaml,
 )
 from pipeline.core.errors import ConfigError
 from pipeline.runtime import backends as backend_table
@@ -266,7 +301,8 @@ def origins(base: dict | None = None, config_file: str | None = None, overrides:
     current = _flat(TableConfig().to_dict(), leaves)
     found: dict[str, str] = {}
     for name, layer in ((f"{model}'s recipe", recipe_layer(model)), ("the run directory's config.yaml", base),
-                        (f"--config {config_file}", from_file), ("--model / key=value", apply_overrides({}, overrides))):
+                        (f"--config {config_file}", from_file),
+                        ("--model / key=value", apply_overrides({}, overrides))):
         for key, value in _flat(layer, leaves).items():
             if name.startswith("the run directory") and current.get(key) == value:
                 continue

@@ -15,8 +15,6 @@ section). docs/deploy.md explains the layout, the version table and what runs wh
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import contextlib
 import hashlib
 import json
@@ -26,6 +24,7 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from pydantic import Field
@@ -106,7 +105,8 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, target: str | None
     models = write_repository(cfg, run_dir, chosen, curves, repository)
     payload = {"schema": SCHEMA, "created": now(), "target": "triton", "repository": str(repository),
                "models": [_model_entry(m, p) for m, p in models],
-               "refused": [{"candidate": p.name, "verdict": p.verdict, "reason": p.refused} for p in plans if p.refused],
+               "refused": [{"candidate": p.name, "verdict": p.verdict, "reason": p.refused}
+                           for p in plans if p.refused],
                "compatibility": {"tensorrt": tensorrt, "releases": deployment.describe_releases(tensorrt),
                                  "target_release": cfg.deploy.triton_release, "source": deployment.RELEASES_SOURCE}}
     if serve:
@@ -174,7 +174,8 @@ def _check_verify_finished(run_dir: RunDir) -> None:
     verdict was reached, and a failed one is refused here); not one edited or left by a verify that broke off."""
     path = run_dir.require(a.VERIFY_JSON, "verify", "deploy")
     entry = run_dir.stage_entry("verify") or {}
-    finished = entry.get("status") == Status.OK or (entry.get("status") == Status.FAILED and entry.get("exit_code") == 1)
+    finished = entry.get("status") == Status.OK or (entry.get("status") == Status.FAILED
+                                                    and entry.get("exit_code") == 1)
     recorded = run_dir.recorded_artifacts("verify").get(a.VERIFY_JSON)
     if not finished or recorded != sha256_file(path):
         raise InputError(f"{a.VERIFY_JSON} is not the report of a verify that finished here (its sha256 differs from "
@@ -266,7 +267,8 @@ def _write_model(cfg: Config, run_dir: RunDir, p: Planned, curves: dict, folder:
     files, signature = _artifact_files(run_dir, p)
     bound = _binding(p, files)
     if bound != p.sha256:
-        raise InputError(f"{p.backend.artifact} changed while deploy read it (its sha256 is not the one verify judged); "
+        raise InputError(f"{p.backend.artifact} changed while deploy read it "
+                         "(its sha256 is not the one verify judged); "
                          "re-run verify, then deploy")
     model = _model(cfg, p, signature, curves.get(p.backend.name, []))
     version = folder / a.TRITON_VERSION

@@ -94,7 +94,8 @@ def driver_problem(facts: dict) -> str | None:
 
 
 def find_libcudart() -> str | None:
-    """The CUDA runtime library, as :func:`pipeline.core.env.find_libcudart` finds it for Polygraphy's TensorRT runner."""
+    """The CUDA runtime library, as :func:`pipeline.core.env.find_libcudart` finds it for Polygraphy's TensorRT
+    runner."""
     return env.find_libcudart()
 
 
@@ -126,7 +127,8 @@ def provider_loads(provider: str) -> tuple[bool, str]:
     finally:
         ort.set_default_logger_severity(2)  # ONNX Runtime's default: warnings
     if session.get_providers()[0] != provider:
-        return False, f"{provider} is listed but does not load (missing CUDA libraries?); the session fell back to the CPU"
+        return False, (f"{provider} is listed but does not load (missing CUDA libraries?); "
+                       "the session fell back to the CPU")
     return True, ""
 
 
@@ -272,7 +274,8 @@ def lines(facts: dict) -> list[str]:
         + (f"; CPU plugin capabilities {' '.join(facts.get('openvino_capabilities') or []) or 'unknown'}"
            if facts["openvino"] else ""),
         *cpu_precision_lines(facts),
-        f"threads      torch {facts['threads']['torch']}, OMP_NUM_THREADS={facts['threads']['OMP_NUM_THREADS'] or 'unset'}",
+        f"threads      torch {facts['threads']['torch']}, "
+        f"OMP_NUM_THREADS={facts['threads']['OMP_NUM_THREADS'] or 'unset'}",
         f"cpu          {cpu['model']}, {cpu['cores']} cores; {' '.join(cpu['isa']) or 'no AVX2'}"
         + (f" (simulated by {env.CPU_FLAGS_ENV})" if cpu.get("simulated") is not None else ""),
         "pycuda       not needed (Polygraphy brings its own CUDA wrapper; TensorRT's samples use cuda-python)",

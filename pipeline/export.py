@@ -11,21 +11,20 @@ the first images of the same set. Each through its plug (:mod:`pipeline.precisio
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import logging
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import onnx
 import torch
 
 from pipeline.core import modeling, onnx_io, provenance
-from pipeline.precision import fallback, int8, plugs
 from pipeline.core.artifacts import CALIBRATION, FP32_ONNX, WEIGHTS
 from pipeline.core.data import validation_batch
 from pipeline.core.errors import StageFailed, first_line
 from pipeline.core.run import RunDir, StageRecord, atomic_path, sha256_file
+from pipeline.precision import fallback, int8, plugs
 
 if TYPE_CHECKING:  # annotations only
     from pipeline.core.config_schema import Config

@@ -6,18 +6,17 @@ network access and can be attached to a ticket or a CI artefact on its own.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import base64
 import html
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
 from pipeline.core import artifacts
-from pipeline.reports import tables
 from pipeline.core.errors import InputError
 from pipeline.core.run import CONFIG, RunDir, atomic_write, now, open_confined, read_json
+from pipeline.reports import tables
 
 if TYPE_CHECKING:  # annotations only
     from pipeline.core.config_schema import Config
@@ -28,8 +27,8 @@ PLOTS = [
     (artifacts.LATENCY_PLOT, "Latency distribution"),
     (artifacts.THROUGHPUT_PLOT, "Throughput versus batch size"),
     *((plot, f"{caption} ({precision.upper()} tune)") for precision in artifacts.TUNE_PRECISIONS
-      for plot, caption in zip(artifacts.tune_files(precision)[2:], ("Per-layer sensitivity",
-                                                                       "Accuracy versus latency of the tuned mixes"))),
+      for plot, caption in zip(artifacts.tune_files(precision)[2:],
+                               ("Per-layer sensitivity", "Accuracy versus latency of the tuned mixes"), strict=True)),
 ]
 
 STYLE = """

@@ -6,14 +6,12 @@ environment); :func:`run_all` from Python is exactly ``python -m pipeline all``.
 
 ``all`` calls exactly the same stage functions as the subcommands. With nothing changed, a
 stage whose fingerprint (its config sections, a summary of the data's files where it reads data,
-the sha256 of its input artifacts, the code and library versions, and the relevant hardware) matches the manifest, and whose recorded
-outputs still hash the same, is skipped; a change re-runs that stage and, through the new
+the sha256 of its input artifacts, the code and library versions, and the relevant hardware) matches the manifest,
+and whose recorded outputs still hash the same, is skipped; a change re-runs that stage and, through the new
 artifact hashes, everything downstream of it.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import contextlib
 import contextvars
@@ -26,15 +24,15 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from pipeline.core.status import Status
 from pipeline.core import artifacts as a
-from pipeline.core import records
-from pipeline.core import env
-from pipeline.core.manifest import STAGE_ORDER
-from pipeline.precision import PRECISIONS
+from pipeline.core import env, records
 from pipeline.core.errors import BackendUnavailable, InputError, UsageError
+from pipeline.core.manifest import STAGE_ORDER
 from pipeline.core.run import RunDir, atomic_write, sha256_file
+from pipeline.core.status import Status
+from pipeline.precision import PRECISIONS
 
 if TYPE_CHECKING:  # annotations only
     from pipeline.core.config_schema import Config
@@ -154,7 +152,8 @@ def _verify_summary(entry: dict) -> str:
     verify = records.from_entry(records.VerifyRecord, entry) or records.VerifyRecord()
     rows = ", ".join(f"{c}: {s}" for c, s in verify.candidates.items())
     undecided = verify.undecided
-    why = f" ({', '.join(undecided)}: inconclusive, passed only because the bound could not decide)" if undecided else ""
+    why = (f" ({', '.join(undecided)}: inconclusive, passed only because the bound could not decide)"
+           if undecided else "")
     deployable = verify.deployable
     line = rows if deployable is None else f"{rows}; deployable: {', '.join(deployable) or 'none'}{why}"
     if not verify.judged_reference:
@@ -209,7 +208,8 @@ PROFILE = "record a torch.profiler trace (Chrome-trace JSON) of a few steps"
 STAGES = {
     "train": Stage("train", "train", ("model", "data", "train"), (), (),
                    help="train the model with mixed precision (CPU, GPU, or torchrun)",
-                   options=(Option("--resume", f"continue from the run's {a.CHECKPOINT}"), Option("--profile", PROFILE)),
+                   options=(Option("--resume", f"continue from the run's {a.CHECKPOINT}"),
+                            Option("--profile", PROFILE)),
                    summary=_train_summary, distributed=True),
     "export": Stage("export", "export", ("model", "data", "export"),
                     (a.WEIGHTS, a.MODEL_CARD, *FALLBACKS), ("train",),
@@ -219,7 +219,8 @@ STAGES = {
                    help="build strongly typed TensorRT engines, FP16 and INT8 (skipped without GPU/TensorRT), and "
                         "OpenVINO IR",
                    precheck="check_required"),
-    # verify reads build.min/opt/max_batch too: it checks every batch size the artifacts serve (pipeline/evaluation/batching.py)
+    # verify reads build.min/opt/max_batch too: it checks every batch size the artifacts serve
+    # (pipeline/evaluation/batching.py)
     "verify": Stage("verify", "verify", ("model", "data", "build", "verify"),
                     (a.WEIGHTS, a.MODEL_CARD, a.FP32_ONNX, *GRAPHS, *ENGINES),
                     ("train", "export", "build"),
@@ -259,7 +260,8 @@ STAGES = {
                                      config="compare.baseline", metavar="PATH"),),
                      summary=_compare_summary),
     # A handoff, not a step of `all`: a Triton model repository outside the run directory (docs/deploy.md).
-    "deploy": Stage("deploy", "deploy", ("model", "data", "build", "verify", "deploy"), (a.VERIFY_JSON, a.BENCHMARK_JSON), ("verify", "benchmark"),
+    "deploy": Stage("deploy", "deploy", ("model", "data", "build", "verify", "deploy"),
+                    (a.VERIFY_JSON, a.BENCHMARK_JSON), ("verify", "benchmark"),
                     help="write a Triton model repository of every artifact that passed the gate (--serve: serve one "
                          "with a local Triton and check it end to end)",
                     options=(Option("--target", "the serving system (default deploy.target)", config="deploy.target",

@@ -12,8 +12,6 @@ uninterrupted one.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import contextlib
 import json
 import logging
@@ -21,6 +19,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -30,16 +29,30 @@ from torch.utils.data import DataLoader, DistributedSampler
 from pipeline.core import data as data_mod
 from pipeline.core import modeling
 from pipeline.core.artifacts import BEST_CHECKPOINT, CHECKPOINT, CURVE, METRICS, TENSORBOARD, TRACE
-from pipeline.core.registry import models
 from pipeline.core.errors import CheckFailed, InputError, StageFailed, UsageError, check_interrupt, first_line
+from pipeline.core.registry import models
 from pipeline.core.run import RunDir, StageRecord, atomic_path
+from pipeline.training import batchnorm, learning
 from pipeline.training.checkpoint import CHECKPOINT_FORMAT, load_checkpoint, save_checkpoint
 from pipeline.training.device import AMP_NAMES, resolve_amp, resolve_device
-from pipeline.training import batchnorm, learning
-from pipeline.training.distributed import (Dist, all_reduce_sum, average_buffers, broadcast_buffers, init_distributed,
-                                           replica_checksums, unwrap)
+from pipeline.training.distributed import (
+    Dist,
+    all_reduce_sum,
+    average_buffers,
+    broadcast_buffers,
+    init_distributed,
+    replica_checksums,
+    unwrap,
+)
 from pipeline.training.metrics import MetricsLog, evaluate, plot_curves, predict
-from pipeline.training.optim import StepResult, lr_lambda, make_optimizer, optimizer_step, restore_buffers, snapshot_buffers
+from pipeline.training.optim import (
+    StepResult,
+    lr_lambda,
+    make_optimizer,
+    optimizer_step,
+    restore_buffers,
+    snapshot_buffers,
+)
 from pipeline.training.profiler import StepProfiler
 from pipeline.training.rng import EpochBatches, batch_generator, rng_state, seed_everything, set_rng_state
 

@@ -26,13 +26,12 @@ Over a trained and exported run (docs/verify.md, "Tuning the precision mix"), fo
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import logging
 import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import onnx
 
@@ -142,7 +141,7 @@ def timing_method(cfg: Config):
 def _first_images(evidence, n: int) -> tuple[list[dict], list[dict]]:
     """The feeds and reference outputs that hold the first ``n`` verify images."""
     feeds, refs, taken = [], [], 0
-    for feed, ref in zip(evidence.feeds, evidence.reference):
+    for feed, ref in zip(evidence.feeds, evidence.reference, strict=False):
         size = len(next(iter(feed.values())))
         keep = min(size, n - taken)
         if keep <= 0:

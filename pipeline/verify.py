@@ -21,29 +21,26 @@ runs another stage: when the fallback replaces ``model.fp16.onnx`` or ``model.in
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import logging
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 
-
-from pipeline.core.status import Status
 from pipeline.core import modeling, onnx_io, provenance, verdicts
+from pipeline.core.artifacts import FP32_ONNX, WEIGHTS
+from pipeline.core.errors import BackendUnavailable, CheckFailed, Inconclusive, StageFailed
+from pipeline.core.records import Learning
+from pipeline.core.run import RunDir, StageRecord, sha256_file
+from pipeline.core.status import Status
+from pipeline.core.verdicts import Outcome, Verdict
+from pipeline.evaluation import batching, candidates, predictions
+from pipeline.evaluation.candidates import Check, Evidence
 from pipeline.precision import fallback, plugs
 from pipeline.precision.plugs import Precision
-from pipeline.runtime import backends
-from pipeline.core.artifacts import FP32_ONNX, WEIGHTS
 from pipeline.reports import verify_report
+from pipeline.runtime import backends
 from pipeline.runtime.backends import Context
-from pipeline.core.errors import BackendUnavailable, CheckFailed, Inconclusive, StageFailed
-from pipeline.core.run import RunDir, StageRecord, sha256_file
-
-from pipeline.evaluation import batching, candidates, predictions
-from pipeline.core.records import Learning
-from pipeline.core.verdicts import Outcome, Verdict
-from pipeline.evaluation.candidates import Check, Evidence
 
 if TYPE_CHECKING:  # annotations only
     from pipeline.core.config_schema import Config
@@ -100,7 +97,8 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, auto_fallback: boo
         next(c for c in checks if c.name == "onnxrt_fp32").result["hint"] = verify_report.EXPORT_BROKEN_HINT
         log.warning(verify_report.EXPORT_BROKEN_LOG)
     for chk in (c for c in checks if c.name == "openvino_bf16" and c.status == Status.FAILED):
-        chk.result["hint"] = verify_report.OPENVINO_BF16_NO_FALLBACK  # the FP32 fallback cannot reach an OpenVINO kernel
+        # the FP32 fallback cannot reach an OpenVINO kernel
+        chk.result["hint"] = verify_report.OPENVINO_BF16_NO_FALLBACK
     gated = {} if export_broken else {
         plug.name: _precision_gate(plug, cfg, run_dir, card, ctx, fp32_model, evidence, checks, hashes,
                                    auto_fallback=auto_fallback)
@@ -168,7 +166,8 @@ def _refuse_broken_reference(cfg: Config, card, run_dir: RunDir, record: StageRe
     fault is the training's, not the export's. The reports say so; the gate fails (exit 1)."""
     reason = verify_report.reference_nonfinite_reason(nonfinite, len(evidence.labels))
     for chk in checks:
-        chk.result = {"status": Status.SKIPPED, "reason": reason, "tolerance": candidates.gate_for(cfg, chk.name, chk.precision)}
+        chk.result = {"status": Status.SKIPPED, "reason": reason,
+                      "tolerance": candidates.gate_for(cfg, chk.name, chk.precision)}
         verify_report.log_check(chk)
     payload = verify_report.build_payload(cfg, card, checks, {}, Verdict(passed=False), len(evidence.labels),
                                           cfg.verify.batch_size, hashes=hashes, reference_nonfinite=nonfinite)
@@ -242,5 +241,5 @@ def _commit(plug: Precision, checks: list[Check], rechecked: list[Check]) -> Non
         if chk.name in by_name:
             chk.result = {**by_name[chk.name].result, "after_fallback": True}
         elif candidates.runs_graph(chk, plug) and chk.status != Status.SKIPPED:
-            chk.result = {"status": Status.SKIPPED, "reason": verify_report.stale_artifact(plug), "after_fallback": True,
-                          "tolerance": chk.result.get("tolerance")}
+            chk.result = {"status": Status.SKIPPED, "reason": verify_report.stale_artifact(plug),
+                          "after_fallback": True, "tolerance": chk.result.get("tolerance")}

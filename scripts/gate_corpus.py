@@ -70,7 +70,7 @@ def write_folders(out: Path) -> None:
     for name, loader in DATASETS.items():
         images, labels = loader()
         root = out / "data" / name
-        for i, (img, label) in enumerate(zip(images, labels)):
+        for i, (img, label) in enumerate(zip(images, labels, strict=True)):
             folder = root / f"class_{int(label)}"
             folder.mkdir(parents=True, exist_ok=True)
             Image.fromarray(img).convert("RGB").save(folder / f"{i:05d}.png")
@@ -139,7 +139,8 @@ def verify_built(out: Path, rounds: int) -> None:
                 continue
             code = _stage("verify", run_dir, args)
             if code == 2:  # a graph from before this version's provenance stamp: export and build again
-                code = _stage("export", run_dir, args) or _stage("build", run_dir, args) or _stage("verify", run_dir, args)
+                code = (_stage("export", run_dir, args) or _stage("build", run_dir, args)
+                        or _stage("verify", run_dir, args))
             print(f"{name} verify: exit {code}", flush=True)
         if not pending:
             return

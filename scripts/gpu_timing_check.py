@@ -308,7 +308,8 @@ def build_log_section(run_dir: Path) -> dict:
         if path.is_file():
             lines = path.read_text(errors="replace").splitlines()
             found[precision] = {"log": str(path), "lines": len(lines),
-                                "tf32_lines": [x for x in lines if "TF32" in x or "tf32" in x][:20], "tail": lines[-20:]}
+                                "tf32_lines": [x for x in lines if "TF32" in x or "tf32" in x][:20],
+                                "tail": lines[-20:]}
     return found or {"note": f"not run: no TensorRT build log in {run_dir} (no TensorRT build in this run)"}
 
 

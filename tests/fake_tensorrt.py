@@ -67,9 +67,9 @@ import json
 import types
 import weakref
 
-import fake_inspector
 import numpy as np
 
+import fake_inspector
 import virtual_cuda as vc
 
 MAGIC = b"FAKE-TRT-FP16_ENGINE\n"
@@ -183,8 +183,9 @@ def _virtual_tensor_class():
 
 
 class FakeDeviceMemory:
-    """``pipeline.runtime.runners.DEVICE_MEMORY`` on the virtual device: "device" tensors are CPU tensors tracked by weak
-    reference (their ``copy_`` is a virtual copy), "pinned" ones are CPU tensors the device knows are page-locked."""
+    """``pipeline.runtime.runners.DEVICE_MEMORY`` on the virtual device: "device" tensors are CPU tensors tracked by
+    weak reference (their ``copy_`` is a virtual copy), "pinned" ones are CPU tensors the device knows are
+    page-locked."""
 
     device = "cpu"
 
@@ -333,7 +334,7 @@ class FakeContext:
         mode, dims, _ = self.engine.io.get(name, (None, (), None))
         p = self.engine.header["profile"]
         in_profile = mode == TensorIOMode.INPUT and len(shape) == len(dims) and all(
-            lo <= d <= hi for d, lo, hi in zip(shape, p["min"], p["max"]))
+            lo <= d <= hi for d, lo, hi in zip(shape, p["min"], p["max"], strict=False))
         if not in_profile or shape[0] in self.fake.fail.get("set_input_shape", ()):
             return False
         self.shapes[name] = shape
@@ -440,7 +441,7 @@ class FakeContext:
                 return None
             inputs.append((name, self.addresses[name][0], shape, np_dtype, nbytes))
         outputs = []
-        for name, (mode, dims, (_, np_dtype)) in self.engine.io.items():
+        for name, (mode, _dims, (_, np_dtype)) in self.engine.io.items():
             if mode != TensorIOMode.OUTPUT:
                 continue
             shape = self._shape(name)
@@ -460,7 +461,7 @@ class FakeContext:
                                         dt).reshape(shape) for name, ptr, shape, dt, n in inputs}
 
         def write(feeds):
-            for (ptr, np_dtype, nbytes), value in zip(outputs, self.engine.session.run(None, feeds)):
+            for (ptr, np_dtype, nbytes), value in zip(outputs, self.engine.session.run(None, feeds), strict=False):
                 value = np.ascontiguousarray(value.astype(np_dtype))
                 if self.fake.block_at(ptr):
                     ctypes.memmove(ptr, value.ctypes.data, min(nbytes, value.nbytes))
@@ -581,7 +582,8 @@ class EngineInspector:
         return []
 
     def _shapes_known(self) -> bool:
-        dynamic = [name for name, (mode, dims, _) in self.engine.io.items() if mode == TensorIOMode.INPUT and -1 in dims]
+        dynamic = [name for name, (mode, dims, _) in self.engine.io.items()
+                   if mode == TensorIOMode.INPUT and -1 in dims]
         context = self.execution_context
         return all(name in (context.shapes if context is not None else {}) for name in dynamic)
 
@@ -709,7 +711,7 @@ class FakeOptimizationProfile:
 
     def __bool__(self) -> bool:
         return bool(self.shapes) and all(len(lo) == len(mid) == len(hi) and all(a <= b <= c for a, b, c in
-                                         zip(lo, mid, hi)) for lo, mid, hi in self.shapes.values())
+                                         zip(lo, mid, hi, strict=True)) for lo, mid, hi in self.shapes.values())
 
 
 class FakeTimingCache:
@@ -796,7 +798,8 @@ class Builder:
         FAKE[0].record("build_serialized_network")
         error = self._check(network, config)
         if error:
-            self.logger.log(Severity.ERROR, f"IBuilder::buildSerializedNetwork: Error Code 4: API Usage Error ({error})")
+            self.logger.log(Severity.ERROR,
+                            f"IBuilder::buildSerializedNetwork: Error Code 4: API Usage Error ({error})")
             return None
         (inp,) = network.inputs
         lo, mid, hi = config.profiles[0].shapes[inp.name]
@@ -904,7 +907,6 @@ def install(monkeypatch, *, gpu_name: str = "Fake GPU (tests/fake_tensorrt.py)",
     memory and torch's CUDA stream/event/graph calls, and a GPU for :mod:`pipeline.core.env`."""
     import sys
 
-    import torch
     from polygraphy import cuda as pcuda
 
     from pipeline.core import env

@@ -87,6 +87,7 @@ def main(argv):
 def virtual_kernel_ms(engine: str) -> float:
     """What the virtual CUDA device of the tests gives the fake engine's kernels (tests/virtual_cuda.py)."""
     import onnx
+
     import virtual_cuda
 
     with open(engine, "rb") as f:

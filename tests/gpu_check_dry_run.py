@@ -46,7 +46,6 @@ def floor_s(method) -> float:
 
 def main(work: Path) -> dict:
     from conftest import cli
-
     from pipeline.runtime import runners, trtexec
 
     run, seconds = work / "run", {}
@@ -62,9 +61,9 @@ def main(work: Path) -> dict:
     loops: dict[str, list] = {"benchmark": [], "gpu_timing_check": []}
     trtexec_runs: list[str] = []
     with pytest.MonkeyPatch.context() as patch:
-        import fake_tensorrt
         import gpu_timing_check
 
+        import fake_tensorrt
         from pipeline.runtime import backends
 
         fake_tensorrt.install(patch)

@@ -1,9 +1,9 @@
 """The layout is the architecture: read from the imports (AST, every import including lazy ones), not from the docs.
 
 Layers, lowest first: ``core`` < ``precision`` (and ``training``) < ``runtime`` < ``reports`` < ``evaluation`` < the
-stage modules and the orchestration (``cli``, ``stages``, ``config``, ``doctor``, ``bench_train``). A module imports only its own
-layer or lower ones; there is no import cycle; a stage module never imports another stage module; and no status
-string is written outside :mod:`pipeline.core.status`.
+stage modules and the orchestration (``cli``, ``stages``, ``config``, ``doctor``, ``bench_train``). A module imports
+only its own layer or lower ones; there is no import cycle; a stage module never imports another stage module;
+and no status string is written outside :mod:`pipeline.core.status`.
 """
 
 from __future__ import annotations
@@ -238,7 +238,7 @@ def test_the_config_parameter_check_finds_an_untyped_or_other_cfg(tmp_path):
     assert [h.split(": ", 1)[1] for h in config_parameters(path)] == ["a(cfg: -)", "b(cfg: dict)", "g(cfg: DataConfig)"]
 
 
-# --------------------------------------------------------------------------- typed records between the stages (issue 32)
+# ------------------------------------------------------------------------- typed records between the stages (issue 32)
 
 CORE = ROOT / "core"
 

@@ -9,11 +9,11 @@ import pytest
 from polygraphy import config as polygraphy_config
 
 from conftest import TINY
-from pipeline.evaluation import candidates
 from pipeline import config, stages
-from pipeline.runtime import backends, tensorrt_engine
 from pipeline.core.errors import CheckFailed
 from pipeline.core.run import RunDir, sha256_file
+from pipeline.evaluation import candidates
+from pipeline.runtime import backends, tensorrt_engine
 from pipeline.runtime.runners import OrtRunner, ReferenceRunner, TorchRunner
 
 
@@ -79,7 +79,8 @@ def test_table_names_match_the_config():
 def test_verify_candidates_keep_their_order_and_names():
     assert [b.candidate for b in backends.candidates()] == [
         "onnxrt_fp32", "fp16_emulation", "onnxrt_fp16_cpu", "bf16_emulation", "int8_exact", "onnxrt_int8_cpu",
-        "tensorrt_fp16", "tensorrt_bf16", "tensorrt_int8", "onnxrt_cuda_fp16", "openvino_fp32", "openvino_bf16", "openvino_int8"]
+        "tensorrt_fp16", "tensorrt_bf16", "tensorrt_int8", "onnxrt_cuda_fp16", "openvino_fp32", "openvino_bf16",
+        "openvino_int8"]
     assert backends.verified_by(backends.by_name("onnxrt_fp16_cpu")) == "onnxrt_fp16_cpu"
     assert backends.verified_by(backends.by_name("torch_fp32")) == "reference"
     assert backends.verified_by(backends.by_name("torch_autocast")) is None
@@ -169,7 +170,8 @@ def test_read_verdicts(tmp_path):
 
 
 # --------------------------------------------------------------------------- TensorRT, one entry per engine
-# TensorRT is not installed here: tensorrt_engine.availability is replaced to reach the checks behind it; no engine runs.
+# TensorRT is not installed here: tensorrt_engine.availability is replaced to reach the checks behind it;
+# no engine runs.
 
 
 def test_tensorrt_int8_entry():
@@ -210,8 +212,8 @@ def test_tensorrt_int8_runner_loads_its_own_checked_engine(tmp_path, monkeypatch
     import hashlib
 
     from pipeline.core import env
-    from pipeline.runtime import runners
     from pipeline.core.errors import InputError
+    from pipeline.runtime import runners
 
     platform = {"tensorrt": "11.4.0", "gpu": "NVIDIA H200", "compute_capability": "9.0"}
     monkeypatch.setattr(tensorrt_engine, "current_platform", lambda: dict(platform))

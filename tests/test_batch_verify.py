@@ -1,4 +1,5 @@
-"""verify at every batch size the artifact serves (build.min_batch/opt_batch/max_batch): pipeline/evaluation/batching.py."""
+"""verify at every batch size the artifact serves (build.min_batch/opt_batch/max_batch):
+pipeline/evaluation/batching.py."""
 
 import json
 
@@ -14,7 +15,8 @@ def test_a_sound_model_passes_at_every_profile_batch_size(tiny_run):
     rows = _rows(tiny_run, "onnxrt_fp32")
     assert sorted(rows) == [1, 8, 32]  # build.min_batch, opt_batch, max_batch (defaults)
     assert {r["status"] for r in rows.values()} == {"passed"}
-    assert rows[1]["profile"] == ["build.min_batch"] and rows[1]["batches"] == 20  # the 20 tiny images (< 64), one by one
+    # the 20 tiny images (< 64), one by one
+    assert rows[1]["profile"] == ["build.min_batch"] and rows[1]["batches"] == 20
 
 
 def test_an_output_that_depends_on_the_batch_fails_and_names_the_batch_size(tmp_path, capsys):
@@ -51,7 +53,8 @@ def test_the_other_batch_sizes_run_on_the_main_checks_runner(clone_run, monkeypa
 
     starts = []
     real = isolate.runner_for
-    monkeypatch.setattr(isolate, "runner_for", lambda backend, ctx: starts.append(backend.candidate) or real(backend, ctx))
+    monkeypatch.setattr(isolate, "runner_for",
+                        lambda backend, ctx: starts.append(backend.candidate) or real(backend, ctx))
     run = clone_run()
     assert cli("verify", "--run-dir", run) == 0
     assert len(starts) >= 3 and len(starts) == len(set(starts)), starts

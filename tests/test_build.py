@@ -4,11 +4,11 @@ import json
 
 import pytest
 
-from pipeline.runtime import tensorrt_engine
 from pipeline import build, config
-from pipeline.core.run import RunDir
 from pipeline.core import artifacts
 from pipeline.core.artifacts import timing_cache_name
+from pipeline.core.run import RunDir
+from pipeline.runtime import tensorrt_engine
 
 
 def pieces_for(tmp_path, **build_overrides):
@@ -46,8 +46,9 @@ def test_engine_loader_is_built_from_the_public_pieces(tmp_path, monkeypatch):
     monkeypatch.setattr(tensorrt_engine, "network_loader", lambda path: seen.setdefault("network", path))
     monkeypatch.setattr(tensorrt_engine, "config_loader", lambda **kw: seen.setdefault("config", kw))
     cfg = config.resolve()
-    tensorrt_engine.engine_loader(tmp_path / "m.onnx", input_name="x", shapes=tensorrt_engine.profile_shapes(cfg.build, [3, 8, 8]),
-                        build_cfg=cfg.build, timing_cache=None)
+    tensorrt_engine.engine_loader(tmp_path / "m.onnx", input_name="x",
+                                  shapes=tensorrt_engine.profile_shapes(cfg.build, [3, 8, 8]),
+                                  build_cfg=cfg.build, timing_cache=None)
     assert seen["network"] == tmp_path / "m.onnx" and seen["config"]["input_name"] == "x"
 
 
@@ -70,7 +71,8 @@ def test_timing_cache_is_keyed_by_tensorrt_version_gpu_and_compute_capability(tm
     assert len(paths) == 4 and all(p.parent == tmp_path / "runs" for p in paths)
     assert tensorrt_engine.timing_cache_path(cfg, run, other_gpu).name == \
         "trt_timing.11.4.0.NVIDIA_A100-SXM4-80GB.sm80.cache"
-    assert tensorrt_engine.timing_cache_path(cfg, run, same_sm).name == "trt_timing.11.4.0.NVIDIA_H100_80GB_HBM3.sm90.cache"
+    assert tensorrt_engine.timing_cache_path(cfg, run, same_sm).name == \
+        "trt_timing.11.4.0.NVIDIA_H100_80GB_HBM3.sm90.cache"
 
 
 @pytest.mark.parametrize("gpu, part", [("../../etc/passwd", "etc_passwd"), ("NVIDIA H200", "NVIDIA_H200"),
@@ -117,8 +119,9 @@ def fake_engine(tmp_path, **sidecar_changes):
 
     engine = tmp_path / tensorrt_engine.FP16_ENGINE
     engine.write_bytes(b"serialized engine bytes")
-    sidecar = {"schema": tensorrt_engine.SIDECAR_SCHEMA, "built_by": "pipeline 0.1.0", "engine": tensorrt_engine.FP16_ENGINE,
-               "sha256": hashlib.sha256(engine.read_bytes()).hexdigest(), **PLATFORM, **sidecar_changes}
+    sidecar = {"schema": tensorrt_engine.SIDECAR_SCHEMA, "built_by": "pipeline 0.1.0",
+               "engine": tensorrt_engine.FP16_ENGINE, "sha256": hashlib.sha256(engine.read_bytes()).hexdigest(),
+               **PLATFORM, **sidecar_changes}
     (tmp_path / tensorrt_engine.SIDECAR).write_text(json.dumps(sidecar))
     run = RunDir(tmp_path)  # as the build stage records it: only recorded engines are loaded
     run.manifest["stages"]["build"] = {"status": "ok", "artifacts": {tensorrt_engine.FP16_ENGINE: {
@@ -281,19 +284,21 @@ def test_no_engine_to_build_is_a_skipped_stage(clone_run, fake_trt):
 
 
 def test_int8_engine_has_the_same_trust_checks(clone_run, fake_trt):
-    from pipeline.core.errors import InputError
     from conftest import cli
+    from pipeline.core.errors import InputError
 
     run = with_int8_onnx(clone_run())
     assert cli("build", "--run-dir", run) == 0
     rd = RunDir(run)
     with pytest.raises(InputError, match="built for TensorRT version 11.4.0, but this machine has 10.13.0"):
-        tensorrt_engine.load_engine_bytes(rd, platform={**PLATFORM, "tensorrt": "10.13.0"}, engine=tensorrt_engine.INT8_ENGINE)
+        tensorrt_engine.load_engine_bytes(rd, platform={**PLATFORM, "tensorrt": "10.13.0"},
+                                          engine=tensorrt_engine.INT8_ENGINE)
     (run / tensorrt_engine.INT8_ENGINE).write_bytes(b"engine from another graph")
     with pytest.raises(InputError, match="changed after the build"):
         tensorrt_engine.load_engine_bytes(rd, platform=PLATFORM, engine=tensorrt_engine.INT8_ENGINE)
     # The FP16 engine and sidecar put in the INT8 engine's place: the sidecar names another engine.
-    for src, dst in ((tensorrt_engine.FP16_ENGINE, tensorrt_engine.INT8_ENGINE), (tensorrt_engine.SIDECAR, tensorrt_engine.INT8_ENGINE_SIDECAR)):
+    for src, dst in ((tensorrt_engine.FP16_ENGINE, tensorrt_engine.INT8_ENGINE),
+                     (tensorrt_engine.SIDECAR, tensorrt_engine.INT8_ENGINE_SIDECAR)):
         (run / dst).write_bytes((run / src).read_bytes())
     with pytest.raises(InputError, match="describes model.fp16.engine, not model.int8.engine"):
         tensorrt_engine.load_engine_bytes(rd, platform=PLATFORM, engine=tensorrt_engine.INT8_ENGINE)
@@ -308,7 +313,8 @@ def test_an_int8_engine_the_build_did_not_record_is_refused(tmp_path):
     run = fake_engine(tmp_path)  # records only model.fp16.engine
     (tmp_path / tensorrt_engine.INT8_ENGINE).write_bytes((tmp_path / tensorrt_engine.FP16_ENGINE).read_bytes())
     sidecar = json.loads((tmp_path / tensorrt_engine.SIDECAR).read_text())
-    (tmp_path / tensorrt_engine.INT8_ENGINE_SIDECAR).write_text(json.dumps({**sidecar, "engine": tensorrt_engine.INT8_ENGINE}))
+    (tmp_path / tensorrt_engine.INT8_ENGINE_SIDECAR).write_text(
+        json.dumps({**sidecar, "engine": tensorrt_engine.INT8_ENGINE}))
     with pytest.raises(InputError, match="not the engine the build stage recorded"):
         tensorrt_engine.load_engine_bytes(run, platform=PLATFORM, engine=tensorrt_engine.INT8_ENGINE)
 

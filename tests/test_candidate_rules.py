@@ -9,12 +9,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from pipeline.precision import plugs
 from pipeline import config as config_mod
 from pipeline.core.errors import InputError
 from pipeline.core.status import Status
 from pipeline.evaluation import candidates
-from pipeline.precision import fallback
+from pipeline.precision import plugs
 from pipeline.runtime import backends
 
 

@@ -5,8 +5,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, TINY, cli, run_cli
 
+from conftest import ROOT, TINY, cli, run_cli
 from pipeline.runtime import tensorrt_engine
 from pipeline.stages import ORDER
 
@@ -83,7 +83,7 @@ def test_end_to_end_command_line(tmp_path):
     statuses = {name: entry["status"] for name, entry in manifest["stages"].items()}
     assert statuses["train"] == statuses["export"] == statuses["verify"] == statuses["benchmark"] == "ok"
     assert statuses["build"] in ("ok", "skipped")
-    for name, entry in manifest["stages"].items():
+    for _name, entry in manifest["stages"].items():
         for artifact, info in entry["artifacts"].items():
             assert (run / artifact).is_file() and len(info["sha256"]) == 64
     env = manifest["environment"]

@@ -14,9 +14,9 @@ import pytest
 
 from conftest import TINY, cli
 from pipeline import config, stages
-from pipeline.runtime import backends
 from pipeline.core.errors import CheckFailed
 from pipeline.core.run import RunDir
+from pipeline.runtime import backends
 from pipeline.runtime.runners import TorchRunner
 
 # benchmark of the in-process PyTorch backend only, one thread, enough timed runs for compare to judge

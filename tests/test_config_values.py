@@ -10,13 +10,13 @@ import os
 import re
 
 import pytest
-from conftest import TINY, cli
 from pydantic import BaseModel
 
+from conftest import TINY, cli
 from pipeline import config
-from pipeline.stages import summary
 from pipeline.core.errors import EXIT_RUNTIME, EXIT_USAGE, ConfigError, StageFailed, disk_full
 from pipeline.core.run import RunDir
+from pipeline.stages import summary
 
 DEEP = 5000
 

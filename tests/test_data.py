@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import run_cli
 from PIL import Image
 
+from conftest import run_cli
 from pipeline import config
 from pipeline.core import data as data_mod
 from pipeline.core.errors import DataError
@@ -304,9 +304,9 @@ def test_augment_keeps_shapes_is_seeded_and_flips():
     assert torch.equal(images, images.clone())  # the input is left alone
     # with no crop offset (pad=0) every output is the image or its mirror, and both happen
     flips = data_mod.augment(images, torch.Generator().manual_seed(3), pad=0)
-    same = [torch.equal(o, i) for o, i in zip(flips, images)]
-    mirrored = [torch.equal(o, i.flip(-1)) for o, i in zip(flips, images)]
-    assert all(s or m for s, m in zip(same, mirrored))
+    same = [torch.equal(o, i) for o, i in zip(flips, images, strict=True)]
+    mirrored = [torch.equal(o, i.flip(-1)) for o, i in zip(flips, images, strict=True)]
+    assert all(s or m for s, m in zip(same, mirrored, strict=True))
     assert 10 < sum(mirrored) < 54
 
 

@@ -9,6 +9,7 @@ import json
 import shutil
 
 import pytest
+
 from conftest import cli
 
 pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc] (the deploy extra, in the test extra) is not "
@@ -133,7 +134,6 @@ def test_an_engines_signature_and_max_batch_size_come_from_the_engine(tiny_run, 
     """Read through TensorRT's own calls (tests/fake_tensorrt.py checks them): I/O names, types, dims and the
     optimisation profile, whose maximum is the model's max_batch_size whatever build.max_batch says now."""
     import fake_tensorrt
-
     from pipeline.core import deployment
     from pipeline.runtime import triton
 

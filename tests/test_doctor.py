@@ -15,7 +15,8 @@ def stack(**changes) -> dict:
         "onnxruntime": {"version": "1.31.0", "package": "onnxruntime-gpu", "cuda": "13.0",
                         "listed": ["CUDAExecutionProvider", "CPUExecutionProvider"],
                         "loads": ["CUDAExecutionProvider", "CPUExecutionProvider"], "conflict": None},
-        "tensorrt": "11.1.0", "tensorrt_reason": "", "tensorrt_cuda": 13, "libcudart": "/x/nvidia/cu13/lib/libcudart.so.13",
+        "tensorrt": "11.1.0", "tensorrt_reason": "", "tensorrt_cuda": 13,
+        "libcudart": "/x/nvidia/cu13/lib/libcudart.so.13",
         "polygraphy": "0.53.6", "modelopt": "0.47.0", "openvino": None,
         "threads": {"torch": 8, "OMP_NUM_THREADS": None},
         "cpu": {"model": "Test CPU", "cores": 8, "isa": ["avx2"], "simulated": None},
@@ -61,7 +62,8 @@ def test_a_listed_provider_that_does_not_load_on_a_gpu_is_a_problem(monkeypatch)
 def test_without_a_gpu_both_requirements_fail_with_the_reason():
     facts = stack(gpu=None, gpu_reason="no CUDA GPU: this torch build (2.13.0+cpu) is CPU-only", torch_cuda=None)
     assert doctor.problems(facts) == []
-    assert doctor.requirement_problem(facts, "cuda") == "--require cuda: no CUDA GPU: this torch build (2.13.0+cpu) is CPU-only"
+    assert doctor.requirement_problem(facts, "cuda") == \
+        "--require cuda: no CUDA GPU: this torch build (2.13.0+cpu) is CPU-only"
     assert doctor.requirement_problem(facts, "tensorrt").startswith("--require tensorrt: no CUDA GPU")
 
 

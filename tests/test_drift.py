@@ -407,7 +407,8 @@ def test_property_logit_drift_is_symmetric_and_the_largest_absolute_change(pair)
     base, run, scale = pair
     out = drift.logit_drift(base, run, scale)
     assert out.tolist() == drift.logit_drift(run, base, scale).tolist()
-    oracle = [max(abs(r - b) for r, b in zip(rr, bb)) / scale for rr, bb in zip(run.tolist(), base.tolist())]
+    oracle = [max(abs(r - b) for r, b in zip(rr, bb, strict=True)) / scale
+              for rr, bb in zip(run.tolist(), base.tolist(), strict=True)]
     assert out == pytest.approx(oracle)
     assert (out >= 0).all()
 
@@ -465,7 +466,8 @@ def test_property_agreement_bound_is_above_the_rate_and_more_agreement_never_fai
     base = np.zeros(n, int)
     run = np.r_[np.zeros(agree, int), np.ones(n - agree, int)]
     result = drift.agreement(base, run, 0.9, 0.95)
-    assert result["value"] == agree / n and result["upper_bound"] >= result["value"] - 1e-12  # Wilson: 1 - 2e-16 at p = 1
+    # Wilson: 1 - 2e-16 at p = 1
+    assert result["value"] == agree / n and result["upper_bound"] >= result["value"] - 1e-12
     if agree < n:
         better = drift.agreement(base, np.r_[np.zeros(agree + 1, int), np.ones(n - agree - 1, int)], 0.9, 0.95)
         severity = {Status.PASSED: 0, Status.INCONCLUSIVE: 1, Status.FAILED: 2}
@@ -505,12 +507,12 @@ def test_property_failed_beats_inconclusive_beats_passed_in_an_artifact(drawn):
     expected = (Status.FAILED if Status.FAILED in statuses else
                 Status.INCONCLUSIVE if Status.INCONCLUSIVE in statuses else Status.PASSED)
     assert result["status"] == expected
-    assert drift.failed_checks(result) == [k for k, s in zip(("agreement", "accuracy", "drift"), statuses)
+    assert drift.failed_checks(result) == [k for k, s in zip(("agreement", "accuracy", "drift"), statuses, strict=True)
                                            if s == Status.FAILED]
     assert len(result["flipped"]) == int(np.sum(base_top1 != run_top1))
 
 
-# --------------------------------------------------------------------------- the exact words and fields (reports read them)
+# ----------------------------------------------------------------------- the exact words and fields (reports read them)
 
 
 def test_the_reasons_an_artifact_is_missing_word_for_word():

@@ -68,7 +68,8 @@ def test_broken_tensorrt_install_is_a_reason_not_a_crash(monkeypatch, tmp_path, 
     monkeypatch.delitem(sys.modules, "tensorrt", raising=False)
     monkeypatch.syspath_prepend(str(tmp_path))
     trt, reason = env.tensorrt_status()
-    assert trt is None and reason == "TensorRT failed to import: OSError: libnvinfer.so.10: cannot open shared object file"
+    assert trt is None and reason == ("TensorRT failed to import: OSError: libnvinfer.so.10: "
+                                      "cannot open shared object file")
 
 
 def test_tensorrt_type_stubs_alone_count_as_not_installed(monkeypatch, tmp_path, fresh_tensorrt_status):

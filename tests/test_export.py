@@ -8,7 +8,7 @@ import pytest
 
 from pipeline.core import onnx_io
 from pipeline.core.errors import InputError
-from pipeline.precision import plugs, fallback, fp16
+from pipeline.precision import fallback, fp16, plugs
 from pipeline.runtime.runners import collect, onnxrt_runner
 
 
@@ -167,7 +167,8 @@ def test_the_calibration_methods_a_fallback_file_may_name_are_the_configs():
     from pipeline import config
 
     allowed = set(get_args(config.INT8Config.model_fields["calibration_method"].annotation))
-    assert allowed == set(get_args(get_args(fallback.Int8FallbackFile.model_fields["calibration_method"].annotation)[0]))
+    assert allowed == set(get_args(get_args(
+        fallback.Int8FallbackFile.model_fields["calibration_method"].annotation)[0]))
     assert allowed == set(get_args(get_args(config.TuneConfig.model_fields["calibration_methods"].annotation)[0]))
 
 
@@ -188,7 +189,8 @@ def test_export_refuses_a_hand_edited_fallback_file_in_one_line(clone_run, capsy
     (run / "fp16_fallback.json").write_text(" " * (4 * 1024 * 1024 + 1))  # 13 MB hung export for > 300 s
     capsys.readouterr()
     assert cli("-q", "export", "--run-dir", run) == 2
-    assert "FP16 fallback list is 4,194,305 bytes, more than the 4,194,304 such a file can be" in capsys.readouterr().err
+    assert ("FP16 fallback list is 4,194,305 bytes, more than the 4,194,304 such a file can be"
+            in capsys.readouterr().err)
 
 
 def test_many_raised_names_cost_one_pattern_not_one_per_name(clone_run):

@@ -23,11 +23,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import ROOT, TINY, cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.runtime import tensorrt_engine
+from conftest import ROOT, TINY, cli
 from pipeline import config
 from pipeline.core import onnx_io
 from pipeline.core.errors import (
@@ -39,6 +38,7 @@ from pipeline.core.errors import (
     ConfigError,
     InputError,
 )
+from pipeline.runtime import tensorrt_engine
 
 # --------------------------------------------------------------------------- helpers
 
@@ -304,8 +304,8 @@ def test_corrupt_weights(capsys, clone_run, command, damage):
 
 
 def test_weights_of_another_model(capsys, clone_run):
-    from safetensors.torch import save_file
     import torch
+    from safetensors.torch import save_file
 
     run = clone_run()
     save_file({"fc.weight": torch.zeros(2, 2)}, str(run / "model.safetensors"))
@@ -365,8 +365,8 @@ def test_onnx_of_another_image_size(capsys, clone_run):
 
     from pipeline import config as config_mod
     from pipeline.core import modeling
-    from pipeline.export import export_onnx
     from pipeline.core.run import RunDir
+    from pipeline.export import export_onnx
 
     run = clone_run()
     cfg = config_mod.resolve(config_mod.load_yaml_file(run / "config.yaml"))
@@ -558,20 +558,21 @@ PLATFORM = {"tensorrt": "10.13.0", "gpu": "NVIDIA H200", "compute_capability": "
 def _engine(tmp_path: Path, **changes) -> Path:
     engine = tmp_path / tensorrt_engine.FP16_ENGINE
     engine.write_bytes(b"\x00serialized engine\x00")
-    sidecar = {"schema": tensorrt_engine.SIDECAR_SCHEMA, "built_by": "pipeline 0.1.0", "engine": tensorrt_engine.FP16_ENGINE,
-               "sha256": sha(engine), **PLATFORM, **changes}
+    sidecar = {"schema": tensorrt_engine.SIDECAR_SCHEMA, "built_by": "pipeline 0.1.0",
+               "engine": tensorrt_engine.FP16_ENGINE, "sha256": sha(engine), **PLATFORM, **changes}
     (tmp_path / tensorrt_engine.SIDECAR).write_text(json.dumps(sidecar))
     from pipeline.core.run import RunDir
 
     run = RunDir(tmp_path)  # as the build stage records it: only recorded engines are loaded
-    run.manifest["stages"]["build"] = {"status": "ok", "artifacts": {tensorrt_engine.FP16_ENGINE: {"sha256": sha(engine),
-                                                                                   "bytes": engine.stat().st_size}}}
+    run.manifest["stages"]["build"] = {"status": "ok", "artifacts": {
+        tensorrt_engine.FP16_ENGINE: {"sha256": sha(engine), "bytes": engine.stat().st_size}}}
     run.save_manifest()
     return engine
 
 
 @pytest.mark.parametrize("tamper, fragment", [
-    (lambda t: (t / tensorrt_engine.FP16_ENGINE).write_bytes(b"\x00serialized engine\x00 + payload"), "changed after the build"),
+    (lambda t: (t / tensorrt_engine.FP16_ENGINE).write_bytes(b"\x00serialized engine\x00 + payload"),
+     "changed after the build"),
     (lambda t: (t / tensorrt_engine.SIDECAR).unlink(), "has no sidecar model.fp16.engine.json"),
     (lambda t: _engine(t, built_by="trtexec"), "is not a pipeline engine sidecar"),
     (lambda t: _engine(t, schema="someone.else/1"), "is not a pipeline engine sidecar"),
@@ -581,7 +582,8 @@ def _engine(tmp_path: Path, **changes) -> Path:
 ], ids=["tampered", "no-sidecar", "foreign-builder", "foreign-schema", "trt-version", "other-device", "capability"])
 def test_engine_refused_without_a_matching_sidecar(tmp_path, tamper, fragment):
     engine = _engine(tmp_path)
-    assert tensorrt_engine.check_sidecar(engine, engine.read_bytes(), tmp_path / tensorrt_engine.SIDECAR, PLATFORM)["gpu"] == "NVIDIA H200"
+    assert tensorrt_engine.check_sidecar(engine, engine.read_bytes(), tmp_path / tensorrt_engine.SIDECAR,
+                                         PLATFORM)["gpu"] == "NVIDIA H200"
     tamper(tmp_path)
     with pytest.raises(InputError, match="rebuild it with `python -m pipeline build --run-dir") as info:
         tensorrt_engine.check_sidecar(engine, engine.read_bytes(), tmp_path / tensorrt_engine.SIDECAR, PLATFORM)
@@ -969,7 +971,7 @@ def _resolved(cfg: config.Config, key: str):
 def test_valid_overrides_resolve_to_the_value_given(pairs):
     texts = [f"{key}={yaml_value(value)}" for key, value in pairs]
     cfg = config.resolve(overrides=texts)
-    for (key, value), text in zip(pairs, texts):
+    for (key, value), text in zip(pairs, texts, strict=True):
         assert _resolved(cfg, key) == value, text
 
 
@@ -995,7 +997,6 @@ def test_ctrl_c_inside_a_librarys_callback_ends_all_with_130_and_interrupted(cap
     """SIGINT through the command line's own handler, raised in the Python callback OpenVINO's frontend calls while
     it converts a model: OpenVINO hands back RuntimeError("... KeyboardInterrupt ..."). Was exit 4 and "failed"."""
     import interrupted_library
-
     from pipeline import train
 
     monkeypatch.setattr(train, "run", interrupted_library.stage)

@@ -5,7 +5,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline.precision import plugs, fp16
+from pipeline.precision import fp16, plugs
 from pipeline.runtime import runners
 from pipeline.runtime.runners import collect, onnxrt_runner
 
@@ -115,7 +115,8 @@ def bf16_cancellation_graphs(constant: float = 384.0) -> tuple[onnx.ModelProto, 
         c = helper.make_tensor("c", dtype, [], [constant])
         to = (lambda name, src, dst, t: helper.make_node("Cast", [src], [dst], to=t, name=name)) if low else \
             (lambda name, src, dst, t: helper.make_node("Identity", [src], [dst], name=name))
-        nodes = [to("cast_in", "x", "xh", TensorProto.BFLOAT16), helper.make_node("Add", ["xh", "c"], ["a"], name="add"),
+        nodes = [to("cast_in", "x", "xh", TensorProto.BFLOAT16),
+                 helper.make_node("Add", ["xh", "c"], ["a"], name="add"),
                  helper.make_node("Sub", ["a", "c"], ["s"], name="sub"), to("cast_out", "s", "y", TensorProto.FLOAT)]
         g = helper.make_graph(nodes, "cancel", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 64])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 64])], [c])

@@ -1,5 +1,5 @@
-"""The gate's criteria (pipeline.precision.gate): each threshold at its boundary and one ulp either side, NaN/Inf on both
-sides, the direction of the scale, the percentile, and the confidence-bounded task check. Each test here was
+"""The gate's criteria (pipeline.precision.gate): each threshold at its boundary and one ulp either side, NaN/Inf on
+both sides, the direction of the scale, the percentile, and the confidence-bounded task check. Each test here was
 written to fail with one defect of the kind it names put back into pipeline/precision/gate.py."""
 
 import math

@@ -26,7 +26,7 @@ def digits(tmp_path_factory) -> Path:
     """Every second digit as an image folder (900 images: 720 to train, 180 to verify)."""
     data = np.load(DIGITS)
     root = tmp_path_factory.mktemp("digits") / "data"
-    for i, (image, label) in enumerate(zip(data["images"][::2], data["labels"][::2])):
+    for i, (image, label) in enumerate(zip(data["images"][::2], data["labels"][::2], strict=True)):
         folder = root / f"digit_{label}"
         folder.mkdir(parents=True, exist_ok=True)
         Image.fromarray(image).convert("RGB").save(folder / f"{i:04d}.png")

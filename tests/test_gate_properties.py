@@ -46,8 +46,8 @@ def oracle_scale(ref: np.ndarray) -> float:
 
 def oracle_errors(ref: np.ndarray, cand: np.ndarray, scale: float) -> list[float]:
     out = []
-    for r, c in zip(ref.reshape(len(ref), -1), cand.reshape(len(cand), -1)):
-        diffs = [abs(float(a) - float(b)) for a, b in zip(c, r)]
+    for r, c in zip(ref.reshape(len(ref), -1), cand.reshape(len(cand), -1), strict=True):
+        diffs = [abs(float(a) - float(b)) for a, b in zip(c, r, strict=True)]
         out.append(math.inf if any(not math.isfinite(d) for d in diffs) else max(diffs, default=0.0) / scale)
     return out
 
@@ -212,7 +212,7 @@ def test_tolerances_per_output_and_for_intermediate_tensors():
        st.floats(0, 1), st.floats(0, 1))
 def test_elementwise_mismatch_is_abs_and_rel_over_both(ref, cand, atol, rtol):
     got = criteria.elementwise_mismatch(ref, cand, atol, rtol)
-    for r, c, g in zip(ref, cand, got):
+    for r, c, g in zip(ref, cand, got, strict=True):
         with np.errstate(all="ignore"):
             rel = abs(c - r) / (abs(r) if r != 0 else criteria.EPS)
         assert g == (abs(c - r) > atol and rel > rtol)
@@ -638,8 +638,8 @@ def test_absolute_check_applies_the_statistic_and_the_per_output_tolerances():
     assert criteria.absolute_check([{"y": cand}], [{"y": ref}], loose, "y")["passed"]
     by_max = {**gate, "atol": 0.4, "rtol": 0.1, "check_error_stat": "max"}  # max abs 0.5 > 0.4 and max rel 0.5 > 0.1
     assert not criteria.absolute_check([{"y": cand}], [{"y": ref}], by_max, "y")["passed"]
-    assert criteria.absolute_check([{"y": cand}], [{"y": ref}], {**by_max, "check_error_stat": "elemwise", "atol": 0.45},
-                                   "y")["passed"] is False
+    assert criteria.absolute_check([{"y": cand}], [{"y": ref}],
+                                   {**by_max, "check_error_stat": "elemwise", "atol": 0.45}, "y")["passed"] is False
     median = {**gate, "atol": 0.3, "rtol": 0.1, "check_error_stat": "quantile", "error_quantile": 0.0}
     assert criteria.absolute_check([{"y": cand}], [{"y": ref}], median, "y")["passed"]  # the smallest error
     assert not criteria.absolute_check([{"y": cand}], [{"y": ref}], {**median, "error_quantile": 1.0}, "y")["passed"]

@@ -10,11 +10,11 @@ import json
 import sys
 
 import pytest
+
 from conftest import ROOT, cli
+from pipeline.runtime import runners
 from test_tensorrt_contract import built, built_run, fake_trt  # noqa: F401  (fixtures)
 from test_trtexec import fake_trtexec  # noqa: F401  (fixture)
-
-from pipeline.runtime import runners
 
 
 @pytest.fixture

@@ -79,7 +79,8 @@ def test_two_tensorrt_builds_in_one_install_are_a_problem():
     """The old CUDA 12 command, `pip install -e ".[gpu]" "tensorrt-cu12>=10.12"`: tensorrt (-> tensorrt_cu13) beside
     tensorrt-cu12."""
     install = [wheel("torch", "2.8.0+cu126", TORCH_CU126),
-               wheel("tensorrt", "11.4.0.106", ["tensorrt_cu13==11.4.0.106"]), wheel("tensorrt-cu12", "11.4.0.106", TRT_CU12)]
+               wheel("tensorrt", "11.4.0.106", ["tensorrt_cu13==11.4.0.106"]),
+               wheel("tensorrt-cu12", "11.4.0.106", TRT_CU12)]
     assert check.tensorrt_builds(install) == [12, 13]
     _, problems = check.judge(install, expected=12)
     assert problems[-1].startswith("2 TensorRT builds in one install (CUDA 12, 13)")

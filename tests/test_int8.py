@@ -4,10 +4,9 @@ leaves no INT8 trace but "disabled"."""
 
 import json
 from pathlib import Path
-
-import jsonschema
 from types import SimpleNamespace
 
+import jsonschema
 import numpy as np
 import onnx
 import pytest
@@ -15,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from conftest import FAULTS, ROOT, TINY, cli, copy_run, trained_and_exported
 from pipeline.core import env
-from pipeline.precision import plugs, int8
+from pipeline.precision import int8, plugs
 from pipeline.runtime import backends, runners
 from pipeline.runtime.backends import Context
 
@@ -136,7 +135,8 @@ def _qdq_conv_half_bias() -> onnx.ModelProto:
     x + 0.5 rounded half to even; ONNX Runtime's fused QLinearConv quantizes the bias to int32 first (0.5 -> 0), so
     half of its outputs differ by one step (measured: [-8, -7, -6, ...] against [-8, -6, -6, ...])."""
     c = 4
-    inits = [numpy_helper.from_array(np.array(1.0, np.float32), "s"), numpy_helper.from_array(np.array(0, np.int8), "z"),
+    inits = [numpy_helper.from_array(np.array(1.0, np.float32), "s"),
+             numpy_helper.from_array(np.array(0, np.int8), "z"),
              numpy_helper.from_array(np.eye(c, dtype=np.int8).reshape(c, c, 1, 1), "wq"),
              numpy_helper.from_array(np.ones(c, np.float32), "ws"), numpy_helper.from_array(np.zeros(c, np.int8), "wz"),
              numpy_helper.from_array(np.full(c, 0.5, np.float32), "b")]

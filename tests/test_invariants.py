@@ -17,8 +17,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import TINY, cli
 
+from conftest import TINY, cli
 from pipeline.core import artifacts
 from pipeline.core.errors import EXIT_USAGE
 

@@ -17,13 +17,13 @@ from pathlib import Path
 import jsonschema
 import numpy as np
 import pytest
-from conftest import FAULTS, ROOT, TINY, cli, run_cli
 
 import crash_backends
+from conftest import FAULTS, ROOT, TINY, cli, run_cli
 from pipeline import config
-from pipeline.runtime import backends, isolate
 from pipeline.core.errors import EXIT_INTERRUPTED, EXIT_RUNTIME
 from pipeline.core.run import RunDir
+from pipeline.runtime import backends, isolate
 
 
 def manifest(run: Path) -> dict:

@@ -214,7 +214,7 @@ def test_mode_predictions_leave_buffers_modes_and_rng_as_they_were():
     rng = torch.get_rng_state()
     modes = batchnorm.mode_predictions(net, images, batch_size=8, seed=0)
     assert modes.eval.shape == modes.train.shape == modes.batchnorm_only.shape == (16,)
-    assert all(torch.equal(a, b) for a, b in zip(net.buffers(), buffers))
+    assert all(torch.equal(a, b) for a, b in zip(net.buffers(), buffers, strict=True))
     assert torch.equal(torch.get_rng_state(), rng) and not net.training
     again = batchnorm.mode_predictions(net, images, batch_size=8, seed=0)
     assert torch.equal(again.train, modes.train)  # dropout's masks come from the seed

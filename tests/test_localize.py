@@ -6,13 +6,11 @@ without building anything (what TensorRT would compute is not checked).
 
 import numpy as np
 
-from pipeline.precision import plugs
-from pipeline.evaluation import candidates
 from pipeline import config
-from pipeline.precision import fallback
-from pipeline.runtime import localize
-from pipeline.runtime import backends, tensorrt_engine
 from pipeline.core.run import RunDir
+from pipeline.evaluation import candidates
+from pipeline.precision import plugs
+from pipeline.runtime import backends, localize, tensorrt_engine
 
 OVERRIDES = ["build.tf32=true", "build.optimization_level=5", "build.min_batch=2", "build.opt_batch=4",
              "build.max_batch=16", "verify.batch_size=4"]
@@ -24,7 +22,8 @@ def both_loaders(tmp_path):
     shapes = tensorrt_engine.profile_shapes(cfg.build, [3, 8, 8])
     cache = tmp_path / "trt_timing.11.4.0.sm90.cache"
     cache.write_bytes(b"a timing cache")
-    engine = tensorrt_engine.engine_loader(onnx_path, input_name="x", shapes=shapes, build_cfg=cfg.build, timing_cache=cache)
+    engine = tensorrt_engine.engine_loader(onnx_path, input_name="x", shapes=shapes, build_cfg=cfg.build,
+                                           timing_cache=cache)
     layers = localize.tensorrt_layers_engine(onnx_path, input_name="x", shapes=shapes, build_cfg=cfg.build,
                                              timing_cache=cache)
     return engine, layers

@@ -18,11 +18,11 @@ import pytest
 from conftest import FAULTS, TINY, cli
 from pipeline import benchmark, config, doctor
 from pipeline.core import artifacts
+from pipeline.core.errors import InputError, UsageError
+from pipeline.core.run import RunDir, sha256_file
 from pipeline.reports import verify_report
 from pipeline.runtime import backends, benchmark_app, openvino_ir
 from pipeline.runtime.backends import Context
-from pipeline.core.errors import InputError, UsageError
-from pipeline.core.run import RunDir, sha256_file
 from pipeline.runtime.runners import CPU_WALL_CLOCK
 
 AVX2_ONLY = "sse4_2 avx avx2 fma"

@@ -15,7 +15,8 @@ OTHER = "b" * 64
 
 def graph():
     node = helper.make_node("Identity", ["x"], ["y"])
-    return helper.make_model(helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+    return helper.make_model(helper.make_graph([node], "g",
+                                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
                                                [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])]))
 
 

@@ -8,10 +8,10 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT
 
-from pipeline.core import errors
+from conftest import ROOT
 from pipeline.config import describe, resolve
+from pipeline.core import errors
 
 README = (ROOT / "README.md").read_text()
 CONFIG_PAGE = ROOT / "docs" / "configuration.md"

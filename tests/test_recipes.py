@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import TINY, cli
 
+from conftest import TINY, cli
 from pipeline import stages
 from pipeline.core import artifacts
 from pipeline.core.registry import models
@@ -132,14 +132,16 @@ def test_a_model_that_did_not_learn_fails_train_and_verify_by_hand_says_so(const
     assert "verify: the reference did not learn (train: the model did not learn: val acc 10.0 %" in err
     assert "reference (FP32) val acc 10.0% (it did not learn)" in err
     line = next(li for li in stages.summary(RunDir(run)).splitlines() if li.strip().startswith("verify"))
-    assert "reference (FP32) val acc 10.0% (it did not learn); onnxrt_fp32: passed" in line  # ... "passed" is not "good"
+    # ... "passed" is not "good"
+    assert "reference (FP32) val acc 10.0% (it did not learn); onnxrt_fp32: passed" in line
 
 
 def test_require_learning_false_goes_on_and_min_val_accuracy_gates(constant_model, tmp_path, capsys):
     run = tmp_path / "run"
     assert cli("all", "--model", constant_model, "--run-dir", run, *TINY) == 0  # TINY: train.require_learning=false
     out = capsys.readouterr()
-    assert "the model did not learn: val acc 10.0 %" in out.err and "(train.require_learning=false: going on)" in out.err
+    assert ("the model did not learn: val acc 10.0 %" in out.err
+            and "(train.require_learning=false: going on)" in out.err)
     assert "reference (FP32) val acc 10.0% (it did not learn)" in out.out  # the summary's verify line
     assert cli("train", "--model", "tiny_cnn", "--run-dir", tmp_path / "gated", *TINY,
                "train.min_val_accuracy=0.99") == 1

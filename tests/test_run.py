@@ -286,7 +286,8 @@ def interrupt_requested():
 
 
 @pytest.mark.parametrize("error", [RuntimeError(OPENVINO_CALLBACK_ERROR),
-                                   StageFailed(f"AutoCast FP16 conversion failed: RuntimeError: {OPENVINO_CALLBACK_ERROR}")],
+                                   StageFailed("AutoCast FP16 conversion failed: "
+                                               f"RuntimeError: {OPENVINO_CALLBACK_ERROR}")],
                          ids=["library's own type", "wrapped by the stage"])
 def test_an_error_raised_after_ctrl_c_marks_the_stage_interrupted(tmp_path, interrupt_requested, error):
     """Issue 30, §3: SIGINT 8 s into tune, in OpenVINO's model reading, was exit 4 and "failed": OpenVINO turns the

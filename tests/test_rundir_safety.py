@@ -14,14 +14,14 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import cli
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline.runtime import tensorrt_engine
+from conftest import cli
 from pipeline import config, stages
 from pipeline.core import artifacts, onnx_io
 from pipeline.core.errors import EXIT_USAGE, InputError, UsageError
 from pipeline.core.run import RunDir, atomic_path, atomic_write, open_append
+from pipeline.runtime import tensorrt_engine
 
 # --------------------------------------------------------------------------- reads: external data of every tensor
 
@@ -283,8 +283,10 @@ def _forged_engine(run_dir: Path) -> str:
     engine = run_dir / tensorrt_engine.FP16_ENGINE
     engine.write_bytes(b"\x00planted engine\x00")
     digest = hashlib.sha256(engine.read_bytes()).hexdigest()
-    (run_dir / tensorrt_engine.SIDECAR).write_text(json.dumps({"schema": tensorrt_engine.SIDECAR_SCHEMA, "built_by": "pipeline 0.1.0",
-                                                     "engine": tensorrt_engine.FP16_ENGINE, "sha256": digest, **PLATFORM}))
+    (run_dir / tensorrt_engine.SIDECAR).write_text(json.dumps({"schema": tensorrt_engine.SIDECAR_SCHEMA,
+                                                               "built_by": "pipeline 0.1.0",
+                                                               "engine": tensorrt_engine.FP16_ENGINE, "sha256": digest,
+                                                               **PLATFORM}))
     return digest
 
 
@@ -299,10 +301,12 @@ def test_forged_engine_with_a_good_sidecar_is_refused(tmp_path):
 def test_engine_replaced_after_a_recorded_build_is_refused(tmp_path):
     digest = _forged_engine(tmp_path)
     run = RunDir(tmp_path)
-    run.manifest["stages"]["build"] = {"status": "ok", "artifacts": {tensorrt_engine.FP16_ENGINE: {"sha256": "1" * 64, "bytes": 1}}}
+    run.manifest["stages"]["build"] = {"status": "ok",
+                                       "artifacts": {tensorrt_engine.FP16_ENGINE: {"sha256": "1" * 64, "bytes": 1}}}
     with pytest.raises(InputError, match="the build recorded sha256 111111111111"):
         tensorrt_engine.load_engine_bytes(run, platform=PLATFORM)
-    run.manifest["stages"]["build"] = {"status": "failed", "artifacts": {tensorrt_engine.FP16_ENGINE: {"sha256": digest, "bytes": 1}}}
+    run.manifest["stages"]["build"] = {"status": "failed",
+                                       "artifacts": {tensorrt_engine.FP16_ENGINE: {"sha256": digest, "bytes": 1}}}
     with pytest.raises(InputError, match="no build is recorded"):
         tensorrt_engine.load_engine_bytes(run, platform=PLATFORM)
     run.manifest["stages"]["build"]["status"] = "ok"

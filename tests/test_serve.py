@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, cli
 
+from conftest import ROOT, cli
 from pipeline.runtime import triton_serve
 
 pytestmark = [pytest.mark.serve, pytest.mark.slow,
@@ -115,7 +115,8 @@ def test_ctrl_c_stops_the_server(clone_run, tmp_path):
     run, errors = clone_run(), tmp_path / "stderr.txt"
     with errors.open("w") as sink:
         child = subprocess.Popen([sys.executable, "-m", "pipeline", "deploy", "--run-dir", str(run), "--out",
-                                  str(tmp_path / "repo"), "--serve", *FAST, "deploy.max_trials=10", "deploy.window_s=2"],
+                                  str(tmp_path / "repo"), "--serve", *FAST, "deploy.max_trials=10",
+                                  "deploy.window_s=2"],
                                  cwd=ROOT, env=_env(tmp_path), stdout=subprocess.DEVNULL, stderr=sink)
         try:
             deadline = time.monotonic() + 300

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import cli, run_cli
 from PIL import Image
 
+from conftest import cli, run_cli
 from pipeline.core import data
 from pipeline.core.errors import EXIT_USAGE, DataError
 
@@ -110,8 +110,8 @@ def test_a_failed_measurement_keeps_the_whole_reason_not_openvinos_first_line():
 def test_markdown_reports_escape_what_comes_from_the_user(tmp_path):
     """verify.md, report.md and the step summary (verify.md appended) are all written by tables.markdown."""
     from pipeline import config, report
-    from pipeline.reports import tables
     from pipeline.core.run import RunDir
+    from pipeline.reports import tables
 
     hostile = "<img src=x onerror=alert(1)>"
     section = tables.Section(f"Model {hostile}", paragraphs=[f"path {hostile}"], preformatted="a\n```\n<b>",
@@ -160,8 +160,8 @@ def test_a_full_disk_during_verify_is_the_documented_disk_full_line(clone_run, c
 def test_a_full_disk_in_the_child_comes_back_as_the_same_oserror():
     import errno
 
-    from pipeline.runtime import isolate
     from pipeline.core.errors import disk_full
+    from pipeline.runtime import isolate
 
     exc = isolate._remote_error({"type": "OSError", "message": "[Errno 28] No space left on device",
                                  "errno": errno.ENOSPC})

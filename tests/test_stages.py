@@ -1,4 +1,5 @@
-"""The stage table: fingerprints, options, the run it opens, and ``run_all`` from Python being ``python -m pipeline all``."""
+"""The stage table: fingerprints, options, the run it opens, and ``run_all`` from Python being
+``python -m pipeline all``."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import sys
 import types
 
 import pytest
-from conftest import TINY, cli, run_cli
 
+from conftest import TINY, cli, run_cli
 from pipeline import config, stages
 from pipeline.core import artifacts
 from pipeline.core.errors import UsageError
@@ -63,7 +64,8 @@ def test_run_all_and_the_all_command_refuse_a_locked_run_alike(tmp_path, capsys)
         out = run_cli("all", "--model", "tiny_cnn", "--run-dir", tmp_path, *TINY)
         assert out.returncode == 2
         assert f"in use by another pipeline process (pid {os.getpid()})" in out.stderr
-    assert not (tmp_path / artifacts.CONFIG).exists() and not (tmp_path / artifacts.MANIFEST).exists()  # nothing written
+    # nothing written
+    assert not (tmp_path / artifacts.CONFIG).exists() and not (tmp_path / artifacts.MANIFEST).exists()
     with RunDir(tmp_path).locked():  # and both let go of nothing they did not hold
         pass
 
@@ -106,7 +108,8 @@ def test_stage_options_come_from_the_flags_or_the_config():
     verify = stages.STAGES["verify"]
     assert verify.options_for(tiny_cfg(), {}) == {"auto_fallback": False}
     assert verify.options_for(tiny_cfg(), {"auto_fallback": True}) == {"auto_fallback": True}
-    assert verify.options_for(tiny_cfg("verify.auto_fallback=true"), {"auto_fallback": False}) == {"auto_fallback": True}
+    assert verify.options_for(tiny_cfg("verify.auto_fallback=true"),
+                              {"auto_fallback": False}) == {"auto_fallback": True}
     assert stages.STAGES["train"].options_for(tiny_cfg(), {"resume": True}) == {"resume": True, "profile": False}
     with pytest.raises(UsageError, match="export has no option resume"):
         stages.STAGES["export"].options_for(tiny_cfg(), {"resume": True})
@@ -244,5 +247,6 @@ def test_summary_lines_name_precise_bn_learning_and_the_reference(tmp_path):
                              "deployable: onnxrt_fp32")
     run.manifest["stages"]["train"] = {"status": "failed", "exit_code": 1, "error": "the model did not learn: x",
                                        "details": {"best_val_acc": 0.1, "epochs": 1, "amp": "off",
-                                                   "learning": {"learned": False, "line": "the model did not learn: x"}}}
+                                                   "learning": {"learned": False,
+                                                                "line": "the model did not learn: x"}}}
     assert stages.summary(run).splitlines()[2].endswith("amp off; the model did not learn: x")

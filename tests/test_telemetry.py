@@ -15,8 +15,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, TINY
 
+from conftest import ROOT, TINY
 from pipeline.core import telemetry
 
 GUARD = ROOT / "tests" / "netguard"
@@ -137,7 +137,8 @@ def test_openvino_consent_is_settled_before_openvino_is_imported(tmp_path):
     """`import openvino` alone sends an event (openvino.tools.ovc's import): the consent file must exist by then."""
     probe = ("import sys, pipeline; from pathlib import Path; consent = Path.home() / 'intel' / 'openvino_telemetry';"
              "assert not consent.exists(); import openvino_telemetry.main as m; real = m.Telemetry.init\n"
-             "def init(self, *a, **k):\n    print('consent file at init:', consent.read_text()); return real(self, *a, **k)\n"
+             "def init(self, *a, **k):\n"
+             "    print('consent file at init:', consent.read_text()); return real(self, *a, **k)\n"
              "m.Telemetry.init = init; import openvino")
     done = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "HOME": str(tmp_path)}, capture_output=True,
                           text=True, check=False)

@@ -76,7 +76,8 @@ def test_fake_calls_build_runs_polygraphy_s_loaders_strongly_typed_without_preci
     log = (run / "logs" / "build.tensorrt.fp16.log").read_text()  # TensorRT's INFO lines, through Polygraphy's logger
     assert "Parsing of ONNX model" in log and "Total Activation Memory" in log
     fake_trt.calls.clear()
-    built(run, fake_trt, "build.tf32=true", "build.precisions=[fp16]")  # the second build loads the saved cache, and TF32 is asked for
+    # the second build loads the saved cache, and TF32 is asked for
+    built(run, fake_trt, "build.tf32=true", "build.precisions=[fp16]")
     assert ("set_flag", "TF32") in fake_trt.calls
     assert not fake_trt.configs[-1].flags & fake_tensorrt.PRECISION_FLAGS
     assert any(c[0] == "create_timing_cache" and c[1] > 0 for c in fake_trt.calls)
@@ -193,7 +194,8 @@ def test_fake_calls_a_builder_error_is_the_failure_message(fake_trt, clone_run, 
     from polygraphy.backend.trt import CreateConfig
 
     made = tensorrt_engine.config_loader
-    monkeypatch.setattr(tensorrt_engine, "config_loader", lambda **kw: CreateConfig(bf16=True, profiles=made(**kw).profiles))
+    monkeypatch.setattr(tensorrt_engine, "config_loader",
+                        lambda **kw: CreateConfig(bf16=True, profiles=made(**kw).profiles))
     run = clone_run()
     assert cli("build", "--run-dir", run) == 4
     err = capsys.readouterr().err

@@ -10,13 +10,13 @@ examples/pytorch/resnet/A100/qat/resnet-qat.onnx.engine.graph.json (a NoOp copy)
 
 from __future__ import annotations
 
-import fake_inspector
-import fake_tensorrt
 import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+import fake_inspector
+import fake_tensorrt
 from pipeline.core import env
 from pipeline.runtime import tensorrt_inspector as inspector
 from pipeline.runtime import tensorrt_speed
@@ -38,12 +38,13 @@ def test_tensor_precision_reads_tensorrt_10_s_format_strings(text, precision):
 def test_tensor_precision_reads_tensorrt_11_s_keys_as_documented_and_falls_back():
     """TensorRT 11's migration page spells them "DataType" ("Float") and "Format" ("Row major linear FP32 format
     (kLINEAR)"); the data type wins over the format's words, the format is read when there is no data type."""
-    assert inspector.tensor_precision({"DataType": "Half", "Format": "Row major linear FP32 format (kLINEAR)"}) == "fp16"
+    assert inspector.tensor_precision({"DataType": "Half",
+                                       "Format": "Row major linear FP32 format (kLINEAR)"}) == "fp16"
     assert inspector.tensor_precision({"DataType": "Int8"}) == "int8"
     assert inspector.tensor_precision({"Format": "Channel major FP16 format where channel % 8 == 0 (kHWC8)"}) == "fp16"
     assert inspector.tensor_precision({"Datatype": "BFloat16"}) == "bf16"  # another spelling of the key
-    assert inspector.tensor_precision({"DataType": "N/A due to dynamic shapes", "Format": "N/A due to dynamic shapes"}) \
-        == "unknown"
+    assert inspector.tensor_precision({"DataType": "N/A due to dynamic shapes",
+                                       "Format": "N/A due to dynamic shapes"}) == "unknown"
     assert inspector.tensor_precision({"Name": "x", "Dimensions": [1, 3]}) == "unknown"
 
 
@@ -98,7 +99,8 @@ def test_read_a_tensorrt_10_bert_s_myelin_layers():
               "/encoder/layers_2/mha/attn/value/MatMul_myl0_16", "gemm", "Half",
               metadata="".join(f"[ONNX Layer: {n}]" for n in BERT)),
         layer("_gemm_mha_v2_myl0_17", "kgen", "Half", "Half", "Half", "Half",
-              metadata="[ONNX Layer: /encoder/layers.2/mha/attn/MatMul][ONNX Layer: /encoder/layers.2/mha/attn/MatMul_1]"),
+              metadata=("[ONNX Layer: /encoder/layers.2/mha/attn/MatMul]"
+                        "[ONNX Layer: /encoder/layers.2/mha/attn/MatMul_1]")),
         layer("__myl_Fc_myl0_34", "fusion", "Half", metadata="[ONNX Layer: /encoder/layers.4/pos_ff/dense/MatMul]"),
         layer("__mye6916", "wait"), layer("__mye6918", "signal"),  # NVIDIA/TensorRT#3665
     ]}
@@ -223,7 +225,8 @@ def residual_int8() -> onnx.ModelProto:
              helper.make_node("Conv", ["xdq", "w"], ["c"], name="conv1", pads=[1, 1, 1, 1]),
              helper.make_node("Add", ["c", "x"], ["a"], name="add1"),
              helper.make_node("Relu", ["a"], ["y"], name="relu1")]
-    graph = helper.make_graph(nodes, "residual", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4, 8, 8])],
+    graph = helper.make_graph(nodes, "residual",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 4, 8, 8])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4, 8, 8])], [s, z, w, ws])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
     model.ir_version = 9

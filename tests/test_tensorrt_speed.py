@@ -4,13 +4,13 @@ benchmark's device-side timer, and the precision each matrix layer runs in read 
 
 from __future__ import annotations
 
-import fake_tensorrt
 import numpy as np
 import onnx
 import pytest
-import virtual_cuda as vc
 from onnx import TensorProto, helper, numpy_helper
 
+import fake_tensorrt
+import virtual_cuda as vc
 from pipeline import config
 from pipeline.core import env
 from pipeline.core.errors import StageFailed, UsageError

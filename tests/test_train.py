@@ -20,14 +20,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, cli, run_cli
 from torch import nn
 
+from conftest import ROOT, cli, run_cli
 from pipeline.core import env, modeling
-from pipeline.training import checkpoint, device, distributed, optim, rng
-from pipeline.training import metrics as metrics_log
 from pipeline.core.errors import InputError
 from pipeline.train import BEST_CHECKPOINT, CHECKPOINT, CURVE, METRICS, TRACE
+from pipeline.training import checkpoint, device, distributed, optim, rng
+from pipeline.training import metrics as metrics_log
 from pipeline.training.distributed import Dist
 
 # 10 classes x 12 images at 16x16: 100 train / 20 val images, batch 16 -> 6 steps per epoch.

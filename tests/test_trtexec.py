@@ -34,7 +34,7 @@ def tensorrt_rows(payload):
     return [r for r in payload["results"] if r["backend"] == "tensorrt_fp16"]
 
 
-def test_trtexec_runs_on_the_same_engine_and_shapes_beside_every_tensorrt_row(built_run, fake_trtexec,
+def test_trtexec_runs_on_the_same_engine_and_shapes_beside_every_tensorrt_row(built_run, fake_trtexec,  # noqa: F811
                                                                                monkeypatch):
     monkeypatch.setenv("FAKE_TRTEXEC_COMPUTE_MS", "1000")  # far from the fake engine's CPU time: flagged
     payload = bench(built_run)
@@ -63,7 +63,7 @@ def test_trtexec_runs_on_the_same_engine_and_shapes_beside_every_tensorrt_row(bu
     assert "trtexec p50 ms" in md and "large difference" in md
 
 
-def test_trtexec_11_gets_the_flags_of_trtexec_11(built_run, fake_trtexec, monkeypatch):
+def test_trtexec_11_gets_the_flags_of_trtexec_11(built_run, fake_trtexec, monkeypatch):  # noqa: F811
     """TensorRT 11's trtexec excludes data transfers unless --includeDataTransfers (unknown to 10) and ignores
     --noDataTransfers/--useCudaGraph/--separateProfileRun: the command line follows the version it prints."""
     monkeypatch.setenv("FAKE_TRTEXEC_VERSION", "11")
@@ -84,7 +84,7 @@ def test_trtexec_11_gets_the_flags_of_trtexec_11(built_run, fake_trtexec, monkey
     assert not any("has no effect" in p.read_text() for p in logs)
 
 
-def test_a_failing_or_hanging_trtexec_is_a_note_on_its_rows_not_the_end_of_the_stage(built_run, fake_trtexec,
+def test_a_failing_or_hanging_trtexec_is_a_note_on_its_rows_not_the_end_of_the_stage(built_run, fake_trtexec,  # noqa: F811
                                                                                    monkeypatch):
     monkeypatch.setenv("FAKE_TRTEXEC_FAIL_BATCH", "1")
     monkeypatch.setenv("FAKE_TRTEXEC_SLEEP_BATCH", "4")
@@ -101,14 +101,14 @@ def test_a_failing_or_hanging_trtexec_is_a_note_on_its_rows_not_the_end_of_the_s
     assert "error" in (built_run / "benchmark.md").read_text()
 
 
-def test_a_trtexec_that_writes_no_usable_json_is_a_note(built_run, fake_trtexec, monkeypatch):
+def test_a_trtexec_that_writes_no_usable_json_is_a_note(built_run, fake_trtexec, monkeypatch):  # noqa: F811
     monkeypatch.setenv("FAKE_TRTEXEC_GARBAGE", "1")
     payload = bench(built_run, "benchmark.batch_sizes=[1]")
     assert {r["trtexec"]["error"].split(" (")[0] for r in tensorrt_rows(payload)} == \
            {"trtexec no usable --exportTimes JSON"}
 
 
-def test_without_trtexec_on_path_nothing_runs(built_run, monkeypatch):
+def test_without_trtexec_on_path_nothing_runs(built_run, monkeypatch):  # noqa: F811
     monkeypatch.setattr(trtexec, "find", lambda: None)
     payload = bench(built_run, "benchmark.batch_sizes=[1]")
     assert all("trtexec" not in r for r in payload["results"])

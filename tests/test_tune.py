@@ -109,8 +109,8 @@ def test_fp16_tune_keeps_more_nodes_in_fp16_than_greedy_fallback_and_round_trips
     tensor, so greedy fallback moves it first, but the pool washes it out) and the classifier's input shifted by
     384 with its FP16 weight sum (the logits are wrong): not matrix layers but an Add and a ReduceSum. tune ranks
     every FP16 node that rounds, keeps only late nodes in FP32 (with their FP32 weights) and passes, where greedy
-    keeps the early shift too; with no TensorRT here there is no FP16 target, so speed is not measured and said so, and the choice
-    goes to fp16_fallback.json, which export applies."""
+    keeps the early shift too; with no TensorRT here there is no FP16 target, so speed is not measured and said so,
+    and the choice goes to fp16_fallback.json, which export applies."""
     run = _copy(trained(f"{TUNE_MODELS}:mild_then_severe_fp16"), tmp_path)
     assert cli("tune", "--run-dir", run, "--precision", "fp16", *FAST) == 0
     report = _tune(run, "fp16")  # tune.fp16.json: an INT8 tune's tune.json is another file

@@ -14,8 +14,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline.precision import plugs
-from pipeline.precision import sensitivity
+from pipeline.precision import plugs, sensitivity
 from pipeline.precision.sensitivity import Candidate
 
 FAST = settings(max_examples=120, deadline=None)
@@ -368,7 +367,7 @@ def test_timed_returns_the_value_and_seconds():
 
 def test_every_k_is_judged_at_most_once_over_many_gates():
     for n, threshold in itertools.product(range(1, 9), range(0, 10)):
-        _, judged = run_search(n, lambda k: k >= threshold)
+        _, judged = run_search(n, lambda k, threshold=threshold: k >= threshold)
         assert len(judged) == len(set(judged))
 
 

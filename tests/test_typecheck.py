@@ -45,7 +45,8 @@ def test_tensorrt_modules_typecheck_against_tensorrt_stubs(tmp_path):
 
 
 # Removed in TensorRT 11 (NVIDIA's 10.x -> 11.x migration guide): weak typing and implicit INT8.
-REMOVED_IN_TRT11 = [r"BuilderFlag\.(FP16|BF16|INT8|FP8|INT4|FP4|OBEY_PRECISION_CONSTRAINTS|PREFER_PRECISION_CONSTRAINTS)",
+REMOVED_IN_TRT11 = [r"BuilderFlag\.(FP16|BF16|INT8|FP8|INT4|FP4|"
+                    r"OBEY_PRECISION_CONSTRAINTS|PREFER_PRECISION_CONSTRAINTS)",
                     r"\bIInt8\w*Calibrator", r"int8_calibrator", r"\.precision_is_set", r"\.set_output_type\(",
                     r"platform_has_fast_fp16", r"execute_async_v2", r"execute_v2", r"get_binding_\w+",
                     r"num_bindings", r"binding_is_input", r"set_binding_shape", r"\bfp16=True", r"\bint8=True"]

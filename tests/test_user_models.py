@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import TINY, cli
 from PIL import Image
 
+from conftest import TINY, cli
 from pipeline import config
 from pipeline.core import data as data_mod
 from pipeline.core.errors import EXIT_OK, EXIT_USAGE, DataError

@@ -16,11 +16,10 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from pipeline.core.verdicts import JUDGED
-
 from conftest import ROOT, TINY, cli
 from pipeline import config as config_mod
 from pipeline.core.run import RunDir, sha256_file
+from pipeline.core.verdicts import JUDGED
 from pipeline.reports.verify_report import artifact_sha256
 
 SCHEMA = json.loads((ROOT / "docs" / "verify.schema.json").read_text())

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from conftest import FAULTS, ROOT, TINY, cli
-from pipeline.evaluation import candidates
-from pipeline.runtime import tensorrt_engine
 from pipeline import config, verify
 from pipeline.core import artifacts
+from pipeline.evaluation import candidates
+from pipeline.runtime import tensorrt_engine
 
 SCHEMA = json.loads((ROOT / "docs" / "verify.schema.json").read_text())
 
@@ -359,7 +359,8 @@ def fake_tensorrt(monkeypatch):
     monkeypatch.setattr(build, "run", lambda cfg, run_dir, record: record.skip("no TensorRT in this test"))
     # Only the FP16 engine exists in these tests: the INT8 engine is skipped as build records it when export wrote
     # no model.int8.onnx.
-    monkeypatch.setattr(tensorrt_engine, "skip_reason", lambda cfg, run_dir, engine: "" if engine == tensorrt_engine.FP16_ENGINE
+    monkeypatch.setattr(tensorrt_engine, "skip_reason",
+                        lambda cfg, run_dir, engine: "" if engine == tensorrt_engine.FP16_ENGINE
                         else "no INT8 engine in this test")
     monkeypatch.setattr("pipeline.runtime.backends.Backend.isolated", False)  # the fakes live in this process
 

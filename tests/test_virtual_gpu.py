@@ -50,7 +50,7 @@ CALLS_MS = (2 * vc.LAUNCH_NS + 20 * vc.HOST_CALL_NS) / 1e6
 
 
 @pytest.mark.parametrize("graphs", [False, True], ids=["trtrunner", "cuda_graphs"])
-def test_virtual_gpu_every_reported_timing_is_what_the_device_says(built_run, fake_trt, graphs):
+def test_virtual_gpu_every_reported_timing_is_what_the_device_says(built_run, fake_trt, graphs):  # noqa: F811
     """GPU compute = the kernels' virtual time, never the host's launch of them; host latency = copies + kernels +
     synchronize + the launch work the stream cannot hide; every sample, every batch, both modes. Events on an idle
     stream (the launch inside the pair), a graph replayed off the events' stream, events around Polygraphy's whole
@@ -83,7 +83,6 @@ def tiny_engine(input_type=onnx.TensorProto.FLOAT):
     from onnx import helper
 
     x = helper.make_tensor_value_info("x", input_type, ["n", 3])
-    y = helper.make_tensor_value_info("y", input_type, ["n", 3])
     model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"]),
                                                  helper.make_node("Neg", ["y"], ["z"]),
                                                  helper.make_node("Neg", ["z"], ["y2"]),
@@ -100,7 +99,7 @@ def tiny_engine(input_type=onnx.TensorProto.FLOAT):
 HOST = np.array([[-1.0, 2.0, -3.0], [4.0, -5.0, 6.0]], np.float32)
 
 
-def test_virtual_gpu_graphed_engine_times_its_replay_and_reads_the_output_after_the_synchronize(fake_trt):
+def test_virtual_gpu_graphed_engine_times_its_replay_and_reads_the_output_after_the_synchronize(fake_trt):  # noqa: F811
     graphed = runners.GraphedEngine(tiny_engine(), input_name="x", output_name="y_out", host=HOST)
     assert graphed.gpu_compute() == pytest.approx(4 * vc.LAYER_NS / 1e6)  # four layers, not the replay's launch
     graphed.host_output.fill_(0)
@@ -110,7 +109,7 @@ def test_virtual_gpu_graphed_engine_times_its_replay_and_reads_the_output_after_
     assert fake_trt.violations == []
 
 
-def test_virtual_gpu_rejects_an_input_of_another_dtype_on_every_tensorrt_path(fake_trt):
+def test_virtual_gpu_rejects_an_input_of_another_dtype_on_every_tensorrt_path(fake_trt):  # noqa: F811
     engine = tiny_engine(onnx.TensorProto.FLOAT16)
     with pytest.raises(runners.TensorrtCallFailed, match="'x' is float32 but the engine expects float16"):
         runners.GraphedEngine(engine, input_name="x", output_name="y_out", host=HOST)
@@ -129,7 +128,7 @@ def test_virtual_gpu_rejects_an_input_of_another_dtype_on_every_tensorrt_path(fa
     np.testing.assert_array_equal(np.asarray(out["y_out"].numpy(), np.float32), np.maximum(HOST, 0))
 
 
-def test_virtual_gpu_tensorrt_runtime_warnings_reach_the_runner_s_log(fake_trt, capsys):
+def test_virtual_gpu_tensorrt_runtime_warnings_reach_the_runner_s_log(fake_trt, capsys):  # noqa: F811
     """TensorRT's runtime WARNINGs go through Polygraphy's logger to stdout, the child process's log file."""
     fake_trt.fail["warning"] = "Using default stream in enqueueV3() may lead to performance issues"
     runner = runners.TensorrtRunner(b"", {"profile": {"min": [1], "max": [4]}}, name="t", input_name="x",
@@ -144,7 +143,7 @@ def test_virtual_gpu_tensorrt_runtime_warnings_reach_the_runner_s_log(fake_trt, 
 
 
 @pytest.fixture
-def device(fake_trt):
+def device(fake_trt):  # noqa: F811
     return vc.DEVICE[0]
 
 
@@ -231,7 +230,7 @@ def test_virtual_gpu_host_reads_poison_before_the_synchronize(device):
     np.testing.assert_array_equal(dst.numpy(), np.arange(6, dtype=np.float32))
 
 
-def test_virtual_gpu_capture_needs_a_side_stream_and_a_warm_up_and_fixes_shapes(fake_trt, device):
+def test_virtual_gpu_capture_needs_a_side_stream_and_a_warm_up_and_fixes_shapes(fake_trt, device):  # noqa: F811
     import torch
 
     with pytest.raises(RuntimeError, match="legacy default stream"):

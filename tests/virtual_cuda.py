@@ -33,8 +33,8 @@ It models the SEMANTICS that GPU timing code must respect, not a GPU's speed or 
   enqueue before the capture, shapes fixed at capture) are checked by the fake execution context.
 
 It does not model: concurrency inside a stream, several GPUs, memory bandwidth contention, launch latency
-on the device side (between the launch's end and the work's start), jitter of any host cost, stream priorities, per-thread default streams, events inside graphs, or any
-real kernel's speed. docs/gpu-validation.md says so too.
+on the device side (between the launch's end and the work's start), jitter of any host cost, stream priorities,
+per-thread default streams, events inside graphs, or any real kernel's speed. docs/gpu-validation.md says so too.
 """
 
 from __future__ import annotations

@@ -108,7 +108,8 @@ class TrainConfig(Section):
     channels_last: bool = Field(True, description="NHWC memory format")
     accumulate: int = Field(1, ge=1, description="micro-batches per optimizer step")
     clip_grad_norm: Optional[float] = Field(None, gt=0, description="clip gradients to this total norm")
-    max_nonfinite: int = Field(3, ge=1, description="consecutive skipped steps (non-finite loss or gradients) before stopping")
+    max_nonfinite: int = Field(3, ge=1, description=("consecutive skipped steps (non-finite loss or gradients) "
+                                                     "before stopping"))
     compile: bool = Field(False, description="torch.compile the model")
     deterministic: bool = Field(False, description="deterministic algorithms (slower)")
     seed: int = Field(0, ge=0, lt=SEED_LIMIT, description="seed of Python, NumPy and torch")
@@ -149,7 +150,8 @@ class BF16Config(FP16Config):
 
 
 class INT8Config(Section):
-    enabled: bool = Field(True, description=f"write {INT8_ONNX} with ModelOpt PTQ (skipped, and said, without ModelOpt)")
+    enabled: bool = Field(True, description=(f"write {INT8_ONNX} with ModelOpt PTQ "
+                                             "(skipped, and said, without ModelOpt)"))
     calibration_method: Literal[CALIBRATION_METHODS] = Field(
         "max", description="activation ranges: max (per-tensor absolute max) or entropy (KL-optimal clipping); the "
         "two ModelOpt 0.47 offers for INT8 (no percentile)")
@@ -384,7 +386,8 @@ class CompareConfig(Section):
 
 
 class DeployConfig(Section):
-    """``python -m pipeline deploy``: a Triton model repository of the artifacts that passed the gate (docs/deploy.md)."""
+    """``python -m pipeline deploy``: a Triton model repository of the artifacts that passed the gate
+    (docs/deploy.md)."""
 
     target: Literal["triton"] = Field("triton", description="the serving system the repository is written for")
     out: str | None = Field(None, description="the model repository folder deploy writes (`deploy --out DIR`); "

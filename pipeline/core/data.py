@@ -22,8 +22,9 @@ from torch.utils.data import Dataset
 from pipeline.core.errors import DataError
 
 if TYPE_CHECKING:
-    from pipeline.core.config_schema import Config, DataConfig
     import numpy as np
+
+    from pipeline.core.config_schema import Config, DataConfig
 
 log = logging.getLogger("pipeline")
 
@@ -48,7 +49,7 @@ def collate(batch):
     """Batches from ``__getitems__`` arrive stacked already; single samples are stacked here."""
     if isinstance(batch, tuple):
         return batch
-    images, labels = zip(*batch)
+    images, labels = zip(*batch, strict=True)
     return torch.stack(images), torch.tensor(labels, dtype=torch.long)
 
 
@@ -207,7 +208,8 @@ def synthetic_images(num_classes: int, per_class: int, size: int, seed: int) -> 
     shift = max(1, size // 8)
     dy = torch.randint(-shift, shift + 1, (n,), generator=g).tolist()
     dx = torch.randint(-shift, shift + 1, (n,), generator=g).tolist()
-    images = torch.stack([torch.roll(prototypes[c], (y, x), (1, 2)) for c, y, x in zip(labels.tolist(), dy, dx)])
+    images = torch.stack([torch.roll(prototypes[c], (y, x), (1, 2))
+                          for c, y, x in zip(labels.tolist(), dy, dx, strict=True)])
     mirror = torch.rand(n, generator=g) < 0.5
     images[mirror] = images[mirror].flip(-1)
     blend = uniform(0.2, 0.5, n, 1, 1, 1)
@@ -576,7 +578,7 @@ def augment(images: torch.Tensor, generator: torch.Generator, pad: int = 4) -> t
     padded = torch.nn.functional.pad(images, (pad, pad, pad, pad), mode=mode)
     dy = torch.randint(0, 2 * pad + 1, (n,), generator=generator).tolist()
     dx = torch.randint(0, 2 * pad + 1, (n,), generator=generator).tolist()
-    out = torch.stack([padded[i, :, y : y + h, x : x + w] for i, (y, x) in enumerate(zip(dy, dx))])
+    out = torch.stack([padded[i, :, y : y + h, x : x + w] for i, (y, x) in enumerate(zip(dy, dx, strict=True))])
     flip = torch.rand(n, generator=generator) < 0.5
     out[flip] = out[flip].flip(-1)
     return out

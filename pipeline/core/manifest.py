@@ -15,8 +15,8 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError, constr
 
-from pipeline.core.artifacts import OPENVINO_DIR
 from pipeline.core import schema
+from pipeline.core.artifacts import OPENVINO_DIR
 from pipeline.core.errors import InputError
 
 Sha256 = constr(pattern=r"^[0-9a-f]{64}$")

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import json
 import math
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from pipeline.core.registry import models
 from pipeline.core.artifacts import MODEL_CARD, WEIGHTS
 from pipeline.core.errors import InputError, UsageError, first_line
+from pipeline.core.registry import models
 from pipeline.core.run import RunDir, read_json, write_json
 
 if TYPE_CHECKING:  # annotations only

@@ -137,7 +137,8 @@ def check_matches_spec(model: onnx.ModelProto, path: Path, spec: dict) -> None:
     width; output ``[batch, num_classes]``), else one InputError ending "re-run export"."""
     inputs, outputs = io_names(model)
     if inputs != [spec["input_name"]]:
-        raise InputError(f"{path} has inputs {inputs}, but the model card expects [{spec['input_name']!r}]; re-run export")
+        raise InputError(f"{path} has inputs {inputs}, but the model card expects [{spec['input_name']!r}]; "
+                         "re-run export")
     shape = input_shape(model, spec["input_name"])
     expected = list(spec["input_size"])
     if len(shape) != 4 or [d for d in shape[1:]] != expected:

@@ -24,12 +24,21 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, TypeVar
 
+from pipeline.core.artifacts import CONFIG, IR_TEMP_PREFIX, ISOLATE_PREFIX, LOCK, LOGS, MANIFEST, OPENVINO_DIR  # noqa: F401
+from pipeline.core.errors import (
+    InputError,
+    PipelineError,
+    StageFailed,
+    UsageError,
+    check_interrupt,
+    disk_full,
+    disk_full_cause,
+    is_interrupt,
+)
+from pipeline.core.schema import NOFOLLOW, open_confined
+
 # CONFIG: re-exported for callers
 from pipeline.core.status import Status
-from pipeline.core.artifacts import CONFIG, IR_TEMP_PREFIX, ISOLATE_PREFIX, LOCK, LOGS, MANIFEST, OPENVINO_DIR  # noqa: F401
-from pipeline.core.errors import (InputError, PipelineError, StageFailed, UsageError, check_interrupt, disk_full,
-                                  disk_full_cause, is_interrupt)
-from pipeline.core.schema import NOFOLLOW, open_confined
 
 if TYPE_CHECKING:  # annotations only; pydantic is imported where a record is read: `--help` stays light
     from pipeline.core.config_schema import Config

@@ -106,7 +106,8 @@ def problem(exc: ValidationError) -> str:
     first = errors[0]
     more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
     message = first["msg"][:1].lower() + first["msg"][1:]
-    return f"{printable(_where(first), 80)}: {printable(message, 120)} (got {printable(repr(first.get('input')), 60)})" \
+    return f"{printable(_where(first), 80)}: {printable(message, 120)} " \
+           f"(got {printable(repr(first.get('input')), 60)})" \
            f"{more}"
 
 

@@ -7,9 +7,9 @@ statistic over the batch (BatchNorm left in train mode), so an image's output de
 judges each candidate at ``verify.batch_size``; while its runner is still active, this module runs it again on
 the same images, batched at each profile batch size, and judges each batching with the candidate's own gate
 against the same reference outputs, on the first ``verify.batch_check_samples`` images (64: a batch-dependent
-output differs on every image, so a few suffice, and batch 1 over verify's 1,000 images would cost minutes). A batch size where the candidate fails fails the candidate, and the reason
-names it. A static artifact (``export.dynamic_batch=false``) or a batch the runtime says it cannot take is skipped
-with the reason.
+output differs on every image, so a few suffice, and batch 1 over verify's 1,000 images would cost minutes).
+A batch size where the candidate fails fails the candidate, and the reason names it. A static artifact
+(``export.dynamic_batch=false``) or a batch the runtime says it cannot take is skipped with the reason.
 
 The main check calls :func:`run_sizes` on its active runner; once every candidate is judged, verify calls
 :func:`verify_batch_sizes`, which judges those outputs for each candidate that passed or was inconclusive; the
@@ -36,7 +36,8 @@ BATCH_HINT = ("not a precision fault (the FP32 fallback cannot fix it): the same
               "build.opt_batch at the batch you serve")
 AFTER_FALLBACK = ("checked when verify re-runs on the graph the fallback wrote (the stage runner re-runs export, "
                   "build and verify after a replacement)")
-RECHECKED = (Status.PASSED, Status.INCONCLUSIVE)  # failed, skipped, error, crashed: nothing more to learn at other sizes
+# failed, skipped, error, crashed: nothing more to learn at other sizes
+RECHECKED = (Status.PASSED, Status.INCONCLUSIVE)
 
 
 def served_batches(cfg: Config) -> dict[int, list[str]]:
@@ -87,7 +88,8 @@ def _run_size(runner, size: int, batches: list[dict]) -> dict:
     except Crashed:
         raise
     except Exception as exc:  # a batch the artifact claims to serve and cannot run: the candidate fails there
-        return {"status": Status.FAILED, "reason": f"cannot run at batch {size}: {type(exc).__name__}: {first_line(exc)}"}
+        return {"status": Status.FAILED,
+                "reason": f"cannot run at batch {size}: {type(exc).__name__}: {first_line(exc)}"}
 
 
 def _judged(run: dict, evidence, gate: dict, size: int, count: int) -> dict:

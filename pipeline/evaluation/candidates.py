@@ -6,29 +6,26 @@ a remade graph, localise a failing candidate). verify and tune both judge this w
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import dataclasses
 import logging
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-
-from pipeline.core import verdicts
+from pipeline.core import data, verdicts
+from pipeline.core.errors import InputError, disk_full, first_line
+from pipeline.core.run import RunDir
 from pipeline.core.status import Status
 from pipeline.core.verdicts import Verdict
-from pipeline.core import data
-from pipeline.precision import fallback, gate as criteria
-from pipeline.precision.plugs import Precision
-from pipeline.runtime import isolate, localize
-from pipeline.runtime import backends
-from pipeline.reports import verify_report
-from pipeline.runtime.backends import Backend, Context
-from pipeline.core.errors import InputError, disk_full, first_line
 from pipeline.evaluation import batching
+from pipeline.precision import fallback
+from pipeline.precision import gate as criteria
+from pipeline.precision.plugs import Precision
+from pipeline.reports import verify_report
+from pipeline.runtime import backends, isolate, localize
+from pipeline.runtime.backends import Backend, Context
 from pipeline.runtime.isolate import Crashed
-from pipeline.core.run import RunDir
 from pipeline.runtime.runners import TorchRunner, collect, infer_all
 
 if TYPE_CHECKING:  # annotations only

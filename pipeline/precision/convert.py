@@ -6,9 +6,8 @@ two functions, so what they re-check is what export would write."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import logging
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx

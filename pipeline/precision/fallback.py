@@ -12,9 +12,9 @@ the run's file and the raises go to its fallback file, which every later export 
 The FP16 graph's raises to FP32 also apply to the INT8 graph's FP16 regions (the nodes are the same), so
 what the FP16 fallback found carries over (:func:`read`).
 
-The same loop serves every precision; its plug (:mod:`pipeline.precision.plugs`) says how a graph is read and summarised. How a
-graph is remade (export's conversion), re-checked and localised is the caller's (verify's): this module
-imports no stage.
+The same loop serves every precision; its plug (:mod:`pipeline.precision.plugs`) says how a graph is read and
+summarised. How a graph is remade (export's conversion), re-checked and localised is the caller's (verify's):
+this module imports no stage.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING, Annotated, Callable, Literal, Protocol
 import onnx
 from pydantic import Field, StringConstraints
 
-from pipeline.precision import CALIBRATION_METHODS
 from pipeline.core import schema
 from pipeline.core.artifacts import fallback_file
 from pipeline.core.errors import InputError
 from pipeline.core.run import RunDir, write_json
+from pipeline.precision import CALIBRATION_METHODS
 
 if TYPE_CHECKING:  # annotations only
     from pipeline.core.config_schema import Config

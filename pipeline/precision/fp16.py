@@ -18,14 +18,13 @@ alternatives run here:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import contextlib
 import logging
 import math
 import re
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -72,7 +71,8 @@ def _quiet_autocast():
     loggers[0].setLevel(logging.INFO)
     loggers[0].addHandler(capture)
     # Some AutoCast modules configure their own child loggers on import.
-    children = [logging.getLogger(n) for n in logging.root.manager.loggerDict if n.startswith("modelopt.onnx.autocast.")]
+    children = [logging.getLogger(n) for n in logging.root.manager.loggerDict
+                if n.startswith("modelopt.onnx.autocast.")]
     child_saved = [(lg, lg.handlers[:], lg.propagate) for lg in children]
     for lg in children:
         lg.handlers[:] = []
@@ -116,7 +116,8 @@ def convert(fp32_path: Path, calibration_npz: Path | None, fp16_cfg: FP16Config,
         with signals_held():
             from modelopt.onnx.autocast import convert_to_mixed_precision
     except ImportError as exc:
-        raise StageFailed(f"ModelOpt AutoCast is not installed ({exc}); reinstall the project (pip install -e .), which declares AutoCast's dependencies") from None
+        raise StageFailed(f"ModelOpt AutoCast is not installed ({exc}); reinstall the project (pip install -e .), "
+                          "which declares AutoCast's dependencies") from None
 
     data_max = fp16_cfg.data_max if fp16_cfg.range_rule else math.inf
     init_max = fp16_cfg.init_max if fp16_cfg.range_rule else math.inf
@@ -295,7 +296,8 @@ def emulation_model(fp16_model: onnx.ModelProto) -> onnx.ModelProto:
             value.type.tensor_type.elem_type = FLOAT
 
     new_graph = helper.make_graph(new_nodes, graph.name, list(graph.input), list(graph.output), initializers)
-    model = helper.make_model(new_graph, opset_imports=list(fp16_model.opset_import), producer_name="pipeline.precision.fp16")
+    model = helper.make_model(new_graph, opset_imports=list(fp16_model.opset_import),
+                              producer_name="pipeline.precision.fp16")
     model.ir_version = fp16_model.ir_version
     return model
 

@@ -90,7 +90,8 @@ def scaled_check(ref: np.ndarray, cand: np.ndarray, gate: dict) -> dict:
     statistic = image_quantile(errors, gate["error_quantile"])
     nonfinite = int((~np.isfinite(np.asarray(cand, np.float64))).sum())
     passed = bool(statistic <= gate["max_scaled_error"]) and nonfinite == 0  # NaN compares False: fails
-    return {"passed": passed, "criterion": "scaled", "statistic": f"q{gate['error_quantile']:g} of per-image scaled error",
+    return {"passed": passed, "criterion": "scaled",
+            "statistic": f"q{gate['error_quantile']:g} of per-image scaled error",
             "mismatch_fraction": float((~(errors <= gate["max_scaled_error"])).mean()) if errors.size else 0.0,
             "scale": scale, "scaled_error": float(errors.max(initial=0)),
             "scaled_error_quantile": statistic, "error_quantile": gate["error_quantile"],

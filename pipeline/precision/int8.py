@@ -8,8 +8,8 @@ ONNX graph (implicit calibration is gone in 11), so every INT8 decision lives in
   ``model.onnx``, calibrated on real validation images, with the regions it leaves unquantized in
   FP16 (``high_precision_dtype="fp16"``), so an engine built from it is a true INT8/FP16 mix.
   Activations are quantized per tensor (symmetric), weights per output channel.
-* :func:`pipeline.runtime.runners.int8_exact_runner` executes that graph as written: ONNX Runtime with graph optimisations off
-  (``ORT_DISABLE_ALL``: no Q/DQ fusion, every Q and DQ computed on its own, in FP32) on the FP16
+* :func:`pipeline.runtime.runners.int8_exact_runner` executes that graph as written: ONNX Runtime with graph
+  optimisations off (``ORT_DISABLE_ALL``: no Q/DQ fusion, every Q and DQ computed on its own, in FP32) on the FP16
   emulation graph of :func:`pipeline.precision.fp16.emulation_model` (every FP16 tensor rounded to FP16).
   TensorRT computes the same Q/DQ arithmetic, with int32 accumulation of the int8 products.
 * :func:`localize` compares the FP32 graph and the Q/DQ graph tensor by tensor (a quantized node's
@@ -19,21 +19,20 @@ ONNX graph (implicit calibration is gone in 11), so every INT8 decision lives in
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import contextlib
 import io
 import logging
 import re
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 
-from pipeline.precision import fp16
 from pipeline.core.errors import StageFailed
 from pipeline.core.run import signals_held
+from pipeline.precision import fp16
 
 if TYPE_CHECKING:  # annotations only
     from pipeline.core.config_schema import INT8Config
@@ -174,7 +173,8 @@ def int8_fraction(precisions: dict) -> float:
     return sum(1 for p in compute if p == "int8") / max(1, len(compute))
 
 
-def precision_report(fp32_model, int8_model, int8_cfg: INT8Config, fallback: set[str], fp32_fallback: set[str] = frozenset()) -> dict:
+def precision_report(fp32_model, int8_model, int8_cfg: INT8Config, fallback: set[str],
+                     fp32_fallback: set[str] = frozenset()) -> dict:
     precisions = node_precisions(fp32_model, int8_model)
     left, why_counts = [], {}
     for name, (op, precision) in precisions.items():
@@ -214,5 +214,6 @@ def _why_unquantized(name: str, op: str, int8_cfg: INT8Config, fallback: set[str
 
 
 def exact_model(int8_model: onnx.ModelProto) -> onnx.ModelProto:
-    """The Q/DQ graph with every FP16 tensor rounded to FP16 and computed in FP32 (pipeline.precision.fp16's emulation)."""
+    """The Q/DQ graph with every FP16 tensor rounded to FP16 and computed in FP32 (pipeline.precision.fp16's
+    emulation)."""
     return fp16.emulation_model(int8_model)

@@ -16,15 +16,13 @@ kind of plug (:class:`FloatPrecision`: a float type, AutoCast, rounding), with o
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import onnx
 
 from pipeline.core import artifacts
-from pipeline.precision import PRECISIONS
-from pipeline.precision import convert, fp16, int8, sensitivity
+from pipeline.precision import PRECISIONS, convert, fp16, int8, sensitivity
 from pipeline.precision.fallback import FloatFallbackFile, Int8FallbackFile, Raised
 
 if TYPE_CHECKING:  # annotations only

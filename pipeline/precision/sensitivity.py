@@ -186,7 +186,8 @@ class Candidate:
         return self.calibration, tuple(sorted(self.high)), tuple(sorted(self.fp32))
 
 
-def search(ranked: list[str], judge: Callable[[list[str], str], Candidate], lowest: str = "all INT8") -> list[Candidate]:
+def search(ranked: list[str], judge: Callable[[list[str], str], Candidate],
+           lowest: str = "all INT8") -> list[Candidate]:
     """Keep the top k of ``ranked`` out of INT8: bisect for the smallest passing k (the invariant keeps k - 1 judged
     and failing), then judge k + 1 too, so the front has both neighbours. ``judge(high, origin)`` judges a mix under
     the full gate. Returns every candidate judged, k = 0 and k = len(ranked) included."""

@@ -13,8 +13,8 @@ import re
 from dataclasses import dataclass
 
 from pipeline.core import records
-from pipeline.core.status import Status
 from pipeline.core.manifest import STAGE_ORDER
+from pipeline.core.status import Status
 from pipeline.precision import plugs
 from pipeline.runtime import trtexec
 
@@ -192,7 +192,8 @@ def section_keys(precision: str) -> tuple[str, str]:
 
 
 def _fallback_section(fb: dict, plug) -> Section:
-    """One automatic fallback (every precision's: pipeline.precision.fallback): what moved where, and the share left low."""
+    """One automatic fallback (every precision's: pipeline.precision.fallback): what moved where, and the share left
+    low."""
     raised = fb.get("raised") or {"out_of_low": fb.get(f"excluded_from_{plug.name}", []),
                                   "fp32": fb.get("kept_in_fp32", fb.get("moved_to_fp32", []))}  # pipeline.verify/2
     one_step = (Cell(f"{plug.raised_to}: "), *_names(raised.get("out_of_low", [])), Cell("; ")) \
@@ -232,8 +233,8 @@ def verify_sections(payload: dict) -> list[Section]:
                f"under verify.inconclusive: {payload.get('inconclusive_policy', 'pass')})") if undecided else ""
         text += (f" Deployable (passed a gating check): {', '.join(deployable) or 'none'}{why}. Rows marked 'reported "
                  "only' do not decide the exit code (verify.gate).")
-    sections = [Section("Precision gate", status=Status.PASSED if payload["passed"] else Status.FAILED, paragraphs=(text,),
-                        tables=(table,))]
+    sections = [Section("Precision gate", status=Status.PASSED if payload["passed"] else Status.FAILED,
+                        paragraphs=(text,), tables=(table,))]
     batches = _batch_section(payload["candidates"])
     if batches:
         sections.append(batches)

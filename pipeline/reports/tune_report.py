@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pathlib import Path
-
-from pipeline.core.status import Status
 from pipeline.core import env
-from pipeline.reports import tables
 from pipeline.core.artifacts import tune_files
 from pipeline.core.run import RunDir, atomic_path, atomic_write, write_json
+from pipeline.core.status import Status
 from pipeline.precision import plugs, sensitivity
 from pipeline.precision.sensitivity import Candidate
-from pipeline.runtime.openvino_speed import layers_not_in
+from pipeline.reports import tables
 from pipeline.reports.tables import Cell, Section, Table, fmt
+from pipeline.runtime.openvino_speed import layers_not_in
 
 if TYPE_CHECKING:  # annotations only
     from pipeline.core.config_schema import Config

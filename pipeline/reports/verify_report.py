@@ -14,21 +14,19 @@ import math
 import os
 import xml.etree.ElementTree as ET
 from pathlib import Path
-
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
-from pipeline.core import schema
+from pipeline.core import artifacts, env, schema
 from pipeline.core.errors import PipelineError, first_line
+from pipeline.core.run import RunDir, atomic_write, now, read_json, sha256_file, write_json
 from pipeline.core.status import Status
 from pipeline.core.verdicts import JUDGED, InconclusivePolicy
-from pipeline.core import artifacts, env
 from pipeline.precision import plugs
 from pipeline.reports import tables
-from pipeline.runtime import backends
-from pipeline.core.run import RunDir, atomic_write, now, read_json, sha256_file, write_json
 from pipeline.reports.tables import fmt, section_keys
+from pipeline.runtime import backends
 
 if TYPE_CHECKING:  # annotations only
     from pipeline.core.config_schema import Config
@@ -316,7 +314,7 @@ def build_payload(cfg: Config, card, candidates, gated: dict, verdict, samples: 
             for c in candidates
         ],
         **{key: section for name in plugs.PLUGS
-           for key, section in zip(section_keys(name), gated.get(name) or (None, None))},
+           for key, section in zip(section_keys(name), gated.get(name) or (None, None), strict=True)},
         "environment": {k: v for k, v in env.collect().items() if k in ("cpu", "gpu", "torch", "onnxruntime",
                                                                           "polygraphy", "modelopt", "tensorrt",
                                                                           "openvino")},

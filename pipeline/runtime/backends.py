@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import KW_ONLY, dataclass, field
-from functools import cached_property
 from typing import TYPE_CHECKING, Callable
 
 from pipeline.core import env
@@ -27,9 +26,10 @@ from pipeline.core.errors import InputError
 from pipeline.core.run import RunDir, sha256_file
 
 if TYPE_CHECKING:  # only for the annotations: this module imports nothing heavy
-    from pipeline.core.config_schema import Config
     import onnx
     import torch
+
+    from pipeline.core.config_schema import Config
 
 log = logging.getLogger("pipeline")
 

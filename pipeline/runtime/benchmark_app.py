@@ -15,8 +15,6 @@ comparison is skipped with that reason. ``benchmark.benchmark_app_s: 0`` turns i
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import json
 import logging
 import shutil
@@ -24,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.core.artifacts import xml_name
 from pipeline.core.run import RunDir
@@ -65,7 +64,8 @@ def run_one(exe: str, xml: Path, shape: list[int], mode: str, hint: str, threads
     with tempfile.TemporaryDirectory(prefix="pipeline-benchmark-app-") as tmp:
         folder = Path(tmp)
         config = folder / "config.json"
-        config.write_text(json.dumps({"CPU": {"INFERENCE_PRECISION_HINT": hint, "INFERENCE_NUM_THREADS": str(threads)}}))
+        config.write_text(json.dumps({"CPU": {"INFERENCE_PRECISION_HINT": hint,
+                                              "INFERENCE_NUM_THREADS": str(threads)}}))
         cmd = command(exe, xml, shape, mode, seconds, config, folder)
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=120 + 4 * seconds)

@@ -39,8 +39,8 @@ from types import SimpleNamespace
 import numpy as np
 from polygraphy.backend.base import BaseRunner
 
-from pipeline.core.errors import first_line
 from pipeline.core import artifacts, errors
+from pipeline.core.errors import first_line
 from pipeline.runtime.runners import Method, Timed, measure_or_error, to_numpy
 
 JOB = "job.json"
@@ -400,8 +400,8 @@ def find_backend(where: dict):
 
 def _context(job: dict, folder: Path):
     from pipeline.core import onnx_io
-    from pipeline.runtime.backends import Context
     from pipeline.core.run import RunDir
+    from pipeline.runtime.backends import Context
 
     under_test = {precision: onnx_io.load(folder / name, f"{precision.upper()} ONNX model")
                   for precision, name in job["under_test"].items()}

@@ -8,10 +8,9 @@ built with every tensor marked (which can change fusions; Polygraphy's own accur
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import logging
 from collections import OrderedDict
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -53,16 +52,18 @@ def compare_layers(fp32_model: onnx.ModelProto, ref: dict, cand: dict, rule: Ten
 
 
 def tensorrt_layers_engine(onnx_path, *, input_name: str, shapes: dict, build_cfg: BuildConfig, timing_cache=None):
-    """The localisation engine's loader: the engine's own network parser and builder config (``tensorrt_engine.network_loader``,
-    ``tensorrt_engine.config_loader``: strongly typed, same profile, ``build.tf32``, ``build.optimization_level``, the
-    engine's timing cache), with every tensor marked as a network output. Lazy: nothing touches TensorRT."""
+    """The localisation engine's loader: the engine's own network parser and builder config
+    (``tensorrt_engine.network_loader``, ``tensorrt_engine.config_loader``: strongly typed, same profile,
+    ``build.tf32``, ``build.optimization_level``, the engine's timing cache), with every tensor marked as a network
+    output. Lazy: nothing touches TensorRT."""
     from polygraphy import constants
     from polygraphy.backend.trt import EngineFromNetwork, ModifyNetworkOutputs
 
     from pipeline.runtime import tensorrt_engine
 
     network = ModifyNetworkOutputs(tensorrt_engine.network_loader(onnx_path), outputs=constants.MARK_ALL)
-    config = tensorrt_engine.config_loader(input_name=input_name, shapes=shapes, build_cfg=build_cfg, timing_cache=timing_cache)
+    config = tensorrt_engine.config_loader(input_name=input_name, shapes=shapes, build_cfg=build_cfg,
+                                           timing_cache=timing_cache)
     return EngineFromNetwork(network, config=config)
 
 

@@ -27,8 +27,6 @@ The bytes checked are the bytes loaded.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import hashlib
 import logging
 import os
@@ -36,6 +34,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline import __version__
 from pipeline.core import env

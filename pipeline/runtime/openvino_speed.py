@@ -8,6 +8,7 @@ import onnx
 
 from pipeline.precision.int8 import MATRIX_OPS
 
+
 def openvino_timing(model: onnx.ModelProto, images: np.ndarray, batches: list[int], method, threads: int | None, *,
                     int8_graph: bool) -> dict:
     """The mix as build converts it (an INT8 graph with its FP16 regions upcast, ``int8.with_fp32_regions``),

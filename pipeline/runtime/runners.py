@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import onnx
-from pipeline.core.errors import first_line
 from polygraphy.backend.base import BaseRunner
 from polygraphy.backend.onnxrt import OnnxrtRunner
 from polygraphy.backend.trt import TrtRunner  # imports TensorRT lazily, on activation
@@ -39,6 +38,8 @@ from polygraphy.common import TensorMetadata
 # Polygraphy forwards TensorRT's own ERROR and INTERNAL_ERROR messages (and the ONNX parser's errors) there,
 # and a failure without them says only "Invalid Engine" (pipeline.build also keeps the whole log).
 from polygraphy.logger import G_LOGGER
+
+from pipeline.core.errors import first_line
 
 G_LOGGER.module_severity = G_LOGGER.ERROR
 
@@ -310,7 +311,7 @@ class ReferenceRunner(Timed, BaseRunner):
         start = time.perf_counter()
         outputs = self.evaluator.run(None, dict(feed_dict))
         self.inference_time = time.perf_counter() - start
-        return OrderedDict((n, np.asarray(o)) for n, o in zip(self.output_names, outputs))
+        return OrderedDict((n, np.asarray(o)) for n, o in zip(self.output_names, outputs, strict=True))
 
     def deactivate_impl(self):
         del self.evaluator, self.inputs, self.output_names
@@ -353,7 +354,7 @@ class OrtRunner(Timed, OnnxrtRunner):
         start = time.perf_counter()
         outputs = self.sess.run(None, dict(feed_dict))
         self.inference_time = time.perf_counter() - start
-        return OrderedDict((node.name, out) for node, out in zip(self.sess.get_outputs(), outputs))
+        return OrderedDict((node.name, out) for node, out in zip(self.sess.get_outputs(), outputs, strict=True))
 
     def timers(self, feed: dict) -> Timers:
         label = "host latency (H2D + compute + D2H), ONNX Runtime CUDA" if "cuda" in self.providers \
@@ -570,7 +571,8 @@ class GraphedEngine(BoundEngine):
 
 
 class TensorrtRunner(Timed, TrtRunner):
-    """Polygraphy's ``TrtRunner`` over engine bytes that :func:`pipeline.runtime.tensorrt_engine.load_engine_bytes` checked.
+    """Polygraphy's ``TrtRunner`` over engine bytes that :func:`pipeline.runtime.tensorrt_engine.load_engine_bytes`
+    checked.
 
     Inference (verify) goes through ``TrtRunner.infer`` with device-resident inputs (torch CUDA tensors).
     "GPU compute" times a :class:`BoundEngine` (its own context, both buffers bound with ``set_tensor_address``,

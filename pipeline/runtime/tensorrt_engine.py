@@ -9,24 +9,32 @@ its ONNX graph.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import contextlib
 import hashlib
 import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.core import env
-from pipeline.core.artifacts import FP16_ENGINE, engine_file, engine_sidecar, graph_file
+from pipeline.core.artifacts import (  # noqa: F401
+    FP16_ENGINE,
+    FP16_ONNX,
+    INT8_ENGINE,
+    INT8_ENGINE_SIDECAR,
+    INT8_ONNX,
+    engine_file,
+    engine_sidecar,
+    graph_file,
+    timing_cache_name,
+)
+
 # The engines' file names, as the tests and the fakes of TensorRT read them from here.
 from pipeline.core.artifacts import FP16_ENGINE_SIDECAR as SIDECAR  # noqa: F401
-from pipeline.core.artifacts import FP16_ONNX, INT8_ENGINE, INT8_ENGINE_SIDECAR, INT8_ONNX  # noqa: F401
-from pipeline.core.artifacts import timing_cache_name
-from pipeline.precision import PRECISIONS
 from pipeline.core.errors import InputError
 from pipeline.core.run import RunDir, read_sidecar
+from pipeline.precision import PRECISIONS
 
 if TYPE_CHECKING:  # annotations only
     from pipeline.core.config_schema import BuildConfig, Config
@@ -205,7 +213,8 @@ def check_sidecar(engine_path: Path, engine_bytes: bytes, sidecar_path: Path, pl
     return sidecar
 
 
-def load_engine_bytes(run_dir: RunDir, platform: dict | None = None, *, engine: str = FP16_ENGINE) -> tuple[bytes, dict]:
+def load_engine_bytes(run_dir: RunDir, platform: dict | None = None, *,
+                      engine: str = FP16_ENGINE) -> tuple[bytes, dict]:
     """The bytes of ``engine`` (``model.fp16.engine`` or ``model.int8.engine``), after :func:`check_sidecar`
     passed on exactly those bytes and :func:`check_recorded` found them in the manifest.
 

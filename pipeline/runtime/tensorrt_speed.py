@@ -17,8 +17,9 @@ from pipeline.core.errors import StageFailed, UsageError
 from pipeline.precision.int8 import MATRIX_OPS
 
 if TYPE_CHECKING:  # type-checked against tensorrt-stubs (tests/test_typecheck.py); never imported at run time
-    from pipeline.core.config_schema import BuildConfig
     import tensorrt as trt
+
+    from pipeline.core.config_schema import BuildConfig
 
 log = logging.getLogger("pipeline")
 GPU_COMPUTE = "GPU compute"  # the label of TensorrtRunner's device-side timer (runners.QueuedAheadTimer)
@@ -110,7 +111,8 @@ def runtime_precisions(engine: trt.ICudaEngine, model: onnx.ModelProto, shapes: 
         verbosity = getattr(engine, "profiling_verbosity", "unknown")
         raise StageFailed(f"the TensorRT engine inspector reports layer names only (profiling verbosity "
                           f"{verbosity}); the layers' data types need an engine built with "
-                          "ProfilingVerbosity.DETAILED (tensorrt_engine.config_loader(detailed_profile=True))") from None
+                          "ProfilingVerbosity.DETAILED "
+                          "(tensorrt_engine.config_loader(detailed_profile=True))") from None
     if reading.unknown:
         log.warning("tensorrt: the engine inspector tells the precision of %d of %d matrix layers; unknown: %s",
                     len(matrix) - len(reading.unknown), len(matrix), ", ".join(reading.unknown[:10]))

@@ -5,7 +5,8 @@ the OpenVINO IR (read by OpenVINO) or the TensorRT engine (deserialized by Tenso
 The configuration is built as ``tritonclient``'s ``model_config_pb2.ModelConfig`` (the protobuf Triton parses), written
 with protobuf's ``text_format`` and parsed back the same way: what deploy checks is what Triton reads.
 
-``tritonclient[grpc]`` (the project's ``deploy`` extra) is imported lazily, so the rest of the pipeline does not need it.
+``tritonclient[grpc]`` (the project's ``deploy`` extra) is imported lazily, so the rest of the pipeline does not
+need it.
 """
 
 from __future__ import annotations

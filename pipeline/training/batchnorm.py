@@ -77,7 +77,7 @@ def recompute_statistics(model: nn.Module, batches: Iterable[torch.Tensor], *, a
                     model(x)
                 count += 1
         finally:
-            for bn, (momentum, tracked) in zip(found, saved):
+            for bn, (momentum, tracked) in zip(found, saved, strict=True):
                 bn.momentum = momentum
                 bn.num_batches_tracked.copy_(tracked)
     return count
@@ -96,7 +96,7 @@ def kept_buffers(model: nn.Module) -> Iterator[None]:
         yield
     finally:
         with torch.no_grad():
-            for buffer, value in zip(model.buffers(), saved):
+            for buffer, value in zip(model.buffers(), saved, strict=False):
                 buffer.copy_(value)
 
 

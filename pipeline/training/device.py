@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import logging
 import os
+from typing import TYPE_CHECKING
 
 import torch
 

@@ -10,7 +10,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-
 log = logging.getLogger("pipeline")
 
 

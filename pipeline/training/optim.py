@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import logging
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+
 from pipeline.training.distributed import Dist, all_reduce_sum
 
 if TYPE_CHECKING:  # annotations only
@@ -52,7 +52,7 @@ def snapshot_buffers(model: nn.Module) -> list[torch.Tensor]:
 
 def restore_buffers(model: nn.Module, saved: list[torch.Tensor]) -> None:
     with torch.no_grad():
-        for buffer, value in zip(model.buffers(), saved):
+        for buffer, value in zip(model.buffers(), saved, strict=False):
             buffer.copy_(value)
 
 

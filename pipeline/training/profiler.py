@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-
 from pipeline.core.run import atomic_path
 
 log = logging.getLogger("pipeline")

@@ -11,7 +11,6 @@ import numpy as np
 import torch
 from torch.utils.data import DistributedSampler, Sampler
 
-
 log = logging.getLogger("pipeline")
 
 
