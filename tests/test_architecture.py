@@ -280,3 +280,15 @@ def test_the_details_check_finds_a_read_and_leaves_the_writes(tmp_path):
                     'd = record.details.get("said")\n')
     assert details_reads(path) == ['pkg/m.py:1: (run.stage_entry(\'build\') or {}).get(\'details\')',
                                    "pkg/m.py:2: entry['details']", "pkg/m.py:3: 'details' in entry"]
+
+
+def test_the_verdict_types_sit_below_the_reports_that_print_them():
+    """Check, Evidence, Verdict and JUDGED are the bottom layer's (issue 32): verify_report types its arguments with
+    them without importing the evaluation above it."""
+    from pipeline.core import checks, verdicts
+    from pipeline.evaluation import candidates, predictions
+
+    assert candidates.Check is checks.Check and candidates.Evidence is checks.Evidence
+    assert candidates.Verdict is verdicts.Verdict and predictions.JUDGED is verdicts.JUDGED
+    report = (ROOT / "reports" / "verify_report.py").read_text()
+    assert "from pipeline.core.checks import Check" in report and "pipeline.evaluation" not in report

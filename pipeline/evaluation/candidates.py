@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from pipeline.core import data, verdicts
+from pipeline.core.checks import Check, Evidence  # noqa: F401  (re-exported: the evaluation's vocabulary)
 from pipeline.core.errors import InputError, disk_full, first_line
 from pipeline.core.run import RunDir
 from pipeline.core.status import Status
@@ -35,52 +35,6 @@ log = logging.getLogger("pipeline")
 
 
 REFERENCE = backends.REFERENCE
-
-
-@dataclass
-class Check:
-    """One candidate of one verify run: its table entry, why it cannot run ("" if it can), its result."""
-
-    backend: Backend
-    label: str
-    required: bool
-    reason: str = ""
-    result: dict = field(default_factory=dict)
-    gates: bool = True  # its verdict decides the exit code (verify.gate); else it is run and reported only
-    batch_runs: dict = field(default_factory=dict)  # outputs at the other served batch sizes (evaluation.batching)
-
-    @property
-    def name(self) -> str:
-        return self.backend.candidate
-
-    @property
-    def precision(self) -> str:
-        return self.backend.precision
-
-    @property
-    def artifact(self) -> str | None:
-        return self.backend.artifact
-
-    @property
-    def status(self) -> str:
-        return self.result.get("status", "")
-
-    @property
-    def after_fallback(self) -> bool:
-        return bool(self.result.get("after_fallback"))
-
-
-@dataclass
-class Evidence:
-    """What every candidate is compared on: the feeds, the reference's outputs, the labels."""
-
-    feeds: list[dict]
-    reference: list[dict]
-    labels: np.ndarray
-    output_name: str
-    confidence: float = 0.95  # of the task check's bounds (verify.confidence)
-    names: list[str] = field(default_factory=list)  # each image's name (its file, for an image folder)
-    outputs: dict = field(default_factory=dict)  # each judged candidate's outputs (verify.predictions.npz)
 
 
 def gate_for(cfg: Config, name: str, precision: str) -> dict:

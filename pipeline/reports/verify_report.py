@@ -13,16 +13,18 @@ import logging
 import math
 import os
 import xml.etree.ElementTree as ET
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field
 
 from pipeline.core import artifacts, env, schema
+from pipeline.core.checks import Check
 from pipeline.core.errors import PipelineError, first_line
 from pipeline.core.run import RunDir, atomic_write, now, read_json, sha256_file, write_json
 from pipeline.core.status import Status
-from pipeline.core.verdicts import JUDGED, InconclusivePolicy
+from pipeline.core.verdicts import JUDGED, InconclusivePolicy, Verdict
 from pipeline.precision import plugs
 from pipeline.reports import tables
 from pipeline.reports.tables import fmt, section_keys
@@ -101,7 +103,7 @@ def runtime_facts(runner) -> dict:
     return facts
 
 
-def runtime_details(checks) -> dict:
+def runtime_details(checks: Sequence[Check]) -> dict:
     """The manifest's record of runtime workarounds and crashes (with the log to read)."""
     details = {"workarounds": {c.name: c.result["workaround"] for c in checks if c.result.get("workaround")}}
     crashed = {c.name: f"{c.result['reason']} (log: {c.result['log']})" for c in checks if c.status == Status.CRASHED}
@@ -173,14 +175,15 @@ def more_images(task: dict) -> str:
     return f"about {needed} more validation images would decide it"
 
 
-def inconclusive_message(undecided) -> str:
+def inconclusive_message(undecided: Sequence[Check]) -> str:
     return ("the gate could not decide with the images it had (verify.inconclusive=fail): " + "; ".join(
         f"{c.name}: {', '.join(describe_task(c.result['task_check']))}: {more_images(c.result['task_check'])}"
         for c in undecided)
         + " (raise verify.max_samples, or add validation images)")
 
 
-def failure_message(verdict, localization, export_broken: bool, suggest_fallback: bool) -> str:
+def failure_message(verdict: Verdict[Check], localization: dict | None, export_broken: bool,
+                    suggest_fallback: bool) -> str:
     failed = verdict.failed
     first = failed[0]
     text = (f"{len(failed)} of {verdict.ran} candidates failed ({', '.join(c.name for c in failed)}); "
@@ -199,17 +202,17 @@ def failure_message(verdict, localization, export_broken: bool, suggest_fallback
     return text + "; details in verify.md"
 
 
-def missing_required_message(missing) -> str:
+def missing_required_message(missing: Sequence[Check]) -> str:
     return "required candidate(s) could not run: " + "; ".join(f"{c.name}: {c.result['reason']}" for c in missing)
 
 
-def errors_message(errors) -> str:
+def errors_message(errors: Sequence[Check]) -> str:
     return "candidate(s) failed to run: " + "; ".join(
         f"{c.name}: crashed: {c.result['reason']} (log: {c.result['log']})" if c.status == Status.CRASHED
         else f"{c.name}: {c.result['reason']}" for c in errors)
 
 
-def fallback_errors(rechecked) -> str:
+def fallback_errors(rechecked: Sequence[Check]) -> str:
     return "stopped: no candidate failed to localise, but " + "; ".join(
         f"{c.name}: {c.result.get('reason')}" for c in rechecked if c.status == Status.ERROR)
 
@@ -217,7 +220,7 @@ def fallback_errors(rechecked) -> str:
 # --------------------------------------------------------------------------- log lines
 
 
-def log_batch_sizes(checks) -> None:
+def log_batch_sizes(checks: Sequence[Check]) -> None:
     """One line per candidate checked at the other served batch sizes; a warning naming each that failed there."""
     for chk in checks:
         rows = chk.result.get("batch_sizes") or []
@@ -228,7 +231,7 @@ def log_batch_sizes(checks) -> None:
             log.warning("verify: %s: %s", chk.name, chk.result["reason"])
 
 
-def log_check(chk) -> None:
+def log_check(chk: Check) -> None:
     r = chk.result
     if r["status"] == Status.SKIPPED:
         log.info("verify: %-17s skipped: %s", chk.name, r["reason"])
@@ -272,8 +275,8 @@ def _clean(value):
     return value
 
 
-def build_payload(cfg: Config, card, candidates, gated: dict, verdict, samples: int, batch_size: int, *,
-                  hashes: dict, reference_nonfinite: int = 0) -> dict:
+def build_payload(cfg: Config, card, candidates: Sequence[Check], gated: dict, verdict: Verdict[Check], samples: int,
+                  batch_size: int, *, hashes: dict, reference_nonfinite: int = 0) -> dict:
     """verify.json. ``hashes`` maps each artifact verify read to its sha256: the reference records its
     weights', each candidate that reached a verdict the file it judged (benchmark shows a verdict only
     while those still match the files it times)."""

@@ -1,0 +1,73 @@
+"""What one verify run judges and on what: a candidate's :class:`Check` and the :class:`Evidence` every candidate is
+compared on. The bottom layer's types, so that the evaluation that fills them and the reports that print them share
+one definition (``pipeline.core.verdicts`` folds them into a verdict)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:  # annotations only: the bottom layer does not import NumPy at start-up
+    import numpy as np
+
+
+class Candidate(Protocol):
+    """What a check reads of its backend table entry (``pipeline.runtime.backends.Backend``)."""
+
+    @property
+    def candidate(self) -> str: ...
+
+    @property
+    def precision(self) -> str: ...
+
+    @property
+    def artifact(self) -> str | None: ...
+
+    @property
+    def graph(self) -> str | None: ...  # the precision whose graph it runs (None: FP32 or the reference)
+
+
+@dataclass
+class Check:
+    """One candidate of one verify run: its table entry, why it cannot run ("" if it can), its result."""
+
+    backend: Candidate
+    label: str
+    required: bool
+    reason: str = ""
+    result: dict = field(default_factory=dict)
+    gates: bool = True  # its verdict decides the exit code (verify.gate); else it is run and reported only
+    batch_runs: dict = field(default_factory=dict)  # outputs at the other served batch sizes (evaluation.batching)
+
+    @property
+    def name(self) -> str:
+        return self.backend.candidate
+
+    @property
+    def precision(self) -> str:
+        return self.backend.precision
+
+    @property
+    def artifact(self) -> str | None:
+        return self.backend.artifact
+
+    @property
+    def status(self) -> str:
+        return self.result.get("status", "")
+
+    @property
+    def after_fallback(self) -> bool:
+        return bool(self.result.get("after_fallback"))
+
+
+@dataclass
+class Evidence:
+    """What every candidate is compared on: the feeds, the reference's outputs, the labels."""
+
+    feeds: list[dict]
+    reference: list[dict]
+    labels: np.ndarray
+    output_name: str
+    confidence: float = 0.95  # of the task check's bounds (verify.confidence)
+    names: list[str] = field(default_factory=list)  # each image's name (its file, for an image folder)
+    outputs: dict = field(default_factory=dict)  # each judged candidate's outputs (verify.predictions.npz)
