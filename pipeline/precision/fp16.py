@@ -238,16 +238,16 @@ def _explain(reason: str | None) -> str:
 # --------------------------------------------------------------------------- emulation (fast)
 
 
-def emulation_model(fp16_model: onnx.ModelProto) -> onnx.ModelProto:
-    """An FP32 model that rounds every low-typed tensor of ``fp16_model`` to its type, FP16 or BF16 (see module
-    doc): ONNX Runtime's CPU Cast rounds to the nearest even in both, and keeps the cast pairs at every level."""
-    for node in fp16_model.graph.node:
+def _refuse_subgraphs(model: onnx.ModelProto) -> None:
+    for node in model.graph.node:
         if any(attr.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for attr in node.attribute):
             raise NotImplementedError(f"node {node.name!r} ({node.op_type}) has a subgraph; the fast FP16 "
                                       "emulation supports flat graphs only (use verify.emulation=strict)")
-    types = infer_types(fp16_model)
-    graph = fp16_model.graph
-    new_nodes = []
+
+
+def _rounder(graph: onnx.GraphProto):
+    """``round_pair(src, dst, prefix, low)``: the Cast to ``low`` and back to FP32 that rounds ``src`` into
+    ``dst``, with node names unique in ``graph``."""
     used_names = {n.name for n in graph.node}
 
     def unique(name: str) -> str:
@@ -265,6 +265,18 @@ def emulation_model(fp16_model: onnx.ModelProto) -> onnx.ModelProto:
             helper.make_node("Cast", [src], [half], name=unique(f"{prefix}/round_to_{name}"), to=low),
             helper.make_node("Cast", [half], [dst], name=unique(f"{prefix}/round_back_fp32"), to=FLOAT),
         ]
+
+    return round_pair
+
+
+def emulation_model(fp16_model: onnx.ModelProto) -> onnx.ModelProto:
+    """An FP32 model that rounds every low-typed tensor of ``fp16_model`` to its type, FP16 or BF16 (see module
+    doc): ONNX Runtime's CPU Cast rounds to the nearest even in both, and keeps the cast pairs at every level."""
+    _refuse_subgraphs(fp16_model)
+    types = infer_types(fp16_model)
+    graph = fp16_model.graph
+    new_nodes = []
+    round_pair = _rounder(graph)
 
     # Graph inputs of a low type (only when I/O types were not kept): feed FP32, round on entry.
     renamed_inputs = {}
