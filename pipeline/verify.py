@@ -34,7 +34,7 @@ from pipeline.core.records import Learning
 from pipeline.core.run import RunDir, StageRecord, sha256_file
 from pipeline.core.status import Status
 from pipeline.core.verdicts import Outcome, Verdict
-from pipeline.evaluation import batching, candidates, predictions
+from pipeline.evaluation import batching, candidates, conformance, predictions
 from pipeline.evaluation.candidates import Check, Evidence
 from pipeline.precision import fallback, plugs
 from pipeline.precision.plugs import Precision
@@ -89,8 +89,9 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, auto_fallback: boo
     if nonfinite:
         _refuse_broken_reference(cfg, card, run_dir, record, checks, evidence, nonfinite, hashes)
     batch_feeds = batching.feeds_by_size(cfg, evidence.feeds)  # run by each candidate's runner after its main check
+    rows = conformance.plan(cfg, evidence)  # and the conformance checks' arrangements
     for chk in checks:
-        candidates.check(chk, cfg, ctx, evidence, batch_feeds)
+        candidates.check(chk, cfg, ctx, evidence, batch_feeds, rows)
         verify_report.log_check(chk)
     export_broken = any(c.name == "onnxrt_fp32" and c.status == Status.FAILED for c in checks)
     if export_broken:
@@ -105,6 +106,8 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, auto_fallback: boo
         for plug in plugs.ORDER}
     batching.verify_batch_sizes(cfg, checks, evidence, candidates.gate_for)  # every batch size served
     verify_report.log_batch_sizes(checks)
+    conformance.verify_conformance(cfg, checks, ctx, candidates.gate_for)  # row independence, precision manifest
+    verify_report.log_conformance(checks)
     written = predictions.record(run_dir, checks, evidence)
     if written is not None:
         record.artifact(written.name)

@@ -270,10 +270,10 @@ def inspector_section(engine, model, shapes: dict, dump: Path, precision: str) -
     from collections import Counter
 
     from pipeline.precision.int8 import MATRIX_OPS
-    from pipeline.runtime import gpu_check, tensorrt_speed
+    from pipeline.runtime import gpu_check, tensorrt_inspection
 
-    dump.write_text(json.dumps(tensorrt_speed.engine_information(engine, shapes), indent=1) + "\n")
-    precisions = tensorrt_speed.runtime_precisions(engine, model, shapes)
+    dump.write_text(json.dumps(tensorrt_inspection.engine_information(engine, shapes), indent=1) + "\n")
+    precisions = tensorrt_inspection.runtime_precisions(engine, model, shapes)
     unknown = [n for n, p in precisions.items() if p == "unknown"]
     total = sum(1 for n in model.graph.node if n.op_type in MATRIX_OPS)
     check = gpu_check.all_known(f"TensorRT {precision}: inspector reads every matrix layer", unknown, total)

@@ -55,11 +55,15 @@ _CASK = {"Conv": "CaskConvolution", "ConvTranspose": "CaskDeconvolutionV2", "Gem
 # TensorRT <= 10's "Format/Datatype" of a Cask layer's tensor (trex's activations.py lists them); kgen and gemm
 # layers write the bare data type ("Int8", "Half", "Float"). TensorRT 11's "Format" ends with the enum's name, as in
 # the migration page's "Row major linear FP32 format (kLINEAR)" (and trex's "Row major linear FP4 format (kLINEAR)").
+# BF16: no published dump of a BF16 engine was found; its format is spelled as FP16's with the type's name, and its
+# data type as TensorRT's DataType.BF16 prints ("BFloat16"): tensorrt_inspector reads either word.
 _FORMATS = {"Int8": "Thirty-two wide channel vectorized row major Int8 format",
-            "Half": "Channel major FP16 format where channel % 8 == 0", "Float": "Row major linear FP32"}
+            "Half": "Channel major FP16 format where channel % 8 == 0", "Float": "Row major linear FP32",
+            "BFloat16": "Channel major BF16 format where channel % 8 == 0"}
 _FORMATS_11 = {"Int8": "Thirty-two wide channel vectorized row major Int8 format (kCHW32)",
                "Half": "Channel major FP16 format where channel % 8 == 0 (kHWC8)",
-               "Float": "Row major linear FP32 format (kLINEAR)"}
+               "Float": "Row major linear FP32 format (kLINEAR)",
+               "BFloat16": "Channel major BF16 format where channel % 8 == 0 (kHWC8)"}
 DYNAMIC = "N/A due to dynamic shapes"
 
 
@@ -77,7 +81,7 @@ class Options:
 @dataclass
 class Tensor:
     name: str
-    type: str  # "Int8", "Half", "Float"
+    type: str  # "Int8", "Half", "Float", "BFloat16"
     kgen: bool = False  # written as the bare data type (kgen, gemm) rather than a Cask format string
 
     def record(self, version: int, shapes_known: bool) -> dict:
@@ -236,7 +240,8 @@ class Graph:
         if source is not None and source.op_type == "DequantizeLinear" and \
                 self.types.get(source.input[0]) in (onnx.TensorProto.INT8, onnx.TensorProto.UINT8):
             return "Int8"
-        return "Half" if self.types.get(tensor) == onnx.TensorProto.FLOAT16 else "Float"
+        return {onnx.TensorProto.FLOAT16: "Half", onnx.TensorProto.BFLOAT16: "BFloat16"}.get(self.types.get(tensor),
+                                                                                              "Float")
 
     def origin(self, tensor: str) -> str:
         """The tensor a Q/DQ pair quantizes: the name TensorRT gives the fused kernel's input."""

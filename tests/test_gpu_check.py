@@ -106,9 +106,9 @@ def _unreadable(section):
     _unreadable.original = section
 
     def unreadable(engine, model, shapes, dump, precision):
-        from pipeline.runtime import tensorrt_speed
+        from pipeline.runtime import tensorrt_inspection
 
-        real = tensorrt_speed.engine_information
+        real = tensorrt_inspection.engine_information
 
         def strip(engine, shapes):
             info = real(engine, shapes)
@@ -117,10 +117,10 @@ def _unreadable(section):
                     tensor.pop("Format/Datatype", None)
             return info
 
-        tensorrt_speed.engine_information = strip
+        tensorrt_inspection.engine_information = strip
         try:
             return section(engine, model, shapes, dump, precision)
         finally:
-            tensorrt_speed.engine_information = real
+            tensorrt_inspection.engine_information = real
 
     return unreadable

@@ -100,6 +100,12 @@ def test_fake_calls_verify_runs_the_engine_through_trtrunner(built_run, fake_trt
     assert {shape["input"][0] for shape in fake_trt.runs} == {16, 4, 1, 8}
     rows = {r["batch_size"]: r["status"] for r in result["tensorrt_fp16"]["batch_sizes"]}
     assert rows == {1: "passed", 8: "passed", 16: "passed"}
+    # the conformance runs on the same context: each image alone and in full batches of 16, and the engine
+    # inspector's account of the precision each matrix layer ran in
+    conformance = result["tensorrt_fp16"]["conformance"]
+    assert conformance["rows"]["status"] == "passed" and conformance["rows"]["base"] == "alone"
+    assert conformance["precision"]["source"] == "runtime" and conformance["precision"]["shares"] == {"fp16": 1.0}
+    assert result["tensorrt_bf16"]["conformance"]["precision"]["shares"] == {"bf16": 1.0}
 
 
 @pytest.mark.parametrize("graphs", [False, True], ids=["trtrunner", "cuda_graphs"])

@@ -18,8 +18,8 @@ from onnx import TensorProto, helper, numpy_helper
 import fake_inspector
 import fake_tensorrt
 from pipeline.core import env
+from pipeline.runtime import tensorrt_inspection
 from pipeline.runtime import tensorrt_inspector as inspector
-from pipeline.runtime import tensorrt_speed
 
 # --------------------------------------------------------------------------- data types: TensorRT 10 and 11 keys
 
@@ -256,7 +256,7 @@ def test_an_attention_block_s_matrix_layers_through_myelin(monkeypatch, version,
     assert {"gemm", "kgen", "shape_call", "Reformat"} <= kinds
     expected = {**MATMULS, **({f"/blk.0/attn/{p}/MatMul": "int8" for p in ("query", "key", "value")} if quantized
                               else {})}
-    assert tensorrt_speed.runtime_precisions(engine(model, [2, 4, 8]), model, {"x": [2, 4, 8]}) == expected
+    assert tensorrt_inspection.runtime_precisions(engine(model, [2, 4, 8]), model, {"x": [2, 4, 8]}) == expected
     env.tensorrt_status.cache_clear()
 
 
@@ -266,7 +266,7 @@ def test_a_foreign_node_region_is_unknown_and_counted(fake_trt, caplog):
     model = attention()
     (region,) = [layer for layer in fake_inspector.engine_layers(model, fake_trt.inspector) if layer.type == "Myelin"]
     assert region.name == "{ForeignNode[/Cast.../Cast_1]}" and region.inputs[0].type == "Float"
-    precisions = tensorrt_speed.runtime_precisions(engine(model, [2, 4, 8]), model, {"x": [2, 4, 8]})
+    precisions = tensorrt_inspection.runtime_precisions(engine(model, [2, 4, 8]), model, {"x": [2, 4, 8]})
     assert precisions == {name: "unknown" for name in MATMULS}
     assert "tells the precision of 0 of 6 matrix layers" in caplog.text
 
@@ -277,7 +277,7 @@ def test_a_residual_s_noop_copy_does_not_speak_for_the_int8_convolution(fake_trt
     assert names == [("Reformat", "x_q"),
                      ("NoOp", "Reformatting CopyNode for Input Tensor 1 to conv1_w_dq + conv1 + add1 + relu1"),
                      ("CaskConvolution", "conv1_w_dq + conv1 + add1 + relu1")]
-    assert tensorrt_speed.runtime_precisions(engine(model, [1, 4, 8, 8]), model, {"x": [1, 4, 8, 8]}) == \
+    assert tensorrt_inspection.runtime_precisions(engine(model, [1, 4, 8, 8]), model, {"x": [1, 4, 8, 8]}) == \
         {"conv1": "int8"}
 
 
@@ -289,5 +289,5 @@ def test_a_dynamic_shape_engine_is_inspected_through_a_context_with_its_shapes(f
     built = engine(model, [1, 4, 8, 8])
     bare = json.loads(built.create_engine_inspector().get_engine_information(fake_tensorrt.LayerInformationFormat.JSON))
     assert {t["Format/Datatype"] for layer in bare["Layers"] for t in layer["Inputs"]} == {fake_inspector.DYNAMIC}
-    info = tensorrt_speed.engine_information(built, {"x": [1, 4, 8, 8]})
+    info = tensorrt_inspection.engine_information(built, {"x": [1, 4, 8, 8]})
     assert inspector.read(info, ["conv1"], ["conv1"]).precisions == {"conv1": "int8"}

@@ -26,6 +26,12 @@ class Candidate(Protocol):
     @property
     def graph(self) -> str | None: ...  # the precision whose graph it runs (None: FP32 or the reference)
 
+    @property
+    def claims(self) -> str | None: ...  # the lower precision it claims to compute in (the precision manifest)
+
+    @property
+    def deploys(self) -> bool: ...  # a deployment (False: an emulation, which computes its graph by rounding)
+
 
 @dataclass
 class Check:
@@ -38,6 +44,7 @@ class Check:
     result: dict = field(default_factory=dict)
     gates: bool = True  # its verdict decides the exit code (verify.gate); else it is run and reported only
     batch_runs: dict = field(default_factory=dict)  # outputs at the other served batch sizes (evaluation.batching)
+    conformance_runs: dict = field(default_factory=dict)  # row arrangements, runtime layers (evaluation.conformance)
 
     @property
     def name(self) -> str:

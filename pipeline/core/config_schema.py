@@ -221,6 +221,8 @@ class _Gate(Section):
                                       "(failed only when the confidence bound shows it is lower)")
     max_accuracy_drop: float = Field(0.01, ge=0, le=1, description="accuracy the candidate may lose, at most "
                                      "(failed only when the confidence bound shows it loses more)")
+    max_row_deviation: float = Field(description="row independence: how far an image's output may move with its "
+                                     "batch (size, slot, companions), in units of its own logit scale")
 
     _tolerances = model_validator(mode="after")(_check_tolerances)
 
@@ -230,6 +232,8 @@ class FP32Gate(_Gate):
                                     "of the reference's logit scale")
     atol: Tolerance = Field(1e-4, description="absolute criterion: absolute tolerance (or per-output dict)")
     rtol: Tolerance = Field(1e-4, description="absolute criterion: relative tolerance, against the reference")
+    max_row_deviation: float = Field(1e-4, ge=0, description="row independence: how far an image's output "
+                                     "may move with its batch, in units of its logit scale (measured: docs/verify.md)")
 
 
 class FP16Gate(_Gate):
@@ -237,6 +241,8 @@ class FP16Gate(_Gate):
                                     "of the reference's logit scale")
     atol: Tolerance = Field(2e-2, description="absolute criterion: absolute tolerance (or per-output dict)")
     rtol: Tolerance = Field(2e-2, description="absolute criterion: relative tolerance, against the reference")
+    max_row_deviation: float = Field(5e-3, ge=0, description="row independence: how far an image's output "
+                                     "may move with its batch, in units of its logit scale (measured: docs/verify.md)")
 
 
 class INT8Gate(_Gate):
@@ -252,6 +258,8 @@ class INT8Gate(_Gate):
     check_error_stat: ErrorStat = Field("quantile", description="absolute criterion: the statistic held to "
                                         "atol/rtol")
     min_top1_agreement: float = Field(0.98, ge=0, le=1, description="top-1 agreement with the reference, at least")
+    max_row_deviation: float = Field(5e-2, ge=0, description="row independence: how far an image's output "
+                                     "may move with its batch, in units of its logit scale (measured: docs/verify.md)")
 
 
 class BF16Gate(_Gate):
@@ -259,6 +267,8 @@ class BF16Gate(_Gate):
                                     "of the reference's logit scale")
     atol: Tolerance = Field(0.1, description="absolute criterion: absolute tolerance (or per-output dict)")
     rtol: Tolerance = Field(0.1, description="absolute criterion: relative tolerance, against the reference")
+    max_row_deviation: float = Field(3e-2, ge=0, description="row independence: how far an image's output "
+                                     "may move with its batch, in units of its logit scale (measured: docs/verify.md)")
 
 
 class CandidateConfig(Section):
@@ -273,6 +283,7 @@ class CandidateConfig(Section):
     error_quantile: Optional[float] = Field(None, gt=0, le=1, description="overrides error_quantile")
     min_top1_agreement: Optional[float] = Field(None, ge=0, le=1, description="overrides min_top1_agreement")
     max_accuracy_drop: Optional[float] = Field(None, ge=0, le=1, description="overrides max_accuracy_drop")
+    max_row_deviation: Optional[float] = Field(None, ge=0, description="overrides max_row_deviation")
 
     _tolerances = model_validator(mode="after")(_check_tolerances)
 
@@ -291,6 +302,10 @@ class VerifyConfig(Section):
     batch_check_samples: int = Field(64, ge=0, description="images each candidate runs again at every profile "
                                      "batch size (build.min/opt/max_batch); 0: no batch-size check")
     emulation: Literal["fast", "strict"] = Field("fast", description="FP16 emulation: fast (ORT) or strict (numpy)")
+    conformance: bool = Field(True, description="row independence (each image alone, in a full batch, reversed, "
+                              "beside other companions) and the precision manifest (the runtime's own account)")
+    min_precision_share: float = Field(0.5, ge=0, le=1, description="precision manifest: the share of the matrix "
+                                       "layers its graph puts in the claimed precision that must run in it")
     fp32: FP32Gate = FP32Gate()
     fp16: FP16Gate = FP16Gate()
     int8: INT8Gate = INT8Gate()

@@ -18,7 +18,7 @@ from pipeline.core.errors import InputError, disk_full, first_line
 from pipeline.core.run import RunDir
 from pipeline.core.status import Status
 from pipeline.core.verdicts import Verdict
-from pipeline.evaluation import batching
+from pipeline.evaluation import batching, conformance
 from pipeline.precision import fallback
 from pipeline.precision import gate as criteria
 from pipeline.precision.plugs import Precision
@@ -77,15 +77,17 @@ def task_check(ref: np.ndarray, cand: np.ndarray, labels: np.ndarray, gate: dict
 
 
 def check(chk: Check, cfg: Config, ctx: Context, evidence: Evidence,
-          batch_feeds: dict[int, list[dict]] | None = None) -> dict:
+          batch_feeds: dict[int, list[dict]] | None = None, rows: conformance.RowPlan | None = None) -> dict:
     """Run one candidate on the evidence and judge it; sets and returns ``chk.result``. With ``batch_feeds``
-    (:func:`pipeline.evaluation.batching.feeds_by_size`) the same runner also runs them, for the batch-size check."""
+    (:func:`pipeline.evaluation.batching.feeds_by_size`) the same runner also runs them, for the batch-size check;
+    with ``rows`` (:func:`pipeline.evaluation.conformance.plan`), the conformance checks' runs."""
     gate = gate_for(cfg, chk.name, chk.precision)
-    chk.result = {**_judge(chk, ctx, evidence, gate, batch_feeds or {}), "tolerance": gate}
+    chk.result = {**_judge(chk, ctx, evidence, gate, batch_feeds or {}, rows), "tolerance": gate}
     return chk.result
 
 
-def _judge(chk: Check, ctx: Context, evidence: Evidence, gate: dict, batch_feeds: dict) -> dict:
+def _judge(chk: Check, ctx: Context, evidence: Evidence, gate: dict, batch_feeds: dict,
+           rows: conformance.RowPlan | None = None) -> dict:
     if chk.reason:
         return {"status": Status.SKIPPED, "reason": chk.reason}
     try:
@@ -93,6 +95,7 @@ def _judge(chk: Check, ctx: Context, evidence: Evidence, gate: dict, batch_feeds
         with runner:
             outputs = infer_all(runner, evidence.feeds)
             chk.batch_runs = _batch_runs(runner, chk, ctx, batch_feeds)
+            chk.conformance_runs = conformance.run(runner, chk, ctx, rows)
     except InputError:
         raise
     except Crashed as exc:  # the child died (a segfault in the runtime): a "crashed" row, the others go on

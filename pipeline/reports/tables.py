@@ -219,6 +219,29 @@ def _batch_section(candidates: list[dict]) -> Section | None:
                                                                   "max abs err", "top-1 agreement"), rows),))
 
 
+def _conformance_section(candidates: list[dict]) -> Section | None:
+    """Each candidate's conformance (pipeline/evaluation/conformance.py): its rows' worst deviation from the same image
+    alone, and the precisions its matrix layers ran in, by the runtime's own account."""
+    rows = []
+    for c in candidates:
+        section = c.get("conformance") or {}
+        if "rows" not in section:
+            continue
+        r, p = section["rows"], section["precision"]
+        worst = max((a for a in r.get("arrangements", [])), key=lambda a: float(a["deviation"]), default=None)
+        where = f" ({worst['arrangement']}, slot {worst['slot']} of {worst['batch_size']})" if worst else ""
+        shares = ", ".join(f"{k} {percent(v, '.0f')}" for k, v in (p.get("shares") or {}).items()) or "no account"
+        rows.append(_row(c["name"], Cell(r["status"], status=r["status"], note=r.get("reason") or ""),
+                         (fmt(float(worst["deviation"]), ".2g") + where) if worst else "-",
+                         f"{shares} of {p.get('matrix_layers', 0)} ({p.get('source', '')})",
+                         p.get("claimed") or "-", Cell(p["status"], status=p["status"], note=p.get("reason") or "")))
+    if not rows:
+        return None
+    return Section("Conformance: row independence and the precision each matrix layer ran in", level=3,
+                   tables=(Table(("candidate", "rows", "worst row deviation", "matrix layers ran in", "claims",
+                                  "claim"), tuple(rows)),))
+
+
 def verify_sections(payload: dict) -> list[Section]:
     """The precision gate: one row per candidate, then localisation and fallback when they ran."""
     inputs = payload["inputs"]
@@ -238,6 +261,9 @@ def verify_sections(payload: dict) -> list[Section]:
     batches = _batch_section(payload["candidates"])
     if batches:
         sections.append(batches)
+    conformance = _conformance_section(payload["candidates"])
+    if conformance:
+        sections.append(conformance)
     for plug in plugs.ORDER:
         localization, fallback = (payload.get(key) for key in section_keys(plug.name))
         if localization:

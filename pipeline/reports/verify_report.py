@@ -231,6 +231,22 @@ def log_batch_sizes(checks: Sequence[Check]) -> None:
             log.warning("verify: %s: %s", chk.name, chk.result["reason"])
 
 
+def log_conformance(checks: Sequence[Check]) -> None:
+    """One line per candidate with a conformance section: its rows' worst deviation and the shares of its matrix
+    layers per precision, as the runtime gave them; a warning naming each that failed there."""
+    for chk in checks:
+        section = chk.result.get("conformance") or {}
+        rows, precision = section.get("rows") or {}, section.get("precision") or {}
+        if not rows and not precision:
+            continue
+        worst = max((a["deviation"] for a in rows.get("arrangements", [])), default=None)
+        shares = ", ".join(f"{p} {100 * v:.0f}%" for p, v in (precision.get("shares") or {}).items()) or "no account"
+        log.info("verify: %-17s rows %s (worst %s); matrix layers ran in: %s; claim %s", chk.name,
+                 rows.get("status"), "-" if worst is None else f"{worst:.2g}", shares, precision.get("status"))
+        if any(part.get("status") == Status.FAILED for part in (rows, precision)):
+            log.warning("verify: %s: %s", chk.name, chk.result["reason"])
+
+
 def log_check(chk: Check) -> None:
     r = chk.result
     if r["status"] == Status.SKIPPED:
@@ -312,7 +328,8 @@ def build_payload(cfg: Config, card, candidates: Sequence[Check], gated: dict, v
                 "task_check": c.result.get("task_check"),
                 "after_fallback": c.result.get("after_fallback", False),
                 "gates": c.gates,
-                **{k: c.result[k] for k in ("log", "log_tail", "workaround", "batch_sizes") if k in c.result},
+                **{k: c.result[k] for k in ("log", "log_tail", "workaround", "batch_sizes", "conformance")
+                   if k in c.result},
             }
             for c in candidates
         ],

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Callable
 from pipeline.core import env
 from pipeline.core.artifacts import FP32_ONNX, engine_file, graph_file, xml_name
 from pipeline.core.errors import InputError
+from pipeline.core.precisions import PRECISIONS
 from pipeline.core.run import RunDir, sha256_file
 
 if TYPE_CHECKING:  # only for the annotations: this module imports nothing heavy
@@ -99,6 +100,14 @@ class Backend:
     # OpenVINO IR, the FP32 export) or the faithful CPU proxy of one (the FP16 emulation, the exact Q/DQ run).
     # False only for what is neither, which is then run and reported only.
     gates: bool = True
+    # Whether it claims to compute in its lower precision (verify's precision manifest holds it to that); False
+    # only where its label already says it does not (ONNX Runtime's CPU provider runs FP16 regions in FP32).
+    claims_precision: bool = True
+
+    @property
+    def claims(self) -> str | None:
+        """The lower precision it claims to compute in; None for FP32 (and "mixed", PyTorch's autocast)."""
+        return self.precision if self.claims_precision and self.precision in PRECISIONS else None
 
     @property
     def isolated(self) -> bool:
@@ -315,7 +324,8 @@ def _tensorrt(precision: str, name: str) -> Callable[[Context], object]:
             raise InputError(f"{engine} was built from another {sidecar.get('onnx')}; re-run build")
         env.expose_libcudart()  # before Polygraphy's CUDA wrapper looks for it
         return TensorrtRunner(engine_bytes, sidecar, name=name, input_name=ctx.spec["input_name"],
-                              output_name=ctx.spec["output_name"], cuda_graphs=ctx.cfg.benchmark.cuda_graphs)
+                              output_name=ctx.spec["output_name"], cuda_graphs=ctx.cfg.benchmark.cuda_graphs,
+                              onnx_path=source)
 
     return make
 
@@ -357,7 +367,8 @@ TABLE: list[Backend] = [
             label="ONNX Runtime CPU on model.fp16.onnx (a CPU deployment; computes FP16 regions in FP32)",
             unavailable=_needs("fp16"), make=_ort("onnxrt_fp16_cpu", precision="fp16"),
             candidate="onnxrt_fp16_cpu", shown_precision="fp16 graph",
-            note="ONNX Runtime CPU runs most FP16 nodes through FP32 kernels", runtime=ORT, gates=False, graph="fp16"),
+            note="ONNX Runtime CPU runs most FP16 nodes through FP32 kernels", runtime=ORT, gates=False, graph="fp16",
+            claims_precision=False),
     # ONNX Runtime's CPU provider has no bfloat16 kernels (Conv, Gemm): the BF16 graph runs on a CPU only emulated.
     Backend("bf16_emulation", precision="bf16", device="cpu", artifact=graph_file("bf16"),
             label=_emulation_label("bf16"), unavailable=_needs("bf16"), make=_faithful("bf16"),
@@ -369,7 +380,8 @@ TABLE: list[Backend] = [
             unavailable=_needs("int8"), make=_faithful("int8"), candidate="int8_exact", benchmark="no", runtime=ORT,
             graph="int8", deploys=False),
     Backend("onnxrt_int8_cpu", precision="int8", device="cpu", artifact=graph_file("int8"),
-            label="ONNX Runtime CPU int8 kernels on model.int8.onnx (a CPU deployment; fuses Q/DQ into int8 ops)",
+            label="ONNX Runtime CPU on model.int8.onnx (a CPU deployment: int8 kernels where it fuses the Q/DQ pairs; "
+                  "the precision manifest says where it did)",
             unavailable=_ort_int8_unavailable, make=_ort("onnxrt_int8_cpu", precision="int8"),
             candidate="onnxrt_int8_cpu", shown_precision="int8 (Q/DQ graph)", note="ONNX Runtime CPU int8 kernels",
             runtime=ORT, gates=False, graph="int8"),

@@ -10,6 +10,7 @@ runner needs it) and answers requests:
 * ``infer``: one feed in, its outputs back (verify);
 * ``time``: the timing loop of :func:`pipeline.runtime.runners.measure` over one feed, the statistics
   back (benchmark), so inter-process traffic never enters a timing;
+* ``layers``: the runtime's own account of the layers it ran on one feed (verify's precision manifest);
 * ``batch_reason`` and ``stop``.
 
 Arrays travel as ``.npz`` files in a temporary folder inside the run directory (removed when the
@@ -253,6 +254,10 @@ class Isolated(Timed, BaseRunner):
     def batch_reason(self, batch: int) -> str:
         return self._call({"op": "batch_reason", "batch": batch})["reason"]
 
+    def layers(self, feed: dict) -> list[dict]:
+        """The child runner's account of the layers it ran on ``feed`` (``[]`` when its runtime gives none)."""
+        return self._call({"op": "layers"}, feed)["layers"]
+
     def measurements(self, feed: dict, method: Method) -> list[tuple[str, dict]]:
         info = self._call({"op": "time", "method": asdict(method)}, feed)
         return [(label, m) for label, m in info["timings"]]
@@ -350,6 +355,11 @@ class _Child:
         self.phase(f"writing the outputs of batch {request['call']}")
         _save(self.folder / "out.npz", {k: to_numpy(v) for k, v in outputs.items()})
         return {"inference_time": runner.inference_time}
+
+    def do_layers(self, runner, request: dict) -> dict:
+        feed = _load(self.folder / "in.npz")
+        self.phase("reading the runtime's account of its layers")
+        return {"layers": runner.layers(feed) if hasattr(runner, "layers") else []}
 
     def do_batch_reason(self, runner, request: dict) -> dict:
         return {"reason": runner.batch_reason(request["batch"])}

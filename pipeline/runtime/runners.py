@@ -40,6 +40,7 @@ from polygraphy.common import TensorMetadata
 from polygraphy.logger import G_LOGGER
 
 from pipeline.core.errors import first_line
+from pipeline.runtime.tensorrt_calls import TensorrtCallFailed, checked  # noqa: F401
 
 G_LOGGER.module_severity = G_LOGGER.ERROR
 
@@ -332,6 +333,7 @@ class OrtRunner(Timed, OnnxrtRunner):
 
         self.providers = providers or ["cpu"]
         source = str(model) if isinstance(model, Path) else model
+        self._settings = (source, self.providers, threads, disabled_optimizers, optimize)  # for layers()
         session = SessionFromOnnx(source, providers=self.providers) \
             if threads is None and not disabled_optimizers and optimize \
             else (lambda: _ort_session(source, self.providers, threads, disabled_optimizers, optimize))
@@ -361,6 +363,16 @@ class OrtRunner(Timed, OnnxrtRunner):
             else CPU_WALL_CLOCK
         return [(label, cpu_timer(self.sess.run, None, feed))]
 
+    def layers(self, feed: dict) -> list[dict]:
+        """ONNX Runtime's own account of the nodes it ran on ``feed`` (its profiler, on a second session with this
+        one's options: :func:`pipeline.runtime.layer_account.ort_layers`)."""
+        from pipeline.runtime import layer_account
+
+        def make(options):
+            return _ort_session(*self._settings, options=options)
+
+        return [layer.to_json() for layer in layer_account.ort_layers(make, feed)]
+
 
 # ONNX Runtime's NchwcTransformer dereferences a null pointer on a dynamic-shape Transpose -> Cast(fp16->fp32)
 # -> MatMul chain on x86-64 with AVX-512 (microsoft/onnxruntime#28392, closed without a fix; present in 1.24
@@ -380,10 +392,10 @@ DISABLED_BECAUSE = {"NchwcTransformer": "it crashes ONNX Runtime's CPU provider 
 
 
 def _ort_session(source, providers: list[str], threads: int | None, disabled_optimizers: tuple[str, ...] = (),
-                 optimize: bool = True):
+                 optimize: bool = True, options=None):
     import onnxruntime as ort
 
-    options = ort.SessionOptions()
+    options = options or ort.SessionOptions()
     if not optimize:  # every node computed as the graph writes it (the INT8 Q/DQ graph's exact execution)
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     if threads is not None:
@@ -406,17 +418,6 @@ def onnxrt_runner(model: str | Path | bytes, *, name: str, providers: list[str] 
 def ort_session_uses(session_or_runner, provider: str) -> bool:
     sess = getattr(session_or_runner, "sess", session_or_runner)
     return provider in sess.get_providers()
-
-
-class TensorrtCallFailed(RuntimeError):
-    """A TensorRT binding returned False (or a CUDA graph capture failed): nothing may be timed after it."""
-
-
-def checked(ok, call: str) -> None:
-    """TensorRT's ``set_input_shape``, ``set_tensor_address`` and ``execute_async_v3`` return bool: a False
-    means the call did nothing (TensorRT logged why), so raise instead of timing an empty launch."""
-    if not ok:
-        raise TensorrtCallFailed(f"TensorRT {call} returned False (its log above says why)")
 
 
 class CudaMemory:
@@ -591,13 +592,26 @@ class TensorrtRunner(Timed, TrtRunner):
     context: Any  # Polygraphy's execution context
 
     def __init__(self, engine_bytes: bytes, sidecar: dict, *, name: str, input_name: str, output_name: str,
-                 cuda_graphs: bool = False):
+                 cuda_graphs: bool = False, onnx_path: Path | None = None):
         from polygraphy.backend.trt import EngineFromBytes
 
         super().__init__(EngineFromBytes(engine_bytes), name=name)
         self.profile = sidecar["profile"]
         self.note = sidecar.get("precision", "")
         self.input_name, self.output_name, self.cuda_graphs = input_name, output_name, cuda_graphs
+        self.onnx_path = onnx_path  # the graph it was built from: the inspector's layers are matched to its nodes
+
+    def layers(self, feed: dict) -> list[dict]:
+        """The engine inspector's account of the precision each matrix node of the source graph ran in, with the
+        inputs at ``feed``'s shape (:func:`pipeline.runtime.tensorrt_inspection.runtime_precisions`)."""
+        from pipeline.core import onnx_io
+        from pipeline.runtime import layer_account, tensorrt_inspection
+
+        if self.onnx_path is None or not Path(self.onnx_path).is_file():
+            return []
+        shapes = {name: list(np.shape(array)) for name, array in feed.items()}
+        precisions = tensorrt_inspection.runtime_precisions(self.engine, onnx_io.load(self.onnx_path), shapes)
+        return [layer.to_json() for layer in layer_account.tensorrt_layers(precisions)]
 
     def activate(self):
         self._severity = G_LOGGER.module_severity
@@ -728,6 +742,21 @@ class OpenVINORunner(Timed, BaseRunner):
                 check_runs_in(compiled, self.hint)
             self.compiled[key] = compiled
         return self.compiled[key]
+
+    def layers(self, feed: dict) -> list[dict]:
+        """The CPU plugin's own account of the layers it ran on ``feed``: the runtime model of the IR compiled for
+        this batch with ``PERF_COUNT`` (each executed layer's type, runtime precision, kernel and time)."""
+        from pipeline.runtime import layer_account
+
+        x = np.ascontiguousarray(feed[self.input_name], dtype=np.float32)
+        model = self.model.clone()
+        shape = list(model.input(0).get_partial_shape())
+        shape[0] = len(x)
+        model.reshape({model.input(0).get_any_name(): shape})
+        compiled = self.core.compile_model(model, "CPU", {**self._config("LATENCY"), "PERF_COUNT": True})
+        request = compiled.create_infer_request()
+        request.infer({0: x})
+        return [layer.to_json() for layer in layer_account.openvino_layers(compiled, request.profiling_info)]
 
     def _request(self, batch: int):
         if batch not in self.requests:

@@ -4,7 +4,6 @@ stage's recipe, timed with the benchmark's method on the device, and the precisi
 
 from __future__ import annotations
 
-import json
 import logging
 import tempfile
 from pathlib import Path
@@ -14,10 +13,9 @@ import numpy as np
 import onnx
 
 from pipeline.core.errors import StageFailed, UsageError
-from pipeline.precision.int8 import MATRIX_OPS
+from pipeline.runtime.tensorrt_inspection import engine_information, runtime_precisions  # noqa: F401
 
 if TYPE_CHECKING:  # type-checked against tensorrt-stubs (tests/test_typecheck.py); never imported at run time
-    import tensorrt as trt
 
     from pipeline.core.config_schema import BuildConfig
 
@@ -94,46 +92,3 @@ def build_engine(model: onnx.ModelProto, *, input_name: str, shapes: dict, build
             except Exception as exc:  # noqa: BLE001 (Polygraphy raises its own types; TensorRT logged why)
                 first = "; ".join(errors[:3]) or f"{type(exc).__name__}: {str(exc).strip()}"
                 raise StageFailed(f"TensorRT engine build of a candidate mix failed: {first}") from None
-
-
-def runtime_precisions(engine: trt.ICudaEngine, model: onnx.ModelProto, shapes: dict[str, list[int]]) -> dict[str, str]:
-    """``{matrix layer of model: "int8" | "fp16" | "fp32" | ... | "unknown"}``: what the engine inspector says each
-    matrix node ran in (:func:`pipeline.runtime.tensorrt_inspector.read`), inspected through an execution context
-    with every input at ``shapes`` (``{input: shape}``), without which a dynamic-shape engine's layers show no data
-    type. The unknown ones are logged: a matrix node the inspector did not tell about is reported, not guessed."""
-    from pipeline.runtime import tensorrt_inspector
-
-    info = engine_information(engine, shapes)
-    matrix = [node.name for node in model.graph.node if node.op_type in MATRIX_OPS]
-    try:
-        reading = tensorrt_inspector.read(info, [node.name for node in model.graph.node], matrix)
-    except ValueError:
-        verbosity = getattr(engine, "profiling_verbosity", "unknown")
-        raise StageFailed(f"the TensorRT engine inspector reports layer names only (profiling verbosity "
-                          f"{verbosity}); the layers' data types need an engine built with "
-                          "ProfilingVerbosity.DETAILED "
-                          "(tensorrt_engine.config_loader(detailed_profile=True))") from None
-    if reading.unknown:
-        log.warning("tensorrt: the engine inspector tells the precision of %d of %d matrix layers; unknown: %s",
-                    len(matrix) - len(reading.unknown), len(matrix), ", ".join(reading.unknown[:10]))
-    return reading.precisions
-
-
-def engine_information(engine: trt.ICudaEngine, shapes: dict[str, list[int]]) -> dict:
-    """The inspector's JSON of ``engine`` (``LayerInformationFormat.JSON``), inspected through an execution context
-    whose inputs are set to ``shapes``. ``IEngineInspector::setExecutionContext`` (TensorRT ``NvInferRuntime.h``):
-    "Setting the execution context and specifying all the input shapes allows the inspector to calculate concrete
-    dimensions for any dynamic shapes and display their format information. Otherwise ... format information will
-    not be shown" (trtexec's ``--exportLayerInfo`` sets it too: ``samples/common/sampleInference.cpp``)."""
-    import tensorrt
-
-    from pipeline.runtime.runners import TensorrtCallFailed, checked
-
-    context = engine.create_execution_context()
-    if not context:
-        raise TensorrtCallFailed("TensorRT could not create an execution context (its log above says why)")
-    for name, shape in shapes.items():
-        checked(context.set_input_shape(name, tuple(shape)), f"set_input_shape({name!r}, {tuple(shape)})")
-    inspector = engine.create_engine_inspector()
-    inspector.execution_context = context
-    return json.loads(inspector.get_engine_information(tensorrt.LayerInformationFormat.JSON))
