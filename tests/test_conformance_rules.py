@@ -312,3 +312,14 @@ def test_the_plan_takes_the_first_full_batch_and_the_largest_logit_image_as_comp
     assert len(conformance.plan(cfg, evidence).images) == 8  # every image there is, when fewer than a full batch
     cfg.verify.conformance = False
     assert conformance.plan(cfg, evidence) is None
+
+
+def test_the_log_names_each_failed_part_even_of_a_candidate_that_failed_before(caplog):
+    from pipeline.reports import verify_report
+
+    chk = _check(Status.FAILED, _runs(1e-2))  # failed by its output check: no "reason" key of its own
+    chk.result.pop("reason", None)
+    conformance.verify_conformance(_verify_cfg(), [chk], None, _gate_for)
+    with caplog.at_level("INFO", logger="pipeline"):
+        verify_report.log_conformance([chk])
+    assert "rows failed" in caplog.text and "row independence: image" in caplog.text

@@ -243,8 +243,9 @@ def log_conformance(checks: Sequence[Check]) -> None:
         shares = ", ".join(f"{p} {100 * v:.0f}%" for p, v in (precision.get("shares") or {}).items()) or "no account"
         log.info("verify: %-17s rows %s (worst %s); matrix layers ran in: %s; claim %s", chk.name,
                  rows.get("status"), "-" if worst is None else f"{worst:.2g}", shares, precision.get("status"))
-        if any(part.get("status") == Status.FAILED for part in (rows, precision)):
-            log.warning("verify: %s: %s", chk.name, chk.result["reason"])
+        for part in (rows, precision):
+            if part.get("status") == Status.FAILED:
+                log.warning("verify: %s: %s", chk.name, part.get("reason", ""))
 
 
 def log_check(chk: Check) -> None:
