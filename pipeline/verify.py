@@ -106,7 +106,7 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, auto_fallback: boo
         for plug in plugs.ORDER}
     batching.verify_batch_sizes(cfg, checks, evidence, candidates.gate_for)  # every batch size served
     verify_report.log_batch_sizes(checks)
-    conformance.verify_conformance(cfg, checks, ctx, candidates.gate_for)  # row independence, precision manifest
+    conformance.verify_conformance(cfg, checks, candidates.gate_for)  # row independence, precision manifest
     verify_report.log_conformance(checks)
     written = predictions.record(run_dir, checks, evidence)
     if written is not None:

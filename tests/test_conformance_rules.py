@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pipeline.core.status import Status
-from pipeline.evaluation import conformance
+from pipeline.evaluation import conformance, conformance_runs
 from pipeline.evaluation.conformance import RowFinding, judge_claim, judge_rows
 from pipeline.runtime import layer_account
 
@@ -46,7 +46,7 @@ def _plan(n=8, seed=0):
 
 
 def _result(runner, plan, tolerance=1e-6, static=False):
-    return conformance.row_result(conformance.run_rows(runner, plan, static), tolerance)
+    return conformance.row_result(conformance_runs.run_rows(runner, plan, static), tolerance)
 
 
 @pytest.mark.parametrize("n", [1, 2, 5, 8])
@@ -123,7 +123,7 @@ def test_a_runner_that_raises_is_an_error_row_not_a_dead_stage():
     plan, w = _plan()
     runner = Runner(w)
     runner.infer = lambda feed: 1 / 0
-    runs = conformance.safely("row-independence check", lambda: conformance.run_rows(runner, plan, False))
+    runs = conformance_runs.safely("row-independence check", lambda: conformance_runs.run_rows(runner, plan, False))
     result = conformance.row_result(runs, 1e-4)
     assert result["status"] == Status.ERROR and "ZeroDivisionError" in result["reason"]
 
@@ -203,17 +203,40 @@ def test_an_emulation_is_its_graphs_decisions():
 
 
 def test_precision_result_uses_the_runtime_account_of_a_deployment():
-    backend = SimpleNamespace(claims="int8", deploys=True, graph=None)
-    chk = SimpleNamespace(backend=backend)
-    cfg = SimpleNamespace(verify=SimpleNamespace(min_precision_share=0.5))
-    fp32 = layer_account.Layer("conv", "Convolution", "fp32", True).to_json()
+    fp32 = layer_account.Layer("conv", "Convolution", "fp32", True, "brgconv", 3.0).to_json()
     i8 = layer_account.Layer("conv2", "Convolution", "int8", True).to_json()
-    assert conformance.precision_result(chk, None, {"layers": [fp32, fp32, i8]}, cfg)["status"] == Status.FAILED
-    passed = conformance.precision_result(chk, None, {"layers": [fp32, i8]}, cfg)
-    assert passed["status"] == Status.PASSED and passed["shares"] == {"fp32": 0.5, "int8": 0.5}
-    assert conformance.precision_result(chk, None, {"layers": []}, cfg)["status"] == Status.SKIPPED
-    assert conformance.precision_result(chk, None, {"error": "boom"}, cfg)["status"] == Status.ERROR
+    relu = layer_account.Layer("relu", "Eltwise", "fp32", False).to_json()
 
+    def result(layers, graph=None):
+        runs = {"layers": layers, **({"graph": graph} if graph is not None else {})}
+        return conformance.precision_result("int8", True, runs, 0.5)
+
+    failed = result({"layers": [fp32, fp32, i8, relu]})
+    assert failed["status"] == Status.FAILED and failed["required"] == 0.5 and failed["graph_share"] == 1.0
+    assert failed["shares"] == {"fp32": 2 / 3, "int8": 1 / 3} and failed["matrix_layers"] == 3
+    assert failed["source"] == "runtime" and failed["claimed"] == "int8" and failed["layers"][0] == fp32
+    assert "runs 33% of its matrix layers in int8" in failed["reason"]
+    passed = result({"layers": [fp32, i8]})
+    assert passed["status"] == Status.PASSED and passed["shares"] == {"fp32": 0.5, "int8": 0.5}
+    assert "reason" not in passed
+    half_graph = result({"layers": [fp32, fp32, fp32, i8]}, {"share": 0.5, "layers": []})
+    assert half_graph["status"] == Status.PASSED and half_graph["required"] == 0.25  # 1/4 >= 0.5 x 0.5
+    assert result({"layers": []})["status"] == Status.SKIPPED
+    assert result({"error": "boom"}) == {"status": Status.ERROR, "reason": "boom"}
+    assert result({"layers": [i8]}, {"error": "no graph"}) == {"status": Status.ERROR, "reason": "no graph"}
+
+
+def test_precision_result_of_an_emulation_is_its_graph():
+    fp16 = layer_account.Layer("c", "Conv", "fp16", True).to_json()
+    fp32 = layer_account.Layer("g", "Gemm", "fp32", True).to_json()
+    runs = {"layers": [], "graph": {"share": 0.5, "layers": [fp16, fp32]}}
+    result = conformance.precision_result("fp16", False, runs, 0.5)
+    assert result["source"] == "graph, emulated" and result["shares"] == {"fp16": 0.5, "fp32": 0.5}
+    assert result["status"] == Status.PASSED and result["graph_share"] == 0.5 and result["matrix_layers"] == 2
+    none = conformance.precision_result("fp16", False, {"layers": [], "graph": {"share": 0.0, "layers": [fp32]}}, 0.5)
+    assert none["status"] == Status.FAILED and "puts no matrix layer in fp16" in none["reason"]
+    unclaimed = conformance.precision_result(None, True, {"layers": {"layers": [fp32]}}, 0.5)
+    assert unclaimed["status"] == Status.SKIPPED and unclaimed["claimed"] is None and unclaimed["required"] == 0.0
 
 def _check(status=Status.PASSED, runs=None, after_fallback=False, claims=None, deploys=True):
     backend = SimpleNamespace(claims=claims, deploys=deploys, graph=None, candidate="c")
@@ -234,13 +257,13 @@ def _gate_for(cfg, name, precision):
 
 def _runs(mix: float, layers=None):
     plan, w = _plan()
-    return {"rows": conformance.run_rows(Runner(w, mix=mix), plan, False), "layers": layers or {"layers": []}}
+    return {"rows": conformance_runs.run_rows(Runner(w, mix=mix), plan, False), "layers": layers or {"layers": []}}
 
 
 @pytest.mark.parametrize("status", [Status.PASSED, Status.INCONCLUSIVE])
 def test_a_mixing_candidate_that_passed_its_output_check_fails_here(status):
     chk = _check(status, _runs(1e-2))
-    conformance.verify_conformance(_verify_cfg(), [chk], None, _gate_for)
+    conformance.verify_conformance(_verify_cfg(), [chk], _gate_for)
     assert chk.result["status"] == Status.FAILED and chk.result["passed"] is False
     assert chk.result["reason"].startswith("row independence: image") and chk.result["hint"] == \
         conformance.CONFORMANCE_HINT
@@ -249,7 +272,7 @@ def test_a_mixing_candidate_that_passed_its_output_check_fails_here(status):
 
 def test_a_sound_candidate_keeps_its_verdict_and_gets_its_section():
     chk = _check(Status.PASSED, _runs(0.0))
-    conformance.verify_conformance(_verify_cfg(), [chk], None, _gate_for)
+    conformance.verify_conformance(_verify_cfg(), [chk], _gate_for)
     assert chk.result["status"] == Status.PASSED and "reason" not in chk.result
     assert chk.result["conformance"]["rows"]["status"] == Status.PASSED
     assert chk.result["conformance"]["precision"]["status"] == Status.SKIPPED  # FP32 claims nothing
@@ -258,7 +281,7 @@ def test_a_sound_candidate_keeps_its_verdict_and_gets_its_section():
 def test_a_false_claim_fails_the_candidate_and_both_reasons_are_kept():
     fp32 = layer_account.Layer("conv", "Convolution", "fp32", True).to_json()
     chk = _check(Status.PASSED, _runs(1e-2, {"layers": [fp32]}), claims="int8")
-    conformance.verify_conformance(_verify_cfg(), [chk], None, _gate_for)
+    conformance.verify_conformance(_verify_cfg(), [chk], _gate_for)
     assert chk.result["status"] == Status.FAILED
     assert "row independence" in chk.result["reason"] and "claims int8 but runs 0%" in chk.result["reason"]
 
@@ -267,14 +290,14 @@ def test_a_false_claim_fails_the_candidate_and_both_reasons_are_kept():
 def test_a_candidate_that_did_not_pass_keeps_its_verdict_and_still_gets_its_section(status):
     chk = _check(status, _runs(1e-2))
     before = dict(chk.result)
-    conformance.verify_conformance(_verify_cfg(), [chk], None, _gate_for)
+    conformance.verify_conformance(_verify_cfg(), [chk], _gate_for)
     section = chk.result.pop("conformance")
     assert chk.result == before and section["rows"]["status"] == Status.FAILED
 
 
 def test_after_a_fallback_or_without_runs_the_section_is_skipped_with_the_reason():
     replaced, unrun = _check(Status.PASSED, _runs(1e-2), after_fallback=True), _check(Status.SKIPPED, {})
-    conformance.verify_conformance(_verify_cfg(), [replaced, unrun], None, _gate_for)
+    conformance.verify_conformance(_verify_cfg(), [replaced, unrun], _gate_for)
     assert replaced.result["status"] == Status.PASSED and unrun.result["status"] == Status.SKIPPED
     assert replaced.result["conformance"] == {"status": Status.SKIPPED, "reason": conformance.AFTER_FALLBACK}
     assert unrun.result["conformance"] == {"status": Status.SKIPPED, "reason": conformance.NOT_RUN}
@@ -296,7 +319,7 @@ def test_rows_are_copied_from_a_runner_that_reuses_its_output_buffer():
 
 def test_conformance_off_touches_nothing():
     chk = _check(Status.PASSED, _runs(1e-2))
-    conformance.verify_conformance(_verify_cfg(on=False), [chk], None, _gate_for)
+    conformance.verify_conformance(_verify_cfg(on=False), [chk], _gate_for)
     assert "conformance" not in chk.result and chk.result["status"] == Status.PASSED
 
 
@@ -319,7 +342,62 @@ def test_the_log_names_each_failed_part_even_of_a_candidate_that_failed_before(c
 
     chk = _check(Status.FAILED, _runs(1e-2))  # failed by its output check: no "reason" key of its own
     chk.result.pop("reason", None)
-    conformance.verify_conformance(_verify_cfg(), [chk], None, _gate_for)
+    conformance.verify_conformance(_verify_cfg(), [chk], _gate_for)
     with caplog.at_level("INFO", logger="pipeline"):
         verify_report.log_conformance([chk])
     assert "rows failed" in caplog.text and "row independence: image" in caplog.text
+
+
+def test_claim_verdicts_exactly():
+    V = conformance.ClaimVerdict
+    assert judge_claim(None, 0.3, 1.0, 0.5) == V(Status.SKIPPED, 0.0, "no lower precision claimed")
+    assert judge_claim("bf16", 0.9, 0.0, 0.5) == V(Status.FAILED, 0.0, "claims bf16 but its graph puts no matrix "
+                                                                       "layer in bf16")
+    assert judge_claim("int8", None, 0.5, 0.5) == V(Status.SKIPPED, 0.25, "the runtime gave no account of its layers")
+    assert judge_claim("int8", 0.5, 0.5, 0.5) == V(Status.PASSED, 0.25, "")
+    assert judge_claim("fp16", 0.1, 0.8, 0.5) == V(
+        Status.FAILED, 0.4, "claims fp16 but runs 10% of its matrix layers in fp16 (at least 40% required: "
+        "verify.min_precision_share 0.5 of the 80% its graph puts in fp16)")
+
+
+def test_gather_puts_each_output_row_back_under_its_image_with_its_slot():
+    batches = [conformance.Batch(np.zeros((3, 1)), np.array([2, -1, 0])),
+               conformance.Batch(np.zeros((3, 1)), np.array([-1, 1, -1]))]
+    outputs = [np.array([[20.0, 21], [99, 99], [0, 1]]), np.array([[98, 98], [10, 11], [97, 97]])]
+    rows, slots, size = conformance.gather(batches, outputs, 3)
+    np.testing.assert_array_equal(rows, [[0, 1], [10, 11], [20, 21]])
+    assert rows.dtype == np.float64 and list(slots) == [2, 1, 0] and size == 3
+    missing, _, _ = conformance.gather(batches[:1], outputs[:1], 3)
+    assert np.isnan(missing[1]).all()  # an image no batch held stays NaN, never another image's row
+
+
+def test_findings_name_the_worst_row_of_each_arrangement_against_the_base():
+    base = np.array([[1.0, 0], [0, 2], [4, 0]])
+    moved = base.copy()
+    moved[1, 1] = 2.5  # image 1, off by 0.5 of its scale 2
+    runs = {"alone": (base, np.zeros(3, int), 1), "batch": (base.copy(), np.arange(3), 3),
+            "reversed": (moved, np.array([2, 1, 0]), 3)}
+    name, found = conformance.findings(runs)
+    assert name == "alone"
+    assert found == [conformance.RowFinding("batch", 3, 0, 0, 0.0), conformance.RowFinding("reversed", 3, 1, 1, 0.25)]
+    without = {k: v for k, v in runs.items() if k != "alone"}
+    assert conformance.findings(without) == ("batch", [conformance.RowFinding("reversed", 3, 1, 1, 0.25)])
+    assert conformance.findings({"reversed": runs["reversed"]}) == ("batch", [])
+    nan = moved.copy()
+    nan[2, 0] = np.nan
+    assert conformance.findings({"alone": runs["alone"], "batch": (nan, np.arange(3), 3)})[1][0].image == 2
+
+
+def test_the_row_result_words_the_worst_row():
+    base = np.array([[1.0, 0], [0, 2]])
+    moved = base + np.array([[0, 0], [0, 1.0]])
+    runs = {"runs": {"alone": (base, np.zeros(2, int), 1), "companions": (moved, np.array([0, 1]), 2)},
+            "skipped": {"reversed": "no"}}
+    result = conformance.row_result(runs, 0.1)
+    assert result == {"status": Status.FAILED, "base": "alone", "tolerance": 0.1, "skipped": {"reversed": "no"},
+                      "arrangements": [{"arrangement": "companions", "batch_size": 2, "slot": 1, "image": 1,
+                                        "deviation": 0.5}],
+                      "reason": "row independence: image 1 in slot 1 of a batch of 2 (companions) differs from the "
+                                "same image alone by 0.5 of its logit scale (max_row_deviation 0.1)"}
+    assert "reason" not in conformance.row_result(runs, 0.5)
+    assert conformance.row_result({"error": "x"}, 0.1) == {"status": Status.ERROR, "reason": "x"}

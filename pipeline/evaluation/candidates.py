@@ -18,7 +18,7 @@ from pipeline.core.errors import InputError, disk_full, first_line
 from pipeline.core.run import RunDir
 from pipeline.core.status import Status
 from pipeline.core.verdicts import Verdict
-from pipeline.evaluation import batching, conformance
+from pipeline.evaluation import batching, conformance, conformance_runs
 from pipeline.precision import fallback
 from pipeline.precision import gate as criteria
 from pipeline.precision.plugs import Precision
@@ -95,7 +95,7 @@ def _judge(chk: Check, ctx: Context, evidence: Evidence, gate: dict, batch_feeds
         with runner:
             outputs = infer_all(runner, evidence.feeds)
             chk.batch_runs = _batch_runs(runner, chk, ctx, batch_feeds)
-            chk.conformance_runs = conformance.run(runner, chk, ctx, rows)
+            chk.conformance_runs = conformance_runs.run(runner, chk, ctx, rows)
     except InputError:
         raise
     except Crashed as exc:  # the child died (a segfault in the runtime): a "crashed" row, the others go on

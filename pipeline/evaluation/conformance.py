@@ -23,7 +23,8 @@ the candidate, and the reason names the arrangement, the batch size and the slot
 puts in that precision ran in it (roboflow/rf-detr#1453: ``fp16=True`` wrote an FP32 engine): an INT8 artifact
 whose convolutions run in FP32 on dequantized values, a "BF16" model with no BF16 layer.
 
-The decisions (:func:`judge_rows`, :func:`judge_claim`) are pure; the rest runs the runner and words the result.
+Everything here is pure (the decisions :func:`judge_rows` and :func:`judge_claim`, the arrangements, the
+wording); :mod:`pipeline.evaluation.conformance_runs` runs them on a candidate's runner.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pipeline.core.errors import first_line
 from pipeline.core.status import Status
 
 if TYPE_CHECKING:  # annotations only
@@ -148,7 +148,7 @@ def deviations(rows: np.ndarray, base: np.ndarray) -> np.ndarray:
     return np.where(finite, dev, np.inf)
 
 
-# --------------------------------------------------------------------------- running and wording
+# --------------------------------------------------------------------------- the plan and the wording
 
 
 @dataclass(frozen=True)
@@ -169,23 +169,6 @@ def plan(cfg: Config, evidence) -> RowPlan | None:
     finite = np.where(np.isfinite(logits).all(axis=1), np.abs(logits).max(axis=1), -np.inf)
     size = min(cfg.build.max_batch, len(images))
     return RowPlan(images[:size], images[int(np.argmax(finite))], name, evidence.output_name)
-
-
-def run_rows(runner, row_plan: RowPlan, static: bool) -> dict:
-    """Each arrangement's outputs in image order, from the active runner: ``{arrangement: (rows, slots, size)}``,
-    and ``"skipped"``: why an arrangement did not run (a batch size the artifact does not serve)."""
-    out: dict = {"runs": {}, "skipped": {}}
-    for name, batches in arrangements(row_plan.images, row_plan.hard).items():
-        size = len(batches[0].images)
-        reason = "static batch (export.dynamic_batch=false)" if static and size != len(row_plan.images) else \
-            runner.batch_reason(size)
-        if reason:
-            out["skipped"][name] = reason
-            continue
-        # copied: a runner may hand back the same output buffer on every call
-        outputs = [np.array(runner.infer({row_plan.input_name: b.array})[row_plan.output_name]) for b in batches]
-        out["runs"][name] = gather(batches, outputs, len(row_plan.images))
-    return out
 
 
 def findings(runs: dict) -> tuple[str, list[RowFinding]]:
@@ -220,14 +203,6 @@ def row_result(runs: dict, tolerance: float) -> dict:
     return result
 
 
-def safely(what: str, call) -> dict:
-    """A conformance run that raises: its own error row; the main check's verdict stands."""
-    try:
-        return call()
-    except Exception as exc:
-        return {"error": f"the {what} could not run: {type(exc).__name__}: {first_line(exc)}"}
-
-
 # --------------------------------------------------------------------------- verify's hooks
 
 AFTER_FALLBACK = "checked when verify re-runs on the graph the fallback wrote"
@@ -236,20 +211,7 @@ CONFORMANCE_HINT = ("not a precision fault (the FP32 fallback cannot fix it): th
                     "than the artifact claims; see verify.json's conformance section")
 
 
-def run(runner, chk, ctx, row_plan: RowPlan | None) -> dict:
-    """While the candidate's runner is active: the row arrangements and the runtime's account of its layers."""
-    if row_plan is None:
-        return {}
-    static = ctx.cfg.export.dynamic_batch is False and chk.artifact is not None
-    rows = safely("row-independence check", lambda: run_rows(runner, row_plan, static))
-    feed = {row_plan.input_name: row_plan.images}
-    emulated = not chk.backend.deploys
-    layers = [] if emulated or not hasattr(runner, "layers") else \
-        safely("runtime's account of its layers", lambda: {"layers": runner.layers(feed)})
-    return {"rows": rows, "layers": layers}
-
-
-def verify_conformance(cfg: Config, checks, ctx, gate_for) -> None:
+def verify_conformance(cfg: Config, checks, gate_for) -> None:
     """verify's hook, after the main checks, the fallback and the batch sizes: every candidate gets its
     ``conformance`` section (skipped, with the reason, where it did not run); one that passed (or was inconclusive)
     fails when either conformance check fails."""
@@ -261,52 +223,34 @@ def verify_conformance(cfg: Config, checks, ctx, gate_for) -> None:
                                          if chk.after_fallback else NOT_RUN}
             continue
         tolerance = gate_for(cfg, chk.name, chk.precision)["max_row_deviation"]
-        section = {"rows": row_result(chk.conformance_runs["rows"], tolerance),
-                   "precision": precision_result(chk, ctx, chk.conformance_runs["layers"], cfg)}
+        runs = chk.conformance_runs
+        section = {"rows": row_result(runs["rows"], tolerance),
+                   "precision": precision_result(chk.backend.claims, chk.backend.deploys, runs,
+                                                 cfg.verify.min_precision_share)}
         chk.result["conformance"] = section
         failing = [part["reason"] for part in section.values() if part["status"] == Status.FAILED]
         if failing and chk.status in (Status.PASSED, Status.INCONCLUSIVE):  # a failed one keeps its own reason
             chk.result.update(status=Status.FAILED, passed=False, reason="; ".join(failing), hint=CONFORMANCE_HINT)
 
 
-def precision_result(chk, ctx, layers, cfg: Config) -> dict:
-    """verify.json's ``conformance.precision``: the runtime's account (or an emulation's graph), the shares of the
-    matrix layers per precision, and the claim's verdict."""
-    from pipeline.runtime import layer_account
+def precision_result(claimed: str | None, deploys: bool, runs: dict, min_share: float) -> dict:
+    """verify.json's ``conformance.precision``: the runtime's account (an emulation: its graph's), the shares of the
+    matrix layers per precision, and the claim's verdict. ``runs``: :func:`pipeline.evaluation.conformance_runs.run`'s
+    ``layers`` (``{"layers": [...]}`` or ``{"error": ...}``) and ``graph`` (the graph's share and layers)."""
+    from pipeline.runtime.layer_account import Layer, matrix_shares
 
-    if isinstance(layers, dict) and "error" in layers:
-        return {"status": Status.ERROR, "reason": layers["error"]}
-    claimed = chk.backend.claims
-    graph_share, graph_layers = _graph_share(chk, ctx)
-    source = "runtime"
-    if not chk.backend.deploys:  # an emulation computes its graph's decisions by rounding on FP32 kernels
-        records = graph_layers
-        source = "graph, emulated"  # FP32 kernels, every tensor rounded as the graph's types say
-    else:
-        records = [layer_account.Layer(**layer) for layer in layers.get("layers", [])] if layers else []
-    shares = layer_account.matrix_shares(records)
+    layers, graph = runs.get("layers") or {}, runs.get("graph") or {"share": 1.0, "layers": []}
+    if "error" in layers or "error" in graph:
+        return {"status": Status.ERROR, "reason": layers.get("error") or graph["error"]}
+    # an emulation computes its graph's decisions by rounding on FP32 kernels: its graph is its account
+    source, records = ("runtime", layers.get("layers", [])) if deploys else ("graph, emulated", graph["layers"])
+    records = [Layer(**layer) for layer in records]
+    shares = matrix_shares(records)
     runtime_share = shares.get(claimed, 0.0) if records and claimed else None
-    verdict = judge_claim(claimed, runtime_share, graph_share, cfg.verify.min_precision_share)
-    result = {"status": verdict.status, "claimed": claimed, "source": source, "matrix_layers": sum(
-        1 for r in records if r.matrix), "shares": shares, "graph_share": graph_share, "required": verdict.required,
-        "layers": [r.to_json() for r in records]}
+    verdict = judge_claim(claimed, runtime_share, graph["share"], min_share)
+    result = {"status": verdict.status, "claimed": claimed, "source": source,
+              "matrix_layers": sum(1 for r in records if r.matrix), "shares": shares, "graph_share": graph["share"],
+              "required": verdict.required, "layers": [r.to_json() for r in records]}
     if verdict.reason:
         result["reason"] = verdict.reason
     return result
-
-
-def _graph_share(chk, ctx) -> tuple[float, list]:
-    """The share of the matrix layers the candidate's graph puts in its claimed precision (1.0 where the runtime,
-    not a graph, sets the precision), and the graph's layers (an emulation's account)."""
-    from pipeline.core import onnx_io
-    from pipeline.precision import plugs
-    from pipeline.runtime import layer_account
-
-    if chk.backend.graph is None or chk.backend.claims is None:
-        return 1.0, []
-    plug = plugs.by_name(chk.backend.graph)
-    fp32 = ctx._loaded.get("fp32_model")
-    if fp32 is None:
-        fp32 = ctx._loaded["fp32_model"] = onnx_io.load(ctx.fp32_path())
-    layers = layer_account.graph_layers(plug.node_precisions(fp32, ctx.graph(plug.name)), "FP32 kernels, rounded")
-    return layer_account.matrix_shares(layers).get(chk.backend.claims, 0.0), layers
