@@ -63,7 +63,7 @@ def test_every_image_sits_in_its_own_slot_or_the_mirrored_one(n):
                     np.testing.assert_array_equal(b.array[slot], plan.images[image])
                 else:  # a companion: the hard image
                     np.testing.assert_array_equal(b.array[slot], plan.hard)
-    assert all(len(b.images) == 1 for b in arranged["alone"])
+    assert all(len(b.images) == 1 and len(b.array) == 1 for b in arranged["alone"])
     assert all(len(b.images) == n for name in ("batch", "reversed", "companions") for b in arranged[name])
     assert list(arranged["reversed"][0].images) == list(range(n))[::-1]
     companions = arranged["companions"]
@@ -156,7 +156,8 @@ def test_deviation_is_relative_to_each_rows_own_scale_and_inf_when_not_finite():
     rows = np.array([[10.0, -19.0], [0.0, 3e-12], [np.nan, 1.0]])
     dev = conformance.deviations(rows, base)
     assert dev[0] == pytest.approx(1 / 20) and dev[1] == pytest.approx(3.0) and dev[2] == np.inf
-    assert conformance.deviations(base, rows)[2] == np.inf  # a non-finite base too
+    swapped = conformance.deviations(base, rows)
+    assert swapped[2] == np.inf and np.isfinite(swapped[:2]).all()  # a non-finite base row: that row only
 
 
 @given(st.sampled_from(["fp16", "bf16", "int8"]), st.floats(0, 1), st.floats(0.01, 1), st.floats(0, 1))
@@ -235,6 +236,10 @@ def test_precision_result_of_an_emulation_is_its_graph():
     assert result["status"] == Status.PASSED and result["graph_share"] == 0.5 and result["matrix_layers"] == 2
     none = conformance.precision_result("fp16", False, {"layers": [], "graph": {"share": 0.0, "layers": [fp32]}}, 0.5)
     assert none["status"] == Status.FAILED and "puts no matrix layer in fp16" in none["reason"]
+    no_graph = conformance.precision_result("fp16", False, {"layers": []}, 0.5)  # an emulation whose graph was not read
+    assert no_graph["status"] == Status.SKIPPED and no_graph["graph_share"] == 1.0 and no_graph["layers"] == []
+    no_account = conformance.precision_result("int8", True, {"layers": [], "graph": {"share": 1.0, "layers": []}}, 0.5)
+    assert no_account["status"] == Status.SKIPPED and no_account["shares"] == {}  # a runner without layers()
     unclaimed = conformance.precision_result(None, True, {"layers": {"layers": [fp32]}}, 0.5)
     assert unclaimed["status"] == Status.SKIPPED and unclaimed["claimed"] is None and unclaimed["required"] == 0.0
 
@@ -252,6 +257,7 @@ def _verify_cfg(on=True):
 
 
 def _gate_for(cfg, name, precision):
+    assert cfg.verify.min_precision_share == 0.5 and (name, precision) == ("c", "fp32")  # the candidate's own gate
     return {"max_row_deviation": 1e-4}
 
 
@@ -283,7 +289,7 @@ def test_a_false_claim_fails_the_candidate_and_both_reasons_are_kept():
     chk = _check(Status.PASSED, _runs(1e-2, {"layers": [fp32]}), claims="int8")
     conformance.verify_conformance(_verify_cfg(), [chk], _gate_for)
     assert chk.result["status"] == Status.FAILED
-    assert "row independence" in chk.result["reason"] and "claims int8 but runs 0%" in chk.result["reason"]
+    assert "row independence" in chk.result["reason"] and "; claims int8 but runs 0%" in chk.result["reason"]
 
 
 @pytest.mark.parametrize("status", [Status.FAILED, Status.ERROR, Status.CRASHED])
@@ -333,6 +339,8 @@ def test_the_plan_takes_the_first_full_batch_and_the_largest_logit_image_as_comp
     np.testing.assert_array_equal(plan.hard, -np.ones(2))  # logits 9, the largest finite ones (inf is skipped)
     cfg.build.max_batch = 64
     assert len(conformance.plan(cfg, evidence).images) == 8  # every image there is, when fewer than a full batch
+    one = SimpleNamespace(feeds=feeds[:1], reference=reference[:1], output_name="y")
+    assert conformance.plan(cfg, one).images.shape == (4, 2)
     cfg.verify.conformance = False
     assert conformance.plan(cfg, evidence) is None
 
@@ -355,6 +363,7 @@ def test_claim_verdicts_exactly():
                                                                        "layer in bf16")
     assert judge_claim("int8", None, 0.5, 0.5) == V(Status.SKIPPED, 0.25, "the runtime gave no account of its layers")
     assert judge_claim("int8", 0.5, 0.5, 0.5) == V(Status.PASSED, 0.25, "")
+    assert "(at least 90% required: verify.min_precision_share 0.9 of the 100%" in judge_claim("int8", 0, 1, 0.9).reason
     assert judge_claim("fp16", 0.1, 0.8, 0.5) == V(
         Status.FAILED, 0.4, "claims fp16 but runs 10% of its matrix layers in fp16 (at least 40% required: "
         "verify.min_precision_share 0.5 of the 80% its graph puts in fp16)")
@@ -367,8 +376,10 @@ def test_gather_puts_each_output_row_back_under_its_image_with_its_slot():
     rows, slots, size = conformance.gather(batches, outputs, 3)
     np.testing.assert_array_equal(rows, [[0, 1], [10, 11], [20, 21]])
     assert rows.dtype == np.float64 and list(slots) == [2, 1, 0] and size == 3
-    missing, _, _ = conformance.gather(batches[:1], outputs[:1], 3)
-    assert np.isnan(missing[1]).all()  # an image no batch held stays NaN, never another image's row
+    missing, missing_slots, _ = conformance.gather(batches[:1], outputs[:1], 3)
+    assert np.isnan(missing[1]).all() and missing_slots == [2, -1, 0]  # an image no batch held: NaN, no slot
+    with pytest.raises(ValueError):  # an output per batch, no fewer
+        conformance.gather(batches, outputs[:1], 3)
 
 
 def test_findings_name_the_worst_row_of_each_arrangement_against_the_base():

@@ -128,10 +128,10 @@ def arrangements(images: np.ndarray, hard: np.ndarray) -> dict[str, list[Batch]]
     }
 
 
-def gather(batches: list[Batch], outputs: list[np.ndarray], n: int) -> tuple[np.ndarray, np.ndarray, int]:
+def gather(batches: list[Batch], outputs: list[np.ndarray], n: int) -> tuple[np.ndarray, list[int], int]:
     """Each image's output row, its slot and the batch size, in image order."""
-    rows = np.full((n, outputs[0].shape[1]), np.nan, dtype=np.float64)
-    slots = np.zeros(n, dtype=int)
+    rows = np.full((n, outputs[0].shape[1]), np.nan)
+    slots = [-1] * n  # -1: no batch held the image (its row stays NaN)
     for batch, out in zip(batches, outputs, strict=True):
         for slot, image in enumerate(batch.images):
             if image >= 0:
@@ -141,7 +141,6 @@ def gather(batches: list[Batch], outputs: list[np.ndarray], n: int) -> tuple[np.
 
 def deviations(rows: np.ndarray, base: np.ndarray) -> np.ndarray:
     """Each image's largest |row - base| over its base row's largest |logit|; inf where either is not finite."""
-    rows, base = np.asarray(rows, np.float64), np.asarray(base, np.float64)
     scale = np.maximum(np.abs(base).max(axis=1), SCALE_FLOOR)
     dev = np.abs(rows - base).max(axis=1) / scale
     finite = np.isfinite(rows).all(axis=1) & np.isfinite(base).all(axis=1)
@@ -182,7 +181,7 @@ def findings(runs: dict) -> tuple[str, list[RowFinding]]:
         if name == base_name:
             continue
         dev = deviations(rows, base)
-        worst = int(np.argmax(np.nan_to_num(dev, nan=np.inf)))
+        worst = int(np.argmax(dev))  # never NaN: a non-finite row's deviation is inf
         found.append(RowFinding(name, size, int(slots[worst]), worst, float(dev[worst])))
     return base_name, found
 
