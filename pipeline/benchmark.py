@@ -1,14 +1,15 @@
-"""The benchmark stage: latency and throughput of every available backend, measured seriously.
+"""The benchmark stage: latency and throughput of the backends that can change the answer, measured seriously.
 
-Method (docs/benchmark.md): a first run for lazy
-initialisation, warm-up by time, then repeated trials of at least ``min_iterations`` runs and
-``min_duration_s`` seconds each; percentiles (p50/p90/p95/p99), mean, standard deviation and
-coefficient of variation over every timed run, with a warning when a trial is noisy. Every
-backend gets the same real validation images, the same warm-up and the same timing method.
+Method (docs/benchmark.md): a first run for lazy initialisation, warm-up by time, then timed runs until the stop
+rule (:mod:`pipeline.runtime.stopping`) says the row's median is known within ``benchmark.target_halfwidth`` at 95 %
+confidence, or its time cap; at least ``benchmark.min_runs``. ``benchmark.method: fixed`` keeps the old method:
+repeated trials of at least ``min_iterations`` runs and ``min_duration_s`` seconds each. Percentiles
+(p50/p90/p95/p99), mean, standard deviation and coefficient of variation over every timed run, with a warning when
+a trial is noisy. Every backend gets the same real validation images, the same warm-up and the same timing method.
 
-The backends are :data:`pipeline.runtime.backends.TABLE`'s entries named in ``benchmark.backends``;
-each is timed through its runner's timing hook (``timers(feed)``, see :mod:`pipeline.runtime.runners`):
-
+The backends are :data:`pipeline.runtime.backends.TABLE`'s entries named in ``benchmark.backends``, or when that is
+null its defaults: only the decisive ones (:func:`choose_rows`) unless ``benchmark.rows: all``. Each is timed through
+its runner's timing hook (``timers(feed)``, see :mod:`pipeline.runtime.runners`):
 
 * CPU: wall clock around a synchronous call; intra-op threads set and recorded.
 * GPU: CUDA events around work on device-resident inputs ("GPU compute"), and separately the
@@ -17,8 +18,10 @@ each is timed through its runner's timing hook (``timers(feed)``, see :mod:`pipe
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -28,8 +31,9 @@ from pipeline.core.errors import BackendUnavailable, InputError, UsageError
 from pipeline.core.run import RunDir, StageRecord, atomic_path, atomic_write, now, write_json
 from pipeline.core.status import Status
 from pipeline.core.verdicts import InconclusivePolicy, counts_as_passed
+from pipeline.evaluation import candidates
 from pipeline.reports import verify_report
-from pipeline.runtime import backends, benchmark_app, isolate, trtexec
+from pipeline.runtime import backends, benchmark_app, isolate, stopping, trtexec
 from pipeline.runtime.backends import Backend, Context
 from pipeline.runtime.isolate import Crashed
 from pipeline.runtime.runners import THROUGHPUT_LABEL, Method, measure, one_line  # noqa: F401  (measure: the timing loop)
@@ -147,6 +151,7 @@ def _row(backend: Backend, ctx: Context, runner, batch: int, label: str, m: dict
         "throughput_per_s": stats["throughput"],
         "iterations": stats["iterations"],
         "trials": m["trials"],
+        "stop": m["stop"],  # runs taken, the median, its 95% interval, why timing stopped
         "first_run_ms": m["first_run_ms"],
         "cv_warning": m["cv_warning"],
         "cuda_graphs": "CUDA graphs" in label,
@@ -158,10 +163,17 @@ def _row(backend: Backend, ctx: Context, runner, batch: int, label: str, m: dict
 
 
 def _log_row(r: dict) -> None:
-    log.info("benchmark: %-17s b=%-3d p50 %8.3f ms  p99 %8.3f ms  %9.1f img/s  cv %4.1f%%%s%s", r["backend"],
+    log.info("benchmark: %-17s b=%-3d p50 %8.3f ms  p99 %8.3f ms  %9.1f img/s  cv %4.1f%%  %s%s%s", r["backend"],
              r["batch_size"], r["latency_ms"]["p50"], r["latency_ms"]["p99"], r["throughput_per_s"],
-             100 * r["latency_ms"]["cv"], "  (async throughput; ms per batch)" if _is_throughput(r) else "",
-             "  (noisy)" if r["cv_warning"] else "")
+             100 * r["latency_ms"]["cv"], stop_text(r["stop"]),
+             "  (async throughput; ms per batch)" if _is_throughput(r) else "", "  (noisy)" if r["cv_warning"] else "")
+
+
+def stop_text(stop: dict) -> str:
+    """``n=35, median +-3.1% (95%), converged``: a row's runs, its interval and why timing stopped."""
+    width = stop.get("relative_halfwidth")
+    interval = f"+-{100 * width:.1f}%" if width is not None and math.isfinite(width) else "no interval"
+    return f"n={stop['runs']}, median {interval} (95%), {stop['reason']}"
 
 
 def deployable(verdict: str, policy: InconclusivePolicy) -> bool:
@@ -189,28 +201,18 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, profile: bool = Fa
     spec = card["spec"]
     check_batch_sizes(bc.batch_sizes, spec["input_size"], env.memory_bytes())
     images, _ = data.validation_batch(cfg, card, max(bc.batch_sizes))
-    verdicts = verify_report.read_verdicts(run_dir) or {}
-    policy = verify_report.read_policy(run_dir)
-    accuracies = verify_report.read_accuracies(run_dir)
-    method = Method(bc.warmup_s, bc.min_iterations, bc.min_duration_s, bc.trials, bc.cv_warn)
-    log.info("benchmark: batch sizes %s, %d threads, %d trial(s) of >= %d runs and >= %.2g s after %.2g s warm-up",
-             bc.batch_sizes, threads, bc.trials, bc.min_iterations, bc.min_duration_s, bc.warmup_s)
+    method = method_of(cfg)
+    log.info("benchmark: batch sizes %s, %d threads, %s", bc.batch_sizes, threads, describe_method(method))
+    _log_unused(cfg)
+    rows = choose_rows(cfg)
+    _log_rows(rows)
     ctx = Context(cfg, run_dir, "benchmark", spec, model=model, threads=threads, gpu=env.cuda_status()[0])
-    results, skipped = [], []
-    for name in bc.backends:
-        backend = backends.by_name(name)
-        rows, skips = time_backend(backend, ctx, images, method, verify_column(backend, verdicts),
-                                   accuracies.get(backends.verified_by(backend)), policy)
-        results += rows
-        skipped += skips
+    results, skipped = _time_all(ctx, rows.timed, images, method)
     trtexec.side_by_side(run_dir, results, backends.by_name, spec["input_name"], spec["input_size"], method)
     add_ratios(results)
-    noisy = [f"{r['backend']}@{r['batch_size']}" for r in results if r["cv_warning"]]
-    if noisy:
-        log.warning("benchmark: warning: %d of %d measurements had a trial with a coefficient of variation above "
-                    "%.1f%% (%s): the machine was busy or the runs are too short; close other programs or raise "
-                    "benchmark.min_duration_s", len(noisy), len(results), 100 * bc.cv_warn, ", ".join(noisy))
+    _warn_noisy(cfg, results)
     payload = _payload(cfg, spec, threads, results, skipped)
+    payload["rows"] = dataclasses.asdict(rows)
     named = [row for pair in headline_rows(results).values() if pair for row in pair]
     payload["benchmark_app"] = benchmark_app.side_by_side(cfg, run_dir, results, spec["input_size"], threads, named)
     write_json(run_dir.file(JSON), payload)
@@ -221,8 +223,106 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, profile: bool = Fa
     if profile:
         profile_torch(cfg, run_dir, model, images, record)
     record.details.update({"results": len(results), "skipped": skipped, "threads": threads,
-                           "headline": _headline(results),
+                           "headline": _headline(results), "left_out": rows.left_out,
                            "workarounds": {r["backend"]: r["workaround"] for r in results if r["workaround"]}})
+
+
+def _time_all(ctx: Context, names: list[str], images, method: Method) -> tuple[list, list]:
+    """Every named backend timed, in order: (result rows, skipped rows)."""
+    verdicts = verify_report.read_verdicts(ctx.run_dir) or {}
+    policy = verify_report.read_policy(ctx.run_dir)
+    accuracies = verify_report.read_accuracies(ctx.run_dir)
+    results, skipped = [], []
+    for name in names:
+        backend = backends.by_name(name)
+        rows, skips = time_backend(backend, ctx, images, method, verify_column(backend, verdicts),
+                                   accuracies.get(backends.verified_by(backend)), policy)
+        results += rows
+        skipped += skips
+    return results, skipped
+
+
+def _warn_noisy(cfg: Config, results: list[dict]) -> None:
+    noisy = [f"{r['backend']}@{r['batch_size']}" for r in results if r["cv_warning"]]
+    if noisy:
+        log.warning("benchmark: warning: %d of %d measurements had a trial with a coefficient of variation above "
+                    "%.1f%% (%s): the machine was busy or the runs are too short; close other programs or raise "
+                    "benchmark.%s", len(noisy), len(results), 100 * cfg.benchmark.cv_warn, ", ".join(noisy),
+                    "max_row_s" if cfg.benchmark.method == "adaptive" else "min_duration_s")
+
+
+# --------------------------------------------------------------------------- the method and the rows
+
+
+def method_of(cfg: Config) -> Method:
+    """The timing method of ``benchmark.*`` (:class:`pipeline.runtime.runners.Method`)."""
+    bc = cfg.benchmark
+    return Method(bc.warmup_s, bc.min_iterations, bc.min_duration_s, bc.trials, bc.cv_warn, kind=bc.method,
+                  min_runs=bc.min_runs, target_halfwidth=bc.target_halfwidth, max_row_s=bc.max_row_s)
+
+
+def describe_method(m: Method) -> str:
+    """One line for the log and the report: how every row was timed."""
+    if m.kind == "adaptive":
+        return (f"each row timed after {m.warmup_s:g} s of warm-up until its median's 95% interval is within "
+                f"+-{100 * m.target_halfwidth:g}% or for {m.max_row_s:g} s (at least {m.min_runs} runs)")
+    return (f"{m.trials} trial(s) of >= {m.min_iterations} runs and >= {m.min_duration_s:g} s after "
+            f"{m.warmup_s:g} s warm-up")
+
+
+FIXED_ONLY = ("trials", "min_iterations", "min_duration_s")
+ADAPTIVE_ONLY = ("min_runs", "target_halfwidth", "max_row_s")
+
+
+def _log_unused(cfg: Config) -> None:
+    """Say which timing keys the chosen method does not read, when they were changed from their defaults."""
+    bc = cfg.benchmark
+    unused = FIXED_ONLY if bc.method == "adaptive" else ADAPTIVE_ONLY
+    changed = [f"{k}={getattr(bc, k)}" for k in unused if getattr(bc, k) != type(bc).model_fields[k].default]
+    if changed:
+        log.info("benchmark: %s not used: they apply to benchmark.method=%s", ", ".join(f"benchmark.{c}"
+                 for c in changed), "fixed" if bc.method == "adaptive" else "adaptive")
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Which backends benchmark times: ``chosen`` says by what ("listed": benchmark.backends; "decisive"; "all"),
+    ``left_out`` the table's defaults it does not time, ``how`` the setting that times them too."""
+
+    chosen: str
+    timed: list[str]
+    left_out: list[str]
+    how: str = ""
+
+
+def decisive(backend: Backend, cfg: Config) -> bool:
+    """Whether a backend's rows can change the answer: the eager reference (every "x eager FP32" ratio is to it),
+    or a deployment whose verify verdict gates (only those can be named the fastest that passed)."""
+    if backend.name == backends.REFERENCE:
+        return True
+    if not (backend.deploys and backend.candidate):
+        return False
+    section = cfg.verify.candidates.get(backend.candidate)
+    return (section is None or section.enabled) and candidates.gates(cfg, backend)
+
+
+def choose_rows(cfg: Config) -> Rows:
+    """``benchmark.backends`` as listed; when null, the table's defaults, all or only the decisive ones."""
+    bc = cfg.benchmark
+    if bc.backends is not None:
+        return Rows("listed", list(bc.backends), [])
+    names = backends.default_timed()
+    if bc.rows == "all":
+        return Rows("all", names, [])
+    timed = [n for n in names if decisive(backends.by_name(n), cfg)]
+    left_out = [n for n in names if n not in timed]
+    return Rows("decisive", timed, left_out, "benchmark.rows=all" if left_out else "")
+
+
+def _log_rows(rows: Rows) -> None:
+    if rows.left_out:
+        log.info("benchmark: timing the backends that can change the answer (%s); left out: %s (%s times them too)",
+                 ", ".join(rows.timed), ", ".join(rows.left_out), rows.how)
 
 
 def check_batch_sizes(batch_sizes: list[int], input_size: list[int], memory: int | None) -> None:
@@ -254,8 +354,12 @@ def _payload(cfg: Config, spec: dict, threads: int, results: list, skipped: list
         "model": cfg.model.name,
         "input": {"shape": ["batch", *spec["input_size"]], "dtype": "float32", "data": "real validation images",
                   "dynamic_batch": cfg.export.dynamic_batch},
-        "method": {"warmup_s": bc.warmup_s, "min_iterations": bc.min_iterations,
-                   "min_duration_s": bc.min_duration_s, "trials": bc.trials, "cv_warn": bc.cv_warn,
+        "method": {"kind": bc.method, "warmup_s": bc.warmup_s, "min_iterations": bc.min_iterations,
+                   "min_duration_s": bc.min_duration_s, "trials": bc.trials, "min_runs": bc.min_runs,
+                   "target_halfwidth": bc.target_halfwidth, "max_row_s": bc.max_row_s,
+                   "confidence": stopping.CONFIDENCE, "cv_warn": bc.cv_warn,
+                   "described": describe_method(method_of(cfg)),
+                   "interval": "distribution-free order-statistic (binomial) interval of the median",
                    "percentiles": "linear interpolation over every timed run of every trial"},
         "environment": environment,
         "results": results,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import difflib
 import logging
 import reprlib
-from typing import Any, Literal, Union
+from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, Field, ValidationError, create_model, field_validator
 
@@ -99,9 +99,10 @@ def _renamed(cls, names):
 TableBenchmarkConfig = create_model(
     "BenchmarkConfig", __base__=BenchmarkConfig,
     __validators__={"_renamed": field_validator("backends", mode="before")(classmethod(_renamed))},
-    backends=(list[BenchBackend], Field([b.name for b in backend_table.TABLE if b.benchmark == "default"],
-                                        description="backends to time (each is skipped with a reason where it "
-                                        "cannot run)")),
+    backends=(Optional[list[BenchBackend]], Field(None, description="backends to time, as listed (each is skipped "
+                                                  "with a reason where it cannot run); null: the table's defaults ("
+                                                  + ", ".join(backend_table.default_timed()) + "), narrowed by "
+                                                  "benchmark.rows")),
 )
 
 # The schema with the table's names and defaults: what :func:`validate` checks a config against (one problem per

@@ -39,6 +39,7 @@ TINY = [
     "benchmark.min_iterations=3",
     "benchmark.trials=2",
     "benchmark.warmup_s=0",
+    "benchmark.max_row_s=0.25",
     "benchmark.backends=[torch_fp32,onnxrt_fp32,onnxrt_fp16_cpu]",
 ]
 

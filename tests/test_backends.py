@@ -9,7 +9,7 @@ import pytest
 from polygraphy import config as polygraphy_config
 
 from conftest import TINY
-from pipeline import config, stages
+from pipeline import benchmark, config, stages
 from pipeline.core.errors import CheckFailed
 from pipeline.core.run import RunDir, sha256_file
 from pipeline.evaluation import candidates
@@ -71,7 +71,8 @@ def test_table_names_match_the_config():
     assert {b.candidate for b in backends.candidates()} == sections
     timed = {b.name for b in backends.TABLE if b.benchmark != "no"}
     assert timed == set(typing.get_args(config.BenchBackend))
-    default = config.TableBenchmarkConfig().backends  # derived from the table, in its order
+    assert config.TableBenchmarkConfig().backends is None  # null: the table's defaults, narrowed by benchmark.rows
+    default = backends.default_timed()  # derived from the table, in its order
     assert default == [b.name for b in backends.TABLE if b.benchmark == "default"] and "torch_compile" not in default
     assert {b.benchmark for b in backends.TABLE} == {"default", "opt-in", "no"}
 
@@ -179,7 +180,8 @@ def test_tensorrt_int8_entry():
     assert (entry.precision, entry.device, entry.artifact, entry.candidate, entry.requires, entry.runtime) == (
         "int8", "cuda", "model.int8.engine", "tensorrt_int8", "tensorrt", "TensorRT")
     assert entry.isolated and entry.graph == "int8"
-    assert "tensorrt_int8" in config.resolve().benchmark.backends
+    assert "tensorrt_int8" in backends.default_timed()
+    assert benchmark.decisive(entry, config.resolve())  # a deployment whose verdict gates: timed by default
 
 
 def int8_context(tmp_path, *overrides):

@@ -51,6 +51,68 @@ def test_measure_honours_iterations_duration_trials_and_warmup():
     assert timed["trials"][0]["iterations"] > 1  # kept going until min_duration_s
 
 
+def test_adaptive_rows_stop_at_the_floor_when_steady():
+    calls = []
+
+    def run_once():
+        calls.append(1)
+        return 2.0
+
+    method = benchmark.Method(0.0, 3, 0.0, 2, 0.05, kind="adaptive", min_runs=12, max_row_s=60.0)
+    m = benchmark.measure(run_once, method)
+    assert len(m["samples"]) == 12 and len(calls) == 13  # the floor, + the untimed first run
+    assert m["stop"] == {"runs": 12, "reason": "converged", "median_ms": 2.0, "interval_ms": [2.0, 2.0],
+                         "relative_halfwidth": 0.0, "coverage": pytest.approx(1 - 2 * 79 / 4096)}
+    assert [t["iterations"] for t in m["trials"]] == [12]  # the row is one trial (its cv warns as before)
+
+
+def test_adaptive_rows_stop_at_the_time_cap_when_noisy_but_never_below_the_floor():
+    values = iter([1.0] + [1.0, 3.0] * 10_000)
+    m = benchmark.measure(lambda: next(values), benchmark.Method(0.0, 3, 0.0, 1, 0.05, kind="adaptive",
+                                                                 min_runs=30, max_row_s=1e-9))
+    assert m["stop"]["reason"] == "time cap" and m["stop"]["runs"] == 30 == len(m["samples"])
+    assert m["stop"]["interval_ms"] == [1.0, 3.0]
+
+
+def test_adaptive_rows_go_on_while_the_interval_is_wide():
+    values = iter([5.0] + [1.0, 1.5] * 20 + [1.0] * 10_000)  # wide at first, then the median settles on 1.0
+    m = benchmark.measure(lambda: next(values), benchmark.Method(0.0, 3, 0.0, 1, 0.05, kind="adaptive",
+                                                                 min_runs=20, max_row_s=60.0))
+    assert m["stop"]["reason"] == "converged" and m["stop"]["median_ms"] == 1.0 and m["stop"]["runs"] > 40
+
+
+def test_the_fixed_method_records_its_interval_too():
+    m = benchmark.measure(lambda: 1.0, benchmark.Method(0.0, 4, 0.0, 2, 0.05))
+    assert m["stop"]["reason"] == "trials done" and m["stop"]["runs"] == 8 and m["stop"]["interval_ms"] == [1.0, 1.0]
+
+
+def test_decisive_rows_are_the_reference_and_the_gating_deployments():
+    from pipeline import config
+    from pipeline.runtime import backends
+
+    rows = benchmark.choose_rows(config.resolve())
+    assert rows.chosen == "decisive" and rows.how == "benchmark.rows=all"
+    assert rows.timed == ["torch_fp32", "onnxrt_fp32", "tensorrt_fp16", "tensorrt_bf16", "tensorrt_int8",
+                          "onnxrt_cuda_fp16", "openvino_fp32", "openvino_bf16", "openvino_int8"]
+    # not deployments (emulations), deployments whose verdict does not gate, or not verified at all
+    assert rows.left_out == ["torch_autocast", "onnxrt_fp16_cpu", "bf16_emulation", "onnxrt_int8_cpu",
+                             "onnxrt_cuda_fp32"]
+    every = benchmark.choose_rows(config.resolve(overrides=["benchmark.rows=all"]))
+    assert (every.chosen, every.left_out, every.timed) == ("all", [], backends.default_timed())
+    gate = benchmark.choose_rows(config.resolve(overrides=["verify.gate=[openvino_int8]",
+                                                           "verify.candidates.onnxrt_fp32.enabled=false"]))
+    assert gate.timed == ["torch_fp32", "openvino_int8"]
+    off = benchmark.choose_rows(config.resolve(overrides=["verify.candidates.openvino_bf16.enabled=false"]))
+    assert "openvino_bf16" in off.left_out
+
+
+def test_a_listed_backend_is_timed_whatever_benchmark_rows_says():
+    from pipeline import config
+
+    rows = benchmark.choose_rows(config.resolve(overrides=["benchmark.backends=[onnxrt_fp16_cpu,torch_autocast]"]))
+    assert (rows.chosen, rows.timed, rows.left_out) == ("listed", ["onnxrt_fp16_cpu", "torch_autocast"], [])
+
+
 def test_noisy_trials_are_flagged():
     values = iter([1.0] + [1.0, 5.0] * 50)
     m = benchmark.measure(lambda: next(values), benchmark.Method(0.0, 10, 0.0, 1, 0.05))
@@ -73,14 +135,19 @@ def test_benchmark_outputs(tiny_run):
     assert {"torch_fp32", "onnxrt_fp32", "onnxrt_fp16_cpu"} <= backends
     for r in payload["results"]:
         for key in ("backend", "precision", "device", "batch_size", "timing", "latency_ms", "throughput_per_s",
-                    "iterations", "trials", "cv_warning", "cuda_graphs", "verify"):
+                    "iterations", "trials", "cv_warning", "cuda_graphs", "verify", "stop"):
             assert key in r, key
+        assert r["stop"]["runs"] == r["iterations"] >= 20  # benchmark.min_runs
+        assert r["stop"]["reason"] in ("converged", "time cap")
+        low, high = r["stop"]["interval_ms"]
+        assert low <= r["stop"]["median_ms"] <= high
+        assert r["stop"]["median_ms"] == pytest.approx(r["latency_ms"]["p50"])
         lat = r["latency_ms"]
         assert 0 < lat["min"] <= lat["p50"] <= lat["p90"] <= lat["p95"] <= lat["p99"] <= lat["max"]
-        assert r["iterations"] >= 3 * 2  # min_iterations x trials (TINY)
     verdicts = {r["backend"]: r["verify"] for r in payload["results"]}
     assert verdicts["torch_fp32"] == "reference" and verdicts["onnxrt_fp32"] == "passed"
     assert {r["batch_size"] for r in payload["results"]} == {1, 4}
+    assert payload["method"]["kind"] == "adaptive" and payload["rows"]["chosen"] == "listed"
     md = (tiny_run / "benchmark.md").read_text()
     assert "| backend |" in md and "onnxrt_fp16_cpu" in md
     for name in ("benchmark_latency.png", "benchmark_throughput.png"):

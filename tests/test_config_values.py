@@ -115,8 +115,8 @@ def test_large_finite_values_still_pass():
 # --------------------------------------------------------------------------- values that would never end
 
 
-TIMING_KEYS = [key for key, _, _ in config.describe()
-               if key.split(".")[0] in ("benchmark", "tune", "isolate") and re.search(r"(_s|trials|iterations)$", key)]
+TIMING_KEYS = [key for key, _, _ in config.describe() if key.split(".")[0] in ("benchmark", "tune", "isolate")
+               and re.search(r"(_s|trials|iterations|runs)$", key)]
 
 
 def _upper_bound(key: str):
@@ -128,7 +128,8 @@ def _upper_bound(key: str):
 
 def test_every_timing_key_is_found():
     assert {"tune.warmup_s", "tune.trials", "tune.min_duration_s", "benchmark.warmup_s", "benchmark.min_iterations",
-            "benchmark.min_duration_s", "benchmark.trials", "benchmark.benchmark_app_s", "isolate.timeout_s"} \
+            "benchmark.min_duration_s", "benchmark.trials", "benchmark.benchmark_app_s", "isolate.timeout_s",
+            "benchmark.min_runs", "benchmark.max_row_s"} \
         <= set(TIMING_KEYS)
 
 

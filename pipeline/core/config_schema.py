@@ -320,17 +320,32 @@ class VerifyConfig(Section):
 
 
 class BenchmarkConfig(Section):
-    backends: list[str] = Field([], description="backends to time (each is skipped with a reason where it cannot "
-                                "run): names of the backend table, which pipeline.config checks; its default is the "
-                                "table's")
+    backends: Optional[list[str]] = Field(None, description="backends to time, as listed (each is skipped with a "
+                                          "reason where it cannot run): names of the backend table, which "
+                                          "pipeline.config checks; null: the table's defaults, narrowed by "
+                                          "benchmark.rows")
     batch_sizes: list[int] = Field([1, 8, 32], min_length=1, description="batch-size sweep")
+    rows: Literal["decisive", "all"] = Field(
+        "decisive", description="with benchmark.backends null: decisive times only the backends that can change the "
+        "answer (torch_fp32, the eager reference every ratio is to, and each deployment whose verify verdict gates); "
+        "all times every default backend of the table")
+    method: Literal["adaptive", "fixed"] = Field(
+        "adaptive", description="adaptive: each row timed until its median's 95% interval is within "
+        "target_halfwidth, or max_row_s; fixed: trials x (min_iterations runs and min_duration_s), the old method")
     warmup_s: float = Field(0.2, ge=0, le=MAX_TIMING_S, description="warm-up time after the first run (at most "
                             f"{MAX_TIMING_S:g} s)")
-    min_iterations: int = Field(10, ge=1, le=MAX_ITERATIONS, description="timed runs per trial, at least (at most "
-                                f"{MAX_ITERATIONS})")
-    min_duration_s: float = Field(0.5, ge=0, le=MAX_TIMING_S, description="timed seconds per trial, at least (at most "
-                                  f"{MAX_TIMING_S:g} s)")
-    trials: int = Field(3, ge=1, le=MAX_TRIALS, description=f"repeated trials (at most {MAX_TRIALS})")
+    min_runs: int = Field(20, ge=1, le=MAX_ITERATIONS, description="adaptive: timed runs per row, at least (at most "
+                          f"{MAX_ITERATIONS}; a 95% interval of the median needs 6)")
+    target_halfwidth: float = Field(0.05, gt=0, le=1, description="adaptive: a row stops once its median's 95% "
+                                    "interval lies within median x (1 +- this)")
+    max_row_s: float = Field(1.0, gt=0, le=MAX_TIMING_S, description="adaptive: the time cap: timed seconds after "
+                             "which a row stops unconverged, once it has min_runs runs (at most "
+                             f"{MAX_TIMING_S:g} s)")
+    min_iterations: int = Field(10, ge=1, le=MAX_ITERATIONS, description="fixed: timed runs per trial, at least (at "
+                                f"most {MAX_ITERATIONS})")
+    min_duration_s: float = Field(0.5, ge=0, le=MAX_TIMING_S, description="fixed: timed seconds per trial, at least "
+                                  f"(at most {MAX_TIMING_S:g} s)")
+    trials: int = Field(3, ge=1, le=MAX_TRIALS, description=f"fixed: repeated trials (at most {MAX_TRIALS})")
     threads: Optional[int] = Field(None, ge=1, description="CPU intra-op threads (default: all cores)")
     cuda_graphs: bool = Field(False, description="replay CUDA graphs for PyTorch and TensorRT on GPU")
     cv_warn: float = Field(0.10, gt=0, description="warn when a trial's coefficient of variation exceeds this "

@@ -306,11 +306,15 @@ def benchmark_section(payload: dict) -> Section:
     machine = (f"CPU: {env.get('cpu')} ({env.get('cpu_cores')} cores, {env.get('threads')} threads); "
                f"GPU: {gpu.get('name', 'none')}; torch {env.get('torch')}, ONNX Runtime {env.get('onnxruntime')}, "
                f"TensorRT {env.get('tensorrt') or 'not installed'}, OpenVINO {env.get('openvino') or 'not installed'}.")
-    method = (f"Method: {m['trials']} trials of at least {m['min_iterations']} runs and {m['min_duration_s']} s "
-              f"each, after {m['warmup_s']} s of warm-up; percentiles by {m.get('percentiles', '-')}; "
+    how = m.get("described") or (f"{m['trials']} trials of at least {m['min_iterations']} runs and "
+                                 f"{m['min_duration_s']} s each, after {m['warmup_s']} s of warm-up")
+    rows = payload.get("rows") or {}
+    left = (f" Left out (they cannot change the answer): {', '.join(rows['left_out'])}; {rows['how']} times them "
+            "too." if rows.get("left_out") else "")
+    method = (f"Method: {how}; percentiles by {m.get('percentiles', '-')}; "
               f"input {payload['input']['shape']} ({payload['input']['data']}). "
               f"A '!' after the cv marks a trial whose coefficient of variation exceeded "
-              f"{percent(m.get('cv_warn'), '.0f')}.")
+              f"{percent(m.get('cv_warn'), '.0f')}.{left}")
     skipped = tuple(f"Skipped {s['backend']}" + (f" at batch {s['batch_size']}" if s.get("batch_size") else "")
                     + f": {s['reason']}" for s in payload.get("skipped", []))
     table = Table(("backend", "precision", "device", "batch", "p50 ms", "p90 ms", "p99 ms", "mean ms", "cv",

@@ -423,6 +423,11 @@ def by_name(name: str) -> Backend:
     raise KeyError(f"no backend {name!r} in pipeline.runtime.backends.TABLE")
 
 
+def default_timed() -> list[str]:
+    """The names ``benchmark.backends: null`` starts from (``benchmark="default"``), in table order."""
+    return [b.name for b in TABLE if b.benchmark == "default"]
+
+
 def candidates() -> list[Backend]:
     """The entries verify checks, in table order."""
     return [b for b in TABLE if b.candidate]

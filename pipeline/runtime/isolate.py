@@ -214,9 +214,12 @@ class Isolated(Timed, BaseRunner):
         if request["op"] != "time":
             return floor + batch * SECONDS_PER_IMAGE
         m = request["method"]
-        work = m.get("warmup_s", 0) + m.get("trials", 1) * (m.get("min_duration_s", 0) +
-                                                               m.get("min_iterations", 1) * batch * SECONDS_PER_IMAGE)
-        return floor + 4 * work
+        if m.get("kind") == "adaptive":  # the floor of runs, then at most the time cap
+            timed = m.get("max_row_s", 0) + m.get("min_runs", 1) * batch * SECONDS_PER_IMAGE
+        else:
+            timed = m.get("trials", 1) * (m.get("min_duration_s", 0) + m.get("min_iterations", 1) * batch *
+                                          SECONDS_PER_IMAGE)
+        return floor + 4 * (m.get("warmup_s", 0) + timed)
 
     def _reply(self, deadline_s: float | None = None) -> dict:
         proc = self.proc

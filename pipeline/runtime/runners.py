@@ -25,7 +25,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 import numpy as np
 import onnx
@@ -41,6 +41,8 @@ from polygraphy.logger import G_LOGGER
 
 from pipeline.core.errors import first_line
 from pipeline.runtime.tensorrt_calls import TensorrtCallFailed, checked  # noqa: F401
+from pipeline.runtime import stopping
+from pipeline.runtime.stopping import StopRule
 
 G_LOGGER.module_severity = G_LOGGER.ERROR
 
@@ -160,21 +162,34 @@ def measure_or_error(run_once: Callable[[], float], method: Method) -> dict:
 
 @dataclass
 class Method:
-    """How benchmark times one backend (its ``benchmark`` config values)."""
+    """How benchmark times one backend (its ``benchmark`` config values).
+
+    ``kind="fixed"``: ``trials`` trials, each of at least ``min_iterations`` runs and ``min_duration_s`` seconds (tune
+    and the speed checks time this way). ``kind="adaptive"``: runs until :mod:`pipeline.runtime.stopping`'s rule stops
+    them: at least ``min_runs``, then until the median's 95 % interval is within ``± target_halfwidth`` or
+    ``max_row_s`` timed seconds have passed."""
 
     warmup_s: float
     min_iterations: int
     min_duration_s: float
     trials: int
     cv_warn: float
+    kind: Literal["fixed", "adaptive"] = "fixed"
+    min_runs: int = 20
+    target_halfwidth: float = 0.05
+    max_row_s: float = 1.0
+
+    @property
+    def rule(self) -> StopRule:
+        return StopRule(min_runs=self.min_runs, target_halfwidth=self.target_halfwidth, max_s=self.max_row_s)
 
 
 def measure(run_once: Callable[[], float], method: Method) -> dict:
     """Time ``run_once`` (which runs one inference and returns its latency in ms).
 
-    One untimed first run (lazy initialisation), warm-up for ``warmup_s``, then ``trials``
-    trials, each of at least ``min_iterations`` runs and ``min_duration_s`` seconds.
-    """
+    One untimed first run (lazy initialisation), warm-up for ``warmup_s``, then the timed runs of the method's kind
+    (:class:`Method`). ``stop`` says how many runs were timed, their median and its 95 % interval, and why timing
+    stopped (``"trials done"`` for the fixed method)."""
     start = time.perf_counter()
     first_ms = run_once()
     init_s = time.perf_counter() - start
@@ -183,6 +198,18 @@ def measure(run_once: Callable[[], float], method: Method) -> dict:
     while time.perf_counter() < end:
         run_once()
         warmup_runs += 1
+    samples, trials, stop = _adaptive(run_once, method) if method.kind == "adaptive" else _fixed(run_once, method)
+    return {"samples": samples, "trials": trials, "first_run_ms": first_ms, "init_s": init_s,
+            "warmup_runs": warmup_runs, "cv_warning": any(t["cv"] > method.cv_warn for t in trials), "stop": stop}
+
+
+def _trial(runs: list[float]) -> dict:
+    mean = float(np.mean(runs))
+    cv = float(np.std(runs, ddof=1) / mean) if len(runs) > 1 and mean > 0 else 0.0
+    return {"mean_ms": mean, "p50_ms": float(np.median(runs)), "cv": cv, "iterations": len(runs)}
+
+
+def _fixed(run_once: Callable[[], float], method: Method) -> tuple[list[float], list[dict], dict]:
     samples, trials = [], []
     for _ in range(method.trials):
         trial: list[float] = []
@@ -190,11 +217,26 @@ def measure(run_once: Callable[[], float], method: Method) -> dict:
         while len(trial) < method.min_iterations or time.perf_counter() - t0 < method.min_duration_s:
             trial.append(run_once())
         samples += trial
-        mean = float(np.mean(trial))
-        cv = float(np.std(trial, ddof=1) / mean) if len(trial) > 1 and mean > 0 else 0.0
-        trials.append({"mean_ms": mean, "p50_ms": float(np.median(trial)), "cv": cv, "iterations": len(trial)})
-    return {"samples": samples, "trials": trials, "first_run_ms": first_ms, "init_s": init_s,
-            "warmup_runs": warmup_runs, "cv_warning": any(t["cv"] > method.cv_warn for t in trials)}
+        trials.append(_trial(trial))
+    interval = stopping.median_interval(samples)
+    return samples, trials, stopping.record(stopping.Decision(True, "trials done", len(samples), interval))
+
+
+def _adaptive(run_once: Callable[[], float], method: Method) -> tuple[list[float], list[dict], dict]:
+    """Runs until the stop rule says enough: the time cap is looked at after every run, the interval at the
+    checkpoints :func:`pipeline.runtime.stopping.next_check` spaces 10 % apart."""
+    rule, samples = method.rule, []
+    check = rule.min_runs
+    t0 = time.perf_counter()
+    while True:
+        samples.append(run_once())
+        elapsed = time.perf_counter() - t0
+        if len(samples) < check and not (elapsed >= rule.max_s and len(samples) >= rule.min_runs):
+            continue
+        decision = stopping.decide(samples, elapsed, rule)
+        if decision.stop:
+            return samples, [_trial(samples)], stopping.record(decision)
+        check = stopping.next_check(len(samples))
 
 
 class Timed:
