@@ -40,9 +40,9 @@ from polygraphy.common import TensorMetadata
 from polygraphy.logger import G_LOGGER
 
 from pipeline.core.errors import first_line
-from pipeline.runtime.tensorrt_calls import TensorrtCallFailed, checked  # noqa: F401
 from pipeline.runtime import stopping
 from pipeline.runtime.stopping import StopRule
+from pipeline.runtime.tensorrt_calls import TensorrtCallFailed, checked  # noqa: F401
 
 G_LOGGER.module_severity = G_LOGGER.ERROR
 
