@@ -23,6 +23,7 @@ from pipeline.core.data import validation_batch
 from pipeline.core.run import RunDir, StageRecord, sha256_file
 from pipeline.core.torch_onnx import export_onnx
 from pipeline.precision import fallback, int8, plugs
+from pipeline.training import qat_recipe
 
 if TYPE_CHECKING:  # annotations only
     from pipeline.core.config_schema import Config
@@ -81,7 +82,10 @@ def export_graph(cfg: Config, run_dir: RunDir, card: dict, record: StageRecord, 
         log.warning("export: %s skipped: %s", plug.label, reason)
         record.details[plug.name] = {"enabled": True, "skipped": reason}
         return
-    record.details[plug.name] = plug.write(cfg, run_dir, card, fallback.read(run_dir, plug, exported))
+    raised = fallback.read(run_dir, plug, exported)
+    source = fallback.qat_source(run_dir, plug)  # tune or qat chose QAT's graph: rebuilt from its checkpoint
+    record.details[plug.name] = qat_recipe.rebuild(cfg, run_dir, card, source) if source is not None else \
+        plug.write(cfg, run_dir, card, raised)
     record.artifact(plug.graph)
     if run_dir.file(CALIBRATION).exists():
         record.artifact(CALIBRATION)

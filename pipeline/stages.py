@@ -218,7 +218,7 @@ STAGES = {
                             Option("--profile", PROFILE)),
                    summary=_train_summary, distributed=True),
     "export": Stage("export", "export", ("model", "data", "export"),
-                    (a.WEIGHTS, a.MODEL_CARD, *FALLBACKS), ("train",),
+                    (a.WEIGHTS, a.MODEL_CARD, *FALLBACKS, a.QAT_BEST_CHECKPOINT), ("train",),
                     help="export FP32 ONNX, convert it to mixed-precision FP16 ONNX and quantize it to INT8 Q/DQ ONNX",
                     summary=_export_summary),
     "build": Stage("build", "build", ("build",), (a.FP32_ONNX, *GRAPHS), ("export",),
@@ -244,7 +244,7 @@ STAGES = {
     # Not in ORDER: `tune`, or `all --tune` (after build; export and build again where its choice changed them).
     # Upstream is train, not export: export re-runs after tune to apply its choice, and a new export run id would
     # make every later `all --tune` tune again. What tune reads of export's is model.onnx, an input by content.
-    "tune": Stage("tune", "tune", ("model", "data", "export", "verify", "benchmark", "tune"),
+    "tune": Stage("tune", "tune", ("model", "data", "export", "verify", "benchmark", "tune", "qat"),
                   (a.WEIGHTS, a.MODEL_CARD, a.FP32_ONNX, *FALLBACKS), ("train",), not_read=_tune_not_read,
                   help="choose the fastest INT8 (or FP16) mix that passes the gate, from measured per-layer "
                        "sensitivity and measured speed; write it as the precision's fallback file",
