@@ -62,9 +62,13 @@ class Placement:
 
 
 def module_of(node_name: str) -> str | None:
-    """The module path of a TorchScript-exported node (``/a/a.0/Conv`` -> ``a.0``); None at the top level."""
-    parts = node_name.split("/")
-    return parts[-2] if len(parts) >= 3 and parts[-2] else None
+    """The module path of a TorchScript-exported node; None at the top level. Its scopes name each level either by
+    the full path (``/features/features.0/Conv``: ``features.0``) or by the attribute (``/layer1/layer1.0/conv1/Conv``:
+    ``layer1.0.conv1``)."""
+    path = ""
+    for scope in node_name.split("/")[1:-1]:
+        path = scope if not path or scope.startswith(path + ".") else f"{path}.{scope}"
+    return path or None
 
 
 def _dequantized(model: onnx.ModelProto) -> dict[str, tuple[str, float]]:
