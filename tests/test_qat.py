@@ -156,3 +156,21 @@ def test_qat_refuses_a_run_without_int8_and_needs_a_trained_model(trained, tmp_p
     assert "export.int8.enabled is false" in capsys.readouterr().err
     assert cli("qat", "--run-dir", tmp_path / "empty", "--model", "tiny_cnn") == 2
     assert "train" in capsys.readouterr().err  # the stage to run first
+
+
+def test_tune_third_rung_judges_and_times_qat_beside_ptq(trained, tmp_path):
+    """tune.qat=on: QAT's graph is judged by the full gate and timed like every mix, and tune.md shows PTQ, the best
+    PTQ mix and QAT side by side; the choice stays the fastest that passes."""
+    run = copy_run(trained("tiny_cnn"), tmp_path)
+    fast = ["tune.calibration_methods=[max]", "benchmark.batch_sizes=[1,4]", "tune.min_duration_s=0.02",
+            "tune.warmup_s=0", "benchmark.min_iterations=3"]
+    assert cli("tune", "--run-dir", run, "--no-speed-gate", *TRAINED, *fast, "tune.qat=on") == 0
+    report = json.loads((run / "tune.json").read_text())
+    rungs = {r["rung"]: r for r in report["ladder"]["rungs"]}
+    assert report["ladder"]["qat_ran"] and list(rungs) == ["PTQ (every layer INT8)", "best PTQ mix", "QAT"]
+    assert rungs["QAT"]["ran"] and rungs["QAT"]["int8_layers"] == rungs["PTQ (every layer INT8)"]["layers"]
+    assert set(rungs["QAT"]["latency_ms"]) == {"1", "4"} and rungs["QAT"]["status"] in ("passed", "failed")
+    assert "PTQ, best PTQ mix and QAT side by side" in (run / "tune.md").read_text()
+    qat_row = next(c for c in report["candidates"] if c["origin"] == "QAT")
+    fallback = json.loads((run / "int8_fallback.json").read_text())
+    assert fallback.get("method", "ptq") == ("qat" if qat_row["chosen"] else "ptq")

@@ -18,6 +18,7 @@ its Q/DQ nodes, started from PTQ's calibration, and the way back to a Q/DQ graph
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,7 +44,9 @@ CONFIG = {"quant_cfg": [{"quantizer_name": "*", "enable": False},
 def availability() -> str:
     """"" when ModelOpt's PyTorch quantization imports here; else the reason and the install hint."""
     try:
-        with signals_held():
+        with signals_held(), warnings.catch_warnings():
+            # "Cannot find transformers package": its LLM export, which QAT does not use
+            warnings.simplefilter("ignore", UserWarning)
             import modelopt.torch.quantization  # noqa: F401
     except ImportError as exc:
         return (f"ModelOpt's PyTorch quantization does not import ({exc}); install the qat extra: "
