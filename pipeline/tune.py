@@ -296,8 +296,9 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, tune: bool = False
     fronts = {r["method"]: sensitivity.pareto(r["candidates"], t.batches[0]) for r in runs}
     payload = tune_report.payload(cfg, t, runs, baseline, chosen, why, fronts)
     ptq_chosen = chosen
+    # The speed gate's own setting: with --no-speed-gate (all --tune) auto escalates only when no PTQ mix passes.
     wanted, qat_why = qat_wanted(cfg.tune.qat if plug.trainable else "off", chosen is not None,
-                                 tune_report.speed_failure(payload, cfg.tune.min_speedup))
+                                 tune_report.speed_failure(payload, None if no_speed_gate else cfg.tune.min_speedup))
     qat_cand = _qat_rung(t, runs) if wanted else None
     chosen, why = _with_qat(t, chosen, why, qat_cand)
     t.seconds["total"] = time.perf_counter() - start
