@@ -121,7 +121,8 @@ def quantize_model(model: nn.Module, where: Placement, forward_loop) -> dict:
     Returns what was simulated: ``{"inputs": [...], "weights": [...], "not_simulated": [...]}``."""
     import modelopt.torch.quantization as mtq
 
-    with signals_held():
+    with signals_held(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # ModelOpt's LLM export helpers, unused here
         mtq.quantize(model, CONFIG, forward_loop=forward_loop)
     inputs, weights = [], []
     for name, module in model.named_modules():
