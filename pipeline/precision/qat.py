@@ -18,6 +18,7 @@ its Q/DQ nodes, started from PTQ's calibration, and the way back to a Q/DQ graph
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from dataclasses import dataclass, field
 
@@ -134,10 +135,9 @@ def quantize_model(model: nn.Module, where: Placement, forward_loop) -> dict:
         if quantizer is not None:
             _switch(quantizer, name in where.weights, None)
             weights += [name] if name in where.weights else []
-    for quantizer_name in ("output_quantizer",):
-        for module in model.modules():
-            if getattr(module, quantizer_name, None) is not None:
-                getattr(module, quantizer_name).disable()
+    for module in model.modules():
+        if getattr(module, "output_quantizer", None) is not None:  # PTQ quantizes no layer's output
+            module.output_quantizer.disable()
     sync_weight_ranges(model)
     missing = sorted((set(where.inputs) - set(inputs)) | (set(where.weights) - set(weights)))
     return {"inputs": inputs, "weights": weights, "not_simulated": sorted(set(missing) | set(where.unmapped))}
@@ -163,28 +163,20 @@ def sync_weight_ranges(model: nn.Module) -> None:
             quantizer.amax = weight.detach().abs().amax(dim=tuple(range(1, weight.ndim)), keepdim=True).float()
 
 
+@contextlib.contextmanager
 def quantizers_off(model: nn.Module):
-    """A context in which ``model`` computes in FP32 (every quantizer disabled), e.g. to export its weights."""
-    return _Disabled(model)
-
-
-class _Disabled:
-    def __init__(self, model: nn.Module):
-        self.model, self.enabled = model, []
-
-    def __enter__(self):
-        for module in self.model.modules():
-            for name in ("input_quantizer", "weight_quantizer"):
-                quantizer = getattr(module, name, None)
-                if quantizer is not None and quantizer.is_enabled:
-                    quantizer.disable()
-                    self.enabled.append(quantizer)
-        return self.model
-
-    def __exit__(self, *exc):
-        for quantizer in self.enabled:
+    """``model`` computing in FP32 (every enabled quantizer disabled, and enabled again after), e.g. to export its
+    weights."""
+    enabled = [q for m in model.modules() for q in (getattr(m, "input_quantizer", None),
+                                                     getattr(m, "weight_quantizer", None))
+               if q is not None and q.is_enabled]
+    for quantizer in enabled:
+        quantizer.disable()
+    try:
+        yield model
+    finally:
+        for quantizer in enabled:
             quantizer.enable()
-        self.enabled = []
 
 
 def distillation_loss(student: torch.Tensor, teacher: torch.Tensor, labels: torch.Tensor, *, temperature: float,
