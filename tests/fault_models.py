@@ -215,11 +215,11 @@ class WeightSpike(_Base):
     weight (about three levels), so PTQ rounds the real filters coarsely. Fine-tuning with the rounding in the loop
     moves the real weights to where their rounded values work; raising the layer out of INT8 fixes it too."""
 
-    def __init__(self, num_classes: int):
+    def __init__(self, num_classes: int, spike: float = 100.0):
         super().__init__(num_classes)
         self.conv = nn.Conv2d(4, 16, 3, padding=1, bias=False)
         with torch.no_grad():
-            self.conv.weight[:, 3, 1, 1] = 100 * self.conv.weight[:, :3].abs().max()
+            self.conv.weight[:, 3, 1, 1] = spike * self.conv.weight[:, :3].abs().max()
 
     def forward(self, x):
         x = torch.cat([x, torch.zeros_like(x[:, :1])], 1)
@@ -228,3 +228,8 @@ class WeightSpike(_Base):
 
 def weight_spike(num_classes: int = 10):
     return WeightSpike(num_classes)
+
+
+def strong_weight_spike(num_classes: int = 10):
+    """The weight spike at 150x: a step of ~1.2 of the largest ordinary weight, most of them round to zero."""
+    return WeightSpike(num_classes, spike=150.0)
