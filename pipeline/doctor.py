@@ -21,6 +21,9 @@ from pipeline.core import deployment, env
 from pipeline.core.errors import BackendUnavailable, first_line
 
 GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
+# What nvidia-modelopt 0.47's torch side imports beyond its own requirements (modelopt.torch.utils.dataset_utils:
+# requests; modelopt.torch.opt.plugins.huggingface: huggingface_hub): the `qat` extra in pyproject.toml.
+QAT_MODULES = ("requests", "huggingface_hub")
 
 
 @dataclass(frozen=True)
@@ -173,6 +176,7 @@ def gather() -> dict:
         "libcudart": find_libcudart(),
         "polygraphy": env.package_version("polygraphy"),
         "modelopt": env.package_version("nvidia-modelopt"),
+        "qat_missing": qat_missing(),
         "openvino": env.package_version("openvino"),
         "openvino_capabilities": _openvino_capabilities(),
         "threads": {"torch": torch.get_num_threads(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")},
@@ -269,7 +273,7 @@ def lines(facts: dict) -> list[str]:
                            "not found: searched LD_LIBRARY_PATH, site-packages nvidia/cu13/lib and "
                            "nvidia/cuda_runtime/lib, /usr/local/cuda"),
         f"polygraphy   {facts['polygraphy'] or 'not installed'}",
-        f"modelopt     {facts['modelopt'] or 'not installed'}",
+        f"modelopt     {facts['modelopt'] or 'not installed'}" + _qat_words(facts),
         f"openvino     {facts['openvino'] or 'not installed'}"
         + (f"; CPU plugin capabilities {' '.join(facts.get('openvino_capabilities') or []) or 'unknown'}"
            if facts["openvino"] else ""),
@@ -280,6 +284,23 @@ def lines(facts: dict) -> list[str]:
         + (f" (simulated by {env.CPU_FLAGS_ENV})" if cpu.get("simulated") is not None else ""),
         "pycuda       not needed (Polygraphy brings its own CUDA wrapper; TensorRT's samples use cuda-python)",
     ]
+
+
+def qat_missing() -> list[str]:
+    """The modules ModelOpt's PyTorch quantization (the qat stage) imports that are not installed (found without
+    importing them: ModelOpt's torch side takes seconds to import)."""
+    import importlib.util
+
+    return [m for m in QAT_MODULES if importlib.util.find_spec(m) is None]
+
+
+def _qat_words(facts: dict) -> str:
+    missing = facts.get("qat_missing")
+    if missing is None or not facts.get("modelopt"):
+        return ""
+    if not missing:
+        return "; PyTorch quantization (qat) importable"
+    return f"; PyTorch quantization (qat) needs {', '.join(missing)}: pip install -e '.[qat]'"
 
 
 def _openvino_capabilities() -> list[str]:

@@ -12,63 +12,23 @@ the first images of the same set. Each through its plug (:mod:`pipeline.precisio
 from __future__ import annotations
 
 import logging
-import warnings
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import onnx
 import torch
 
-from pipeline.core import modeling, onnx_io, provenance
+from pipeline.core import modeling, onnx_io
 from pipeline.core.artifacts import CALIBRATION, FP32_ONNX, WEIGHTS
 from pipeline.core.data import validation_batch
-from pipeline.core.errors import StageFailed, first_line
-from pipeline.core.run import RunDir, StageRecord, atomic_path, sha256_file
+from pipeline.core.run import RunDir, StageRecord, sha256_file
+from pipeline.core.torch_onnx import export_onnx
 from pipeline.precision import fallback, int8, plugs
+from pipeline.training import qat_recipe
 
 if TYPE_CHECKING:  # annotations only
     from pipeline.core.config_schema import Config
 
 log = logging.getLogger("pipeline")
-
-
-def export_onnx(model: torch.nn.Module, example: torch.Tensor, path: Path, *, opset: int, exporter: str,
-                input_name: str, output_name: str, dynamic_batch: bool, weights_sha256: str = "") -> list[str]:
-    """Export ``model`` to ``path`` (atomically, stamped with ``weights_sha256``); returns the exporter's warnings."""
-    with warnings.catch_warnings(record=True) as caught, atomic_path(path) as tmp:
-        warnings.simplefilter("always")
-        try:
-            if exporter == "dynamo":
-                # It warns once per torchvision op it cannot register; this tool uses none of them.
-                logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
-                dynamic = {"x": {0: torch.export.Dim("batch", min=1)}} if dynamic_batch else None
-                program = torch.onnx.export(model, (example,), dynamo=True, opset_version=opset,
-                                            input_names=[input_name], output_names=[output_name],
-                                            dynamic_shapes=_dynamic_shapes(model, dynamic), external_data=False,
-                                            verbose=False)
-                program.save(str(tmp))
-            else:
-                axes = {input_name: {0: "batch"}, output_name: {0: "batch"}} if dynamic_batch else None
-                torch.onnx.export(model, (example,), str(tmp), dynamo=False, opset_version=opset,
-                                  input_names=[input_name], output_names=[output_name], dynamic_axes=axes,
-                                  do_constant_folding=True)
-        except Exception as exc:
-            raise StageFailed(f"torch.onnx.export ({exporter}) failed: {type(exc).__name__}: "
-                              f"{first_line(exc)}") from None
-        if weights_sha256:
-            provenance.stamp_file(tmp, weights_sha256)
-        onnx_io.check(tmp)
-    return [f"{w.category.__name__}: {w.message}" for w in caught
-            if issubclass(w.category, (torch.jit.TracerWarning, UserWarning)) and "deprecat" not in str(w.message)]
-
-
-def _dynamic_shapes(model, dynamic):
-    if dynamic is None:
-        return None
-    import inspect
-
-    params = list(inspect.signature(model.forward).parameters)
-    return {params[0]: dynamic["x"]}
 
 
 def run(cfg: Config, run_dir: RunDir, record: StageRecord) -> None:
@@ -122,7 +82,10 @@ def export_graph(cfg: Config, run_dir: RunDir, card: dict, record: StageRecord, 
         log.warning("export: %s skipped: %s", plug.label, reason)
         record.details[plug.name] = {"enabled": True, "skipped": reason}
         return
-    record.details[plug.name] = plug.write(cfg, run_dir, card, fallback.read(run_dir, plug, exported))
+    raised = fallback.read(run_dir, plug, exported)
+    source = fallback.qat_source(run_dir, plug)  # tune or qat chose QAT's graph: rebuilt from its checkpoint
+    record.details[plug.name] = qat_recipe.rebuild(cfg, run_dir, card, source) if source is not None else \
+        plug.write(cfg, run_dir, card, raised)
     record.artifact(plug.graph)
     if run_dir.file(CALIBRATION).exists():
         record.artifact(CALIBRATION)

@@ -182,6 +182,12 @@ def _tune_not_read(cfg: Config) -> tuple[str, ...]:
     return tuple(a.fallback_file(p) for p in PRECISIONS if p not in read)
 
 
+def _qat_summary(entry: dict) -> str:
+    q = records.from_entry(records.QATRecord, entry) or records.QATRecord()
+    return (f"{q.epochs} epochs, {q.seconds_per_epoch} s per epoch, best val acc {100 * (q.best_val_acc or 0):.1f}% "
+            f"fake-quantized; {q.int8_layers} matrix layers in INT8 ({100 * (q.int8_fraction or 0):.1f}%)")
+
+
 def _deploy_summary(entry: dict) -> str:
     deploy = records.from_entry(records.DeployRecord, entry) or records.DeployRecord()
     refused = f"; refused: {', '.join(deploy.refused)}" if deploy.refused else ""
@@ -212,7 +218,7 @@ STAGES = {
                             Option("--profile", PROFILE)),
                    summary=_train_summary, distributed=True),
     "export": Stage("export", "export", ("model", "data", "export"),
-                    (a.WEIGHTS, a.MODEL_CARD, *FALLBACKS), ("train",),
+                    (a.WEIGHTS, a.MODEL_CARD, *FALLBACKS, a.QAT_BEST_CHECKPOINT), ("train",),
                     help="export FP32 ONNX, convert it to mixed-precision FP16 ONNX and quantize it to INT8 Q/DQ ONNX",
                     summary=_export_summary),
     "build": Stage("build", "build", ("build",), (a.FP32_ONNX, *GRAPHS), ("export",),
@@ -238,7 +244,7 @@ STAGES = {
     # Not in ORDER: `tune`, or `all --tune` (after build; export and build again where its choice changed them).
     # Upstream is train, not export: export re-runs after tune to apply its choice, and a new export run id would
     # make every later `all --tune` tune again. What tune reads of export's is model.onnx, an input by content.
-    "tune": Stage("tune", "tune", ("model", "data", "export", "verify", "benchmark", "tune"),
+    "tune": Stage("tune", "tune", ("model", "data", "export", "verify", "benchmark", "tune", "qat"),
                   (a.WEIGHTS, a.MODEL_CARD, a.FP32_ONNX, *FALLBACKS), ("train",), not_read=_tune_not_read,
                   help="choose the fastest INT8 (or FP16) mix that passes the gate, from measured per-layer "
                        "sensitivity and measured speed; write it as the precision's fallback file",
@@ -250,6 +256,14 @@ STAGES = {
                   summary=_tune_summary),
 
 
+    # Not in ORDER: `qat`, or tune's third rung (tune.qat). It writes model.int8.onnx (and int8_fallback.json, which
+    # makes export rebuild that graph from qat's checkpoint: a later `all` keeps it).
+    "qat": Stage("qat", "qat", ("model", "data", "train", "export", "qat"),
+                 (a.WEIGHTS, a.MODEL_CARD, a.FP32_ONNX, a.FP16_FALLBACK), ("train",),
+                 help="fine-tune the trained model for INT8 with fake quantization where PTQ puts its Q/DQ nodes "
+                      "(quantization-aware training, distilled from the FP32 model) and write model.int8.onnx",
+                 options=(Option("--resume", f"continue from the run's {a.QAT_CHECKPOINT}"),),
+                 summary=_qat_summary),
     # A release gate across runs, not a step that makes an artifact: outside ORDER; `all` runs it last when
     # compare.baseline is set, and skips it as unchanged when nothing it reads changed: the bundle's two files and
     # their path (fingerprint), verify's verdicts for the files here now, these inputs, the environment it diffs.

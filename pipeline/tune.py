@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 import onnx
 
 from pipeline.core import env, modeling, onnx_io
-from pipeline.core.artifacts import FP32_ONNX
+from pipeline.core.artifacts import FP32_ONNX, QAT_BEST_CHECKPOINT, QAT_CHECKPOINT, QAT_CURVE, QAT_METRICS
 from pipeline.core.errors import BackendUnavailable, CheckFailed, UsageError
 from pipeline.core.run import RunDir, StageRecord, write_json
 from pipeline.core.status import Status
@@ -47,6 +47,7 @@ from pipeline.precision.sensitivity import Candidate
 from pipeline.reports import tune_report
 from pipeline.runtime import openvino_speed, tensorrt_engine
 from pipeline.runtime.backends import Context
+from pipeline.training import qat_recipe
 
 if TYPE_CHECKING:  # annotations only
     from pipeline.core.config_schema import Config
@@ -293,9 +294,23 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, tune: bool = False
     with phase(t, "confirm (export's graph)"):
         chosen, why = _choose(t, runs, incumbent)
     fronts = {r["method"]: sensitivity.pareto(r["candidates"], t.batches[0]) for r in runs}
+    payload = tune_report.payload(cfg, t, runs, baseline, chosen, why, fronts)
+    ptq_chosen = chosen
+    # The speed gate's own setting: with --no-speed-gate (all --tune) auto escalates only when no PTQ mix passes.
+    wanted, qat_why = qat_wanted(cfg.tune.qat if plug.trainable else "off", chosen is not None,
+                                 tune_report.speed_failure(payload, None if no_speed_gate else cfg.tune.min_speedup))
+    qat_cand = _qat_rung(t, runs) if wanted else None
+    chosen, why = _with_qat(t, chosen, why, qat_cand)
     t.seconds["total"] = time.perf_counter() - start
     payload = tune_report.payload(cfg, t, runs, baseline, chosen, why, fronts)
-    if chosen is not None:
+    payload["ladder"] = tune_report.ladder(t, runs, ptq_chosen, qat_cand, qat_why)
+    if chosen is not None and chosen is qat_cand:
+        qat_recipe.write_fallback(run_dir, qat_cand.result["qat"]["source"], "chosen by python -m pipeline tune "
+                                  "(tune.md): QAT's graph, rebuilt by export from its checkpoint")
+        for name in (plug.fallback_file, QAT_CHECKPOINT, QAT_BEST_CHECKPOINT, QAT_METRICS, QAT_CURVE):
+            if run_dir.file(name).exists():
+                record.artifact(name)
+    elif chosen is not None:
         note = (f"chosen by python -m pipeline tune (tune.md): {plug.raised_to}" +
                 (", fp32_nodes kept in FP32, calibrated with calibration_method" if len(plug.ladder) > 2 else ""))
         write_json(run_dir.file(plug.fallback_file),
@@ -311,6 +326,61 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, tune: bool = False
     if failure:
         raise CheckFailed(failure)
     log.info("tune: %s", payload["summary"])
+
+
+# --------------------------------------------------------------------------- the third rung: QAT
+
+
+def qat_wanted(mode: str, ptq_passed: bool, speed_failure: str) -> tuple[bool, str]:
+    """Whether tune runs QAT (``tune.qat``), and why: ``on`` always, ``off`` never, ``auto`` only when no PTQ mix
+    passes the gate with ``tune.min_speedup`` (none passes, or the fastest that does is too slow)."""
+    if mode == "off":
+        return False, "tune.qat=off"
+    if mode == "on":
+        return True, "tune.qat=on"
+    if not ptq_passed:
+        return True, "no PTQ mix passes the gate (tune.qat=auto)"
+    if speed_failure:
+        return True, f"the best PTQ mix is too slow: {speed_failure} (tune.qat=auto)"
+    return False, "a PTQ mix passes the gate with tune.min_speedup (tune.qat=auto runs QAT only when none does)"
+
+
+def _qat_rung(t: Tuner, runs: list[dict]) -> Candidate:
+    """QAT (:func:`pipeline.training.qat_recipe.fine_tune`) into a scratch graph, judged by the full gate and timed
+    like every mix; its checkpoint stays (export rebuilds the graph from it if it is chosen)."""
+    method = _applied_method(t)
+    with phase(t, "QAT (fine-tune, export)"):
+        try:
+            details = qat_recipe.fine_tune(t.cfg, t.run_dir, out_name=SCRATCH)
+            graph = onnx.load(str(t.run_dir.file(SCRATCH)))
+        finally:
+            t.run_dir.file(SCRATCH).unlink(missing_ok=True)
+    with phase(t, "QAT (gate, speed)"):
+        cand = t.judge(graph, [], "QAT", method, t.base_fp32)
+        if t.target["timing"] is not None:
+            timed = t.target["timing"](graph, True)
+            cand.latency_ms, cand.runtime = timed["latency_ms"], timed["runtime"]
+    cand.result["qat"] = {k: details[k] for k in ("epochs", "seconds_per_epoch", "best_val_acc", "int8_layers",
+                                                   "source", "simulated")}
+    cand.result["int8_layers"] = details["int8_layers"]
+    next((r for r in runs if r["method"] == method), runs[0])["candidates"].append(cand)
+    return cand
+
+
+def _with_qat(t: Tuner, chosen: Candidate | None, why: str, qat_cand: Candidate | None) -> tuple[Candidate | None, str]:
+    """The fastest that passes, PTQ's pick or QAT's graph (within ``tune.same_speed``: QAT, with more layers in
+    INT8); untimed, QAT's (no layer raised) when it passes."""
+    if qat_cand is None or not qat_cand.passed:
+        return chosen, why
+    if chosen is None:
+        return qat_cand, "QAT's graph: no PTQ mix passes the gate"
+    batches = t.batches if t.target["timing"] is not None else []
+    slower = [b for b in batches if qat_cand.latency_ms[b] > chosen.latency_ms[b] * (1 + t.cfg.tune.same_speed)]
+    if slower:
+        return chosen, why + f"; QAT's graph passes but is slower at batch {slower[0]}"
+    lat = ", ".join(f"{qat_cand.latency_ms[b]:.3f} ms at batch {b}" for b in batches) or "speed not measured"
+    return qat_cand, (f"QAT's graph passes with every layer in INT8 and is as fast as the best PTQ mix or faster "
+                      f"({lat}; the PTQ mix raised {len(chosen.high)} layers)")
 
 
 def _plug(cfg: Config, precision: str) -> Precision:

@@ -206,3 +206,30 @@ class MildThenSevereFp16(ShiftedClassifier):
 
 def mild_then_severe_fp16(num_classes: int = 10):
     return MildThenSevereFp16(num_classes)
+
+
+class WeightSpike(_Base):
+    """INT8 fault meant for QAT: every output channel of the first convolution holds one large weight (100x the
+    largest other) on an input channel that is always zero (a zero plane concatenated to the image). It never
+    contributes, but per-channel max calibration sets each channel's weight step to ~4/5 of the largest ordinary
+    weight (about three levels), so PTQ rounds the real filters coarsely. Fine-tuning with the rounding in the loop
+    moves the real weights to where their rounded values work; raising the layer out of INT8 fixes it too."""
+
+    def __init__(self, num_classes: int, spike: float = 100.0):
+        super().__init__(num_classes)
+        self.conv = nn.Conv2d(4, 16, 3, padding=1, bias=False)
+        with torch.no_grad():
+            self.conv.weight[:, 3, 1, 1] = spike * self.conv.weight[:, :3].abs().max()
+
+    def forward(self, x):
+        x = torch.cat([x, torch.zeros_like(x[:, :1])], 1)
+        return self.head(self.features(x))
+
+
+def weight_spike(num_classes: int = 10):
+    return WeightSpike(num_classes)
+
+
+def strong_weight_spike(num_classes: int = 10):
+    """The weight spike at 150x: a step of ~1.2 of the largest ordinary weight, most of them round to zero."""
+    return WeightSpike(num_classes, spike=150.0)

@@ -57,6 +57,13 @@ FP16_ENGINE_SIDECAR, BF16_ENGINE_SIDECAR, INT8_ENGINE_SIDECAR = (engine_sidecar(
 OPENVINO_DIR = "openvino"  # OpenVINO IR: openvino/<precision>.xml + .bin + .json sidecar (build)
 IR_TEMP_PREFIX = ".ir."  # openvino/.ir.*/: a conversion's temporary folder, removed when it ends
 
+# qat (quantization-aware fine-tuning; it writes model.int8.onnx): its checkpoints (quantizer state included), metrics
+# and curve, beside train's
+QAT_CHECKPOINT = "qat.checkpoint.pt"
+QAT_BEST_CHECKPOINT = "qat.checkpoint.best.pt"
+QAT_METRICS = "qat.metrics.jsonl"
+QAT_CURVE = "qat_curve.png"
+
 # verify
 VERIFY_JSON = "verify.json"
 VERIFY_MD = "verify.md"

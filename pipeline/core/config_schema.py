@@ -381,9 +381,28 @@ class TuneConfig(Section):
                                   f"most {MAX_TIMING_S:g} s)")
     trials: int = Field(1, ge=1, le=MAX_TRIALS, description=f"timed trials per candidate and batch (at most "
                         f"{MAX_TRIALS})")
+    qat: Literal["auto", "off", "on"] = Field("auto", description="the third rung (INT8 only): quantization-aware "
+                                              "fine-tuning (python -m pipeline qat) after PTQ and the best PTQ mix; "
+                                              "auto: only when no PTQ mix passes the gate with tune.min_speedup; on: "
+                                              "always; off: never")
     same_speed: float = Field(0.05, ge=0, description="mixes this share slower than the fastest count as equally "
                               "fast (timing noise); of those, the one with the fewest layers out of INT8 is chosen; "
                               "a re-run keeps the fallback file's mix unless the new one is faster by more than this")
+
+
+class QATConfig(Section):
+    """``python -m pipeline qat`` (and tune's third rung, ``tune.qat``): quantization-aware fine-tuning of the trained
+    model with fake quantization where INT8 PTQ puts its Q/DQ nodes, distilled from the FP32 model (docs/verify.md)."""
+
+    epochs: int = Field(2, ge=1, le=1000, description="fine-tuning epochs (few: the weights start trained)")
+    lr: float = Field(1e-3, gt=0, description="peak learning rate (small: a fraction of train.lr), cosine to zero, no "
+                      "warm-up; the optimizer, momentum and weight decay are train's")
+    temperature: float = Field(2.0, gt=0, description="distillation temperature: the loss is T^2 KL(FP32 model's "
+                               "softened logits || the quantized model's)")
+    label_weight: float = Field(0.0, ge=0, le=1, description="share of the loss from the labels (cross-entropy); the "
+                                "rest is distillation from the FP32 model's logits")
+    freeze_batchnorm: bool = Field(True, description="BatchNorm keeps its trained running statistics and runs in eval "
+                                   "mode (what the export folds into the convolutions)")
 
 
 class IsolateConfig(Section):
@@ -468,6 +487,7 @@ class Config(Section):
     verify: VerifyConfig = VerifyConfig()
     benchmark: BenchmarkConfig = BenchmarkConfig()
     tune: TuneConfig = TuneConfig()
+    qat: QATConfig = QATConfig()
     isolate: IsolateConfig = IsolateConfig()
     compare: CompareConfig = CompareConfig()
     deploy: DeployConfig = DeployConfig()

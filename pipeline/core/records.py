@@ -213,6 +213,20 @@ class TuneRecord(StageDetails):
     summary: str = ""
 
 
+class QATRecord(StageDetails):
+    """What qat did: the method, its epochs and data, the weights it started from, what it simulated, the graph."""
+
+    STAGE: ClassVar[str] = "qat"
+
+    method: str = "qat"
+    epochs: int | None = None
+    source_weights_sha256: str | None = None
+    best_val_acc: float | None = None
+    seconds_per_epoch: float | None = None
+    int8_fraction: float | None = None
+    int8_layers: int | None = None
+
+
 class DeployRecord(StageDetails):
     STAGE: ClassVar[str] = "deploy"
 
@@ -231,7 +245,8 @@ class CompareRecord(StageDetails):
 
 
 RECORDS: dict[str, type[StageDetails]] = {kind.STAGE: kind for kind in (
-    TrainRecord, ExportRecord, BuildRecord, VerifyRecord, BenchmarkRecord, TuneRecord, DeployRecord, CompareRecord)}
+    TrainRecord, ExportRecord, BuildRecord, VerifyRecord, BenchmarkRecord, TuneRecord, QATRecord, DeployRecord,
+    CompareRecord)}
 
 
 def kind_of(stage: str) -> type[StageDetails]:

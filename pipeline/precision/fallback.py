@@ -95,13 +95,27 @@ class FloatFallbackFile(schema.Strict):
     note: Note = ""
 
 
+class QATSource(schema.Strict):
+    """Where a QAT graph comes from (``python -m pipeline qat``, or tune's third rung): export rebuilds
+    ``model.int8.onnx`` from ``checkpoint`` (no training), refusing one made from other trained weights."""
+
+    epochs: int = Field(ge=1)
+    checkpoint: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]+$", max_length=100)]
+    source_weights_sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+    checkpoint_sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+    data: Note = ""
+
+
 class Int8FallbackFile(schema.Strict):
     """``int8_fallback.json``: the nodes left out of INT8, the nodes kept in FP32, and tune's calibration method
-    (one the config's ``export.int8.calibration_method`` allows)."""
+    (one the config's ``export.int8.calibration_method`` allows); ``method: qat`` with its :class:`QATSource` when
+    the INT8 graph is QAT's."""
 
     nodes: NodeNames
     fp32_nodes: NodeNames = Field(default_factory=list)
     calibration_method: Literal[CALIBRATION_METHODS] | None = None
+    method: Literal["ptq", "qat"] = "ptq"
+    qat: QATSource | None = None
     note: Note = ""
 
 
@@ -154,6 +168,17 @@ def calibration_method(run_dir: RunDir, plug: Plug) -> str | None:
     """The calibration method ``python -m pipeline tune`` chose for ``plug`` (its fallback file), if it chose one."""
     own = _read_file(run_dir, plug.fallback_file, plug.fallback_schema, f"{plug.label} fallback list")
     return getattr(own, "calibration_method", None)
+
+
+def qat_source(run_dir: RunDir, plug: Plug) -> QATSource | None:
+    """The QAT source ``plug``'s fallback file names (``method: qat``), else None."""
+    own = _read_file(run_dir, plug.fallback_file, plug.fallback_schema, f"{plug.label} fallback list")
+    if getattr(own, "method", "ptq") != "qat":
+        return None
+    if own.qat is None:
+        raise InputError(f"{run_dir.file(plug.fallback_file)} says method: qat without its qat source; run "
+                         "python -m pipeline qat again")
+    return own.qat
 
 
 def write(run_dir: RunDir, plug: Plug, raised: Raised) -> None:

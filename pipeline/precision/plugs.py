@@ -43,6 +43,7 @@ class Precision:
     reads_fp32_from: tuple[str, ...] = ()  # other plugs whose fallback files' FP32 nodes it keeps in FP32 too
     cpu_target: bool = False  # tune can time its mixes on the CPU (OpenVINO's int8 kernels); else on a GPU only
     dot_product_note: str = ""  # said where the CPU lacks the units its CPU kernels need (tune's speed gate)
+    trainable: bool = False  # quantization-aware fine-tuning can make its graph (the qat stage, tune's third rung)
 
     @property
     def graph(self) -> str:
@@ -220,7 +221,7 @@ BF16 = FloatPrecision("bf16", "BF16", ("bf16", "fp32"), "bf16_emulation", "kept 
 INT8 = QuantizedPrecision(
     "int8", "INT8", ("int8", "fp16", "fp32"), "int8_exact", "out of INT8",
     offer="leave the offending layers unquantized", divergent="first quantized node", reads_fp32_from=("fp16",),
-    cpu_target=True, dot_product_note="this CPU has no VNNI/AMX int8 dot product")
+    cpu_target=True, dot_product_note="this CPU has no VNNI/AMX int8 dot product", trainable=True)
 
 PLUGS: dict[str, Precision] = {p.name: p for p in (FP16, BF16, INT8)}
 assert tuple(PLUGS) == PRECISIONS, "pipeline/precision/__init__.py names every plug, in this order"

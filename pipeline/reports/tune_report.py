@@ -61,10 +61,49 @@ def payload(cfg: Config, t, runs: list[dict], baseline: dict | None, chosen: Can
     return out
 
 
+def ladder(t, runs: list[dict], ptq_chosen: Candidate | None, qat: Candidate | None, qat_why: str) -> dict:
+    """The three rungs side by side: PTQ with every layer in INT8, the best PTQ mix, QAT (each: layers in INT8, the
+    gate's numbers, speed on the target); ``qat_why``: why QAT ran or not (``tune.qat``)."""
+    method = ptq_chosen.calibration if ptq_chosen else runs[0]["method"]
+    run = next((r for r in runs if r["method"] == method), runs[0])
+    total = len(run["layers"])
+    all_low = next((c for c in run["candidates"] if not c.high and c.origin != "QAT"), None)
+
+    def rung(name: str, c: Candidate | None, int8_layers: int | None) -> dict:
+        if c is None:
+            return {"rung": name, "ran": False}
+        r = c.result
+        return {"rung": name, "ran": True, "origin": c.origin, "calibration": c.calibration,
+                "int8_layers": int8_layers, "layers": total, "status": r.get("status"),
+                "scaled_error": r.get("scaled_error"), "top1_agreement": r.get("top1_agreement"),
+                "accuracy_drop": r.get("accuracy_drop"), "latency_ms": {str(b): v for b, v in c.latency_ms.items()}}
+
+    return {"qat_ran": qat is not None, "qat_why": qat_why, "rungs": [
+        rung("PTQ (every layer INT8)", all_low, total),
+        rung("best PTQ mix", ptq_chosen, total - len(ptq_chosen.high) if ptq_chosen else None),
+        rung("QAT", qat, qat.result.get("int8_layers") if qat else None)]}
+
+
+def _ladder_table(p: dict) -> Table:
+    batches = [str(b) for b in p["batches"]]
+    rows = []
+    for r in p["ladder"]["rungs"]:
+        if not r["ran"]:
+            rows.append((Cell(r["rung"]), *(Cell("not run") for _ in range(5 + len(batches)))))
+            continue
+        rows.append((Cell(r["rung"]), Cell(f"{r['int8_layers']} of {r['layers']}"),
+                     Cell(r["status"] or "-", status=r["status"]), Cell(fmt(r["scaled_error"])),
+                     Cell(fmt(r["top1_agreement"])), Cell(fmt(r["accuracy_drop"])),
+                     *(Cell(fmt(r["latency_ms"].get(b))) for b in batches)))
+    return Table(("rung", "layers in INT8", "gate", "scaled error", "top-1 agreement", "accuracy drop",
+                  *(f"ms @ batch {b}" for b in batches)), tuple(rows))
+
+
 def _summary(p: dict, chosen: Candidate | None, layers: int, written: str) -> str:
     if chosen is None:
         return f"no passing {_label(p)} mix"
-    head = f"{_label(p)}: {len(chosen.high)} of {layers} layers {p['raised']} ({chosen.calibration})"
+    qat = ", quantization-aware fine-tuning" if chosen.origin == "QAT" else ""
+    head = f"{_label(p)}: {len(chosen.high)} of {layers} layers {p['raised']} ({chosen.calibration}{qat})"
     if not p["speedup_vs_fp32"]:
         return f"{head}; speed not measured (no {_label(p)} target here); written to {written}"
     big = p["batches"][-1]
@@ -133,6 +172,10 @@ def sections(p: dict) -> list[Section]:
         if chosen["runtime_not_low"]:
             head.append(f"Not run in {_label(p)} by the target: {', '.join(chosen['runtime_not_low'])}.")
     out = [Section(f"Precision tuning (tune, {_label(p)})", status, tuple(head), (_candidates_table(p),))]
+    if p.get("ladder"):
+        out.append(Section("PTQ, best PTQ mix and QAT side by side", None,
+                           (f"QAT: {'ran' if p['ladder']['qat_ran'] else 'not run'} ({p['ladder']['qat_why']}).",),
+                           (_ladder_table(p),), level=3))
     for method, rows in p["sensitivity"].items():
         out.append(Section(f"Sensitivity, {method} calibration (most sensitive first)", None, (), (Table(
             ("layer", "op", "score", "alone: scaled error", "alone: KL", "all but: scaled error", "all but: drop"),
