@@ -32,6 +32,9 @@ TINY = [
     # INT8 has its own tests (tests/test_int8.py, on a model trained past near-tied logits); here it stays off,
     # which also checks that a run without INT8 says "disabled" and nothing else.
     "export.int8.enabled=false",
+    # BF16 too (one graph fewer to export, verify and benchmark: about 15% of a tiny run); the tests about BF16 turn
+    # it on themselves (BF16_ON, clone_bf16_run).
+    "export.bf16.enabled=false",
     "verify.samples=48",
     "verify.batch_size=16",
     "benchmark.batch_sizes=[1,4]",
@@ -41,6 +44,7 @@ TINY = [
     "benchmark.warmup_s=0",
     "benchmark.backends=[torch_fp32,onnxrt_fp32,onnxrt_fp16_cpu]",
 ]
+BF16_ON = "export.bf16.enabled=true"
 
 
 def cli(*args: str) -> int:
@@ -66,15 +70,35 @@ def tiny_run(tmp_path_factory) -> Path:
     return run_dir
 
 
-@pytest.fixture
-def clone_run(tiny_run, tmp_path):
+@pytest.fixture(scope="session")
+def tiny_bf16_run(tiny_run, tmp_path_factory) -> Path:
+    """``tiny_run`` exported again with BF16 on (model.bf16.onnx beside the others); for the tests that build from
+    it: its build, verify and benchmark are still tiny_run's. Copy it (``clone_bf16_run``) like tiny_run."""
+    run_dir = tmp_path_factory.mktemp("tiny_bf16") / "run"
+    shutil.copytree(tiny_run, run_dir)
+    (run_dir / ".lock").unlink(missing_ok=True)
+    assert cli("export", "--run-dir", run_dir, BF16_ON) == 0
+    return run_dir
+
+
+def cloner(source: Path, tmp_path: Path):
     def clone() -> Path:
         target = tmp_path / "run"
-        shutil.copytree(tiny_run, target)
+        shutil.copytree(source, target)
         (target / ".lock").unlink(missing_ok=True)
         return target
 
     return clone
+
+
+@pytest.fixture
+def clone_run(tiny_run, tmp_path):
+    return cloner(tiny_run, tmp_path)
+
+
+@pytest.fixture
+def clone_bf16_run(tiny_bf16_run, tmp_path):
+    return cloner(tiny_bf16_run, tmp_path)
 
 
 def trained_and_exported(tmp_path_factory, overrides: list[str]):
