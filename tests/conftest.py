@@ -122,8 +122,20 @@ def copy_run(run: Path, tmp_path: Path) -> Path:
     return target
 
 
+def group_module_fixture_users(items) -> None:
+    """The tests that share a module-scoped fixture (a model trained once for the file's tests) form one xdist group:
+    with ``--dist loadgroup`` (pyproject's addopts) they run on one worker, which makes the fixture once; spread over
+    every worker, each would train the same model again. Every other test is scheduled one by one."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info and any(defs[-1].scope == "module" for defs in info.name2fixturedefs.values() if defs):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` skip, with the reason, where no CUDA GPU is visible."""
+    """Tests marked ``gpu`` skip, with the reason, where no CUDA GPU is visible; module fixture users are grouped."""
+    group_module_fixture_users(items)
     gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not gpu_items:
         return
