@@ -32,6 +32,9 @@ TINY = [
     # INT8 has its own tests (tests/test_int8.py, on a model trained past near-tied logits); here it stays off,
     # which also checks that a run without INT8 says "disabled" and nothing else.
     "export.int8.enabled=false",
+    # BF16 too (one graph fewer to export, verify and benchmark: about 15% of a tiny run); the tests about BF16 turn
+    # it on themselves (BF16_ON, clone_bf16_run).
+    "export.bf16.enabled=false",
     "verify.samples=48",
     "verify.batch_size=16",
     "benchmark.batch_sizes=[1,4]",
@@ -42,6 +45,7 @@ TINY = [
     "benchmark.max_row_s=0.25",
     "benchmark.backends=[torch_fp32,onnxrt_fp32,onnxrt_fp16_cpu]",
 ]
+BF16_ON = "export.bf16.enabled=true"
 
 
 def cli(*args: str) -> int:
@@ -67,15 +71,35 @@ def tiny_run(tmp_path_factory) -> Path:
     return run_dir
 
 
-@pytest.fixture
-def clone_run(tiny_run, tmp_path):
+@pytest.fixture(scope="session")
+def tiny_bf16_run(tiny_run, tmp_path_factory) -> Path:
+    """``tiny_run`` exported again with BF16 on (model.bf16.onnx beside the others); for the tests that build from
+    it: its build, verify and benchmark are still tiny_run's. Copy it (``clone_bf16_run``) like tiny_run."""
+    run_dir = tmp_path_factory.mktemp("tiny_bf16") / "run"
+    shutil.copytree(tiny_run, run_dir)
+    (run_dir / ".lock").unlink(missing_ok=True)
+    assert cli("export", "--run-dir", run_dir, BF16_ON) == 0
+    return run_dir
+
+
+def cloner(source: Path, tmp_path: Path):
     def clone() -> Path:
         target = tmp_path / "run"
-        shutil.copytree(tiny_run, target)
+        shutil.copytree(source, target)
         (target / ".lock").unlink(missing_ok=True)
         return target
 
     return clone
+
+
+@pytest.fixture
+def clone_run(tiny_run, tmp_path):
+    return cloner(tiny_run, tmp_path)
+
+
+@pytest.fixture
+def clone_bf16_run(tiny_bf16_run, tmp_path):
+    return cloner(tiny_bf16_run, tmp_path)
 
 
 def trained_and_exported(tmp_path_factory, overrides: list[str]):
@@ -99,8 +123,20 @@ def copy_run(run: Path, tmp_path: Path) -> Path:
     return target
 
 
+def group_module_fixture_users(items) -> None:
+    """The tests that share a module-scoped fixture (a model trained once for the file's tests) form one xdist group:
+    with ``--dist loadgroup`` (pyproject's addopts) they run on one worker, which makes the fixture once; spread over
+    every worker, each would train the same model again. Every other test is scheduled one by one."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info and any(defs[-1].scope == "module" for defs in info.name2fixturedefs.values() if defs):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` skip, with the reason, where no CUDA GPU is visible."""
+    """Tests marked ``gpu`` skip, with the reason, where no CUDA GPU is visible; module fixture users are grouped."""
+    group_module_fixture_users(items)
     gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not gpu_items:
         return

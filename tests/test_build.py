@@ -217,10 +217,10 @@ def build_entry(run):
     return json.loads((run / "manifest.json").read_text())["stages"]["build"]
 
 
-def test_build_makes_one_engine_per_precision_from_its_graph(clone_run, fake_trt):
+def test_build_makes_one_engine_per_precision_from_its_graph(clone_bf16_run, fake_trt):
     from conftest import cli
 
-    run = with_int8_onnx(clone_run())
+    run = with_int8_onnx(clone_bf16_run())
     assert cli("build", "--run-dir", run, "--require", "tensorrt") == 0
     assert fake_trt == [tensorrt_engine.FP16_ONNX, artifacts.BF16_ONNX, tensorrt_engine.INT8_ONNX]
     entry = build_entry(run)
@@ -248,10 +248,10 @@ def test_build_makes_one_engine_per_precision_from_its_graph(clone_run, fake_trt
     (["export.int8.enabled=false"], "no model.int8.onnx (export.int8.enabled is false)"),
     (["build.precisions=[fp16,bf16]"], "build.precisions does not include int8"),
 ])
-def test_a_precision_without_its_graph_is_skipped_with_its_reason(clone_run, fake_trt, overrides, reason):
+def test_a_precision_without_its_graph_is_skipped_with_its_reason(clone_bf16_run, fake_trt, overrides, reason):
     from conftest import cli
 
-    run = clone_run()
+    run = clone_bf16_run()
     if "build.precisions=[fp16,bf16]" in overrides:
         with_int8_onnx(run)
     (run / tensorrt_engine.INT8_ENGINE).write_bytes(b"an engine of an earlier build")  # stale: removed, never loaded
@@ -332,11 +332,11 @@ def test_unavailable_tensorrt_skips_every_precision_and_removes_stale_engines(cl
     assert cli("build", "--run-dir", run, "--require", "tensorrt") == 3
 
 
-def test_fp16_graph_missing_while_fp16_export_is_on_is_run_export_first(clone_run, fake_trt, capsys):
+def test_fp16_graph_missing_while_fp16_export_is_on_is_run_export_first(clone_bf16_run, fake_trt, capsys):
     """Never an FP32 engine under the FP16 name: a missing graph is run export first; FP16 export off, a skip."""
     from conftest import cli
 
-    run = clone_run()
+    run = clone_bf16_run()
     (run / tensorrt_engine.FP16_ONNX).unlink()
     assert cli("build", "--run-dir", run) == 2
     assert "build needs model.fp16.onnx" in capsys.readouterr().err and fake_trt == []

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, cli
+from conftest import BF16_ON, ROOT, cli
 from pipeline.runtime import runners
 from test_tensorrt_contract import built, built_run, fake_trt  # noqa: F401  (fixtures)
 from test_trtexec import fake_trtexec  # noqa: F401  (fixture)
@@ -35,8 +35,9 @@ def check(monkeypatch):
 
 @pytest.fixture
 def both_engines(built_run, fake_trt):  # noqa: F811
-    assert cli("export", "--run-dir", built_run, "export.int8.enabled=true") == 0
-    built(built_run, fake_trt, "export.int8.enabled=true")
+    # All three engines (TINY has INT8 and BF16 off)
+    assert cli("export", "--run-dir", built_run, "export.int8.enabled=true", BF16_ON) == 0
+    built(built_run, fake_trt, "export.int8.enabled=true", BF16_ON)
     assert (built_run / "model.int8.engine").is_file()
     return built_run
 

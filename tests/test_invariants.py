@@ -24,7 +24,8 @@ from pipeline.core.errors import EXIT_USAGE
 
 # The defaults, small: every backend of the table (OpenVINO included), INT8 on, a tiny model trained long
 # enough that its logits are not near-ties (the INT8 gate is then a fair test, tests/test_int8.py).
-DEFAULTS_SMALL = [s for s in TINY if not s.startswith(("export.int8.enabled", "benchmark.backends"))] + [
+DEFAULTS_SMALL = [s for s in TINY if not s.startswith(("export.int8.enabled", "export.bf16.enabled",
+                                                        "benchmark.backends"))] + [
     "data.samples_per_class=30", "train.epochs=4", "export.int8.calibration_samples=16",
     "verify.samples=60", "verify.batch_size=30", "benchmark.batch_sizes=[1]"]
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import FAULTS, TINY, cli
+from conftest import BF16_ON, FAULTS, TINY, cli
 from pipeline import benchmark, config, doctor
 from pipeline.core import artifacts
 from pipeline.core.errors import InputError, UsageError
@@ -173,7 +173,8 @@ def test_a_bf16_hint_that_reaches_no_kernel_is_refused(tiny_run):
 
 def test_bf16_sensitive_fault_fails_openvino_bf16_and_the_fallback_says_why(tmp_path, capsys):
     run = tmp_path / "run"
-    code = cli("all", "--model", f"{FAULTS}:shifted_classifier", "--run-dir", run, *TINY, "export.fp16.enabled=false")
+    code = cli("all", "--model", f"{FAULTS}:shifted_classifier", "--run-dir", run, *TINY, BF16_ON,
+               "export.fp16.enabled=false")
     assert candidate(run, "openvino_fp32")["status"] == "passed"  # the fault is BF16's, not the export's
     # The BF16 graph carries the fault too, and its emulation catches it on any CPU, with bf16 units or without
     assert code == 1 and candidate(run, "bf16_emulation")["status"] == "failed"

@@ -11,7 +11,7 @@ import jsonschema
 import numpy as np
 import pytest
 
-from conftest import FAULTS, ROOT, TINY, cli
+from conftest import BF16_ON, FAULTS, ROOT, TINY, cli
 from pipeline import config, verify
 from pipeline.core import artifacts
 from pipeline.evaluation import candidates
@@ -147,7 +147,7 @@ def test_bf16_holds_the_overflow_that_fp16_cannot(trained, tmp_path):
     """BF16 keeps FP32's exponent range: the x40000 region (80k-400k, over FP16's 65504) overflows FP16 without
     AutoCast's range rule, and the BF16 graph, converted whole, passes its gate (docs/verify.md: BF16)."""
     run = copy(trained("overflow"), tmp_path)
-    assert cli("export", "--run-dir", run, "export.fp16.range_rule=false") == 0
+    assert cli("export", "--run-dir", run, "export.fp16.range_rule=false", BF16_ON) == 0
     precisions = json.loads((run / "manifest.json").read_text())["stages"]["export"]["details"]
     assert precisions["bf16"]["bf16_fraction"] == 1.0 and precisions["bf16"]["fp32_nodes_count"] == 0
     assert cli("verify", "--run-dir", run) == 1
@@ -397,6 +397,7 @@ def test_verify_reports_the_replacement_and_runs_no_other_stage(trained, tmp_pat
     from pipeline.core.run import RunDir
 
     run = copy(trained("cancellation"), tmp_path)
+    assert cli("export", "--run-dir", run, BF16_ON) == 0  # TINY has BF16 off
     cfg, rd = run_config(run), RunDir(run)
     before = json.loads((run / "manifest.json").read_text())["stages"]
     with rd.stage("verify") as record:
@@ -408,7 +409,9 @@ def test_verify_reports_the_replacement_and_runs_no_other_stage(trained, tmp_pat
 
     # The stage runner re-runs export and build; afterwards every stage is current.
     run = copy(trained("cancellation"), tmp_path / "runner")
+    assert cli("export", "--run-dir", run, BF16_ON) == 0
     rd = RunDir(run)
+    before = json.loads((run / "manifest.json").read_text())["stages"]
     stages.run_stage("verify", cfg, rd, auto_fallback=True)
     after = json.loads((run / "manifest.json").read_text())["stages"]
     assert after["export"]["run_id"] != before["export"]["run_id"]
