@@ -28,8 +28,8 @@ from pipeline.core.errors import BackendUnavailable, InputError, UsageError
 from pipeline.core.run import RunDir, StageRecord, atomic_path, atomic_write, now, write_json
 from pipeline.core.status import Status
 from pipeline.core.verdicts import InconclusivePolicy, counts_as_passed
-from pipeline.reports import verify_report
-from pipeline.runtime import backends, benchmark_app, isolate, trtexec
+from pipeline.reports import profile_report, verify_report
+from pipeline.runtime import backends, benchmark_app, isolate, layer_profile, trtexec
 from pipeline.runtime.backends import Backend, Context
 from pipeline.runtime.isolate import Crashed
 from pipeline.runtime.runners import THROUGHPUT_LABEL, Method, measure, one_line  # noqa: F401  (measure: the timing loop)
@@ -211,11 +211,12 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, profile: bool = Fa
                     "%.1f%% (%s): the machine was busy or the runs are too short; close other programs or raise "
                     "benchmark.min_duration_s", len(noisy), len(results), 100 * bc.cv_warn, ", ".join(noisy))
     payload = _payload(cfg, spec, threads, results, skipped)
+    payload.update(layer_profile.benchmark_keys(ctx, results, images, threads))  # "profiles", "roofline" (issue 35)
     named = [row for pair in headline_rows(results).values() if pair for row in pair]
     payload["benchmark_app"] = benchmark_app.side_by_side(cfg, run_dir, results, spec["input_size"], threads, named)
     write_json(run_dir.file(JSON), payload)
     atomic_write(run_dir.file(MARKDOWN), markdown(payload))
-    plots = write_plots(run_dir, payload)
+    plots = write_plots(run_dir, payload) + profile_report.write_plot(run_dir, payload)
     for name in (JSON, MARKDOWN, *plots):
         record.artifact(name)
     if profile:
@@ -329,7 +330,7 @@ def markdown(payload: dict) -> str:
     """benchmark.md: the report's benchmark rows (``tables.benchmark_section``), as Markdown."""
     from pipeline.reports import tables
 
-    return tables.markdown([tables.benchmark_section(payload)], top=3)
+    return tables.markdown([tables.benchmark_section(payload), *profile_report.sections(payload)], top=3)
 
 
 def write_plots(run_dir: RunDir, payload: dict) -> list[str]:

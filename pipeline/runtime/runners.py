@@ -745,7 +745,8 @@ class OpenVINORunner(Timed, BaseRunner):
 
     def layers(self, feed: dict) -> list[dict]:
         """The CPU plugin's own account of the layers it ran on ``feed``: the runtime model of the IR compiled for
-        this batch with ``PERF_COUNT`` (each executed layer's type, runtime precision, kernel and time)."""
+        this batch with ``PERF_COUNT`` (each executed layer's type, runtime precision, kernel and time, from the last
+        of :data:`~pipeline.runtime.layer_account.PROFILED_RUNS` inferences)."""
         from pipeline.runtime import layer_account
 
         x = np.ascontiguousarray(feed[self.input_name], dtype=np.float32)
@@ -755,7 +756,8 @@ class OpenVINORunner(Timed, BaseRunner):
         model.reshape({model.input(0).get_any_name(): shape})
         compiled = self.core.compile_model(model, "CPU", {**self._config("LATENCY"), "PERF_COUNT": True})
         request = compiled.create_infer_request()
-        request.infer({0: x})
+        for _ in range(layer_account.PROFILED_RUNS):  # the last run's counters are read
+            request.infer({0: x})
         return [layer.to_json() for layer in layer_account.openvino_layers(compiled, request.profiling_info)]
 
     def _request(self, batch: int):
