@@ -13,9 +13,12 @@ from pipeline.runtime.layer_account import ORT_INTEGER
 ORT_QDQ_WHY = ("why: ONNX Runtime's CPU provider runs a convolution in INT8 (QLinearConv) only where a QuantizeLinear "
                "takes the Conv's output directly (DequantizeLinear -> Conv -> QuantizeLinear); this graph quantizes "
                "each convolution's inputs only (TensorRT's placement: Conv -> Relu -> the next layer's "
-               "QuantizeLinear), so every convolution runs as an FP32 FusedConv on dequantized values, after a "
-               "QuantizeLinear and a DequantizeLinear of its input, with Casts around the graph's FP16 regions. "
-               "Use the OpenVINO INT8 artifact (the same Q/DQ graph, fused into INT8 kernels) on a CPU")
+               "QuantizeLinear), so every convolution runs as an FP32 FusedConv on dequantized values. And as ONNX "
+               "Runtime keeps each DequantizeLinear for that fusion instead of folding it into a constant, every "
+               "inference dequantizes all the weights again (to FP16 in ModelOpt's graph, then a Cast to FP32), and "
+               "the FusedConv cannot pre-pack weights that are not constants. The same graph with FP32 regions "
+               "(pipeline.precision.int8.with_fp32_regions) fuses no better. On a CPU, deploy the OpenVINO INT8 "
+               "artifact (the same Q/DQ graph, run in INT8 kernels)")
 
 KINDS_SHOWN = 12  # rows of each artifact's layer-type table; the rest are summed into one
 SLOWEST_SHOWN = 5
