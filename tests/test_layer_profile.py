@@ -105,3 +105,13 @@ def test_onnx_runtime_fuses_a_qdq_conv_only_with_a_quantize_after_it(output_q, c
     assert [(x.kind, x.precision) for x in layers if x.matrix] == [conv]
     entry = profile_entry("onnxrt_int8_cpu", "int8", 1, [x.to_json() for x in layers])
     assert ("QLinearConv) only where" in profile_report.finding(entry)) is not output_q
+
+
+def test_each_layer_keeps_its_fastest_run():
+    from pipeline.runtime.layer_account import ort_profile_layers
+
+    def event(dur):
+        return {"cat": "Node", "name": "/c/Conv_kernel_time", "dur": dur,
+                "args": {"op_name": "Conv", "provider": "CPUExecutionProvider", "input_type_shape": [{"float": [1]}]}}
+
+    assert [x.time_us for x in ort_profile_layers([event(90), event(12), event(30)])] == [12.0]

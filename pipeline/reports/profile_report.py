@@ -48,7 +48,9 @@ def finding(entry: dict) -> str:
         elsewhere = [g for g in matrix if g["name"] != claimed]
         share = sum(g["time_us"] for g in elsewhere) / total
         if share > 0.5:
-            kinds = [g for g in s["by_kind_precision"] if g["name"].split()[-1] != claimed][:3]
+            matrix_kinds = {x["kind"] for x in entry["layers"] if x["matrix"]}
+            kinds = [g for g in s["by_kind_precision"]
+                     if g["name"].split()[-1] != claimed and g["name"].rsplit(" ", 1)[0] in matrix_kinds][:3]
             parts.append(f"timed as {claimed}, but {percent(share, '.0f')} of its matrix-layer time ran in "
                          f"{', '.join(g['name'] for g in elsewhere)} (largest: "
                          + ", ".join(f"{g['name']} {percent(g['share'], '.0f')}" for g in kinds) + ")")
@@ -93,9 +95,10 @@ def profile_sections(payload: dict) -> list[Section]:
     overview = tuple(_row(p["backend"], str(p["batch_size"]), p["precision"], _ran_in(p["summary"]),
                           _ms(p["summary"]["total_us"]), fmt(_timed_p50(payload, p["backend"], p["batch_size"]), ".3f"),
                           percent(p["summary"]["unfused_share"], ".0f")) for p in profiles)
-    intro = ("Each CPU artifact once more after the timings, one profiled inference (the last of three) by the "
+    intro = ("Each CPU artifact once more after the timings, each layer's fastest of five profiled inferences by the "
              "runtime's own counters: ONNX Runtime's profiler (per-node kernel time, the element type of each node's "
-             "first input), OpenVINO's runtime model with PERF_COUNT (per-layer time, execType, runtimePrecision). "
+             "first input), OpenVINO's runtime model with PERF_COUNT (per-layer time, primitiveType, "
+             "runtimePrecision). "
              "The layers' sum leaves out what runs between them (ONNX Runtime's session overhead, OpenVINO's "
              "request), so it is below the timed p50; 'unfused' is the time in reorders, converts and Q/DQ.")
     sections = [Section("Per-layer profile (CPU)", paragraphs=(intro,), tables=(Table(

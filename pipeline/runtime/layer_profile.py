@@ -74,7 +74,7 @@ def _source(layers: list[Layer]) -> str:
     if kernels & {"CPUExecutionProvider", "CUDAExecutionProvider"}:
         return "ONNX Runtime profiler: per-node kernel time, provider, element type of the first input"
     if any(x.time_us is not None for x in layers):
-        return "OpenVINO runtime model with PERF_COUNT: per-layer time, execType, runtimePrecision"
+        return "OpenVINO runtime model with PERF_COUNT: per-layer time, primitiveType, runtimePrecision"
     return "the runtime's account of its layers (no times)"
 
 

@@ -18,6 +18,9 @@ from pathlib import Path
 import numpy as np
 
 MATRIX_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+# The ISA flags the peak table reads (recorded in benchmark.json's roofline.machine).
+READ_FLAGS = frozenset({"avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "avx512_fp16", "amx_tile",
+                        "amx_bf16", "amx_int8", "amx_fp16"})
 
 
 # --------------------------------------------------------------------------- MACs
@@ -202,7 +205,7 @@ def section(onnx_path: Path, results: list[dict], cores: int, flags: set[str]) -
     table = with_clock(peaks(flags, cpu["vendor"], cpu["family"]), cores, cpu["mhz"])
     counted = macs(onnx.load(str(onnx_path), load_external_data=False), 1)  # shapes only: no weights needed
     rows = [fraction(r, counted["per_image"], table) for r in results if r["device"] == "cpu"]
-    return {"machine": {**cpu, "cores": cores, "flags": sorted(flags)},
+    return {"machine": {**cpu, "cores": cores, "flags": sorted(flags & READ_FLAGS)},
             "peaks": {k: p.to_json() for k, p in table.items()},
             "macs": {"per_image": counted["per_image"], "source": onnx_path.name, "layers": counted["layers"]},
             "rows": rows}
