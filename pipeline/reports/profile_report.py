@@ -50,7 +50,8 @@ def finding(entry: dict) -> str:
         if share > 0.5:
             matrix_kinds = {x["kind"] for x in entry["layers"] if x["matrix"]}
             kinds = [g for g in s["by_kind_precision"]
-                     if g["name"].split()[-1] != claimed and g["name"].rsplit(" ", 1)[0] in matrix_kinds][:3]
+                     if g["name"].split()[-1] != claimed and g["name"].rsplit(" ", 1)[0] in matrix_kinds
+                     and (g["share"] or 0) >= 0.01][:3]
             parts.append(f"timed as {claimed}, but {percent(share, '.0f')} of its matrix-layer time ran in "
                          f"{', '.join(g['name'] for g in elsewhere)} (largest: "
                          + ", ".join(f"{g['name']} {percent(g['share'], '.0f')}" for g in kinds) + ")")
@@ -130,11 +131,12 @@ def roofline_section(payload: dict) -> Section | None:
     peaks = tuple(_row(p["precision"], p["unit"], str(p["flops_per_cycle"]), fmt(p["gflops"], ".1f"),
                        Cell(p["source"])) for p in roof["peaks"].values())
     rows = tuple(_row(r["backend"], str(r["batch_size"]), r["timing"].split(" (")[0], r["peak_precision"],
-                      fmt(r["achieved_gflops"], ".2f"), fmt(r["peak_gflops"], ".1f"), percent(r["fraction"], ".1f"),
+                      fmt(r.get("p50_ms"), ".3f"), fmt(r["achieved_gflops"], ".2f"), fmt(r["peak_gflops"], ".1f"),
+                      percent(r["fraction"], ".1f"),
                       percent(r["fraction_of_fp32"], ".1f")) for r in roof["rows"])
     return Section("Roofline (CPU)", paragraphs=(text,), tables=(
         Table(("precision", "unit", "ops/cycle/core", "peak GOP/s", "source"), peaks),
-        Table(("backend", "batch", "timing", "peak in", "achieved GOP/s", "peak GOP/s", "fraction of peak",
+        Table(("backend", "batch", "timing", "peak in", "p50 ms", "achieved GOP/s", "peak GOP/s", "fraction of peak",
                "of FP32 peak"), rows)))
 
 

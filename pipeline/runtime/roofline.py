@@ -190,7 +190,8 @@ def fraction(row: dict, macs_per_image: int, table: dict[str, Peak]) -> dict:
     achieved = 2 * macs_per_image * row["batch_size"] / seconds / 1e9 if seconds > 0 else None
     peak = table[precision].gflops
     return {"backend": row["backend"], "batch_size": row["batch_size"], "timing": row["timing"],
-            "peak_precision": precision, "achieved_gflops": achieved, "peak_gflops": peak,
+            "peak_precision": precision, "p50_ms": row["latency_ms"]["p50"], "achieved_gflops": achieved,
+            "peak_gflops": peak,
             "fraction": achieved / peak if achieved is not None and peak else None,
             "fraction_of_fp32": achieved / table["fp32"].gflops if achieved is not None and table["fp32"].gflops
             else None}
