@@ -32,8 +32,8 @@ from pipeline.core.run import RunDir, StageRecord, atomic_path, atomic_write, no
 from pipeline.core.status import Status
 from pipeline.core.verdicts import InconclusivePolicy, counts_as_passed
 from pipeline.evaluation import candidates
-from pipeline.reports import verify_report
-from pipeline.runtime import backends, benchmark_app, isolate, stopping, trtexec
+from pipeline.reports import profile_report, verify_report
+from pipeline.runtime import backends, benchmark_app, isolate, layer_profile, stopping, trtexec
 from pipeline.runtime.backends import Backend, Context
 from pipeline.runtime.isolate import Crashed
 from pipeline.runtime.runners import THROUGHPUT_LABEL, Method, measure, one_line  # noqa: F401  (measure: the timing loop)
@@ -213,11 +213,12 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, profile: bool = Fa
     _warn_noisy(cfg, results)
     payload = _payload(cfg, spec, threads, results, skipped)
     payload["rows"] = dataclasses.asdict(rows)
+    payload.update(layer_profile.benchmark_keys(ctx, results, images, threads))  # "profiles", "roofline" (issue 35)
     named = [row for pair in headline_rows(results).values() if pair for row in pair]
     payload["benchmark_app"] = benchmark_app.side_by_side(cfg, run_dir, results, spec["input_size"], threads, named)
     write_json(run_dir.file(JSON), payload)
     atomic_write(run_dir.file(MARKDOWN), markdown(payload))
-    plots = write_plots(run_dir, payload)
+    plots = write_plots(run_dir, payload) + profile_report.write_plot(run_dir, payload)
     for name in (JSON, MARKDOWN, *plots):
         record.artifact(name)
     if profile:
@@ -433,7 +434,7 @@ def markdown(payload: dict) -> str:
     """benchmark.md: the report's benchmark rows (``tables.benchmark_section``), as Markdown."""
     from pipeline.reports import tables
 
-    return tables.markdown([tables.benchmark_section(payload)], top=3)
+    return tables.markdown([tables.benchmark_section(payload), *profile_report.sections(payload)], top=3)
 
 
 def write_plots(run_dir: RunDir, payload: dict) -> list[str]:

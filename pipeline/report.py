@@ -16,7 +16,7 @@ import yaml
 from pipeline.core import artifacts
 from pipeline.core.errors import InputError
 from pipeline.core.run import CONFIG, RunDir, atomic_write, now, open_confined, read_json
-from pipeline.reports import tables
+from pipeline.reports import profile_report, tables
 
 if TYPE_CHECKING:  # annotations only
     from pipeline.core.config_schema import Config
@@ -26,6 +26,7 @@ PLOTS = [
     (artifacts.CURVE, "Training curves"),
     (artifacts.LATENCY_PLOT, "Latency distribution"),
     (artifacts.THROUGHPUT_PLOT, "Throughput versus batch size"),
+    (artifacts.PROFILE_PLOT, "Per-layer time by layer type and the precision it ran in (each CPU artifact)"),
     *((plot, f"{caption} ({precision.upper()} tune)") for precision in artifacts.TUNE_PRECISIONS
       for plot, caption in zip(artifacts.tune_files(precision)[2:],
                                ("Per-layer sensitivity", "Accuracy versus latency of the tuned mixes"), strict=True)),
@@ -93,6 +94,7 @@ def sections(run: RunDir, cfg: Config) -> dict:
         body += _built(artifacts.VERIFY_JSON, tables.verify_sections, verify)
     if bench is not None:
         body.append(_built(artifacts.BENCHMARK_JSON, tables.benchmark_section, bench))
+        body += _built(artifacts.BENCHMARK_JSON, profile_report.sections, bench)  # per-layer profiles, roofline
     for precision in artifacts.TUNE_PRECISIONS:
         name = artifacts.tune_files(precision)[0]
         tuned = _load(run, name)

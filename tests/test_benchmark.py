@@ -155,6 +155,27 @@ def test_benchmark_outputs(tiny_run):
         assert w > 300 and h > 200
 
 
+def test_each_cpu_artifact_has_a_per_layer_profile_with_its_precisions_and_a_roofline(tiny_run):
+    payload = json.loads((tiny_run / "benchmark.json").read_text())
+    profiles = {(p["backend"], p["batch_size"]): p for p in payload["profiles"]}
+    assert set(profiles) == {("onnxrt_fp32", 1), ("onnxrt_fp32", 4), ("onnxrt_fp16_cpu", 1), ("onnxrt_fp16_cpu", 4)}
+    for p in profiles.values():  # torch_fp32 gives no account of its layers: no profile
+        s = p["summary"]
+        assert p["source"].startswith("ONNX Runtime profiler") and s["total_us"] > 0 and s["layers"] == len(p["layers"])
+        assert {g["name"] for g in s["matrix_by_precision"]} <= {"fp32", "fp16"} and s["slowest"]
+    # ONNX Runtime's CPU provider has no FP16 convolution: it casts the FP16 graph's inputs and runs them in FP32
+    fp16 = profiles["onnxrt_fp16_cpu", 1]["summary"]
+    assert {g["name"] for g in fp16["unfused"]} >= {"convert"} and fp16["unfused_share"] > 0
+    roof = payload["roofline"]
+    assert roof["macs"]["per_image"] > 0 and roof["peaks"]["fp32"]["gflops"] > 0
+    assert {(r["backend"], r["batch_size"]) for r in roof["rows"]} >= set(profiles)
+    assert all(0 < r["fraction"] < 1 for r in roof["rows"])
+    md = (tiny_run / "benchmark.md").read_text()
+    assert "Per-layer profile (CPU)" in md and "Profile: onnxrt_fp16_cpu" in md and "Roofline (CPU)" in md
+    w, h = png_size(tiny_run / "benchmark_profile.png")
+    assert w > 300 and h > 200
+
+
 def test_profile_writes_a_trace(clone_run):
     from conftest import cli
 

@@ -31,9 +31,10 @@ def section(html: str, heading: str) -> str:
 
 def test_report_is_self_contained(report_html):
     html = report_html.read_text()
-    assert html.count("data:image/png;base64,") == 3  # training curve, latency, throughput
+    assert html.count("data:image/png;base64,") == 4  # training curve, latency, throughput, per-layer profile
     assert not re.search(r"""(src|href)=['"]https?://""", html)  # nothing fetched from the network
-    for heading in ("Stages", "Training", "Precision gate", "Benchmark", "Configuration", "Environment"):
+    for heading in ("Stages", "Training", "Precision gate", "Benchmark", "Per-layer profile (CPU)", "Roofline (CPU)",
+                    "Configuration", "Environment"):
         assert f"<h2>{heading}" in html
     assert html.count("<table>") >= 4
 

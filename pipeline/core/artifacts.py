@@ -75,6 +75,7 @@ BENCHMARK_JSON = "benchmark.json"
 BENCHMARK_MD = "benchmark.md"
 LATENCY_PLOT = "benchmark_latency.png"
 THROUGHPUT_PLOT = "benchmark_throughput.png"
+PROFILE_PLOT = "benchmark_profile.png"  # per-layer time by layer type and precision, each CPU artifact (issue 35)
 BENCHMARK_TRACE = "benchmark.trace.json"
 TRTEXEC_DIR = "trtexec"  # trtexec beside the TensorRT rows: <backend>.b<batch>.<kind>.times.json/.profile.json/.log
 

@@ -19,6 +19,7 @@ hint; TensorRT picks each layer's tactic. The readers here turn each runtime's a
 from __future__ import annotations
 
 import json
+import math
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -40,6 +41,9 @@ ORT_INTEGER = frozenset({"QLinearConv", "NhwcQLinearConv", "QLinearMatMul", "Con
 OPENVINO_MATRIX = frozenset({"Convolution", "GroupConvolution", "Deconvolution", "FullyConnected", "MatMul",
                              "ConvolutionBackpropData", "GroupConvolutionBackpropData"})
 ONNX_MATRIX = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
+# The feed runs this many times and each layer's fastest run is kept: the first run pays for allocations and lazy
+# initialisation, and on a shared machine any run can be preempted in the middle of one layer.
+PROFILED_RUNS = 5
 
 
 @dataclass(frozen=True)
@@ -73,7 +77,7 @@ def matrix_shares(layers: list[Layer]) -> dict[str, float]:
 
 def ort_profile_layers(events: list[dict]) -> list[Layer]:
     """The node events of one ONNX Runtime profile (``cat == "Node"``, name ``<node>_kernel_time``), one Layer per
-    node (its last run's duration, where it ran more than once)."""
+    node (its fastest run's duration, where it ran more than once)."""
     layers: dict[str, Layer] = {}
     for event in events:
         if event.get("cat") != "Node" or not str(event.get("name", "")).endswith("_kernel_time"):
@@ -81,8 +85,9 @@ def ort_profile_layers(events: list[dict]) -> list[Layer]:
         args = event.get("args") or {}
         op = str(args.get("op_name", ""))
         name = str(event["name"])[: -len("_kernel_time")]
+        duration = min(float(event.get("dur", 0)), layers[name].time_us if name in layers else math.inf)
         layers[name] = Layer(name, op, _ort_precision(op, args.get("input_type_shape") or []), op in ORT_MATRIX,
-                             str(args.get("provider", "")), float(event.get("dur", 0)))
+                             str(args.get("provider", "")), duration)
     return list(layers.values())
 
 
@@ -95,8 +100,9 @@ def _ort_precision(op: str, inputs: list) -> str:
 
 
 def ort_layers(make_session, feed: dict) -> list[Layer]:
-    """Run ``feed`` once through a session that ``make_session(options)`` creates with ONNX Runtime's profiler on
-    (the same options the runner uses otherwise), and read the profile it writes into a temporary folder."""
+    """Run ``feed`` :data:`PROFILED_RUNS` times through a session that ``make_session(options)`` creates with ONNX
+    Runtime's profiler on (the same options the runner uses otherwise), and read the profile it writes into a
+    temporary folder (each node's fastest run)."""
     import onnxruntime as ort
 
     with tempfile.TemporaryDirectory(prefix="pipeline-ort-profile.") as folder:
@@ -104,7 +110,8 @@ def ort_layers(make_session, feed: dict) -> list[Layer]:
         options.enable_profiling = True
         options.profile_file_prefix = str(Path(folder) / "profile")
         session = make_session(options)
-        session.run(None, dict(feed))
+        for _ in range(PROFILED_RUNS):
+            session.run(None, dict(feed))
         path = Path(session.end_profiling())
         return ort_profile_layers(json.loads(path.read_text(encoding="utf-8")))
 
@@ -114,8 +121,14 @@ def ort_layers(make_session, feed: dict) -> list[Layer]:
 
 def openvino_layers(compiled, perf_counts: list | None = None) -> list[Layer]:
     """The executed nodes of OpenVINO's runtime model (``CompiledModel.get_runtime_model()``), with each one's time
-    from ``perf_counts`` (``InferRequest.profiling_info``, a request of a model compiled with ``PERF_COUNT``)."""
-    times = {info.node_name: info.real_time.total_seconds() * 1e6 for info in perf_counts or []}
+    from ``perf_counts`` (``InferRequest.profiling_info`` of a request of a model compiled with ``PERF_COUNT``, or a
+    list of them, one per run: each node's fastest) and its kernel (the runtime model's ``primitiveType``, e.g.
+    ``brgconv_avx512_amx_I8``; ``execType`` in older releases)."""
+    runs = perf_counts if perf_counts and isinstance(perf_counts[0], list) else [perf_counts or []]
+    times: dict[str, float] = {}
+    for run in runs:
+        for info in run:
+            times[info.node_name] = min(info.real_time.total_seconds() * 1e6, times.get(info.node_name, math.inf))
     layers = []
     for op in compiled.get_runtime_model().get_ops():
         info = op.get_rt_info()
@@ -124,7 +137,7 @@ def openvino_layers(compiled, perf_counts: list | None = None) -> list[Layer]:
             continue
         name = op.get_friendly_name()
         layers.append(Layer(name, kind, precision_name(_rt_text(info, "runtimePrecision")), kind in OPENVINO_MATRIX,
-                            _rt_text(info, "execType"), times.get(name)))
+                            _rt_text(info, "primitiveType") or _rt_text(info, "execType"), times.get(name)))
     return layers
 
 
