@@ -16,12 +16,19 @@ def run(runner, chk, ctx, row_plan: conformance.RowPlan | None) -> dict:
         return {}
     static = ctx.cfg.export.dynamic_batch is False and chk.artifact is not None
     rows = safely("row-independence check", lambda: run_rows(runner, row_plan, static))
-    feed = {row_plan.input_name: row_plan.images}
     emulated = not chk.backend.deploys
     layers = [] if emulated or not hasattr(runner, "layers") else \
-        safely("runtime's account of its layers", lambda: {"layers": runner.layers(feed)})
+        safely("runtime's account of its layers", lambda: {"layers": runner.layers(_account_feed(runner, row_plan,
+                                                                                          static))})
     graph = safely("graph's account", lambda: graph_account(chk, ctx))
     return {"rows": rows, "layers": layers, "graph": graph}
+
+
+def _account_feed(runner, row_plan: conformance.RowPlan, static: bool) -> dict:
+    """One image where the artifact serves batch 1 (the precision each layer runs in, not its time), else the plan's
+    full batch."""
+    one = not static and not runner.batch_reason(1)
+    return {row_plan.input_name: row_plan.images[:1] if one else row_plan.images}
 
 
 def run_rows(runner, row_plan: conformance.RowPlan, static: bool) -> dict:
