@@ -359,6 +359,8 @@ def test_the_log_names_each_failed_part_even_of_a_candidate_that_failed_before(c
 def test_claim_verdicts_exactly():
     V = conformance.ClaimVerdict
     assert judge_claim(None, 0.3, 1.0, 0.5) == V(Status.SKIPPED, 0.0, "no lower precision claimed")
+    assert judge_claim("fp16", 0.0, None, 0.5) == V(Status.SKIPPED, 0.0, "the graph has no matrix layer "
+                                                                       "(convolution or matrix product)")
     assert judge_claim("bf16", 0.9, 0.0, 0.5) == V(Status.FAILED, 0.0, "claims bf16 but its graph puts no matrix "
                                                                        "layer in bf16")
     assert judge_claim("int8", None, 0.5, 0.5) == V(Status.SKIPPED, 0.25, "the runtime gave no account of its layers")

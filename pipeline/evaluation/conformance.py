@@ -82,12 +82,16 @@ class ClaimVerdict:
     reason: str
 
 
-def judge_claim(claimed: str | None, runtime_share: float | None, graph_share: float, min_share: float) -> ClaimVerdict:
+def judge_claim(claimed: str | None, runtime_share: float | None, graph_share: float | None,
+                min_share: float) -> ClaimVerdict:
     """A lower precision is claimed (``claimed``): the runtime must run at least ``min_share`` of the matrix layers
     the graph puts in it (``graph_share`` of them: 1.0 where the runtime, not the graph, sets the precision). A graph
-    that puts none in it fails whatever the runtime says; no claim, or no account, is skipped."""
+    that puts none in it fails whatever the runtime says; no claim, no matrix layer (``graph_share`` None) or no
+    account is skipped."""
     if claimed is None:
         return ClaimVerdict(Status.SKIPPED, 0.0, "no lower precision claimed")
+    if graph_share is None:
+        return ClaimVerdict(Status.SKIPPED, 0.0, "the graph has no matrix layer (convolution or matrix product)")
     if graph_share <= 0:
         return ClaimVerdict(Status.FAILED, 0.0, f"claims {claimed} but its graph puts no matrix layer in {claimed}")
     required = min_share * graph_share

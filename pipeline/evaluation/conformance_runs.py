@@ -70,5 +70,6 @@ def graph_account(chk, ctx) -> dict:
     if fp32 is None:
         fp32 = ctx._loaded["fp32_model"] = onnx_io.load(ctx.fp32_path())
     layers = layer_account.graph_layers(plug.node_precisions(fp32, ctx.graph(plug.name)), "FP32 kernels, rounded")
-    return {"share": layer_account.matrix_shares(layers).get(chk.backend.claims, 0.0),
+    shares = layer_account.matrix_shares(layers)  # empty: no matrix layer at all, nothing to hold to a share
+    return {"share": shares.get(chk.backend.claims, 0.0) if shares else None,
             "layers": [layer.to_json() for layer in layers]}
