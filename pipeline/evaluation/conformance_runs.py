@@ -8,6 +8,7 @@ import numpy as np
 
 from pipeline.core.errors import first_line
 from pipeline.evaluation import conformance
+from pipeline.runtime.runners import to_numpy
 
 
 def run(runner, chk, ctx, row_plan: conformance.RowPlan | None) -> dict:
@@ -43,7 +44,8 @@ def run_rows(runner, row_plan: conformance.RowPlan, static: bool) -> dict:
             out["skipped"][name] = reason
             continue
         # copied: a runner may hand back the same output buffer on every call
-        outputs = [np.array(runner.infer({row_plan.input_name: b.array})[row_plan.output_name]) for b in batches]
+        outputs = [np.array(to_numpy(runner.infer({row_plan.input_name: b.array})[row_plan.output_name]))
+                   for b in batches]
         out["runs"][name] = conformance.gather(batches, outputs, len(row_plan.images))
     return out
 
