@@ -223,6 +223,8 @@ def test_precision_result_uses_the_runtime_account_of_a_deployment():
     half_graph = result({"layers": [fp32, fp32, fp32, i8]}, {"share": 0.5, "layers": []})
     assert half_graph["status"] == Status.PASSED and half_graph["required"] == 0.25  # 1/4 >= 0.5 x 0.5
     assert result({"layers": []})["status"] == Status.SKIPPED
+    only_relu = result({"layers": [relu]})  # a model without a convolution or matrix product (a constant model)
+    assert only_relu["status"] == Status.SKIPPED and "no matrix layer" in only_relu["reason"]
     assert result({"error": "boom"}) == {"status": Status.ERROR, "reason": "boom"}
     assert result({"layers": [i8]}, {"error": "no graph"}) == {"status": Status.ERROR, "reason": "no graph"}
 

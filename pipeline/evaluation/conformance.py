@@ -250,7 +250,8 @@ def precision_result(claimed: str | None, deploys: bool, runs: dict, min_share: 
     records = [Layer(**layer) for layer in records]
     shares = matrix_shares(records)
     runtime_share = shares.get(claimed, 0.0) if records and claimed else None
-    verdict = judge_claim(claimed, runtime_share, graph["share"], min_share)
+    no_matrix = bool(records) and not shares  # the runtime ran layers, none a matrix layer: nothing to hold
+    verdict = judge_claim(claimed, runtime_share, None if no_matrix else graph["share"], min_share)
     result = {"status": verdict.status, "claimed": claimed, "source": source,
               "matrix_layers": sum(1 for r in records if r.matrix), "shares": shares, "graph_share": graph["share"],
               "required": verdict.required, "layers": [r.to_json() for r in records]}
