@@ -139,7 +139,7 @@ def test_report_renders_in_headless_browser(report_html, tmp_path):
     dom = subprocess.run([exe, *flags, "--dump-dom", report_html.as_uri()], capture_output=True, text=True,
                          timeout=120, check=False)
     assert dom.returncode == 0, dom.stderr[-2000:]
-    assert 'data-images-loaded="3"' in dom.stdout  # every embedded plot decoded in the browser
+    assert 'data-images-loaded="4"' in dom.stdout  # every embedded plot decoded (the same 4 as above)
     assert dom.stdout.count("<table>") >= 4
     shot = tmp_path / "page.png"
     subprocess.run([exe, *flags, f"--screenshot={shot}", "--window-size=1200,2400", report_html.as_uri()],
