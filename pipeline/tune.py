@@ -41,7 +41,7 @@ from pipeline.core.errors import BackendUnavailable, CheckFailed, UsageError
 from pipeline.core.run import RunDir, StageRecord, write_json
 from pipeline.core.status import Status
 from pipeline.evaluation import candidates
-from pipeline.precision import fallback, int8, plugs, sensitivity
+from pipeline.precision import fallback, int8, plugs, qat, sensitivity
 from pipeline.precision.plugs import Precision
 from pipeline.precision.sensitivity import Candidate
 from pipeline.reports import tune_report
@@ -287,6 +287,9 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, tune: bool = False
     ``precision``: ``tune --precision`` (else ``tune.precision``)."""
     start = time.perf_counter()
     plug = _plug(cfg, precision or cfg.tune.precision)
+    if plug.trainable and cfg.tune.qat == "on":  # before any work: a rung asked for that cannot run here (exit 2, 3)
+        qat_recipe.check(cfg)
+    qat_missing = _qat_missing(cfg, plug)
     t = Tuner(cfg, run_dir, plug)
     runs = [tune_method(t, method) for method in plug.methods(cfg)]
     incumbent = _incumbent(t, runs)
@@ -298,7 +301,8 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, tune: bool = False
     ptq_chosen = chosen
     # The speed gate's own setting: with --no-speed-gate (all --tune) auto escalates only when no PTQ mix passes.
     wanted, qat_why = qat_wanted(cfg.tune.qat if plug.trainable else "off", chosen is not None,
-                                 tune_report.speed_failure(payload, None if no_speed_gate else cfg.tune.min_speedup))
+                                 tune_report.speed_failure(payload, None if no_speed_gate else cfg.tune.min_speedup),
+                                 low_layers=max(len(r["layers"]) for r in runs), missing=qat_missing)
     qat_cand = _qat_rung(t, runs) if wanted else None
     chosen, why = _with_qat(t, chosen, why, qat_cand)
     t.seconds["total"] = time.perf_counter() - start
@@ -331,18 +335,35 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, tune: bool = False
 # --------------------------------------------------------------------------- the third rung: QAT
 
 
-def qat_wanted(mode: str, ptq_passed: bool, speed_failure: str) -> tuple[bool, str]:
-    """Whether tune runs QAT (``tune.qat``), and why: ``on`` always, ``off`` never, ``auto`` only when no PTQ mix
-    passes the gate with ``tune.min_speedup`` (none passes, or the fastest that does is too slow)."""
+def qat_wanted(mode: str, ptq_passed: bool, speed_failure: str, *, low_layers: int,
+               missing: str = "") -> tuple[bool, str]:
+    """Whether tune runs QAT (``tune.qat``), and why: ``off`` never; never where PTQ's placement puts no layer in
+    INT8 (``low_layers`` 0: QAT fine-tunes only where PTQ quantizes, so it would time the FP32 network again);
+    ``on`` otherwise always, ``auto`` only when no PTQ mix passes the gate with ``tune.min_speedup`` (none passes,
+    or the fastest that does is too slow), and only where ModelOpt's PyTorch side imports (``missing``: why not;
+    said in tune.md, never silent)."""
     if mode == "off":
         return False, "tune.qat=off"
+    if low_layers == 0:
+        return False, ("PTQ's placement puts no layer in INT8 (export.int8.op_types_to_exclude, the fallback's "
+                       "fp32_nodes): QAT fine-tunes only where PTQ quantizes, so there is nothing to fine-tune")
     if mode == "on":
         return True, "tune.qat=on"
-    if not ptq_passed:
-        return True, "no PTQ mix passes the gate (tune.qat=auto)"
-    if speed_failure:
-        return True, f"the best PTQ mix is too slow: {speed_failure} (tune.qat=auto)"
+    need = ("no PTQ mix passes the gate" if not ptq_passed else
+            f"the best PTQ mix is too slow: {speed_failure}" if speed_failure else "")
+    if need and missing:
+        return False, f"{need}, but QAT cannot run here: {missing} (tune.qat=auto)"
+    if need:
+        return True, f"{need} (tune.qat=auto)"
     return False, "a PTQ mix passes the gate with tune.min_speedup (tune.qat=auto runs QAT only when none does)"
+
+
+def _qat_missing(cfg: Config, plug: Precision) -> str:
+    """Why QAT cannot run with this config on this machine ("" when it can, or when tune will not ask for it)."""
+    if not plug.trainable or cfg.tune.qat == "off":
+        return ""
+    reason = qat.availability()
+    return f"qat needs ModelOpt: {reason}" if reason else qat_recipe.exporter_reason(cfg)
 
 
 def _qat_rung(t: Tuner, runs: list[dict]) -> Candidate:

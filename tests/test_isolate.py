@@ -89,6 +89,20 @@ def test_benchmark_records_a_crash_and_completes(capsys, clone_run, crashing):
     assert manifest(run)["stages"]["benchmark"]["status"] == "ok"
 
 
+@pytest.mark.parametrize("name", ["fp16_emulation", "onnxrt_fp16_cpu", "openvino_fp32"])
+def test_no_isolated_child_imports_torch(clone_run, name):
+    """Every native runner's child starts without torch (its import was two of the emulations' 2.2 s starts, a fifth
+    of the whole suite's time): what a child imports is what every verify candidate pays."""
+    run = clone_run()
+    cfg = config.resolve(overrides=["model.name=tiny_cnn", *TINY])
+    card = json.loads((run / "model.json").read_text())
+    ctx = backends.Context(cfg, RunDir(run), "verify", card["spec"])
+    runner = isolate.runner_for(backends.by_name(name), ctx)
+    with runner:
+        runner.infer({card["spec"]["input_name"]: np.zeros((1, 3, 16, 16), np.float32)})
+    assert runner.torch_imported is False
+
+
 def test_isolated_runner_gives_the_same_outputs_without_torch_in_the_child(clone_run):
     run = clone_run()
     cfg = config.resolve(overrides=["model.name=tiny_cnn", *TINY])

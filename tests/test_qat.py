@@ -66,6 +66,29 @@ def test_placement_maps_qdq_to_modules_through_shape_only_ops():
     assert qat.module_of("/layer1/layer1.0/conv1/Conv") == "layer1.0.conv1" and qat.module_of("/Flatten") is None
 
 
+@pytest.mark.parametrize("name", ["mobilenet_v3_small", "resnet18", "vit_micro", "tiny_cnn"])
+def test_every_matrix_node_maps_to_its_own_module(name, tmp_path):
+    """The scopes TorchScript's export writes (nested containers: MobileNetV3's features.3.block.1.0; attributes:
+    ResNet's layer1.0.conv1; ViT's blocks.0.attn.qkv) name the module each Conv, Gemm and MatMul of a weight came
+    from; a wrong path leaves that layer's quantizers out of QAT."""
+    import models
+
+    net = models.create_model(name, num_classes=10)
+    net = (net[0] if isinstance(net, tuple) else net).eval()
+    size = 32 if models.get_spec(name).fixed_input_size else 16
+    path = tmp_path / "m.onnx"
+    torch.onnx.export(net, torch.zeros(1, 3, size, size), str(path), dynamo=False, opset_version=18)
+    graph = onnx.load(str(path)).graph
+    weights = {i.name for i in graph.initializer}
+    modules = dict(net.named_modules())
+    layers = [n for n in graph.node if n.op_type in ("Conv", "Gemm") or (n.op_type == "MatMul" and n.input[1] in
+                                                                           weights)]
+    assert layers
+    for node in layers:
+        module = modules.get(qat.module_of(node.name))
+        assert isinstance(module, (torch.nn.Conv2d, torch.nn.Linear)), (node.name, qat.module_of(node.name))
+
+
 def test_transfer_ranges_copies_activation_scales_only():
     template, target = _qdq_graph(0.5), _qdq_graph(0.25)
     for init in target.graph.initializer:
@@ -89,7 +112,17 @@ def test_distillation_is_zero_when_the_student_is_the_teacher():
     ("off", False, "", False), ("on", True, "", True), ("auto", False, "", True), ("auto", True, "too slow", True),
     ("auto", True, "", False)])
 def test_tune_runs_qat_only_when_no_ptq_mix_passes_with_min_speedup(mode, passed, slow, runs):
-    assert qat_wanted(mode, passed, slow)[0] is runs
+    assert qat_wanted(mode, passed, slow, low_layers=3)[0] is runs
+
+
+@pytest.mark.parametrize("mode", ["on", "auto"])
+@pytest.mark.parametrize("passed", [True, False])
+def test_tune_never_runs_qat_where_ptq_puts_no_layer_in_int8(mode, passed):
+    """QAT fine-tunes only where PTQ quantizes: with no layer in INT8 it would time the FP32 network again (noise once
+    made that look 1.6x faster than FP32 and passed the speed gate)."""
+    wanted, why = qat_wanted(mode, passed, "too slow", low_layers=0)
+    assert not wanted and "puts no layer in INT8" in why
+    assert qat_wanted(mode, passed, "too slow", low_layers=1)[0]
 
 
 # --------------------------------------------------------------------------- the stage
@@ -156,6 +189,21 @@ def test_qat_refuses_a_run_without_int8_and_needs_a_trained_model(trained, tmp_p
     assert "export.int8.enabled is false" in capsys.readouterr().err
     assert cli("qat", "--run-dir", tmp_path / "empty", "--model", "tiny_cnn") == 2
     assert "train" in capsys.readouterr().err  # the stage to run first
+
+
+def test_tune_auto_says_why_qat_did_not_run_where_modelopts_torch_side_is_missing():
+    """auto: the rung is wanted but cannot run; tune goes on with PTQ's answer and says why (never silent)."""
+    wanted, why = qat_wanted("auto", False, "", low_layers=2, missing="qat needs ModelOpt: no requests")
+    assert not wanted and why.startswith("no PTQ mix passes the gate, but QAT cannot run here: qat needs ModelOpt")
+    assert qat_wanted("auto", True, "", low_layers=2, missing="no requests")[0] is False  # not wanted anyway
+
+
+def test_tune_qat_on_without_modelopts_torch_side_exits_3_before_any_work(trained, tmp_path, capsys, monkeypatch):
+    run = copy_run(trained("tiny_cnn"), tmp_path)
+    monkeypatch.setattr(qat, "availability", lambda: "No module named 'requests'; install the qat extra")
+    assert cli("tune", "--run-dir", run, *TRAINED, "tune.qat=on") == 3
+    assert "No module named 'requests'" in capsys.readouterr().err
+    assert not (run / "tune.json").exists()  # refused before any mix was judged
 
 
 def test_tune_third_rung_judges_and_times_qat_beside_ptq(trained, tmp_path):

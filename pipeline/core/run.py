@@ -35,10 +35,19 @@ from pipeline.core.errors import (
     disk_full_cause,
     is_interrupt,
 )
-from pipeline.core.schema import NOFOLLOW, open_confined
 
 # CONFIG: re-exported for callers
 from pipeline.core.status import Status
+
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # as pipeline.core.schema's
+
+
+def open_confined(path: str | Path):
+    """:func:`pipeline.core.schema.open_confined`, imported on first use: pydantic (a fifth of a second) stays out
+    of the isolate child, which reads nothing untrusted."""
+    from pipeline.core.schema import open_confined as confined_open
+
+    return confined_open(path)
 
 if TYPE_CHECKING:  # annotations only; pydantic is imported where a record is read: `--help` stays light
     from pipeline.core.config_schema import Config

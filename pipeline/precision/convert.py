@@ -14,7 +14,6 @@ import onnx
 
 from pipeline.core import onnx_io, provenance
 from pipeline.core.artifacts import CALIBRATION, FP32_ONNX, INT8_ONNX
-from pipeline.core.data import validation_batch
 from pipeline.core.run import RunDir, atomic_path, install, scratch_folder
 from pipeline.precision import fallback, fp16, int8
 
@@ -24,6 +23,14 @@ if TYPE_CHECKING:  # annotations only
 log = logging.getLogger("pipeline")
 
 
+def _calibration_images(cfg: Config, card: dict, count: int):
+    """:func:`pipeline.core.data.validation_batch`, imported here: it needs torch, and the verify child that builds
+    an emulation graph from this module's plugs must not pay torch's import (two seconds of every start)."""
+    from pipeline.core.data import validation_batch
+
+    return validation_batch(cfg, card, count)
+
+
 def quantize_int8(cfg: Config, run_dir: RunDir, card: dict, out_of_int8: list[str], plug, out_name: str = INT8_ONNX,
                   fp32_nodes: list[str] = (), calibration_method: str | None = None) -> dict:
     """ModelOpt INT8 PTQ of ``model.onnx`` into ``out_name``, calibrated on real validation images; the
@@ -31,7 +38,7 @@ def quantize_int8(cfg: Config, run_dir: RunDir, card: dict, out_of_int8: list[st
     method: ``calibration_method``, else the one tune chose (``plug``'s fallback file), else the config's."""
     method = calibration_method or fallback.calibration_method(run_dir, plug) or cfg.export.int8.calibration_method
     ic = cfg.export.int8.model_copy(update={"calibration_method": method})
-    images, _ = validation_batch(cfg, card, ic.calibration_samples)
+    images, _ = _calibration_images(cfg, card, ic.calibration_samples)
     # ModelOpt rewrites its input in place and writes intermediates beside it: it gets a private copy.
     with scratch_folder(run_dir.file(FP32_ONNX)) as scratch:
         fp32_copy, quantized = scratch / FP32_ONNX, scratch / out_name
@@ -53,7 +60,7 @@ def convert_float(cfg: Config, run_dir: RunDir, card: dict, plug, fp32_nodes: li
     fc = getattr(cfg.export, plug.name)
     calib_path = run_dir.file(CALIBRATION)
     if fc.range_rule:
-        images, _ = validation_batch(cfg, card, fc.calibration_samples)
+        images, _ = _calibration_images(cfg, card, fc.calibration_samples)
         with atomic_path(calib_path) as tmp:
             with open(tmp, "wb") as f:
                 np.savez(f, **{card["spec"]["input_name"]: images})

@@ -66,12 +66,16 @@ class Placement:
 
 
 def module_of(node_name: str) -> str | None:
-    """The module path of a TorchScript-exported node; None at the top level. Its scopes name each level either by
-    the full path (``/features/features.0/Conv``: ``features.0``) or by the attribute (``/layer1/layer1.0/conv1/Conv``:
-    ``layer1.0.conv1``)."""
-    path = ""
+    """The module path of a TorchScript-exported node; None at the top level. A scope either names a child by its
+    attribute (``conv1``, ``block``), or extends the scope before it by the children of a container, relative to the
+    module that holds that container: ``/layer1/layer1.0/conv1/Conv`` is ``layer1.0.conv1``, and
+    ``/features/features.3/block/block.1/block.1.0/Conv`` (MobileNetV3) is ``features.3.block.1.0``."""
+    path, anchor, previous = "", "", None
     for scope in node_name.split("/")[1:-1]:
-        path = scope if not path or scope.startswith(path + ".") else f"{path}.{scope}"
+        if previous is None or not scope.startswith(previous + "."):
+            anchor = path  # a fresh attribute: the module it is an attribute of
+        path = f"{anchor}.{scope}" if anchor else scope
+        previous = scope
     return path or None
 
 

@@ -69,9 +69,9 @@ def ladder(t, runs: list[dict], ptq_chosen: Candidate | None, qat: Candidate | N
     total = len(run["layers"])
     all_low = next((c for c in run["candidates"] if not c.high and c.origin != "QAT"), None)
 
-    def rung(name: str, c: Candidate | None, int8_layers: int | None) -> dict:
+    def rung(name: str, c: Candidate | None, int8_layers: int | None, why_not: str = "not run") -> dict:
         if c is None:
-            return {"rung": name, "ran": False}
+            return {"rung": name, "ran": False, "why_not": why_not}
         r = c.result
         return {"rung": name, "ran": True, "origin": c.origin, "calibration": c.calibration,
                 "int8_layers": int8_layers, "layers": total, "status": r.get("status"),
@@ -80,7 +80,8 @@ def ladder(t, runs: list[dict], ptq_chosen: Candidate | None, qat: Candidate | N
 
     return {"qat_ran": qat is not None, "qat_why": qat_why, "rungs": [
         rung("PTQ (every layer INT8)", all_low, total),
-        rung("best PTQ mix", ptq_chosen, total - len(ptq_chosen.high) if ptq_chosen else None),
+        rung("best PTQ mix", ptq_chosen, total - len(ptq_chosen.high) if ptq_chosen else None,
+             "none passes the gate"),
         rung("QAT", qat, qat.result.get("int8_layers") if qat else None)]}
 
 
@@ -89,7 +90,8 @@ def _ladder_table(p: dict) -> Table:
     rows = []
     for r in p["ladder"]["rungs"]:
         if not r["ran"]:
-            rows.append((Cell(r["rung"]), *(Cell("not run") for _ in range(5 + len(batches)))))
+            why = r.get("why_not", "not run")
+            rows.append((Cell(r["rung"]), Cell("-"), Cell(why), *(Cell("-") for _ in range(3 + len(batches)))))
             continue
         rows.append((Cell(r["rung"]), Cell(f"{r['int8_layers']} of {r['layers']}"),
                      Cell(r["status"] or "-", status=r["status"]), Cell(fmt(r["scaled_error"])),

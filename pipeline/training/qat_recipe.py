@@ -118,13 +118,19 @@ def qat_config(cfg: Config) -> Config:
     return cfg.model_copy(update={"train": tc})
 
 
+def exporter_reason(cfg: Config) -> str:
+    """"" when QAT can map PTQ's Q/DQ nodes to modules with this config's exporter; else why not."""
+    return "" if cfg.export.exporter == "torchscript" else (
+        "qat maps PTQ's Q/DQ nodes to modules by the TorchScript exporter's node names: set "
+        "export.exporter=torchscript")
+
+
 def check(cfg: Config) -> None:
     """Refuse, with the reason, a config or machine QAT cannot run with (exit 2 or 3)."""
     if not PLUG.enabled(cfg):
         raise UsageError("qat writes model.int8.onnx, but export.int8.enabled is false (set it to true)")
-    if cfg.export.exporter != "torchscript":
-        raise UsageError("qat maps PTQ's Q/DQ nodes to modules by the TorchScript exporter's node names: set "
-                         "export.exporter=torchscript")
+    if exporter_reason(cfg):
+        raise UsageError(exporter_reason(cfg))
     for reason in (int8.availability(), qat.availability()):
         if reason:
             raise BackendUnavailable(f"qat needs ModelOpt: {reason}")
