@@ -3,6 +3,8 @@ pipeline/evaluation/batching.py."""
 
 import json
 
+import numpy as np
+
 from conftest import ROOT, TINY, cli
 
 
@@ -59,3 +61,50 @@ def test_the_other_batch_sizes_run_on_the_main_checks_runner(clone_run, monkeypa
     assert cli("verify", "--run-dir", run) == 0
     assert len(starts) >= 3 and len(starts) == len(set(starts)), starts
     assert {r["status"] for r in _rows(run, "onnxrt_fp32").values()} == {"passed"}
+
+
+def test_a_batch_asked_twice_in_one_check_runs_once(clone_run, monkeypatch):
+    """The batch-size check's batch 1 and the conformance check's "alone" ask the same first images; the main check's
+    first batch and the conformance "batch" ask the same full batch: each distinct batch reaches the runtime once."""
+    from pipeline.runtime import isolate
+
+    asked = []
+    real = isolate.Isolated.infer_impl
+
+    def spy(self, feed):
+        if self.backend.name == "onnxrt_fp32":
+            asked.append(b"".join(np.ascontiguousarray(v).tobytes() for v in feed.values()))
+        return real(self, feed)
+
+    monkeypatch.setattr(isolate.Isolated, "infer_impl", spy)
+    run = clone_run()
+    assert cli("verify", "--run-dir", run) == 0
+    assert asked and len(asked) == len(set(asked))
+    assert {r["status"] for r in _rows(run, "onnxrt_fp32").values()} == {"passed"}
+
+
+def test_an_answer_given_again_is_a_copy_of_the_first():
+    from collections import OrderedDict
+
+    from pipeline.runtime.runners import Answered
+
+    class Runner:
+        calls = 0
+
+        def infer(self, feed):
+            Runner.calls += 1
+            return OrderedDict(y=feed["x"] * 2)
+
+        def batch_reason(self, size):
+            return f"no {size}"
+
+    asked = Answered(Runner())
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    first = asked.infer({"x": x})
+    first["y"][:] = -1  # a caller that writes into what it got back
+    again = asked.infer({"x": x.copy()})
+    np.testing.assert_array_equal(again["y"], x * 2)
+    assert Runner.calls == 1 and asked.batch_reason(4) == "no 4"
+    asked.infer({"x": x.astype(np.float64)})  # the same values in another type: another feed
+    asked.infer({"x": x[:1]})
+    assert Runner.calls == 3

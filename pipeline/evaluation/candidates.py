@@ -26,7 +26,7 @@ from pipeline.reports import verify_report
 from pipeline.runtime import backends, isolate, localize
 from pipeline.runtime.backends import Backend, Context
 from pipeline.runtime.isolate import Crashed
-from pipeline.runtime.runners import TorchRunner, collect, infer_all
+from pipeline.runtime.runners import Answered, TorchRunner, collect, infer_all
 
 if TYPE_CHECKING:  # annotations only
     from pipeline.core.config_schema import Config
@@ -93,9 +93,10 @@ def _judge(chk: Check, ctx: Context, evidence: Evidence, gate: dict, batch_feeds
     try:
         runner = isolate.runner_for(chk.backend, ctx)  # native runtimes: in a child process (pipeline.runtime.isolate)
         with runner:
-            outputs = infer_all(runner, evidence.feeds)
-            chk.batch_runs = _batch_runs(runner, chk, ctx, batch_feeds)
-            chk.conformance_runs = conformance_runs.run(runner, chk, ctx, rows)
+            asked = Answered(runner)  # a batch asked twice (batch sizes, conformance) is answered once
+            outputs = infer_all(asked, evidence.feeds)
+            chk.batch_runs = _batch_runs(asked, chk, ctx, batch_feeds)
+            chk.conformance_runs = conformance_runs.run(asked, chk, ctx, rows)
     except InputError:
         raise
     except Crashed as exc:  # the child died (a segfault in the runtime): a "crashed" row, the others go on

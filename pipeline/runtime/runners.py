@@ -20,6 +20,7 @@ checks the sidecar first.
 from __future__ import annotations
 
 import copy
+import hashlib
 import re
 import time
 from collections import OrderedDict
@@ -883,6 +884,30 @@ def check_runs_in(compiled, hint: str) -> None:
     if matrix and hint not in ran:
         raise RuntimeError(f"OpenVINO compiled the model with INFERENCE_PRECISION_HINT={hint} but no layer runs in "
                            f"{hint} (runtime precisions: {', '.join(sorted(ran))})")
+
+
+class Answered:
+    """An active runner that answers a feed it has already answered, in one candidate's check, with a copy of that
+    first answer. verify asks some batches twice: each of the first images alone (the batch-size check at batch 1,
+    and the conformance check's "alone"), and the first full batch (the main check, and the conformance check's
+    "batch"); the same bytes through the same active runtime a second time add time, not evidence. Every other
+    attribute is the runner's own."""
+
+    def __init__(self, runner):
+        self.runner, self.answers = runner, {}
+
+    def __getattr__(self, name: str):
+        return getattr(self.runner, name)
+
+    def infer(self, feed: dict) -> OrderedDict:
+        key = tuple((name, *_fingerprint(np.asarray(value))) for name, value in sorted(feed.items()))
+        if key not in self.answers:
+            self.answers[key] = OrderedDict((k, np.array(to_numpy(v))) for k, v in self.runner.infer(feed).items())
+        return OrderedDict((k, v.copy()) for k, v in self.answers[key].items())
+
+
+def _fingerprint(array: np.ndarray) -> tuple:
+    return array.shape, array.dtype.str, hashlib.blake2b(np.ascontiguousarray(array).data, digest_size=16).digest()
 
 
 def collect(runner, feeds: list[dict]) -> list[OrderedDict]:
