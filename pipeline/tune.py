@@ -41,7 +41,7 @@ from pipeline.core.errors import BackendUnavailable, CheckFailed, UsageError
 from pipeline.core.run import RunDir, StageRecord, write_json
 from pipeline.core.status import Status
 from pipeline.evaluation import candidates
-from pipeline.precision import fallback, int8, plugs, qat, sensitivity
+from pipeline.precision import fallback, int8, plugs, qat, qat_rung, sensitivity
 from pipeline.precision.plugs import Precision
 from pipeline.precision.sensitivity import Candidate
 from pipeline.reports import tune_report
@@ -300,11 +300,12 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, tune: bool = False
     payload = tune_report.payload(cfg, t, runs, baseline, chosen, why, fronts)
     ptq_chosen = chosen
     # The speed gate's own setting: with --no-speed-gate (all --tune) auto escalates only when no PTQ mix passes.
-    wanted, qat_why = qat_wanted(cfg.tune.qat if plug.trainable else "off", chosen is not None,
+    wanted, qat_why = qat_rung.qat_wanted(cfg.tune.qat if plug.trainable else "off", chosen is not None,
                                  tune_report.speed_failure(payload, None if no_speed_gate else cfg.tune.min_speedup),
                                  low_layers=max(len(r["layers"]) for r in runs), missing=qat_missing)
     qat_cand = _qat_rung(t, runs) if wanted else None
-    chosen, why = _with_qat(t, chosen, why, qat_cand)
+    chosen, why = qat_rung.with_qat(chosen, why, qat_cand, t.batches if t.target["timing"] is not None else [],
+                                       cfg.tune.same_speed)
     t.seconds["total"] = time.perf_counter() - start
     payload = tune_report.payload(cfg, t, runs, baseline, chosen, why, fronts)
     payload["ladder"] = tune_report.ladder(t, runs, ptq_chosen, qat_cand, qat_why)
@@ -335,29 +336,6 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, tune: bool = False
 # --------------------------------------------------------------------------- the third rung: QAT
 
 
-def qat_wanted(mode: str, ptq_passed: bool, speed_failure: str, *, low_layers: int,
-               missing: str = "") -> tuple[bool, str]:
-    """Whether tune runs QAT (``tune.qat``), and why: ``off`` never; never where PTQ's placement puts no layer in
-    INT8 (``low_layers`` 0: QAT fine-tunes only where PTQ quantizes, so it would time the FP32 network again);
-    ``on`` otherwise always, ``auto`` only when no PTQ mix passes the gate with ``tune.min_speedup`` (none passes,
-    or the fastest that does is too slow), and only where ModelOpt's PyTorch side imports (``missing``: why not;
-    said in tune.md, never silent)."""
-    if mode == "off":
-        return False, "tune.qat=off"
-    if low_layers == 0:
-        return False, ("PTQ's placement puts no layer in INT8 (export.int8.op_types_to_exclude, the fallback's "
-                       "fp32_nodes): QAT fine-tunes only where PTQ quantizes, so there is nothing to fine-tune")
-    if mode == "on":
-        return True, "tune.qat=on"
-    need = ("no PTQ mix passes the gate" if not ptq_passed else
-            f"the best PTQ mix is too slow: {speed_failure}" if speed_failure else "")
-    if need and missing:
-        return False, f"{need}, but QAT cannot run here: {missing} (tune.qat=auto)"
-    if need:
-        return True, f"{need} (tune.qat=auto)"
-    return False, "a PTQ mix passes the gate with tune.min_speedup (tune.qat=auto runs QAT only when none does)"
-
-
 def _qat_missing(cfg: Config, plug: Precision) -> str:
     """Why QAT cannot run with this config on this machine ("" when it can, or when tune will not ask for it)."""
     if not plug.trainable or cfg.tune.qat == "off":
@@ -386,22 +364,6 @@ def _qat_rung(t: Tuner, runs: list[dict]) -> Candidate:
     cand.result["int8_layers"] = details["int8_layers"]
     next((r for r in runs if r["method"] == method), runs[0])["candidates"].append(cand)
     return cand
-
-
-def _with_qat(t: Tuner, chosen: Candidate | None, why: str, qat_cand: Candidate | None) -> tuple[Candidate | None, str]:
-    """The fastest that passes, PTQ's pick or QAT's graph (within ``tune.same_speed``: QAT, with more layers in
-    INT8); untimed, QAT's (no layer raised) when it passes."""
-    if qat_cand is None or not qat_cand.passed:
-        return chosen, why
-    if chosen is None:
-        return qat_cand, "QAT's graph: no PTQ mix passes the gate"
-    batches = t.batches if t.target["timing"] is not None else []
-    slower = [b for b in batches if qat_cand.latency_ms[b] > chosen.latency_ms[b] * (1 + t.cfg.tune.same_speed)]
-    if slower:
-        return chosen, why + f"; QAT's graph passes but is slower at batch {slower[0]}"
-    lat = ", ".join(f"{qat_cand.latency_ms[b]:.3f} ms at batch {b}" for b in batches) or "speed not measured"
-    return qat_cand, (f"QAT's graph passes with every layer in INT8 and is as fast as the best PTQ mix or faster "
-                      f"({lat}; the PTQ mix raised {len(chosen.high)} layers)")
 
 
 def _plug(cfg: Config, precision: str) -> Precision:

@@ -18,7 +18,6 @@ from pipeline.core.run import sha256_file
 from pipeline.precision import int8, qat
 from pipeline.training import qat_recipe
 from pipeline.training.checkpoint import load_checkpoint
-from pipeline.tune import qat_wanted
 
 pytestmark = pytest.mark.skipif(bool(qat.availability()), reason=qat.availability() or "")
 
@@ -108,23 +107,6 @@ def test_distillation_is_zero_when_the_student_is_the_teacher():
     assert qat.distillation_loss(logits, logits.flip(1), labels, temperature=2.0, label_weight=0.0).item() > 0
 
 
-@pytest.mark.parametrize(("mode", "passed", "slow", "runs"), [
-    ("off", False, "", False), ("on", True, "", True), ("auto", False, "", True), ("auto", True, "too slow", True),
-    ("auto", True, "", False)])
-def test_tune_runs_qat_only_when_no_ptq_mix_passes_with_min_speedup(mode, passed, slow, runs):
-    assert qat_wanted(mode, passed, slow, low_layers=3)[0] is runs
-
-
-@pytest.mark.parametrize("mode", ["on", "auto"])
-@pytest.mark.parametrize("passed", [True, False])
-def test_tune_never_runs_qat_where_ptq_puts_no_layer_in_int8(mode, passed):
-    """QAT fine-tunes only where PTQ quantizes: with no layer in INT8 it would time the FP32 network again (noise once
-    made that look 1.6x faster than FP32 and passed the speed gate)."""
-    wanted, why = qat_wanted(mode, passed, "too slow", low_layers=0)
-    assert not wanted and "puts no layer in INT8" in why
-    assert qat_wanted(mode, passed, "too slow", low_layers=1)[0]
-
-
 # --------------------------------------------------------------------------- the stage
 
 
@@ -189,13 +171,6 @@ def test_qat_refuses_a_run_without_int8_and_needs_a_trained_model(trained, tmp_p
     assert "export.int8.enabled is false" in capsys.readouterr().err
     assert cli("qat", "--run-dir", tmp_path / "empty", "--model", "tiny_cnn") == 2
     assert "train" in capsys.readouterr().err  # the stage to run first
-
-
-def test_tune_auto_says_why_qat_did_not_run_where_modelopts_torch_side_is_missing():
-    """auto: the rung is wanted but cannot run; tune goes on with PTQ's answer and says why (never silent)."""
-    wanted, why = qat_wanted("auto", False, "", low_layers=2, missing="qat needs ModelOpt: no requests")
-    assert not wanted and why.startswith("no PTQ mix passes the gate, but QAT cannot run here: qat needs ModelOpt")
-    assert qat_wanted("auto", True, "", low_layers=2, missing="no requests")[0] is False  # not wanted anyway
 
 
 def test_tune_qat_on_without_modelopts_torch_side_exits_3_before_any_work(trained, tmp_path, capsys, monkeypatch):

@@ -14,7 +14,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from pipeline.precision import plugs, sensitivity
+from pipeline.precision import plugs, qat_rung, sensitivity
 from pipeline.precision.sensitivity import Candidate
 
 FAST = settings(max_examples=120, deadline=None)
@@ -567,3 +567,75 @@ def test_the_incumbent_rule_defaults_to_five_percent_and_confirmation_passes_the
     assert sensitivity.confirmed([kept, pick], [1, 8], 0.0, lambda p: True, kept)[0] is pick
     assert sensitivity.confirmed([kept, pick], [1, 8], 0.05, lambda p: True, kept)[0] is kept
 
+
+
+# --------------------------------------------------------------------------- the third rung: QAT
+
+
+@pytest.mark.parametrize(("mode", "passed", "slow", "runs"), [
+    ("off", False, "", False), ("on", True, "", True), ("auto", False, "", True), ("auto", True, "too slow", True),
+    ("auto", True, "", False)])
+def test_tune_runs_qat_only_when_no_ptq_mix_passes_with_min_speedup(mode, passed, slow, runs):
+    wanted, why = qat_rung.qat_wanted(mode, passed, slow, low_layers=3)
+    assert wanted is runs and f"tune.qat={mode}" in why
+    if mode in ("on", "off"):
+        assert why == f"tune.qat={mode}"
+    if mode == "auto" and runs:
+        assert why.startswith("no PTQ mix passes the gate" if not passed else "the best PTQ mix is too slow: too slow")
+
+
+@pytest.mark.parametrize("mode", ["on", "auto"])
+@pytest.mark.parametrize("passed", [True, False])
+def test_tune_never_runs_qat_where_ptq_puts_no_layer_in_int8(mode, passed):
+    """QAT fine-tunes only where PTQ quantizes: with no layer in INT8 it would time the FP32 network again (noise once
+    made that look 1.6x faster than FP32 and passed the speed gate)."""
+    wanted, why = qat_rung.qat_wanted(mode, passed, "too slow", low_layers=0)
+    assert (wanted, why) == (False, "PTQ's placement puts no layer in INT8 (export.int8.op_types_to_exclude, the "
+                                    "fallback's fp32_nodes): QAT fine-tunes only where PTQ quantizes, so there is "
+                                    "nothing to fine-tune")
+    assert qat_rung.qat_wanted(mode, passed, "too slow", low_layers=1)[0]
+    assert qat_rung.qat_wanted("off", passed, "too slow", low_layers=0) == (False, "tune.qat=off")
+
+
+def test_tune_auto_says_why_qat_did_not_run_where_modelopts_torch_side_is_missing():
+    """auto: the rung is wanted but cannot run; tune goes on with PTQ's answer and says why (never silent)."""
+    wanted, why = qat_rung.qat_wanted("auto", False, "", low_layers=2, missing="qat needs ModelOpt: no requests")
+    assert (wanted, why) == (False, "no PTQ mix passes the gate, but QAT cannot run here: qat needs ModelOpt: no "
+                                    "requests (tune.qat=auto)")
+    assert qat_rung.qat_wanted("auto", True, "", low_layers=2, missing="x")[0] is False  # not wanted anyway
+    assert qat_rung.qat_wanted("auto", True, "", low_layers=2)[1].startswith("a PTQ mix passes the gate")
+
+
+qat_graphs = st.builds(lambda status, ms: Candidate([], "QAT", {"status": status}, ms),
+                       st.sampled_from(["passed", "failed"]),
+                       st.fixed_dictionaries({1: st.floats(0.1, 10), 8: st.floats(0.1, 10)}))
+
+
+@given(st.one_of(st.none(), mixes), st.one_of(st.none(), qat_graphs),
+       st.sampled_from([[1], [1, 8], []]), st.floats(0, 0.2))
+def test_qat_is_chosen_only_when_it_passes_and_is_no_slower_than_ptqs_pick(ptq, qat, batches, same_speed):
+    if ptq is not None:
+        ptq.latency_ms = {1: 1.0, 8: 4.0}
+    chosen, why = qat_rung.with_qat(ptq, "ptq's reason", qat, batches, same_speed)
+    if qat is None or not qat.passed:
+        assert (chosen, why) == (ptq, "ptq's reason")
+    elif ptq is None:
+        assert chosen is qat and why == "QAT's graph: no PTQ mix passes the gate"
+    else:
+        no_slower = all(qat.latency_ms[b] <= ptq.latency_ms[b] * (1 + same_speed) for b in batches)
+        assert chosen is (qat if no_slower else ptq)
+        assert ("slower at batch" in why) is not no_slower
+
+
+def test_with_qat_by_hand():
+    ptq = cand(2, ms={1: 1.0, 8: 4.0})
+    fast = Candidate([], "QAT", {"status": "passed"}, {1: 1.04, 8: 3.0})
+    assert qat_rung.with_qat(ptq, "p", fast, [1, 8], 0.05) == (
+        fast, "QAT's graph passes with every layer in INT8 and is as fast as the best PTQ mix or faster (1.040 ms at "
+              "batch 1, 3.000 ms at batch 8; the PTQ mix raised 2 layers)")
+    tie = Candidate([], "QAT", {"status": "passed"}, {1: 1.0, 8: 4.0})  # exactly as fast: no slower, QAT's
+    assert qat_rung.with_qat(ptq, "p", tie, [1, 8], 0.0)[0] is tie
+    slow = Candidate([], "QAT", {"status": "passed"}, {1: 1.06, 8: 3.0})
+    assert qat_rung.with_qat(ptq, "p", slow, [1, 8], 0.05) == (ptq, "p; QAT's graph passes but is slower at batch 1")
+    assert qat_rung.with_qat(ptq, "p", slow, [], 0.05)[1].endswith("(speed not measured; the PTQ mix raised 2 "
+                                                                      "layers)")
