@@ -41,7 +41,7 @@ from pipeline.core.errors import BackendUnavailable, CheckFailed, UsageError
 from pipeline.core.run import RunDir, StageRecord, write_json
 from pipeline.core.status import Status
 from pipeline.evaluation import candidates
-from pipeline.precision import fallback, int8, plugs, qat, qat_rung, sensitivity
+from pipeline.precision import fallback, int8, plugs, qat_rung, sensitivity
 from pipeline.precision.plugs import Precision
 from pipeline.precision.sensitivity import Candidate
 from pipeline.reports import tune_report
@@ -289,7 +289,7 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, tune: bool = False
     plug = _plug(cfg, precision or cfg.tune.precision)
     if plug.trainable and cfg.tune.qat == "on":  # before any work: a rung asked for that cannot run here (exit 2, 3)
         qat_recipe.check(cfg)
-    qat_missing = _qat_missing(cfg, plug)
+    qat_missing = qat_recipe.missing(cfg) if plug.trainable and cfg.tune.qat != "off" else ""
     t = Tuner(cfg, run_dir, plug)
     runs = [tune_method(t, method) for method in plug.methods(cfg)]
     incumbent = _incumbent(t, runs)
@@ -300,9 +300,10 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, tune: bool = False
     payload = tune_report.payload(cfg, t, runs, baseline, chosen, why, fronts)
     ptq_chosen = chosen
     # The speed gate's own setting: with --no-speed-gate (all --tune) auto escalates only when no PTQ mix passes.
-    wanted, qat_why = qat_rung.qat_wanted(cfg.tune.qat if plug.trainable else "off", chosen is not None,
-                                 tune_report.speed_failure(payload, None if no_speed_gate else cfg.tune.min_speedup),
-                                 low_layers=max(len(r["layers"]) for r in runs), missing=qat_missing)
+    wanted, qat_why = qat_rung.qat_wanted(
+        cfg.tune.qat if plug.trainable else "off", chosen is not None,
+        tune_report.speed_failure(payload, None if no_speed_gate else cfg.tune.min_speedup),
+        low_layers=max(len(r["layers"]) for r in runs), missing=qat_missing)
     qat_cand = _qat_rung(t, runs) if wanted else None
     chosen, why = qat_rung.with_qat(chosen, why, qat_cand, t.batches if t.target["timing"] is not None else [],
                                        cfg.tune.same_speed)
@@ -334,14 +335,6 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, tune: bool = False
 
 
 # --------------------------------------------------------------------------- the third rung: QAT
-
-
-def _qat_missing(cfg: Config, plug: Precision) -> str:
-    """Why QAT cannot run with this config on this machine ("" when it can, or when tune will not ask for it)."""
-    if not plug.trainable or cfg.tune.qat == "off":
-        return ""
-    reason = qat.availability()
-    return f"qat needs ModelOpt: {reason}" if reason else qat_recipe.exporter_reason(cfg)
 
 
 def _qat_rung(t: Tuner, runs: list[dict]) -> Candidate:

@@ -125,12 +125,20 @@ def exporter_reason(cfg: Config) -> str:
         "export.exporter=torchscript")
 
 
+def missing(cfg: Config) -> str:
+    """Why QAT cannot run with this config on this machine ("" when it can): what :func:`check` refuses, as words
+    (tune's ``tune.qat=auto`` says it in tune.md instead of failing)."""
+    reason = int8.availability() or qat.availability()
+    return f"qat needs ModelOpt: {reason}" if reason else exporter_reason(cfg)
+
+
 def check(cfg: Config) -> None:
     """Refuse, with the reason, a config or machine QAT cannot run with (exit 2 or 3)."""
     if not PLUG.enabled(cfg):
         raise UsageError("qat writes model.int8.onnx, but export.int8.enabled is false (set it to true)")
-    if exporter_reason(cfg):
-        raise UsageError(exporter_reason(cfg))
+    reason = exporter_reason(cfg)
+    if reason:
+        raise UsageError(reason)
     for reason in (int8.availability(), qat.availability()):
         if reason:
             raise BackendUnavailable(f"qat needs ModelOpt: {reason}")
