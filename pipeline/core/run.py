@@ -220,7 +220,17 @@ def signals_held() -> Iterator[None]:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         if caught:
-            signal.raise_signal(caught[0])  # to the handler in force again: KeyboardInterrupt, usually
+            _deliver(caught[0], previous[caught[0]])
+
+
+def _deliver(signum: int, handler) -> None:
+    """The held signal, to the handler in force again, here and now: called directly when it is Python's (Python's
+    default for SIGINT raises KeyboardInterrupt at once; a signal raised again could reach another thread first and
+    the main thread only later, outside the caller's ``except``); otherwise raised again for the default action."""
+    if callable(handler):
+        handler(signum, None)
+    elif handler != signal.SIG_IGN:
+        signal.raise_signal(signum)
 
 
 def _failure(exc: Exception) -> dict:
