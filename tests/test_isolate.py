@@ -230,3 +230,64 @@ def test_a_child_that_hangs_is_killed_at_its_deadline_and_its_row_says_so(capsys
     assert rows["onnxrt_fp16_cpu"]["status"] == "crashed" and "crashed: no answer in 6 s" in err
     assert 6 <= elapsed < 60
     assert not list(run.glob(".isolate.*"))
+
+
+# --------------------------------------------------------------------------- the fork server (runtime/zygote.py)
+
+
+def _parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def _tiny_ctx(run: Path, *overrides: str) -> backends.Context:
+    cfg = config.resolve(overrides=["model.name=tiny_cnn", *TINY, *overrides])
+    return backends.Context(cfg, RunDir(run), "verify", json.loads((run / "model.json").read_text())["spec"])
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads a process's parent from /proc")
+def test_children_are_forked_from_one_server_and_answer_as_a_new_interpreter_does(clone_run):
+    run = clone_run()
+    entry = backends.by_name("onnxrt_fp32")
+    feed = {"input": np.random.default_rng(1).normal(size=(2, 3, 16, 16)).astype(np.float32)}
+    answers, parents = {}, {}
+    for fork_server in ("true", "false"):
+        ctx = _tiny_ctx(run, f"isolate.fork_server={fork_server}")
+        with isolate.Isolated(entry, ctx) as first, isolate.Isolated(entry, ctx) as second:
+            parents[fork_server] = {_parent_of(first.proc.pid), _parent_of(second.proc.pid)}
+            answers[fork_server] = first.infer(feed)["logits"]
+            assert first.torch_imported is None  # not stopped yet
+        assert first.torch_imported is False and second.torch_imported is False
+    assert len(parents["true"]) == 1 and parents["true"] != {os.getpid()}  # one server, not this process
+    assert parents["false"] == {os.getpid()}  # isolate.fork_server=false: a new interpreter, this process's child
+    np.testing.assert_array_equal(answers["true"], answers["false"])
+
+
+@pytest.mark.parametrize("fork_server", ["true", "false"])
+def test_a_segfault_is_named_with_either_way_of_starting(clone_run, crashing, fork_server):
+    crashing("start")
+    runner = isolate.Isolated(crash_backends.TABLE[0], _tiny_ctx(clone_run(), f"isolate.fork_server={fork_server}"))
+    with pytest.raises(isolate.Crashed, match="^SIGSEGV while creating the ONNX Runtime session$"):
+        runner.activate()
+    assert runner.proc is None
+
+
+def test_a_dead_server_or_a_new_loader_path_gets_a_new_server(clone_run, monkeypatch):
+    from pipeline.runtime import zygote
+
+    run = clone_run()
+    entry = backends.by_name("onnxrt_fp32")
+
+    def server_of_a_new_child() -> int:
+        with isolate.Isolated(entry, _tiny_ctx(run)) as runner:
+            return _parent_of(runner.proc.pid)
+
+    first = server_of_a_new_child()
+    assert server_of_a_new_child() == first
+    os.kill(first, signal.SIGKILL)  # the server dies: the next child comes from a new one
+    second = server_of_a_new_child()
+    assert second not in (first, os.getpid())
+    # CUDA's libraries are found through LD_LIBRARY_PATH, which the loader reads once, when a process starts.
+    monkeypatch.setenv("LD_LIBRARY_PATH", f"/opt/elsewhere{os.pathsep}{os.environ.get('LD_LIBRARY_PATH', '')}")
+    third = server_of_a_new_child()
+    assert third not in (first, second, os.getpid())
+    assert zygote._server is not None and zygote._server.proc.pid == third

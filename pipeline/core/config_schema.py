@@ -410,6 +410,9 @@ class IsolateConfig(Section):
                              "process has to answer, at least (plus a minute to start, a quarter second per image, a "
                              "timing's own length); then it is killed and its row says `crashed: no answer in N s` "
                              f"(at most {MAX_CHILD_WAIT_S:g} s)")
+    fork_server: bool = Field(True, description="fork each child from one server process that has imported the "
+                              "runtimes once (milliseconds to start, not a new interpreter's 0.3-0.4 s); false: a new "
+                              "interpreter per child")
 
 
 class CompareConfig(Section):

@@ -5,7 +5,9 @@ would kill the whole stage and leave no report. :class:`Isolated` is a runner (t
 :mod:`pipeline.runtime.runners`) whose real runner lives in a child process, ``python -m pipeline.runtime.isolate
 <folder>``. The parent keeps the PyTorch model, the reference and the verdict; the child makes
 the backend's runner from :data:`pipeline.runtime.backends.TABLE` (it never imports torch unless that
-runner needs it) and answers requests:
+runner needs it) and answers requests. The child is forked from a fork server that has imported the runtimes once
+(:mod:`pipeline.runtime.zygote`; milliseconds to start, not a new interpreter's 0.3-0.4 s), or started as a new
+interpreter where the server cannot serve (``isolate.fork_server: false``). The requests:
 
 * ``infer``: one feed in, its outputs back (verify);
 * ``time``: the timing loop of :func:`pipeline.runtime.runners.measure` over one feed, the statistics
@@ -42,6 +44,7 @@ from polygraphy.backend.base import BaseRunner
 
 from pipeline.core import artifacts, errors
 from pipeline.core.errors import first_line
+from pipeline.runtime import zygote
 from pipeline.runtime.runners import Method, Timed, measure_or_error, to_numpy
 
 JOB = "job.json"
@@ -122,15 +125,24 @@ class Isolated(Timed, BaseRunner):
             fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0), 0o644)
             start = time.perf_counter()
             with os.fdopen(fd, "wb") as log_file:
-                self.proc = subprocess.Popen([sys.executable, "-m", "pipeline.runtime.isolate", str(self.folder)],
-                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_file,
-                                             env=_child_env())
+                self.proc = self._start(log_file)
             info = self._reply()
             self.startup_s = time.perf_counter() - start
         except BaseException:
             self._end(kill=True)
             raise
         self.note, self.precision, self.workaround = info["note"], info["precision"], info["workaround"]
+
+    def _start(self, log_file):
+        """The child: forked from this process's fork server (:mod:`pipeline.runtime.zygote`), or a new interpreter
+        where the server cannot serve or ``isolate.fork_server`` is off."""
+        env = _child_env()
+        if getattr(getattr(self.ctx.cfg, "isolate", None), "fork_server", True):
+            forked = zygote.fork("pipeline.runtime.isolate", [str(self.folder)], env, log_file.fileno())
+            if forked is not None:
+                return forked
+        return subprocess.Popen([sys.executable, "-m", "pipeline.runtime.isolate", str(self.folder)],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_file, env=env)
 
     def deactivate_impl(self):
         self._end(kill=False)
