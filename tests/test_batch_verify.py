@@ -69,14 +69,19 @@ def test_a_batch_asked_twice_in_one_check_runs_once(clone_run, monkeypatch):
     from pipeline.runtime import isolate
 
     asked = []
-    real = isolate.Isolated.infer_impl
+    one, each = isolate.Isolated.infer_impl, isolate.Isolated.infer_each  # one feed a request, or several
 
-    def spy(self, feed):
+    def spy_one(self, feed):
+        spy_each(self, [feed], record_only=True)
+        return one(self, feed)
+
+    def spy_each(self, feeds, record_only=False):
         if self.backend.name == "onnxrt_fp32":
-            asked.append(b"".join(np.ascontiguousarray(v).tobytes() for v in feed.values()))
-        return real(self, feed)
+            asked.extend(b"".join(np.ascontiguousarray(v).tobytes() for v in feed.values()) for feed in feeds)
+        return None if record_only else each(self, feeds)
 
-    monkeypatch.setattr(isolate.Isolated, "infer_impl", spy)
+    monkeypatch.setattr(isolate.Isolated, "infer_impl", spy_one)
+    monkeypatch.setattr(isolate.Isolated, "infer_each", spy_each)
     run = clone_run()
     assert cli("verify", "--run-dir", run) == 0
     assert asked and len(asked) == len(set(asked))

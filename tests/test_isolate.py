@@ -17,13 +17,15 @@ from pathlib import Path
 import jsonschema
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import crash_backends
 from conftest import FAULTS, ROOT, TINY, cli, run_cli
 from pipeline import config
 from pipeline.core.errors import EXIT_INTERRUPTED, EXIT_RUNTIME
 from pipeline.core.run import RunDir
-from pipeline.runtime import backends, isolate
+from pipeline.runtime import backends, isolate, runners
 
 
 def manifest(run: Path) -> dict:
@@ -225,10 +227,11 @@ def test_a_child_that_hangs_is_killed_at_its_deadline_and_its_row_says_so(capsys
     elapsed = time.monotonic() - start
     err = capsys.readouterr().err
     rows = {c["name"]: c for c in json.loads((run / "verify.json").read_text())["candidates"]}
-    # 2 s plus a quarter second per image of the batch of 16 (TINY's verify.batch_size)
-    assert rows["onnxrt_fp16_cpu"]["reason"] == "no answer in 6 s while running inference on batch 1", rows
-    assert rows["onnxrt_fp16_cpu"]["status"] == "crashed" and "crashed: no answer in 6 s" in err
-    assert 6 <= elapsed < 60
+    # 2 s plus a quarter second per image of the request: the main check's batches go in one request, here TINY's
+    # 20 validation images
+    assert rows["onnxrt_fp16_cpu"]["reason"] == "no answer in 7 s while running inference on batch 1", rows
+    assert rows["onnxrt_fp16_cpu"]["status"] == "crashed" and "crashed: no answer in 7 s" in err
+    assert 7 <= elapsed < 60
     assert not list(run.glob(".isolate.*"))
 
 
@@ -291,3 +294,38 @@ def test_a_dead_server_or_a_new_loader_path_gets_a_new_server(clone_run, monkeyp
     third = server_of_a_new_child()
     assert third not in (first, second, os.getpid())
     assert zygote._server is not None and zygote._server.proc.pid == third
+
+
+# --------------------------------------------------------------------------- several feeds in one request
+
+
+def test_feeds_in_one_request_are_answered_each_as_alone(clone_run, monkeypatch):
+    """runners.infer_all sends an isolated runner its feeds together (one round trip, not one per feed); the child
+    still runs each feed as its own inference, so every answer is the one that feed gets alone."""
+    run = clone_run()
+    rng = np.random.default_rng(2)
+    feeds = [{"input": rng.normal(size=(n, 3, 16, 16)).astype(np.float32)} for n in (1, 3, 1, 2)]
+    requests = []
+    send = isolate.Isolated._send
+    monkeypatch.setattr(isolate.Isolated, "_send", lambda self, proc, r: (requests.append(r["op"]),
+                                                                       send(self, proc, r)))
+    with isolate.Isolated(backends.by_name("onnxrt_fp32"), _tiny_ctx(run)) as runner:
+        together = runners.infer_all(runner, feeds)
+        assert requests == ["infer_each"]
+        alone = [runner.infer(feed) for feed in feeds]
+    assert [list(out) for out in together] == [["logits"]] * 4
+    for got, want, feed in zip(together, alone, feeds, strict=True):
+        assert got["logits"].shape == (len(feed["input"]), 10)
+        np.testing.assert_array_equal(got["logits"], want["logits"])
+
+
+@given(st.lists(st.integers(0, 50), max_size=30), st.integers(1, 60))
+def test_groups_keep_every_feed_in_order_and_under_the_limit(sizes, limit):
+    feeds = [{"x": np.zeros(n, np.uint8)} for n in sizes]
+    groups = runners._groups(feeds, limit)
+    assert [id(f) for g in groups for f in g] == [id(f) for f in feeds]
+    assert all(g for g in groups)
+    for group in groups:
+        assert len(group) == 1 or sum(f["x"].nbytes for f in group) <= limit
+    for before, after in zip(groups, groups[1:], strict=False):  # a group ends only where the next feed would not fit
+        assert sum(f["x"].nbytes for f in before) + after[0]["x"].nbytes > limit

@@ -244,23 +244,32 @@ class Isolated(Timed, BaseRunner):
             raise _remote_error(message["error"])
         return message["ok"]
 
-    def _call(self, request: dict, arrays: dict | None = None) -> dict:
+    def _call(self, request: dict, arrays: dict | None = None, images: int | None = None) -> dict:
         if self.proc is None:
             raise RuntimeError(f"{self.name}: the child process has ended")
         if arrays is not None:
             _save(self.folder / "in.npz", arrays)
-        batch = len(next(iter(arrays.values()))) if arrays else 0
+        if images is None:
+            images = len(next(iter(arrays.values()))) if arrays else 0
         try:
             self._send(self.proc, request)
         except OSError:
             pass  # it died: _reply says how
-        return self._reply(self.deadline(request, batch))
+        return self._reply(self.deadline(request, images))
 
     def infer_impl(self, feed_dict):
         self.calls += 1
         info = self._call({"op": "infer", "call": self.calls}, feed_dict)
         self.inference_time = info["inference_time"]
         return _load(self.folder / "out.npz")
+
+    def infer_each(self, feeds: list[dict]) -> list[OrderedDict]:
+        """Each feed its own inference in the child, all in one request (:func:`runners.infer_all`)."""
+        first, self.calls = self.calls + 1, self.calls + len(feeds)
+        arrays = {f"{i}/{name}": np.asarray(value) for i, feed in enumerate(feeds) for name, value in feed.items()}
+        images = sum(len(next(iter(feed.values()))) for feed in feeds)
+        self._call({"op": "infer_each", "call": first, "feeds": len(feeds)}, arrays, images)
+        return _split(_load(self.folder / "out.npz"), len(feeds))
 
     def infer(self, feed_dict, check_inputs=True):
         # The child's runner checks the inputs against its own metadata.
@@ -302,6 +311,15 @@ def _save(path: Path, arrays: dict) -> None:
     names = list(arrays)
     arrays = {f"a{i}": np.asarray(arrays[n]) for i, n in enumerate(names)}
     np.savez(path, __names__=np.array(json.dumps(names)), **arrays)
+
+
+def _split(arrays: OrderedDict, count: int) -> list[OrderedDict]:
+    """``{"<i>/<name>": array}`` as one ``{name: array}`` per feed ``i`` (ONNX names may hold ``/``; ``i`` cannot)."""
+    feeds = [OrderedDict() for _ in range(count)]
+    for key, value in arrays.items():
+        i, name = key.split("/", 1)
+        feeds[int(i)][name] = value
+    return feeds
 
 
 def _load(path: Path) -> OrderedDict:
@@ -370,6 +388,16 @@ class _Child:
         self.phase(f"writing the outputs of batch {request['call']}")
         _save(self.folder / "out.npz", {k: to_numpy(v) for k, v in outputs.items()})
         return {"inference_time": runner.inference_time}
+
+    def do_infer_each(self, runner, request: dict) -> dict:
+        feeds = _split(_load(self.folder / "in.npz"), request["feeds"])
+        outputs = {}
+        for i, feed in enumerate(feeds):
+            self.phase(f"running inference on batch {request['call'] + i}")
+            outputs.update((f"{i}/{k}", np.array(to_numpy(v))) for k, v in runner.infer(feed).items())  # a copy
+        self.phase(f"writing the outputs of batches {request['call']}-{request['call'] + len(feeds) - 1}")
+        _save(self.folder / "out.npz", outputs)
+        return {}
 
     def do_layers(self, runner, request: dict) -> dict:
         feed = _load(self.folder / "in.npz")

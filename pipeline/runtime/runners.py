@@ -900,10 +900,21 @@ class Answered:
         return getattr(self.runner, name)
 
     def infer(self, feed: dict) -> OrderedDict:
-        key = tuple((name, *_fingerprint(np.asarray(value))) for name, value in sorted(feed.items()))
-        if key not in self.answers:
-            self.answers[key] = OrderedDict((k, np.array(to_numpy(v))) for k, v in self.runner.infer(feed).items())
-        return OrderedDict((k, v.copy()) for k, v in self.answers[key].items())
+        return self.infer_each([feed])[0]
+
+    def infer_each(self, feeds: list[dict]) -> list[OrderedDict]:
+        """Each feed's outputs; the feeds not answered yet go to the runner together (:func:`infer_all`)."""
+        keys = [_feed_key(feed) for feed in feeds]
+        new = {}
+        for key, feed in zip(keys, feeds, strict=True):
+            if key not in self.answers:
+                new.setdefault(key, feed)
+        self.answers.update(zip(new, infer_all(self.runner, list(new.values())), strict=True))
+        return [OrderedDict((k, v.copy()) for k, v in self.answers[key].items()) for key in keys]
+
+
+def _feed_key(feed: dict) -> tuple:
+    return tuple((name, *_fingerprint(np.asarray(value))) for name, value in sorted(feed.items()))
 
 
 def _fingerprint(array: np.ndarray) -> tuple:
@@ -917,12 +928,33 @@ def collect(runner, feeds: list[dict]) -> list[OrderedDict]:
 
 
 def infer_all(runner, feeds: list[dict]) -> list[OrderedDict]:
-    """Every feed through an active runner; outputs are copied (runners may reuse their buffers)."""
+    """Every feed through an active runner, each its own inference; outputs are copied (runners may reuse their
+    buffers). A runner that takes several feeds in one request (``infer_each``: an isolated child, one round trip
+    between processes instead of one per feed) gets them in groups of at most :data:`GROUP_BYTES` of inputs."""
+    each = getattr(runner, "infer_each", None)
+    if each is not None:
+        return [out for group in _groups(feeds, GROUP_BYTES) for out in each(group)]
     outputs = []
     for feed in feeds:
         out = runner.infer(feed)
         outputs.append(OrderedDict((k, np.array(copy.deepcopy(to_numpy(v)))) for k, v in out.items()))
     return outputs
+
+
+GROUP_BYTES = 64 << 20  # one request's inputs, at most (600 images at 224x224 are 361 MB): the child's memory
+
+
+def _groups(feeds: list[dict], limit: int) -> list[list[dict]]:
+    """``feeds`` in order, cut into runs whose inputs add up to at most ``limit`` bytes (a larger feed alone)."""
+    groups, size = [], 0
+    for feed in feeds:
+        nbytes = sum(np.asarray(v).nbytes for v in feed.values())
+        if not groups or size + nbytes > limit:
+            groups.append([])
+            size = 0
+        groups[-1].append(feed)
+        size += nbytes
+    return groups
 
 
 def to_numpy(value) -> np.ndarray:
