@@ -41,10 +41,8 @@ def run_ids(run_dir) -> dict:
     return {name: e["run_id"] for name, e in manifest(run_dir)["stages"].items()}
 
 
-def test_run_all_from_python_is_the_all_command(tmp_path):
-    by_cli, by_python = tmp_path / "cli", tmp_path / "python"
-    out = run_cli("all", "--model", "tiny_cnn", "--run-dir", by_cli, *TINY)
-    assert out.returncode == 0, out.stderr
+def test_run_all_from_python_is_the_all_command(tiny_run, tmp_path):
+    by_cli, by_python = tiny_run, tmp_path / "python"  # tiny_run: `all` with TINY, through the command line's main
     returned = stages.run_all(tiny_cfg(), by_python)
     assert returned["stages"] == manifest(by_python)["stages"]
     assert outcome(by_python) == outcome(by_cli)

@@ -905,7 +905,7 @@ class Answered:
     def infer_each(self, feeds: list[dict]) -> list[OrderedDict]:
         """Each feed's outputs; the feeds not answered yet go to the runner together (:func:`infer_all`)."""
         keys = [_feed_key(feed) for feed in feeds]
-        new = {}
+        new: dict[tuple, dict] = {}
         for key, feed in zip(keys, feeds, strict=True):
             if key not in self.answers:
                 new.setdefault(key, feed)
@@ -946,7 +946,8 @@ GROUP_BYTES = 64 << 20  # one request's inputs, at most (600 images at 224x224 a
 
 def _groups(feeds: list[dict], limit: int) -> list[list[dict]]:
     """``feeds`` in order, cut into runs whose inputs add up to at most ``limit`` bytes (a larger feed alone)."""
-    groups, size = [], 0
+    groups: list[list[dict]] = []
+    size = 0
     for feed in feeds:
         nbytes = sum(np.asarray(v).nbytes for v in feed.values())
         if not groups or size + nbytes > limit:
