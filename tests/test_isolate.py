@@ -287,8 +287,15 @@ def test_a_dead_server_or_a_new_loader_path_gets_a_new_server(clone_run, monkeyp
     first = server_of_a_new_child()
     assert server_of_a_new_child() == first
     os.kill(first, signal.SIGKILL)  # the server dies: the next child comes from a new one
-    second = server_of_a_new_child()
+    zygote._server.proc.wait()
+    with monkeypatch.context() as unseen:  # even when its death is not seen before a child is asked of it
+        unseen.setattr(zygote._Server, "serves", lambda self, env: True)
+        second = server_of_a_new_child()
     assert second not in (first, os.getpid())
+    os.kill(second, signal.SIGKILL)
+    zygote._server.proc.wait()
+    assert server_of_a_new_child() not in (first, second, os.getpid())  # seen dead
+    second = zygote._server.proc.pid
     # CUDA's libraries are found through LD_LIBRARY_PATH, which the loader reads once, when a process starts.
     monkeypatch.setenv("LD_LIBRARY_PATH", f"/opt/elsewhere{os.pathsep}{os.environ.get('LD_LIBRARY_PATH', '')}")
     third = server_of_a_new_child()

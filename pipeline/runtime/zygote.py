@@ -163,19 +163,20 @@ def fork(main: str, argv: list[str], env: dict, stderr_fd: int) -> ForkedChild |
     if not hasattr(socket, "send_fds") or not hasattr(os, "fork"):
         return None
     with _lock:
-        try:
-            if _server is not None and not _server.serves(env):
-                _server.close()
-                _server = None
-            if _server is None:
-                _server = _Server(env)
-            return _server.fork(main, argv, env, stderr_fd)
-        except OSError as exc:
-            log.debug("isolate: the fork server could not start a child (%s); starting a new interpreter", exc)
-            if _server is not None:
-                _server.close()
-                _server = None
-            return None
+        for _ in range(2):  # a server that died since the last child (and was not seen dead yet) is replaced once
+            try:
+                if _server is not None and not _server.serves(env):
+                    _server.close()
+                    _server = None
+                if _server is None:
+                    _server = _Server(env)
+                return _server.fork(main, argv, env, stderr_fd)
+            except OSError as exc:
+                log.debug("isolate: the fork server could not start a child (%s)", exc)
+                if _server is not None:
+                    _server.close()
+                    _server = None
+        return None
 
 
 @atexit.register
