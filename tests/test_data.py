@@ -43,6 +43,22 @@ def test_synthetic_set_is_deterministic_per_seed_and_balanced():
     assert a_x.float().std() > 20  # not a flat image
 
 
+def test_a_synthetic_set_made_again_in_one_process_is_the_same_and_never_shared(monkeypatch):
+    """The process keeps its last synthetic set (train, export, verify and benchmark each load it under `all`): a
+    second load gives equal images in tensors of its own, so a caller that changes them changes nothing else."""
+    first = load(num_classes=3, samples_per_class=6)
+    first.train.images.zero_()
+    first.val.labels.fill_(0)
+    second = load(num_classes=3, samples_per_class=6)
+    fresh_x, fresh_y = data_mod.synthetic_images(3, 6, 16, seed=second.details["seed"])
+    assert second.train.images.float().std() > 20 and second.val.labels.unique().numel() == 3
+    joined = torch.cat([second.train.images, second.val.images])
+    assert sorted(joined.flatten(1).sum(1).tolist()) == sorted(fresh_x.flatten(1).sum(1).tolist())
+    monkeypatch.setattr(data_mod, "SYNTHETIC_CACHE_BYTES", 3 * 16 * 16 * 18 - 1)  # over the budget: not kept
+    load(num_classes=3, samples_per_class=6, seed=5)
+    assert not data_mod._LAST_SYNTHETIC
+
+
 def test_synthetic_splits_are_stratified_and_disjoint():
     splits = load(num_classes=4, samples_per_class=10, val_fraction=0.2)
     assert splits.classes == ["class_0", "class_1", "class_2", "class_3"] and splits.source == "synthetic"

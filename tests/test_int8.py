@@ -185,6 +185,43 @@ def test_exact_model_rounds_fp16_regions():
         assert runner.infer({"x": x})["y"][0] == 2048.0
 
 
+def test_int8_exact_dequantizes_each_weight_once_and_computes_the_same_bits():
+    """The exact execution's weights are dequantized (and rounded to FP16) once, by ONNX Runtime's own kernels,
+    instead of on every inference: the same graph's outputs bit for bit, without a DequantizeLinear of a weight."""
+    from pipeline.runtime import folding
+
+    exact = int8.exact_model(_qdq_conv_fp16_bias(0.3))
+    folded = folding.fold(exact)
+    weight_dqs = [n for n in exact.graph.node if n.op_type == "DequantizeLinear" and n.input[0] == "wq"]
+    assert weight_dqs and not [n for n in folded.graph.node if n.input and n.input[0] == "wq"]
+    assert len(folded.graph.node) < len(exact.graph.node)
+    feed = {"x": np.random.default_rng(3).normal(0, 2, (1, 4, 6, 6)).astype(np.float32)}
+    with runners.onnxrt_runner(exact.SerializeToString(), name="as-written", optimize=False) as a, \
+            runners.onnxrt_runner(folded.SerializeToString(), name="folded", optimize=False) as b:
+        np.testing.assert_array_equal(a.infer(feed)["y"], b.infer(feed)["y"])
+    seen = []
+    real = folding.fold
+    with pytest.MonkeyPatch.context() as mp:  # the table's int8_exact runs the folded graph
+        mp.setattr(folding, "fold", lambda m: seen.append(m) or real(m))
+        _exact(_qdq_matmul(0.5, 0, np.eye(3, dtype=np.int64), 0.25), np.ones((1, 3), np.float32))
+    assert len(seen) == 1
+
+
+def test_folding_leaves_sums_and_graphs_without_constants_as_they_are():
+    """A MatMul of two constants is a sum whose order threads may change: it stays in the graph, and so does a
+    graph where nothing is constant."""
+    from pipeline.runtime import folding
+
+    a = numpy_helper.from_array(np.ones((2, 2), np.float32), "a")
+    nodes = [helper.make_node("MatMul", ["a", "a"], ["aa"]), helper.make_node("Add", ["x", "aa"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 2])], [a])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=9)
+    assert folding.fold(model) is model
+    assert [n.op_type for n in folding.fold(_qdq_matmul(0.5, 0, np.eye(2, dtype=np.int64), 0.5)).graph.node] == \
+        ["QuantizeLinear", "DequantizeLinear", "MatMul"]
+
+
 # --------------------------------------------------------------------------- the stage, on trained runs
 
 

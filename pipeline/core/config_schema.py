@@ -352,7 +352,7 @@ class BenchmarkConfig(Section):
                            "(trtexec uses 2.5% on GPUs; shared CPUs are noisier)")
     profile_iterations: int = Field(5, ge=1, le=MAX_ITERATIONS, description="iterations recorded by benchmark "
                                     f"--profile (at most {MAX_ITERATIONS})")
-    benchmark_app_s: float = Field(2.0, ge=0, le=MAX_TIMING_S, description="seconds per OpenVINO benchmark_app run "
+    benchmark_app_s: float = Field(1.0, ge=0, le=MAX_TIMING_S, description="seconds per OpenVINO benchmark_app run "
                                    f"beside the OpenVINO rows (0: off; at most {MAX_TIMING_S:g} s)")
     benchmark_app_rows: Literal["summary", "all"] = Field(
         "summary", description="OpenVINO rows cross-checked with benchmark_app: those the summary names (the "

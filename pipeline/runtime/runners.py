@@ -41,7 +41,7 @@ from polygraphy.common import TensorMetadata
 from polygraphy.logger import G_LOGGER
 
 from pipeline.core.errors import first_line
-from pipeline.runtime import stopping
+from pipeline.runtime import folding, stopping
 from pipeline.runtime.stopping import StopRule
 from pipeline.runtime.tensorrt_calls import TensorrtCallFailed, checked  # noqa: F401
 
@@ -972,5 +972,8 @@ def faithful_runner(plug, model: onnx.ModelProto, mode: str = "fast", threads: i
     ``mode="strict"`` for a float graph, ONNX's reference evaluator in the low type itself."""
     if mode == "strict" and plug.strict_reference:
         return ReferenceRunner(model, name=plug.faithful)
-    return onnxrt_runner(plug.faithful_model(model).SerializeToString(), name=plug.faithful, threads=threads,
+    faithful = plug.faithful_model(model)
+    if not plug.faithful_optimized:  # its constants computed once, as ONNX Runtime computes them at every inference
+        faithful = folding.fold(faithful)
+    return onnxrt_runner(faithful.SerializeToString(), name=plug.faithful, threads=threads,
                          optimize=plug.faithful_optimized)
