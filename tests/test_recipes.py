@@ -17,13 +17,12 @@ from pipeline.core.run import RunDir
 # The embedded data set, smaller: 4 classes, so chance is 25 %, and each model trains for seconds at its card's
 # smallest input size with the rest of its recipe (optimizer, lr, schedule, BatchNorm) as the card says.
 SMALL_DATA = ["data.num_classes=4", "train.tensorboard=false", "train.log_every=100"]
-# Per model: images per class, epochs, batch size; fewer images for the models that take longest per image,
-# smaller batches (more steps) for MobileNetV3, which learns slowest per step.
+# Per model: images per class, epochs, batch size; fewer images for the models that take longest per image.
 SIZES = {
-    "tiny_cnn": (40, 4, 64), "vit_micro": (40, 4, 64), "mobilenet_v3_small": (60, 3, 32), "resnet18": (24, 2, 64),
+    "tiny_cnn": (40, 4, 64), "vit_micro": (40, 4, 64), "resnet18": (24, 2, 64),
     "resnet34": (24, 2, 64), "resnet50": (24, 2, 64), "vit_tiny_patch16_224": (24, 3, 64),
 }
-SLOW = {"resnet34", "resnet50", "vit_tiny_patch16_224", "mobilenet_v3_small"}
+SLOW = {"resnet34", "resnet50", "vit_tiny_patch16_224"}
 
 
 def details(run: Path, stage: str = "train") -> dict:
@@ -31,11 +30,16 @@ def details(run: Path, stage: str = "train") -> dict:
 
 
 def test_every_registered_model_is_in_the_table_below():
-    assert set(SIZES) == set(models.list_models())
+    assert set(SIZES) == set(models.list_models()) - AT_ITS_DEFAULTS
+
+
+# MobileNetV3 learns with its recipe in the test at its defaults below (10 classes, then every stage), which checks
+# the same learning verdict and eval-mode agreement: training it here too cost 12 s of the suite.
+AT_ITS_DEFAULTS = {"mobilenet_v3_small"}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n
-                                  for n in models.list_models()])
+                                  for n in models.list_models() if n not in AT_ITS_DEFAULTS])
 def test_every_registered_model_learns_with_its_recipe(name, tmp_path):
     per_class, epochs, batch = SIZES[name]
     size = models.get_recipe(name).min_image_size
@@ -67,6 +71,7 @@ def test_mobilenet_v3_small_learns_with_its_defaults_and_all_exits_0(tmp_path):
     assert cli("all", "--run-dir", run, *MOBILENET) == 0
     d = details(run)
     assert d["learning"]["learned"] and d["learning"]["accuracy"] >= 0.3, d["learning"]["line"]
+    assert not d["learning"]["mode_gap"] and d["learning"]["mode_agreement"] >= 0.7, d["learning"]
     assert d["precise_bn"]["enabled"] and d["precise_bn"]["best_epoch_val_acc_after"] > \
         d["precise_bn"]["best_epoch_val_acc_before"]
     verify = details(run, "verify")

@@ -23,7 +23,11 @@ def stage_statuses(run):
     return {name: entry["status"] for name, entry in manifest["stages"].items()}
 
 
-@pytest.mark.parametrize("name", models.list_models())
+# ResNet-18 passes every stage at the gate's defaults in tests/test_verify.py (test_resnet18_passes_with_defaults).
+ELSEWHERE = {"resnet18"}
+
+
+@pytest.mark.parametrize("name", [n for n in models.list_models() if n not in ELSEWHERE])
 def test_every_registered_model_passes_every_stage(name, tmp_path):
     run = tmp_path / name
     spec = models.get_spec(name)

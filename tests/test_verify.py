@@ -65,17 +65,24 @@ def test_tiny_model_passes_with_defaults(tiny_run):
 
 @pytest.mark.slow
 def test_resnet18_passes_with_defaults(tmp_path):
+    """ResNet-18 through every stage (tests/test_registry_pipeline.py leaves it to this test), the gate at its
+    defaults; benchmark small (its defaults: tests/test_benchmark.py)."""
     run = tmp_path / "r18"
     args = ["data.samples_per_class=40", "data.image_size=32", "train.epochs=2", "verify.samples=80",
             "export.int8.enabled=false"]  # FP16 here; INT8 on sound models: tests/test_int8.py
     assert cli("train", "--model", "resnet18", "--run-dir", run, *args) == 0
     assert cli("export", "--run-dir", run) == 0
+    assert cli("build", "--run-dir", run) == 0
     assert cli("verify", "--run-dir", run) == 0
     s = statuses(run)
-    assert s["onnxrt_fp32"] == s["fp16_emulation"] == s["onnxrt_fp16_cpu"] == "passed"
+    assert s["onnxrt_fp32"] == s["fp16_emulation"] == s["onnxrt_fp16_cpu"] == s["openvino_fp32"] == "passed"
     emu = next(c for c in report(run)["candidates"] if c["name"] == "fp16_emulation")
     assert emu["tensor_check"]["max_abs_error"] > 0  # FP16 rounding is really there
     assert emu["task_check"]["top1_agreement"] >= 0.99
+    assert cli("benchmark", "--run-dir", run, "benchmark.batch_sizes=[1]", "benchmark.max_row_s=0.2",
+               "benchmark.backends=[torch_fp32,onnxrt_fp32,openvino_fp32]", "benchmark.benchmark_app_s=0") == 0
+    rows = json.loads((run / "benchmark.json").read_text())["results"]
+    assert {r["backend"] for r in rows} == {"torch_fp32", "onnxrt_fp32", "openvino_fp32"}
 
 
 # --------------------------------------------------------------------------- planted faults
