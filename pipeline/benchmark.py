@@ -85,8 +85,10 @@ def crashed(backend: Backend, exc: Crashed) -> str:
 
 
 def time_backend(backend: Backend, ctx: Context, images, method: Method, verdict: str,
-                 accuracy: float | None = None, policy: InconclusivePolicy = "pass") -> tuple[list, list]:
-    """Every timing of one backend over the batch sizes: (result rows, skipped rows).
+                 accuracy: float | None = None, policy: InconclusivePolicy = "pass",
+                 throughput_batches: list[int] | None = None) -> tuple[list, list]:
+    """Every timing of one backend over the batch sizes: (result rows, skipped rows); an async-throughput timing
+    only at ``throughput_batches`` (None: at every batch size).
 
     Each (batch, timing) is measured on its own: one that fails (CUDA out of memory at a large batch, a CUDA
     graph capture, a TensorRT call returning False) becomes a skipped row "error: <one line>" and the other
@@ -99,7 +101,9 @@ def time_backend(backend: Backend, ctx: Context, images, method: Method, verdict
     results, skipped = [], []
     try:
         for batch in ctx.cfg.benchmark.batch_sizes:
-            rows, skips = _time_batch(backend, ctx, runner, batch, images, method, verdict)
+            timing = method if throughput_batches is None else \
+                dataclasses.replace(method, throughput=batch in throughput_batches)
+            rows, skips = _time_batch(backend, ctx, runner, batch, images, timing, verdict)
             results += [{**row, "accuracy": accuracy, "deployable": backend.deploys and deployable(verdict, policy)}
                         for row in rows]
             skipped += skips
@@ -207,7 +211,7 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, profile: bool = Fa
     rows = choose_rows(cfg)
     _log_rows(rows)
     ctx = Context(cfg, run_dir, "benchmark", spec, model=model, threads=threads, gpu=env.cuda_status()[0])
-    results, skipped = _time_all(ctx, rows.timed, images, method)
+    results, skipped = _time_all(ctx, rows, images, method)
     trtexec.side_by_side(run_dir, results, backends.by_name, spec["input_name"], spec["input_size"], method)
     add_ratios(results)
     _warn_noisy(cfg, results)
@@ -228,16 +232,17 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, profile: bool = Fa
                            "workarounds": {r["backend"]: r["workaround"] for r in results if r["workaround"]}})
 
 
-def _time_all(ctx: Context, names: list[str], images, method: Method) -> tuple[list, list]:
-    """Every named backend timed, in order: (result rows, skipped rows)."""
+def _time_all(ctx: Context, chosen: Rows, images, method: Method) -> tuple[list, list]:
+    """Every chosen backend timed, in order: (result rows, skipped rows)."""
     verdicts = verify_report.read_verdicts(ctx.run_dir) or {}
     policy = verify_report.read_policy(ctx.run_dir)
     accuracies = verify_report.read_accuracies(ctx.run_dir)
     results, skipped = [], []
-    for name in names:
+    for name in chosen.timed:
         backend = backends.by_name(name)
         rows, skips = time_backend(backend, ctx, images, method, verify_column(backend, verdicts),
-                                   accuracies.get(backends.verified_by(backend)), policy)
+                                   accuracies.get(backends.verified_by(backend)), policy,
+                                   chosen.throughput_batches)
         results += rows
         skipped += skips
     return results, skipped
@@ -288,12 +293,14 @@ def _log_unused(cfg: Config) -> None:
 @dataclass(frozen=True)
 class Rows:
     """Which backends benchmark times: ``chosen`` says by what ("listed": benchmark.backends; "decisive"; "all"),
-    ``left_out`` the table's defaults it does not time, ``how`` the setting that times them too."""
+    ``left_out`` the table's defaults it does not time, ``how`` the setting that times them too;
+    ``throughput_batches`` the batch sizes with an async-throughput row (OpenVINO's) beside the latency row."""
 
     chosen: str
     timed: list[str]
     left_out: list[str]
     how: str = ""
+    throughput_batches: list[int] = dataclasses.field(default_factory=list)
 
 
 def decisive(backend: Backend, cfg: Config) -> bool:
@@ -308,16 +315,19 @@ def decisive(backend: Backend, cfg: Config) -> bool:
 
 
 def choose_rows(cfg: Config) -> Rows:
-    """``benchmark.backends`` as listed; when null, the table's defaults, all or only the decisive ones."""
+    """``benchmark.backends`` as listed; when null, the table's defaults, all or only the decisive ones. An async
+    throughput row can change the answer only at the largest batch (the summary names the most images/s there, and
+    the smallest batch's latency, which such a row never is): only there, unless ``benchmark.rows: all``."""
     bc = cfg.benchmark
+    throughput = sorted(bc.batch_sizes) if bc.rows == "all" else [max(bc.batch_sizes)]
     if bc.backends is not None:
-        return Rows("listed", list(bc.backends), [])
+        return Rows("listed", list(bc.backends), [], throughput_batches=throughput)
     names = backends.default_timed()
     if bc.rows == "all":
-        return Rows("all", names, [])
+        return Rows("all", names, [], throughput_batches=throughput)
     timed = [n for n in names if decisive(backends.by_name(n), cfg)]
     left_out = [n for n in names if n not in timed]
-    return Rows("decisive", timed, left_out, "benchmark.rows=all" if left_out else "")
+    return Rows("decisive", timed, left_out, "benchmark.rows=all" if left_out else "", throughput)
 
 
 def _log_rows(rows: Rows) -> None:

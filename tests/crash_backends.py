@@ -35,7 +35,7 @@ def crashing_make(ctx):
     if os.environ.get("CRASH_AT") == "stop":
         runner.infer_impl = _stop
     if os.environ.get("CRASH_AT") == "time":
-        runner.timers = lambda feed: [("wall-clock, synchronous CPU call", _segfault)]
+        runner.timers = lambda feed, throughput=True: [("wall-clock, synchronous CPU call", _segfault)]
     return runner
 
 

@@ -106,6 +106,19 @@ def test_decisive_rows_are_the_reference_and_the_gating_deployments():
     assert "openvino_bf16" in off.left_out
 
 
+def test_async_throughput_rows_are_timed_at_the_largest_batch_unless_rows_all():
+    """The summary names the smallest batch's latency (never an async row's) and the largest batch's images/s: an
+    async-throughput row elsewhere cannot change the answer."""
+    from pipeline import config
+
+    sizes = "benchmark.batch_sizes=[8,1,32,4]"
+    assert benchmark.choose_rows(config.resolve(overrides=[sizes])).throughput_batches == [32]
+    listed = benchmark.choose_rows(config.resolve(overrides=[sizes, "benchmark.backends=[openvino_fp32]"]))
+    assert listed.throughput_batches == [32]
+    every = benchmark.choose_rows(config.resolve(overrides=[sizes, "benchmark.rows=all"]))
+    assert every.throughput_batches == [1, 4, 8, 32]
+
+
 def test_a_listed_backend_is_timed_whatever_benchmark_rows_says():
     from pipeline import config
 
@@ -208,7 +221,7 @@ class _FailsAtBatch:
 
         return Timed.measurements(self, feed, method)
 
-    def timers(self, feed):
+    def timers(self, feed, throughput=True):
         batch = len(next(iter(feed.values())))
         if self.where == "timers" and batch == self.bad_batch:
             raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nsecond line")

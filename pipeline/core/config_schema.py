@@ -327,8 +327,9 @@ class BenchmarkConfig(Section):
     batch_sizes: list[int] = Field([1, 8, 32], min_length=1, description="batch-size sweep")
     rows: Literal["decisive", "all"] = Field(
         "decisive", description="with benchmark.backends null: decisive times only the backends that can change the "
-        "answer (torch_fp32, the eager reference every ratio is to, and each deployment whose verify verdict gates); "
-        "all times every default backend of the table")
+        "answer (torch_fp32, the eager reference every ratio is to, and each deployment whose verify verdict gates), "
+        "and OpenVINO's async-throughput rows at the largest batch only; all times every default backend of the "
+        "table, and those rows at every batch size")
     method: Literal["adaptive", "fixed"] = Field(
         "adaptive", description="adaptive: each row timed until its median's 95% interval is within "
         "target_halfwidth, or max_row_s; fixed: trials x (min_iterations runs and min_duration_s), the old method")

@@ -311,6 +311,10 @@ def benchmark_section(payload: dict) -> Section:
     rows = payload.get("rows") or {}
     left = (f" Left out (they cannot change the answer): {', '.join(rows['left_out'])}; {rows['how']} times them "
             "too." if rows.get("left_out") else "")
+    sizes = {r["batch_size"] for r in payload.get("results", [])}
+    if rows.get("throughput_batches") and sizes - set(rows["throughput_batches"]):
+        left += (f" Async-throughput rows (OpenVINO) at batch {', '.join(map(str, rows['throughput_batches']))} "
+                 "only, the batch whose images/s the summary names; benchmark.rows=all times them at every batch.")
     method = (f"Method: {how}; percentiles by {m.get('percentiles', '-')}; "
               f"input {payload['input']['shape']} ({payload['input']['data']}). "
               f"A '!' after the cv marks a trial whose coefficient of variation exceeded "

@@ -286,7 +286,7 @@ class Isolated(Timed, BaseRunner):
         info = self._call({"op": "time", "method": asdict(method)}, feed)
         return [(label, m) for label, m in info["timings"]]
 
-    def timers(self, feed: dict):
+    def timers(self, feed: dict, throughput: bool = True):
         raise NotImplementedError("an isolated runner times in its child: use measurements(feed, method)")
 
 
@@ -413,7 +413,7 @@ class _Child:
         method = Method(**request["method"])
         self.phase(f"preparing to time batch {batch}")
         timings = []
-        for label, run_once in runner.timers(feed):
+        for label, run_once in runner.timers(feed, throughput=method.throughput):
             self.phase(f"timing batch {batch} ({label})")
             timings.append((label, measure_or_error(run_once, method)))  # one failed timing is its own row
         return {"timings": timings}

@@ -179,6 +179,7 @@ class Method:
     min_runs: int = 20
     target_halfwidth: float = 0.05
     max_row_s: float = 1.0
+    throughput: bool = True  # a runner's async-throughput timer too (OpenVINO's), beside its latency timer
 
     @property
     def rule(self) -> StopRule:
@@ -250,14 +251,16 @@ class Timed:
         """Why ``batch`` images cannot run in one call ("" when they can)."""
         return ""
 
-    def timers(self, feed: dict) -> Timers:
-        """Labelled callables, each running one inference on ``feed`` and returning its latency (ms)."""
+    def timers(self, feed: dict, throughput: bool = True) -> Timers:
+        """Labelled callables, each running one inference on ``feed`` and returning its latency (ms); with
+        ``throughput=False``, no async-throughput timer (a runner that has one: OpenVINO)."""
         return [(CPU_WALL_CLOCK, cpu_timer(self.infer, feed))]  # type: ignore[attr-defined]
 
     def measurements(self, feed: dict, method: Method) -> list[tuple[str, dict]]:
         """Every timing of ``feed``: ``(label, measure(...))`` per timer. benchmark calls this, so a runner
         in a child process (:class:`pipeline.runtime.isolate.Isolated`) runs the timing loop there."""
-        return [(label, measure_or_error(run_once, method)) for label, run_once in self.timers(feed)]
+        return [(label, measure_or_error(run_once, method))
+                for label, run_once in self.timers(feed, throughput=method.throughput)]
 
 
 class TorchRunner(Timed, BaseRunner):
@@ -319,7 +322,7 @@ class TorchRunner(Timed, BaseRunner):
         self.inference_time = time.perf_counter() - start
         return OrderedDict([(self.output_name, out.cpu().numpy())])
 
-    def timers(self, feed: dict) -> Timers:
+    def timers(self, feed: dict, throughput: bool = True) -> Timers:
         x = self._input(feed[self.input_name])
         if self.device == "cpu":
             return [(CPU_WALL_CLOCK, cpu_timer(self._forward, x))]
@@ -401,7 +404,7 @@ class OrtRunner(Timed, OnnxrtRunner):
         self.inference_time = time.perf_counter() - start
         return OrderedDict((node.name, out) for node, out in zip(self.sess.get_outputs(), outputs, strict=True))
 
-    def timers(self, feed: dict) -> Timers:
+    def timers(self, feed: dict, throughput: bool = True) -> Timers:
         label = "host latency (H2D + compute + D2H), ONNX Runtime CUDA" if "cuda" in self.providers \
             else CPU_WALL_CLOCK
         return [(label, cpu_timer(self.sess.run, None, feed))]
@@ -678,7 +681,7 @@ class TensorrtRunner(Timed, TrtRunner):
         self._bound_feed = feed
         return super().infer(feed, check_inputs, *args, **kwargs)
 
-    def timers(self, feed: dict) -> Timers:
+    def timers(self, feed: dict, throughput: bool = True) -> Timers:
         host = np.ascontiguousarray(feed[self.input_name])
         self._drop_bench_state()
         check_dtypes(self.engine, {self.input_name: host.dtype})
@@ -829,21 +832,24 @@ class OpenVINORunner(Timed, BaseRunner):
         self.inference_time = time.perf_counter() - start
         return OrderedDict([(self.output_name, np.array(request.get_output_tensor(0).data))])
 
-    def timers(self, feed: dict) -> Timers:
+    def timers(self, feed: dict, throughput: bool = True) -> Timers:
         import openvino as ov
 
         # The input is set once, shared with NumPy, as benchmark_app fills it once: the timings hold inference only.
         x = np.ascontiguousarray(feed[self.input_name], dtype=np.float32)
         request = self._request(len(x))
         request.set_input_tensor(ov.Tensor(x, shared_memory=True))
+        latency = (CPU_WALL_CLOCK, cpu_timer(request.infer))
+        if not throughput:
+            return [latency]
         try:
-            throughput = self._throughput_timer(x)
+            throughput_timer = self._throughput_timer(x)
         except Exception as exc:  # e.g. out of memory compiling for THROUGHPUT: that row's error, not the batch's
             def failed(error: Exception = exc) -> float:
                 raise error
 
-            throughput = (f"{THROUGHPUT_LABEL}: async infer requests (PERFORMANCE_HINT=THROUGHPUT)", failed)
-        return [(CPU_WALL_CLOCK, cpu_timer(request.infer)), throughput]
+            throughput_timer = (f"{THROUGHPUT_LABEL}: async infer requests (PERFORMANCE_HINT=THROUGHPUT)", failed)
+        return [latency, throughput_timer]
 
     def _throughput_timer(self, x: np.ndarray) -> tuple[str, Callable[[], float]]:
         import openvino as ov
