@@ -27,6 +27,7 @@ def stage_statuses(run):
 ELSEWHERE = {"resnet18"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n in models.list_models() if n not in ELSEWHERE])
 def test_every_registered_model_passes_every_stage(name, tmp_path):
     run = tmp_path / name
