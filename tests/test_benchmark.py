@@ -5,6 +5,8 @@ import struct
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline import benchmark
 from pipeline.runtime import timing
@@ -117,6 +119,19 @@ def test_async_throughput_rows_are_timed_at_the_largest_batch_unless_rows_all():
     assert listed.throughput_batches == [32]
     every = benchmark.choose_rows(config.resolve(overrides=[sizes, "benchmark.rows=all"]))
     assert every.throughput_batches == [1, 4, 8, 32]
+
+
+@settings(max_examples=40, deadline=None)
+@given(sizes=st.lists(st.integers(1, 256), min_size=1, max_size=5), rows=st.sampled_from(["decisive", "all"]),
+       listed=st.booleans())
+def test_the_async_throughput_batches_are_the_largest_or_all_of_them(sizes, rows, listed):
+    from pipeline import config
+
+    overrides = [f"benchmark.batch_sizes=[{','.join(map(str, sizes))}]", f"benchmark.rows={rows}"]
+    chosen = benchmark.choose_rows(config.resolve(overrides=overrides + (["benchmark.backends=[openvino_fp32]"]
+                                                                         if listed else [])))
+    assert max(sizes) in chosen.throughput_batches and set(chosen.throughput_batches) <= set(sizes)
+    assert chosen.throughput_batches == (sorted(sizes) if rows == "all" else [max(sizes)])
 
 
 def test_a_listed_backend_is_timed_whatever_benchmark_rows_says():
