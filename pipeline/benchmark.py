@@ -327,7 +327,7 @@ def choose_rows(cfg: Config) -> Rows:
         return Rows("all", names, [], throughput_batches=throughput)
     timed = [n for n in names if decisive(backends.by_name(n), cfg)]
     left_out = [n for n in names if n not in timed]
-    return Rows("decisive", timed, left_out, "benchmark.rows=all" if left_out else "", throughput)
+    return Rows("decisive", timed, left_out, "benchmark.rows=all" if left_out else "", throughput_batches=throughput)
 
 
 def _log_rows(rows: Rows) -> None:
