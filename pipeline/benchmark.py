@@ -18,6 +18,7 @@ its runner's timing hook (``timers(feed)``, see :mod:`pipeline.runtime.runners`)
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -196,11 +197,27 @@ def verify_column(backend: Backend, verdicts: dict) -> str:
 
 
 def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, profile: bool = False) -> None:
+    threads = cfg.benchmark.threads or env.usable_cores()
+    with torch_threads(threads):
+        _run(cfg, run_dir, record, threads, profile)
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int):
+    """PyTorch's intra-op threads for the stage, and the caller's back after it: a process that goes on (``run_all``
+    from Python, a test worker) kept the benchmark's count for everything after, training included."""
     import torch
 
-    bc = cfg.benchmark
-    threads = bc.threads or env.usable_cores()
+    previous = torch.get_num_threads()
     torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _run(cfg: Config, run_dir: RunDir, record: StageRecord, threads: int, profile: bool) -> None:
+    bc = cfg.benchmark
     model, card = modeling.load_trained(cfg, run_dir, "benchmark")
     spec = card["spec"]
     check_batch_sizes(bc.batch_sizes, spec["input_size"], env.memory_bytes())

@@ -3,6 +3,8 @@
 
     python scripts/gpu_stack_check.py [--route cuda13|cuda12|both]   (about 40 s a route; needs the index)
 
+Python 3.11+ (it reads pyproject.toml with tomllib) with ``packaging``; the project need not be installed.
+
 The two routes (docs/export-and-build.md): CUDA 13, ``pip install torch && pip install -e ".[gpu]"``; CUDA 12,
 ``pip install torch --index-url https://download.pytorch.org/whl/cu126 && pip install -e ".[gpu-cu12]"`` (torch
 is then resolved from that index).
@@ -27,15 +29,17 @@ TensorRT builds, 2 pip failed otherwise.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import re
 import subprocess
 import sys
 import urllib.request
+from pathlib import Path
 
+import tomllib
 from packaging.requirements import Requirement
 
+PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 EXPECTED = 13
 INDEX = "https://pypi.org/simple/"
 # route -> (the project's extra, its CUDA major, the index torch comes from; None: the public index)
@@ -48,13 +52,14 @@ VERSIONED_AS_CUDA = {"cuda-toolkit", "cuda-bindings", "nvidia-cuda-runtime", "nv
 
 
 def declared(extra: str = "gpu") -> list[str]:
-    """A route's packages as the installed project declares them: torch, onnxruntime-gpu and the route's extra
-    (whose own requirement of a package replaces the base one: the CUDA 12 route's onnxruntime-gpu)."""
+    """A route's packages as pyproject.toml declares them (the project need not be installed): torch,
+    onnxruntime-gpu and the route's extra (whose own requirement of a package replaces the base one: the CUDA 12
+    route's onnxruntime-gpu), each where its marker holds on Linux x86-64."""
+    project = tomllib.loads(PYPROJECT.read_text())["project"]
+    base = [r for r in map(Requirement, project["dependencies"]) if r.name in ("torch", "onnxruntime-gpu")]
     wanted: dict[str, str] = {}
-    for requirement in map(Requirement, importlib.metadata.requires("pipeline") or []):
-        base = requirement.marker is None or requirement.marker.evaluate({**LINUX, "extra": ""})
-        in_extra = not base and requirement.marker.evaluate({**LINUX, "extra": extra})
-        if (base and requirement.name in ("torch", "onnxruntime-gpu")) or in_extra:
+    for requirement in [*base, *map(Requirement, project["optional-dependencies"][extra])]:
+        if requirement.marker is None or requirement.marker.evaluate({**LINUX, "extra": extra}):
             wanted[requirement.name] = f"{requirement.name}{requirement.specifier}"
     return list(wanted.values())
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 from hypothesis import settings
 
 # The mutation command (scripts/mutation.sh) runs the property tests once per mutant: the same examples every time,
@@ -69,23 +70,41 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeou
                           capture_output=True, text=True, timeout=timeout, **kwargs)
 
 
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """The run folder ``build(folder)`` makes, made once per session: by the first xdist worker that asks for it, and
+    read by the others (each made its own before: 13-20 s of a 2-core CI twice). Read it, never change it."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # every worker's basetemp is a folder of this session's
+    done, run_dir = root / f"{name}.done", root / name / "run"
+    with FileLock(str(root / f"{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(run_dir.parent, ignore_errors=True)
+            run_dir.parent.mkdir()
+            build(run_dir)
+            done.touch()
+    return run_dir
+
+
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory) -> Path:
     """A complete ``all`` run of tiny_cnn; copy it (``clone_run``) before changing anything in it."""
-    run_dir = tmp_path_factory.mktemp("tiny") / "run"
-    assert cli("all", "--model", "tiny_cnn", "--run-dir", run_dir, *TINY) == 0
-    return run_dir
+    def build(run_dir):
+        assert cli("all", "--model", "tiny_cnn", "--run-dir", run_dir, *TINY) == 0
+
+    return built_once(tmp_path_factory, "tiny", build)
 
 
 @pytest.fixture(scope="session")
 def tiny_bf16_run(tiny_run, tmp_path_factory) -> Path:
     """``tiny_run`` exported again with BF16 on (model.bf16.onnx beside the others); for the tests that build from
     it: its build, verify and benchmark are still tiny_run's. Copy it (``clone_bf16_run``) like tiny_run."""
-    run_dir = tmp_path_factory.mktemp("tiny_bf16") / "run"
-    shutil.copytree(tiny_run, run_dir)
-    (run_dir / ".lock").unlink(missing_ok=True)
-    assert cli("export", "--run-dir", run_dir, BF16_ON) == 0
-    return run_dir
+    def build(run_dir):
+        shutil.copytree(tiny_run, run_dir)
+        (run_dir / ".lock").unlink(missing_ok=True)
+        assert cli("export", "--run-dir", run_dir, BF16_ON) == 0
+
+    return built_once(tmp_path_factory, "tiny_bf16", build)
 
 
 def cloner(source: Path, tmp_path: Path):

@@ -204,12 +204,21 @@ def test_each_cpu_artifact_has_a_per_layer_profile_with_its_precisions_and_a_roo
     assert w > 300 and h > 200
 
 
-def test_profile_writes_a_trace(clone_run):
+def test_profile_writes_a_trace_and_the_callers_torch_threads_are_left_as_they_were(clone_run):
+    import torch
+
     from conftest import cli
 
-    run = clone_run()
-    assert cli("benchmark", "--run-dir", run, "--profile", "benchmark.backends=[torch_fp32]",
-               "benchmark.batch_sizes=[1]") == 0
+    run, before = clone_run(), torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert cli("benchmark", "--run-dir", run, "--profile", "benchmark.backends=[torch_fp32]",
+                   "benchmark.batch_sizes=[1]", "benchmark.threads=2") == 0
+        assert torch.get_num_threads() == 1  # a Python caller (run_all, a test worker) goes on with its own count
+    finally:
+        torch.set_num_threads(before)
+    environment = json.loads((run / "benchmark.json").read_text())["environment"]
+    assert environment["threads"] == environment["torch_threads"] == 2  # what the rows were timed with
     trace = json.loads((run / "benchmark.trace.json").read_text())
     assert trace["traceEvents"]
 

@@ -19,7 +19,15 @@ from pipeline.precision import int8, qat
 from pipeline.training import qat_recipe
 from pipeline.training.checkpoint import load_checkpoint
 
-pytestmark = pytest.mark.skipif(bool(qat.availability()), reason=qat.availability() or "")
+
+@pytest.fixture(autouse=True, scope="module")
+def _modelopt_torch_imports():
+    """Skip, with the reason, where ModelOpt's PyTorch side does not import: asked when the first test here runs, not
+    when the suite is collected (the import takes 4 s, which every worker paid before its first test)."""
+    reason = qat.availability()
+    if reason:
+        pytest.skip(reason)
+
 
 TRAINED = [*TINY, "data.samples_per_class=30", "train.epochs=4", "export.int8.calibration_samples=16",
            "export.int8.enabled=true", "export.bf16.enabled=false", "verify.samples=60", "verify.batch_size=30",
