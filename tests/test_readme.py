@@ -62,8 +62,9 @@ def test_readme_keys_script_leaves_the_page_as_it_is():
 
 
 def _slug(heading: str) -> str:
-    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
-    text = re.sub(r"[`*_]", "", heading.strip().lower())
+    """GitHub's anchor for a heading: lower case, punctuation dropped but for hyphens and underscores (a heading
+    naming `onnxrt_int8_cpu` keeps them), spaces to hyphens."""
+    text = re.sub(r"[`*]", "", heading.strip().lower())
     return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
 
 
