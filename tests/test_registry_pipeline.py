@@ -1,4 +1,5 @@
-"""Every registered model, and a user model from a file outside the package, passes every stage on CPU."""
+"""Every registered model, and a user model from a file outside the package, passes every stage on CPU (a model
+built of exactly what another is built of, through that other: SAME_AS)."""
 
 import json
 
@@ -36,8 +37,8 @@ def built_of(name: str) -> tuple[set[str], tuple]:
     """The module types a registered model is built of, and the card fields the stages read."""
     spec = models.get_spec(name)
     net, built = models.create_model(name, num_classes=10, image_size=32 if spec.fixed_input_size else None)
-    return {type(m).__qualname__ for m in net.modules()}, (built.fixed_input_size, built.mean, built.std,
-                                                            built.input_name, built.output_name)
+    types = {f"{type(m).__module__}.{type(m).__qualname__}" for m in net.modules()}
+    return types, (built.fixed_input_size, built.mean, built.std, built.input_name, built.output_name)
 
 
 @pytest.mark.parametrize("name", sorted(SAME_AS))
