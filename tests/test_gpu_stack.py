@@ -57,6 +57,17 @@ def test_the_check_resolves_what_the_project_declares():
     assert names == ["torch", "onnxruntime-gpu", "tensorrt"]
 
 
+def test_a_requirement_whose_marker_excludes_linux_x86_64_is_not_resolved(tmp_path, monkeypatch):
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text("""[project]
+dependencies = ["torch>=2.8; platform_machine == 'aarch64'", "torch>=2.9; platform_machine == 'x86_64'", "numpy"]
+[project.optional-dependencies]
+gpu = ["tensorrt>=10.12", "tensorrt-windows>=10; platform_system == 'Windows'"]
+""")
+    monkeypatch.setattr(check, "PYPROJECT", pyproject)
+    assert check.declared() == ["torch>=2.9", "tensorrt>=10.12"]
+
+
 def test_the_cuda12_route_declares_one_tensorrt_and_a_cuda12_onnxruntime():
     route = check.declared("gpu-cu12")
     assert [r.split(">")[0].split("<")[0].split("=")[0] for r in route] == ["torch", "onnxruntime-gpu", "tensorrt-cu12"]
