@@ -22,6 +22,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -31,7 +32,7 @@ from pydantic import Field
 
 from pipeline.core import artifacts as a
 from pipeline.core import deployment, env, schema
-from pipeline.core.errors import CheckFailed, InputError, UsageError
+from pipeline.core.errors import BackendUnavailable, CheckFailed, InputError, UsageError, first_line
 from pipeline.core.run import RunDir, StageRecord, now, sha256_file, write_json
 from pipeline.core.status import Status
 from pipeline.reports import verify_report
@@ -59,12 +60,13 @@ class Format:
 PLAN = Format("tensorrt_plan", "", "model.plan")
 ONNX = Format("", "onnxruntime", "model.onnx")
 IR = Format("", "openvino", "model.xml")
-# The verify candidates that are deployments (the runtime Triton runs, on the artifact verify judged). The FP16
-# emulation and the exact INT8 run are proxies verify uses for TensorRT, not something a server runs.
-DEPLOYMENTS = {"tensorrt_fp16": PLAN, "tensorrt_int8": PLAN, "onnxrt_fp32": ONNX, "onnxrt_fp16_cpu": ONNX,
-               "onnxrt_int8_cpu": ONNX, "onnxrt_cuda_fp16": ONNX, "openvino_fp32": IR, "openvino_bf16": IR,
-               "openvino_int8": IR}
-PROXIES = frozenset({"fp16_emulation", "int8_exact"})
+# A backend table entry's ``triton`` (pipeline/runtime/backends.py) -> how Triton runs its artifact: the only list of
+# what deploys is the table (an entry verify checks, with a Triton backend); tests/test_deploy_rules.py holds every
+# gating deployment to having one.
+FORMATS = {"tensorrt_plan": PLAN, "onnxruntime": ONNX, "openvino": IR}
+FILES_MANIFEST = "pipeline.files.json"  # the repository root: every file deploy wrote there, with its sha256
+FILES_SCHEMA = "pipeline.files/1"
+MAX_ENTRIES = 100_000  # a folder with more entries than this is no repository deploy wrote
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,13 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, target: str | None
         serve: bool = False) -> None:
     if (target or cfg.deploy.target) != "triton":
         raise UsageError(f"deploy --target {target}: the only target is triton")
+    serve = serve or cfg.deploy.serve
+    if serve:  # before anything is written
+        from pipeline.runtime import triton_serve
+
+        reason = triton_serve.available()
+        if reason:
+            raise BackendUnavailable(f"deploy --serve: cannot start Triton here: {reason}")
     repository = _repository_path(cfg, run_dir, out)
     plans = plan(run_dir)
     chosen = [p for p in plans if not p.refused]
@@ -98,27 +107,23 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, target: str | None
     tensorrt = _check_release(cfg, run_dir, chosen)
     if not chosen:
         raise InputError("nothing to deploy: no artifact passed the gate (" + "; ".join(p.refused for p in plans) + ")")
-    if serve and cfg.deploy.serve_candidate not in {p.name for p in chosen}:
-        raise UsageError(f"deploy --serve: {cfg.deploy.serve_candidate} (deploy.serve_candidate) is not among the "
-                         f"models deployed ({', '.join(p.name for p in chosen)}); set deploy.serve_candidate")
     curves = benchmark_curves(run_dir)
     models = write_repository(cfg, run_dir, chosen, curves, repository)
     payload = {"schema": SCHEMA, "created": now(), "target": "triton", "repository": str(repository),
-               "models": [_model_entry(m, p) for m, p in models],
+               "models": [_model_entry(m, p, repository) for m, p in models],
                "refused": [{"candidate": p.name, "verdict": p.verdict, "reason": p.refused}
                            for p in plans if p.refused],
                "compatibility": {"tensorrt": tensorrt, "releases": deployment.describe_releases(tensorrt),
                                  "target_release": cfg.deploy.triton_release, "source": deployment.RELEASES_SOURCE}}
     if serve:
-        model, planned = next((m, p) for m, p in models if p.name == cfg.deploy.serve_candidate)
-        payload["serve"] = serve_and_check(cfg, run_dir, model, planned)
-    write_json(run_dir.file(a.DEPLOY_JSON), payload)
+        payload["serve"] = serve_and_check(cfg, run_dir, repository, models)
+    write_json(run_dir.file(a.DEPLOY_JSON), payload)  # once, after every check
     record.artifact(a.DEPLOY_JSON)
     record.details.update(_details(payload))
     log.info("deploy: wrote %s: %s", repository, ", ".join(m.name for m, _ in models))
     if serve and payload["serve"]["verdict"] != Status.PASSED:
-        raise CheckFailed(f"served outputs of {cfg.deploy.serve_candidate} do not pass the gate against the verified "
-                          f"artifact's: {payload['serve']['reason']}")
+        raise CheckFailed(f"what Triton serves from {repository} does not pass verify's criteria: "
+                          f"{payload['serve']['reason']}")
 
 
 def _repository_path(cfg: Config, run_dir: RunDir, out: str | None) -> Path:
@@ -130,16 +135,54 @@ def _repository_path(cfg: Config, run_dir: RunDir, out: str | None) -> Path:
         raise UsageError(f"deploy --out {given}: the repository must be outside the run directory")
     if path.is_symlink() or (path.exists() and not path.is_dir()):
         raise UsageError(f"deploy --out {given}: not a folder (a link or a file); name a folder")
-    if path.is_dir() and not ours(path):
-        raise UsageError(f"deploy --out {given}: the folder has files deploy did not write; name an empty or new "
-                         "folder, or a repository deploy wrote (it is replaced whole)")
+    refused = replace_refusal(path)
+    if refused:
+        raise UsageError(f"deploy --out {given}: refusing to replace the folder: {refused}")
     return path
 
 
-def ours(path: Path) -> bool:
-    """Whether ``path`` is empty or a repository deploy wrote (every entry a model folder with its sidecar)."""
-    return all(entry.is_dir() and not entry.is_symlink() and (entry / a.TRITON_SIDECAR).is_file()
-               for entry in path.iterdir())
+def replace_refusal(path: Path) -> str:
+    """Why the folder ``path`` must not be replaced ("" when it may: absent, empty, or exactly what deploy wrote)."""
+    if not path.is_dir():
+        return ""
+    return deployment.replace_refusal(on_disk(path), written_files(path))
+
+
+def on_disk(root: Path) -> dict[str, str]:
+    """Every entry under ``root`` (links not followed): relative path -> a file's sha256, "dir", or "other"."""
+    entries: dict[str, str] = {}
+    for folder, dirs, files in os.walk(root, followlinks=False):
+        for name in dirs + files:
+            path = Path(folder, name)
+            relative = path.relative_to(root).as_posix()
+            if path.is_symlink() or not (path.is_dir() or path.is_file()):
+                entries[relative] = "other"
+            elif path.is_dir():
+                entries[relative] = "dir"
+            else:
+                entries[relative] = sha256_file(path)
+            if len(entries) > MAX_ENTRIES:
+                entries["…"] = "other"
+                return entries
+    entries.pop(FILES_MANIFEST, None)
+    return entries
+
+
+class _FilesManifest(schema.Strict):
+    schema_: str = Field(alias="schema", pattern=f"^{FILES_SCHEMA}$")
+    files: dict[str, str] = Field(max_length=MAX_ENTRIES)
+
+
+def written_files(root: Path) -> dict[str, str] | None:
+    """The files manifest deploy left in ``root`` (None: none, or one that is not deploy's)."""
+    path = root / FILES_MANIFEST
+    if not path.is_file() or path.is_symlink():
+        return None
+    try:
+        manifest = schema.read_json(path, _FilesManifest, "deploy's files manifest", limit=16 * 2**20)
+    except InputError:
+        return None
+    return dict(manifest.files)
 
 
 def _details(payload: dict) -> dict:
@@ -160,11 +203,12 @@ def plan(run_dir: RunDir) -> list[Planned]:
     policy = verify_report.read_policy(run_dir)
     plans = []
     for backend in backends.candidates():
-        if backend.candidate not in DEPLOYMENTS:
+        if backend.triton is None or not backend.deploys:
             continue
         verdict = verdicts.get(backend.candidate)
-        plans.append(Planned(backend, DEPLOYMENTS[backend.candidate],
-                             deployment.refusal(backend.candidate, verdict, policy), verdict,
+        refused = deployment.refusal(backend.candidate, verdict, policy) or deployment.stock_refusal(
+            backend.candidate, backend.triton, backend.precision, backend.device)
+        plans.append(Planned(backend, FORMATS[backend.triton], refused, verdict,
                              verify_report.artifact_sha256(run_dir, backend.artifact)))
     return plans
 
@@ -174,10 +218,8 @@ def _check_verify_finished(run_dir: RunDir) -> None:
     verdict was reached, and a failed one is refused here); not one edited or left by a verify that broke off."""
     path = run_dir.require(a.VERIFY_JSON, "verify", "deploy")
     entry = run_dir.stage_entry("verify") or {}
-    finished = entry.get("status") == Status.OK or (entry.get("status") == Status.FAILED
-                                                    and entry.get("exit_code") == 1)
-    recorded = run_dir.recorded_artifacts("verify").get(a.VERIFY_JSON)
-    if not finished or recorded != sha256_file(path):
+    if not deployment.verify_finished(entry.get("status"), entry.get("exit_code"),
+                                      run_dir.recorded_artifacts("verify").get(a.VERIFY_JSON), sha256_file(path)):
         raise InputError(f"{a.VERIFY_JSON} is not the report of a verify that finished here (its sha256 differs from "
                          "the manifest's, or verify broke off): re-run verify")
 
@@ -236,21 +278,35 @@ def benchmark_curves(run_dir: RunDir) -> dict[str, list[tuple[int, float]]]:
 
 def write_repository(cfg: Config, run_dir: RunDir, chosen: list[Planned], curves: dict,
                      repository: Path) -> list[tuple[triton.Model, Planned]]:
-    """Every chosen model written into a folder beside ``repository``, each config parsed back and checked, then
-    the folder put in ``repository``'s place (an older repository deploy wrote is replaced whole)."""
+    """Every chosen model written into a folder beside ``repository``, each config parsed back and checked, the
+    files manifest beside them, then the folder put in ``repository``'s place (an older repository deploy wrote, still
+    exactly as written, is replaced whole). Modes follow the umask: a server running as another user reads it."""
     repository.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{repository.name}.", dir=repository.parent))
     try:
+        os.chmod(staging, 0o777 & ~_umask())  # mkdtemp's 0700 would keep the server out
         models = [(_write_model(cfg, run_dir, p, curves, staging / p.name), p) for p in chosen]
+        files = {k: v for k, v in on_disk(staging).items() if v not in ("dir", "other")}
+        (staging / FILES_MANIFEST).write_text(json.dumps({"schema": FILES_SCHEMA, "files": files}, indent=2) + "\n",
+                                              encoding="utf-8")
         _swap(staging, repository)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return models
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def _swap(staging: Path, repository: Path) -> None:
     old = None
     if repository.exists():
+        refused = replace_refusal(repository)  # again: a file may have been added since the first look
+        if refused:
+            raise UsageError(f"deploy --out {repository}: refusing to replace the folder: {refused}")
         old = repository.with_name(f".{repository.name}.old.{os.getpid()}")
         repository.rename(old)
     try:
@@ -323,65 +379,169 @@ def _binding(p: Planned, files: dict[str, bytes]) -> str:
 
 def _model(cfg: Config, p: Planned, signature: triton.Signature, curve: list[tuple[int, float]]) -> triton.Model:
     largest = deployment.max_batch_size(batch_dim=signature.batch_dim, profile_max=signature.profile_max,
-                                        served_max=cfg.build.max_batch)
+                                        profile_min=signature.profile_min, served_max=cfg.build.max_batch,
+                                        batch_fixed_by_backend=p.format is IR)
     preferred = deployment.preferred_batch_sizes(curve, largest, cfg.deploy.preferred_fraction) if largest else ()
     return triton.Model(name=p.name, platform=p.format.platform, backend=p.format.backend,
                         filename=p.format.filename, signature=signature, max_batch_size=largest,
                         preferred_batch_sizes=preferred, max_queue_delay_us=cfg.deploy.max_queue_delay_us,
-                        gpu=p.backend.device == "cuda", instances=cfg.deploy.instances)
+                        gpu=p.backend.device == "cuda", instances=cfg.deploy.instances,
+                        parameters=deployment.stock_parameters(p.backend.triton, p.backend.precision))
 
 
-def _model_entry(model: triton.Model, p: Planned) -> dict:
+def served_max_batch(cfg: Config, model: triton.Model) -> int:
+    """The largest batch one request to ``model`` may carry (its ``max_batch_size``, or with the batch in ``dims``
+    the artifact's own largest)."""
+    signature = model.signature
+    return deployment.served_batch_range(max_batch=model.max_batch_size, batch_dim=signature.batch_dim,
+                                         served_max=cfg.build.max_batch, profile_min=signature.profile_min,
+                                         profile_max=signature.profile_max)[1]
+
+
+def _model_entry(model: triton.Model, p: Planned, repository: Path) -> dict:
     return {"name": model.name, "candidate": p.name, "verdict": p.verdict, "verdict_sha256": p.sha256,
             "platform": model.platform or None, "backend": model.backend or None, "device": p.backend.device,
             "max_batch_size": model.max_batch_size, "preferred_batch_sizes": list(model.preferred_batch_sizes),
+            "parameters": dict(model.parameters), "gated_precision": p.backend.precision,
+            "runs_in": _runs_in(model, p, repository),
             "inputs": [asdict(t) for t in model.signature.inputs],
             "outputs": [asdict(t) for t in model.signature.outputs]}
+
+
+def _runs_in(model: triton.Model, p: Planned, repository: Path) -> str:
+    """The precision the stock backend computes this model in on this CPU (OpenVINO: compiled the way the backend
+    compiles it, and asked), as conformance records it for verify."""
+    if model.backend == "openvino":
+        from pipeline.runtime import triton_stock
+
+        try:
+            loaded = triton_stock.Model(repository / model.name, cpu_bf16=triton_stock.SIMULATED_CPU_BF16)
+        except (triton_stock.StockError, InputError) as exc:
+            return f"not loaded here: {first_line(exc)[:200]}"
+        return f"{loaded.precision} (OpenVINO CPU plugin, on {env.cpu_model()})"
+    if model.platform == "tensorrt_plan":
+        return f"{p.backend.precision} (strongly typed engine: the precisions written in the graph)"
+    where = "CUDA provider" if model.gpu else "CPU provider"
+    return f"the {p.backend.precision} graph as ONNX Runtime's {where} computes it (verify's {p.name})"
 
 
 # --------------------------------------------------------------------------- serving it here
 
 
-def serve_and_check(cfg: Config, run_dir: RunDir, model: triton.Model, p: Planned) -> dict:
-    """Serve ``model`` (its verified runner behind Triton's dynamic batcher), send the validation images over HTTP
-    and gRPC at concurrency 1 and the largest configured, judge the served outputs against the artifact's own with
-    the gate, and time it from the client's side beside the runner in this process."""
+def serve_and_check(cfg: Config, run_dir: RunDir, repository: Path, models: list[tuple[triton.Model, Planned]]) -> dict:
+    """Serve the repository as written: every model folder read back from disk and executed with its stock backend's
+    behaviour (:mod:`pipeline.runtime.triton_stock`) behind Triton; the validation images sent at batch 1, at the
+    largest batch and from 8 clients at once; each arrangement judged by verify's criteria for the model's precision
+    against the FP32 PyTorch reference (:mod:`pipeline.evaluation.served`). Then one model timed from the client's
+    side. The models a GPU runs are listed as not served here."""
     from pipeline.core import data, modeling
-    from pipeline.evaluation import candidates
-    from pipeline.runtime import triton_serve
-    from pipeline.runtime.backends import Context
+    from pipeline.evaluation import candidates, served
+    from pipeline.runtime import triton_serve, triton_stock
 
-    card = modeling.read_card(run_dir, "deploy")
+    reference_model, card = modeling.load_trained(cfg, run_dir, "deploy")
     spec = card["spec"]
     images, labels = data.labelled_validation_batch(cfg, card, cfg.deploy.serve_samples, spread=True)
+    reference = _reference(reference_model, images, cfg.verify.batch_size)
+    here = [(m, p) for m, p in models if not m.gpu and m.platform != "tensorrt_plan"]
+    not_here = [{"model": m.name, "verdict": Status.SKIPPED, "reason": "not served on this machine: it needs a GPU"}
+                for m, _ in models if m.name not in {h.name for h, _ in here}]
+    written = written_files(repository) or {}
     method = triton_serve.Method(cfg.deploy.warmup_s, cfg.deploy.window_s, cfg.deploy.stability, cfg.deploy.max_trials)
-    gate = candidates.gate_for(cfg, p.name, p.backend.precision)
-    ctx = Context(cfg, run_dir, "deploy", spec, isolate=False)
-    with p.backend.make(ctx) as runner, _workspace(run_dir) as workspace:
-        def infer(batch: np.ndarray) -> np.ndarray:
-            return runner.infer({spec["input_name"]: batch})[spec["output_name"]]
+    log_file = run_dir.file(a.child_log("deploy", "tritonserver"))
+    log_file.parent.mkdir(exist_ok=True)
+    with triton_stock.Repository(repository, [m.name for m, _ in here],
+                                 cpu_bf16=triton_stock.SIMULATED_CPU_BF16) as stock, \
+            FRONT_END(stock, [m for m, _ in here], run_dir, log_file) as (send, server, timed):
+        results = []
+        for m, p in here:
+            model = served.Served(m.name, p.backend.precision, candidates.gate_for(cfg, p.name, p.backend.precision),
+                                  {k: v for k, v in written.items() if k.startswith(f"{m.name}/")},
+                                  served_max_batch(cfg, m))
+            loaded = stock.models.get(m.name)
+            results.append(served.check_model(model, send, images, labels, reference, spec["output_name"],
+                                              cfg.verify.confidence, load_error=stock.errors.get(m.name, ""),
+                                              served_precision=loaded.precision if loaded else None,
+                                              repository=repository))
+        timed_name = _timed(cfg, [r for r in results if r["verdict"] == Status.PASSED])
+        timings = ([asdict(t) for t in timed(timed_name, images[:1], method, cfg.deploy.concurrency)]
+                   if timed_name else [])
+    verdict = deployment.serving_verdict([r["verdict"] for r in results])
+    failing = [f"{r['model']}: {r['reason']}" for r in results if r["verdict"] != Status.PASSED]
+    return {"server": server, "cpu": env.cpu_model(), "cores": env.usable_cores(), "images": len(images),
+            "reference": "the trained FP32 PyTorch model (verify's reference)", "models": results + not_here,
+            "verdict": verdict, "reason": "; ".join(failing) or ("" if results else "no model is served here"),
+            "timed": timed_name, "method": asdict(method), "timings": timings}
 
-        reference = np.concatenate([infer(images[i : i + cfg.verify.batch_size])
-                                    for i in range(0, len(images), cfg.verify.batch_size)])
-        timings = [_in_process(infer, images[:1], method)]
-        log_file = run_dir.file(a.child_log("deploy", "tritonserver"))
-        log_file.parent.mkdir(exist_ok=True)
-        with triton_serve.served(model, infer, workspace=workspace, log_file=log_file) as server:
-            checks = [_check(server, protocol, c, images, labels, reference, gate, cfg, spec)
-                      for protocol in triton_serve.PROTOCOLS for c in sorted({1, max(cfg.deploy.concurrency)})]
-            timings += [triton_serve.measure(triton_serve.client_sender(server, protocol, images[:1]),
-                                             where=protocol, concurrency=c, method=method)
-                        for protocol in triton_serve.PROTOCOLS for c in cfg.deploy.concurrency]
-    matches = [deployment.ServedMatch(c["images"], c["identical"], c["max_abs_diff"], c["status"]) for c in checks]
-    verdict = deployment.serving_verdict(matches)
-    failing = [f"{c['protocol']} at concurrency {c['concurrency']}: {c['status']}" for c in checks
-               if c["status"] != Status.PASSED]
-    return {"candidate": p.name, "server": {"triton": server.version, "start_s": server.start_s,
-                                            "binary": "tritonserver from nvidia-pytriton (Python backend)"},
-            "cpu": env.cpu_model(), "cores": env.usable_cores(), "images": len(images),
-            "max_batch_size": model.max_batch_size, "preferred_batch_sizes": list(model.preferred_batch_sizes),
-            "checks": checks, "verdict": verdict, "reason": "; ".join(failing),
-            "method": asdict(method), "timings": [asdict(t) for t in timings]}
+
+def _reference(model, images: np.ndarray, batch: int) -> np.ndarray:
+    import torch
+
+    with torch.inference_mode():
+        return np.concatenate([model(torch.from_numpy(images[i: i + batch])).float().numpy()
+                               for i in range(0, len(images), batch)])
+
+
+def _timed(cfg: Config, passed: list[dict]) -> str | None:
+    """The model timed: deploy.serve_candidate when it was served and passed, else the first that passed."""
+    names = [r["model"] for r in passed]
+    return cfg.deploy.serve_candidate if cfg.deploy.serve_candidate in names else (names[0] if names else None)
+
+
+@contextlib.contextmanager
+def triton_front_end(stock, models: list[triton.Model], run_dir: RunDir, log_file: Path):
+    """Triton (the ``tritonserver`` of nvidia-pytriton, on the loopback) in front of the stock backends: each model
+    bound with the repository's batching, each execution handed to the model's stock backend. Yields ``send(name,
+    batch)`` (HTTP, a client per thread), the server's description and ``timed(name, image, method)``."""
+    from pipeline.runtime import triton_serve
+
+    bound = [(m, _executor(stock, m.name)) for m in models if m.name in stock.models]
+    if not bound:  # nothing loaded: nothing to start
+        yield _refused_send, {"triton": None, "binary": "not started: no model loaded"}, lambda *a: []
+        return
+    with _workspace(run_dir) as workspace, triton_serve.served(bound, workspace=workspace,
+                                                               log_file=log_file) as server:
+        clients = threading.local()
+
+        def send(name: str, batch: np.ndarray) -> np.ndarray:
+            key = f"http:{name}"
+            client = getattr(clients, "by", {}).get(key)
+            if client is None:
+                clients.by = {**getattr(clients, "by", {}),
+                              key: triton_serve.Client(server, "http", server.models[name])}
+                client = clients.by[key]
+            return client.infer(batch)
+
+        def timed(name: str, image: np.ndarray, method, concurrency: list[int]) -> list:
+            model = server.models[name]
+            rows = [_in_process(lambda b: stock.infer(name, b), image, method)]
+            for protocol in triton_serve.PROTOCOLS:
+                for c in concurrency:
+                    rows.append(triton_serve.measure(
+                        triton_serve.client_sender(server, protocol, image, model), where=protocol, concurrency=c,
+                        method=method))
+            return rows
+
+        yield send, {"triton": server.version, "start_s": server.start_s,
+                     "binary": "tritonserver from nvidia-pytriton; each model's executions by its stock backend's "
+                               "behaviour (pipeline/runtime/triton_stock.py)"}, timed
+
+
+def _executor(stock, name: str):
+    model = stock.models[name]
+
+    def run(batch: np.ndarray) -> np.ndarray:
+        return model.execute([batch])[0]
+
+    return run
+
+
+def _refused_send(name: str, batch: np.ndarray) -> np.ndarray:
+    raise RuntimeError(f"{name} is not loaded")
+
+
+# How --serve reaches the repository: Triton through PyTriton (the serve extra). The planted-defect tests put the stock
+# backends' own scheduler here instead (pipeline.evaluation.served.in_process), where the extra is not installed.
+FRONT_END = triton_front_end
 
 
 @contextlib.contextmanager
@@ -401,22 +561,3 @@ def _in_process(infer, image: np.ndarray, method) -> object:
         return (lambda: infer(image)), (lambda: None)
 
     return triton_serve.measure(make, where="in-process", concurrency=1, method=method)
-
-
-def _check(server, protocol: str, concurrency: int, images, labels, reference, gate: dict, cfg: Config,
-           spec: dict) -> dict:
-    """One protocol at one concurrency: every image served, judged against the artifact's own output."""
-    from pipeline.precision import gate as criteria
-    from pipeline.runtime import triton_serve
-
-    served = triton_serve.infer_images(server, protocol, images, concurrency)
-    name = spec["output_name"]
-    result = criteria.judge([{name: served}], [{name: reference}], labels, gate, name, cfg.verify.confidence)
-    identical = int(np.all(served == reference, axis=tuple(range(1, served.ndim))).sum())
-    diff = float(np.max(np.abs(served.astype(np.float64) - reference))) if served.size else 0.0
-    log.info("deploy: %s concurrency %d: %d images, %d identical, max |diff| %.3g: %s", protocol, concurrency,
-             len(images), identical, diff, result["status"])
-    return {"protocol": protocol, "concurrency": concurrency, "images": len(images), "identical": identical,
-            "max_abs_diff": diff, "status": result["status"],
-            "max_scaled_error": result["tensor_check"].get("max_scaled_error"),
-            "top1_agreement": result["task_check"]["top1_agreement"]}

@@ -191,7 +191,7 @@ def _qat_summary(entry: dict) -> str:
 def _deploy_summary(entry: dict) -> str:
     deploy = records.from_entry(records.DeployRecord, entry) or records.DeployRecord()
     refused = f"; refused: {', '.join(deploy.refused)}" if deploy.refused else ""
-    served = f"; served and checked over HTTP and gRPC: {deploy.served}" if deploy.served else ""
+    served = f"; served as written and gated against the FP32 reference: {deploy.served}" if deploy.served else ""
     return f"{deploy.repository}: {', '.join(deploy.models)}{refused}{served}"
 
 
@@ -276,14 +276,15 @@ STAGES = {
     # A handoff, not a step of `all`: a Triton model repository outside the run directory (docs/deploy.md).
     "deploy": Stage("deploy", "deploy", ("model", "data", "build", "verify", "deploy"),
                     (a.VERIFY_JSON, a.BENCHMARK_JSON), ("verify", "benchmark"),
-                    help="write a Triton model repository of every artifact that passed the gate (--serve: serve one "
-                         "with a local Triton and check it end to end)",
+                    help="write a Triton model repository of every artifact that passed the gate (--serve: serve the "
+                         "repository as written with a local Triton and gate what comes back)",
                     options=(Option("--target", "the serving system (default deploy.target)", config="deploy.target",
                                     metavar="triton"),
                              Option("--out", "the model repository folder (default deploy.out)", config="deploy.out",
                                     metavar="DIR"),
-                             Option("--serve", "serve deploy.serve_candidate with Triton here (the serve extra), check "
-                                    "its outputs through the gate over HTTP and gRPC, and time it",
+                             Option("--serve", "serve the written repository with Triton here (the serve extra), each "
+                                    "model with its stock backend's behaviour; gate its outputs at batch 1, the "
+                                    "largest batch and concurrency 8 against the FP32 reference; time one",
                                     config="deploy.serve")),
                     summary=_deploy_summary),
 }

@@ -6,7 +6,6 @@ anything is written, and a folder deploy did not write left alone."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 
@@ -46,28 +45,39 @@ def test_every_config_parses_as_model_config_and_matches_its_artifact(clone_run,
     assert cli("deploy", "--run-dir", run, "--out", out) == 0
     verify = {c["name"]: c for c in json.loads((run / "verify.json").read_text())["candidates"]}
     benchmark = json.loads((run / "benchmark.json").read_text())["results"]
-    folders = sorted(p for p in out.iterdir())
+    folders = sorted(p for p in out.iterdir() if p.is_dir())
     from pipeline.runtime import openvino_ir
 
     bf16 = {"openvino_bf16"} if not openvino_ir.bf16_reason() else set()  # a CPU with bf16 units runs (and passes) it
-    assert {p.name for p in folders} == {"onnxrt_fp32", "onnxrt_fp16_cpu", "openvino_fp32"} | bf16
+    assert {p.name for p in folders} == {"onnxrt_fp32", "onnxrt_fp16_cpu"} | bf16
     for folder in folders:
         config = _parse(folder)
-        assert config.name == folder.name and config.max_batch_size == 32  # build.max_batch, which verify checked
+        openvino = config.backend == "openvino"
+        # build.max_batch, which verify checked; OpenVINO: 0, its batch dynamic in dims (the backend would fix it)
+        assert config.name == folder.name and config.max_batch_size == (0 if openvino else 32)
         artifact = _dims_of_artifact(folder)
         for tensor in [*config.input, *config.output]:
             dtype, dims = artifact[tensor.name]
-            assert mc.DataType.Name(tensor.data_type) == dtype and (-1, *tensor.dims) == dims
+            assert mc.DataType.Name(tensor.data_type) == dtype
+            assert (tuple(tensor.dims) if openvino else (-1, *tensor.dims)) == dims
         assert config.instance_group[0].kind == mc.ModelInstanceGroup.Kind.KIND_CPU
         sidecar = json.loads((folder / "pipeline.json").read_text())
         assert sidecar["verdict"] == "passed" == verify[folder.name]["status"]
         assert sidecar["verdict_sha256"] == verify[folder.name]["artifact_sha256"]
+    if bf16:
+        assert _parse(out / "openvino_bf16").parameters["HINT_BF16"].string_value == "YES"
+    written = json.loads((out / "pipeline.files.json").read_text())["files"]
+    on_disk = {p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()} - {"pipeline.files.json"}
+    assert set(written) == on_disk and all(len(v) == 64 for v in written.values())
     onnx_fp32 = _parse(out / "onnxrt_fp32")
-    assert config.backend == "openvino" and onnx_fp32.backend == "onnxruntime"
+    assert onnx_fp32.backend == "onnxruntime"
     measured = {r["batch_size"] for r in benchmark if r["backend"] == "onnxrt_fp32"}
     assert set(onnx_fp32.dynamic_batching.preferred_batch_size) <= measured  # from benchmark's curve
-    assert list(_parse(out / "openvino_fp32").dynamic_batching.preferred_batch_size) == []  # not benchmarked in TINY
     deployed = json.loads((run / "deploy.json").read_text())
+    refused = {r["candidate"]: r["reason"] for r in deployed["refused"]}
+    assert "only precision parameter is HINT_BF16" in refused["openvino_fp32"]  # it would run in bf16 on a BF16 CPU
+    runs_in = {m["name"]: m["runs_in"] for m in deployed["models"]}
+    assert all(runs_in.values()) and (not bf16 or runs_in["openvino_bf16"].startswith("bf16"))
     assert {m["name"] for m in deployed["models"]} == {p.name for p in folders}
     assert "deploy.json" in json.loads((run / "manifest.json").read_text())["stages"]["deploy"]["artifacts"]
     assert cli("report", "--run-dir", run) == 0
@@ -111,26 +121,92 @@ def test_an_engine_for_another_triton_release_is_refused_before_anything_is_writ
     assert not out.exists() and not list(tmp_path.glob(".repo.*"))
 
 
+def _tree(root):
+    return {p.relative_to(root).as_posix(): (p.read_bytes() if p.is_file() else None) for p in root.rglob("*")}
+
+
 def test_a_folder_deploy_did_not_write_is_left_alone(clone_run, tmp_path, capfd):
     run, out = clone_run(), tmp_path / "repo"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
     assert cli("deploy", "--run-dir", run, "--out", out) == 2
-    assert "has files deploy did not write" in capfd.readouterr().err
+    assert "files deploy did not write" in capfd.readouterr().err
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
     assert cli("deploy", "--run-dir", run) == 2  # no --out, no deploy.out
     assert "--out DIR" in capfd.readouterr().err
     assert cli("deploy", "--run-dir", run, "--out", run / "inside") == 2
 
 
-def test_serve_without_the_extra_says_how_to_get_it(clone_run, tmp_path, capfd, monkeypatch):
+def test_user_files_beside_folders_that_look_like_models_are_never_touched(clone_run, tmp_path, capfd):
+    """The data loss of issue 44: subfolders each holding a pipeline.json were taken for an old repository and the
+    folder replaced whole, a data.csv beside them with it."""
+    run, out = clone_run(), tmp_path / "repo"
+    for name in ("a", "b"):
+        (out / name).mkdir(parents=True)
+        (out / name / "pipeline.json").write_text("{}")
+    (out / "data.csv").write_text("x,y\n1,2\n")
+    before = _tree(out)
+    assert cli("deploy", "--run-dir", run, "--out", out) == 2
+    assert "no pipeline.files.json" in capfd.readouterr().err
+    assert _tree(out) == before
+
+
+def test_a_repository_deploy_wrote_is_replaced_only_while_it_is_exactly_what_it_wrote(clone_run, tmp_path, capfd):
+    run, out = clone_run(), tmp_path / "repo"
+    assert cli("deploy", "--run-dir", run, "--out", out) == 0
+    (out / "onnxrt_fp32" / "mine.txt").write_text("a note")  # a user's file inside a model folder
+    before = _tree(out)
+    assert cli("deploy", "--run-dir", run, "--out", out) == 2
+    assert "onnxrt_fp32/mine.txt" in capfd.readouterr().err and _tree(out) == before
+    (out / "onnxrt_fp32" / "mine.txt").unlink()
+    (out / "onnxrt_fp32" / "config.pbtxt").write_text((out / "onnxrt_fp32" / "config.pbtxt").read_text() + "\n")
+    before = _tree(out)
+    assert cli("deploy", "--run-dir", run, "--out", out) == 2  # an edited file deploy wrote: the edit is kept
+    assert "changed since deploy wrote them (onnxrt_fp32/config.pbtxt)" in capfd.readouterr().err
+    assert _tree(out) == before
+    (out / "onnxrt_fp32" / "config.pbtxt").unlink()  # removing a file deploy wrote loses nothing of the user's
+    assert cli("deploy", "--run-dir", run, "--out", out) == 0
+
+
+@pytest.mark.parametrize("umask, want", [(0o022, 0o755), (0o027, 0o750)])
+def test_the_repository_follows_the_umask(clone_run, tmp_path, umask, want):
+    """Readable by a Triton running as another user where the umask lets files be (the root was always 0700)."""
+    import os
+    import stat
+
+    run, out = clone_run(), tmp_path / "repo"
+    old = os.umask(umask)
+    try:
+        assert cli("deploy", "--run-dir", run, "--out", out) == 0
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(out.stat().st_mode) == want
+    for path in out.rglob("*"):
+        assert stat.S_IMODE(path.stat().st_mode) == (want if path.is_dir() else want & 0o666), path
+
+
+def test_serve_without_the_extra_says_how_to_get_it_before_anything_is_written(clone_run, tmp_path, capfd,
+                                                                              monkeypatch):
     from pipeline.runtime import triton_serve
 
     monkeypatch.setattr(triton_serve, "available", lambda: "No module named 'pytriton'; " + triton_serve.INSTALL)
     run = clone_run()
     assert cli("deploy", "--run-dir", run, "--out", tmp_path / "repo", "--serve") == 3
     assert "pip install -e '.[serve]'" in capfd.readouterr().err
-    shutil.rmtree(tmp_path / "repo", ignore_errors=True)
+    assert not (tmp_path / "repo").exists() and not (run / "deploy.json").exists()
+    assert not list(tmp_path.glob(".repo.*"))
+
+
+def test_a_bf16_engine_that_passed_deploys(clone_run, monkeypatch):
+    """tensorrt_bf16 comes from the backend table like every deployment (deploy kept a second table without it)."""
+    from pipeline import deploy
+    from pipeline.core.run import RunDir
+    from pipeline.reports import verify_report
+
+    run = clone_run()
+    monkeypatch.setattr(verify_report, "read_verdicts", lambda run_dir: {"tensorrt_bf16": "passed"})
+    plans = {p.name: p for p in deploy.plan(RunDir(run))}
+    assert plans["tensorrt_bf16"].refused == "" and plans["tensorrt_bf16"].format is deploy.PLAN
 
 
 def test_an_engines_signature_and_max_batch_size_come_from_the_engine(tiny_run, monkeypatch):

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pipeline.core import deployment
-from pipeline.core.deployment import ServedMatch, TritonRelease
+from pipeline.core.deployment import TritonRelease
 from pipeline.core.status import Status
 
 # --------------------------------------------------------------------------- refusal
@@ -41,14 +41,36 @@ def test_refused_exactly_when_the_verdict_does_not_count_as_passed(status, polic
 # --------------------------------------------------------------------------- max_batch_size
 
 
-@pytest.mark.parametrize("batch_dim, profile_max, served, want", [
-    (None, None, 32, 32),  # dynamic ONNX / IR: what the build profile serves and verify checked
-    (None, 16, 32, 16),  # an engine: its own profile, whatever the config says now
-    (1, None, 32, 1),  # a static batch of one still batches (of one)
-    (3, None, 32, 0),  # a first dimension other than a batch: no batching
+@pytest.mark.parametrize("batch_dim, profile_min, profile_max, fixed, served, want", [
+    (None, None, None, False, 32, 32),  # dynamic ONNX: what the build profile serves and verify checked
+    (None, 1, 16, False, 32, 16),  # an engine: its own profile, whatever the config says now
+    (None, 4, 16, False, 32, 0),  # an engine whose profile starts at 4: Triton's batching would send it batch 1
+    (1, None, None, False, 32, 1),  # a static batch of one still batches (of one)
+    (3, None, None, False, 32, 0),  # a first dimension other than a batch: no batching
+    (None, None, None, True, 32, 0),  # OpenVINO: the backend fixes the batch at max_batch_size (set_batch)
 ])
-def test_max_batch_size(batch_dim, profile_max, served, want):
-    assert deployment.max_batch_size(batch_dim=batch_dim, profile_max=profile_max, served_max=served) == want
+def test_max_batch_size(batch_dim, profile_min, profile_max, fixed, served, want):
+    assert deployment.max_batch_size(batch_dim=batch_dim, profile_min=profile_min, profile_max=profile_max,
+                                     served_max=served, batch_fixed_by_backend=fixed) == want
+
+
+@given(st.one_of(st.none(), st.integers(1, 64)),
+       st.one_of(st.none(), st.tuples(st.integers(1, 64), st.integers(1, 64))), st.booleans(), st.integers(1, 64))
+def test_every_batch_a_model_is_written_for_is_one_its_artifact_takes(batch_dim, profile, fixed, served):
+    """Whatever max_batch_size is written, the batches it lets a request carry lie within the artifact's own range
+    (an engine's profile, a static first dimension), and batch 1 reaches a batching model."""
+    low, high = sorted(profile) if profile and batch_dim is None else (None, None)
+    largest = deployment.max_batch_size(batch_dim=batch_dim, profile_min=low, profile_max=high, served_max=served,
+                                        batch_fixed_by_backend=fixed)
+    smallest, biggest = deployment.served_batch_range(max_batch=largest, batch_dim=batch_dim, served_max=served,
+                                                      profile_min=low, profile_max=high)
+    assert smallest <= biggest
+    if low is not None:
+        assert low <= smallest and biggest <= high
+    if batch_dim is not None and batch_dim != 1:
+        assert largest == 0 and smallest == biggest == batch_dim
+    if fixed and batch_dim is None:
+        assert largest == 0  # the batch stays dynamic in dims: every batch from 1 to max works
 
 
 # --------------------------------------------------------------------------- preferred batch sizes
@@ -130,11 +152,110 @@ def test_nothing_to_check_and_unknown_releases():
 
 
 def test_served_checks_fold_like_verify_and_none_is_not_a_pass():
-    ok, off = ServedMatch(8, 8, 0.0, Status.PASSED), ServedMatch(8, 0, 3.0, Status.FAILED)
-    assert deployment.serving_verdict([ok, ok]) == Status.PASSED and ok.passed
-    assert deployment.serving_verdict([ok, off]) == Status.FAILED and not off.passed
-    assert deployment.serving_verdict([ok, ServedMatch(8, 7, 1e-6, Status.INCONCLUSIVE)]) == Status.INCONCLUSIVE
+    assert deployment.served_verdict([Status.PASSED, Status.PASSED]) == Status.PASSED
+    assert deployment.served_verdict([Status.PASSED, Status.FAILED]) == Status.FAILED
+    assert deployment.served_verdict([Status.PASSED, Status.INCONCLUSIVE]) == Status.INCONCLUSIVE
+    assert deployment.served_verdict([]) == Status.FAILED
+    assert deployment.served_verdict([Status.PASSED], refused=True) == Status.FAILED  # a swapped file, say
+    assert deployment.serving_verdict([Status.PASSED, Status.PASSED]) == Status.PASSED
+    assert deployment.serving_verdict([Status.PASSED, Status.FAILED]) == Status.FAILED
     assert deployment.serving_verdict([]) == Status.FAILED
+
+
+@given(st.lists(st.sampled_from([Status.PASSED, Status.FAILED, Status.INCONCLUSIVE]), max_size=6), st.booleans())
+def test_a_served_model_passes_only_when_every_arrangement_passed_and_nothing_was_wrong_before(statuses, refused):
+    verdict = deployment.served_verdict(statuses, refused=refused)
+    assert (verdict == Status.PASSED) == (bool(statuses) and not refused and set(statuses) == {Status.PASSED})
+
+
+# --------------------------------------------------------------------------- the stock backends' limits
+
+
+@pytest.mark.parametrize("candidate, triton, precision, device, words", [
+    ("openvino_fp32", "openvino", "fp32", "cpu", "HINT_BF16"),
+    ("openvino_int8", "openvino", "int8", "cpu", "HINT_BF16"),
+    ("onnxrt_int8_cpu", "onnxruntime", "int8", "cpu", "WeightBiasQuantization"),
+    ("x", None, "fp32", "cpu", "no Triton backend"),
+])
+def test_a_model_the_stock_backend_cannot_run_as_gated_is_refused(candidate, triton, precision, device, words):
+    reason = deployment.stock_refusal(candidate, triton, precision, device)
+    assert reason.startswith(f"{candidate}: ") and words in reason
+
+
+@pytest.mark.parametrize("candidate, triton, precision, device", [
+    ("openvino_bf16", "openvino", "bf16", "cpu"), ("onnxrt_fp32", "onnxruntime", "fp32", "cpu"),
+    ("onnxrt_fp16_cpu", "onnxruntime", "fp16", "cpu"), ("onnxrt_cuda_fp16", "onnxruntime", "fp16", "cuda"),
+    ("tensorrt_bf16", "tensorrt_plan", "bf16", "cuda"), ("tensorrt_int8", "tensorrt_plan", "int8", "cuda")])
+def test_what_the_stock_backend_can_run_as_gated_is_not(candidate, triton, precision, device):
+    assert deployment.stock_refusal(candidate, triton, precision, device) == ""
+
+
+def test_the_bf16_ir_is_written_with_the_hint_and_nothing_else_is():
+    assert deployment.stock_parameters("openvino", "bf16") == (("HINT_BF16", "YES"),)
+    assert deployment.stock_parameters("onnxruntime", "fp32") == ()
+    assert deployment.stock_parameters("tensorrt_plan", "bf16") == ()
+
+
+def test_a_precision_other_than_the_gated_one_is_named():
+    assert deployment.precision_mismatch("fp32", "bf16") == "the backend runs it in bf16, but verify gated it in fp32"
+    assert deployment.precision_mismatch("bf16", "f32") != ""
+    assert deployment.precision_mismatch("fp32", "f32") == deployment.precision_mismatch("bf16", "bf16") == ""
+    assert deployment.precision_mismatch("fp16", None) == ""  # a backend that does not say
+
+
+def test_every_gating_deployment_backend_has_a_deploy_format():
+    """One table: a backend verify gates as a deployment names the Triton backend that runs it, so deploy (whose
+    formats come from there) writes it; a new backend needs no second edit (tensorrt_bf16 was missing from deploy's
+    own table)."""
+    from pipeline import deploy
+    from pipeline.runtime import backends
+
+    gating = [b for b in backends.candidates() if b.gates and b.deploys]
+    assert {"tensorrt_bf16", "tensorrt_fp16", "openvino_bf16", "onnxrt_fp32"} <= {b.name for b in gating}
+    missing = [b.name for b in gating if b.triton not in deploy.FORMATS]
+    assert missing == []
+    assert not [b.name for b in backends.TABLE if not b.deploys and b.triton]  # an emulation is no deployment
+
+
+# --------------------------------------------------------------------------- which verify.json deploy trusts
+
+
+@given(st.sampled_from([*list(Status), None]), st.one_of(st.none(), st.integers(0, 5)), st.booleans())
+def test_verify_finished_only_when_it_ended_ok_or_failed_its_gate_and_the_file_is_its(status, code, same):
+    finished = deployment.verify_finished(status, code, "a" * 64, "a" * 64 if same else "b" * 64)
+    assert finished == (same and (status == Status.OK or (status == Status.FAILED and code == 1)))
+
+
+# --------------------------------------------------------------------------- which folder deploy may replace
+
+
+def test_an_empty_folder_or_exactly_what_deploy_wrote_may_be_replaced():
+    written = {"m/config.pbtxt": "1" * 64, "m/1/model.onnx": "2" * 64}
+    assert deployment.replace_refusal({}, None) == ""
+    assert deployment.replace_refusal({"m": "dir", "m/1": "dir", **written}, written) == ""
+    assert deployment.replace_refusal({"m": "dir"}, written) == ""  # files deploy wrote, since removed
+
+
+@pytest.mark.parametrize("on_disk, written, words", [
+    ({"data.csv": "3" * 64}, None, "no pipeline.files.json"),
+    ({"m": "dir", "m/pipeline.json": "4" * 64, "data.csv": "3" * 64}, None, "no pipeline.files.json"),
+    ({"m": "dir", "m/config.pbtxt": "1" * 64, "data.csv": "3" * 64}, {"m/config.pbtxt": "1" * 64}, "data.csv"),
+    ({"m": "dir", "m/config.pbtxt": "9" * 64}, {"m/config.pbtxt": "1" * 64}, "changed since deploy wrote them"),
+    ({"m": "dir", "m/extra": "dir"}, {"m/config.pbtxt": "1" * 64}, "m/extra"),
+    ({"m": "dir", "m/link": "other"}, {"m/config.pbtxt": "1" * 64}, "m/link"),
+])
+def test_a_folder_with_anything_deploy_did_not_write_is_refused(on_disk, written, words):
+    reason = deployment.replace_refusal(on_disk, written)
+    assert words in reason and "nothing there is removed" in reason or "name an empty or new folder" in reason
+
+
+@given(st.dictionaries(st.sampled_from(["a", "b/c", "b/d", "e"]), st.sampled_from(["1" * 64, "2" * 64, "other"]),
+                       max_size=4),
+       st.dictionaries(st.sampled_from(["a", "b/c", "b/d"]), st.sampled_from(["1" * 64, "2" * 64]), max_size=3))
+def test_replaced_only_when_every_entry_is_one_deploy_wrote_unchanged(on_disk, written):
+    folders = {"b": "dir"} if any(k.startswith("b/") for k in on_disk) else {}
+    allowed = deployment.replace_refusal({**folders, **on_disk}, written) == ""
+    assert allowed == all(written.get(k) == v for k, v in on_disk.items())
 
 
 # --------------------------------------------------------------------------- a config.pbtxt against its artifact

@@ -453,10 +453,10 @@ class DeployConfig(Section):
                                     "preferred batch, in microseconds")
     preferred_fraction: float = Field(0.9, gt=0, le=1, description="preferred batch sizes: the smallest measured batch "
                                       "reaching this share of the best benchmark throughput, and the best one")
-    serve: bool = Field(False, description="also serve serve_candidate with a local Triton (the `serve` extra), check "
-                        "its outputs through the gate over HTTP and gRPC and time it (`deploy --serve`)")
-    serve_candidate: str = Field("openvino_fp32", description="the CPU artifact `deploy --serve` serves (a verify "
-                                 "candidate that deploy wrote)")
+    serve: bool = Field(False, description="also serve the written repository with a local Triton (the `serve` extra), "
+                        "gate every model's outputs against the FP32 reference and time one (`deploy --serve`)")
+    serve_candidate: str = Field("onnxrt_fp32", description="the model `deploy --serve` times (when served and "
+                                 "passed; else the first that passed)")
     serve_samples: int = Field(64, ge=1, le=100_000, description="validation images sent through the server (each "
                                "at concurrency 1 and at the largest of concurrency, over HTTP and gRPC)")
     concurrency: list[int] = Field([1, 4], min_length=1, description="client concurrency levels timed (perf_analyzer's "

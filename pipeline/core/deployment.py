@@ -39,18 +39,41 @@ def refusal(candidate: str, status: str | None, policy: InconclusivePolicy) -> s
 # --------------------------------------------------------------------------- batch sizes
 
 
-def max_batch_size(*, batch_dim: int | None, profile_max: int | None, served_max: int) -> int:
-    """Triton's ``max_batch_size``: 0 for an artifact without a batch dimension of its own (a static first dimension
-    other than 1 is a shape, not a batch), else the engine profile's largest batch, else the largest batch the build
+def max_batch_size(*, batch_dim: int | None, profile_max: int | None, served_max: int, profile_min: int | None = None,
+                   batch_fixed_by_backend: bool = False) -> int:
+    """Triton's ``max_batch_size``, so that every batch the artifact serves reaches it.
+
+    0 (the batch dimension stays in ``dims`` and each request is executed as sent) for: an artifact without a batch
+    dimension of its own (a static first dimension other than 1 is a shape, not a batch); a backend that fixes the
+    batch at ``max_batch_size`` (``batch_fixed_by_backend``: Triton's openvino backend calls ``ov::set_batch(model,
+    max_batch_size)`` and refuses any other batch, openvino.cc:596-600 and 1049-1066, so a dynamic-batch IR keeps its
+    dynamic batch only with 0); an engine whose optimisation profile starts above 1 (batching Triton's way would send
+    it batches below the profile's minimum). Else the engine profile's largest batch, else the largest batch the build
     profile serves and verify checked (``build.max_batch``).
 
-    ``batch_dim``: the artifact's first dimension (None: dynamic); ``profile_max``: an engine's optimisation profile
-    maximum for that dimension (None: no profile)."""
+    ``batch_dim``: the artifact's first dimension (None: dynamic); ``profile_min``/``profile_max``: an engine's
+    optimisation profile bounds for that dimension (None: no profile)."""
     if batch_dim is not None and batch_dim != 1:
+        return 0
+    if batch_fixed_by_backend and batch_dim is None:
+        return 0
+    if profile_min is not None and profile_min > 1:
         return 0
     if profile_max is not None:
         return profile_max
     return served_max if batch_dim is None else 1
+
+
+def served_batch_range(*, max_batch: int, batch_dim: int | None, served_max: int,
+                       profile_min: int | None = None, profile_max: int | None = None) -> tuple[int, int]:
+    """The smallest and largest batch a model written with ``max_batch`` takes in one request: up to ``max_batch``
+    when Triton batches; with the batch in ``dims`` (``max_batch`` 0) the artifact's own range (an engine's profile,
+    else ``build.max_batch`` for a dynamic batch, else its static first dimension)."""
+    if max_batch > 0:
+        return 1, max_batch
+    if batch_dim is not None:
+        return batch_dim, batch_dim
+    return (profile_min or 1), (profile_max or served_max)
 
 
 def preferred_batch_sizes(curve: Sequence[tuple[int, float]], max_batch: int, fraction: float) -> tuple[int, ...]:
@@ -67,6 +90,102 @@ def preferred_batch_sizes(curve: Sequence[tuple[int, float]], max_batch: int, fr
     best_batch, best = max(fastest.items(), key=lambda p: (p[1], -p[0]))
     knee = min(batch for batch, speed in fastest.items() if speed >= fraction * best)
     return tuple(sorted({knee, best_batch}))
+
+
+# --------------------------------------------------------------------------- what the stock backends can be told
+
+OPENVINO_SOURCE = ("triton-inference-server/openvino_backend src/openvino.cc, release branch r25.08 (commit "
+                   "64651dcd5a7e; the same logic in r24.10, the Triton 2.51 of nvidia-pytriton)")
+ONNXRUNTIME_SOURCE = ("triton-inference-server/onnxruntime_backend src/onnxruntime.cc, release branch r25.08 (commit "
+                      "78357801c133)")
+
+
+def stock_refusal(candidate: str, triton: str | None, precision: str, device: str) -> str:
+    """Why Triton's stock backend for ``triton`` cannot be told to run ``candidate``'s artifact the way verify
+    gated it; "" when it can. An artifact is never written where the server would run it in another precision.
+
+    - OpenVINO FP32 and INT8: the backend's only precision parameter is ``HINT_BF16`` (openvino.cc:358-367, set as
+      ``ov::hint::inference_precision(bf16)``); nothing keeps FP32, and OpenVINO's CPU plugin computes in bf16 by
+      default on a CPU with bf16 units (AVX512_BF16, AMX). verify gated these in FP32 (INFERENCE_PRECISION_HINT=f32).
+    - ONNX Runtime INT8 on the CPU: verify ran it with ``WeightBiasQuantization`` off (it changes an INT8 graph's
+      results, runners.INT8_CPU_DISABLED_OPTIMIZERS); the backend sets only the graph optimisation level
+      (onnxruntime.cc:217-237), not single optimizers.
+    """
+    if triton is None:
+        return f"{candidate}: no Triton backend runs it"
+    if triton == "openvino" and precision in ("fp32", "int8"):
+        return (f"{candidate}: Triton's openvino backend cannot be told to keep FP32: its only precision parameter is "
+                "HINT_BF16 (openvino.cc:358), and OpenVINO's CPU plugin computes in bf16 by default on a CPU with "
+                "bf16 units (AVX512_BF16, AMX), a precision verify did not gate this artifact in; deploy the FP32 "
+                "graph as onnxrt_fp32 (or the BF16 IR, openvino_bf16) instead")
+    if triton == "onnxruntime" and precision == "int8" and device == "cpu":
+        return (f"{candidate}: Triton's onnxruntime backend cannot turn off the WeightBiasQuantization optimizer (it "
+                "sets only the graph optimisation level, onnxruntime.cc:217-237), which verify turned off because it "
+                "changes an INT8 graph's results; the served outputs would not be the ones verify gated")
+    return ""
+
+
+def stock_parameters(triton: str | None, precision: str) -> tuple[tuple[str, str], ...]:
+    """The ``parameters`` that make the stock backend run the artifact in the precision verify gated: ``HINT_BF16:
+    YES`` for the BF16 IR (without it a CPU whose plugin defaults to FP32 runs it in FP32)."""
+    if triton == "openvino" and precision == "bf16":
+        return (("HINT_BF16", "YES"),)
+    return ()
+
+
+def precision_mismatch(gated: str, served: str | None) -> str:
+    """Why a model served in ``served`` ("f32", "bf16", "f16": OpenVINO's element names, or None where the backend
+    does not say) is not the one verify gated in ``gated``; "" when it is. FP16 graphs on ONNX Runtime's CPU provider
+    and INT8 graphs compute their float regions as verify ran them, so only OpenVINO's hint is compared."""
+    if served is None:
+        return ""
+    wanted = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}.get(gated)
+    if wanted is None or wanted == served:
+        return ""
+    return f"the backend runs it in {served}, but verify gated it in {gated}"
+
+
+# --------------------------------------------------------------------------- which verify.json deploy trusts
+
+
+def verify_finished(status: str | None, exit_code: int | None, recorded_sha256: str | None, sha256: str) -> bool:
+    """Whether verify.json is the report of a verify that finished: the stage ended ok, or failed its gate (exit 1:
+    every verdict was reached), and the file is the one it recorded (``recorded_sha256``, the manifest's)."""
+    finished = status == Status.OK or (status == Status.FAILED and exit_code == 1)
+    return finished and recorded_sha256 == sha256
+
+
+# --------------------------------------------------------------------------- which folder deploy may replace
+
+
+def replace_refusal(on_disk: dict[str, str], written: dict[str, str] | None) -> str:
+    """Why deploy must not replace the folder whose entries are ``on_disk`` (relative path -> sha256 of a file, or
+    "dir" for a folder, "other" for a link or anything else); "" when it may: the folder is empty, or every entry is
+    one deploy wrote there, unchanged (``written``: its files manifest, pipeline.files.json, None when absent or
+    unreadable). A file deploy wrote and someone then removed is no reason to refuse; any other file is."""
+    if not on_disk:
+        return ""
+    if written is None:
+        return ("it holds files deploy did not write (no pipeline.files.json, deploy's record of what it wrote); name "
+                "an empty or new folder")
+    folders = {parent for path in written for parent in _parents(path)}
+    foreign = sorted(p for p, digest in on_disk.items()
+                     if p not in written and not (digest == "dir" and p in folders))
+    changed = sorted(p for p, digest in on_disk.items() if p in written and written[p] != digest)
+    if not foreign and not changed:
+        return ""
+    parts = []
+    if foreign:
+        parts.append(f"files deploy did not write ({', '.join(foreign[:5])}{', …' if len(foreign) > 5 else ''})")
+    if changed:
+        parts.append(f"files changed since deploy wrote them ({', '.join(changed[:5])}"
+                     f"{', …' if len(changed) > 5 else ''})")
+    return "it holds " + " and ".join(parts) + "; nothing there is removed: move them, or name another folder"
+
+
+def _parents(path: str) -> list[str]:
+    parts = path.split("/")[:-1]
+    return ["/".join(parts[: i + 1]) for i in range(len(parts))]
 
 
 # --------------------------------------------------------------------------- which Triton container runs an engine
@@ -178,21 +297,17 @@ def describe_releases(tensorrt: str | None, table: Sequence[TritonRelease] = TRI
 # --------------------------------------------------------------------------- served outputs
 
 
-@dataclass(frozen=True)
-class ServedMatch:
-    """How the served outputs of one protocol and concurrency compare with the verified artifact's, image by image."""
-
-    images: int
-    identical: int  # images whose output is bit for bit the in-process one
-    max_abs_diff: float
-    status: str  # the gate's verdict (pipeline.precision.gate.judge) of the served outputs against the artifact's
-
-    @property
-    def passed(self) -> bool:
-        return self.status == Status.PASSED
+def served_verdict(statuses: Sequence[str], *, refused: bool = False) -> Status:
+    """One served model's verdict: failed when something about it was wrong before any output was judged
+    (``refused``: its file changed, its load failed, its precision is not the gated one), else the fold verify uses
+    over its arrangements (failed if one failed, else inconclusive if one was, else passed); no arrangement judged is
+    not a pass."""
+    if refused or not statuses:
+        return Status.FAILED
+    return verdicts.fold(statuses)
 
 
-def serving_verdict(matches: Sequence[ServedMatch]) -> Status:
-    """The verdict over every served check: failed if one failed, else inconclusive if one was, else passed (the
-    fold verify uses); no check at all is not a pass."""
-    return verdicts.fold(m.status for m in matches) if matches else Status.FAILED
+def serving_verdict(model_verdicts: Sequence[str]) -> Status:
+    """The repository's verdict over its served models (those not served here, a GPU's, are left out by the caller):
+    the same fold; none served is not a pass."""
+    return verdicts.fold(model_verdicts) if model_verdicts else Status.FAILED

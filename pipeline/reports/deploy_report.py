@@ -11,7 +11,7 @@ from pipeline.core.schema import printable
 from pipeline.core.status import Status
 from pipeline.reports.tables import Cell, Section, Table, fmt
 
-WHERE = {"in-process": "in this process (the runner, no server)", "http": "Triton, HTTP client",
+WHERE = {"in-process": "in this process (the stock backend, no server)", "http": "Triton, HTTP client",
          "grpc": "Triton, gRPC client"}
 
 
@@ -46,9 +46,14 @@ def repository_section(payload: dict) -> Section:
 
 def served_section(serve: dict) -> Section:
     server = serve["server"]
-    checks = tuple((Cell(c["protocol"]), Cell(str(c["concurrency"])), Cell(str(c["images"])),
-                    Cell(f"{c['identical']} of {c['images']}"), Cell(fmt(c["max_abs_diff"])),
-                    Cell(c["status"], status=c["status"])) for c in serve["checks"])
+    checks = tuple((_code(m["model"]), Cell(printable(c["arrangement"], 60)),
+                    Cell(fmt(c.get("scaled_error")) if c.get("scaled_error") is not None else "-"),
+                    Cell(fmt(c.get("top1_agreement")) if c.get("top1_agreement") is not None else "-"),
+                    Cell(c["status"], status=c["status"]), Cell(printable(c.get("reason", ""), 300)))
+                   for m in serve["models"] for c in m.get("checks", ()))
+    models = tuple((_code(m["model"]), Cell(printable(m.get("served_precision") or "-", 20)),
+                    Cell(m["verdict"], status=m["verdict"]), Cell(printable(m.get("reason", ""), 400)))
+                   for m in serve["models"])
     timings = serve["timings"]
     base = next((t for t in timings if t["where"] == "in-process"), None)
     rows = tuple((Cell(WHERE.get(t["where"], printable(t["where"], 40))), Cell(str(t["concurrency"])),
@@ -59,22 +64,27 @@ def served_section(serve: dict) -> Section:
                        note="" if t["stable"] else f"{t['windows']} windows"))
                  for t in timings)
     m = serve["method"]
+    started = (f"ready {server['start_s']:.1f} s after start" if server.get("start_s") is not None
+               else "not started")
     paragraphs = (
-        (f"{printable(serve['candidate'], 80)} served by Triton {printable(server['triton'], 40)} "
-        f"({printable(server['binary'], 120)}) on {printable(serve['cpu'], 80)}, {serve['cores']} cores; ready "
-        f"{server['start_s']:.1f} s after start; max_batch_size {serve['max_batch_size']}, preferred batch sizes "
-        f"{serve['preferred_batch_sizes'] or 'none'}."),
-        f"Each of {serve['images']} validation images sent as its own request and judged by the gate against the "
-        "verified artifact's own outputs: " + (serve["verdict"] if not serve["reason"] else
-                                              f"{serve['verdict']} ({printable(serve['reason'], 300)})") + ".",
-        (f"Timing (perf_analyzer's method, one image per request, closed loop): {m['warmup_s']:g} s warm-up, windows "
-        f"of {m['window_s']:g} s until three agree within {100 * m['stability']:g}% (at most {m['max_trials']}); "
-        "percentiles over those three windows, client-side. The in-process row times the same runner without the "
-        "server; the last column is the served p50 over that one."))
+        (f"The repository as written, served by Triton {printable(server.get('triton') or '-', 40)} "
+         f"({printable(server['binary'], 200)}) on {printable(serve['cpu'], 80)}, {serve['cores']} cores; {started}."),
+        (f"{serve['images']} validation images sent at batch 1, at the largest batch and from 8 clients at once; each "
+         "arrangement judged by verify's criteria for the model's precision against the FP32 reference: "
+         + (serve["verdict"] if not serve["reason"] else f"{serve['verdict']} ({printable(serve['reason'], 600)})")
+         + "."),
+        (f"Timing of {printable(serve.get('timed') or 'no model', 80)} (perf_analyzer's method, one image per request, "
+         f"closed loop): {m['warmup_s']:g} s warm-up, windows of {m['window_s']:g} s until three agree within "
+         f"{100 * m['stability']:g}% (at most {m['max_trials']}); percentiles over those three windows, client-side. "
+         "The in-process row calls the same stock backend without the server; the last column is the served p50 over "
+         "that one."))
+    tables = [Table(("model", "runs in", "verdict", "reason"), models),
+              Table(("model", "arrangement", "scaled error", "top-1 agreement", "gate", "reason"), checks)]
+    if rows:
+        tables.append(Table(("where", "concurrency", "p50 ms", "p90 ms", "p95 ms", "p99 ms", "images/s",
+                             "p50 vs in-process", "stable"), rows))
     return Section("Served by Triton on this machine", status=serve["verdict"], paragraphs=paragraphs,
-                   tables=(Table(("protocol", "concurrency", "images", "bit-identical", "max |diff|", "gate"), checks),
-                           Table(("where", "concurrency", "p50 ms", "p90 ms", "p95 ms", "p99 ms", "images/s",
-                                  "p50 vs in-process", "stable"), rows)))
+                   tables=tuple(tables))
 
 
 def sections(payload: dict) -> list[Section]:

@@ -103,6 +103,9 @@ class Backend:
     # Whether it claims to compute in its lower precision (verify's precision manifest holds it to that); False
     # only where its label already says it does not (ONNX Runtime's CPU provider runs FP16 regions in FP32).
     claims_precision: bool = True
+    # How a Triton server runs its artifact ("tensorrt_plan", "onnxruntime", "openvino"; docs/deploy.md): deploy's
+    # formats come from here, so a new deployment backend needs no second table. None: no Triton backend runs it.
+    triton: str | None = None
 
     @property
     def claims(self) -> str | None:
@@ -359,7 +362,7 @@ TABLE: list[Backend] = [
             unavailable=_always, make=_torch("torch_compile", compile=True), benchmark="opt-in"),
     Backend("onnxrt_fp32", precision="fp32", device="cpu", artifact=FP32_ONNX, label="ONNX Runtime CPU, model.onnx",
             unavailable=_always, make=_ort("onnxrt_fp32", precision=None), candidate="onnxrt_fp32",
-            note="ONNX Runtime CPU", runtime=ORT),
+            note="ONNX Runtime CPU", runtime=ORT, triton="onnxruntime"),
     Backend("fp16_emulation", precision="fp16", device="cpu", artifact=graph_file("fp16"),
             label=_emulation_label("fp16"), unavailable=_needs("fp16"), make=_faithful("fp16"),
             candidate="fp16_emulation", benchmark="no", runtime="FP16 emulation", graph="fp16", deploys=False),
@@ -368,7 +371,7 @@ TABLE: list[Backend] = [
             unavailable=_needs("fp16"), make=_ort("onnxrt_fp16_cpu", precision="fp16"),
             candidate="onnxrt_fp16_cpu", shown_precision="fp16 graph",
             note="ONNX Runtime CPU runs most FP16 nodes through FP32 kernels", runtime=ORT, gates=False, graph="fp16",
-            claims_precision=False),
+            claims_precision=False, triton="onnxruntime"),
     # ONNX Runtime's CPU provider has no bfloat16 kernels (Conv, Gemm): the BF16 graph runs on a CPU only emulated.
     Backend("bf16_emulation", precision="bf16", device="cpu", artifact=graph_file("bf16"),
             label=_emulation_label("bf16"), unavailable=_needs("bf16"), make=_faithful("bf16"),
@@ -384,12 +387,12 @@ TABLE: list[Backend] = [
                   "the precision manifest says where it did)",
             unavailable=_ort_int8_unavailable, make=_ort("onnxrt_int8_cpu", precision="int8"),
             candidate="onnxrt_int8_cpu", shown_precision="int8 (Q/DQ graph)", note="ONNX Runtime CPU int8 kernels",
-            runtime=ORT, gates=False, graph="int8"),
+            runtime=ORT, gates=False, graph="int8", triton="onnxruntime"),
     *(Backend(f"tensorrt_{p}", precision=p, device="cuda", artifact=engine_file(p),
               label=f"TensorRT engine (strongly typed from {graph_file(p)}{how})",
               unavailable=_tensorrt_unavailable(p), make=_tensorrt(p, f"tensorrt_{p}"), candidate=f"tensorrt_{p}",
               requires="tensorrt", shown_precision=f"{p} (strongly typed{kind} engine)", runtime="TensorRT",
-              required_if=_engine_wanted(p), graph=p)
+              required_if=_engine_wanted(p), graph=p, triton="tensorrt_plan")
       for p, how, kind in (("fp16", "", ""), ("bf16", "", ""),
                            ("int8", ": explicit Q/DQ, other regions FP16", " Q/DQ"))),
     Backend("onnxrt_cuda_fp32", precision="fp32", device="cuda", artifact=FP32_ONNX,
@@ -398,19 +401,21 @@ TABLE: list[Backend] = [
     Backend("onnxrt_cuda_fp16", precision="fp16", device="cuda", artifact=graph_file("fp16"),
             label="ONNX Runtime CUDA provider on model.fp16.onnx", unavailable=_cuda_ort("fp16"),
             make=_ort("onnxrt_cuda_fp16", precision="fp16", cuda=True), candidate="onnxrt_cuda_fp16", requires="cuda",
-            shown_precision="fp16 graph", note="ONNX Runtime CUDA", runtime=ORT, graph="fp16"),
+            shown_precision="fp16 graph", note="ONNX Runtime CUDA", runtime=ORT, graph="fp16",
+            triton="onnxruntime"),
     Backend("openvino_fp32", precision="fp32", device="cpu", artifact=xml_name("fp32"),
             label="OpenVINO CPU, openvino/fp32.xml (IR of model.onnx), INFERENCE_PRECISION_HINT=f32" + DEPLOYED,
             unavailable=_openvino_unavailable("fp32"), make=_openvino("fp32"), candidate="openvino_fp32",
-            note="OpenVINO CPU", runtime=OV),
+            note="OpenVINO CPU", runtime=OV, triton="openvino"),
     Backend("openvino_bf16", precision="bf16", device="cpu", artifact=xml_name("bf16"),
             label="OpenVINO CPU, openvino/bf16.xml (IR of model.onnx), INFERENCE_PRECISION_HINT=bf16" + DEPLOYED,
             unavailable=_openvino_unavailable("bf16", _bf16_units), make=_openvino("bf16"),
-            candidate="openvino_bf16", note="OpenVINO CPU, bf16", runtime=OV),
+            candidate="openvino_bf16", note="OpenVINO CPU, bf16", runtime=OV, triton="openvino"),
     Backend("openvino_int8", precision="int8", device="cpu", artifact=xml_name("int8"),
             label="OpenVINO CPU, openvino/int8.xml (IR of the Q/DQ model.int8.onnx), int8 kernels" + DEPLOYED,
             unavailable=_openvino_unavailable("int8", _needs("int8"), _int8_units("OpenVINO")),
-            make=_openvino("int8"), candidate="openvino_int8", note="OpenVINO CPU, int8", runtime=OV, graph="int8"),
+            make=_openvino("int8"), candidate="openvino_int8", note="OpenVINO CPU, int8", runtime=OV, graph="int8",
+            triton="openvino"),
 ]
 # The old name of onnxrt_fp16_cpu in benchmark.backends: accepted, with a warning (config.BenchmarkConfig).
 RENAMED = {"onnxrt_fp16": "onnxrt_fp16_cpu"}

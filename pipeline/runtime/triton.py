@@ -48,6 +48,7 @@ class Signature:
     inputs: tuple[Tensor, ...]
     outputs: tuple[Tensor, ...]
     profile_max: int | None = None  # a TensorRT engine: its optimisation profile's largest first dimension
+    profile_min: int | None = None  # and its smallest
 
     @property
     def batch_dim(self) -> int | None:
@@ -107,7 +108,7 @@ def engine_signature(engine_bytes: bytes) -> Signature:
         engine = engine_from_bytes(engine_bytes)
     except PolygraphyException as exc:  # an engine TensorRT refuses to deserialize
         raise InputError(f"TensorRT could not deserialize the engine ({first_line(exc)[:200]}); rebuild it") from None
-    inputs, outputs, profile_max = [], [], None
+    inputs, outputs, profile_min, profile_max = [], [], None, None
     for index in range(engine.num_io_tensors):
         name = engine.get_tensor_name(index)
         dtype = _type(TENSORRT_TYPES, engine.get_tensor_dtype(name).name, "engine", name)
@@ -116,11 +117,13 @@ def engine_signature(engine_bytes: bytes) -> Signature:
         if engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT:
             inputs.append(tensor)
             if tensor.dims and tensor.dims[0] < 0:
-                largest = int(engine.get_tensor_profile_shape(name, 0)[2][0])
+                shapes = engine.get_tensor_profile_shape(name, 0)
+                smallest, largest = int(shapes[0][0]), int(shapes[2][0])
                 profile_max = largest if profile_max is None else min(profile_max, largest)
+                profile_min = smallest if profile_min is None else max(profile_min, smallest)
         else:
             outputs.append(tensor)
-    return Signature(tuple(inputs), tuple(outputs), profile_max)
+    return Signature(tuple(inputs), tuple(outputs), profile_max, profile_min)
 
 
 # --------------------------------------------------------------------------- the configuration

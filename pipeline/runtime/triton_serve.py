@@ -21,7 +21,7 @@ import sysconfig
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +47,7 @@ class Server:
     version: str  # Triton's own version (server metadata)
     start_s: float  # from starting the server until the model was ready
     pid: int | None  # the tritonserver process
+    models: dict[str, Model] = field(default_factory=dict)  # every model served, by name
 
     def url(self, protocol: str) -> str:
         return self.http if protocol == "http" else self.grpc
@@ -93,50 +94,68 @@ def _stub_finds_this_python() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def served(model: Model, infer: Callable[[np.ndarray], np.ndarray], *, workspace: Path, log_file: Path,
+def served(models: Sequence[tuple[Model, Callable[[np.ndarray], np.ndarray]]], *, workspace: Path, log_file: Path,
            timeout_s: float = 120.0) -> Iterator[Server]:
-    """Triton serving ``model`` on free loopback ports: ``infer`` maps a batch of the first input to the first output
-    (what the dynamic batcher gathered). The server's own log goes to ``log_file``. Stopped whatever happens inside
-    the ``with``."""
+    """Triton serving every ``(model, infer)`` on free loopback ports: ``infer`` maps a batch of the model's first
+    input to its first output (with ``max_batch_size`` > 0, what Triton's dynamic batcher gathered; with 0, one
+    request as sent). The server's own log goes to ``log_file``. Stopped whatever happens inside the ``with``."""
     reason = available()
     if reason:
         raise BackendUnavailable(f"cannot start Triton: {reason}")
-    from pytriton.decorators import batch
-    from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
     from pytriton.triton import Triton, TritonConfig
 
     http, grpc, metrics = free_ports(3)
     config = TritonConfig(http_address=LOOPBACK, http_port=http, grpc_address=LOOPBACK, grpc_port=grpc,
                           metrics_port=metrics, allow_metrics=False, allow_gpu_metrics=False, allow_cpu_metrics=False,
                           exit_timeout_secs=5, log_verbose=0, log_file=log_file.absolute())
-    first_in, first_out = model.signature.inputs[0], model.signature.outputs[0]
-
-    @batch
-    def _infer(**inputs):
-        return {first_out.name: np.ascontiguousarray(infer(inputs[first_in.name]))}
-
     started = time.perf_counter()
     triton = Triton(config=config, workspace=workspace)
+    model = models[0][0]
     try:
-        triton.bind(model_name=model.name, infer_func=_infer,
-                    inputs=[Tensor(name=first_in.name, dtype=np.dtype(numpy_dtype(first_in)), shape=first_in.dims[1:])],
-                    outputs=[Tensor(name=first_out.name, dtype=np.dtype(numpy_dtype(first_out)),
-                                    shape=first_out.dims[1:])],
-                    config=ModelConfig(max_batch_size=model.max_batch_size, batcher=DynamicBatcher(
-                        preferred_batch_size=list(model.preferred_batch_sizes),
-                        max_queue_delay_microseconds=model.max_queue_delay_us)),
-                    strict=True)
+        for each, infer in models:
+            _bind(triton, each, infer)
         with _stub_finds_this_python():
             triton.run()
-        version = _wait_ready(f"{LOOPBACK}:{http}", model.name, timeout_s)
+        version = ""
+        for each, _ in models:
+            version = _wait_ready(f"{LOOPBACK}:{http}", each.name, timeout_s)
         server = Server(f"{LOOPBACK}:{http}", f"{LOOPBACK}:{grpc}", model, version, time.perf_counter() - started,
-                        _server_pid(triton))
+                        _server_pid(triton), {each.name: each for each, _ in models})
         log.info("deploy: Triton %s serving %s on http://%s and grpc %s (pid %s), ready in %.1f s", version,
-                 model.name, server.http, server.grpc, server.pid, server.start_s)
+                 ", ".join(each.name for each, _ in models), server.http, server.grpc, server.pid, server.start_s)
         yield server
     finally:
         triton.stop()
         log.info("deploy: Triton stopped")
+
+
+def _bind(triton, model: Model, infer: Callable[[np.ndarray], np.ndarray]) -> None:
+    """One model bound as the repository declares it: batched by Triton's dynamic batcher up to ``max_batch_size``,
+    or (``max_batch_size`` 0) each request passed on as sent, its batch inside ``dims``."""
+    from pytriton.decorators import batch
+    from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
+
+    first_in, first_out = model.signature.inputs[0], model.signature.outputs[0]
+    cut = 1 if model.max_batch_size > 0 else 0
+    tensors = {"inputs": [Tensor(name=first_in.name, dtype=np.dtype(numpy_dtype(first_in)), shape=first_in.dims[cut:])],
+               "outputs": [Tensor(name=first_out.name, dtype=np.dtype(numpy_dtype(first_out)),
+                                  shape=first_out.dims[cut:])]}
+    if model.max_batch_size > 0:
+        @batch
+        def batched(**inputs):
+            return {first_out.name: np.ascontiguousarray(infer(inputs[first_in.name]))}
+
+        triton.bind(model_name=model.name, infer_func=batched, **tensors, strict=True,
+                    config=ModelConfig(max_batch_size=model.max_batch_size, batcher=DynamicBatcher(
+                        preferred_batch_size=list(model.preferred_batch_sizes),
+                        max_queue_delay_microseconds=model.max_queue_delay_us)))
+        return
+
+    def each_request(requests):
+        return [{first_out.name: np.ascontiguousarray(infer(r[first_in.name]))} for r in requests]
+
+    triton.bind(model_name=model.name, infer_func=each_request, **tensors, strict=True,
+                config=ModelConfig(batching=False))
 
 
 def _server_pid(triton) -> int | None:
@@ -171,14 +190,14 @@ def _wait_ready(url: str, model: str, timeout_s: float) -> str:
 class Client:
     """One connection of one protocol: ``infer(batch) -> output``, the request shaped as the model declares it."""
 
-    def __init__(self, server: Server, protocol: str):
+    def __init__(self, server: Server, protocol: str, model: Model | None = None):
         import tritonclient.grpc as grpcclient
         import tritonclient.http as httpclient
 
         self.module = httpclient if protocol == "http" else grpcclient
         self.client = self.module.InferenceServerClient(server.url(protocol))
-        self.model = server.model
-        self.input, self.output = server.model.signature.inputs[0], server.model.signature.outputs[0]
+        self.model = model or server.model
+        self.input, self.output = self.model.signature.inputs[0], self.model.signature.outputs[0]
 
     def infer(self, batch: np.ndarray) -> np.ndarray:
         request = self.module.InferInput(self.input.name, list(batch.shape), self.input.dtype.removeprefix("TYPE_"))
@@ -188,34 +207,6 @@ class Client:
 
     def close(self) -> None:
         self.client.close()
-
-
-def infer_images(server: Server, protocol: str, images: np.ndarray, concurrency: int) -> np.ndarray:
-    """Every image sent as its own request (batch 1) by ``concurrency`` clients at once, so the dynamic batcher
-    gathers them; the outputs in image order."""
-    outputs: list[np.ndarray | None] = [None] * len(images)
-    errors: list[BaseException] = []
-    next_index = iter(range(len(images)))
-    lock = threading.Lock()
-
-    def work() -> None:
-        client = Client(server, protocol)
-        try:
-            while not errors:
-                with lock:
-                    i = next(next_index, None)
-                if i is None:
-                    return
-                outputs[i] = client.infer(images[i : i + 1])[0]
-        except BaseException as exc:  # noqa: BLE001 (handed to the caller's thread)
-            errors.append(exc)
-        finally:
-            client.close()
-
-    _run_threads(work, concurrency)
-    if errors:
-        raise StageFailed(f"a {protocol} request to Triton failed: {first_line(errors[0])}")
-    return np.stack(outputs)
 
 
 def _run_threads(work: Callable[[], None], count: int) -> None:
@@ -332,10 +323,11 @@ def _sleep(seconds: float, errors: list) -> None:
         time.sleep(min(0.05, max(0.0, deadline - time.perf_counter())))
 
 
-def client_sender(server: Server, protocol: str, image: np.ndarray) -> Callable[[], tuple]:
-    """``make_send`` for :func:`measure`: one client per worker, sending ``image`` (batch 1)."""
+def client_sender(server: Server, protocol: str, image: np.ndarray, model: Model | None = None) -> Callable[[], tuple]:
+    """``make_send`` for :func:`measure`: one client per worker, sending ``image`` (batch 1) to ``model`` (default:
+    the first served)."""
     def make() -> tuple[Callable[[], None], Callable[[], None]]:
-        client = Client(server, protocol)
+        client = Client(server, protocol, model)
         return (lambda: client.infer(image)), client.close
 
     return make
