@@ -57,7 +57,7 @@ def parameters(config) -> dict[str, str]:
 
 
 def openvino_bool(value: str) -> bool:
-    """openvino.cc:299-313 ``ParseBoolParameter``: true only for "yes" in any case; anything else (absent, "true",
+    """openvino.cc:297-313 ``ParseBoolParameter``: true only for "yes" in any case; anything else (absent, "true",
     "1") leaves the setting false."""
     return value.lower() == "yes"
 
@@ -73,7 +73,7 @@ class OpenVinoSettings:
 
 
 def _is_number(value: str) -> bool:
-    """openvino.cc:48-53 ``IsNumber``: every character a digit (so no sign: non-negative)."""
+    """openvino.cc:48-54 ``IsNumber``: every character a digit (so no sign: non-negative)."""
     return bool(value) and all(c.isdigit() for c in value)
 
 
@@ -120,7 +120,7 @@ def openvino_settings(params: dict[str, str]) -> OpenVinoSettings:
 
 
 def openvino_autocomplete_max_batch(max_batch_size: int, layouts_have_batch: bool, default_max_batch_size: int) -> int:
-    """openvino.cc:705-760 ``AutoCompleteBatching``: a model whose every input and output layout has a batch (``N``)
+    """openvino.cc:701-760 ``AutoCompleteBatching``: a model whose every input and output layout has a batch (``N``)
     and whose config says ``max_batch_size: 0`` is given ``max(default_max_batch_size, 1)`` (Triton's
     ``--backend-config=default-max-batch-size``, 4 unless set); otherwise the config's value stays."""
     if layouts_have_batch and max_batch_size == 0:
@@ -197,19 +197,20 @@ def onnxruntime_optimization_level(config) -> str:
 
 
 def _int_parameter(params: dict[str, str], key: str) -> int:
-    """onnxruntime.cc ``TryParseModelStringParameter``: an integer string value, 0 when absent."""
+    """``TryParseModelStringParameter`` (triton-inference-server/backend ``backend_common.cc``, called at
+    onnxruntime.cc:246, 279, 295): an integer string value, 0 when absent, else an error."""
     value = params.get(key, "")
     if not value:
         return 0
     try:
         return int(value)
     except ValueError:
-        raise StockError(f"failed to convert '{key}' value '{value}' to integer") from None
+        raise StockError(f"failed to convert {key} '{value}' to integral number") from None
 
 
 def onnxruntime_session_settings(params: dict[str, str]) -> dict[str, int]:
-    """onnxruntime.cc:239-302: ``execution_mode`` (0 sequential, 1 parallel, else an error), and the intra/inter-op
-    thread counts, set only when > 0 (0: ONNX Runtime picks)."""
+    """onnxruntime.cc:239-302 (the model's session options): ``execution_mode`` (0 sequential, 1 parallel, else an
+    error), and the intra/inter-op thread counts, set only when > 0 (0: ONNX Runtime picks)."""
     mode = _int_parameter(params, "execution_mode")
     if mode not in (0, 1):
         raise StockError(f"Invalid configuration value provided. Expected values for  execution_mode are 0 or 1 but "
@@ -390,7 +391,7 @@ def _onnxruntime_run(session, input_name: str, output_name: str):
 
 def _openvino_run(request, batching: OpenVinoBatching, input_name: str, output_name: str):
     def run(batch: np.ndarray) -> np.ndarray:
-        if batching.max_batch_size > 0 and batching.pad:  # openvino.cc:1255-1275: zeros, then the requests
+        if batching.max_batch_size > 0 and batching.pad:  # openvino.cc:1254-1275: zeros, then the requests
             padded = np.zeros((batching.max_batch_size, *batch.shape[1:]), batch.dtype)
             padded[: len(batch)] = batch
             batch = padded
