@@ -5,8 +5,8 @@
 NGC PyTorch images from 25.03 pin every bundled Python package in ``/etc/pip/constraint.txt`` (their
 ``PIP_CONSTRAINT``). The project needs some packages at other versions than the image bundles (``onnx~=1.21.0``,
 the onnx ModelOpt 0.47 is tested with, where the image may pin an older onnx): under the image's constraints
-``pip install ".[gpu]"`` would fail to resolve. This script keeps every NGC pin that the project's requirements
-(its dependencies and the ``gpu`` extra) accept and drops, deliberately and by name, the pins they reject; the
+``pip install ".[gpu,deploy]"`` would fail to resolve. This script keeps every NGC pin that the project's requirements
+(its dependencies, the ``gpu`` and ``deploy`` extras) accept and drops, by name, the pins they reject; the
 dropped lines go to OUT_OVERRIDES, which the image keeps and the build log prints. Packages that carry the image's
 CUDA stack (torch, TensorRT, the CUDA Python bindings) are never overridden: a project requirement that rejects
 their bundled version fails the build (exit 1) instead of pulling a PyPI build of another CUDA.
@@ -26,7 +26,8 @@ except ImportError:  # pip always carries it
     from pip._vendor.packaging.requirements import InvalidRequirement, Requirement
 
 NEVER_OVERRIDDEN = {"torch", "tensorrt", "tensorrt-cu13", "tensorrt-cu12", "cuda-python", "cuda-bindings"}
-LINUX = {"platform_system": "Linux", "sys_platform": "linux", "platform_machine": "x86_64", "extra": "gpu"}
+EXTRAS = ("gpu", "deploy")  # what docker/Dockerfile.gpu installs: ".[gpu,deploy]"
+LINUX = {"platform_system": "Linux", "sys_platform": "linux", "platform_machine": "x86_64"}
 
 
 def canonical(name: str) -> str:
@@ -34,12 +35,14 @@ def canonical(name: str) -> str:
 
 
 def project_requirements(pyproject: Path) -> dict[str, Requirement]:
-    """The project's requirements that apply in the image (Linux x86-64, with the gpu extra), by name."""
+    """The project's requirements that apply in the image (Linux x86-64, with the gpu and deploy extras), by name."""
     project = tomllib.loads(pyproject.read_text())["project"]
     wanted = {}
-    for line in [*project["dependencies"], *project["optional-dependencies"]["gpu"]]:
+    lines = [(line, "gpu") for line in project["dependencies"]]
+    lines += [(line, extra) for extra in EXTRAS for line in project["optional-dependencies"][extra]]
+    for line, extra in lines:
         req = Requirement(line)
-        if req.marker is None or req.marker.evaluate(LINUX):
+        if req.marker is None or req.marker.evaluate({**LINUX, "extra": extra}):
             wanted[canonical(req.name)] = req
     return wanted
 

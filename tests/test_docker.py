@@ -171,7 +171,9 @@ def test_gpu_image_keeps_the_bundled_torch():
     assert installs, "the GPU image installs nothing with pip"
     torch_installs = [args for args in installs if installs_torch(args)]
     assert not torch_installs, f"the GPU image must not pip install torch: {torch_installs}"
-    assert any(a.strip("'\"") == ".[gpu]" for args in installs for a in args), "the GPU extra is not installed"
+    # the deploy extra too: `pipeline deploy` must run where the engines are (issue 44: it exited 3 there)
+    assert any(a.strip("'\"") == ".[gpu,deploy]" for args in installs for a in args), \
+        "the gpu and deploy extras are not installed"
     text = "\n".join(f"{k} {a}" for k, a in instructions(GPU))
     assert not re.search(r"unset\s+PIP_CONSTRAINT|PIP_CONSTRAINT=(\s|$|\"\"|'')", text), (
         "the NGC image's pip constraint file must stay in force"
@@ -244,7 +246,7 @@ def test_gpu_image_installs_under_the_reconciled_ngc_constraints_and_says_which_
     run = steps[runs[0]][1]
     assert "/etc/pip/constraint.txt /etc/pip/pipeline-constraint.txt" in run
     env = [i for i, (k, a) in enumerate(steps) if k == "ENV" and "PIP_CONSTRAINT=/etc/pip/pipeline-constraint.txt" in a]
-    gpu_install = next(i for i, (k, a) in enumerate(steps) if k == "RUN" and '".[gpu]"' in a)
+    gpu_install = next(i for i, (k, a) in enumerate(steps) if k == "RUN" and '".[gpu,deploy]"' in a)
     assert env and runs[0] < env[0] < gpu_install, "the project must be installed under the reconciled constraints"
     text = GPU.read_text()
     assert "this image deploys the TensorRT NGC bundles, 10.13" in text

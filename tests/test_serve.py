@@ -1,8 +1,9 @@
-"""`deploy --serve` end to end: a real Triton (the tritonserver binary of the nvidia-pytriton wheel, Python backend)
-serves the verified OpenVINO artifact of the tiny run behind its dynamic batcher; the validation images go through
-tritonclient over HTTP and gRPC at concurrency 1 and 2; the served outputs pass the gate against the artifact's own
-outputs; the numbers reach the report; nothing leaves the loopback; and the server is stopped however the command ends
-(done, a failed check, Ctrl-C).
+"""`deploy --serve` end to end: a real Triton (the tritonserver binary of the nvidia-pytriton wheel) serves the tiny
+run's repository as written, each model's executions done by its stock backend's behaviour
+(pipeline/runtime/triton_stock.py) from the files on disk; the validation images go through tritonclient at batch 1,
+at the largest batch and from 8 clients at once; the served outputs pass verify's criteria against the FP32
+reference; one model is timed over HTTP and gRPC; the numbers reach the report; nothing leaves the loopback; and the
+server is stopped however the command ends (done, a failed check, Ctrl-C).
 
 Skipped with the reason where the `serve` extra is not installed (CI: nvidia-pytriton 0.7 pins numpy<2, so it is not
 in the test extra; pyproject.toml and docs/deploy.md say why).
@@ -79,10 +80,12 @@ def test_served_outputs_pass_the_gate_over_http_and_grpc_and_stay_on_the_loopbac
         proxy.close()
     assert done.returncode == 0, done.stderr[-3000:]
     serve = json.loads((run / "deploy.json").read_text())["serve"]
-    assert serve["verdict"] == "passed" and serve["candidate"] == "openvino_fp32" and serve["images"] == 16
-    checks = {(c["protocol"], c["concurrency"]): c for c in serve["checks"]}
-    assert set(checks) == {("http", 1), ("http", 2), ("grpc", 1), ("grpc", 2)}
-    assert all(c["status"] == "passed" and c["identical"] == c["images"] for c in checks.values())
+    assert serve["verdict"] == "passed" and serve["timed"] == "onnxrt_fp32" and serve["images"] == 16
+    models = {m["model"]: m for m in serve["models"]}
+    assert {"onnxrt_fp32", "onnxrt_fp16_cpu"} <= set(models) and "openvino_fp32" not in models  # refused
+    for model in models.values():
+        assert {(c["batch"], c["concurrency"]) for c in model["checks"]} == {(1, 1), (32, 1), (1, 8)}
+        assert model["verdict"] == "passed" and all(c["status"] == "passed" for c in model["checks"])
     assert {(t["where"], t["concurrency"]) for t in serve["timings"]} == \
         {("in-process", 1), ("http", 1), ("http", 2), ("grpc", 1), ("grpc", 2)}
     assert all(0 < t["p50_ms"] <= t["p99_ms"] and t["throughput_per_s"] > 0 for t in serve["timings"])
@@ -100,15 +103,19 @@ def test_served_outputs_pass_the_gate_over_http_and_grpc_and_stay_on_the_loopbac
 
 
 def test_a_failed_check_still_stops_the_server(clone_run, tmp_path, monkeypatch, capfd):
+    """A server whose answers are off the reference (every execution's outputs shifted) fails the gate, exit 1."""
+    from pipeline.runtime import triton_stock
+
     run = clone_run()
-    served = triton_serve.infer_images
-    monkeypatch.setattr(triton_serve, "infer_images", lambda *a, **k: served(*a, **k) + 1.0)  # a server that lies
+    execute = triton_stock.Model.execute
+    monkeypatch.setattr(triton_stock.Model, "execute",
+                        lambda self, requests: [o + 1.0 for o in execute(self, requests)])
     assert cli("deploy", "--run-dir", run, "--out", tmp_path / "repo", "--serve", *FAST) == 1
     err = capfd.readouterr().err
-    assert "do not pass the gate against the verified artifact's" in err and "Triton stopped" in err
+    assert "does not pass verify's criteria" in err and "against the FP32 reference" in err and "Triton stopped" in err
     assert _gone(_pid(err))
     assert json.loads((run / "deploy.json").read_text())["serve"]["verdict"] == "failed"
-    assert (tmp_path / "repo" / "openvino_fp32" / "config.pbtxt").is_file()  # the repository itself stands
+    assert (tmp_path / "repo" / "onnxrt_fp32" / "config.pbtxt").is_file()  # the repository itself stands
 
 
 def test_ctrl_c_stops_the_server(clone_run, tmp_path):
