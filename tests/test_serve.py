@@ -36,7 +36,7 @@ GUARD = ROOT / "tests" / "netguard"
 
 
 def _pid(text: str) -> int:
-    found = re.search(r"serving \S+ on .*\(pid (\d+)\)", text)
+    found = re.search(r"serving .+? on .*\(pid (\d+)\)", text)
     assert found, text[-2000:]
     return int(found.group(1))
 
