@@ -154,5 +154,5 @@ def test_doctor_names_the_triton_release_of_the_tensorrt_here():
     """deploy --target triton: which NGC Triton container runs engines built with this TensorRT (issue 36)."""
     facts = {**doctor.gather(), "tensorrt": "10.8.0.43"}
     line = next(line for line in doctor.lines(facts) if line.startswith("triton"))
-    assert "Triton release 25.02, 25.01" in line and "nvcr.io/nvidia/tritonserver:25.02-trtllm-python-py3" in line
+    assert "Triton release 25.02, 25.01" in line and "nvcr.io/nvidia/tritonserver:25.02-py3" in line
     assert "no TensorRT here" in next(x for x in doctor.lines({**facts, "tensorrt": None}) if x.startswith("triton"))

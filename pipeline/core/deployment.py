@@ -196,14 +196,16 @@ class TritonRelease:
     """One NGC Triton container release and the TensorRT it ships (engines run only under the TensorRT that built
     them)."""
 
-    release: str  # "25.01": nvcr.io/nvidia/tritonserver:<release>-trtllm-python-py3
+    release: str  # "25.01"; its TensorRT from the -trtllm-python-py3 table, served from the <release>-py3 image
     tensorrt: str
     cuda: str
     driver: str
 
     @property
     def tag(self) -> str:
-        return f"nvcr.io/nvidia/tritonserver:{self.release}-trtllm-python-py3"
+        """The image that serves a repository of engines, ONNX and OpenVINO models (the -trtllm-python-py3 image of
+        the table holds the TensorRT-LLM and Python backends only; docs/docker.md)."""
+        return f"nvcr.io/nvidia/tritonserver:{self.release}-py3"
 
 
 # NVIDIA's "Release Compatibility Matrix" for Triton (triton-inference-server/server, docs/introduction/compatibility.md
@@ -291,7 +293,8 @@ def describe_releases(tensorrt: str | None, table: Sequence[TritonRelease] = TRI
     if not matching:
         return (f"TensorRT {tensorrt}: no Triton container release in the compatibility table ships it; serve its "
                 "engines from a container with exactly this TensorRT, or rebuild them inside one")
-    return f"TensorRT {tensorrt}: Triton release {', '.join(r.release for r in matching)} ({matching[0].tag})"
+    return (f"TensorRT {tensorrt}: Triton release {', '.join(r.release for r in matching)} (serve from "
+            f"{matching[0].tag} after checking its TensorRT there: the table is the -trtllm-python-py3 image's)")
 
 
 # --------------------------------------------------------------------------- served outputs
