@@ -292,8 +292,8 @@ def time_candidates(t: Tuner, runs: list[dict]) -> Candidate | None:
                         "; ".join(c["text"] for c in t.sanity["checks"] if not c["sane"]))
     for cand in timed:  # a mix found twice (the greedy fallback's answer is often a top-k) shares its timing
         same = next(c for c in distinct if c.key() == cand.key())
-        cand.latency_ms, cand.rounds, cand.session, cand.runtime = same.latency_ms, same.rounds, same.session, \
-            same.runtime
+        cand.latency_ms, cand.rounds, cand.session, cand.runtime, cand.kernels = same.latency_ms, same.rounds, \
+            same.session, same.runtime, same.kernels
     return baseline
 
 
@@ -309,28 +309,50 @@ def time_in_rounds(t: Tuner, rivals: list[Candidate], sessions: list, seed: int 
         for i, cand in enumerate(rivals):
             cand.rounds[batch], cand.latency_ms[batch] = got.per_round[i], got.median(i)
     for cand, session in zip(rivals, sessions, strict=True):
-        cand.session, cand.runtime = t.sessions_timed, session.runtime
+        cand.session, cand.runtime, cand.kernels = t.sessions_timed, session.runtime, session.kernels
 
 
 def speed_sanity(rivals: list[Candidate], batches: list[int], same_speed: float, label: str) -> dict:
     """The sanity rules on one set of rounds: pairs that the target compiles to the same kernels must time alike
-    (:func:`pipeline.evaluation.speed_claims.sane`): the FP32 deployment and each calibration's "all high" mix (no
-    layer left in the low precision), and the "all low" mixes of every calibration method (the same graph with
-    other scales). ``trustworthy``: every pair timed alike."""
+    (:func:`pipeline.evaluation.speed_claims.sane`): the "all low" mixes of every calibration method (the same graph
+    with other scales), and the FP32 deployment and each calibration's "all high" mix (no matrix layer left in the
+    low precision) where the target's compiled graphs show the same kernels (``Candidate.kernels``: a Q/DQ pair left
+    on a pooling layer, say, makes "all high" another network, and that pair is listed as not checked, with why).
+    ``trustworthy``: every checked pair timed alike."""
     reference = next(c for c in rivals if c.origin == FP32_REFERENCE)
     all_high = [c for c in rivals if c.origin == "all high"]
     all_low = [c for c in rivals if c.origin == f"all {label}" and not c.high]
-    pairs = [(reference, c) for c in all_high] + list(zip(all_low, all_low[1:], strict=False))
+    pairs = [(reference, c, c.kernels is not None and c.kernels == reference.kernels) for c in all_high] + \
+        [(a, b, a.kernels is None or b.kernels is None or a.kernels == b.kernels)
+         for a, b in zip(all_low, all_low[1:], strict=False)]
     checks = []
-    for a, b in pairs:
-        ratios = sensitivity.time_ratio(b, a, batches)
-        sane = speed_claims.sane(ratios, same_speed)
+    for a, b, twins in pairs:
         what = f"{b.origin} ({b.calibration}) over {a.origin}{f' ({a.calibration})' if a.calibration else ''}"
-        checks.append({"pair": [f"{a.origin} {a.calibration}".strip(), f"{b.origin} {b.calibration}".strip()],
-                       "ratios": {str(k): r.to_json() for k, r in ratios.items()}, "sane": sane,
-                       "text": f"{what}: " + ", ".join(f"{r.text()} at batch {k}" for k, r in ratios.items())
+        ratios = sensitivity.time_ratio(b, a, batches)
+        timed = ", ".join(f"{r.text()} at batch {k}" for k, r in ratios.items())
+        if not twins:
+            checks.append({"pair": [a.origin, f"{b.origin} {b.calibration}"], "checked": False, "sane": True,
+                           "ratios": {str(k): r.to_json() for k, r in ratios.items()},
+                           "text": f"{what}: {timed}; not checked: the target compiles them to different kernels "
+                                   f"({_kernel_difference(a.kernels, b.kernels)})"})
+            continue
+        sane = speed_claims.sane(ratios, same_speed)
+        checks.append({"pair": [f"{a.origin} {a.calibration}".strip(), f"{b.origin} {b.calibration}"],
+                       "checked": True, "sane": sane, "ratios": {str(k): r.to_json() for k, r in ratios.items()},
+                       "text": f"{what}: {timed}"
                                + ("" if sane else " (they compile to the same kernels: they must time alike)")})
     return {"checks": checks, "trustworthy": all(c["sane"] for c in checks)}
+
+
+def _kernel_difference(a: tuple | None, b: tuple | None) -> str:
+    """What the second compiled graph runs that the first does not, and the other way round (a few kernels)."""
+    if a is None or b is None:
+        return "not known on this target"
+    more, fewer = dict(b), dict(a)
+    extra = [f"{'/'.join(k)} x{n - fewer.get(k, 0)}" for k, n in more.items() if n > fewer.get(k, 0)]
+    missing = [f"{'/'.join(k)} x{n - more.get(k, 0)}" for k, n in fewer.items() if n > more.get(k, 0)]
+    return "; ".join(x for x in (f"+ {', '.join(extra[:3])}" if extra else "",
+                                 f"- {', '.join(missing[:3])}" if missing else "") if x)
 
 
 # --------------------------------------------------------------------------- the stage
@@ -509,6 +531,7 @@ def _why(t: Tuner, pick: Candidate, runs: list[dict], batches: list[int]) -> str
         return (f"the passing mix with the fewest layers {t.plug.raised_to} (speed not measured: "
                 f"{t.target['reason'].split(':')[0]}), {pick.calibration}{rest}")
     lat = ", ".join(f"{pick.latency_ms[b]:.3f} ms at batch {b}" for b in batches)
-    return (f"the fastest passing mix ({lat}; mixes within tune.same_speed of the fastest count as equally fast, "
-            f"and of those the one with the fewest layers {t.plug.raised_to} wins), {pick.calibration} "
-            f"calibration{rest}")
+    return (f"the fastest passing mix as far as the noise allows ({lat}): no passing mix beats it in interleaved "
+            f"rounds (faster beyond the 95 % interval at one batch, faster or within tune.same_speed at the other); "
+            f"of those no mix beats, the one with the fewest layers {t.plug.raised_to} wins, then the smallest error; "
+            f"{pick.calibration} calibration{rest}")

@@ -159,8 +159,8 @@ def oracle_choice(candidates: list[Candidate], batches: list[int], same_speed: f
         return sum(c.latency_ms[b] / min(p.latency_ms[b] for p in passing) for b in batches)
 
     tied = [c for c in passing if not any(point_beats(d, c, batches, same_speed) for d in passing if d is not c)]
-    best = min((len(c.high), cost(c), c.result["scaled_error"]) for c in tied)
-    return {id(c) for c in tied if (len(c.high), cost(c), c.result["scaled_error"]) == best}
+    best = min((len(c.high), c.result["scaled_error"], cost(c)) for c in tied)
+    return {id(c) for c in tied if (len(c.high), c.result["scaled_error"], cost(c)) == best}
 
 
 @FAST

@@ -180,6 +180,7 @@ class Candidate:
     round: object = field(default=None, repr=False, compare=False)  # the full gate's round (its failing check)
     rounds: dict = field(default_factory=dict, repr=False)  # {batch: [ms per interleaved round]}
     session: int = 0  # which set of interleaved rounds timed it (0: none; only rounds of one session pair up)
+    kernels: tuple | None = field(default=None, repr=False)  # what the target compiled it to (None: not known)
 
     @property
     def passed(self) -> bool:
@@ -249,8 +250,9 @@ def choose(candidates: list[Candidate], batches: list[int], same_speed: float = 
     """The fastest passing mix as far as the noise allows (:func:`pipeline.evaluation.speed_claims.choose`): the
     passing mixes timed at every one of ``batches`` that no other beats (faster beyond the interval at one batch,
     faster or the same speed within ``same_speed`` at every other: :func:`time_ratio`) are the tie; of the tie, the
-    one with the fewest layers out of the low precision, then the fastest (summed over ``batches``, each relative to
-    the fastest there), then the smallest error. Nothing timed (``batches`` empty): every mix ties."""
+    one with the fewest layers out of the low precision, then the smallest error (measured on fixed images: the
+    same in every run), then the fastest median (summed over ``batches``, each relative to the fastest there; the
+    last resort, where the noise may decide). Nothing timed (``batches`` empty): every mix ties."""
     passing = [c for c in candidates if c.passed and all(b in c.latency_ms for b in batches)]
     if not passing:
         return None
@@ -259,7 +261,7 @@ def choose(candidates: list[Candidate], batches: list[int], same_speed: float = 
     def cost(c: Candidate) -> float:
         return sum(c.latency_ms[b] / best[b] for b in batches)
 
-    ordered = sorted(passing, key=lambda c: (cost(c), c.result.get("scaled_error") or 0.0))
+    ordered = sorted(passing, key=lambda c: (c.result.get("scaled_error") or 0.0, cost(c)))
     lower = {id(c): -len(c.high) for c in ordered}
     keyed = {id(c): c for c in ordered}
     picked = speed_claims.choose([id(c) for c in ordered], lambda x, y: time_ratio(keyed[x], keyed[y], batches),

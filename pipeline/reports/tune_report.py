@@ -247,7 +247,8 @@ def sections(p: dict) -> list[Section]:
     if p.get("undecided"):
         head.append(f"Why no choice: {p['undecided']}.")
     for check in (p.get("sanity") or {}).get("checks", []):
-        head.append(f"Sanity ({'holds' if check['sane'] else 'FAILS'}): {check['text']}.")
+        state = "not checked" if not check.get("checked", True) else "holds" if check["sane"] else "FAILS"
+        head.append(f"Sanity ({state}): {check['text']}.")
     if chosen:
         head.append(f"Why: {chosen['why']}.")
         if chosen["runtime_not_low"]:

@@ -38,7 +38,8 @@ def openvino_session(model: onnx.ModelProto, images: np.ndarray, batches: list[i
             request = runner._request(batch)
             request.set_input_tensor(ov.Tensor(x, shared_memory=True))
             timers[batch] = cpu_timer(request.infer)
-        yield Session(timers, runtime_precisions(runner._compile(batches[0]), model))
+        compiled = runner._compile(batches[0])
+        yield Session(timers, runtime_precisions(compiled, model), kernels(compiled))
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,22 @@ class Session:
 
     timers: dict[int, Callable[[], float]]
     runtime: dict[str, str]
+    kernels: tuple | None = None  # what the target compiled it to (None: not known), to tell twins apart
+
+
+def kernels(compiled) -> tuple:
+    """The CPU plugin's compiled graph as a sorted multiset of (layer type, runtime precision, kernel) over its
+    executed nodes (constants left out): equal for two IRs that run the same kernels, whatever their scales."""
+    from collections import Counter
+
+    seen = Counter()
+    for op in compiled.get_runtime_model().get_ops():
+        info = op.get_rt_info()
+        kind = info["layerType"].astype(str) if "layerType" in info else op.get_type_name()
+        if kind != "Const":
+            seen[(kind, *(info[k].astype(str) if k in info else "" for k in ("runtimePrecision", "primitiveType")))] \
+                += 1
+    return tuple(sorted(seen.items()))
 
 
 def timed_alone(session: Session, method) -> dict:
