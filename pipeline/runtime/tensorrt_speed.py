@@ -37,7 +37,7 @@ def tensorrt_session(model: onnx.ModelProto, images: np.ndarray, batches: list[i
     inspector says each matrix layer ran in. The same shape as
     :func:`pipeline.runtime.openvino_speed.openvino_session`'s; open while timed (interleaved rounds)."""
     from pipeline.core import env
-    from pipeline.runtime.runners import TensorrtRunner
+    from pipeline.runtime.runners import BoundEngine, GraphedEngine, TensorrtRunner, check_dtypes
 
     input_name, output_name = model.graph.input[0].name, model.graph.output[0].name
     shapes = _shapes(build_cfg, batches, list(images.shape[1:]))
@@ -49,12 +49,17 @@ def tensorrt_session(model: onnx.ModelProto, images: np.ndarray, batches: list[i
                             input_name=input_name, output_name=output_name, cuda_graphs=cuda_graphs)
     with runner:
         runtime = runtime_precisions(runner.engine, model, {input_name: shapes["opt"]})
-        timers = {}
-        for batch in batches:
-            x = np.ascontiguousarray(np.resize(images, (batch, *images.shape[1:])), dtype=dtype)
-            timers[batch] = next(timer for label, timer in runner.timers({input_name: x})
-                                 if label.startswith(GPU_COMPUTE))
-        yield Session(timers, runtime)
+        bound = {}  # one execution context per batch, all open at once (the rounds alternate between them)
+        try:
+            for batch in batches:
+                x = np.ascontiguousarray(np.resize(images, (batch, *images.shape[1:])), dtype=dtype)
+                check_dtypes(runner.engine, {input_name: x.dtype})
+                kind = GraphedEngine if cuda_graphs else BoundEngine
+                bound[batch] = kind(runner.engine, input_name=input_name, output_name=output_name, host=x)
+            yield Session({batch: engine.gpu_compute for batch, engine in bound.items()}, runtime)
+        finally:
+            for engine in bound.values():
+                engine.close()
 
 
 def tensorrt_timing(model: onnx.ModelProto, images: np.ndarray, batches: list[int], method, *, build_cfg: BuildConfig,
