@@ -236,7 +236,11 @@ def _run(cfg: Config, run_dir: RunDir, record: StageRecord, threads: int, profil
     payload["rows"] = dataclasses.asdict(rows)
     payload.update(layer_profile.benchmark_keys(ctx, results, images, threads))  # "profiles", "roofline" (issue 35)
     named = [row for pair in headline_rows(results).values() if pair for row in pair]
-    payload["benchmark_app"] = benchmark_app.side_by_side(cfg, run_dir, results, spec["input_size"], threads, named)
+    with Retimer(ctx, images, method) as retimer:
+        payload["contests"] = contests(results, retimer, cfg.tune.same_speed)
+        payload["benchmark_app"] = benchmark_app.side_by_side(cfg, run_dir, results, spec["input_size"], threads,
+                                                              named, retimer.block)
+    payload["headline"] = _headline(results, payload["contests"], payload["benchmark_app"])
     write_json(run_dir.file(JSON), payload)
     atomic_write(run_dir.file(MARKDOWN), markdown(payload))
     plots = write_plots(run_dir, payload) + profile_report.write_plot(run_dir, payload)
@@ -245,7 +249,7 @@ def _run(cfg: Config, run_dir: RunDir, record: StageRecord, threads: int, profil
     if profile:
         profile_torch(cfg, run_dir, model, images, record)
     record.details.update({"results": len(results), "skipped": skipped, "threads": threads,
-                           "headline": _headline(results), "left_out": rows.left_out,
+                           "headline": payload["headline"], "left_out": rows.left_out,
                            "workarounds": {r["backend"]: r["workaround"] for r in results if r["workaround"]}})
 
 
@@ -272,6 +276,113 @@ def _warn_noisy(cfg: Config, results: list[dict]) -> None:
                     "%.1f%% (%s): the machine was busy or the runs are too short; close other programs or raise "
                     "benchmark.%s", len(noisy), len(results), 100 * cfg.benchmark.cv_warn, ", ".join(noisy),
                     "max_row_s" if cfg.benchmark.method == "adaptive" else "min_duration_s")
+
+
+# --------------------------------------------------------------------------- the headline, in interleaved rounds
+
+
+CONTEST_ROUNDS = 6  # interleaved rounds of the headline's contenders (their order shuffled each round)
+CONTEST_BLOCK_S = 0.1  # timed seconds per contender and round
+CONTEST_SPAN = 1.5  # contenders: the rows within this factor of the headline row (by the row's own timing)
+CONTEST_MAX = 3  # at most this many contenders, the headline row included
+
+
+class Retimer:
+    """Rows of this benchmark timed again, now, on the runners that timed them (each backend started once, in its
+    child process, and kept until the end): what the headline's contest and the benchmark_app cross-check
+    interleave with their rivals. ``block(row, seconds)``: the row's timing for ``seconds``; its median (ms; ms
+    per batch for an async-throughput row)."""
+
+    def __init__(self, ctx: Context, images, method: Method):
+        self.ctx, self.images, self.method, self.runners = ctx, images, method, {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for runner in self.runners.values():
+            if runner is not None:
+                with contextlib.suppress(Exception):
+                    runner.deactivate()
+
+    def block(self, row: dict, seconds: float) -> float:
+        name = row["backend"]
+        if name not in self.runners:
+            self.runners[name], _ = _start(backends.by_name(name), self.ctx)
+        runner = self.runners[name]
+        if runner is None:
+            raise RuntimeError(f"{name} could not be started again")
+        timing = Method(warmup_s=0.0, min_iterations=3, min_duration_s=seconds, trials=1, cv_warn=self.method.cv_warn,
+                        throughput=_is_throughput(row))
+        measured = dict(runner.measurements({self.ctx.spec["input_name"]: _inputs(self.images, row["batch_size"])},
+                                            timing))
+        got = measured.get(row["timing"])
+        if got is None or "error" in got:
+            raise RuntimeError((got or {}).get("error") or f"{name} has no timing {row['timing']!r} now")
+        return float(np.median(got["samples"]))
+
+
+def contests(results: list[dict], retimer: Retimer, same_speed: float) -> dict:
+    """The headline rows against their closest rivals, in interleaved rounds: per device, at the smallest batch by
+    latency and at the largest by time per batch, the rows :func:`headline_rows` names and those within
+    :data:`CONTEST_SPAN` of them (at most :data:`CONTEST_MAX`), timed in :data:`CONTEST_ROUNDS` rounds in a shuffled
+    order; the tie (:func:`pipeline.evaluation.speed_claims.choose`: no row beats another beyond the noise,
+    ``same_speed`` wide) and every other row's time ratio to the headline row with its interval. A contest that
+    cannot run (a runner that will not start again) is left out, and the headline names the row as before."""
+    from pipeline.evaluation import speed_claims
+
+    out = {}
+    for device, named in headline_rows(results).items():
+        if named is None:
+            continue
+        for kind, row in (("latency", named[0]), ("throughput", named[1])):
+            rivals = _contenders(results, row, kind)
+            if len(rivals) < 2:
+                continue
+            try:
+                per_round = _rounds(rivals, retimer)
+            except (Crashed, RuntimeError) as exc:
+                log.warning("benchmark: the headline's contest at batch %d was not run: %s", row["batch_size"], exc)
+                continue
+            ratio = {(i, j): {row["batch_size"]: speed_claims.ratio(per_round[i], per_round[j])}
+                     for i in range(len(rivals)) for j in range(len(rivals)) if i != j}
+            choice = speed_claims.choose(list(range(len(rivals))), lambda a, b, table=ratio: table[(a, b)], {},
+                                         same_speed)
+            others = [{"backend": r["backend"], "ratio": ratio[(i, 0)][row["batch_size"]].to_json(),
+                       "verdict": speed_claims.verdict(ratio[(i, 0)][row["batch_size"]], same_speed).value}
+                      for i, r in enumerate(rivals) if i]
+            out[f"{device}/{kind}"] = {"batch_size": row["batch_size"], "rounds": CONTEST_ROUNDS,
+                                       "rows": [r["backend"] for r in rivals],
+                                       "tie": [rivals[i]["backend"] for i in choice.tie], "others": others}
+            log.info("benchmark: headline contest (%s, batch %d, %d interleaved rounds): %s; tie: %s", kind,
+                     row["batch_size"], CONTEST_ROUNDS, _lead_text(out[f"{device}/{kind}"]).strip(" ()"),
+                     ", ".join(out[f"{device}/{kind}"]["tie"]))
+    return out
+
+
+def _contenders(results: list[dict], row: dict, kind: str) -> list[dict]:
+    """The headline ``row`` first, then the deployable rows of its device and batch within :data:`CONTEST_SPAN` of
+    it (latency rows only for the latency headline), closest first."""
+    def cost(r: dict) -> float:
+        return r["latency_ms"]["p50"] if kind == "latency" else 1.0 / max(r["throughput_per_s"], 1e-12)
+
+    same = [r for r in results if r.get("deployable") and r["device"] == row["device"] and r is not row
+            and r["batch_size"] == row["batch_size"] and (kind == "throughput" or not _is_throughput(r))
+            and cost(r) <= cost(row) * CONTEST_SPAN]
+    return [row, *sorted(same, key=cost)[:CONTEST_MAX - 1]]
+
+
+def _rounds(rivals: list[dict], retimer: Retimer) -> list[list[float]]:
+    from pipeline.evaluation.speed_claims import round_orders
+
+    per_round: list[list[float]] = [[] for _ in rivals]
+    orders = round_orders(len(rivals), CONTEST_ROUNDS + 1, seed=len(rivals))
+    for i in orders[0]:  # warm-up round, not counted (the runners start here)
+        retimer.block(rivals[i], CONTEST_BLOCK_S / 2)
+    for order in orders[1:]:
+        for i in order:
+            per_round[i].append(retimer.block(rivals[i], CONTEST_BLOCK_S))
+    return per_round
 
 
 # --------------------------------------------------------------------------- the method and the rows
@@ -418,8 +529,10 @@ def headline_rows(results: list[dict]) -> dict[str, tuple[dict, dict] | None]:
     return named
 
 
-def _headline(results: list[dict]) -> str:
-    """The summary's line: per device, the rows :func:`headline_rows` names."""
+def _headline(results: list[dict], contests: dict | None = None, crosscheck: dict | None = None) -> str:
+    """The summary's line: per device, the rows :func:`headline_rows` names; where their lead over the runner-up is
+    inside the noise (:func:`contests`), the tie instead of a winner, and every ratio with its interval; a row that
+    benchmark_app's cross-check does not confirm is marked in doubt."""
     if not results:
         return "no backend measured"
     parts = []
@@ -428,11 +541,42 @@ def _headline(results: list[dict]) -> str:
             parts.append(f"{device}: no measured backend passed the gate")
             continue
         best, top = named
-        parts.append(f"{device}: fastest that passed the gate at batch {best['batch_size']}: {best['backend']} p50 "
-                     f"{best['latency_ms']['p50']:.3f} ms{_ratio_text(best)}{_undecided(best)}; at batch "
-                     f"{top['batch_size']}: {top['backend']} {top['throughput_per_s']:.1f} images/s"
-                     f"{' (async throughput)' if _is_throughput(top) else ''}{_ratio_text(top)}{_undecided(top)}")
+        latency, images = (contests or {}).get(f"{device}/latency"), (contests or {}).get(f"{device}/throughput")
+        parts.append(f"{device}: {_contest_text(latency, 'fastest that passed the gate')} at batch "
+                     f"{best['batch_size']}: {best['backend']} p50 {best['latency_ms']['p50']:.3f} ms"
+                     f"{_ratio_text(best)}{_undecided(best)}{_lead_text(latency)}{_doubt(best, crosscheck)}; at "
+                     f"batch {top['batch_size']}: {top['backend']} {top['throughput_per_s']:.1f} images/s"
+                     f"{' (async throughput)' if _is_throughput(top) else ''}{_ratio_text(top)}{_undecided(top)}"
+                     f"{_lead_text(images)}{_doubt(top, crosscheck)}")
     return "; ".join(parts)
+
+
+def _contest_text(contest: dict | None, winner: str) -> str:
+    """The headline's claim: the winner, or the tie the interleaved rounds found (no row beats the others)."""
+    if contest and len(contest["tie"]) > 1:
+        return f"tied for fastest that passed the gate (within the noise: {', '.join(contest['tie'])})"
+    if contest and contest["tie"] and contest["tie"][0] != contest["rows"][0]:
+        return f"fastest that passed the gate timed alone, beaten in interleaved rounds by {contest['tie'][0]}"
+    return winner
+
+
+def _lead_text(contest: dict | None) -> str:
+    """The lead over the others of the contest, each as a time ratio with its interval (interleaved rounds)."""
+    if not contest or not contest["others"]:
+        return ""
+    said = ", ".join(f"{o['backend']} {o['verdict']} (time ratio {o['ratio']['estimate']:.2f} "
+                     f"[{o['ratio']['low']:.2f}, {o['ratio']['high']:.2f}])" for o in contest["others"])
+    return f" (interleaved rounds: {said})"
+
+
+def _doubt(row: dict, crosscheck: dict | None) -> str:
+    for check in (crosscheck or {}).get("rows", []):
+        if check["backend"] == row["backend"] and check["batch_size"] == row["batch_size"] and \
+                check["mode"] == ("throughput" if _is_throughput(row) else "latency") and \
+                check.get("agreement", "agree") != "agree":
+            return (f" (in doubt: benchmark_app {check.get('agreement', 'error')}: "
+                    f"{check.get('summary') or check.get('error')})")
+    return ""
 
 
 def _undecided(row: dict) -> str:

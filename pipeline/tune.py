@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,15 +37,15 @@ import onnx
 
 from pipeline.core import env, modeling, onnx_io
 from pipeline.core.artifacts import FP32_ONNX, QAT_BEST_CHECKPOINT, QAT_CHECKPOINT, QAT_CURVE, QAT_METRICS
-from pipeline.core.errors import BackendUnavailable, CheckFailed, UsageError
+from pipeline.core.errors import BackendUnavailable, CheckFailed, Inconclusive, UsageError
 from pipeline.core.run import RunDir, StageRecord, write_json
 from pipeline.core.status import Status
-from pipeline.evaluation import candidates
+from pipeline.evaluation import candidates, speed_claims
 from pipeline.precision import fallback, int8, plugs, qat_rung, sensitivity
 from pipeline.precision.plugs import Precision
 from pipeline.precision.sensitivity import Candidate
 from pipeline.reports import tune_report
-from pipeline.runtime import openvino_speed, tensorrt_engine
+from pipeline.runtime import interleave, openvino_speed, tensorrt_engine
 from pipeline.runtime.backends import Context
 from pipeline.training import qat_recipe
 
@@ -54,6 +54,8 @@ if TYPE_CHECKING:  # annotations only
 
 log = logging.getLogger("pipeline")
 
+RETIMES = 2  # rounds timed again, at most, while a sanity rule fails (then: undecided, exit 5)
+FP32_REFERENCE = "FP32 reference"  # the FP32 deployment, timed in the same rounds as the mixes
 SCRATCH = "model.tune.onnx"  # the graph tune is converting, while it converts it
 PREVIOUS = "previous choice"  # the origin of the fallback file's mix, judged again (tune._incumbent)
 
@@ -94,6 +96,8 @@ class Tuner:
         self.batches = sorted({1, max(cfg.benchmark.batch_sizes)})
         self.target = speed_target(self)
         self.seconds: dict[str, float] = {}
+        self.sanity: dict = {}  # the sanity rules on the rounds (time_candidates)
+        self.sessions_timed = 0  # sets of interleaved rounds so far (a candidate's session: which one timed it)
 
     def converted(self, high=(), fp32=(), method: str = "") -> onnx.ModelProto:
         """The graph export makes with ``high`` raised and ``fp32`` in FP32 (its own conversion, in a scratch file)."""
@@ -231,51 +235,124 @@ def _greedy(t: Tuner, all_low: onnx.ModelProto, method: str, all_low_cand: Candi
 def speed_target(t: Tuner) -> dict:
     """Where the mixes are timed: a strongly typed TensorRT engine where TensorRT and a GPU are here; else the CPU
     where the plug has a CPU target (INT8: the OpenVINO CPU plugin); a low float graph has no faster CPU target
-    (``timing`` None, and ``reason``)."""
+    (``open`` None, and ``reason``). ``open(model, low)`` is a context manager that yields an open
+    :class:`~pipeline.runtime.openvino_speed.Session` (a timer per batch, the runtime precisions)."""
     trt_ok, trt_reason = tensorrt_engine.availability()
     if trt_ok:
-        return {"name": "TensorRT (strongly typed engine)", "timing": _tensorrt_timing(t)}
+        return {"name": "TensorRT (strongly typed engine)", "open": _tensorrt_session(t)}
     if t.plug.cpu_target:
         threads = t.cfg.benchmark.threads or env.usable_cores()
-        return {"name": "OpenVINO CPU (f32 hint, LATENCY)", "timing": lambda model, low: openvino_speed.openvino_timing(
-            model, _images(t), t.batches, t.timing, threads, int8_graph=low)}
-    return {"name": "none", "timing": None,
+        return {"name": "OpenVINO CPU (f32 hint, LATENCY)", "open": lambda model, low: openvino_speed.openvino_session(
+            model, _images(t), t.batches, threads, int8_graph=low)}
+    return {"name": "none", "open": None,
             "reason": f"no {t.plug.label} deployment target here: an {t.plug.label} graph runs faster only as a "
                       f"TensorRT engine on a GPU ({trt_reason}); CPU runtimes run its nodes through FP32 kernels. The "
                       f"mix is chosen on the gate alone: the passing mix with the fewest layers {t.plug.raised_to}"}
 
 
-def _tensorrt_timing(t: Tuner):
+def _tensorrt_session(t: Tuner):
     from pipeline.runtime import tensorrt_speed
 
     cache = tensorrt_engine.timing_cache_path(t.cfg, t.run_dir)
-    return lambda model, low: tensorrt_speed.tensorrt_timing(model, _images(t), t.batches, t.timing,
-                                                            build_cfg=t.cfg.build, timing_cache=cache)
+    return lambda model, low: tensorrt_speed.tensorrt_session(model, _images(t), t.batches, build_cfg=t.cfg.build,
+                                                              timing_cache=cache)
 
 
 def _images(t: Tuner):
     return t.evidence.feeds[0][t.spec["input_name"]]
 
 
-def time_candidates(t: Tuner, runs: list[dict]) -> dict | None:
-    """Every distinct mix timed on the target; returns the FP32 deployment's timing (None: no target here)."""
-    timing = t.target["timing"]
-    if timing is None:
+def time_candidates(t: Tuner, runs: list[dict]) -> Candidate | None:
+    """Every distinct mix and the FP32 deployment timed on the target in interleaved rounds
+    (:func:`time_in_rounds`), the sanity rules checked (:func:`speed_sanity`) and the rounds timed again up to
+    :data:`RETIMES` times while they fail; returns the FP32 deployment as a candidate of the same rounds (None: no
+    target here). ``t.sanity`` keeps what the rules found."""
+    if t.target["open"] is None:
         log.warning("tune: speed not measured: %s", t.target["reason"])
         return None
     timed = [c for r in runs for c in r["candidates"]]
-    seen: dict[tuple, dict] = {}
-    with phase(t, f"speed, {t.target['name']}", len({c.key() for c in timed}) + 1) as bar:
-        baseline = timing(t.fp32_model, False)
+    distinct = list({c.key(): c for c in timed}.values())
+    baseline = Candidate([], FP32_REFERENCE, {"status": Status.PASSED})
+    graphs = {r["method"]: r["graph"] for r in runs}
+    with phase(t, f"speed, {t.target['name']}", len(distinct) + 1) as bar, ExitStack() as stack:
+        sessions = [stack.enter_context(t.target["open"](t.fp32_model, False))]
         bar.update(1)
-        for cand in timed:
-            if cand.key() not in seen:
-                graph = next(r["graph"] for r in runs if r["method"] == cand.calibration)
-                seen[cand.key()] = timing(t.mix(graph, cand.high, cand.fp32), True)
-                bar.update(1)
-            cand.latency_ms = seen[cand.key()]["latency_ms"]
-            cand.runtime = seen[cand.key()]["runtime"]
+        for cand in distinct:
+            sessions.append(stack.enter_context(t.target["open"](t.mix(graphs[cand.calibration], cand.high,
+                                                                           cand.fp32), True)))
+            bar.update(1)
+        rivals = [baseline, *distinct]
+        for attempt in range(1 + RETIMES):
+            time_in_rounds(t, rivals, sessions, seed=attempt)
+            t.sanity = speed_sanity(rivals, t.batches, t.cfg.tune.same_speed, t.plug.label)
+            t.sanity["attempts"] = attempt + 1
+            if t.sanity["trustworthy"]:
+                break
+            log.warning("tune: the timings are not trustworthy (attempt %d of %d): %s", attempt + 1, 1 + RETIMES,
+                        "; ".join(c["text"] for c in t.sanity["checks"] if not c["sane"]))
+    for cand in timed:  # a mix found twice (the greedy fallback's answer is often a top-k) shares its timing
+        same = next(c for c in distinct if c.key() == cand.key())
+        cand.latency_ms, cand.rounds, cand.session, cand.runtime, cand.kernels = same.latency_ms, same.rounds, \
+            same.session, same.runtime, same.kernels
     return baseline
+
+
+def time_in_rounds(t: Tuner, rivals: list[Candidate], sessions: list, seed: int = 0) -> None:
+    """``rivals`` (each with its open session) timed in interleaved rounds per batch
+    (:func:`pipeline.runtime.interleave.time_rounds`, with tune's timing settings): each rival's per-round latencies,
+    median, runtime precisions and the session that pairs its rounds with the others'."""
+    t.sessions_timed += 1
+    for batch in t.batches:
+        got = interleave.time_rounds([s.timers[batch] for s in sessions], warmup_s=t.timing.warmup_s,
+                                     min_duration_s=t.timing.min_duration_s, trials=t.timing.trials,
+                                     min_iterations=t.timing.min_iterations, seed=seed * 1000 + batch)
+        for i, cand in enumerate(rivals):
+            cand.rounds[batch], cand.latency_ms[batch] = got.per_round[i], got.median(i)
+    for cand, session in zip(rivals, sessions, strict=True):
+        cand.session, cand.runtime, cand.kernels = t.sessions_timed, session.runtime, session.kernels
+
+
+def speed_sanity(rivals: list[Candidate], batches: list[int], same_speed: float, label: str) -> dict:
+    """The sanity rules on one set of rounds: pairs that the target compiles to the same kernels must time alike
+    (:func:`pipeline.evaluation.speed_claims.sane`): the "all low" mixes of every calibration method (the same graph
+    with other scales), and the FP32 deployment and each calibration's "all high" mix (no matrix layer left in the
+    low precision) where the target's compiled graphs show the same kernels (``Candidate.kernels``: a Q/DQ pair left
+    on a pooling layer, say, makes "all high" another network, and that pair is listed as not checked, with why).
+    ``trustworthy``: every checked pair timed alike."""
+    reference = next(c for c in rivals if c.origin == FP32_REFERENCE)
+    all_high = [c for c in rivals if c.origin == "all high"]
+    all_low = [c for c in rivals if c.origin == f"all {label}" and not c.high]
+    pairs = [(reference, c, c.kernels is not None and c.kernels == reference.kernels) for c in all_high] + \
+        [(a, b, a.kernels is None or b.kernels is None or a.kernels == b.kernels)
+         for a, b in zip(all_low, all_low[1:], strict=False)]
+    checks = []
+    for a, b, twins in pairs:
+        what = f"{b.origin} ({b.calibration}) over {a.origin}{f' ({a.calibration})' if a.calibration else ''}"
+        ratios = sensitivity.time_ratio(b, a, batches)
+        timed = ", ".join(f"{r.text()} at batch {k}" for k, r in ratios.items())
+        if not twins:
+            checks.append({"pair": [a.origin, f"{b.origin} {b.calibration}"], "checked": False, "sane": True,
+                           "ratios": {str(k): r.to_json() for k, r in ratios.items()},
+                           "text": f"{what}: {timed}; not checked: the target compiles them to different kernels "
+                                   f"({_kernel_difference(a.kernels, b.kernels)})"})
+            continue
+        sane = speed_claims.sane(ratios, same_speed)
+        checks.append({"pair": [f"{a.origin} {a.calibration}".strip(), f"{b.origin} {b.calibration}"],
+                       "checked": True, "sane": sane, "ratios": {str(k): r.to_json() for k, r in ratios.items()},
+                       "text": f"{what}: {timed}"
+                               + ("" if sane else " (they compile to the same kernels: they must time alike)")})
+    return {"checks": checks, "trustworthy": all(c["sane"] for c in checks)}
+
+
+def _kernel_difference(a: tuple | None, b: tuple | None) -> str:
+    """What the second compiled graph runs that the first does not, and the other way round (a few kernels)."""
+    if a is None or b is None:
+        return "not known on this target"
+    more, fewer = dict(b), dict(a)
+    extra = [f"{'/'.join(k)} x{n - fewer.get(k, 0)}" for k, n in more.items() if n > fewer.get(k, 0)]
+    missing = [f"{'/'.join(k)} x{n - more.get(k, 0)}" for k, n in fewer.items() if n > more.get(k, 0)]
+    return "; ".join(x for x in (f"+ {', '.join(extra[:3])}" if extra else "",
+                                 f"- {', '.join(missing[:3])}" if missing else "") if x)
 
 
 # --------------------------------------------------------------------------- the stage
@@ -294,9 +371,11 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, tune: bool = False
     runs = [tune_method(t, method) for method in plug.methods(cfg)]
     incumbent = _incumbent(t, runs)
     baseline = time_candidates(t, runs)
+    fronts = {r["method"]: sensitivity.pareto(r["candidates"], t.batches[0]) for r in runs}
+    if t.sanity and not t.sanity["trustworthy"]:
+        _undecided(t, runs, baseline, fronts, record)
     with phase(t, "confirm (export's graph)"):
         chosen, why = _choose(t, runs, incumbent)
-    fronts = {r["method"]: sensitivity.pareto(r["candidates"], t.batches[0]) for r in runs}
     payload = tune_report.payload(cfg, t, runs, baseline, chosen, why, fronts)
     ptq_chosen = chosen
     # The speed gate's own setting: with --no-speed-gate (all --tune) auto escalates only when no PTQ mix passes.
@@ -304,9 +383,9 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, tune: bool = False
         cfg.tune.qat if plug.trainable else "off", chosen is not None,
         tune_report.speed_failure(payload, None if no_speed_gate else cfg.tune.min_speedup),
         low_layers=max(len(r["layers"]) for r in runs), missing=qat_missing)
-    qat_cand = _qat_rung(t, runs) if wanted else None
-    chosen, why = qat_rung.with_qat(chosen, why, qat_cand, t.batches if t.target["timing"] is not None else [],
-                                       cfg.tune.same_speed)
+    qat_cand = _qat_rung(t, runs, baseline, chosen) if wanted else None
+    chosen, why = qat_rung.with_qat(chosen, why, qat_cand, t.batches if t.target["open"] is not None else [],
+                                    cfg.tune.same_speed)
     t.seconds["total"] = time.perf_counter() - start
     payload = tune_report.payload(cfg, t, runs, baseline, chosen, why, fronts)
     payload["ladder"] = tune_report.ladder(t, runs, ptq_chosen, qat_cand, qat_why)
@@ -331,15 +410,33 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, tune: bool = False
     failure = tune_report.speed_failure(payload, None if no_speed_gate else cfg.tune.min_speedup)
     if failure:
         raise CheckFailed(failure)
+    doubt = tune_report.speed_in_doubt(payload, None if no_speed_gate else cfg.tune.min_speedup)
+    if doubt:
+        raise Inconclusive(doubt)
     log.info("tune: %s", payload["summary"])
+
+
+def _undecided(t: Tuner, runs: list[dict], baseline: Candidate | None, fronts: dict, record: StageRecord) -> None:
+    """The sanity rules failed on every timing: the report says so and names the pairs, the fallback file is left
+    as it was, and the stage ends inconclusive (exit 5), as a gate that cannot decide does."""
+    failed = "; ".join(c["text"] for c in t.sanity["checks"] if not c["sane"])
+    why = (f"undecided: the timings are not trustworthy after {t.sanity['attempts']} sets of interleaved rounds "
+           f"({failed}); the machine is too busy to tell the mixes apart")
+    payload = tune_report.payload(t.cfg, t, runs, baseline, None, why, fronts)
+    for path in tune_report.write_all(t.run_dir, payload):
+        record.artifact(path.name)
+    record.details.update(tune_report.details(payload))
+    raise Inconclusive(f"tune: {why}; {t.plug.fallback_file} is unchanged; run tune again on a quieter machine "
+                       "(see tune.md)")
 
 
 # --------------------------------------------------------------------------- the third rung: QAT
 
 
-def _qat_rung(t: Tuner, runs: list[dict]) -> Candidate:
+def _qat_rung(t: Tuner, runs: list[dict], baseline: Candidate | None, ptq: Candidate | None) -> Candidate:
     """QAT (:func:`pipeline.training.qat_recipe.fine_tune`) into a scratch graph, judged by the full gate and timed
-    like every mix; its checkpoint stays (export rebuilds the graph from it if it is chosen)."""
+    in interleaved rounds with the FP32 deployment (``baseline``) and the best PTQ mix (``ptq``); its checkpoint
+    stays (export rebuilds the graph from it if it is chosen)."""
     method = _applied_method(t)
     with phase(t, "QAT (fine-tune, export)"):
         try:
@@ -349,9 +446,14 @@ def _qat_rung(t: Tuner, runs: list[dict]) -> Candidate:
             t.run_dir.file(SCRATCH).unlink(missing_ok=True)
     with phase(t, "QAT (gate, speed)"):
         cand = t.judge(graph, [], "QAT", method, t.base_fp32)
-        if t.target["timing"] is not None:
-            timed = t.target["timing"](graph, True)
-            cand.latency_ms, cand.runtime = timed["latency_ms"], timed["runtime"]
+        if t.target["open"] is not None:  # in rounds with the FP32 deployment and the best PTQ mix, to compare
+            rivals = [(baseline, t.fp32_model, False), (cand, graph, True)]
+            if ptq is not None:
+                ptq_graph = t.mix(next(r["graph"] for r in runs if r["method"] == ptq.calibration), ptq.high, ptq.fp32)
+                rivals.append((ptq, ptq_graph, True))
+            with ExitStack() as stack:
+                sessions = [stack.enter_context(t.target["open"](g, low)) for _, g, low in rivals]
+                time_in_rounds(t, [c for c, _, _ in rivals], sessions)
     cand.result["qat"] = {k: details[k] for k in ("epochs", "seconds_per_epoch", "best_val_acc", "int8_layers",
                                                    "source", "simulated")}
     cand.result["int8_layers"] = details["int8_layers"]
@@ -401,7 +503,7 @@ def _choose(t: Tuner, runs: list[dict], incumbent: Candidate | None = None) -> t
     conversion with those layers raised); a mix whose real graph fails gives way to the next. The ``incumbent`` (the
     fallback file's mix) stays unless the fastest is better beyond the noise (:func:`sensitivity.keep_or_replace`)."""
     everything = [c for r in runs for c in r["candidates"]]
-    batches = t.batches if t.target["timing"] is not None else []  # untimed: the fewest layers raised wins
+    batches = t.batches if t.target["open"] is not None else []  # untimed: the fewest layers raised wins
 
     def confirm(pick: Candidate) -> bool:
         checked = t.full(t.converted(pick.high, pick.fp32, pick.calibration))
@@ -429,6 +531,7 @@ def _why(t: Tuner, pick: Candidate, runs: list[dict], batches: list[int]) -> str
         return (f"the passing mix with the fewest layers {t.plug.raised_to} (speed not measured: "
                 f"{t.target['reason'].split(':')[0]}), {pick.calibration}{rest}")
     lat = ", ".join(f"{pick.latency_ms[b]:.3f} ms at batch {b}" for b in batches)
-    return (f"the fastest passing mix ({lat}; mixes within tune.same_speed of the fastest count as equally fast, "
-            f"and of those the one with the fewest layers {t.plug.raised_to} wins), {pick.calibration} "
-            f"calibration{rest}")
+    return (f"the fastest passing mix as far as the noise allows ({lat}): no passing mix beats it in interleaved "
+            f"rounds (faster beyond the 95 % interval at one batch, faster or within tune.same_speed at the other); "
+            f"of those no mix beats, the one with the fewest layers {t.plug.raised_to} wins, then the smallest error; "
+            f"{pick.calibration} calibration{rest}")

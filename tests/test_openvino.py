@@ -233,6 +233,10 @@ def test_benchmark_openvino_rows_throughput_ratios_and_benchmark_app(clone_run, 
         assert r["verify"] == "passed" and "not an emulation" in r["note"]
     side = payload["benchmark_app"]
     assert len(side["rows"]) == 3 and all(r["flagged"] for r in side["rows"])  # the fake's numbers are far off
+    assert all(r["agreement"] == "far apart" and r["rounds"] == benchmark_app.ROUNDS for r in side["rows"])
+    assert all(len(r["ours_per_round"]) == len(r["benchmark_app_per_round"]) == benchmark_app.ROUNDS
+               for r in side["rows"])
+    assert "(in doubt: benchmark_app far apart" in manifest(run)["stages"]["benchmark"]["details"]["headline"]
     logged = [json.loads(line) for line in calls.read_text().splitlines()]
     assert {tuple(c["args"][c["args"].index("-shape") + 1:][:1]) for c in logged} == {("[1,3,16,16]",),
                                                                                       ("[2,3,16,16]",)}
@@ -358,8 +362,9 @@ def test_benchmark_app_checks_only_the_rows_the_summary_names_by_default(clone_r
     payload = json.loads((run / artifacts.BENCHMARK_JSON).read_text())
     best, top = benchmark.headline_rows(payload["results"])["cpu"]
     checked = {(r["backend"], r["batch_size"], r["mode"]) for r in payload["benchmark_app"]["rows"]}
-    # latency at 1 and 2, async throughput at 2 (the largest batch): three rows, two benchmark_app runs
-    assert len(payload["results"]) == 3 and len(calls.read_text().splitlines()) == 2
+    # latency at 1 and 2, async throughput at 2 (the largest batch): three rows, two rows checked, each in
+    # benchmark_app.ROUNDS interleaved rounds
+    assert len(payload["results"]) == 3 and len(calls.read_text().splitlines()) == 2 * benchmark_app.ROUNDS
     mode = {row["timing"]: next(m for m, start in benchmark_app.MODES.items() if row["timing"].startswith(start))
             for row in (best, top)}
     assert checked == {(best["backend"], 1, mode[best["timing"]]), (top["backend"], 2, mode[top["timing"]])}

@@ -142,6 +142,13 @@ def test_the_front_holds_exactly_the_undominated_mixes_fastest_first(candidates)
     assert sensitivity.pareto(candidates, 4) == []  # nothing timed at batch 4
 
 
+def point_beats(d: Candidate, c: Candidate, batches: list[int], same_speed: float) -> bool:
+    """The rule written on plain latencies (no rounds: a point ratio, no interval): ``d`` is faster or the same speed
+    at every batch (``d/c <= 1 + s``) and faster beyond the band at one (``d/c < 1/(1 + s)``)."""
+    x = [d.latency_ms[b] / c.latency_ms[b] for b in batches]
+    return bool(x) and all(r <= 1 + same_speed for r in x) and any(r < 1 / (1 + same_speed) for r in x)
+
+
 def oracle_choice(candidates: list[Candidate], batches: list[int], same_speed: float) -> set[int]:
     """The ids of every mix the rule may return (ties on every key are allowed either way)."""
     passing = [c for c in candidates if c.passed and all(b in c.latency_ms for b in batches)]
@@ -149,12 +156,11 @@ def oracle_choice(candidates: list[Candidate], batches: list[int], same_speed: f
         return set()
 
     def cost(c):
-        return sum(c.latency_ms[b] / min(p.latency_ms[b] for p in passing) for b in batches) / max(1, len(batches))
+        return sum(c.latency_ms[b] / min(p.latency_ms[b] for p in passing) for b in batches)
 
-    fastest = min(cost(c) for c in passing)
-    tied = [c for c in passing if cost(c) <= fastest * (1 + same_speed) + 1e-12]
-    best = min((len(c.high), cost(c), c.result["scaled_error"]) for c in tied)
-    return {id(c) for c in tied if (len(c.high), cost(c), c.result["scaled_error"]) == best}
+    tied = [c for c in passing if not any(point_beats(d, c, batches, same_speed) for d in passing if d is not c)]
+    best = min((len(c.high), c.result["scaled_error"], cost(c)) for c in tied)
+    return {id(c) for c in tied if (len(c.high), c.result["scaled_error"], cost(c)) == best}
 
 
 @FAST
@@ -272,7 +278,8 @@ def test_speed_failure_names_the_worst_batch_and_the_layers():
     payload = {"precision": "int8", "chosen": {"runtime": {"/a/Conv": "u8", "/b/Conv": "f32", "/fc/Gemm": "f32"}},
                "speedup_vs_fp32": {"1": 0.9, "8": 0.7}, "int8_dot_product": True}
     line = tune_report.speed_failure(payload, 1.0)
-    assert "x0.70 at batch 8" in line and "2 of 3 layers run in FP32" in line and "VNNI" not in line
+    assert "x0.70 (no interval) at batch 8, below" in line and "2 of 3 layers run in FP32" in line
+    assert "VNNI" not in line
     assert tune_report.speed_failure({**payload, "chosen": None}, 1.0) == ""
     assert tune_report.speed_failure({**payload, "speedup_vs_fp32": {}}, 1.0) == ""  # nothing timed
 
@@ -515,10 +522,8 @@ shares = st.floats(min_value=0, max_value=2, allow_nan=False)
 
 
 def _slower_beyond_noise(incumbent, pick, batches, same_speed) -> bool:
-    """The oracle, written another way: with r the incumbent's latency over the pick's at each batch, the incumbent
-    costs mean(max(r, 1)) and the pick mean(max(1/r, 1)), each relative to the faster of the two."""
-    r = [incumbent.latency_ms[b] / pick.latency_ms[b] for b in batches]
-    return np.mean([max(x, 1.0) for x in r]) > np.mean([max(1 / x, 1.0) for x in r]) * (1 + same_speed)
+    """The oracle: the pick beats the incumbent on plain latencies (:func:`point_beats`)."""
+    return point_beats(pick, incumbent, batches, same_speed)
 
 
 @settings(max_examples=300, deadline=None)
@@ -554,7 +559,7 @@ def test_speed_gate_message_says_when_the_cpu_has_no_int8_dot_product():
                "speedup_vs_fp32": {"1": 0.9, "8": 1.4}, "int8_dot_product": False}
     line = tune_report.speed_failure(payload, 1.2)
     assert line.startswith("INT8 is no faster than FP32 here: 2 of 3 layers run in FP32 (/b/Conv, /fc/Gemm)")
-    assert "no VNNI/AMX" in line and "x0.90 at batch 1" in line
+    assert "no VNNI/AMX" in line and "x0.90 (no interval) at batch 1" in line
     assert tune_report.speed_failure(payload, None) == ""  # off
     assert tune_report.speed_failure({**payload, "speedup_vs_fp32": {"1": 1.3, "8": 1.4}}, 1.2) == ""
 
@@ -622,7 +627,7 @@ def test_qat_is_chosen_only_when_it_passes_and_is_no_slower_than_ptqs_pick(ptq, 
     elif ptq is None:
         assert chosen is qat and why == "QAT's graph: no PTQ mix passes the gate"
     else:
-        no_slower = all(qat.latency_ms[b] <= ptq.latency_ms[b] * (1 + same_speed) for b in batches)
+        no_slower = not point_beats(ptq, qat, batches, same_speed)  # a tie goes to QAT's graph (all INT8)
         assert chosen is (qat if no_slower else ptq)
         assert ("slower at batch" in why) is not no_slower
 
@@ -631,11 +636,14 @@ def test_with_qat_by_hand():
     ptq = cand(2, ms={1: 1.0, 8: 4.0})
     fast = Candidate([], "QAT", {"status": "passed"}, {1: 1.04, 8: 3.0})
     assert qat_rung.with_qat(ptq, "p", fast, [1, 8], 0.05) == (
-        fast, "QAT's graph passes with every layer in INT8 and is as fast as the best PTQ mix or faster (1.040 ms at "
-              "batch 1, 3.000 ms at batch 8; the PTQ mix raised 2 layers)")
+        fast, "QAT's graph passes with every layer in INT8 and the best PTQ mix is not faster beyond the noise "
+              "(1.040 ms at batch 1, 3.000 ms at batch 8; the PTQ mix raised 2 layers)")
     tie = Candidate([], "QAT", {"status": "passed"}, {1: 1.0, 8: 4.0})  # exactly as fast: no slower, QAT's
     assert qat_rung.with_qat(ptq, "p", tie, [1, 8], 0.0)[0] is tie
-    slow = Candidate([], "QAT", {"status": "passed"}, {1: 1.06, 8: 3.0})
-    assert qat_rung.with_qat(ptq, "p", slow, [1, 8], 0.05) == (ptq, "p; QAT's graph passes but is slower at batch 1")
+    slow = Candidate([], "QAT", {"status": "passed"}, {1: 1.06, 8: 4.0})
+    assert qat_rung.with_qat(ptq, "p", slow, [1, 8], 0.05) == (
+        ptq, "p; QAT's graph passes but is slower at batch 1 (its time over the PTQ mix's: 1.06 [1.06, 1.06])")
+    mixed = Candidate([], "QAT", {"status": "passed"}, {1: 1.06, 8: 3.0})  # slower at 1, faster at 8: a tie
+    assert qat_rung.with_qat(ptq, "p", mixed, [1, 8], 0.05)[0] is mixed
     assert qat_rung.with_qat(ptq, "p", slow, [], 0.05)[1].endswith("(speed not measured; the PTQ mix raised 2 "
                                                                       "layers)")

@@ -12,7 +12,8 @@ code   meaning
 4      any other runtime failure; the message names the stage and the cause
 5      the gate could not decide: a gating candidate's task check is inconclusive on the
        images it had (only with ``verify.inconclusive: fail``; the message says how many
-       more images would decide it)
+       more images would decide it); or tune's timings could not decide (a sanity pair
+       timed apart, or the speed gate's interval holds ``tune.min_speedup``)
 130    interrupted (Ctrl-C / SIGTERM); the stage is marked ``interrupted``
 =====  ==========================================================================
 """
@@ -104,7 +105,8 @@ class CheckFailed(PipelineError):
 
 
 class Inconclusive(PipelineError):
-    """The precision gate could not decide on the images it had (``verify.inconclusive: fail``)."""
+    """The precision gate could not decide on the images it had (``verify.inconclusive: fail``), or tune's timings
+    could not decide (undecided: docs/verify.md)."""
 
     exit_code = EXIT_INCONCLUSIVE
 

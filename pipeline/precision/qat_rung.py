@@ -4,7 +4,8 @@
 
 from __future__ import annotations
 
-from pipeline.precision.sensitivity import Candidate
+from pipeline.evaluation import speed_claims
+from pipeline.precision.sensitivity import Candidate, time_ratio
 
 
 def qat_wanted(mode: str, ptq_passed: bool, speed_failure: str, *, low_layers: int,
@@ -32,16 +33,18 @@ def qat_wanted(mode: str, ptq_passed: bool, speed_failure: str, *, low_layers: i
 
 def with_qat(chosen: Candidate | None, why: str, qat: Candidate | None, batches: list[int],
              same_speed: float) -> tuple[Candidate | None, str]:
-    """The fastest that passes, PTQ's pick or QAT's graph: QAT where it passes and is no slower than the PTQ pick
-    beyond ``same_speed`` at any of ``batches`` (the timed ones; none: untimed, QAT's graph with no layer raised
-    wins when it passes)."""
+    """The fastest that passes, PTQ's pick or QAT's graph: QAT where it passes and the PTQ pick does not beat it
+    beyond the noise (:func:`pipeline.evaluation.speed_claims.beats` on their ratios at ``batches``, the timed ones;
+    a tie goes to QAT's graph, every layer in INT8; none timed: QAT's graph wins when it passes)."""
     if qat is None or not qat.passed:
         return chosen, why
     if chosen is None:
         return qat, "QAT's graph: no PTQ mix passes the gate"
-    slower = [b for b in batches if qat.latency_ms[b] > chosen.latency_ms[b] * (1 + same_speed)]
-    if slower:
-        return chosen, why + f"; QAT's graph passes but is slower at batch {slower[0]}"
+    ratios = time_ratio(chosen, qat, batches)
+    if batches and speed_claims.beats(ratios, same_speed):
+        worst = next(b for b, r in ratios.items() if speed_claims.verdict(r, same_speed) is speed_claims.Speed.FASTER)
+        return chosen, why + (f"; QAT's graph passes but is slower at batch {worst} (its time over the PTQ mix's: "
+                              f"{ratios[worst].inverse().text()})")
     lat = ", ".join(f"{qat.latency_ms[b]:.3f} ms at batch {b}" for b in batches) or "speed not measured"
-    return qat, (f"QAT's graph passes with every layer in INT8 and is as fast as the best PTQ mix or faster "
+    return qat, (f"QAT's graph passes with every layer in INT8 and the best PTQ mix is not faster beyond the noise "
                  f"({lat}; the PTQ mix raised {len(chosen.high)} layers)")

@@ -29,6 +29,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from pipeline.evaluation import speed_claims
+from pipeline.evaluation.speed_claims import Ratio
 from pipeline.precision import gate as criteria
 from pipeline.precision.int8 import DQ, Q
 
@@ -171,11 +173,14 @@ class Candidate:
     high: list[str]
     origin: str  # "all INT8" (or "all FP16"), "top-3", "greedy fallback", "all high", "previous choice"
     result: dict = field(default_factory=dict)  # metrics(...) of the full gate
-    latency_ms: dict = field(default_factory=dict)  # {batch: mean ms}
+    latency_ms: dict = field(default_factory=dict)  # {batch: median ms}
     calibration: str = ""
     fp32: list[str] = field(default_factory=list)  # nodes kept in FP32 (the FP16 fallback's; greedy's own)
     runtime: dict = field(default_factory=dict)  # what the target ran each matrix layer in
     round: object = field(default=None, repr=False, compare=False)  # the full gate's round (its failing check)
+    rounds: dict = field(default_factory=dict, repr=False)  # {batch: [ms per interleaved round]}
+    session: int = 0  # which set of interleaved rounds timed it (0: none; only rounds of one session pair up)
+    kernels: tuple | None = field(default=None, repr=False)  # what the target compiled it to (None: not known)
 
     @property
     def passed(self) -> bool:
@@ -226,22 +231,42 @@ def pareto(candidates: list[Candidate], batch: int) -> list[Candidate]:
     return sorted((c for c in timed if not dominated(c)), key=lambda c: c.latency_ms[batch])
 
 
+def time_ratio(a: Candidate, b: Candidate, batches: list[int]) -> dict[int, Ratio]:
+    """``a``'s latency over ``b``'s at each of ``batches``: from their per-round latencies where both were timed in
+    the same interleaved rounds (a ratio with its interval), else from their medians alone (a point: no interval,
+    what a caller that timed each mix alone has; only tests and old reports do)."""
+    out = {}
+    for batch in batches:
+        ra, rb = a.rounds.get(batch), b.rounds.get(batch)
+        if a.session and a.session == b.session and ra and rb and len(ra) == len(rb):
+            out[batch] = speed_claims.ratio(ra, rb)
+        else:
+            x = a.latency_ms[batch] / b.latency_ms[batch]
+            out[batch] = speed_claims.Ratio(x, x, x, 1)
+    return out
+
+
 def choose(candidates: list[Candidate], batches: list[int], same_speed: float = 0.05) -> Candidate | None:
-    """The fastest passing mix: lowest latency summed over ``batches`` (each relative to the fastest there, so a
-    large batch does not outweigh batch 1). Mixes within ``same_speed`` (a share) of the fastest are taken as
-    equally fast, timing noise on a shared CPU being of that order: among them, the one with the fewest layers
-    out of INT8, then the fastest, then the smallest error."""
+    """The fastest passing mix as far as the noise allows (:func:`pipeline.evaluation.speed_claims.choose`): the
+    passing mixes timed at every one of ``batches`` that no other beats (faster beyond the interval at one batch,
+    faster or the same speed within ``same_speed`` at every other: :func:`time_ratio`) are the tie; of the tie, the
+    one with the fewest layers out of the low precision, then the smallest error (measured on fixed images: the
+    same in every run), then the fastest median (summed over ``batches``, each relative to the fastest there; the
+    last resort, where the noise may decide). Nothing timed (``batches`` empty): every mix ties."""
     passing = [c for c in candidates if c.passed and all(b in c.latency_ms for b in batches)]
     if not passing:
         return None
     best = {b: min(c.latency_ms[b] for c in passing) for b in batches}
 
-    def cost(c: Candidate) -> float:  # no batches (nothing timed): every mix costs the same
+    def cost(c: Candidate) -> float:
         return sum(c.latency_ms[b] / best[b] for b in batches)
 
-    fastest = min(cost(c) for c in passing)
-    tied = [c for c in passing if cost(c) <= fastest * (1 + same_speed)]
-    return min(tied, key=lambda c: (len(c.high), cost(c), c.result.get("scaled_error") or 0.0))
+    ordered = sorted(passing, key=lambda c: (c.result.get("scaled_error") or 0.0, cost(c)))
+    lower = {id(c): -len(c.high) for c in ordered}
+    keyed = {id(c): c for c in ordered}
+    picked = speed_claims.choose([id(c) for c in ordered], lambda x, y: time_ratio(keyed[x], keyed[y], batches),
+                                 lower, same_speed).pick
+    return None if picked is None else keyed[picked]
 
 
 def confirmed(candidates: list[Candidate], batches: list[int], same_speed: float,
@@ -285,10 +310,11 @@ def keep_or_replace(incumbent: Candidate | None, pick: Candidate | None, batches
     this run like every other) or the ``pick`` (this run's :func:`choose`). Latencies are positive milliseconds.
 
     The incumbent stays unless it no longer passes (or, where speed is measured, was not timed at every batch in
-    ``batches``), or the pick is better beyond the measured noise: faster by more than ``same_speed`` (a share; each
-    batch's latency relative to the faster of the two there, averaged, as :func:`choose` does). With nothing timed
-    (``batches`` empty) the only measure free of noise decides: a pick that raises fewer layers. A pick that does not
-    pass never replaces anything. So timing noise alone never flips a choice, nor re-runs what follows it."""
+    ``batches``), or the pick beats it beyond the measured noise (:func:`pipeline.evaluation.speed_claims.beats` on
+    :func:`time_ratio`: faster beyond its interval at a batch and faster or the same speed within ``same_speed`` at
+    every other). With nothing timed (``batches`` empty) the only measure free of noise decides: a pick that raises
+    fewer layers. A pick that does not pass never replaces anything. So timing noise alone never flips a choice,
+    nor re-runs what follows it."""
     def usable(c: Candidate | None) -> bool:
         return c is not None and c.passed and all(b in c.latency_ms for b in batches)
 
@@ -298,12 +324,7 @@ def keep_or_replace(incumbent: Candidate | None, pick: Candidate | None, batches
         return incumbent
     if not batches:
         return pick if len(pick.high) < len(incumbent.high) else incumbent
-    best = {b: min(incumbent.latency_ms[b], pick.latency_ms[b]) for b in batches}
-
-    def cost(c: Candidate) -> float:  # summed, not averaged: only the ratio of two costs is ever compared
-        return sum(c.latency_ms[b] / best[b] for b in batches)
-
-    return pick if cost(incumbent) > cost(pick) * (1 + same_speed) else incumbent
+    return pick if speed_claims.beats(time_ratio(pick, incumbent, batches), same_speed) else incumbent
 
 
 def timed(fn: Callable, *args):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -9,10 +10,12 @@ from pipeline.core import env
 from pipeline.core.artifacts import tune_files
 from pipeline.core.run import RunDir, atomic_path, atomic_write, write_json
 from pipeline.core.status import Status
+from pipeline.evaluation import speed_claims
 from pipeline.precision import plugs, sensitivity
 from pipeline.precision.sensitivity import Candidate
 from pipeline.reports import tables
 from pipeline.reports.tables import Cell, Section, Table, fmt
+from pipeline.runtime import interleave
 from pipeline.runtime.openvino_speed import layers_not_in
 
 if TYPE_CHECKING:  # annotations only
@@ -21,10 +24,14 @@ if TYPE_CHECKING:  # annotations only
 SCHEMA = "pipeline.tune/2"
 
 
-def _candidate(c: Candidate, chosen: Candidate | None, fronts: dict, precision: str) -> dict:
+def _candidate(c: Candidate, chosen: Candidate | None, fronts: dict, precision: str,
+               baseline: Candidate | None = None) -> dict:
+    vs_fp32 = sensitivity.time_ratio(c, baseline, [b for b in c.latency_ms if b in baseline.latency_ms]) \
+        if baseline is not None else {}
     return {"origin": c.origin, "calibration": c.calibration, "high": c.high, "fp32": c.fp32,
             "layers_raised": len(c.high), "result": c.result,
             "latency_ms": {str(b): v for b, v in c.latency_ms.items()},
+            "time_vs_fp32": {str(b): r.to_json() for b, r in vs_fp32.items()},
             "runtime_not_low": layers_not_in(c.runtime, precision), "chosen": c is chosen,
             "pareto": any(c is f for f in fronts.get(c.calibration, []))}
 
@@ -34,9 +41,11 @@ def payload(cfg: Config, t, runs: list[dict], baseline: dict | None, chosen: Can
     """Everything tune measured, and the choice."""
     plug = t.plug
     precision = plug.name
-    candidates = [_candidate(c, chosen, fronts, precision) for r in runs for c in r["candidates"]]
-    speedup = {str(b): s for b, s in sensitivity.speedups(baseline["latency_ms"], chosen.latency_ms).items()} \
-        if chosen and baseline else {}
+    candidates = [_candidate(c, chosen, fronts, precision, baseline) for r in runs for c in r["candidates"]]
+    low_claim = _low_claim(chosen, plug, len(runs[0]["layers"]) if runs else 0)
+    intervals = {b: r.inverse() for b, r in sensitivity.time_ratio(chosen, baseline, t.batches).items()} \
+        if chosen and baseline and not low_claim else {}
+    speedup = {str(b): r.estimate for b, r in intervals.items()}
     out = {
         "schema": SCHEMA, "model": cfg.model.name, "precision": precision, "raised": plug.raised_to,
         "target": t.target["name"], "speed_not_measured": t.target.get("reason"),
@@ -44,15 +53,21 @@ def payload(cfg: Config, t, runs: list[dict], baseline: dict | None, chosen: Can
         "cpu_flags_simulated": env.cpu_flags_simulated(), "batches": t.batches,
         "samples": {"sensitivity": len(t.sens_labels), "gate": len(t.evidence.labels)},
         "timing": {"warmup_s": t.timing.warmup_s, "min_duration_s": t.timing.min_duration_s, "trials": t.timing.trials,
-                   "min_iterations": t.timing.min_iterations, "statistic": "median of the timed runs"},
-        "fp32": {"latency_ms": {str(b): v for b, v in baseline["latency_ms"].items()} if baseline else {}},
+                   "min_iterations": t.timing.min_iterations, "rounds": interleave.ROUNDS,
+                   "statistic": (f"every mix and the FP32 deployment timed in {interleave.ROUNDS} interleaved rounds "
+                                 "(order shuffled each round); latency: the median of the timed runs; ratios: the "
+                                 "geometric mean of the per-round ratios with its 95 % interval")},
+        "fp32": {"latency_ms": {str(b): v for b, v in baseline.latency_ms.items()} if baseline else {}},
         "sensitivity": {r["method"]: [{"layer": s.layer, "op_type": s.op_type, "score": s.score, "alone": s.alone,
                                        "all_but": s.all_but} for s in r["ranked"]] for r in runs},
         "all_low": {r["method"]: r["all_low"] for r in runs},
         "candidates": candidates,
-        "chosen": None if chosen is None else {**_candidate(chosen, chosen, fronts, precision), "why": why,
+        "chosen": None if chosen is None else {**_candidate(chosen, chosen, fronts, precision, baseline), "why": why,
                                                "runtime": chosen.runtime},
-        "speedup_vs_fp32": speedup, "seconds": {k: round(v, 2) for k, v in t.seconds.items()},
+        "speedup_vs_fp32": speedup, "speedup_interval_vs_fp32": {str(b): r.to_json() for b, r in intervals.items()},
+        "no_speedup_claimed": low_claim, "same_speed": cfg.tune.same_speed,
+        "sanity": t.sanity, "undecided": why if chosen is None and why.startswith("undecided") else "",
+        "seconds": {k: round(v, 2) for k, v in t.seconds.items()},
     }
     method = getattr(getattr(cfg.export, precision), "calibration_method", None) or plug.methods(cfg)[0]
     out["greedy"] = next((c for c in candidates if c["origin"] == "greedy fallback" and c["calibration"] == method),
@@ -101,16 +116,53 @@ def _ladder_table(p: dict) -> Table:
                   *(f"ms @ batch {b}" for b in batches)), tuple(rows))
 
 
+def _low_claim(chosen: Candidate | None, plug, layers: int) -> str:
+    """Why no low-precision result or speed-up may be claimed for ``chosen``: the target runs none of its layers in
+    the low precision (its runtime precisions; untimed: the mix itself raises every layer); else ""."""
+    if chosen is None or not layers:
+        return ""
+    if chosen.runtime:
+        in_low = len(chosen.runtime) - len(layers_not_in(chosen.runtime, plug.name))
+        if in_low == 0:
+            return f"the target runs none of the {len(chosen.runtime)} layers in {plug.label}"
+        return ""
+    if chosen.origin != "QAT" and len(chosen.high) >= layers:
+        return f"the mix keeps all {layers} layers {plug.raised_to}"
+    return ""
+
+
 def _summary(p: dict, chosen: Candidate | None, layers: int, written: str) -> str:
     if chosen is None:
-        return f"no passing {_label(p)} mix"
+        return p["undecided"] or f"no passing {_label(p)} mix"
     qat = ", quantization-aware fine-tuning" if chosen.origin == "QAT" else ""
+    if p["no_speedup_claimed"]:
+        return (f"no {_label(p)} layer: {p['no_speedup_claimed']} ({chosen.calibration}{qat}), so it is the FP32 "
+                f"network and no {_label(p)} result or speed-up is claimed; written to {written}")
     head = f"{_label(p)}: {len(chosen.high)} of {layers} layers {p['raised']} ({chosen.calibration}{qat})"
     if not p["speedup_vs_fp32"]:
         return f"{head}; speed not measured (no {_label(p)} target here); written to {written}"
     big = p["batches"][-1]
     return (f"{head}; {chosen.latency_ms[1]:.3f} ms at batch 1, {chosen.latency_ms[big]:.3f} ms at batch {big}; "
-            f"x{p['speedup_vs_fp32']['1']:.2f} vs FP32 at batch 1; written to {written}")
+            + ", ".join(f"{speedup_text(p, b)} at batch {b}" for b in p["speedup_vs_fp32"])
+            + f" vs FP32 (95 % interval, interleaved rounds); written to {written}")
+
+
+def speedup_text(p: dict, batch: str) -> str:
+    """``x2.08 [1.95, 2.21]`` (the interval where the rounds give one), and the verdict against ``same_speed``."""
+    r = _interval(p, batch)
+    said = speed_claims.verdict(r.inverse(), p.get("same_speed", 0.05))
+    tail = {speed_claims.Speed.SAME: ", the same speed", speed_claims.Speed.UNDECIDED: ", undecided"}.get(said, "")
+    if r.rounds > 1:
+        return f"x{r.estimate:.2f} [{r.low:.2f}, {r.high:.2f}]{tail}"
+    return f"x{r.estimate:.2f} (no interval){tail}"
+
+
+def _interval(p: dict, batch: str) -> speed_claims.Ratio:
+    got = p.get("speedup_interval_vs_fp32", {}).get(batch)
+    if got:
+        return speed_claims.Ratio(got["estimate"], got["low"], got["high"], got["rounds"])
+    x = p["speedup_vs_fp32"][batch]
+    return speed_claims.Ratio(x, x, x, 1)
 
 
 def details(p: dict) -> dict:
@@ -122,10 +174,15 @@ def details(p: dict) -> dict:
 
 
 def speed_failure(p: dict, min_speedup: float | None) -> str:
-    """The speed gate's one line, or "" when it passes (or is off, or nothing could be timed: the report says so)."""
-    if not p["chosen"]:
+    """The speed gate's one line, or "" when it passes (or is off, or nothing could be timed: the report says so).
+    It fails where the chosen mix's speed-up over FP32 is below ``min_speedup`` beyond its interval (the whole
+    interval below), and where the target runs no layer of the mix in the low precision (no speed-up to claim)."""
+    if not p["chosen"] or not min_speedup:
         return ""
-    slow = sensitivity.too_slow(p["speedup_vs_fp32"], min_speedup)
+    if p.get("no_speedup_claimed"):
+        slow = {b: math.nan for b in p["batches"]}
+    else:
+        slow = {b: r.estimate for b in p["speedup_vs_fp32"] if not (r := _interval(p, b)).high >= min_speedup}
     if not slow:
         return ""
     precision = p.get("precision", "int8")
@@ -133,10 +190,28 @@ def speed_failure(p: dict, min_speedup: float | None) -> str:
     not_low = layers_not_in(runtime, precision)
     named = ", ".join(not_low[:6]) + (", ..." if len(not_low) > 6 else "")
     cpu = f"; {_no_units(p)}" if _no_units(p) else ""
-    worst = min(slow, key=slow.get)
+    if p.get("no_speedup_claimed"):
+        how = f"no {_label(p)} speed-up to claim ({p['no_speedup_claimed']})"
+    else:
+        worst = min(slow, key=slow.get)
+        how = f"{speedup_text(p, worst)} at batch {worst}, below"
     return (f"{_label(p)} is no faster than FP32 here: {len(not_low)} of {len(runtime)} layers run in "
-            f"{_ran_in(runtime, not_low)} ({named or 'none'}){cpu}; x{slow[worst]:.2f} at batch {worst}, below "
-            f"tune.min_speedup {min_speedup:g}")
+            f"{_ran_in(runtime, not_low)} ({named or 'none'}){cpu}; {how} tune.min_speedup {min_speedup:g}")
+
+
+def speed_in_doubt(p: dict, min_speedup: float | None) -> str:
+    """The speed gate cannot decide: the chosen mix's speed-up interval holds ``min_speedup`` and reaches further
+    below it than the noise band (``same_speed``) allows; "" when it can (passes or fails) or is off."""
+    if not p["chosen"] or not min_speedup or p.get("no_speedup_claimed") or speed_failure(p, min_speedup):
+        return ""
+    doubt = [b for b in p["speedup_vs_fp32"]
+             if not _interval(p, b).low >= min_speedup / (1 + p.get("same_speed", 0.05))]
+    if not doubt:
+        return ""
+    return ("tune: the speed gate is undecided: the speed-up over FP32 is " + ", ".join(
+        f"{speedup_text(p, b)} at batch {b}" for b in doubt) + f", whose interval holds tune.min_speedup "
+        f"{min_speedup:g} and is wider than tune.same_speed ({p.get('same_speed', 0.05):g}); the machine is too busy "
+        "to tell; run tune again on a quieter machine (see tune.md)")
 
 
 def _label(p: dict) -> str:
@@ -169,6 +244,11 @@ def sections(p: dict) -> list[Section]:
             *([f"Speed not measured: {p['speed_not_measured']}."] if p["speed_not_measured"] else []),
             (f"Sensitivity on {p['samples']['sensitivity']} images; every candidate judged by the full gate on "
              f"{p['samples']['gate']} images; timings: {p['timing']['statistic']}.")]
+    if p.get("undecided"):
+        head.append(f"Why no choice: {p['undecided']}.")
+    for check in (p.get("sanity") or {}).get("checks", []):
+        state = "not checked" if not check.get("checked", True) else "holds" if check["sane"] else "FAILS"
+        head.append(f"Sanity ({state}): {check['text']}.")
     if chosen:
         head.append(f"Why: {chosen['why']}.")
         if chosen["runtime_not_low"]:
@@ -191,16 +271,25 @@ def sections(p: dict) -> list[Section]:
 def _candidates_table(p: dict) -> Table:
     batches = [str(b) for b in p["batches"]]
     rows = [(Cell("FP32 (reference deployment)"), Cell("-"), Cell("-"), Cell("-"), Cell("-"), Cell("-"),
-             *(Cell(fmt(p["fp32"]["latency_ms"].get(b))) for b in batches), Cell(""))]
+             *(Cell(fmt(p["fp32"]["latency_ms"].get(b))) for b in batches), *(Cell("1") for _ in batches), Cell(""))]
     for c in p["candidates"]:
         r = c["result"]
         mark = "chosen" if c["chosen"] else "Pareto" if c["pareto"] else ""
         rows.append((Cell(c["origin"]), Cell(c["calibration"]), Cell(str(c["layers_raised"])),
                      Cell(r.get("status", "-"), status=r.get("status")), Cell(fmt(r.get("scaled_error"))),
                      Cell(fmt(r.get("accuracy_drop"))), *(Cell(fmt(c["latency_ms"].get(b))) for b in batches),
-                     Cell(mark)))
+                     *(Cell(_ratio_cell(c.get("time_vs_fp32", {}).get(b))) for b in batches), Cell(mark)))
     return Table(("candidate", "calibration", f"layers {p['raised']}", "gate", "scaled error", "accuracy drop",
-                  *(f"ms @ batch {b}" for b in batches), ""), tuple(rows))
+                  *(f"ms @ batch {b}" for b in batches), *(f"time / FP32 @ batch {b} [95 %]" for b in batches), ""),
+                 tuple(rows))
+
+
+def _ratio_cell(r: dict | None) -> str:
+    if not r:
+        return "-"
+    if r["rounds"] > 1:
+        return f"{r['estimate']:.2f} [{r['low']:.2f}, {r['high']:.2f}]"
+    return f"{r['estimate']:.2f} (no interval)"
 
 
 def write_plots(run_dir: RunDir, p: dict) -> list[str]:

@@ -15,14 +15,18 @@ comparison is skipped with that reason. ``benchmark.benchmark_app_s: 0`` turns i
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from pipeline.core.artifacts import xml_name
 from pipeline.core.run import RunDir
@@ -33,6 +37,7 @@ if TYPE_CHECKING:  # annotations only
 log = logging.getLogger("pipeline")
 
 FLAG_RATIO = 1.5
+ROUNDS = 3  # interleaved rounds of ours and benchmark_app's per checked row (each benchmark_app run: ~1.5 s + -t)
 MODES = {"latency": "wall-clock", "throughput": "throughput"}  # benchmark_app's -hint -> our timing label's start
 
 
@@ -80,7 +85,7 @@ def run_one(exe: str, xml: Path, shape: list[int], mode: str, hint: str, threads
 
 
 def side_by_side(cfg: Config, run_dir: RunDir, results: list[dict], input_size: list[int], threads: int,
-                 named: list[dict] = ()) -> dict:
+                 named: list[dict] = (), ours_now: Callable[[dict, float], float] | None = None) -> dict:
     """benchmark_app's numbers beside ours for the OpenVINO rows among ``named`` (the rows the summary names:
     two benchmark_app runs instead of two per OpenVINO row, 18 for resnet18), or for every OpenVINO row with
     ``benchmark.benchmark_app_rows: all``; ``{"skipped": reason}`` when it cannot run."""
@@ -108,11 +113,58 @@ def side_by_side(cfg: Config, run_dir: RunDir, results: list[dict], input_size: 
         for row in (r for r in ours if r["backend"] == name):
             mode = next(m for m, start in MODES.items() if row["timing"].startswith(start))
             shape = [row["batch_size"], *input_size]
-            theirs = run_one(exe, xml, shape, mode, sidecar["hint"], threads, seconds)
-            rows.append(compare(row, mode, theirs))
+            if ours_now is None:  # our row as the stage timed it, beside one benchmark_app run
+                rows.append(compare(row, mode, run_one(exe, xml, shape, mode, sidecar["hint"], threads, seconds)))
+            else:
+                theirs = functools.partial(run_one, exe, xml, shape, mode, sidecar["hint"], threads, seconds)
+                rows.append(interleaved(row, mode, theirs, functools.partial(ours_now, row, seconds)))
             log.info("benchmark: benchmark_app %-13s b=%-3d %-10s %s", name, row["batch_size"], mode,
                      rows[-1].get("error") or rows[-1]["summary"])
     return {"tool": exe, "seconds": seconds, "flag_ratio": FLAG_RATIO, "rows": rows}
+
+
+def interleaved(row: dict, mode: str, theirs: Callable[[], dict], ours: Callable[[], float],
+                rounds: int = ROUNDS) -> dict:
+    """Our timing of ``row`` and benchmark_app's, alternated in ``rounds`` rounds (which goes first shuffled each
+    round): a load that comes and goes slows both sides of a round alike. The ratio (ours over benchmark_app's, in
+    the mode's unit: p50 ms or images/s) is the geometric mean of the per-round ratios with its 95 % interval
+    (:func:`pipeline.evaluation.speed_claims.ratio`); :func:`agreement` reads it."""
+    from pipeline.evaluation import speed_claims
+
+    base = {"backend": row["backend"], "batch_size": row["batch_size"], "mode": mode}
+    mine, their_runs = [], []
+    for order in speed_claims.round_orders(2, rounds, seed=row["batch_size"]):
+        for side in order:
+            if side == 0:
+                ms = ours()
+                mine.append(ms if mode == "latency" else row["batch_size"] * 1000.0 / ms)
+            else:
+                their_runs.append(theirs())
+                if "error" in their_runs[-1]:
+                    return {**base, "error": their_runs[-1]["error"]}
+    key = "p50_ms" if mode == "latency" else "throughput_per_s"
+    ratio = speed_claims.ratio(mine, [t[key] for t in their_runs])
+    said = agreement(ratio)
+    ours_mid, theirs_mid = float(np.median(mine)), float(np.median([t[key] for t in their_runs]))
+    what = (f"p50 {ours_mid:.3f} ms (ours) vs {theirs_mid:.3f} ms (benchmark_app)" if mode == "latency" else
+            f"{ours_mid:.1f} vs {theirs_mid:.1f} images/s (benchmark_app, {their_runs[-1]['requests']} requests)")
+    return {**base, "ours": ours_mid, "benchmark_app": their_runs[-1], "rounds": rounds, "ratio": ratio.estimate,
+            "interval": ratio.to_json(), "agreement": said, "flagged": said != "agree",
+            "ours_per_round": mine, "benchmark_app_per_round": [t[key] for t in their_runs],
+            "summary": f"{what}, medians of {rounds} interleaved rounds; ratio {ratio.text()}"
+                       + {"agree": "", "far apart": "  FLAGGED: far apart",
+                          "undecided": "  IN DOUBT: the rounds disagree too much to tell"}[said]}
+
+
+def agreement(ratio) -> str:
+    """``agree``: the ratio's interval lies within ``[1/FLAG_RATIO, FLAG_RATIO]``; ``far apart``: wholly outside
+    it; ``undecided``: it reaches across the band's edge (the machine's noise is wider than the band)."""
+    low, high = 1 / FLAG_RATIO, FLAG_RATIO
+    if low <= ratio.low and ratio.high <= high:
+        return "agree"
+    if ratio.high < low or ratio.low > high:
+        return "far apart"
+    return "undecided"
 
 
 def compare(row: dict, mode: str, theirs: dict) -> dict:

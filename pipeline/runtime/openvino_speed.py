@@ -3,39 +3,88 @@ timed with the benchmark's method, and the precision each matrix layer really ru
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
 import numpy as np
 import onnx
 
 from pipeline.precision.int8 import MATRIX_OPS
 
 
-def openvino_timing(model: onnx.ModelProto, images: np.ndarray, batches: list[int], method, threads: int | None, *,
-                    int8_graph: bool) -> dict:
+@contextmanager
+def openvino_session(model: onnx.ModelProto, images: np.ndarray, batches: list[int], threads: int | None, *,
+                     int8_graph: bool) -> Iterator[Session]:
     """The mix as build converts it (an INT8 graph with its FP16 regions upcast, ``int8.with_fp32_regions``),
-    compiled by OpenVINO's CPU plugin per batch (f32 hint, LATENCY, one synchronous request, as benchmark's
-    ``openvino_*`` rows) and timed with the benchmark's method (:func:`pipeline.runtime.runners.measure`); the median of
-    the timed runs per batch, and the precision the CPU plugin runs each matrix layer in."""
+    compiled by OpenVINO's CPU plugin per batch (f32 hint, LATENCY, one synchronous request with its input set
+    once, as benchmark's ``openvino_*`` rows and benchmark_app's ``-hint latency``): a timer per batch (one
+    inference, ms) and the precision the CPU plugin runs each matrix layer in. Open while timed, so that several
+    mixes can be timed in interleaved rounds (:mod:`pipeline.runtime.interleave`)."""
     import openvino as ov
 
     from pipeline.precision.int8 import with_fp32_regions
-    from pipeline.runtime.runners import OpenVINORunner, cpu_timer, measure
+    from pipeline.runtime.runners import OpenVINORunner, cpu_timer
 
     xml, weights = _ir_bytes(with_fp32_regions(model) if int8_graph else model)
     sidecar = {"hint": "f32", "precision": "int8" if int8_graph else "fp32", "openvino": ov.__version__,
                "xml": "a tune candidate"}
     runner = OpenVINORunner(xml, weights, sidecar, name="tune", input_name=model.graph.input[0].name,
                             output_name=model.graph.output[0].name, threads=threads)
-    latency, spread = {}, {}
     with runner:
+        timers = {}
         for batch in batches:
             x = np.ascontiguousarray(np.resize(images, (batch, *images.shape[1:])), dtype=np.float32)
             request = runner._request(batch)
             request.set_input_tensor(ov.Tensor(x, shared_memory=True))
-            samples = measure(cpu_timer(request.infer), method)["samples"]
-            latency[batch] = float(np.median(samples))
-            spread[batch] = [float(np.percentile(samples, 10)), float(np.percentile(samples, 90))]
-        runtime = runtime_precisions(runner._compile(batches[0]), model)
-    return {"latency_ms": latency, "p10_p90_ms": spread, "runtime": runtime}
+            timers[batch] = cpu_timer(request.infer)
+        compiled = runner._compile(batches[0])
+        yield Session(timers, runtime_precisions(compiled, model), kernels(compiled))
+
+
+@dataclass(frozen=True)
+class Session:
+    """An open, timeable mix: ``timers[batch]`` runs one inference and returns its latency (ms); ``runtime``: what
+    the target runs each matrix layer in."""
+
+    timers: dict[int, Callable[[], float]]
+    runtime: dict[str, str]
+    kernels: tuple | None = None  # what the target compiled it to (None: not known), to tell twins apart
+
+
+def kernels(compiled) -> tuple:
+    """The CPU plugin's compiled graph as a sorted multiset of (layer type, runtime precision, kernel) over its
+    executed nodes (constants left out): equal for two IRs that run the same kernels, whatever their scales."""
+    from collections import Counter
+
+    seen = Counter()
+    for op in compiled.get_runtime_model().get_ops():
+        info = op.get_rt_info()
+        kind = info["layerType"].astype(str) if "layerType" in info else op.get_type_name()
+        if kind != "Const":
+            seen[(kind, *(info[k].astype(str) if k in info else "" for k in ("runtimePrecision", "primitiveType")))] \
+                += 1
+    return tuple(sorted(seen.items()))
+
+
+def timed_alone(session: Session, method) -> dict:
+    """One session timed alone with the benchmark's method (:func:`pipeline.runtime.runners.measure`): the median
+    of the timed runs per batch, their 10th and 90th percentiles, and the runtime precisions."""
+    from pipeline.runtime.runners import measure
+
+    latency, spread = {}, {}
+    for batch, run_once in session.timers.items():
+        samples = measure(run_once, method)["samples"]
+        latency[batch] = float(np.median(samples))
+        spread[batch] = [float(np.percentile(samples, 10)), float(np.percentile(samples, 90))]
+    return {"latency_ms": latency, "p10_p90_ms": spread, "runtime": session.runtime}
+
+
+def openvino_timing(model: onnx.ModelProto, images: np.ndarray, batches: list[int], method, threads: int | None, *,
+                    int8_graph: bool) -> dict:
+    """:func:`openvino_session` timed alone (:func:`timed_alone`)."""
+    with openvino_session(model, images, batches, threads, int8_graph=int8_graph) as session:
+        return timed_alone(session, method)
 
 
 def _ir_bytes(model: onnx.ModelProto) -> tuple[bytes, bytes]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import logging
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,6 +15,7 @@ import numpy as np
 import onnx
 
 from pipeline.core.errors import StageFailed, UsageError
+from pipeline.runtime.openvino_speed import Session, timed_alone
 from pipeline.runtime.tensorrt_inspection import engine_information, runtime_precisions  # noqa: F401
 
 if TYPE_CHECKING:  # type-checked against tensorrt-stubs (tests/test_typecheck.py); never imported at run time
@@ -23,17 +26,18 @@ log = logging.getLogger("pipeline")
 GPU_COMPUTE = "GPU compute"  # the label of TensorrtRunner's device-side timer (runners.QueuedAheadTimer)
 
 
-def tensorrt_timing(model: onnx.ModelProto, images: np.ndarray, batches: list[int], method, *, build_cfg: BuildConfig,
-                    timing_cache: Path | None = None, cuda_graphs: bool = False,
-                    log_path: Path | None = None) -> dict:
+@contextmanager
+def tensorrt_session(model: onnx.ModelProto, images: np.ndarray, batches: list[int], *, build_cfg: BuildConfig,
+                     timing_cache: Path | None = None, cuda_graphs: bool = False,
+                     log_path: Path | None = None) -> Iterator[Session]:
     """The mix built as build builds an engine (:func:`build_engine`: strongly typed, no precision flag, one
     profile of ``build.min/opt/max_batch``, DETAILED profiling verbosity), run by benchmark's
-    :class:`~pipeline.runtime.runners.TensorrtRunner` and timed with benchmark's device-side timer ("GPU compute":
-    CUDA events with one inference queued ahead, over a CUDA graph with ``cuda_graphs``) and method
-    (:func:`~pipeline.runtime.runners.measure`); the median per batch, and what the inspector says each matrix
-    layer ran in. The same shape as :func:`pipeline.runtime.openvino_speed.openvino_timing`'s result."""
+    :class:`~pipeline.runtime.runners.TensorrtRunner`: a timer per batch, benchmark's device-side timer ("GPU
+    compute": CUDA events with one inference queued ahead, over a CUDA graph with ``cuda_graphs``), and what the
+    inspector says each matrix layer ran in. The same shape as
+    :func:`pipeline.runtime.openvino_speed.openvino_session`'s; open while timed (interleaved rounds)."""
     from pipeline.core import env
-    from pipeline.runtime.runners import TensorrtRunner, measure
+    from pipeline.runtime.runners import BoundEngine, GraphedEngine, TensorrtRunner, check_dtypes
 
     input_name, output_name = model.graph.input[0].name, model.graph.output[0].name
     shapes = _shapes(build_cfg, batches, list(images.shape[1:]))
@@ -43,16 +47,29 @@ def tensorrt_timing(model: onnx.ModelProto, images: np.ndarray, batches: list[in
     env.expose_libcudart()  # before Polygraphy's CUDA wrapper looks for it
     runner = TensorrtRunner(engine_bytes, {"profile": shapes, "precision": "a tune candidate"}, name="tune",
                             input_name=input_name, output_name=output_name, cuda_graphs=cuda_graphs)
-    latency, spread = {}, {}
     with runner:
         runtime = runtime_precisions(runner.engine, model, {input_name: shapes["opt"]})
-        for batch in batches:
-            x = np.ascontiguousarray(np.resize(images, (batch, *images.shape[1:])), dtype=dtype)
-            run_once = next(timer for label, timer in runner.timers({input_name: x}) if label.startswith(GPU_COMPUTE))
-            samples = measure(run_once, method)["samples"]
-            latency[batch] = float(np.median(samples))
-            spread[batch] = [float(np.percentile(samples, 10)), float(np.percentile(samples, 90))]
-    return {"latency_ms": latency, "p10_p90_ms": spread, "runtime": runtime}
+        bound = {}  # one execution context per batch, all open at once (the rounds alternate between them)
+        try:
+            for batch in batches:
+                x = np.ascontiguousarray(np.resize(images, (batch, *images.shape[1:])), dtype=dtype)
+                check_dtypes(runner.engine, {input_name: x.dtype})
+                kind = GraphedEngine if cuda_graphs else BoundEngine
+                bound[batch] = kind(runner.engine, input_name=input_name, output_name=output_name, host=x)
+            yield Session({batch: engine.gpu_compute for batch, engine in bound.items()}, runtime)
+        finally:
+            for engine in bound.values():
+                engine.close()
+
+
+def tensorrt_timing(model: onnx.ModelProto, images: np.ndarray, batches: list[int], method, *, build_cfg: BuildConfig,
+                    timing_cache: Path | None = None, cuda_graphs: bool = False,
+                    log_path: Path | None = None) -> dict:
+    """:func:`tensorrt_session` timed alone with benchmark's method: the median per batch, and the inspector's
+    precisions (the same shape as :func:`pipeline.runtime.openvino_speed.openvino_timing`'s result)."""
+    with tensorrt_session(model, images, batches, build_cfg=build_cfg, timing_cache=timing_cache,
+                          cuda_graphs=cuda_graphs, log_path=log_path) as session:
+        return timed_alone(session, method)
 
 
 def _shapes(build_cfg: BuildConfig, batches: list[int], input_size: list[int]) -> dict:
