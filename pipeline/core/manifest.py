@@ -37,6 +37,13 @@ def _plain_file_name(name: str) -> str:
     return name
 
 
+def _top_level_name(name: str) -> str:
+    if not name or "\0" in name or name in (".", "..") or PurePosixPath(name).name != name \
+            or PureWindowsPath(name).name != name:
+        raise ValueError(f"{name!r} is not a plain name in the run directory")
+    return name
+
+
 ArtifactName = Annotated[str, AfterValidator(_plain_file_name)]
 
 
@@ -65,6 +72,7 @@ class Manifest(_Open):
     stages: dict[str, StageEntry]
     model: str | None = None
     environment: dict[str, Any] = {}
+    files: list[Annotated[str, AfterValidator(_top_level_name)]] = []  # the ledger (pipeline.core.run.own)
 
 
 def validate(data: Any, path) -> None:
