@@ -131,3 +131,50 @@ def test_a_new_folder_is_claimed_with_its_manifest_before_anything_else_is_writt
     with run.locked():
         assert sorted(os.listdir(folder)) == [LOCK, MANIFEST]
     assert (folder / MANIFEST).is_file()
+
+
+# --------------------------------------------------------------------------- report reads verify.json as compare does
+
+STATUSES = st.sampled_from(["ok", "failed", "interrupted", "running", "skipped", None])
+SHA = st.sampled_from(["a" * 64, "b" * 64, None])
+
+
+@given(status=STATUSES, exit_code=st.sampled_from([None, 0, 1, 2, 4, 130]), recorded=SHA,
+       actual=st.sampled_from(["a" * 64, "b" * 64]))
+def test_verify_report_stands_only_as_the_file_a_finished_verify_wrote(status, exit_code, recorded, actual):
+    from pipeline.core.verdicts import report_standing
+
+    problem = report_standing(status, exit_code, recorded, actual)
+    finished = status == "ok" or (status == "failed" and exit_code == 1)
+    assert (problem is None) == (finished and recorded == actual), (status, exit_code, recorded, actual, problem)
+    assert problem is None or isinstance(problem, str) and problem
+
+
+def _gate_line(text: str) -> str:
+    return next(line for line in text.splitlines() if "Precision gate" in line)
+
+
+@pytest.mark.parametrize("damage", ["edited", "interrupted"])
+def test_report_shows_a_stale_or_edited_verify_report_as_such_never_as_passed(clone_run, damage):
+    run = clone_run()
+    if damage == "edited":  # failed -> passed by hand: the bytes differ from what verify recorded
+        report = json.loads((run / "verify.json").read_text())
+        report["passed"] = True
+        report["edited"] = "by hand"
+        (run / "verify.json").write_text(json.dumps(report))
+    else:  # a verify that broke off: its entry says interrupted, the old file is still there
+        manifest = json.loads((run / MANIFEST).read_text())
+        manifest["stages"]["verify"].update(status="interrupted", artifacts={})
+        (run / MANIFEST).write_text(json.dumps(manifest))
+    assert cli("report", "--run-dir", run) == 0
+    for name in ("report.md", "report.html"):
+        text = (run / name).read_text()
+        assert "PASSED" not in _gate_line(text).upper().replace("NOT VERIFIED", ""), name
+        assert "is not the report of a verify that finished here" in text, name
+        assert "onnxrt_fp32" not in text.split("Precision gate", 1)[1].split("Benchmark", 1)[0], name
+
+
+def test_report_shows_the_gate_of_a_verify_that_finished(clone_run):
+    run = clone_run()
+    assert cli("report", "--run-dir", run) == 0
+    assert "PASSED" in _gate_line((run / "report.md").read_text())
