@@ -67,8 +67,14 @@ class StageEntry(_Open):
     error: str | None = None
 
 
-class Manifest(_Open):
+class Manifest(BaseModel):
+    """The top level: only the keys this tool writes (a file with another one is not its manifest)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
     schema_: str = Field(alias="schema")
+    created: str | None = None
+    updated: str | None = None
     stages: dict[str, StageEntry]
     model: str | None = None
     environment: dict[str, Any] = {}

@@ -334,13 +334,15 @@ def write_json(path: str | Path, obj: Any) -> None:
     atomic_write(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
 
 
-def read_json(path: str | Path, what: str) -> Any:
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{path}: {what} is unreadable or corrupt ({exc})") from None
+def read_json(path: str | Path, what: str, *, keys: frozenset[str] | None = None) -> Any:
+    """A JSON file the tool reads back, through the one reader (:func:`pipeline.core.schema.load_json`: no links,
+    a size cap, a depth limit, no key given twice, ``keys`` the only top-level keys); a missing file raises
+    :class:`FileNotFoundError`, anything else wrong is one :class:`InputError` (exit 2)."""
+    from pipeline.core import schema
+
+    if not Path(path).exists() and not Path(path).is_symlink():
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
+    return schema.load_json(path, what, keys=keys)
 
 
 def read_sidecar(path: Path, of: str, *, what: str, schema: str, author_key: str, rebuild: str,
@@ -509,11 +511,11 @@ class RunDir:
         path = self.path / MANIFEST
         if not path.exists():
             return {"schema": SCHEMA, "created": now(), "stages": {}}
+        from pipeline.core import manifest
+
         data = read_json(path, "manifest")
         if not isinstance(data, dict) or data.get("schema") != SCHEMA:
             raise InputError(f"{path} is not a pipeline manifest; move it away or use another --run-dir")
-        from pipeline.core import manifest
-
         manifest.validate(data, path)
         return data
 
