@@ -357,7 +357,7 @@ def fingerprint(stage: Stage, cfg: Config, run: RunDir, options: dict | None = N
     if "data" in stage.config_keys:  # the data's content, not only its config: a new class folder re-trains
         from pipeline.core.data import content_summary
 
-        payload["data"] = content_summary(cfg.data)
+        payload["data"] = content_summary(cfg.data, run.file(a.DATA_DIGESTS) if run.is_locked else None)
     if stage.name in ("benchmark", "compare"):
         from pipeline.reports.verify_report import read_policy, read_verdicts
 

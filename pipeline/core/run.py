@@ -595,6 +595,11 @@ class RunDir:
 
     # ------------------------------------------------------------------ locking
 
+    @property
+    def is_locked(self) -> bool:
+        """Whether this process holds the run directory's lock (:meth:`locked`), so it may write there."""
+        return self._lock_fd is not None
+
     @contextlib.contextmanager
     def locked(self) -> Iterator["RunDir"]:
         """Hold the run directory's lock; a second process refuses with a clear message."""
