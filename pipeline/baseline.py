@@ -115,7 +115,7 @@ def run_verdicts(run: RunDir, consumer: str) -> tuple[dict, verdicts.Inconclusiv
     """verify's verdict per candidate for the files here now (:func:`read_verdicts`), and the policy it ran with."""
     from pipeline.reports import verify_report
 
-    check_written_by(run, "verify", artifacts.VERIFY_JSON, consumer)
+    verify_report.require_standing(run, consumer)  # the one check of verify's report (deploy's and the report's)
     return verify_report.read_verdicts(run) or {}, recorded_policy(run)
 
 

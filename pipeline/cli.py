@@ -157,6 +157,9 @@ def _saved_config(directory: Path | None) -> dict:
     from pipeline import config as config_mod
 
     if directory is not None and (directory / CONFIG).is_file():
+        from pipeline.core.run import refuse_foreign
+
+        refuse_foreign(directory)  # a config.yaml of the user's folder is not read as a run's
         return config_mod.load_yaml_file(directory / CONFIG)
     return {}
 

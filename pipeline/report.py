@@ -81,6 +81,19 @@ def _built(name: str, builder, payload):
                      f"re-run {WRITTEN_BY[name]}")
 
 
+def _verify_sections(run: RunDir, verify) -> list:
+    """verify.json's sections, only where it is the report of a verify that finished here (the check compare, baseline
+    and deploy make); otherwise one section saying why its verdicts are not shown, never a verdict."""
+    from pipeline.reports import verify_report
+
+    problem = verify_report.standing(run)
+    if problem is None:
+        return _built(artifacts.VERIFY_JSON, tables.verify_sections, verify)
+    return [tables.Section("Precision gate", status=verify_report.NOT_VERIFIED, paragraphs=(
+        f"{artifacts.VERIFY_JSON} is not the report of a verify that finished here ({problem}); its verdicts are not "
+        f"shown: re-run {WRITTEN_BY[artifacts.VERIFY_JSON]}.",))]
+
+
 def sections(run: RunDir, cfg: Config) -> dict:
     """Everything the report shows, gathered once for both renderings: the rows, the plots, the title."""
     manifest = run.manifest
@@ -91,7 +104,7 @@ def sections(run: RunDir, cfg: Config) -> dict:
     body += [*_built(artifacts.MANIFEST, tables.float_sections, manifest),
              _built(artifacts.MANIFEST, tables.int8_section, manifest)]
     if verify is not None:
-        body += _built(artifacts.VERIFY_JSON, tables.verify_sections, verify)
+        body += _verify_sections(run, verify)
     if bench is not None:
         body.append(_built(artifacts.BENCHMARK_JSON, tables.benchmark_section, bench))
         body += _built(artifacts.BENCHMARK_JSON, profile_report.sections, bench)  # per-layer profiles, roofline

@@ -30,7 +30,7 @@ from pipeline.core import artifacts as a
 from pipeline.core import env, records
 from pipeline.core.errors import BackendUnavailable, InputError, UsageError
 from pipeline.core.manifest import STAGE_ORDER
-from pipeline.core.run import RunDir, atomic_write, sha256_file
+from pipeline.core.run import RunDir, atomic_write, refuse_foreign, sha256_file
 from pipeline.core.status import Status
 from pipeline.precision import PRECISIONS
 
@@ -358,7 +358,7 @@ def fingerprint(stage: Stage, cfg: Config, run: RunDir, options: dict | None = N
     if "data" in stage.config_keys:  # the data's content, not only its config: a new class folder re-trains
         from pipeline.core.data import content_summary
 
-        payload["data"] = content_summary(cfg.data)
+        payload["data"] = content_summary(cfg.data, run.file(a.DATA_DIGESTS) if run.is_locked else None)
     if stage.name in ("benchmark", "compare"):
         from pipeline.reports.verify_report import read_policy, read_verdicts
 
@@ -411,6 +411,7 @@ def open_run(cfg: Config, run_dir: str | Path, *, save=None, reads_trained: bool
     """
     from pipeline.core import modeling
 
+    refuse_foreign(run_dir)  # a folder of the user's: refused before anything in it is read or written
     if reads_trained:  # a stage after train: the run's card is checked before a model file is imported
         modeling.check_card_first(cfg, run_dir)
     modeling.check_model_name(cfg)

@@ -142,6 +142,17 @@ def trained_and_exported(tmp_path_factory, overrides: list[str]):
     return get
 
 
+def listed(run: Path, *names: str) -> None:
+    """List ``names`` in the run's ledger (manifest ``files``), as if a stage had written them there once: a test that
+    plants a file of its own where the tool writes one. Any other file makes every command refuse the run directory
+    (tests/test_claim.py)."""
+    import json
+
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["files"] = sorted({*manifest.get("files", []), *names})
+    (run / "manifest.json").write_text(json.dumps(manifest))
+
+
 def copy_run(run: Path, tmp_path: Path) -> Path:
     target = tmp_path / "run"
     shutil.copytree(run, target)

@@ -26,7 +26,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import ROOT, TINY, cli
+from conftest import ROOT, TINY, cli, listed
 from pipeline import config
 from pipeline.core import onnx_io
 from pipeline.core.errors import (
@@ -566,6 +566,7 @@ def _engine(tmp_path: Path, **changes) -> Path:
     run = RunDir(tmp_path)  # as the build stage records it: only recorded engines are loaded
     run.manifest["stages"]["build"] = {"status": "ok", "artifacts": {
         tensorrt_engine.FP16_ENGINE: {"sha256": sha(engine), "bytes": engine.stat().st_size}}}
+    run.manifest["files"] = sorted({*run.manifest.get("files", []), tensorrt_engine.SIDECAR})
     run.save_manifest()
     return engine
 
@@ -674,6 +675,8 @@ def _external_cases(folder: Path) -> dict[str, str]:
     outside.write_bytes(b"\x00" * 4096)
     (folder / "escape.bin").symlink_to(outside)
     (folder / "weights.bin").write_bytes(b"\x00" * 4096)
+    if (folder / "manifest.json").is_file():  # a run: files a stage wrote there once, as far as its ledger says
+        listed(folder, "escape.bin", "weights.bin")
     return {
         "../outside.bin": "points to external data '../outside.bin' outside the model's folder",
         str(outside): f"points to external data {str(outside)!r} outside the model's folder",

@@ -215,6 +215,9 @@ def test_lock_removes_temporaries_left_by_a_killed_process(tmp_path):
     keep = [tmp_path / "notes.tmp", tmp_path / ".lock", tmp_path / "model.onnx"]
     for path in keep:
         path.write_bytes(b"mine")
+    run = RunDir(tmp_path)  # a run whose ledger lists the two files (the run directory holds nothing else)
+    run.manifest["files"] = ["model.onnx", "notes.tmp"]
+    run.save_manifest()
     with RunDir(tmp_path).locked():
         pass
     assert not any(p.exists() for p in stale)

@@ -57,13 +57,14 @@ def test_run_all_from_python_is_the_all_command(tiny_run, tmp_path):
 def test_run_all_and_the_all_command_refuse_a_locked_run_alike(tmp_path, capsys):
     holder = RunDir(tmp_path)
     with holder.locked():
+        claimed = (tmp_path / artifacts.MANIFEST).read_bytes()  # the holder's claim: its manifest, nothing else
         with pytest.raises(UsageError, match=rf"in use by another pipeline process \(pid {os.getpid()}\)"):
             stages.run_all(tiny_cfg(), tmp_path)
         out = run_cli("all", "--model", "tiny_cnn", "--run-dir", tmp_path, *TINY)
         assert out.returncode == 2
         assert f"in use by another pipeline process (pid {os.getpid()})" in out.stderr
-    # nothing written
-    assert not (tmp_path / artifacts.CONFIG).exists() and not (tmp_path / artifacts.MANIFEST).exists()
+    # nothing written by the refused commands
+    assert not (tmp_path / artifacts.CONFIG).exists() and (tmp_path / artifacts.MANIFEST).read_bytes() == claimed
     with RunDir(tmp_path).locked():  # and both let go of nothing they did not hold
         pass
 

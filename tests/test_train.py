@@ -22,7 +22,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import ROOT, cli, run_cli
+from conftest import ROOT, cli, listed, run_cli
 from pipeline.core import env, modeling
 from pipeline.core.errors import InputError
 from pipeline.train import BEST_CHECKPOINT, CHECKPOINT, CURVE, METRICS, TRACE
@@ -353,6 +353,7 @@ def test_resume_without_checkpoint_and_with_a_malicious_one(tmp_path, capsys):
     assert "nothing to resume" in capsys.readouterr().err
     marker = tmp_path / "pwned"
     (run_dir / CHECKPOINT).write_bytes(pickle.dumps(Payload(marker), protocol=2))
+    listed(run_dir, CHECKPOINT)  # where train writes its checkpoint: a file of the run's, tampered with
     assert cli("train", "--resume", "--model", "tiny_cnn", "--run-dir", run_dir, *TINY_TRAIN) == 2
     err = capsys.readouterr().err
     assert "checkpoint refused" in err and "Traceback" not in err

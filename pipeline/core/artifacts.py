@@ -9,6 +9,7 @@ module imports nothing, so the command line can use it without loading any libra
 MANIFEST = "manifest.json"
 CONFIG = "config.yaml"
 LOCK = ".lock"
+DATA_DIGESTS = "data.digests.json"  # the sha256 of each data file, by its stat: re-runs hash only what changed
 
 # train
 CHECKPOINT = "checkpoint.pt"

@@ -606,14 +606,23 @@ def augment(images: torch.Tensor, generator: torch.Generator, pad: int = 4) -> t
 # --------------------------------------------------------------------------- content summary and class check
 
 
-def content_summary(data_cfg: DataConfig) -> dict:
-    """A cheap summary of the data's content for the stage fingerprints: no file is opened or decoded.
+DIGESTS_SCHEMA = "pipeline.data-digests/1"
+DIGESTS_LIMIT = 256 << 20  # the cache of a million files is about 150 MB; a larger one is not read (all re-hashed)
+_MEMO: dict[str, dict[str, list]] = {}  # this process's digests per data root: the later stages of `all` reuse them
+_STORED: dict[str, dict[str, list]] = {}  # what each cache file holds, as this process read or wrote it
 
-    For an image folder or CIFAR-10: every file and folder under ``data.path`` (relative path, size,
-    mtime in ns) folded into one sha256, the file count, and the top-level folder names (class or split
-    folders, whatever the layout). Adding, removing, replacing or touching an image changes it; 10,000
-    files take a few tens of milliseconds (one ``stat`` each). The synthetic set is a function of the
-    config alone. A missing path is summarised as such; the stage that reads the data reports it.
+
+def content_summary(data_cfg: DataConfig, cache: Path | None = None) -> dict:
+    """A summary of the data's content for the stage fingerprints: its files' contents, not their names and mtimes.
+
+    For an image folder or CIFAR-10: every file and folder under ``data.path`` (relative path, size, and the sha256
+    of its bytes, read streamed) folded into one sha256, the file count, and the top-level folder names (class or
+    split folders, whatever the layout). Adding, removing, renaming or changing an image changes it, also with its
+    size and mtime restored; touching one does not. A file's digest is reused while its (size, mtime, ctime, inode,
+    device) are the ones it was hashed with (ctime: a write with the mtime set back still changes it), from this
+    process's memory or from ``cache`` (a JSON file of the run directory, written when given), so a re-run hashes
+    only what changed. The synthetic set is a function of the config alone. A missing path is summarised as such;
+    the stage that reads the data reports it.
     """
     import os
 
@@ -622,6 +631,11 @@ def content_summary(data_cfg: DataConfig) -> dict:
     root = Path(data_cfg.path).expanduser()
     if not root.is_dir():
         return {"source": data_cfg.source, "missing": str(root)}
+    known = _MEMO.get(str(root), {})
+    if cache is not None and str(cache) not in _STORED:
+        _STORED[str(cache)] = _read_digests(cache, root)
+    known = known or (_STORED[str(cache)] if cache is not None else {})
+    fresh: dict[str, list] = {}
     digest, files, top = hashlib.sha256(), 0, []
     for folder, dirs, names in os.walk(root):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
@@ -630,15 +644,70 @@ def content_summary(data_cfg: DataConfig) -> dict:
             top = list(dirs)
         digest.update(f"D {rel}\n".encode(errors="surrogateescape"))  # a non-UTF-8 name: its own bytes
         for name in sorted(n for n in names if not n.startswith(".")):
-            try:
-                st = os.stat(os.path.join(folder, name))
-            except OSError:  # a dangling link: its name still counts
-                st = None
-            line = f"F {rel}/{name} {st and st.st_size} {st and st.st_mtime_ns}\n"
-            digest.update(line.encode(errors="surrogateescape"))
+            path, key = os.path.join(folder, name), f"{rel}/{name}"
+            content = _file_digest(path, key, known, fresh)
+            digest.update(f"F {key} {content}\n".encode(errors="surrogateescape"))
             files += 1
+    _MEMO[str(root)] = fresh
+    if cache is not None and fresh != _STORED[str(cache)]:
+        _write_digests(cache, root, fresh)
+        _STORED[str(cache)] = fresh
     return {"source": data_cfg.source, "root": _shown(root), "folders": [_shown(Path(d)) for d in top], "files": files,
             "sha256": digest.hexdigest()}
+
+
+def _file_digest(path: str, key: str, known: dict[str, list], fresh: dict[str, list]) -> str:
+    """``size sha256`` of one file (its digest reused while its stat is the one it was hashed with); a dangling link
+    or a file that cannot be read counts by its name and what stopping it gave, never by a digest of nothing."""
+    import os
+    import stat as stat_mod
+
+    try:
+        st = os.stat(path)
+    except OSError:  # a dangling link: its name still counts
+        return "unreadable"
+    if not stat_mod.S_ISREG(st.st_mode):
+        return "not a file"
+    identity = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+    hit = known.get(key)
+    if hit is not None and hit[:-1] == identity:
+        fresh[key] = hit
+        return f"{st.st_size} {hit[-1]}"
+    try:
+        with open(path, "rb") as f:
+            sha = hashlib.file_digest(f, "sha256").hexdigest()
+    except OSError as exc:
+        return f"unreadable ({exc.errno})"
+    fresh[key] = [*identity, sha]
+    return f"{st.st_size} {sha}"
+
+
+def _read_digests(cache: Path | None, root: Path) -> dict[str, list]:
+    """The digests a run directory cached for ``root``; empty when there are none, or none for this root, or the
+    file is damaged (then every file is hashed again: the cache can only save time, never decide)."""
+    if cache is None or not cache.is_file():
+        return {}
+    from pipeline.core import schema
+    from pipeline.core.errors import PipelineError
+
+    try:
+        data = schema.load_json(cache, "data digests", limit=DIGESTS_LIMIT)
+    except PipelineError as exc:
+        log.debug("data digests not used (%s): every file is hashed", exc)
+        return {}
+    if not isinstance(data, dict) or data.get("schema") != DIGESTS_SCHEMA or data.get("root") != str(root):
+        return {}
+    files = data.get("files")
+    if not isinstance(files, dict):
+        return {}
+    return {key: row for key, row in files.items() if isinstance(row, list) and len(row) == 6
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in row[:5]) and isinstance(row[5], str)}
+
+
+def _write_digests(cache: Path, root: Path, files: dict[str, list]) -> None:
+    from pipeline.core.run import write_json
+
+    write_json(cache, {"schema": DIGESTS_SCHEMA, "root": str(root), "files": files})
 
 
 def check_classes(card: dict, classes: list[str]) -> None:

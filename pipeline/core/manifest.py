@@ -37,6 +37,13 @@ def _plain_file_name(name: str) -> str:
     return name
 
 
+def _top_level_name(name: str) -> str:
+    if not name or "\0" in name or name in (".", "..") or PurePosixPath(name).name != name \
+            or PureWindowsPath(name).name != name:
+        raise ValueError(f"{name!r} is not a plain name in the run directory")
+    return name
+
+
 ArtifactName = Annotated[str, AfterValidator(_plain_file_name)]
 
 
@@ -60,11 +67,18 @@ class StageEntry(_Open):
     error: str | None = None
 
 
-class Manifest(_Open):
+class Manifest(BaseModel):
+    """The top level: only the keys this tool writes (a file with another one is not its manifest)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
     schema_: str = Field(alias="schema")
+    created: str | None = None
+    updated: str | None = None
     stages: dict[str, StageEntry]
     model: str | None = None
     environment: dict[str, Any] = {}
+    files: list[Annotated[str, AfterValidator(_top_level_name)]] = []  # the ledger (pipeline.core.run.own)
 
 
 def validate(data: Any, path) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
@@ -55,10 +54,7 @@ def check_card_first(cfg: Config, run_dir) -> None:
     path = Path(run_dir) / MODEL_CARD
     if path.is_symlink() or not path.is_file():
         return
-    try:
-        card = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return
+    card = read_json(path, "model card", keys=CARD_KEYS)
     if isinstance(card, dict) and card.get("model") != cfg.model.name:
         raise InputError(_another_model(run_dir, card, cfg))
 
@@ -238,13 +234,20 @@ def _another_head(state: dict, extra: list[str], head_keys: set[str]) -> bool:
     return set(extra) <= {f"{prefix}.weight", f"{prefix}.bias"} and weight is not None and weight.ndim == 2
 
 
+# Every top-level key of the model card train writes (training/trainer.py): a card with another is not this tool's.
+CARD_KEYS = frozenset({"model", "spec", "classes", "weights", "weights_epoch", "val_acc", "input", "output"})
+
+
 def write_card(run: RunDir, card: dict) -> None:
+    unknown = set(card) - CARD_KEYS
+    if unknown:  # a new key is added to CARD_KEYS too, or the next reader refuses the card
+        raise ValueError(f"the model card has keys its readers refuse: {sorted(unknown)}")
     write_json(run.file(MODEL_CARD), card)
 
 
 def read_card(run: RunDir, consumer: str) -> dict:
     path = run.require(MODEL_CARD, "train", consumer)
-    card = read_json(path, "model card")
+    card = read_json(path, "model card", keys=CARD_KEYS)
     if not isinstance(card, dict) or not isinstance(card.get("spec"), dict):
         raise InputError(f"{path} is not a pipeline model card; re-run train")
     problem = _spec_problem(card["spec"])

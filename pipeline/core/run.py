@@ -120,6 +120,7 @@ def open_append(path: str | Path):
     """``path`` opened for appending text (created if missing), never through a symbolic link."""
     path = Path(path)
     refuse_symlink(path)
+    own(path)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | NOFOLLOW, 0o666)
     except OSError as exc:
@@ -165,6 +166,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     """
     path = Path(path)
     refuse_symlink(path)
+    own(path)
     tmp = None
     try:
         with signals_held():  # a Ctrl-C lands once `tmp` is known, so the cleanup below removes it
@@ -332,13 +334,15 @@ def write_json(path: str | Path, obj: Any) -> None:
     atomic_write(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
 
 
-def read_json(path: str | Path, what: str) -> Any:
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{path}: {what} is unreadable or corrupt ({exc})") from None
+def read_json(path: str | Path, what: str, *, keys: frozenset[str] | None = None) -> Any:
+    """A JSON file the tool reads back, through the one reader (:func:`pipeline.core.schema.load_json`: no links,
+    a size cap, a depth limit, no key given twice, ``keys`` the only top-level keys); a missing file raises
+    :class:`FileNotFoundError`, anything else wrong is one :class:`InputError` (exit 2)."""
+    from pipeline.core import schema
+
+    if not Path(path).exists() and not Path(path).is_symlink():
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
+    return schema.load_json(path, what, keys=keys)
 
 
 def read_sidecar(path: Path, of: str, *, what: str, schema: str, author_key: str, rebuild: str,
@@ -357,6 +361,87 @@ def read_sidecar(path: Path, of: str, *, what: str, schema: str, author_key: str
             not str(sidecar.get(author_key, "")).startswith("pipeline "):
         raise InputError(f"{path.name} is not a pipeline {what} sidecar; refusing to load {of}; {rebuild}")
     return sidecar
+
+# --------------------------------------------------------------------------- claiming a folder
+#
+# A run directory holds only what this tool wrote: before anything is written to a folder it is claimed. A folder
+# without a manifest must be empty (the lock and a temporary file of an interrupted claim aside); a run's own folder
+# may hold only its bookkeeping, the temporaries of an interrupted process, and the names its manifest lists (an
+# artifact a stage recorded, or a name in its ledger ``files``, noted there before the file was first written).
+# Anything else is the user's, whatever its name: the folder is refused (exit 2) before anything is written.
+
+LEDGER = "files"  # the manifest's ledger: every top-level name this tool wrote in the run directory
+BOOKKEEPING = frozenset({MANIFEST, CONFIG, LOCK, LOGS})
+
+
+def _temporary(name: str) -> bool:
+    """A file or folder an interrupted process of this tool leaves, which the next lock holder removes."""
+    return (name.startswith(TEMP_PREFIX) and name.endswith(TEMP_SUFFIX)) or name.startswith(ISOLATE_PREFIX)
+
+
+def owned_names(manifest: dict) -> frozenset[str]:
+    """The top-level names a run's manifest says this tool wrote: its ledger and every stage's artifacts."""
+    names = {str(name) for name in manifest.get(LEDGER) or ()}
+    for entry in (manifest.get("stages") or {}).values():
+        names |= {str(name).split("/")[0] for name in (entry.get("artifacts") or {} if isinstance(entry, dict)
+                                                        else {})}
+    return frozenset(names)
+
+
+def foreign_entries(entries: list[str], manifest: dict | None) -> list[str]:
+    """The entries of a folder (its top-level names) that this tool did not write, sorted: with no manifest (not a
+    run yet) every entry but the lock and temporaries; with one, every entry that is neither bookkeeping, a
+    temporary, nor a name the manifest lists (:func:`owned_names`)."""
+    if manifest is None:  # only what an interrupted claim leaves: the lock, the manifest's temporary file
+        return sorted(name for name in entries if name != LOCK and not (
+            name.startswith(f"{TEMP_PREFIX}{MANIFEST}.") and name.endswith(TEMP_SUFFIX)))
+    owned = BOOKKEEPING | owned_names(manifest)
+    return sorted(name for name in entries if name not in owned and not _temporary(name))
+
+
+def refuse_foreign(path: str | Path, manifest: dict | None = None) -> None:
+    """Refuse (:class:`UsageError`, one line) a folder holding anything this tool did not write; nothing written.
+    ``manifest``: the run's manifest as read already (read here from the folder when not given)."""
+    path = Path(path)
+    if not path.is_dir() or path.is_symlink():
+        return
+    if manifest is None and (path / MANIFEST).is_file():
+        manifest = RunDir(path, create=False).manifest
+    try:
+        entries = os.listdir(path)
+    except OSError as exc:
+        raise UsageError(f"cannot read the run directory {path}: {exc.strerror or exc}") from None
+    foreign = foreign_entries(entries, manifest)
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        what = "is not a run directory of this tool" if manifest is None else "holds files its manifest does not list"
+        raise UsageError(f"refusing to use {path}: it {what} ({shown}); nothing of the user's is written over: "
+                         "use a new or empty folder as --run-dir, or move those files away")
+
+
+_LOCKED: dict[str, "RunDir"] = {}  # the run directories this process holds the lock of, by real path
+_LOCKED_GUARD = threading.Lock()
+
+
+def own(path: str | Path) -> None:
+    """Note ``path`` in the ledger of the locked run directory that holds it, before it is first written (a write
+    that a kill interrupts still leaves the name listed); anywhere else (a bundle, a scratch folder) nothing."""
+    if not _LOCKED:
+        return
+    parent = os.path.realpath(Path(path).parent)
+    for root, run in list(_LOCKED.items()):
+        if parent == root:
+            run.own(Path(path).name)
+        elif parent.startswith(root + os.sep):
+            run.own(Path(os.path.relpath(parent, root)).parts[0])
+
+
+def make_folder(path: str | Path) -> Path:
+    """``mkdir -p`` of a folder in the run directory, its name noted in the ledger first (:func:`own`)."""
+    path = Path(path)
+    own(path)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def _digest(path: Path) -> dict:
@@ -411,6 +496,10 @@ class RunDir:
                 raise UsageError(f"cannot create run directory {self.path}: {exc.strerror or exc}") from None
         elif not self.path.is_dir():
             raise InputError(f"run directory {self.path} does not exist")
+        self.claimed = (self.path / MANIFEST).exists() or (self.path / MANIFEST).is_symlink()  # a run already
+        if not create and not self.claimed:
+            raise InputError(f"{self.path} is not a run directory (it has no {MANIFEST}); run `python -m pipeline "
+                             f"all --run-dir {self.path}` first")
         self._lock_fd: int | None = None
         # what config.yaml gets when the command succeeds (pipeline.stages.open_run)
         self.config_to_save: Config | None = None
@@ -422,17 +511,25 @@ class RunDir:
         path = self.path / MANIFEST
         if not path.exists():
             return {"schema": SCHEMA, "created": now(), "stages": {}}
+        from pipeline.core import manifest
+
         data = read_json(path, "manifest")
         if not isinstance(data, dict) or data.get("schema") != SCHEMA:
             raise InputError(f"{path} is not a pipeline manifest; move it away or use another --run-dir")
-        from pipeline.core import manifest
-
         manifest.validate(data, path)
         return data
 
     def save_manifest(self) -> None:
         self.manifest["updated"] = now()
         write_json(self.path / MANIFEST, self.manifest)
+        self.claimed = True
+
+    def own(self, name: str) -> None:
+        """Note the top-level ``name`` in the manifest's ledger (saved at once) unless it is listed already."""
+        if name in BOOKKEEPING or _temporary(name) or name in owned_names(self.manifest):
+            return
+        self.manifest[LEDGER] = sorted({*self.manifest.get(LEDGER, ()), name})
+        self.save_manifest()
 
     def stage_entry(self, name: str) -> dict | None:
         return self.manifest["stages"].get(name)
@@ -498,11 +595,17 @@ class RunDir:
 
     # ------------------------------------------------------------------ locking
 
+    @property
+    def is_locked(self) -> bool:
+        """Whether this process holds the run directory's lock (:meth:`locked`), so it may write there."""
+        return self._lock_fd is not None
+
     @contextlib.contextmanager
     def locked(self) -> Iterator["RunDir"]:
         """Hold the run directory's lock; a second process refuses with a clear message."""
         import fcntl
 
+        refuse_foreign(self.path, self.manifest if self.claimed else None)  # before the lock file is created
         lock_path = self.path / LOCK
         refuse_symlink(lock_path)
         try:
@@ -523,12 +626,21 @@ class RunDir:
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         self._lock_fd = fd
+        root = os.path.realpath(self.path)
         try:
             if os.access(self.path, os.W_OK) is False:
                 raise UsageError(f"run directory {self.path} is not writable")
             self.remove_stale_temporaries()
+            if not self.claimed:  # a new run: the manifest first, before any other file is written
+                refuse_foreign(self.path, None)
+                self.save_manifest()
+            with _LOCKED_GUARD:
+                _LOCKED[root] = self
             yield self
         finally:
+            with _LOCKED_GUARD:
+                if _LOCKED.get(root) is self:
+                    del _LOCKED[root]
             self._lock_fd = None
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
@@ -559,6 +671,9 @@ class RunDir:
         """Bookkeeping around one stage: running -> ok / skipped / failed / interrupted."""
         for previous in [*(self.stage_entry(name) or {}).get("artifacts", {}), LOGS]:
             self.file(previous)  # refused before anything runs when one was replaced by a link
+        kept = owned_names(self.manifest)  # the entry below drops its last run's artifacts: the ledger keeps them
+        if not kept <= set(self.manifest.get(LEDGER, ())):
+            self.manifest[LEDGER] = sorted(kept | set(self.manifest.get(LEDGER, ())))
         entry = {"status": Status.RUNNING, "started": now(), "fingerprint": fingerprint, "artifacts": {}, "details": {}}
         self.manifest["stages"][name] = entry
         self.save_manifest()

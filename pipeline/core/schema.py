@@ -132,14 +132,67 @@ def read_bytes(path: str | Path, what: str, limit: int) -> bytes:
         return f.read(limit + 1)
 
 
-def read_json(path: str | Path, model: type[Model], what: str, *, limit: int = JSON_LIMIT) -> Model:
-    """A JSON file read through :func:`read_bytes` and validated as ``model``; anything else is exit 2, one line."""
-    raw = read_bytes(path, what, limit)
+JSON_DEPTH = 64  # levels of nesting: every file this tool writes has fewer than 12
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    """An object's pairs as a dict; a key given twice is refused (``json`` would keep the last one silently)."""
+    data = dict(pairs)
+    if len(data) != len(pairs):
+        seen: set[str] = set()
+        twice = next(key for key, _ in pairs if key in seen or seen.add(key))
+        raise _DuplicateKey(f"the key {printable(repr(twice), 60)} is given twice")
+    return data
+
+
+def _depth(data: Any) -> int:
+    """How deeply ``data`` nests (a scalar: 0), walked without recursion, stopping past :data:`JSON_DEPTH`."""
+    deepest, stack = 0, [(data, 1)]
+    while stack:
+        value, level = stack.pop()
+        if isinstance(value, (dict, list)):
+            deepest = max(deepest, level)
+            if level > JSON_DEPTH:
+                break
+            children = value.values() if isinstance(value, dict) else value
+            stack.extend((child, level + 1) for child in children if isinstance(child, (dict, list)))
+    return deepest
+
+
+def parse_json(raw: bytes, path: str | Path, what: str, *, keys: frozenset[str] | None = None) -> Any:
+    """The one JSON parser of whatever the tool reads back: UTF-8, no NaN or Infinity, no key given twice in an
+    object, at most :data:`JSON_DEPTH` levels deep; ``keys``: the only top-level keys allowed (a file this tool
+    wrote). Anything else is one :class:`InputError` (exit 2)."""
     try:
-        data = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        data = json.loads(raw.decode("utf-8"), parse_constant=_no_constant, object_pairs_hook=_unique_keys)
+    except RecursionError:
+        raise InputError(f"{path}: {what} nests deeper than the {JSON_DEPTH} levels such a file can have; refusing "
+                         "to read it") from None
+    except (UnicodeDecodeError, ValueError) as exc:
         raise InputError(f"{path}: {what} is not valid JSON ({printable(exc, 120)})") from None
-    return validate(data, model, path, what)
+    if _depth(data) > JSON_DEPTH:
+        raise InputError(f"{path}: {what} nests deeper than the {JSON_DEPTH} levels such a file can have; refusing "
+                         "to read it")
+    if keys is not None and isinstance(data, dict) and not set(data) <= keys:
+        unknown = sorted(set(data) - keys)
+        raise InputError(f"{path}: {what} has a key this tool does not write ({printable(repr(unknown[0]), 60)}"
+                         f"{f' and {len(unknown) - 1} more' if len(unknown) > 1 else ''}); restore it or re-run the "
+                         "stage that wrote it")
+    return data
+
+
+def load_json(path: str | Path, what: str, *, limit: int = JSON_LIMIT, keys: frozenset[str] | None = None) -> Any:
+    """A JSON file read through :func:`read_bytes` (no links, at most ``limit`` bytes) and :func:`parse_json`."""
+    return parse_json(read_bytes(path, what, limit), path, what, keys=keys)
+
+
+def read_json(path: str | Path, model: type[Model], what: str, *, limit: int = JSON_LIMIT) -> Model:
+    """A JSON file read through :func:`load_json` and validated as ``model``; anything else is exit 2, one line."""
+    return validate(load_json(path, what, limit=limit), model, path, what)
 
 
 def _no_constant(name: str) -> float:

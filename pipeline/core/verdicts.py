@@ -52,6 +52,23 @@ def passed_undecided(status: str, inconclusive: InconclusivePolicy) -> bool:
     return status == Status.INCONCLUSIVE and counts_as_passed(status, inconclusive)
 
 
+def report_standing(stage_status: str | None, exit_code: int | None, recorded_sha256: str | None,
+                    file_sha256: str) -> str | None:
+    """Why verify's report (``verify.json``) does not stand for the run, as a phrase; None when it does. It stands
+    only as the file a verify that finished wrote: the stage ended ok or failed its gate (exit 1: every verdict was
+    reached), and the file still has the sha256 that stage recorded. The one check of compare, baseline, deploy and
+    the report."""
+    if stage_status is None:
+        return "the manifest records no verify"
+    if not (stage_status == Status.OK or (stage_status == Status.FAILED and exit_code == EXIT_CHECK_FAILED)):
+        return f"the last verify did not finish (it is {stage_status})"
+    if recorded_sha256 is None:
+        return "the manifest does not record it as written by verify"
+    if recorded_sha256 != file_sha256:
+        return "its sha256 differs from the one verify recorded (edited or replaced since)"
+    return None
+
+
 # --------------------------------------------------------------------------- the gate's verdict over candidates
 
 

@@ -21,10 +21,10 @@ from pydantic import Field
 
 from pipeline.core import artifacts, env, schema
 from pipeline.core.checks import Check
-from pipeline.core.errors import PipelineError, first_line
+from pipeline.core.errors import InputError, PipelineError, first_line
 from pipeline.core.run import RunDir, atomic_write, now, read_json, sha256_file, write_json
 from pipeline.core.status import Status
-from pipeline.core.verdicts import JUDGED, InconclusivePolicy, Verdict
+from pipeline.core.verdicts import JUDGED, InconclusivePolicy, Verdict, report_standing
 from pipeline.precision import plugs
 from pipeline.reports import tables
 from pipeline.reports.tables import fmt, section_keys
@@ -508,6 +508,25 @@ def read_verdicts(run_dir: RunDir) -> dict | None:
             status = status if fresh else NOT_VERIFIED
         verdicts[case.name] = status
     return verdicts
+
+
+def standing(run_dir: RunDir) -> str | None:
+    """Why the run's verify.json does not stand (:func:`pipeline.core.verdicts.report_standing`); None when it does
+    or when there is none."""
+    path = run_dir.file(JSON)
+    if not path.is_file():
+        return None
+    entry = run_dir.stage_entry("verify") or {}
+    return report_standing(entry.get("status"), entry.get("exit_code"),
+                           run_dir.recorded_artifacts("verify").get(JSON), sha256_file(path))
+
+
+def require_standing(run_dir: RunDir, consumer: str) -> None:
+    """verify.json must be there and stand (:func:`standing`); otherwise one :class:`InputError` (exit 2)."""
+    path = run_dir.require(JSON, "verify", consumer)
+    problem = standing(run_dir)
+    if problem:
+        raise InputError(f"{path} is not the report of a verify that finished here ({problem}): re-run verify")
 
 
 def read_policy(run_dir: RunDir) -> InconclusivePolicy:

@@ -40,7 +40,7 @@ from pipeline import __version__
 from pipeline.core import env
 from pipeline.core.artifacts import FP32_ONNX, INT8_ONNX, IR_TEMP_PREFIX, OPENVINO_DIR, bin_name, sidecar_name, xml_name
 from pipeline.core.errors import InputError, StageFailed
-from pipeline.core.run import RunDir, StageRecord, now, read_sidecar, sha256_file, write_json
+from pipeline.core.run import RunDir, StageRecord, make_folder, now, read_sidecar, sha256_file, write_json
 
 if TYPE_CHECKING:  # annotations only
     from pipeline.core.config_schema import Config
@@ -146,7 +146,7 @@ def build_error(run_dir: RunDir, precision: str) -> str | None:
 def write(ov, source: Path, run_dir: RunDir, spec: Spec) -> dict:
     """Convert ``source`` and save ``openvino/<precision>.xml/.bin`` and the sidecar (files replaced at once)."""
     where = folder(run_dir)
-    where.mkdir(exist_ok=True)
+    make_folder(where)
     with tempfile.TemporaryDirectory(prefix=IR_TEMP_PREFIX, dir=where) as tmp:
         try:
             model = ov.convert_model(str(_convertible(source, spec, Path(tmp))))

@@ -40,6 +40,7 @@ import subprocess
 from pathlib import Path
 
 from pipeline.core.artifacts import TRTEXEC_DIR as DIR
+from pipeline.core.run import make_folder
 from pipeline.runtime import timing
 
 log = logging.getLogger("pipeline")
@@ -174,8 +175,7 @@ def side_by_side(run_dir, results: list[dict], backend_of, input_name: str, inpu
         if rows:
             log.info("benchmark: trtexec is not on PATH: no side-by-side check of the TensorRT rows")
         return
-    out_dir = run_dir.file(DIR)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = make_folder(run_dir.file(DIR))
     done: dict = {}
     for row in rows:
         backend, batch, kind = backend_of(row["backend"]), row["batch_size"], _kind(row)

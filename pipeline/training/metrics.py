@@ -20,7 +20,7 @@ class MetricsLog:
     """Append-only JSONL (one object per line, flushed), rank 0 only; TensorBoard when installed."""
 
     def __init__(self, path: Path, enabled: bool, tensorboard_dir: Path | None):
-        from pipeline.core.run import open_append
+        from pipeline.core.run import make_folder, open_append
 
         self.enabled = enabled
         self.f = open_append(path) if enabled else None  # never through a symbolic link
@@ -29,7 +29,7 @@ class MetricsLog:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self.tb = SummaryWriter(str(tensorboard_dir))
+                self.tb = SummaryWriter(str(make_folder(tensorboard_dir)))
             except ImportError:
                 self.tb = None
 

@@ -1,0 +1,135 @@
+"""One JSON reader for whatever the tool reads back (issue 46): a depth limit, a size cap, no key given twice, only
+the top-level keys the tool writes in its own files; each refusal one line, exit 2. YAML keys given twice too."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from conftest import cli
+from pipeline.core import schema
+from pipeline.core.errors import EXIT_USAGE, ConfigError, InputError
+
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+def _one_line_exit_2(capsys, *args) -> str:
+    capsys.readouterr()
+    assert cli(*args) == EXIT_USAGE
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+# --------------------------------------------------------------------------- the parser, pure
+
+JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner,
+                                                                                        max_size=3), max_leaves=12)
+
+
+@given(JSON_VALUES)
+def test_the_reader_reads_back_what_json_writes(value):
+    assert schema.parse_json(json.dumps(value).encode(), "f.json", "a file") == value
+
+
+@given(depth=st.integers(1, 200))
+def test_the_reader_refuses_exactly_what_nests_deeper_than_its_limit(depth):
+    raw = ("[" * depth + "]" * depth).encode()
+    if depth <= schema.JSON_DEPTH:
+        schema.parse_json(raw, "f.json", "a file")
+    else:
+        with pytest.raises(InputError, match="nests deeper"):
+            schema.parse_json(raw, "f.json", "a file")
+
+
+@pytest.mark.parametrize("raw", ['{"a": 1, "a": 2}', '{"x": [{"k": 1, "k": 1}]}'])
+def test_a_key_given_twice_is_refused(raw):
+    with pytest.raises(InputError, match="given twice"):
+        schema.parse_json(raw.encode(), "f.json", "a file")
+
+
+def test_only_the_top_level_keys_the_tool_writes(tmp_path):
+    assert schema.parse_json(b'{"a": 1}', "f.json", "a file", keys=frozenset({"a", "b"})) == {"a": 1}
+    with pytest.raises(InputError, match="a key this tool does not write .'c'"):
+        schema.parse_json(b'{"a": 1, "c": 2}', "f.json", "a file", keys=frozenset({"a", "b"}))
+
+
+# --------------------------------------------------------------------------- every file, through a command
+
+
+@pytest.mark.parametrize("name,command", [("manifest.json", "report"), ("model.json", "export"),
+                                          ("verify.json", "report"), ("benchmark.json", "report"),
+                                          ("compare.json", "report")])
+def test_a_100000_deep_file_is_exit_2_in_one_line(clone_run, capsys, name, command):
+    run = clone_run()
+    if not (run / name).exists():  # compare.json: a file of the run's own (a compare ran), listed in its ledger
+        manifest = json.loads((run / "manifest.json").read_text())
+        manifest["files"].append(name)
+        (run / "manifest.json").write_text(json.dumps(manifest))
+    (run / name).write_text(DEEP)
+    err = _one_line_exit_2(capsys, command, "--run-dir", run)
+    assert name in err and ("nests deeper" in err or "is not the" in err), err
+
+
+def test_a_manifest_with_a_key_given_twice_or_an_unknown_top_level_key_is_refused(clone_run, capsys):
+    run = clone_run()
+    text = (run / "manifest.json").read_text()
+    (run / "manifest.json").write_text(text.replace('"schema":', '"model": "x", "schema":', 1))
+    assert "given twice" in _one_line_exit_2(capsys, "report", "--run-dir", run)
+    manifest = json.loads(text)
+    manifest["mine"] = "kept?"
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    assert "mine" in _one_line_exit_2(capsys, "report", "--run-dir", run)
+
+
+def test_a_300_mb_manifest_is_refused_before_it_is_read(clone_run, capsys):
+    run = clone_run()
+    path = run / "manifest.json"
+    with path.open("r+b") as f:  # a sparse file: 300 MB long, nothing of it on the disk
+        f.truncate(300 * 1024 * 1024)
+    before = path.stat().st_size
+    err = _one_line_exit_2(capsys, "report", "--run-dir", run)
+    assert "more than the" in err and path.stat().st_size == before
+
+
+def test_a_model_card_with_a_key_the_tool_does_not_write_is_refused(clone_run, capsys):
+    run = clone_run()
+    card = json.loads((run / "model.json").read_text())
+    card["extra"] = "x" * 10
+    (run / "model.json").write_text(json.dumps(card))
+    assert "extra" in _one_line_exit_2(capsys, "export", "--run-dir", run)
+
+
+# --------------------------------------------------------------------------- YAML
+
+
+@pytest.mark.parametrize("text", ["train:\n  epochs: 1\n  epochs: 2\n", "train: {}\ntrain: {epochs: 2}\n"])
+def test_a_yaml_key_given_twice_is_refused(tmp_path, capsys, text):
+    from pipeline.core.config_schema import parse_yaml
+
+    with pytest.raises(ConfigError, match="given twice"):
+        parse_yaml(text, "c.yaml")
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    capsys.readouterr()
+    assert cli("config", "--config", path) == EXIT_USAGE
+    assert "given twice" in capsys.readouterr().err
+
+
+def test_yaml_merge_keys_still_let_the_written_key_win():
+    from pipeline.core.config_schema import parse_yaml
+
+    assert parse_yaml("<<: {a: 1}\nb: 2\na: 5\n", "c.yaml") == {"a": 5, "b": 2}
+
+
+def test_a_baseline_bundle_with_a_key_given_twice_is_refused(tmp_path):
+    from pipeline.core import bundle_schema
+
+    path = tmp_path / "baseline.json"
+    path.write_text('{"schema": "pipeline.baseline/2", "schema": "pipeline.baseline/2"}')
+    with pytest.raises(InputError, match="given twice"):
+        bundle_schema.read_meta(path, "baseline")
