@@ -201,21 +201,22 @@ def _remove(tmp: Path | None) -> None:
 
 
 @contextlib.contextmanager
-def signals_held() -> Iterator[None]:
+def signals_held() -> Iterator[list[int]]:
     """Hold SIGINT/SIGTERM for a few statements; one that arrived is raised again when they end.
 
     A handler that only takes note, rather than a blocked signal mask: the mask is per thread, and the
     kernel hands a process signal to any thread that does not block it (torch's and ONNX Runtime's
-    threads), whose C handler then runs the Python handler in the main thread anyway.
+    threads), whose C handler then runs the Python handler in the main thread anyway. The block gets the list of
+    the signals noted so far (``with signals_held() as held``): a test waits on it rather than on a clock.
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield  # signal handlers belong to the main thread
-        return
     caught: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield caught  # signal handlers belong to the main thread
+        return
     previous = {sig: signal.signal(sig, lambda signum, frame: caught.append(signum))
                 for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        yield
+        yield caught
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
