@@ -97,22 +97,24 @@ def _open_error(path: Path, exc: OSError) -> PipelineError:
     return _write_error(path, exc)
 
 
-def confined(root: Path, name: str | Path) -> Path:
+RUN_FOLDER = "the run directory holds plain files only: remove it or use another --run-dir"
+
+
+def confined(root: Path, name: str | Path, holder: str = RUN_FOLDER) -> Path:
     """``root / name`` after checking that it stays inside ``root``: no component of ``name`` is a symbolic link
     (a link could point a read or a write at any file outside), ``..`` or absolute, and what exists there is a
-    regular file or a folder. Otherwise one :class:`UsageError` (exit 2) naming the path."""
+    regular file or a folder. Otherwise one :class:`UsageError` (exit 2) naming the path, then ``holder``: what
+    ``root`` is and what to do (the run directory's words by default; a baseline bundle has its own)."""
     relative = Path(name)
     if relative.is_absolute() or ".." in relative.parts:
-        raise UsageError(f"refusing {name}: not a path inside the run directory {root}")
+        raise UsageError(f"refusing {name}: not a path inside {root}")
     path = Path(root)
     for part in relative.parts:
         path = path / part
         if path.is_symlink():
-            raise UsageError(f"refusing to use {path}: it is a symbolic link (to {os.readlink(path)}); the run "
-                             "directory holds plain files only: remove the link or use another --run-dir")
+            raise UsageError(f"refusing to use {path}: it is a symbolic link (to {os.readlink(path)}); {holder}")
     if path.exists() and not (path.is_file() or path.is_dir()):
-        raise UsageError(f"refusing to use {path}: not a regular file (a pipe or a device); the run directory "
-                         "holds plain files only: remove it or use another --run-dir")
+        raise UsageError(f"refusing to use {path}: not a regular file (a pipe or a device); {holder}")
     return path
 
 
