@@ -121,16 +121,31 @@ def test_bf16_moves_the_same_way_with_its_own_names():
     assert next(a.i for a in nodes["t/fallback_to_bf16"].attribute if a.name == "to") == BF16
 
 
-@pytest.mark.parametrize(("node", "expected"), [
-    (helper.make_node("Cast", ["a"], ["b"], to=F16), F32),
-    (helper.make_node("Cast", ["a"], ["b"], to=BF16), F32),
-    (helper.make_node("Cast", ["a"], ["b"], to=TensorProto.INT8), TensorProto.INT8),
-    (helper.make_node("EyeLike", ["a"], ["b"], dtype=F16), F32),
-    (helper.make_node("EyeLike", ["a"], ["b"], dtype=TensorProto.INT32), TensorProto.INT32),
+@pytest.mark.parametrize(("op", "attribute", "value", "expected"), [
+    ("Cast", "to", F16, F32),
+    ("Cast", "to", BF16, F32),
+    ("Cast", "to", TensorProto.INT8, TensorProto.INT8),
+    ("Cast", "saturate", F16, F16),  # not the target type
+    ("CastLike", "to", F16, F16),  # only a Cast's "to" is a type
+    ("EyeLike", "dtype", F16, F32),
+    ("RandomNormal", "dtype", BF16, F32),
+    ("EyeLike", "dtype", TensorProto.INT32, TensorProto.INT32),
+    ("EyeLike", "k", F16, F16),  # an integer attribute that is not a type
 ])
-def test_low_float_attributes_become_fp32_and_others_stay(node, expected):
+def test_low_float_attributes_become_fp32_and_others_stay(op, attribute, value, expected):
+    node = helper.make_node(op, ["a"], ["b"], **{attribute: value})  # made here: the rewrite changes it in place
     rewrite.attributes_to_fp32(node)
     assert node.attribute[0].i == expected
+
+
+def test_a_float16_tensor_attribute_keeps_its_name_and_a_float_list_is_not_a_type():
+    node = helper.make_node("ConstantOfShape", ["s"], ["c"], value=numpy_helper.from_array(np.array([0.5], np.float16),
+                                                                                            "fill"))
+    node.attribute.append(helper.make_attribute("dtype", [1.0, 2.0]))  # a FLOATS attribute named dtype: not a type
+    rewrite.attributes_to_fp32(node)
+    assert node.attribute[0].t.data_type == F32 and node.attribute[0].t.name == "fill"
+    assert list(node.attribute[1].floats) == [1.0, 2.0]
+    assert rewrite.tensor_to_fp32(numpy_helper.from_array(np.ones(2, np.float16), "w")).name == "w"
 
 
 def test_a_low_constant_attribute_becomes_its_fp32_value():
@@ -149,3 +164,76 @@ def test_infer_types_reads_inputs_initializers_constants_and_inferred_values():
                     helper.make_node("Add", ["x", "k"], ["s"], name="add"),
                     helper.make_node("Cast", ["s"], ["y"], name="up", to=F32)], [("y", F32)], [_w()])
     assert rewrite.infer_types(model) == {"x": F16, "w": F16, "k": F16, "s": F16, "y": F32}
+
+
+def test_infer_types_takes_a_constants_own_type_and_tolerates_an_unknown_op():
+    model = _model([helper.make_node("Constant", [], ["k"], value=numpy_helper.from_array(np.ones(2, np.float16), "k")),
+                    helper.make_node("Mystery", ["x"], ["m"], name="mystery", domain="com.example")],
+                   [("k", TensorProto.UNDEFINED), ("m", F16)])
+    model.opset_import.append(helper.make_opsetid("com.example", 1))
+    types = rewrite.infer_types(model)
+    assert types["k"] == F16 and types["x"] == F16  # the Constant's value says FP16 where the output declares none
+
+
+def _with_constant(value: np.ndarray, name: str = "kc"):
+    return helper.make_node("Constant", [], [name], name=f"{name}_node", value=numpy_helper.from_array(value, name))
+
+
+def test_a_moved_node_reads_its_fp32_original_constant():
+    add = helper.make_node("Add", ["x", "kc"], ["y"], name="add")
+    fp32 = _model([_with_constant(np.full(2, 1 / 3, np.float32)), add], [("y", F32)], inputs=(("x", F32),))
+    low = _model([_with_constant(np.full(2, 1 / 3, np.float16)), add], [("y", F16)])
+    out = rewrite.keep_in_fp32(low, ["add"], fp32)
+    assert list(_nodes(out)["add"].input) == ["x__to_fp32", "kc__fp32_original"]
+    (original,) = [t for t in out.graph.initializer if t.name == "kc__fp32_original"]
+    assert original.data_type == F32 and numpy_helper.to_array(original)[0] == np.float32(1 / 3)
+    (y,) = _run(out, x=np.zeros(2, np.float16))
+    assert y[0] == np.float16(np.float32(1 / 3))
+
+
+def test_only_float_originals_of_held_inputs_replace_and_each_is_added_once():
+    fp32 = _model([_with_constant(np.array([2, 1], np.int64), "shape"),
+                   helper.make_node("Add", ["x", "w"], ["a"], name="add1"),
+                   helper.make_node("Add", ["a", "w"], ["b"], name="add2"),
+                   helper.make_node("Mul", ["b", "w2"], ["c"], name="mul"),
+                   helper.make_node("Reshape", ["c", "shape"], ["y"], name="reshape")],
+                  [("y", F32)], [_w(1 / 3, np.float32), _w(1 / 7, np.float32, "w2")], inputs=(("x", F32),))
+    low = _model([_with_constant(np.array([2, 1], np.int64), "shape"),
+                  helper.make_node("Add", ["x", "w"], ["a"], name="add1"),
+                  helper.make_node("Add", ["a", "w"], ["b"], name="add2"),
+                  helper.make_node("Mul", ["b", "w2"], ["c"], name="mul"),
+                  helper.make_node("Reshape", ["c", "shape"], ["y"], name="reshape")],
+                 [("y", F16)], [_w(1 / 3), _w(1 / 7, name="w2")])
+    low.graph.output[0].type.tensor_type.shape.Clear()
+    fp32.graph.output[0].type.tensor_type.shape.Clear()
+    out = rewrite.keep_in_fp32(low, ["add1", "add2", "reshape"], fp32)
+    nodes = _nodes(out)
+    assert list(nodes["add2"].input) == ["a", "w__fp32_original"]
+    assert list(nodes["mul"].input) == ["b__fp16", "w2"]  # not moved: its own FP16 weight, no FP32 copy made
+    assert list(nodes["reshape"].input) == ["c__to_fp32", "shape"]  # an int64 shape is neither cast nor replaced
+    assert sorted(t.name for t in out.graph.initializer) == ["w", "w2", "w__fp32_original"]
+    onnx.checker.check_model(out)
+
+
+def test_an_activation_input_is_cast_up_even_where_the_fp32_graph_had_a_weight():
+    """The original's input at the same place is an initializer, but here the node reads a computed tensor: cast up,
+    never swapped for the weight. Inputs after one replaced by its original are still handled."""
+    fp32 = _model([helper.make_node("Add", ["w", "w"], ["y"], name="add")], [("y", F32)], [_w(1 / 3, np.float32)],
+                  inputs=(("x", F32),))
+    low = _model([helper.make_node("Add", ["w", "x"], ["y"], name="add")], [("y", F16)], [_w(1 / 3)])
+    add = _nodes(rewrite.keep_in_fp32(low, ["add"], fp32))["add"]
+    assert list(add.input) == ["w__fp32_original", "x__to_fp32"]
+    missing = _nodes(rewrite.keep_in_fp32(low, ["add"], _model([], [], inputs=())))["add"]  # no such node there
+    assert list(missing.input) == ["w__to_fp32", "x__to_fp32"]
+
+
+def test_a_cast_to_a_low_type_reads_the_low_copy_and_stale_value_info_goes():
+    model = _model([helper.make_node("Add", ["x", "w"], ["t"], name="add"),
+                    helper.make_node("Cast", ["t"], ["y"], name="down", to=F16),
+                    helper.make_node("Relu", ["y"], ["z"], name="relu")],
+                   [("z", F16)], [_w()])
+    model = onnx.shape_inference.infer_shapes(model)
+    assert {v.name for v in model.graph.value_info} == {"t", "y"}
+    out = rewrite.keep_in_fp32(model, ["add"])
+    assert list(_nodes(out)["down"].input) == ["t__fp16"]
+    assert [v.name for v in out.graph.value_info] == ["y"]  # t's type changed: its entry goes, y's stays

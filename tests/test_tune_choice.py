@@ -109,3 +109,81 @@ def test_an_untimed_choice_says_so(timed):
     chosen, why = tune._choose(t, [{"method": "max", "candidates": [_cand(["a"], 2.0)]}])
     assert chosen is not None
     assert ("speed not measured" in why) is not timed
+
+
+def test_the_confirmation_records_its_round():
+    pick = _cand(["a"], 2.0)
+    tune._choose(FakeTuner(sound={("a",)}), [{"method": "max", "candidates": [pick]}])
+    assert pick.result["confirmed"] == {"status": Status.PASSED, "candidates": [{"graph": ["a"]}]}
+
+
+def test_no_passing_mix_at_all_says_just_that():
+    chosen, why = tune._choose(FakeTuner(), [{"method": "max", "candidates": [_cand(["a"], 2.0, passed=False)]}])
+    assert chosen is None and why == "no passing mix"
+
+
+def test_the_previous_choice_stays_unless_beaten_beyond_the_noise_and_the_reason_says_so():
+    incumbent, barely_faster = _cand(["a"], 2.0), _cand(["b"], 1.99)
+    incumbent.origin = tune.PREVIOUS
+    t = FakeTuner(sound={("a",), ("b",)})
+    chosen, why = tune._choose(t, [{"method": "max", "candidates": [incumbent, barely_faster]}], incumbent)
+    assert chosen is incumbent
+    assert why.endswith("; kept as the previous choice (int8_fallback.json): the best new mix (top-1, max; "
+                        "1.990 ms at batch 1, 7.960 ms at batch 8) is not better beyond tune.same_speed (0.05)"), why
+    much_faster = _cand(["b"], 1.0)
+    chosen, why = tune._choose(t, [{"method": "max", "candidates": [incumbent, much_faster]}], incumbent)
+    assert chosen is much_faster and "kept as the previous choice" not in why
+    alone = FakeTuner(sound={("a",)})
+    chosen, why = tune._choose(alone, [{"method": "max", "candidates": [incumbent]}], incumbent)
+    assert chosen is incumbent and "kept as the previous choice" not in why  # nothing else was better or worse
+    chosen, why = tune._choose(t, [{"method": "max", "candidates": [incumbent, barely_faster]}], None)
+    assert chosen is barely_faster and "kept" not in why  # no previous choice: the fastest
+
+
+def test_a_previous_choice_whose_graph_fails_is_not_kept():
+    incumbent, other = _cand(["a"], 2.0), _cand(["b"], 1.99)
+    chosen, why = tune._choose(FakeTuner(sound={("b",)}), [{"method": "max", "candidates": [incumbent, other]}],
+                               incumbent)
+    assert chosen is other and "kept" not in why
+
+
+class Bar:
+    def __init__(self):
+        self.n = 0
+
+    def update(self, k):
+        self.n += k
+
+
+def test_the_speed_phase_is_named_and_counts_every_timing(monkeypatch):
+    from contextlib import contextmanager
+
+    phases = []
+
+    @contextmanager
+    def phase(t, name, total=None):
+        bar = Bar()
+        yield bar
+        phases.append((name, total, bar.n))
+
+    monkeypatch.setattr(tune, "phase", phase)
+    t = FakeTuner()
+    cands = [_cand([], 0.0), _cand(["a"], 0.0), _cand(["a"], 0.0)]
+    tune.time_candidates(t, [{"method": "max", "graph": "g", "candidates": cands}])
+    assert phases == [("speed, stand-in target", 3, 3)]  # FP32 and two distinct mixes
+
+
+def test_a_mix_is_timed_with_the_nodes_it_keeps_in_fp32():
+    cand = _cand(["a"], 0.0)
+    cand.fp32 = ["n1"]
+    t = FakeTuner()
+    tune.time_candidates(t, [{"method": "max", "graph": "g", "candidates": [cand]}])
+    assert t.timings[1] == (("mix", "g", ("a",), ("n1",)), True)
+
+
+def test_an_untimed_run_logs_why(caplog):
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="pipeline"):
+        assert tune.time_candidates(FakeTuner(timed=False), []) is None
+    assert caplog.messages == ["tune: speed not measured: no target: stand-in"]
