@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +34,8 @@ SCHEMA = bundle_schema.SCHEMA
 META = "baseline.json"
 PREDICTIONS = "predictions.npz"
 WRITE = "`python -m pipeline baseline --run-dir DIR --out PATH`"
+# What a bundle is, in a refusal of a link or a device inside it (pipeline.core.run.confined)
+BUNDLE_FOLDER = f"a baseline bundle holds plain files only: remove it, or write the bundle again with {WRITE}"
 # The CPU features that change which kernels a runtime picks (and so its numbers): recorded and diffed.
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
 
@@ -187,14 +190,16 @@ def write(run: RunDir, out: Path) -> Path:
     meta["predictions_sha256"] = hashlib.sha256(data).hexdigest()
     schema.validate(meta, Meta, out / META, "baseline bundle")  # what compare will read back, checked before writing
     folder = _folder(out)
-    atomic_write(confined(folder, PREDICTIONS), data)
-    atomic_write(confined(folder, META), json.dumps(meta, indent=1, sort_keys=False, default=str) + "\n")
+    atomic_write(confined(folder, PREDICTIONS, BUNDLE_FOLDER), data)
+    atomic_write(confined(folder, META, BUNDLE_FOLDER), json.dumps(meta, indent=1, sort_keys=False, default=str) + "\n")
     return out
 
 
 def _folder(out: Path) -> Path:
-    """``out``, created; refused when it holds something that is not a bundle (never written into)."""
-    if out.exists() and not (out.is_dir() and confined(out, META).is_file()):
+    """``out``, created; refused when it is a symbolic link or holds something that is not a bundle (never written
+    into). An empty folder is taken."""
+    _refuse_linked_folder(out, "--out")
+    if out.exists() and not (out.is_dir() and (_empty(out) or confined(out, META, BUNDLE_FOLDER).is_file())):
         raise UsageError(f"{out} exists and is not a baseline bundle: choose another --out")
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -203,16 +208,32 @@ def _folder(out: Path) -> Path:
     return out
 
 
+def _empty(folder: Path) -> bool:
+    try:
+        return next(os.scandir(folder), None) is None
+    except OSError:
+        return False
+
+
+def _refuse_linked_folder(folder: Path, option: str) -> None:
+    """The bundle folder itself as a symbolic link: writing through it would change the folder it points at, and a
+    bundle read through one is not the folder the user named. Refused, never followed."""
+    if folder.is_symlink():
+        raise UsageError(f"refusing the bundle folder {folder}: it is a symbolic link (to {os.readlink(folder)}); "
+                         f"give the real folder as {option}")
+
+
 def read(path: Path) -> Bundle:
     """A bundle's metadata and predictions, checked; anything else is an :class:`InputError` (exit 2) in one line.
     Its files are read through the confinement rules: a link in the bundle is refused, never followed."""
-    meta_path = confined(path, META) if path.is_dir() else path / META
+    _refuse_linked_folder(path, "--baseline")
+    meta_path = confined(path, META, BUNDLE_FOLDER) if path.is_dir() else path / META
     if not meta_path.is_file():
         raise InputError(f"{path} is not a baseline bundle (no {META}); write one with {WRITE}")
     meta = bundle_schema.read_meta(meta_path, WRITE)
     names = [predictions.REFERENCE, *(a.name for a in meta.artifacts)]
-    preds = predictions.read(confined(path, PREDICTIONS), "baseline predictions", names, len(meta.classes),
-                             sha256=meta.predictions_sha256)
+    preds = predictions.read(confined(path, PREDICTIONS, BUNDLE_FOLDER), "baseline predictions", names,
+                             len(meta.classes), sha256=meta.predictions_sha256)
     if len(preds.names) != meta.images:
         raise InputError(f"{path / PREDICTIONS} holds {len(preds.names)} images, {META} says {meta.images}")
     return Bundle(path, meta, preds)

@@ -1,16 +1,19 @@
 """The mutation score from ``mutmut results --all true``, per module, against the committed list of equivalent mutants.
 
-Usage: python scripts/mutation_score.py RESULTS EQUIVALENT MINIMUM
+Usage: python scripts/mutation_score.py RESULTS EQUIVALENT MINIMUM [SCOPE]
 
 RESULTS: lines ``<module>.x_<function>__mutmut_<n>: <status>``. EQUIVALENT: lines ``<mutant name>  <reason>`` (``#``
 starts a comment); each names a mutant that no test can tell from the original, and why. A killed mutant (a test
 failed), one that hung past mutmut's timeout, and one that crashed the interpreter count as caught; one that no test
 covers counts as surviving. The score is caught / (mutants - equivalents); exit 1 below MINIMUM, or when the list
-names a mutant that no longer survives (keep the list true), exit 0 otherwise.
+names a mutant that no longer survives (keep the list true), exit 0 otherwise. SCOPE (scripts/mutation_scope.txt):
+fnmatch patterns of mutant names, one a line; only the mutants they name count, and a pattern that names none fails
+the command (a function renamed or moved must not leave the scope silently).
 """
 
 from __future__ import annotations
 
+import fnmatch
 import re
 import sys
 from collections import Counter, defaultdict
@@ -42,16 +45,32 @@ def read_equivalent(path: Path) -> dict[str, str]:
     return listed
 
 
+def read_scope(path: Path) -> list[str]:
+    return [line.split("#", 1)[0].strip() for line in path.read_text().splitlines() if line.split("#", 1)[0].strip()]
+
+
+def in_scope(results: dict[str, str], patterns: list[str]) -> tuple[dict[str, str], list[str]]:
+    """The results the patterns name, and the patterns that name none."""
+    kept = {n: s for n, s in results.items() if any(fnmatch.fnmatchcase(n, p) for p in patterns)}
+    unmatched = [p for p in patterns if not any(fnmatch.fnmatchcase(n, p) for n in results)]
+    return kept, unmatched
+
+
 def module_of(name: str) -> str:
     return name.split(".x_")[0].split(".xǁ")[0]
 
 
-def main(results_path: str, equivalent_path: str, minimum: str) -> int:
+def main(results_path: str, equivalent_path: str, minimum: str, scope_path: str | None = None) -> int:
     results = read_results(Path(results_path))
     equivalent = read_equivalent(Path(equivalent_path))
     if not results:
         print(f"no mutants in {results_path}: did mutmut run?")
         return 1
+    if scope_path is not None:
+        results, unmatched = in_scope(results, read_scope(Path(scope_path)))
+        if unmatched:
+            print(f"{scope_path}: no mutant matches {', '.join(unmatched)}: keep the scope true")
+            return 1
     stale = sorted(n for n in equivalent if results.get(n, "killed") in CAUGHT)
     per_module: dict[str, Counter] = defaultdict(Counter)
     survivors = []
@@ -85,4 +104,4 @@ def _row(module: str, c: Counter) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:4]))
+    sys.exit(main(*sys.argv[1:5]))

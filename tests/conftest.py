@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -157,6 +159,22 @@ def copy_run(run: Path, tmp_path: Path) -> Path:
     target = tmp_path / "run"
     shutil.copytree(run, target)
     return target
+
+
+@pytest.fixture(autouse=True)
+def signal_handlers_kept():
+    """Every test leaves SIGINT's and SIGTERM's handlers as it found them (issue 46). A handler one test leaves behind
+    (the CLI's, which only takes note) changes what Ctrl-C does in whichever test that worker runs next, so the defect
+    would show, by chance, in another test. The handlers are put back here and the test that changed them fails."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    changed = [signal.Signals(sig).name for sig, handler in before.items() if signal.getsignal(sig) is not handler]
+    for sig, handler in before.items():
+        signal.signal(sig, handler)
+    assert not changed, f"the test left its own handler for {', '.join(changed)}"
 
 
 def slow_first(items) -> None:

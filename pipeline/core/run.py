@@ -97,22 +97,24 @@ def _open_error(path: Path, exc: OSError) -> PipelineError:
     return _write_error(path, exc)
 
 
-def confined(root: Path, name: str | Path) -> Path:
+RUN_FOLDER = "the run directory holds plain files only: remove it or use another --run-dir"
+
+
+def confined(root: Path, name: str | Path, holder: str = RUN_FOLDER) -> Path:
     """``root / name`` after checking that it stays inside ``root``: no component of ``name`` is a symbolic link
     (a link could point a read or a write at any file outside), ``..`` or absolute, and what exists there is a
-    regular file or a folder. Otherwise one :class:`UsageError` (exit 2) naming the path."""
+    regular file or a folder. Otherwise one :class:`UsageError` (exit 2) naming the path, then ``holder``: what
+    ``root`` is and what to do (the run directory's words by default; a baseline bundle has its own)."""
     relative = Path(name)
     if relative.is_absolute() or ".." in relative.parts:
-        raise UsageError(f"refusing {name}: not a path inside the run directory {root}")
+        raise UsageError(f"refusing {name}: not a path inside {root}")
     path = Path(root)
     for part in relative.parts:
         path = path / part
         if path.is_symlink():
-            raise UsageError(f"refusing to use {path}: it is a symbolic link (to {os.readlink(path)}); the run "
-                             "directory holds plain files only: remove the link or use another --run-dir")
+            raise UsageError(f"refusing to use {path}: it is a symbolic link (to {os.readlink(path)}); {holder}")
     if path.exists() and not (path.is_file() or path.is_dir()):
-        raise UsageError(f"refusing to use {path}: not a regular file (a pipe or a device); the run directory "
-                         "holds plain files only: remove it or use another --run-dir")
+        raise UsageError(f"refusing to use {path}: not a regular file (a pipe or a device); {holder}")
     return path
 
 
@@ -203,21 +205,22 @@ def _remove(tmp: Path | None) -> None:
 
 
 @contextlib.contextmanager
-def signals_held() -> Iterator[None]:
+def signals_held() -> Iterator[list[int]]:
     """Hold SIGINT/SIGTERM for a few statements; one that arrived is raised again when they end.
 
     A handler that only takes note, rather than a blocked signal mask: the mask is per thread, and the
     kernel hands a process signal to any thread that does not block it (torch's and ONNX Runtime's
-    threads), whose C handler then runs the Python handler in the main thread anyway.
+    threads), whose C handler then runs the Python handler in the main thread anyway. The block gets the list of
+    the signals noted so far (``with signals_held() as held``): a test waits on it rather than on a clock.
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield  # signal handlers belong to the main thread
-        return
     caught: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield caught  # signal handlers belong to the main thread
+        return
     previous = {sig: signal.signal(sig, lambda signum, frame: caught.append(signum))
                 for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        yield
+        yield caught
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -30,6 +30,7 @@ from statistics import NormalDist
 import numpy as np
 
 from pipeline.core.status import Status
+from pipeline.core.verdicts import fold
 
 PASSED, FAILED, INCONCLUSIVE = Status.PASSED, Status.FAILED, Status.INCONCLUSIVE
 TINY = 1e-30  # a reference whose logits are all equal has no scale: any error is then infinite
@@ -333,8 +334,7 @@ def task_check(ref: np.ndarray, cand: np.ndarray, labels: np.ndarray, gate: dict
                                 gate["min_top1_agreement"], z)
     drop = accuracy_drop_check(int((ref_right & ~cand_right).sum()), int((~ref_right & cand_right).sum()), n,
                                gate["max_accuracy_drop"], z)
-    statuses = {agreement["status"], drop["status"]}
-    status = FAILED if FAILED in statuses else INCONCLUSIVE if INCONCLUSIVE in statuses else PASSED
+    status = fold((agreement["status"], drop["status"]))  # failed over inconclusive over passed
     return {"status": status, "passed": status == PASSED, "samples": n, "confidence": confidence,
             "top1_agreement": float((ref_top1 == cand_top1).mean()) if n else 1.0,
             "reference_accuracy": float(ref_right.mean()) if n else 0.0,
@@ -368,5 +368,5 @@ def judge(outputs: list[dict], reference: list[dict], labels: np.ndarray, gate: 
     tensor.update(error_statistics(ref, cand, gate["error_quantile"]))
     tie = 2 * gate["max_scaled_error"] * tensor["scale"] if tensor["criterion"] == "scaled" else 0.0
     task = task_check(ref, cand, labels, gate, confidence, tie_margin=tie)
-    status = FAILED if not tensor["passed"] or task["status"] == FAILED else task["status"]
+    status = fold((PASSED if tensor["passed"] else FAILED, task["status"]))
     return {"tensor_check": tensor, "task_check": task, "passed": status == PASSED, "status": status}

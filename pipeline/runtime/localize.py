@@ -17,6 +17,7 @@ import onnx
 
 from pipeline.core import onnx_io
 from pipeline.precision.gate import TensorRule
+from pipeline.runtime import localize_rules
 from pipeline.runtime.runners import collect, onnxrt_runner
 
 if TYPE_CHECKING:  # annotations only
@@ -106,10 +107,10 @@ def localize_faithful(plug, fp32_model: onnx.ModelProto, model: onnx.ModelProto,
         return result
     order = {node.name: i for i, node in enumerate(fp32_model.graph.node)}
     result = compare_layers(fp32_model, ref, cand, rule, top=len(order))
-    lowered = {name for name, (_, p) in plug.node_precisions(fp32_model, model).items() if p != "fp32"}
-    over = sorted((r for r in result["worst"] if r["exceeds"] and r["name"] in lowered), key=lambda r: order[r["name"]])
-    if over:  # else: compare_layers' first node over tolerance (the fallback walks upstream from it)
-        result["first_divergent"] = over[0]
+    first = localize_rules.first_lowered_over(result["worst"], localize_rules.lowered(
+        plug.node_precisions(fp32_model, model)), order)
+    if first is not None:  # else: compare_layers' first node over tolerance (the fallback walks upstream from it)
+        result["first_divergent"] = first
     result["worst"] = result["worst"][:top]
     result["method"] = (f"ONNX Runtime, FP32 graph vs {plug.faithful} (optimisations off), every tensor marked as "
                         f"output; the first node below FP32 over tolerance")

@@ -1,0 +1,189 @@
+"""tune's choice and speed glue (pipeline/tune.py: ``_choose``, ``time_candidates``) over stand-in Tuners: no model,
+no runtime, milliseconds.
+
+Issue 46: two planted defects survived the suite here: the confirmation of the chosen mix (the gate on the graph
+export will really make) replaced by ``True``, and the speed baseline timed on the all-INT8 mix instead of the FP32
+model (every speed-up then reads about 1 and the speed gate judges nothing). The pure rules under them
+(:mod:`pipeline.precision.sensitivity`) have their own tests (tests/test_tune_rules.py).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from pipeline import tune
+from pipeline.core.status import Status
+from pipeline.precision.sensitivity import Candidate
+
+
+def _cand(high, ms, calibration="max", passed=True) -> Candidate:
+    return Candidate(list(high), f"top-{len(high)}", {"status": Status.PASSED if passed else Status.FAILED},
+                     latency_ms={1: ms, 8: 4 * ms}, calibration=calibration)
+
+
+class FakeTuner(SimpleNamespace):
+    """What ``_choose`` and ``time_candidates`` read of a Tuner; ``full`` passes the graphs named in ``sound``."""
+
+    def __init__(self, sound=(), timed=True):
+        super().__init__(batches=[1, 8], seconds={}, fp32_model="fp32 model", judged=[], timings=[],
+                         cfg=SimpleNamespace(tune=SimpleNamespace(same_speed=0.05)),
+                         plug=SimpleNamespace(raised_to="out of INT8", fallback_file="int8_fallback.json"),
+                         target={"name": "stand-in target", "timing": self.timing if timed else None,
+                                 "reason": "no target: stand-in"})
+        self.sound = set(sound)
+
+    def converted(self, high, fp32, method):
+        return ("export's graph", tuple(high), tuple(fp32), method)
+
+    def full(self, graph):
+        self.judged.append(graph)
+        return SimpleNamespace(passed=graph[1] in self.sound, results=[{"graph": list(graph[1])}])
+
+    def mix(self, graph, high, fp32=()):
+        return ("mix", graph, tuple(high), tuple(fp32))
+
+    def timing(self, model, low):
+        self.timings.append((model, low))
+        ms = 10.0 if model == self.fp32_model else 5.0 + len(model[2])
+        return {"latency_ms": {1: ms, 8: 4 * ms}, "runtime": {"low": low}}
+
+
+def test_a_mix_whose_exported_graph_fails_gives_way_to_the_next():
+    fast, slower = _cand(["a"], 2.0), _cand(["a", "b"], 3.0)
+    t = FakeTuner(sound={("a", "b")})
+    chosen, why = tune._choose(t, [{"method": "max", "candidates": [fast, slower]}])
+    assert chosen is slower and "fastest passing mix" in why
+    assert fast.result["confirmed"]["status"] == Status.FAILED
+    assert slower.result["confirmed"]["status"] == Status.PASSED
+    assert [g[1] for g in t.judged] == [("a",), ("a", "b")]  # each confirmed on the graph export makes
+    assert t.judged[0] == ("export's graph", ("a",), (), "max")
+
+
+def test_no_mix_is_chosen_when_every_confirmation_fails():
+    t = FakeTuner(sound=())
+    chosen, why = tune._choose(t, [{"method": "max", "candidates": [_cand(["a"], 2.0), _cand(["b"], 3.0)]}])
+    assert chosen is None and why == "no passing mix (confirmation failed for 2)"
+
+
+def test_a_confirmed_pick_is_taken_at_once():
+    pick = _cand(["a"], 2.0)
+    t = FakeTuner(sound={("a",)})
+    chosen, _ = tune._choose(t, [{"method": "max", "candidates": [pick, _cand(["a", "b"], 3.0)]}])
+    assert chosen is pick and len(t.judged) == 1
+
+
+def test_the_speed_baseline_is_the_fp32_model_and_each_mix_is_timed_once():
+    all_low, top1, same_as_top1 = _cand([], 0.0), _cand(["a"], 0.0), _cand(["a"], 0.0)
+    t = FakeTuner()
+    runs = [{"method": "max", "graph": "all-INT8 graph", "candidates": [all_low, top1, same_as_top1]}]
+    baseline = tune.time_candidates(t, runs)
+    assert t.timings[0] == ("fp32 model", False)  # FP32, as deployed: no low-precision flag
+    assert baseline == {"latency_ms": {1: 10.0, 8: 40.0}, "runtime": {"low": False}}
+    assert [m for m, low in t.timings[1:]] == [("mix", "all-INT8 graph", (), ()), ("mix", "all-INT8 graph", ("a",), ())]
+    assert all(low for _, low in t.timings[1:])
+    assert all_low.latency_ms == {1: 5.0, 8: 20.0} and top1.latency_ms == same_as_top1.latency_ms == {1: 6.0, 8: 24.0}
+    assert top1.runtime == {"low": True}
+
+
+def test_each_calibrations_mix_is_made_from_its_own_graph():
+    a, b = _cand(["x"], 0.0, calibration="max"), _cand(["x"], 0.0, calibration="entropy")
+    t = FakeTuner()
+    tune.time_candidates(t, [{"method": "max", "graph": "max graph", "candidates": [a]},
+                             {"method": "entropy", "graph": "entropy graph", "candidates": [b]}])
+    assert [m[1] for m, _ in t.timings[1:]] == ["max graph", "entropy graph"]
+
+
+def test_nothing_is_timed_without_a_target(caplog):
+    t = FakeTuner(timed=False)
+    cand = _cand([], 0.0)
+    cand.latency_ms = {}
+    assert tune.time_candidates(t, [{"method": "max", "graph": "g", "candidates": [cand]}]) is None
+    assert t.timings == [] and cand.latency_ms == {}
+
+
+@pytest.mark.parametrize("timed", [True, False])
+def test_an_untimed_choice_says_so(timed):
+    t = FakeTuner(sound={("a",)}, timed=timed)
+    chosen, why = tune._choose(t, [{"method": "max", "candidates": [_cand(["a"], 2.0)]}])
+    assert chosen is not None
+    assert ("speed not measured" in why) is not timed
+
+
+def test_the_confirmation_records_its_round():
+    pick = _cand(["a"], 2.0)
+    tune._choose(FakeTuner(sound={("a",)}), [{"method": "max", "candidates": [pick]}])
+    assert pick.result["confirmed"] == {"status": Status.PASSED, "candidates": [{"graph": ["a"]}]}
+
+
+def test_no_passing_mix_at_all_says_just_that():
+    chosen, why = tune._choose(FakeTuner(), [{"method": "max", "candidates": [_cand(["a"], 2.0, passed=False)]}])
+    assert chosen is None and why == "no passing mix"
+
+
+def test_the_previous_choice_stays_unless_beaten_beyond_the_noise_and_the_reason_says_so():
+    incumbent, barely_faster = _cand(["a"], 2.0), _cand(["b"], 1.99)
+    incumbent.origin = tune.PREVIOUS
+    t = FakeTuner(sound={("a",), ("b",)})
+    chosen, why = tune._choose(t, [{"method": "max", "candidates": [incumbent, barely_faster]}], incumbent)
+    assert chosen is incumbent
+    assert why.endswith("; kept as the previous choice (int8_fallback.json): the best new mix (top-1, max; "
+                        "1.990 ms at batch 1, 7.960 ms at batch 8) is not better beyond tune.same_speed (0.05)"), why
+    much_faster = _cand(["b"], 1.0)
+    chosen, why = tune._choose(t, [{"method": "max", "candidates": [incumbent, much_faster]}], incumbent)
+    assert chosen is much_faster and "kept as the previous choice" not in why
+    alone = FakeTuner(sound={("a",)})
+    chosen, why = tune._choose(alone, [{"method": "max", "candidates": [incumbent]}], incumbent)
+    assert chosen is incumbent and "kept as the previous choice" not in why  # nothing else was better or worse
+    chosen, why = tune._choose(t, [{"method": "max", "candidates": [incumbent, barely_faster]}], None)
+    assert chosen is barely_faster and "kept" not in why  # no previous choice: the fastest
+
+
+def test_a_previous_choice_whose_graph_fails_is_not_kept():
+    incumbent, other = _cand(["a"], 2.0), _cand(["b"], 1.99)
+    chosen, why = tune._choose(FakeTuner(sound={("b",)}), [{"method": "max", "candidates": [incumbent, other]}],
+                               incumbent)
+    assert chosen is other and "kept" not in why
+
+
+class Bar:
+    def __init__(self):
+        self.n = 0
+
+    def update(self, k):
+        self.n += k
+
+
+def test_the_speed_phase_is_named_and_counts_every_timing(monkeypatch):
+    from contextlib import contextmanager
+
+    phases = []
+
+    @contextmanager
+    def phase(t, name, total=None):
+        bar = Bar()
+        yield bar
+        phases.append((name, total, bar.n))
+
+    monkeypatch.setattr(tune, "phase", phase)
+    t = FakeTuner()
+    cands = [_cand([], 0.0), _cand(["a"], 0.0), _cand(["a"], 0.0)]
+    tune.time_candidates(t, [{"method": "max", "graph": "g", "candidates": cands}])
+    assert phases == [("speed, stand-in target", 3, 3)]  # FP32 and two distinct mixes
+
+
+def test_a_mix_is_timed_with_the_nodes_it_keeps_in_fp32():
+    cand = _cand(["a"], 0.0)
+    cand.fp32 = ["n1"]
+    t = FakeTuner()
+    tune.time_candidates(t, [{"method": "max", "graph": "g", "candidates": [cand]}])
+    assert t.timings[1] == (("mix", "g", ("a",), ("n1",)), True)
+
+
+def test_an_untimed_run_logs_why(caplog):
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="pipeline"):
+        assert tune.time_candidates(FakeTuner(timed=False), []) is None
+    assert caplog.messages == ["tune: speed not measured: no target: stand-in"]
