@@ -13,8 +13,9 @@ as TensorRT does, so unchecked returns also show up as wrong results):
 * ``set_input_shape`` was called for every dynamic input before ``execute_async_v3``, within the profile;
 * every address bound with ``set_tensor_address`` is a live device allocation when the engine runs, and
   stays the SAME allocation it was when bound (a buffer freed and its address reused counts as freed):
-  device memory is either Polygraphy's (its ``cuda.wrapper()`` is replaced by :class:`FakeCudart`, host
-  memory standing in for device memory) or the pipeline's torch tensors (``pipeline.runtime.runners.DEVICE_MEMORY``
+  device memory is either Polygraphy's (its ``cuda.wrapper()`` is :class:`FakeCudart`, host memory standing in
+  for device memory, made after Polygraphy's real ``libcudart.so*`` search on a pip-only CUDA 13 machine:
+  :func:`cuda_wrapper_class`) or the pipeline's torch tensors (``pipeline.runtime.runners.DEVICE_MEMORY``
   is replaced by :class:`FakeDeviceMemory`, CPU tensors tracked by weak reference);
 * CUDA graphs: ``torch.cuda.graph`` must be called with ``capture_error_mode="thread_local"``; an enqueue during
   a capture needs an earlier enqueue of the same context (TensorRT's warm-up) and is recorded with the shapes
@@ -61,6 +62,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import enum
+import functools
 import hashlib
 import itertools
 import json
@@ -152,6 +154,50 @@ class FakeCudart:
 
     def destroy_stream(self, ptr):
         vc.DEVICE[0].streams.pop(ptr, None)
+
+
+def cuda_wrapper_class(fake: "FakeTensorRT"):
+    """What ``polygraphy.cuda.wrapper()`` constructs: Polygraphy's own ``Cuda.__init__`` search, run for real
+    (``_find_cuda_lib_dirs()``: ``LD_LIBRARY_PATH`` as it is NOW, ``/usr/local/cuda/lib64``, ``/usr/lib``, ``/lib``,
+    ``nvidia/cuda_runtime/lib`` on ``sys.path``; the first ``libcudart.so*`` found is loaded), then the virtual
+    device's :class:`FakeCudart` instead of ``ctypes.CDLL``. Nothing found: the ``OSError`` ``ctypes.CDLL(
+    "libcudart.so")`` raises on a machine without it. Found: recorded in ``fake.libcudart``, and a violation unless
+    it is the library :func:`pipeline.core.env.find_libcudart` chose (the one the pipeline's other TensorRT entry
+    points and doctor name): another copy, e.g. ``/usr/local/cuda``'s beside the CUDA 13 wheel, is another CUDA
+    runtime than the one the benchmark's TensorRT uses."""
+
+    def make():
+        from polygraphy.cuda import cuda as pcuda
+        from polygraphy.util import util as pg_util
+
+        from pipeline.core import env
+
+        found = pg_util.find_in_dirs("libcudart.so*", pcuda._find_cuda_lib_dirs())
+        if not found:
+            raise OSError("libcudart.so: cannot open shared object file: No such file or directory (Polygraphy "
+                          f"searched {pcuda._find_cuda_lib_dirs()})")
+        fake.libcudart = found[0]
+        chosen = env.find_libcudart()
+        if chosen != found[0]:
+            fake.violation(f"Polygraphy's CUDA wrapper loaded {found[0]}, not {chosen}, the libcudart the pipeline "
+                           "found: env.expose_libcudart() was not called before the first TensorRT runner")
+        return FakeCudart(fake)
+
+    return make
+
+
+@functools.lru_cache(maxsize=None)
+def pip_cuda13_site() -> str:
+    """A virtual pip-only CUDA 13 install: ``<site>/nvidia/cu13/lib/libcudart.so.13`` (the ``nvidia-cuda-runtime``
+    13.x wheel's layout, where Polygraphy does not look). One per test session; never loaded, only found."""
+    import pathlib
+    import tempfile
+
+    site = pathlib.Path(tempfile.mkdtemp(prefix="fake-pip-cu13-"))
+    lib = site / "nvidia" / "cu13" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "libcudart.so.13").write_bytes(b"\x7fELF (a stand-in, never loaded)")
+    return str(site)
 
 
 def _virtual_tensor_class():
@@ -837,6 +883,7 @@ class FakeTensorRT:
         self.fail: dict = {}
         self.inspector = fake_inspector.Options()  # how the engine inspector writes (TensorRT 10 or 11, Myelin)
         self.live: dict = {}  # address -> (allocation id, bytes, is_alive())
+        self.libcudart: str | None = None  # what Polygraphy's CUDA wrapper loaded (cuda_wrapper_class)
         self.ids = itertools.count(1)
         self.tensor_class = VIRTUAL_TENSOR[0] if VIRTUAL_TENSOR else VIRTUAL_TENSOR.append(_virtual_tensor_class()) \
             or VIRTUAL_TENSOR[0]
@@ -935,10 +982,25 @@ def install(monkeypatch, *, gpu_name: str = "Fake GPU (tests/fake_tensorrt.py)",
     monkeypatch.setattr(env, "cuda_status", lambda: (True, ""))
     monkeypatch.setattr(env, "gpu_info", lambda: {"name": gpu_name, "compute_capability": "0.0", "cuda": None,
                                                   "driver": None})
-    monkeypatch.setattr(pcuda.cuda, "G_CUDA", FakeCudart(fake))
+    # Polygraphy's CUDA wrapper is made on first use, through its real library search (cuda_wrapper_class), on a
+    # machine whose CUDA runtime is the pip CUDA 13 wheel's (pip_cuda13_site), LD_LIBRARY_PATH unset.
+    monkeypatch.setattr(pcuda.cuda, "G_CUDA", None)
+    monkeypatch.setattr(pcuda.cuda, "Cuda", cuda_wrapper_class(fake))
+    monkeypatch.setattr(sys, "path", [pip_cuda13_site(), *sys.path])
+    monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)
     monkeypatch.setattr(runners, "DEVICE_MEMORY", FakeDeviceMemory(fake))
     install_virtual_cuda(monkeypatch, fake, gpu_name)
     return fake
+
+
+def fresh_process(monkeypatch) -> None:
+    """What a new Python process (a script such as scripts/gpu_timing_check.py) starts with: no CUDA wrapper made
+    yet, LD_LIBRARY_PATH as the machine sets it (unset), whatever earlier steps of this test exposed."""
+    from polygraphy import cuda as pcuda
+
+    monkeypatch.setattr(pcuda.cuda, "G_CUDA", None)
+    monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)
+    FAKE[0].libcudart = None
 
 
 def install_virtual_cuda(monkeypatch, fake: FakeTensorRT, gpu_name: str) -> vc.Device:

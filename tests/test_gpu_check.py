@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+import fake_tensorrt
 from conftest import BF16_ON, ROOT, cli
 from pipeline.runtime import runners
 from test_tensorrt_contract import built, built_run, fake_trt  # noqa: F401  (fixtures)
@@ -54,7 +55,10 @@ def test_gpu_check_on_the_virtual_device(both_engines, fake_trt, fake_trtexec, c
     monkeypatch.setenv("FAKE_TRTEXEC_VERSION", "11")  # --noCudaGraph for the rows without graphs
     monkeypatch.setenv("FAKE_TRTEXEC_COMPUTE_MS", "virtual")
     prefix = tmp_path / "out" / "gpu_check"
+    fake_tensorrt.fresh_process(monkeypatch)  # the script is a process of its own: nothing exposed libcudart yet
     assert check.main([str(both_engines), "--out", str(prefix)]) == 0
+    assert fake_trt.violations == [] and fake_trt.libcudart == fake_tensorrt.pip_cuda13_site() + \
+        "/nvidia/cu13/lib/libcudart.so.13"
     report = json.loads(prefix.with_suffix(".json").read_text())
     names = statuses(report)
     assert set(names.values()) == {"passed"}, report["checks"]

@@ -206,3 +206,37 @@ def test_fake_calls_a_builder_error_is_the_failure_message(fake_trt, clone_run, 
     err = capsys.readouterr().err
     assert "TensorRT engine build failed: IBuilder::buildSerializedNetwork: Error Code 4: API Usage Error " \
            "(precision flags ['BF16'] are not allowed on a strongly typed network)" in err
+
+
+def relu_engine_bytes() -> bytes:
+    """A one-node fake engine (x -> Relu -> y, batch 1..4)."""
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])
+    model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return fake_tensorrt.serialize(model.SerializeToString(), {"min": [1, 3], "opt": [2, 3], "max": [4, 3]})
+
+
+@pytest.mark.parametrize("machine", ["with /usr/local/cuda", "pip only"])
+def test_a_tensorrt_runner_made_directly_loads_the_cuda13_wheel_s_libcudart(fake_trt, monkeypatch, machine):
+    """A TensorrtRunner made outside the backend table (as scripts/gpu_timing_check.py makes it), first in its
+    process: Polygraphy's CUDA wrapper, searching as it really does, loads the CUDA 13 wheel's libcudart
+    (nvidia/cu13/lib, where Polygraphy never looks by itself), not /usr/local/cuda's, and on a pip-only machine
+    finds one at all. The defect this is for: env.expose_libcudart() called only by the table's entry points."""
+    from polygraphy.cuda import cuda as pcuda
+
+    fake_tensorrt.fresh_process(monkeypatch)
+    if machine == "pip only":  # no CUDA toolkit, no system libcudart: only the wheel's
+        search = pcuda._find_cuda_lib_dirs
+        monkeypatch.setattr(pcuda, "_find_cuda_lib_dirs",
+                            lambda: [d for d in search() if not d.startswith(("/usr/", "/lib"))])
+    wheel = Path(fake_tensorrt.pip_cuda13_site()) / "nvidia" / "cu13" / "lib" / "libcudart.so.13"
+    runner = runners.TensorrtRunner(relu_engine_bytes(), {"profile": {"min": [1, 3], "opt": [2, 3], "max": [4, 3]}},
+                                    name="tensorrt_fp16", input_name="x", output_name="y")
+    with runner:
+        out = runners.to_numpy(runner.infer({"x": np.array([[-1.0, 2.0, -3.0]], np.float32)})["y"])
+    np.testing.assert_array_equal(out, [[0.0, 2.0, 0.0]])
+    assert fake_trt.libcudart == str(wheel) and fake_trt.violations == []

@@ -40,6 +40,7 @@ from polygraphy.common import TensorMetadata
 # and a failure without them says only "Invalid Engine" (pipeline.build also keeps the whole log).
 from polygraphy.logger import G_LOGGER
 
+from pipeline.core import env
 from pipeline.core.errors import first_line
 from pipeline.runtime import folding, stopping
 from pipeline.runtime.stopping import StopRule
@@ -660,6 +661,10 @@ class TensorrtRunner(Timed, TrtRunner):
         return [layer.to_json() for layer in layer_account.tensorrt_layers(precisions)]
 
     def activate(self):
+        # Polygraphy's CUDA wrapper is made on the first activation in a process and searches libcudart only in
+        # LD_LIBRARY_PATH, /usr/local/cuda/lib64, /usr/lib, /lib and nvidia/cuda_runtime/lib, not where the CUDA 13
+        # wheel puts it (nvidia/cu13/lib): expose the one the pipeline found, whoever made this runner.
+        env.expose_libcudart()
         self._severity = G_LOGGER.module_severity
         G_LOGGER.module_severity = min(self._severity.get(), G_LOGGER.WARNING)  # TensorRT's runtime warnings too
         try:
