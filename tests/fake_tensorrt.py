@@ -539,7 +539,24 @@ class Runtime:
         blob = bytes(serialized_engine)
         if not blob.startswith(MAGIC):
             return None
+        built_by = json.loads(blob[len(MAGIC):].split(b"\n", 1)[0]).get("tensorrt", FAKE[0].version)
+        if release(built_by) != release(FAKE[0].version):  # an engine runs only in the release that built it
+            if self.logger is not None:
+                self.logger.log(Severity.ERROR, engine_version_error(FAKE[0].version, built_by))
+            return None
         return ICudaEngine(FAKE[0], blob, self.logger)
+
+
+def release(version: str) -> tuple:
+    """``(major, minor, patch)`` of a TensorRT version: what an engine is bound to."""
+    return tuple(int(p) for p in str(version).split(".")[:3])
+
+
+def engine_version_error(library: str, engine: str) -> str:
+    """TensorRT's error for an engine of another release (its wording as users report it)."""
+    return ("IRuntime::deserializeCudaEngine: Error Code 1: Serialization (Serialization assertion "
+            f"plan file is not compatible with this version of TensorRT, expecting library version {library} got "
+            f"{engine}, please rebuild.)")
 
 
 
@@ -574,11 +591,40 @@ class BuilderFlag(enum.IntEnum):  # TensorRT 10.13's values (tensorrt-stubs)
 # Weak typing's flags: TensorRT 10.12+ rejects them on a strongly typed network, TensorRT 11 removed them.
 PRECISION_FLAGS = {BuilderFlag.FP16, BuilderFlag.INT8, BuilderFlag.BF16, BuilderFlag.FP8, BuilderFlag.INT4,
                    BuilderFlag.FP4, BuilderFlag.OBEY_PRECISION_CONSTRAINTS, BuilderFlag.PREFER_PRECISION_CONSTRAINTS}
+PRECISION_FLAG_NAMES = {f.name for f in PRECISION_FLAGS}
 
 
-class NetworkDefinitionCreationFlag(enum.IntEnum):
+class NetworkDefinitionCreationFlag(enum.IntEnum):  # TensorRT 10.13's
     EXPLICIT_BATCH = 0
     STRONGLY_TYPED = 1
+
+
+VERSIONS = {"10": "10.13.0.35", "11": "11.1.0.106"}  # the fake's two modes: tensorrt.__version__
+BINDINGS_11 = "tensorrt_11_1_bindings.json"  # tests/data: TensorRT 11.1's binding names (tensorrt_binding_names.py)
+
+
+@functools.lru_cache(maxsize=None)
+def bindings_11() -> dict:
+    """TensorRT 11.1's Python binding names: ``{"enums": {name: [members]}, "classes": {name: [members]},
+    "module": [...]}``, read from its pybind11 sources by scripts/tensorrt_binding_names.py."""
+    import pathlib
+
+    return json.loads((pathlib.Path(__file__).parent / "data" / BINDINGS_11).read_text())
+
+
+def enums_11() -> tuple[type, type]:
+    """``BuilderFlag`` and ``NetworkDefinitionCreationFlag`` exactly as TensorRT 11.1's bindings define them: no
+    FP16/INT8/BF16/FP8/INT4/FP4/OBEY_.../PREFER_PRECISION_CONSTRAINTS, no EXPLICIT_BATCH. Values: NvInfer.h's where
+    10.13 had the same name, the others above them (Polygraphy and the pipeline use the names)."""
+    known = {f.name: int(f) for f in BuilderFlag}
+    names = bindings_11()["enums"]["BuilderFlag"]
+    extra = itertools.count(100)
+    builder = enum.IntEnum("BuilderFlag", {n: known[n] if n in known else next(extra) for n in names})
+    network = enum.IntEnum("NetworkDefinitionCreationFlag",  # NvInfer.h 11.1: kSTRONGLY_TYPED = 0 (deprecated)
+                           {n: i for i, n in enumerate(("STRONGLY_TYPED", "PREFER_JIT_PYTHON_PLUGINS",
+                                                        "PREFER_AOT_PYTHON_PLUGINS"))})
+    assert set(network.__members__) == set(bindings_11()["enums"]["NetworkDefinitionCreationFlag"])
+    return builder, network
 
 
 class DeviceType(enum.IntEnum):
@@ -782,21 +828,21 @@ class FakeBuilderConfig:
     profiling_verbosity = ProfilingVerbosity.LAYER_NAMES_ONLY
 
     def __init__(self):
-        self.flags = {BuilderFlag.TF32}  # TensorRT's default: TF32 on
+        self.flags = {FAKE[0].BuilderFlag.TF32}  # TensorRT's default: TF32 on
         self.profiles: list = []
         self.timing_cache = None
         self.builder_optimization_level = 3
 
-    def set_flag(self, flag: BuilderFlag) -> None:
-        FAKE[0].record("set_flag", BuilderFlag(flag).name)
-        self.flags.add(BuilderFlag(flag))
+    def set_flag(self, flag) -> None:
+        FAKE[0].record("set_flag", FAKE[0].BuilderFlag(flag).name)
+        self.flags.add(FAKE[0].BuilderFlag(flag))
 
-    def clear_flag(self, flag: BuilderFlag) -> None:
-        FAKE[0].record("clear_flag", BuilderFlag(flag).name)
-        self.flags.discard(BuilderFlag(flag))
+    def clear_flag(self, flag) -> None:
+        FAKE[0].record("clear_flag", FAKE[0].BuilderFlag(flag).name)
+        self.flags.discard(FAKE[0].BuilderFlag(flag))
 
-    def get_flag(self, flag: BuilderFlag) -> bool:
-        return BuilderFlag(flag) in self.flags
+    def get_flag(self, flag) -> bool:
+        return FAKE[0].BuilderFlag(flag) in self.flags
 
     def add_optimization_profile(self, profile: FakeOptimizationProfile) -> int:
         if not profile:
@@ -852,17 +898,22 @@ class Builder:
         if config.timing_cache is not None:
             config.timing_cache.entries.add(hashlib.sha256(network.onnx).hexdigest()[:16])
         self.logger.log(Severity.INFO, f"Total Activation Memory: {4 * int(np.prod(hi))} bytes")
-        header = {"strongly_typed": network.get_flag(NetworkDefinitionCreationFlag.STRONGLY_TYPED),
+        header = {"strongly_typed": self._strongly_typed(network), "tensorrt": FAKE[0].version,
                   "flags": sorted(f.name for f in config.flags), "level": config.builder_optimization_level,
                   "profiling_verbosity": ProfilingVerbosity(config.profiling_verbosity).name}
         return HostMemory(serialize(network.onnx, {"min": list(lo), "opt": list(mid), "max": list(hi)}, **header))
 
     @staticmethod
+    def _strongly_typed(network: FakeNetwork) -> bool:
+        """TensorRT 11: every network (the flag is deprecated and ignored); 10.x: with STRONGLY_TYPED."""
+        return FAKE[0].major >= 11 or network.get_flag(FAKE[0].NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+
+    @staticmethod
     def _check(network: FakeNetwork, config: FakeBuilderConfig) -> str:
         if network.onnx is None:
             return "the network is empty (nothing was parsed)"
-        typed = network.get_flag(NetworkDefinitionCreationFlag.STRONGLY_TYPED)
-        weak = sorted(f.name for f in config.flags & PRECISION_FLAGS)
+        typed = Builder._strongly_typed(network)
+        weak = sorted(f.name for f in config.flags if f.name in PRECISION_FLAG_NAMES)
         if typed and weak:
             return f"precision flags {weak} are not allowed on a strongly typed network"
         for inp in network.inputs:
@@ -884,6 +935,8 @@ class FakeTensorRT:
         self.inspector = fake_inspector.Options()  # how the engine inspector writes (TensorRT 10 or 11, Myelin)
         self.live: dict = {}  # address -> (allocation id, bytes, is_alive())
         self.libcudart: str | None = None  # what Polygraphy's CUDA wrapper loaded (cuda_wrapper_class)
+        self.version, self.major = VERSIONS["10"], 10  # tensorrt.__version__: install() sets it
+        self.BuilderFlag, self.NetworkDefinitionCreationFlag = BuilderFlag, NetworkDefinitionCreationFlag
         self.ids = itertools.count(1)
         self.tensor_class = VIRTUAL_TENSOR[0] if VIRTUAL_TENSOR else VIRTUAL_TENSOR.append(_virtual_tensor_class()) \
             or VIRTUAL_TENSOR[0]
@@ -944,14 +997,17 @@ class VirtualTorch:
 
 
 def serialize(onnx_bytes: bytes, profile: dict, **header) -> bytes:
-    """What the fake builder writes: the ONNX model behind a header (its profile, and what the config held)."""
+    """What the fake builder writes: the ONNX model behind a header (its profile, what the config held, and the
+    TensorRT version that built it: the installed fake's unless given)."""
+    header.setdefault("tensorrt", FAKE[0].version if FAKE else VERSIONS["10"])
     return MAGIC + json.dumps({"profile": profile, **header}).encode() + b"\n" + onnx_bytes
 
 
 def install(monkeypatch, *, gpu_name: str = "Fake GPU (tests/fake_tensorrt.py)",
-            version: str = "10.13.0.35") -> FakeTensorRT:
+            version: str = "10") -> FakeTensorRT:
     """Put the fake in place for this test: ``import tensorrt``, Polygraphy's CUDA wrapper, the runner's device
-    memory and torch's CUDA stream/event/graph calls, and a GPU for :mod:`pipeline.core.env`."""
+    memory and torch's CUDA stream/event/graph calls, and a GPU for :mod:`pipeline.core.env`. ``version``: "10"
+    (TensorRT 10.13), "11" (TensorRT 11.1: its bindings' flags exactly, :func:`enums_11`) or a full version."""
     import sys
 
     from polygraphy import cuda as pcuda
@@ -962,15 +1018,17 @@ def install(monkeypatch, *, gpu_name: str = "Fake GPU (tests/fake_tensorrt.py)",
     fake = FakeTensorRT()
     FAKE[:] = [fake]
     module = types.ModuleType("tensorrt")
-    module.__version__ = version
-    fake.inspector.version = int(version.split(".")[0])
+    module.__version__ = fake.version = VERSIONS.get(version, version)
+    fake.major = fake.inspector.version = int(fake.version.split(".")[0])
+    if fake.major >= 11:  # exactly TensorRT 11.1's flags: weak typing's are gone
+        fake.BuilderFlag, fake.NetworkDefinitionCreationFlag = enums_11()
     for name, value in dict(DataType=DataType, TensorIOMode=TensorIOMode, TensorFormat=TensorFormat,
                             ILogger=ILogger, Logger=Logger, IOutputAllocator=IOutputAllocator,
                             IDebugListener=IDebugListener, Runtime=Runtime, ICudaEngine=ICudaEngine,
                             IExecutionContext=FakeContext, float32=DataType.FLOAT, float16=DataType.HALF,
                             int8=DataType.INT8, int32=DataType.INT32, bool=DataType.BOOL,
-                            Builder=Builder, OnnxParser=OnnxParser, BuilderFlag=BuilderFlag,
-                            NetworkDefinitionCreationFlag=NetworkDefinitionCreationFlag, DeviceType=DeviceType,
+                            Builder=Builder, OnnxParser=OnnxParser, BuilderFlag=fake.BuilderFlag,
+                            NetworkDefinitionCreationFlag=fake.NetworkDefinitionCreationFlag, DeviceType=DeviceType,
                             ProfilingVerbosity=ProfilingVerbosity, IHostMemory=HostMemory,
                             LayerInformationFormat=LayerInformationFormat, EngineInspector=EngineInspector,
                             ITimingCache=FakeTimingCache, IBuilderConfig=FakeBuilderConfig,
@@ -978,6 +1036,7 @@ def install(monkeypatch, *, gpu_name: str = "Fake GPU (tests/fake_tensorrt.py)",
                             init_libnvinfer_plugins=lambda logger, namespace: True).items():
         setattr(module, name, value)
     monkeypatch.setitem(sys.modules, "tensorrt", module)
+    forget_imported_tensorrt()
     env.tensorrt_status.cache_clear()
     monkeypatch.setattr(env, "cuda_status", lambda: (True, ""))
     monkeypatch.setattr(env, "gpu_info", lambda: {"name": gpu_name, "compute_capability": "0.0", "cuda": None,
@@ -991,6 +1050,22 @@ def install(monkeypatch, *, gpu_name: str = "Fake GPU (tests/fake_tensorrt.py)",
     monkeypatch.setattr(runners, "DEVICE_MEMORY", FakeDeviceMemory(fake))
     install_virtual_cuda(monkeypatch, fake, gpu_name)
     return fake
+
+
+def forget_imported_tensorrt() -> None:
+    """Polygraphy's modules reach TensorRT through ``mod.lazy_import("tensorrt")`` objects that import it once and
+    keep it: make every one of them import again, so they see this test's fake (its 10.x or 11.x mode), not the
+    first test's."""
+    import sys
+
+    for name, loaded in list(sys.modules.items()):
+        if not name.startswith("polygraphy"):
+            continue
+        for value in list(vars(loaded).values()):
+            if type(value).__name__ == "LazyModule" and "module" in vars(value):
+                held = vars(value)["module"]
+                if held is not None and getattr(held, "__name__", "") == "tensorrt":
+                    object.__setattr__(value, "module", None)
 
 
 def fresh_process(monkeypatch) -> None:

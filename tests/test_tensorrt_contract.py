@@ -21,10 +21,16 @@ from conftest import cli
 from pipeline.core import env
 from pipeline.runtime import backends, runners, tensorrt_engine
 
+# Every contract test (build, verify, benchmark over the fake bindings) in both modes of the fake: TensorRT 10.13 and
+# TensorRT 11.1, whose bindings have no weak-typing flags (BuilderFlag.FP16/INT8/BF16/FP8/..., EXPLICIT_BATCH).
+pytestmark = pytest.mark.parametrize("fake_trt", ["10", "11"], indirect=True)
+
 
 @pytest.fixture
-def fake_trt(monkeypatch):
-    fake = fake_tensorrt.install(monkeypatch)
+def fake_trt(monkeypatch, request):
+    """The fake TensorRT: 10.13, or 11.1 where a test asks (``@pytest.mark.parametrize("fake_trt", ["11"],
+    indirect=True)``; this module runs every test in both)."""
+    fake = fake_tensorrt.install(monkeypatch, version=getattr(request, "param", "10"))
     # Runners in this process, so the fake (installed here) serves them; the child process is tested elsewhere.
     monkeypatch.setattr(backends.Backend, "isolated", False)
     yield fake
@@ -43,7 +49,7 @@ def built(run, fake, *overrides) -> dict:
 def built_run(fake_trt, clone_run):
     run = clone_run()
     sidecar = built(run, fake_trt)
-    assert sidecar["gpu"] == "Fake GPU (tests/fake_tensorrt.py)" and sidecar["tensorrt"] == "10.13.0.35"
+    assert sidecar["gpu"] == "Fake GPU (tests/fake_tensorrt.py)" and sidecar["tensorrt"] == fake_trt.version
     return run
 
 
@@ -57,13 +63,13 @@ def test_fake_calls_build_runs_polygraphy_s_loaders_strongly_typed_without_preci
     calls = [c[0] for c in fake_trt.calls]
     assert calls.index("create_network") < calls.index("parse_from_file") < calls.index("build_serialized_network")
     (flags,) = [c[1] for c in fake_trt.calls if c[0] == "create_network"]
-    assert flags == 1 << int(fake_tensorrt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+    assert flags == 1 << int(fake_trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)  # passed on 11 too (ignored)
     (parsed,) = [c[1] for c in fake_trt.calls if c[0] == "parse_from_file"]
     assert parsed.endswith("model.fp16.onnx")  # parse_from_file: external weights are found beside the file
     (config,) = fake_trt.configs
-    assert not config.flags & fake_tensorrt.PRECISION_FLAGS
+    assert not {f.name for f in config.flags} & fake_tensorrt.PRECISION_FLAG_NAMES
     assert not any(c[0] == "set_flag" for c in fake_trt.calls)  # build.tf32 is false: nothing set, TF32 cleared
-    assert ("clear_flag", "TF32") in fake_trt.calls and fake_tensorrt.BuilderFlag.TF32 not in config.flags
+    assert ("clear_flag", "TF32") in fake_trt.calls and fake_trt.BuilderFlag.TF32 not in config.flags
     assert config.builder_optimization_level == 2
     (profile,) = config.profiles
     size = sidecar["profile"]["min"][1:]
@@ -204,6 +210,10 @@ def test_fake_calls_a_builder_error_is_the_failure_message(fake_trt, clone_run, 
     run = clone_run()
     assert cli("build", "--run-dir", run) == 4
     err = capsys.readouterr().err
+    if fake_trt.major >= 11:  # no BuilderFlag.BF16 at all: Polygraphy's CreateConfig fails before the builder
+        assert "TensorRT engine build failed" in err and "bf16" in err
+        assert not any(c[0] == "build_serialized_network" for c in fake_trt.calls)
+        return
     assert "TensorRT engine build failed: IBuilder::buildSerializedNetwork: Error Code 4: API Usage Error " \
            "(precision flags ['BF16'] are not allowed on a strongly typed network)" in err
 
