@@ -78,12 +78,14 @@ MAGIC = b"FAKE-TRT-FP16_ENGINE\n"
 STREAM = 0x5EED  # a blocking stream that exists on every virtual device (the first one created)
 
 
-class DataType(enum.IntEnum):
+class DataType(enum.IntEnum):  # TensorRT's values (NvInferRuntimeBase.h)
     FLOAT = 0
     HALF = 1
     INT8 = 2
     INT32 = 3
     BOOL = 4
+    BF16 = 7
+    INT64 = 8
 
 
 class TensorIOMode(enum.IntEnum):
@@ -122,7 +124,16 @@ class IDebugListener:
     pass
 
 
-_ONNX_TYPES = {1: (DataType.FLOAT, np.float32), 10: (DataType.HALF, np.float16)}
+# ONNX elem type -> (TensorRT type, the NumPy type of its bytes). NumPy has no bfloat16: a BF16 tensor's bytes are
+# uint16 here (the upper half of a float32), which is all a device buffer is.
+_ONNX_TYPES = {1: (DataType.FLOAT, np.float32), 10: (DataType.HALF, np.float16), 16: (DataType.BF16, np.uint16),
+               3: (DataType.INT8, np.int8), 6: (DataType.INT32, np.int32), 7: (DataType.INT64, np.int64),
+               9: (DataType.BOOL, np.bool_)}
+
+
+def to_bf16_bytes(values: np.ndarray) -> np.ndarray:
+    """float32 values (already bfloat16-rounded: the BF16 emulation's) as bfloat16 bytes (uint16)."""
+    return (np.ascontiguousarray(values, np.float32).view(np.uint32) >> 16).astype(np.uint16)
 
 
 class FakeCudart:
@@ -292,8 +303,14 @@ class FakeEngine:
         self.fake, self.header, self.logger = fake, json.loads(header), logger
         proto = onnx.load_from_string(model)
         # ONNX Runtime's CPU provider has no BF16 kernels: a BF16 engine computes as the BF16 emulation (every BF16
-        # tensor rounded, FP32 accumulation: what a BF16 tensor core does).
+        # tensor rounded, FP32 accumulation: what a BF16 tensor core does). Tensors marked as network outputs
+        # (Polygraphy's ModifyNetworkOutputs) are outputs of the computation too, asked for by name.
+        marked = self.header.get("marked", {})
         computes = _bf16_emulated(proto) if _has_bf16(proto) else proto
+        if marked:
+            from pipeline.core import onnx_io
+
+            computes = onnx_io.mark_outputs(computes, [o.name for o in computes.graph.output] + list(marked))
         self.session = ort.InferenceSession(computes.SerializeToString(), providers=["CPUExecutionProvider"])
         self.proto = proto
         self.layers = len(proto.graph.node)  # the kernel's virtual time: vc.LAYER_NS per layer
@@ -304,6 +321,8 @@ class FakeEngine:
                            [(v, TensorIOMode.OUTPUT) for v in proto.graph.output]:
             dims = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in value.type.tensor_type.shape.dim)
             self.io[value.name] = (mode, dims, _ONNX_TYPES[value.type.tensor_type.elem_type])
+        for name, (elem_type, dims) in marked.items():  # -1: the batch dimension
+            self.io[name] = (TensorIOMode.OUTPUT, tuple(dims), _ONNX_TYPES[elem_type])
 
     @property
     def num_io_tensors(self) -> int:
@@ -506,9 +525,13 @@ class FakeContext:
             return {name: np.frombuffer(ctypes.string_at(ptr, n) if self.fake.block_at(ptr) else b"\xff" * n,
                                         dt).reshape(shape) for name, ptr, shape, dt, n in inputs}
 
+        names = [name for name, (mode, _, _) in self.engine.io.items() if mode == TensorIOMode.OUTPUT]
+
         def write(feeds):
-            for (ptr, np_dtype, nbytes), value in zip(outputs, self.engine.session.run(None, feeds), strict=False):
-                value = np.ascontiguousarray(value.astype(np_dtype))
+            for (ptr, np_dtype, nbytes), name, value in zip(outputs, names, self.engine.session.run(names, feeds),
+                                                             strict=True):
+                value = to_bf16_bytes(value) if self.engine.io[name][2][0] == DataType.BF16 else \
+                    np.ascontiguousarray(value.astype(np_dtype))
                 if self.fake.block_at(ptr):
                     ctypes.memmove(ptr, value.ctypes.data, min(nbytes, value.nbytes))
 
@@ -627,6 +650,11 @@ def enums_11() -> tuple[type, type]:
     return builder, network
 
 
+LayerType = enum.IntEnum("LayerType", ["CONVOLUTION", "ACTIVATION", "POOLING", "SCALE", "SOFTMAX", "ELEMENTWISE",
+                                        "UNARY", "SHUFFLE", "REDUCE", "MATRIX_MULTIPLY", "CONSTANT", "CAST", "SHAPE",
+                                        "QUANTIZE", "DEQUANTIZE"], start=0)  # names as in both 10.13 and 11.1
+
+
 class DeviceType(enum.IntEnum):
     GPU = 0
     DLA = 1
@@ -691,19 +719,57 @@ class HostMemory(bytes):
 
 
 class FakeTensor:
-    """A network input (``ITensor``): name, dtype, shape with -1 for a dynamic dimension."""
+    """An ``ITensor`` of the network: name, dtype, shape with -1 for a dynamic dimension, the ONNX elem type."""
 
     is_shape_tensor = False
 
-    def __init__(self, name: str, dtype: DataType, shape: tuple):
-        self.name, self.dtype, self.shape = name, dtype, shape
+    def __init__(self, name: str, dtype: DataType, shape: tuple, elem_type: int = 1):
+        self.name, self.dtype, self.shape, self.elem_type = name, dtype, shape, elem_type
+        self.network = None
+
+    @property
+    def is_network_output(self) -> bool:
+        return self.network is not None and self in self.network.outputs
+
+
+class FakeLayer:
+    """``ILayer``: one ONNX node of the parsed graph, its type and its input and output tensors (what Polygraphy's
+    ``ModifyNetworkOutputs(MARK_ALL)`` walks to mark every layer's outputs)."""
+
+    TYPES = {"Conv": "CONVOLUTION", "MatMul": "MATRIX_MULTIPLY", "Gemm": "MATRIX_MULTIPLY", "Relu": "ACTIVATION",
+             "Sigmoid": "ACTIVATION", "Add": "ELEMENTWISE", "Mul": "ELEMENTWISE", "Sub": "ELEMENTWISE",
+             "Div": "ELEMENTWISE", "Cast": "CAST", "Constant": "CONSTANT", "Shape": "SHAPE", "Reshape": "SHUFFLE",
+             "Flatten": "SHUFFLE", "Transpose": "SHUFFLE", "MaxPool": "POOLING", "AveragePool": "POOLING",
+             "GlobalAveragePool": "REDUCE", "ReduceMean": "REDUCE", "QuantizeLinear": "QUANTIZE",
+             "DequantizeLinear": "DEQUANTIZE", "BatchNormalization": "SCALE", "Softmax": "SOFTMAX"}
+
+    def __init__(self, node, tensors: dict):
+        self.name = node.name
+        self.type = LayerType[self.TYPES.get(node.op_type, "UNARY")]
+        self.inputs = [tensors.get(n) for n in node.input]
+        self.outputs = [tensors[n] for n in node.output if n]
+
+    @property
+    def num_inputs(self) -> int:
+        return len(self.inputs)
+
+    @property
+    def num_outputs(self) -> int:
+        return len(self.outputs)
+
+    def get_input(self, index: int):
+        return self.inputs[index]
+
+    def get_output(self, index: int):
+        return self.outputs[index]
 
 
 class FakeNetwork:
-    """``INetworkDefinition``, filled by the parser: its inputs and the ONNX model it came from."""
+    """``INetworkDefinition``, filled by the parser: its inputs, its layers (one per ONNX node, with typed tensors),
+    the outputs marked on it, and the ONNX model it came from."""
 
     def __init__(self, flags: int):
-        self.flags, self.inputs, self.onnx = flags, [], None
+        self.flags, self.inputs, self.onnx, self.layers, self.outputs = flags, [], None, [], []
 
     def get_flag(self, flag) -> bool:
         return bool(self.flags & (1 << int(flag)))
@@ -715,10 +781,27 @@ class FakeNetwork:
     def get_input(self, index: int) -> FakeTensor:
         return self.inputs[index]
 
-    num_layers = 0
+    @property
+    def num_outputs(self) -> int:
+        return len(self.outputs)
 
-    def __iter__(self):  # the layers: none that Polygraphy must look at
-        return iter(())
+    def get_output(self, index: int) -> FakeTensor:
+        return self.outputs[index]
+
+    def mark_output(self, tensor: FakeTensor) -> None:
+        FAKE[0].record("mark_output", tensor.name)
+        if tensor not in self.outputs:
+            self.outputs.append(tensor)
+
+    def unmark_output(self, tensor: FakeTensor) -> None:
+        self.outputs.remove(tensor)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def __iter__(self):
+        return iter(self.layers)
 
 
 class ParserError:
@@ -769,8 +852,28 @@ class OnnxParser:
             dims = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in value.type.tensor_type.shape.dim)
             self.network.inputs.append(FakeTensor(value.name, _ONNX_TYPES[value.type.tensor_type.elem_type][0], dims))
         self.network.onnx = proto.SerializeToString()
+        self._layers(proto)
         self.logger.log(Severity.INFO, f"----- Parsing of ONNX model {proto.graph.name} is Done ----")
         return True
+
+    def _layers(self, proto) -> None:
+        """One layer per node, its tensors typed by ONNX shape inference; the graph's outputs marked."""
+        import onnx
+
+        inferred = onnx.shape_inference.infer_shapes(proto)
+        tensors = {t.name: t for t in self.network.inputs}
+        for value in [*inferred.graph.value_info, *inferred.graph.output]:
+            elem = value.type.tensor_type.elem_type
+            dims = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in value.type.tensor_type.shape.dim)
+            if elem in _ONNX_TYPES:
+                tensors[value.name] = FakeTensor(value.name, _ONNX_TYPES[elem][0], dims, elem)
+        for node in proto.graph.node:
+            for out in node.output:
+                tensors.setdefault(out, FakeTensor(out, DataType.FLOAT, (), 1))
+            self.network.layers.append(FakeLayer(node, tensors))
+        for tensor in tensors.values():
+            tensor.network = self.network
+        self.network.outputs = [tensors[o.name] for o in proto.graph.output]
 
     def _error(self, text: str) -> bool:
         self.errors.append(ParserError(text))
@@ -898,7 +1001,9 @@ class Builder:
         if config.timing_cache is not None:
             config.timing_cache.entries.add(hashlib.sha256(network.onnx).hexdigest()[:16])
         self.logger.log(Severity.INFO, f"Total Activation Memory: {4 * int(np.prod(hi))} bytes")
-        header = {"strongly_typed": self._strongly_typed(network), "tensorrt": FAKE[0].version,
+        graph_outputs = {o.name for o in __import__("onnx").load_from_string(network.onnx).graph.output}
+        marked = {t.name: [t.elem_type, list(t.shape)] for t in network.outputs if t.name not in graph_outputs}
+        header = {"strongly_typed": self._strongly_typed(network), "tensorrt": FAKE[0].version, "marked": marked,
                   "flags": sorted(f.name for f in config.flags), "level": config.builder_optimization_level,
                   "profiling_verbosity": ProfilingVerbosity(config.profiling_verbosity).name}
         return HostMemory(serialize(network.onnx, {"min": list(lo), "opt": list(mid), "max": list(hi)}, **header))
@@ -1026,7 +1131,8 @@ def install(monkeypatch, *, gpu_name: str = "Fake GPU (tests/fake_tensorrt.py)",
                             ILogger=ILogger, Logger=Logger, IOutputAllocator=IOutputAllocator,
                             IDebugListener=IDebugListener, Runtime=Runtime, ICudaEngine=ICudaEngine,
                             IExecutionContext=FakeContext, float32=DataType.FLOAT, float16=DataType.HALF,
-                            int8=DataType.INT8, int32=DataType.INT32, bool=DataType.BOOL,
+                            int8=DataType.INT8, int32=DataType.INT32, bool=DataType.BOOL, bfloat16=DataType.BF16,
+                            int64=DataType.INT64, LayerType=LayerType, ILayer=FakeLayer, ITensor=FakeTensor,
                             Builder=Builder, OnnxParser=OnnxParser, BuilderFlag=fake.BuilderFlag,
                             NetworkDefinitionCreationFlag=fake.NetworkDefinitionCreationFlag, DeviceType=DeviceType,
                             ProfilingVerbosity=ProfilingVerbosity, IHostMemory=HostMemory,

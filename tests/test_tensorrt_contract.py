@@ -250,3 +250,34 @@ def test_a_tensorrt_runner_made_directly_loads_the_cuda13_wheel_s_libcudart(fake
         out = runners.to_numpy(runner.infer({"x": np.array([[-1.0, 2.0, -3.0]], np.float32)})["y"])
     np.testing.assert_array_equal(out, [[0.0, 2.0, 0.0]])
     assert fake_trt.libcudart == str(wheel) and fake_trt.violations == []
+
+
+def test_tensorrt_localisation_of_a_bf16_engine_runs_on_the_engine(fake_trt, clone_run):
+    """GPU localisation of a BF16 engine: every tensor marked as a network output (Polygraphy's ModifyNetworkOutputs
+    over the fake's layers), so the engine has BF16 outputs, which NumPy cannot hold (Polygraphy's NumPy type map has
+    no bfloat16). Fed torch CUDA tensors, Polygraphy's TrtRunner returns torch bfloat16 tensors and the comparison
+    runs on the engine; fed NumPy (the defect) it raised, and verify fell back to the emulation."""
+    import onnx
+
+    from conftest import BF16_ON
+    from pipeline import config
+    from pipeline.precision.gate import TensorRule
+    from pipeline.runtime import localize
+
+    run = clone_run()
+    assert cli("export", "--run-dir", run, BF16_ON) == 0
+    cfg = config.resolve(overrides=["build.min_batch=1", "build.opt_batch=2", "build.max_batch=4",
+                                    "verify.batch_size=4"])
+    fp32 = onnx.load(str(run / "model.onnx"))
+    size = [d.dim_value for d in fp32.graph.input[0].type.tensor_type.shape.dim[1:]]
+    feed = {fp32.graph.input[0].name: np.random.default_rng(0).standard_normal([2, *size]).astype(np.float32)}
+    result = localize.localize_tensorrt(fp32, run / "model.bf16.onnx", feed, TensorRule("scaled", 0.5, 0.0, 0.0), 3,
+                                        fp32.graph.input[0].name, tensorrt_engine.profile_shapes(cfg.build, size),
+                                        build_cfg=cfg.build)
+    assert fake_trt.violations == []
+    marked = [c[1] for c in fake_trt.calls if c[0] == "mark_output"]
+    assert len(marked) > 3  # every layer's output
+    assert result["compared_nodes"] >= len([n for n in fp32.graph.node if n.op_type in ("Conv", "Gemm", "MatMul")])
+    assert result["method"].startswith("TensorRT engine rebuilt")
+    worst = result["worst"][0]
+    assert 0 < worst["scaled_error"] < 0.5  # bfloat16's rounding, seen tensor by tensor on the engine
