@@ -20,7 +20,12 @@ from dataclasses import dataclass
 from pipeline.core import deployment, env
 from pipeline.core.errors import BackendUnavailable, first_line
 
-GPU_PROVIDERS = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
+# The ONNX Runtime GPU provider the tool runs (the onnxrt_cuda_* backends). onnxruntime-gpu also lists
+# TensorrtExecutionProvider in every wheel, but it loads only beside the TensorRT major that wheel was built for
+# (NVIDIA's migration guide: "ONNX Runtime 1.27+ supports TensorRT 11.x") and the tool never uses it: TensorRT runs
+# through Polygraphy. It is listed in doctor's line, never load-tested, never a mismatch.
+GPU_PROVIDERS = ("CUDAExecutionProvider",)
+NOT_USED_PROVIDERS = ("TensorrtExecutionProvider",)
 # What nvidia-modelopt 0.47's torch side imports beyond its own requirements (modelopt.torch.utils.dataset_utils:
 # requests; modelopt.torch.opt.plugins.huggingface: huggingface_hub): the `qat` extra in pyproject.toml.
 QAT_MODULES = ("requests", "huggingface_hub")
@@ -149,7 +154,7 @@ def onnxruntime_facts(gpu: bool) -> dict:
         "cuda": getattr(build_info, "cuda_version", None) or None,
         "listed": listed,
         "loads": [p for p in listed if p == "CPUExecutionProvider"
-                  or ((gpu or p not in GPU_PROVIDERS) and provider_loads(p)[0])],
+                  or (p not in NOT_USED_PROVIDERS and (gpu or p not in GPU_PROVIDERS) and provider_loads(p)[0])],
         "conflict": env.onnxruntime_conflict(),
     }
 
@@ -259,7 +264,9 @@ def lines(facts: dict) -> list[str]:
     ort_line = "not installed"
     if ort.get("version"):
         ort_line = (f"{ort['package']} {ort['version']}" + (f" (CUDA {ort['cuda']} build)" if ort.get("cuda") else "")
-                    + f"; lists {', '.join(ort['listed'])}; loads {', '.join(ort['loads'])}")
+                    + f"; lists {', '.join(ort['listed'])}; loads {', '.join(ort['loads'])}"
+                  + "".join(f" ({p} not used: TensorRT runs through Polygraphy)"
+                            for p in NOT_USED_PROVIDERS if p in ort["listed"]))
     return [
         f"python       {facts['python']}",
         f"torch        {facts['torch']} ({'CUDA ' + facts['torch_cuda'] if facts['torch_cuda'] else 'CPU-only build'})",

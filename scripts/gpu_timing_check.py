@@ -6,7 +6,8 @@
 Run by scripts/gpu_check.sh after its pipeline steps (RUN_DIR holds their run). It writes PREFIX.json and
 PREFIX.md (default RUN_DIR/gpu_check), PREFIX.inspector.<precision>.json (the engine inspector's JSON of each
 engine), and exits 0 when every check ran and passed, 1 when one failed, 3 when none failed but one did not run
-(no GPU, no TensorRT, no engine, trtexec not on PATH). The rules are pipeline.runtime.gpu_check's:
+(no GPU, no TensorRT, no engine, trtexec not on PATH or of another release) or was inconclusive (enqueue-bound).
+The rules are pipeline.runtime.gpu_check's:
 
 * GPU compute of one inference as the benchmark measures it (its timer and timing loop, one inference queued
   ahead) against (b) CUDA events around K = 100 launches on the timer's stream, one more queued ahead, and (c)
@@ -15,9 +16,12 @@ engine), and exits 0 when every check ran and passed, 1 when one failed, 3 when 
   random weights) eager and graphed, against (b);
 * a graph replay's outputs against Polygraphy's ``TrtRunner`` (eager PyTorch for the PyTorch model);
 * every matrix layer's precision read from the engine inspector (``runtime_precisions``): none ``unknown``;
-* reported, not judged: the runner path's host latency and per-call overhead, the host's enqueue time of one
-  launch and trtexec's "bound by Enqueue Time" rule, the TF32-off build log, the libcudart copies mapped by a child
-  process that loads what the benchmark's TensorRT child loads (``/proc/self/maps``), each section's seconds.
+* every timing check judged with trtexec's enqueue-bound rule (``sampleReporting.cpp``: the host's enqueue time of
+  one launch above 0.8 x the GPU compute time): where the host sets the pace, both timers measure the host and a
+  pass is "inconclusive: enqueue-bound", with both numbers (pipeline.runtime.gpu_check.host_paced);
+* reported, not judged: the runner path's host latency and per-call overhead, the TF32-off build log, the
+  libcudart copies mapped by a child process that loads what the benchmark's TensorRT child loads
+  (``/proc/self/maps``), each section's seconds.
 
 Without a CUDA GPU every GPU question is "not run: <reason>" and the summary is still written (the CPU-safe parts:
 the child's maps, the build log, the report).
@@ -48,6 +52,8 @@ try:
 except Exception as exc:
     loaded["torch_error"] = str(exc)
 try:
+    from pipeline.core import env
+    loaded["exposed"] = env.expose_libcudart()  # what TensorrtRunner.activate does before Polygraphy's wrapper
     from polygraphy import cuda
     cuda.wrapper()
 except Exception as exc:
@@ -125,14 +131,16 @@ def check_record(check) -> dict:
 
 
 def timing_checks(where: str, timings: dict) -> list:
-    """(a) against (b) and (c): one Check each."""
+    """(a) against (b) and (c): one Check each, judged with trtexec's enqueue-bound rule on ``timings["enqueue"]``
+    (the host's time for one launch of the same work): where the host sets the pace a pass is inconclusive."""
     from pipeline.runtime import gpu_check
 
-    return [gpu_check.agreement(f"{where}: benchmark timer vs events around {REPLAYS} launches",
-                                timings["a_benchmark"], timings["b_events"], gpu_check.EVENTS_TOLERANCE),
-            *([gpu_check.agreement(f"{where}: benchmark timer vs trtexec computeMs", timings["a_benchmark"],
-                                   timings["c_trtexec"], gpu_check.TRTEXEC_TOLERANCE)] if "c_trtexec" in timings
-              else [])]
+    checks = [gpu_check.agreement(f"{where}: benchmark timer vs events around {REPLAYS} launches",
+                                  timings["a_benchmark"], timings["b_events"], gpu_check.EVENTS_TOLERANCE),
+              *([gpu_check.agreement(f"{where}: benchmark timer vs trtexec computeMs", timings["a_benchmark"],
+                                     timings["c_trtexec"], gpu_check.TRTEXEC_TOLERANCE)] if "c_trtexec" in timings
+                else [])]
+    return [gpu_check.host_paced(c, timings["enqueue"], timings["a_benchmark"]) for c in checks]
 
 
 # --------------------------------------------------------------------------- PyTorch
@@ -157,7 +165,8 @@ def torch_section(batch: int = 8, size: int = 224) -> dict:
 
     x_dev, stream = x_host.cuda(), torch.cuda.Stream()
     eager = {"a_benchmark": p50(dict(runners.cuda_timers(forward, x_host, cuda_graphs=False))[_gpu_label(False)]),
-             "b_events": events_around(lambda: forward(x_dev), stream)}
+             "b_events": events_around(lambda: forward(x_dev), stream),
+             "enqueue": enqueue_ms(lambda: forward(x_dev), stream)}
     timers = dict(runners.cuda_timers(forward, x_host, cuda_graphs=True))
     graphed = {"a_benchmark": p50(timers[_gpu_label(True)])}
     host = p50(next(v for k, v in timers.items() if k.startswith("host latency")))
@@ -169,6 +178,7 @@ def torch_section(batch: int = 8, size: int = 224) -> dict:
     with torch.cuda.graph(graph, stream=stream, capture_error_mode="thread_local"):
         static_out = forward(x_dev)
     graphed["b_events"] = events_around(graph.replay, stream)
+    graphed["enqueue"] = enqueue_ms(graph.replay, stream)
     stream.synchronize()
     reference = forward(x_dev).float().cpu()
     torch.cuda.synchronize()
@@ -217,7 +227,8 @@ def engine_section(run, target, out: Path) -> dict:
     with runner:
         inspected = inspector_section(runner.engine, model, {name: profile["opt"]},
                                       Path(f"{out}.inspector.{target.precision}.json"), target.precision)
-        batches = {b: batch_section(runner, run, target, name, out_name, [b, *profile["min"][1:]], dtype)
+        batches = {b: batch_section(runner, run, target, name, out_name, [b, *profile["min"][1:]], dtype,
+                                    sidecar.get("tensorrt"))
                    for b in check_batches(profile)}
     checks = inspected.pop("checks") + [c for section in batches.values() for c in section.pop("checks")]
     return {"engine": target.engine, "tensorrt": sidecar.get("tensorrt"), "precision": sidecar.get("precision"),
@@ -231,7 +242,8 @@ def check_batches(profile: dict) -> list[int]:
     return sorted({max(1, low), max(low, min(8, high))})
 
 
-def batch_section(runner, run, target, name: str, out_name: str, shape: list[int], dtype) -> dict:
+def batch_section(runner, run, target, name: str, out_name: str, shape: list[int], dtype,
+                  built_by: str | None) -> dict:
     """One batch of one engine: the default rows (no graphs: the runner's timers) and the graphed ones."""
     import numpy as np
 
@@ -242,14 +254,15 @@ def batch_section(runner, run, target, name: str, out_name: str, shape: list[int
     gpu = next(v for k, v in plain.items() if k.startswith("GPU compute"))
     host = p50(next(v for k, v in plain.items() if k.startswith("host latency")))
     bound = runner.bound
-    nographs = {"a_benchmark": p50(gpu), "b_events": events_around(bound.enqueue, bound.stream),
-                "c_trtexec": trtexec_compute(run, target, name, shape, graphs=False)}
     enqueue = enqueue_ms(bound.enqueue, bound.stream)
+    nographs = {"a_benchmark": p50(gpu), "b_events": events_around(bound.enqueue, bound.stream), "enqueue": enqueue,
+                "c_trtexec": trtexec_compute(run, target, name, shape, graphs=False, built_by=built_by)}
     reference = runners.to_numpy(runner.infer({name: x})[out_name])
     graphed_engine = runners.GraphedEngine(runner.engine, input_name=name, output_name=out_name, host=x)
     graphed = {"a_benchmark": p50(graphed_engine.gpu_compute),
                "b_events": events_around(graphed_engine.replay, graphed_engine.stream),
-               "c_trtexec": trtexec_compute(run, target, name, shape, graphs=True)}
+               "enqueue": enqueue_ms(graphed_engine.replay, graphed_engine.stream),
+               "c_trtexec": trtexec_compute(run, target, name, shape, graphs=True, built_by=built_by)}
     graphed_engine.host_latency()  # the replay's outputs, copied after the stream's synchronize
     replayed = graphed_engine.host_output.float().numpy()
     graphed_engine.close()
@@ -281,7 +294,9 @@ def inspector_section(engine, model, shapes: dict, dump: Path, precision: str) -
             "precisions": dict(Counter(precisions.values())), "checks": [check_record(check)]}
 
 
-def trtexec_compute(run, target, input_name: str, shape: list[int], graphs: bool) -> float | str:
+def trtexec_compute(run, target, input_name: str, shape: list[int], graphs: bool, built_by: str | None) -> float | str:
+    """(c): trtexec's computeMs p50, or why there is none: "not run: ..." (no trtexec; trtexec of another TensorRT
+    release than the engine's, both named) or "error: ..." (it failed)."""
     from pipeline.runtime import trtexec
 
     exe = trtexec.find()
@@ -291,7 +306,9 @@ def trtexec_compute(run, target, input_name: str, shape: list[int], graphs: bool
     out.mkdir(parents=True, exist_ok=True)
     kind = "GPU compute" if graphs else trtexec.NO_GRAPHS
     result = trtexec.measure(exe, run.file(target.engine), f"{input_name}:" + "x".join(map(str, shape)), kind, out,
-                             f"gpu_check.{target.precision}.b{shape[0]}", method(), shape[0])
+                             f"gpu_check.{target.precision}.b{shape[0]}", method(), shape[0], built_by)
+    if "not_run" in result:
+        return f"not run: {result['not_run']}"
     return result.get("p50", f"error: {result.get('error')}")
 
 

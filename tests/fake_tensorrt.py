@@ -13,8 +13,9 @@ as TensorRT does, so unchecked returns also show up as wrong results):
 * ``set_input_shape`` was called for every dynamic input before ``execute_async_v3``, within the profile;
 * every address bound with ``set_tensor_address`` is a live device allocation when the engine runs, and
   stays the SAME allocation it was when bound (a buffer freed and its address reused counts as freed):
-  device memory is either Polygraphy's (its ``cuda.wrapper()`` is replaced by :class:`FakeCudart`, host
-  memory standing in for device memory) or the pipeline's torch tensors (``pipeline.runtime.runners.DEVICE_MEMORY``
+  device memory is either Polygraphy's (its ``cuda.wrapper()`` is :class:`FakeCudart`, host memory standing in
+  for device memory, made after Polygraphy's real ``libcudart.so*`` search on a pip-only CUDA 13 machine:
+  :func:`cuda_wrapper_class`) or the pipeline's torch tensors (``pipeline.runtime.runners.DEVICE_MEMORY``
   is replaced by :class:`FakeDeviceMemory`, CPU tensors tracked by weak reference);
 * CUDA graphs: ``torch.cuda.graph`` must be called with ``capture_error_mode="thread_local"``; an enqueue during
   a capture needs an earlier enqueue of the same context (TensorRT's warm-up) and is recorded with the shapes
@@ -61,6 +62,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import enum
+import functools
 import hashlib
 import itertools
 import json
@@ -76,12 +78,14 @@ MAGIC = b"FAKE-TRT-FP16_ENGINE\n"
 STREAM = 0x5EED  # a blocking stream that exists on every virtual device (the first one created)
 
 
-class DataType(enum.IntEnum):
+class DataType(enum.IntEnum):  # TensorRT's values (NvInferRuntimeBase.h)
     FLOAT = 0
     HALF = 1
     INT8 = 2
     INT32 = 3
     BOOL = 4
+    BF16 = 7
+    INT64 = 8
 
 
 class TensorIOMode(enum.IntEnum):
@@ -120,7 +124,16 @@ class IDebugListener:
     pass
 
 
-_ONNX_TYPES = {1: (DataType.FLOAT, np.float32), 10: (DataType.HALF, np.float16)}
+# ONNX elem type -> (TensorRT type, the NumPy type of its bytes). NumPy has no bfloat16: a BF16 tensor's bytes are
+# uint16 here (the upper half of a float32), which is all a device buffer is.
+_ONNX_TYPES = {1: (DataType.FLOAT, np.float32), 10: (DataType.HALF, np.float16), 16: (DataType.BF16, np.uint16),
+               3: (DataType.INT8, np.int8), 6: (DataType.INT32, np.int32), 7: (DataType.INT64, np.int64),
+               9: (DataType.BOOL, np.bool_)}
+
+
+def to_bf16_bytes(values: np.ndarray) -> np.ndarray:
+    """float32 values (already bfloat16-rounded: the BF16 emulation's) as bfloat16 bytes (uint16)."""
+    return (np.ascontiguousarray(values, np.float32).view(np.uint32) >> 16).astype(np.uint16)
 
 
 class FakeCudart:
@@ -152,6 +165,50 @@ class FakeCudart:
 
     def destroy_stream(self, ptr):
         vc.DEVICE[0].streams.pop(ptr, None)
+
+
+def cuda_wrapper_class(fake: "FakeTensorRT"):
+    """What ``polygraphy.cuda.wrapper()`` constructs: Polygraphy's own ``Cuda.__init__`` search, run for real
+    (``_find_cuda_lib_dirs()``: ``LD_LIBRARY_PATH`` as it is NOW, ``/usr/local/cuda/lib64``, ``/usr/lib``, ``/lib``,
+    ``nvidia/cuda_runtime/lib`` on ``sys.path``; the first ``libcudart.so*`` found is loaded), then the virtual
+    device's :class:`FakeCudart` instead of ``ctypes.CDLL``. Nothing found: the ``OSError`` ``ctypes.CDLL(
+    "libcudart.so")`` raises on a machine without it. Found: recorded in ``fake.libcudart``, and a violation unless
+    it is the library :func:`pipeline.core.env.find_libcudart` chose (the one the pipeline's other TensorRT entry
+    points and doctor name): another copy, e.g. ``/usr/local/cuda``'s beside the CUDA 13 wheel, is another CUDA
+    runtime than the one the benchmark's TensorRT uses."""
+
+    def make():
+        from polygraphy.cuda import cuda as pcuda
+        from polygraphy.util import util as pg_util
+
+        from pipeline.core import env
+
+        found = pg_util.find_in_dirs("libcudart.so*", pcuda._find_cuda_lib_dirs())
+        if not found:
+            raise OSError("libcudart.so: cannot open shared object file: No such file or directory (Polygraphy "
+                          f"searched {pcuda._find_cuda_lib_dirs()})")
+        fake.libcudart = found[0]
+        chosen = env.find_libcudart()
+        if chosen != found[0]:
+            fake.violation(f"Polygraphy's CUDA wrapper loaded {found[0]}, not {chosen}, the libcudart the pipeline "
+                           "found: env.expose_libcudart() was not called before the first TensorRT runner")
+        return FakeCudart(fake)
+
+    return make
+
+
+@functools.lru_cache(maxsize=None)
+def pip_cuda13_site() -> str:
+    """A virtual pip-only CUDA 13 install: ``<site>/nvidia/cu13/lib/libcudart.so.13`` (the ``nvidia-cuda-runtime``
+    13.x wheel's layout, where Polygraphy does not look). One per test session; never loaded, only found."""
+    import pathlib
+    import tempfile
+
+    site = pathlib.Path(tempfile.mkdtemp(prefix="fake-pip-cu13-"))
+    lib = site / "nvidia" / "cu13" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "libcudart.so.13").write_bytes(b"\x7fELF (a stand-in, never loaded)")
+    return str(site)
 
 
 def _virtual_tensor_class():
@@ -246,8 +303,14 @@ class FakeEngine:
         self.fake, self.header, self.logger = fake, json.loads(header), logger
         proto = onnx.load_from_string(model)
         # ONNX Runtime's CPU provider has no BF16 kernels: a BF16 engine computes as the BF16 emulation (every BF16
-        # tensor rounded, FP32 accumulation: what a BF16 tensor core does).
+        # tensor rounded, FP32 accumulation: what a BF16 tensor core does). Tensors marked as network outputs
+        # (Polygraphy's ModifyNetworkOutputs) are outputs of the computation too, asked for by name.
+        marked = self.header.get("marked", {})
         computes = _bf16_emulated(proto) if _has_bf16(proto) else proto
+        if marked:
+            from pipeline.core import onnx_io
+
+            computes = onnx_io.mark_outputs(computes, [o.name for o in computes.graph.output] + list(marked))
         self.session = ort.InferenceSession(computes.SerializeToString(), providers=["CPUExecutionProvider"])
         self.proto = proto
         self.layers = len(proto.graph.node)  # the kernel's virtual time: vc.LAYER_NS per layer
@@ -258,6 +321,8 @@ class FakeEngine:
                            [(v, TensorIOMode.OUTPUT) for v in proto.graph.output]:
             dims = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in value.type.tensor_type.shape.dim)
             self.io[value.name] = (mode, dims, _ONNX_TYPES[value.type.tensor_type.elem_type])
+        for name, (elem_type, dims) in marked.items():  # -1: the batch dimension
+            self.io[name] = (TensorIOMode.OUTPUT, tuple(dims), _ONNX_TYPES[elem_type])
 
     @property
     def num_io_tensors(self) -> int:
@@ -460,9 +525,13 @@ class FakeContext:
             return {name: np.frombuffer(ctypes.string_at(ptr, n) if self.fake.block_at(ptr) else b"\xff" * n,
                                         dt).reshape(shape) for name, ptr, shape, dt, n in inputs}
 
+        names = [name for name, (mode, _, _) in self.engine.io.items() if mode == TensorIOMode.OUTPUT]
+
         def write(feeds):
-            for (ptr, np_dtype, nbytes), value in zip(outputs, self.engine.session.run(None, feeds), strict=False):
-                value = np.ascontiguousarray(value.astype(np_dtype))
+            for (ptr, np_dtype, nbytes), name, value in zip(outputs, names, self.engine.session.run(names, feeds),
+                                                             strict=True):
+                value = to_bf16_bytes(value) if self.engine.io[name][2][0] == DataType.BF16 else \
+                    np.ascontiguousarray(value.astype(np_dtype))
                 if self.fake.block_at(ptr):
                     ctypes.memmove(ptr, value.ctypes.data, min(nbytes, value.nbytes))
 
@@ -493,7 +562,24 @@ class Runtime:
         blob = bytes(serialized_engine)
         if not blob.startswith(MAGIC):
             return None
+        built_by = json.loads(blob[len(MAGIC):].split(b"\n", 1)[0]).get("tensorrt", FAKE[0].version)
+        if release(built_by) != release(FAKE[0].version):  # an engine runs only in the release that built it
+            if self.logger is not None:
+                self.logger.log(Severity.ERROR, engine_version_error(FAKE[0].version, built_by))
+            return None
         return ICudaEngine(FAKE[0], blob, self.logger)
+
+
+def release(version: str) -> tuple:
+    """``(major, minor, patch)`` of a TensorRT version: what an engine is bound to."""
+    return tuple(int(p) for p in str(version).split(".")[:3])
+
+
+def engine_version_error(library: str, engine: str) -> str:
+    """TensorRT's error for an engine of another release (its wording as users report it)."""
+    return ("IRuntime::deserializeCudaEngine: Error Code 1: Serialization (Serialization assertion "
+            f"plan file is not compatible with this version of TensorRT, expecting library version {library} got "
+            f"{engine}, please rebuild.)")
 
 
 
@@ -528,11 +614,45 @@ class BuilderFlag(enum.IntEnum):  # TensorRT 10.13's values (tensorrt-stubs)
 # Weak typing's flags: TensorRT 10.12+ rejects them on a strongly typed network, TensorRT 11 removed them.
 PRECISION_FLAGS = {BuilderFlag.FP16, BuilderFlag.INT8, BuilderFlag.BF16, BuilderFlag.FP8, BuilderFlag.INT4,
                    BuilderFlag.FP4, BuilderFlag.OBEY_PRECISION_CONSTRAINTS, BuilderFlag.PREFER_PRECISION_CONSTRAINTS}
+PRECISION_FLAG_NAMES = {f.name for f in PRECISION_FLAGS}
 
 
-class NetworkDefinitionCreationFlag(enum.IntEnum):
+class NetworkDefinitionCreationFlag(enum.IntEnum):  # TensorRT 10.13's
     EXPLICIT_BATCH = 0
     STRONGLY_TYPED = 1
+
+
+VERSIONS = {"10": "10.13.0.35", "11": "11.1.0.106"}  # the fake's two modes: tensorrt.__version__
+BINDINGS_11 = "tensorrt_11_1_bindings.json"  # tests/data: TensorRT 11.1's binding names (tensorrt_binding_names.py)
+
+
+@functools.lru_cache(maxsize=None)
+def bindings_11() -> dict:
+    """TensorRT 11.1's Python binding names: ``{"enums": {name: [members]}, "classes": {name: [members]},
+    "module": [...]}``, read from its pybind11 sources by scripts/tensorrt_binding_names.py."""
+    import pathlib
+
+    return json.loads((pathlib.Path(__file__).parent / "data" / BINDINGS_11).read_text())
+
+
+def enums_11() -> tuple[type, type]:
+    """``BuilderFlag`` and ``NetworkDefinitionCreationFlag`` exactly as TensorRT 11.1's bindings define them: no
+    FP16/INT8/BF16/FP8/INT4/FP4/OBEY_.../PREFER_PRECISION_CONSTRAINTS, no EXPLICIT_BATCH. Values: NvInfer.h's where
+    10.13 had the same name, the others above them (Polygraphy and the pipeline use the names)."""
+    known = {f.name: int(f) for f in BuilderFlag}
+    names = bindings_11()["enums"]["BuilderFlag"]
+    extra = itertools.count(100)
+    builder = enum.IntEnum("BuilderFlag", {n: known[n] if n in known else next(extra) for n in names})
+    network = enum.IntEnum("NetworkDefinitionCreationFlag",  # NvInfer.h 11.1: kSTRONGLY_TYPED = 0 (deprecated)
+                           {n: i for i, n in enumerate(("STRONGLY_TYPED", "PREFER_JIT_PYTHON_PLUGINS",
+                                                        "PREFER_AOT_PYTHON_PLUGINS"))})
+    assert set(network.__members__) == set(bindings_11()["enums"]["NetworkDefinitionCreationFlag"])
+    return builder, network
+
+
+LayerType = enum.IntEnum("LayerType", ["CONVOLUTION", "ACTIVATION", "POOLING", "SCALE", "SOFTMAX", "ELEMENTWISE",
+                                        "UNARY", "SHUFFLE", "REDUCE", "MATRIX_MULTIPLY", "CONSTANT", "CAST", "SHAPE",
+                                        "QUANTIZE", "DEQUANTIZE"], start=0)  # names as in both 10.13 and 11.1
 
 
 class DeviceType(enum.IntEnum):
@@ -599,19 +719,57 @@ class HostMemory(bytes):
 
 
 class FakeTensor:
-    """A network input (``ITensor``): name, dtype, shape with -1 for a dynamic dimension."""
+    """An ``ITensor`` of the network: name, dtype, shape with -1 for a dynamic dimension, the ONNX elem type."""
 
     is_shape_tensor = False
 
-    def __init__(self, name: str, dtype: DataType, shape: tuple):
-        self.name, self.dtype, self.shape = name, dtype, shape
+    def __init__(self, name: str, dtype: DataType, shape: tuple, elem_type: int = 1):
+        self.name, self.dtype, self.shape, self.elem_type = name, dtype, shape, elem_type
+        self.network = None
+
+    @property
+    def is_network_output(self) -> bool:
+        return self.network is not None and self in self.network.outputs
+
+
+class FakeLayer:
+    """``ILayer``: one ONNX node of the parsed graph, its type and its input and output tensors (what Polygraphy's
+    ``ModifyNetworkOutputs(MARK_ALL)`` walks to mark every layer's outputs)."""
+
+    TYPES = {"Conv": "CONVOLUTION", "MatMul": "MATRIX_MULTIPLY", "Gemm": "MATRIX_MULTIPLY", "Relu": "ACTIVATION",
+             "Sigmoid": "ACTIVATION", "Add": "ELEMENTWISE", "Mul": "ELEMENTWISE", "Sub": "ELEMENTWISE",
+             "Div": "ELEMENTWISE", "Cast": "CAST", "Constant": "CONSTANT", "Shape": "SHAPE", "Reshape": "SHUFFLE",
+             "Flatten": "SHUFFLE", "Transpose": "SHUFFLE", "MaxPool": "POOLING", "AveragePool": "POOLING",
+             "GlobalAveragePool": "REDUCE", "ReduceMean": "REDUCE", "QuantizeLinear": "QUANTIZE",
+             "DequantizeLinear": "DEQUANTIZE", "BatchNormalization": "SCALE", "Softmax": "SOFTMAX"}
+
+    def __init__(self, node, tensors: dict):
+        self.name = node.name
+        self.type = LayerType[self.TYPES.get(node.op_type, "UNARY")]
+        self.inputs = [tensors.get(n) for n in node.input]
+        self.outputs = [tensors[n] for n in node.output if n]
+
+    @property
+    def num_inputs(self) -> int:
+        return len(self.inputs)
+
+    @property
+    def num_outputs(self) -> int:
+        return len(self.outputs)
+
+    def get_input(self, index: int):
+        return self.inputs[index]
+
+    def get_output(self, index: int):
+        return self.outputs[index]
 
 
 class FakeNetwork:
-    """``INetworkDefinition``, filled by the parser: its inputs and the ONNX model it came from."""
+    """``INetworkDefinition``, filled by the parser: its inputs, its layers (one per ONNX node, with typed tensors),
+    the outputs marked on it, and the ONNX model it came from."""
 
     def __init__(self, flags: int):
-        self.flags, self.inputs, self.onnx = flags, [], None
+        self.flags, self.inputs, self.onnx, self.layers, self.outputs = flags, [], None, [], []
 
     def get_flag(self, flag) -> bool:
         return bool(self.flags & (1 << int(flag)))
@@ -623,10 +781,27 @@ class FakeNetwork:
     def get_input(self, index: int) -> FakeTensor:
         return self.inputs[index]
 
-    num_layers = 0
+    @property
+    def num_outputs(self) -> int:
+        return len(self.outputs)
 
-    def __iter__(self):  # the layers: none that Polygraphy must look at
-        return iter(())
+    def get_output(self, index: int) -> FakeTensor:
+        return self.outputs[index]
+
+    def mark_output(self, tensor: FakeTensor) -> None:
+        FAKE[0].record("mark_output", tensor.name)
+        if tensor not in self.outputs:
+            self.outputs.append(tensor)
+
+    def unmark_output(self, tensor: FakeTensor) -> None:
+        self.outputs.remove(tensor)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def __iter__(self):
+        return iter(self.layers)
 
 
 class ParserError:
@@ -677,8 +852,28 @@ class OnnxParser:
             dims = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in value.type.tensor_type.shape.dim)
             self.network.inputs.append(FakeTensor(value.name, _ONNX_TYPES[value.type.tensor_type.elem_type][0], dims))
         self.network.onnx = proto.SerializeToString()
+        self._layers(proto)
         self.logger.log(Severity.INFO, f"----- Parsing of ONNX model {proto.graph.name} is Done ----")
         return True
+
+    def _layers(self, proto) -> None:
+        """One layer per node, its tensors typed by ONNX shape inference; the graph's outputs marked."""
+        import onnx
+
+        inferred = onnx.shape_inference.infer_shapes(proto)
+        tensors = {t.name: t for t in self.network.inputs}
+        for value in [*inferred.graph.value_info, *inferred.graph.output]:
+            elem = value.type.tensor_type.elem_type
+            dims = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in value.type.tensor_type.shape.dim)
+            if elem in _ONNX_TYPES:
+                tensors[value.name] = FakeTensor(value.name, _ONNX_TYPES[elem][0], dims, elem)
+        for node in proto.graph.node:
+            for out in node.output:
+                tensors.setdefault(out, FakeTensor(out, DataType.FLOAT, (), 1))
+            self.network.layers.append(FakeLayer(node, tensors))
+        for tensor in tensors.values():
+            tensor.network = self.network
+        self.network.outputs = [tensors[o.name] for o in proto.graph.output]
 
     def _error(self, text: str) -> bool:
         self.errors.append(ParserError(text))
@@ -736,21 +931,21 @@ class FakeBuilderConfig:
     profiling_verbosity = ProfilingVerbosity.LAYER_NAMES_ONLY
 
     def __init__(self):
-        self.flags = {BuilderFlag.TF32}  # TensorRT's default: TF32 on
+        self.flags = {FAKE[0].BuilderFlag.TF32}  # TensorRT's default: TF32 on
         self.profiles: list = []
         self.timing_cache = None
         self.builder_optimization_level = 3
 
-    def set_flag(self, flag: BuilderFlag) -> None:
-        FAKE[0].record("set_flag", BuilderFlag(flag).name)
-        self.flags.add(BuilderFlag(flag))
+    def set_flag(self, flag) -> None:
+        FAKE[0].record("set_flag", FAKE[0].BuilderFlag(flag).name)
+        self.flags.add(FAKE[0].BuilderFlag(flag))
 
-    def clear_flag(self, flag: BuilderFlag) -> None:
-        FAKE[0].record("clear_flag", BuilderFlag(flag).name)
-        self.flags.discard(BuilderFlag(flag))
+    def clear_flag(self, flag) -> None:
+        FAKE[0].record("clear_flag", FAKE[0].BuilderFlag(flag).name)
+        self.flags.discard(FAKE[0].BuilderFlag(flag))
 
-    def get_flag(self, flag: BuilderFlag) -> bool:
-        return BuilderFlag(flag) in self.flags
+    def get_flag(self, flag) -> bool:
+        return FAKE[0].BuilderFlag(flag) in self.flags
 
     def add_optimization_profile(self, profile: FakeOptimizationProfile) -> int:
         if not profile:
@@ -806,17 +1001,24 @@ class Builder:
         if config.timing_cache is not None:
             config.timing_cache.entries.add(hashlib.sha256(network.onnx).hexdigest()[:16])
         self.logger.log(Severity.INFO, f"Total Activation Memory: {4 * int(np.prod(hi))} bytes")
-        header = {"strongly_typed": network.get_flag(NetworkDefinitionCreationFlag.STRONGLY_TYPED),
+        graph_outputs = {o.name for o in __import__("onnx").load_from_string(network.onnx).graph.output}
+        marked = {t.name: [t.elem_type, list(t.shape)] for t in network.outputs if t.name not in graph_outputs}
+        header = {"strongly_typed": self._strongly_typed(network), "tensorrt": FAKE[0].version, "marked": marked,
                   "flags": sorted(f.name for f in config.flags), "level": config.builder_optimization_level,
                   "profiling_verbosity": ProfilingVerbosity(config.profiling_verbosity).name}
         return HostMemory(serialize(network.onnx, {"min": list(lo), "opt": list(mid), "max": list(hi)}, **header))
 
     @staticmethod
+    def _strongly_typed(network: FakeNetwork) -> bool:
+        """TensorRT 11: every network (the flag is deprecated and ignored); 10.x: with STRONGLY_TYPED."""
+        return FAKE[0].major >= 11 or network.get_flag(FAKE[0].NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+
+    @staticmethod
     def _check(network: FakeNetwork, config: FakeBuilderConfig) -> str:
         if network.onnx is None:
             return "the network is empty (nothing was parsed)"
-        typed = network.get_flag(NetworkDefinitionCreationFlag.STRONGLY_TYPED)
-        weak = sorted(f.name for f in config.flags & PRECISION_FLAGS)
+        typed = Builder._strongly_typed(network)
+        weak = sorted(f.name for f in config.flags if f.name in PRECISION_FLAG_NAMES)
         if typed and weak:
             return f"precision flags {weak} are not allowed on a strongly typed network"
         for inp in network.inputs:
@@ -837,6 +1039,9 @@ class FakeTensorRT:
         self.fail: dict = {}
         self.inspector = fake_inspector.Options()  # how the engine inspector writes (TensorRT 10 or 11, Myelin)
         self.live: dict = {}  # address -> (allocation id, bytes, is_alive())
+        self.libcudart: str | None = None  # what Polygraphy's CUDA wrapper loaded (cuda_wrapper_class)
+        self.version, self.major = VERSIONS["10"], 10  # tensorrt.__version__: install() sets it
+        self.BuilderFlag, self.NetworkDefinitionCreationFlag = BuilderFlag, NetworkDefinitionCreationFlag
         self.ids = itertools.count(1)
         self.tensor_class = VIRTUAL_TENSOR[0] if VIRTUAL_TENSOR else VIRTUAL_TENSOR.append(_virtual_tensor_class()) \
             or VIRTUAL_TENSOR[0]
@@ -897,14 +1102,17 @@ class VirtualTorch:
 
 
 def serialize(onnx_bytes: bytes, profile: dict, **header) -> bytes:
-    """What the fake builder writes: the ONNX model behind a header (its profile, and what the config held)."""
+    """What the fake builder writes: the ONNX model behind a header (its profile, what the config held, and the
+    TensorRT version that built it: the installed fake's unless given)."""
+    header.setdefault("tensorrt", FAKE[0].version if FAKE else VERSIONS["10"])
     return MAGIC + json.dumps({"profile": profile, **header}).encode() + b"\n" + onnx_bytes
 
 
 def install(monkeypatch, *, gpu_name: str = "Fake GPU (tests/fake_tensorrt.py)",
-            version: str = "10.13.0.35") -> FakeTensorRT:
+            version: str = "10") -> FakeTensorRT:
     """Put the fake in place for this test: ``import tensorrt``, Polygraphy's CUDA wrapper, the runner's device
-    memory and torch's CUDA stream/event/graph calls, and a GPU for :mod:`pipeline.core.env`."""
+    memory and torch's CUDA stream/event/graph calls, and a GPU for :mod:`pipeline.core.env`. ``version``: "10"
+    (TensorRT 10.13), "11" (TensorRT 11.1: its bindings' flags exactly, :func:`enums_11`) or a full version."""
     import sys
 
     from polygraphy import cuda as pcuda
@@ -915,15 +1123,18 @@ def install(monkeypatch, *, gpu_name: str = "Fake GPU (tests/fake_tensorrt.py)",
     fake = FakeTensorRT()
     FAKE[:] = [fake]
     module = types.ModuleType("tensorrt")
-    module.__version__ = version
-    fake.inspector.version = int(version.split(".")[0])
+    module.__version__ = fake.version = VERSIONS.get(version, version)
+    fake.major = fake.inspector.version = int(fake.version.split(".")[0])
+    if fake.major >= 11:  # exactly TensorRT 11.1's flags: weak typing's are gone
+        fake.BuilderFlag, fake.NetworkDefinitionCreationFlag = enums_11()
     for name, value in dict(DataType=DataType, TensorIOMode=TensorIOMode, TensorFormat=TensorFormat,
                             ILogger=ILogger, Logger=Logger, IOutputAllocator=IOutputAllocator,
                             IDebugListener=IDebugListener, Runtime=Runtime, ICudaEngine=ICudaEngine,
                             IExecutionContext=FakeContext, float32=DataType.FLOAT, float16=DataType.HALF,
-                            int8=DataType.INT8, int32=DataType.INT32, bool=DataType.BOOL,
-                            Builder=Builder, OnnxParser=OnnxParser, BuilderFlag=BuilderFlag,
-                            NetworkDefinitionCreationFlag=NetworkDefinitionCreationFlag, DeviceType=DeviceType,
+                            int8=DataType.INT8, int32=DataType.INT32, bool=DataType.BOOL, bfloat16=DataType.BF16,
+                            int64=DataType.INT64, LayerType=LayerType, ILayer=FakeLayer, ITensor=FakeTensor,
+                            Builder=Builder, OnnxParser=OnnxParser, BuilderFlag=fake.BuilderFlag,
+                            NetworkDefinitionCreationFlag=fake.NetworkDefinitionCreationFlag, DeviceType=DeviceType,
                             ProfilingVerbosity=ProfilingVerbosity, IHostMemory=HostMemory,
                             LayerInformationFormat=LayerInformationFormat, EngineInspector=EngineInspector,
                             ITimingCache=FakeTimingCache, IBuilderConfig=FakeBuilderConfig,
@@ -931,14 +1142,46 @@ def install(monkeypatch, *, gpu_name: str = "Fake GPU (tests/fake_tensorrt.py)",
                             init_libnvinfer_plugins=lambda logger, namespace: True).items():
         setattr(module, name, value)
     monkeypatch.setitem(sys.modules, "tensorrt", module)
+    forget_imported_tensorrt()
     env.tensorrt_status.cache_clear()
     monkeypatch.setattr(env, "cuda_status", lambda: (True, ""))
     monkeypatch.setattr(env, "gpu_info", lambda: {"name": gpu_name, "compute_capability": "0.0", "cuda": None,
                                                   "driver": None})
-    monkeypatch.setattr(pcuda.cuda, "G_CUDA", FakeCudart(fake))
+    # Polygraphy's CUDA wrapper is made on first use, through its real library search (cuda_wrapper_class), on a
+    # machine whose CUDA runtime is the pip CUDA 13 wheel's (pip_cuda13_site), LD_LIBRARY_PATH unset.
+    monkeypatch.setattr(pcuda.cuda, "G_CUDA", None)
+    monkeypatch.setattr(pcuda.cuda, "Cuda", cuda_wrapper_class(fake))
+    monkeypatch.setattr(sys, "path", [pip_cuda13_site(), *sys.path])
+    monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)
     monkeypatch.setattr(runners, "DEVICE_MEMORY", FakeDeviceMemory(fake))
     install_virtual_cuda(monkeypatch, fake, gpu_name)
     return fake
+
+
+def forget_imported_tensorrt() -> None:
+    """Polygraphy's modules reach TensorRT through ``mod.lazy_import("tensorrt")`` objects that import it once and
+    keep it: make every one of them import again, so they see this test's fake (its 10.x or 11.x mode), not the
+    first test's."""
+    import sys
+
+    for name, loaded in list(sys.modules.items()):
+        if not name.startswith("polygraphy"):
+            continue
+        for value in list(vars(loaded).values()):
+            if type(value).__name__ == "LazyModule" and "module" in vars(value):
+                held = vars(value)["module"]
+                if held is not None and getattr(held, "__name__", "") == "tensorrt":
+                    object.__setattr__(value, "module", None)
+
+
+def fresh_process(monkeypatch) -> None:
+    """What a new Python process (a script such as scripts/gpu_timing_check.py) starts with: no CUDA wrapper made
+    yet, LD_LIBRARY_PATH as the machine sets it (unset), whatever earlier steps of this test exposed."""
+    from polygraphy import cuda as pcuda
+
+    monkeypatch.setattr(pcuda.cuda, "G_CUDA", None)
+    monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)
+    FAKE[0].libcudart = None
 
 
 def install_virtual_cuda(monkeypatch, fake: FakeTensorRT, gpu_name: str) -> vc.Device:

@@ -7,7 +7,9 @@ banner. TensorRT 10: data transfers are on unless ``--noDataTransfers``; ``--inc
 option. TensorRT 11: data transfers are OFF unless ``--includeDataTransfers``; ``--noDataTransfers``,
 ``--useCudaGraph`` and ``--separateProfileRun`` are accepted as no-ops with a "[W]" warning.
 
-It refuses (exit 2, a trtexec-style "[E]" line) a command that real trtexec would not run as benchmark means it:
+It refuses (exit 1) an engine built by another TensorRT release than its own (the fake engine's header carries
+the version that built it, tests/fake_tensorrt.py), as TensorRT's deserializer does. It refuses (exit 2, a
+trtexec-style "[E]" line) a command that real trtexec would not run as benchmark means it:
 an engine that is not the fake TensorRT engine, ``--shapes`` that are not ``<input>:<b>x<c>x<h>x<w>``, on
 TensorRT 10 an ``--exportProfile`` without ``--separateProfileRun``, an unknown flag (TensorRT 11 knows
 ``--includeDataTransfers`` and ``--noCudaGraph``, 10 neither); which runs use ``--useCudaGraph`` the tests read
@@ -18,7 +20,7 @@ with ``startEnqMs … endD2hMs``, ``h2dMs``, ``computeMs``, ``d2hMs``, ``latency
 transfers are 0 with ``--noDataTransfers``) and ``--exportProfile`` (``[{"count": N}, {"name", "timeMs",
 "averageMs", "medianMs", "percentage"}, ...]``).
 
-Environment: FAKE_TRTEXEC_VERSION (10 or 11, default 10),
+Environment: FAKE_TRTEXEC_VERSION (10 = 10.13.0, 11 = 11.1.0, or a release such as 10.14.1; default 10),
 FAKE_TRTEXEC_COMPUTE_MS (the compute time per inference, default 1.0; "virtual": what tests/virtual_cuda.py gives
 the engine's kernels), FAKE_TRTEXEC_FAIL_BATCH
 (exit 1 at that batch), FAKE_TRTEXEC_SLEEP_BATCH (hang at that batch), FAKE_TRTEXEC_GARBAGE (bad JSON),
@@ -34,7 +36,20 @@ MAGIC = b"FAKE-TRT-FP16_ENGINE\n"
 KNOWN = {"--loadEngine", "--shapes", "--useCudaGraph", "--noDataTransfers", "--warmUp", "--iterations", "--duration",
          "--exportTimes", "--exportProfile", "--separateProfileRun", "--help"}
 NO_OPS_11 = ("--noDataTransfers", "--useCudaGraph", "--separateProfileRun")  # TensorRT 11: warned, ignored
-BANNERS = {"10": "101300", "11": "110100"}
+BANNERS = {"10": "101300", "11": "110100"}  # 10.13.0 and 11.1.0: what tests/fake_tensorrt.py's modes build with
+
+
+def banner(version: str) -> str:
+    """The [TensorRT vMMmmpp] number of FAKE_TRTEXEC_VERSION: "10", "11", or a release "10.14.1"."""
+    if version in BANNERS:
+        return BANNERS[version]
+    major, minor, patch = (int(p) for p in version.split(".")[:3])
+    return f"{major * 10000 + minor * 100 + patch}"
+
+
+def release_of(number: str) -> tuple:
+    n = int(number)
+    return n // 10000, n // 100 % 100, n % 100
 
 
 def fail(text: str, code: int = 2):
@@ -43,8 +58,9 @@ def fail(text: str, code: int = 2):
 
 
 def main(argv):
-    major = os.environ.get("FAKE_TRTEXEC_VERSION", "10")
-    print(f"&&&& RUNNING TensorRT.trtexec [TensorRT v{BANNERS[major]}] # trtexec " + " ".join(argv))
+    number = banner(os.environ.get("FAKE_TRTEXEC_VERSION", "10"))
+    major = str(release_of(number)[0])
+    print(f"&&&& RUNNING TensorRT.trtexec [TensorRT v{number}] # trtexec " + " ".join(argv))
     if argv == ["--help"]:
         print("=== Model Options ===")
         return
@@ -60,8 +76,15 @@ def main(argv):
         for flag in (f for f in NO_OPS_11 if f[2:] in args):
             print(f"[W] {flag} is deprecated and has no effect")
     with open(args["loadEngine"], "rb") as f:
-        if not f.read().startswith(MAGIC):
-            fail("Error[1]: IRuntime::deserializeCudaEngine: Error Code 1: Serialization (not an engine)")
+        blob = f.read()
+    if not blob.startswith(MAGIC):
+        fail("Error[1]: IRuntime::deserializeCudaEngine: Error Code 1: Serialization (not an engine)")
+    built_by = json.loads(blob[len(MAGIC):].split(b"\n", 1)[0]).get("tensorrt", "0.0.0")
+    if tuple(int(p) for p in built_by.split(".")[:3]) != release_of(number):  # an engine loads only in its release
+        library = ".".join(map(str, release_of(number)))
+        fail("Error[1]: IRuntime::deserializeCudaEngine: Error Code 1: Serialization (Serialization assertion plan "
+             f"file is not compatible with this version of TensorRT, expecting library version {library} got "
+             f"{built_by}, please rebuild.)", 1)
     name, _, dims = str(args.get("shapes", "")).rpartition(":")
     shape = [int(d) for d in dims.split("x") if d.isdigit()]
     if not name or len(shape) != 4:
@@ -81,7 +104,7 @@ def main(argv):
         with open(args["exportProfile"], "w") as f:
             json.dump([{"count": 10}, {"name": "conv1", "timeMs": 5.0, "averageMs": 0.5, "medianMs": 0.5,
                                        "percentage": 100.0}], f)
-    print(f"&&&& PASSED TensorRT.trtexec [TensorRT v{BANNERS[major]}] # trtexec " + " ".join(argv))
+    print(f"&&&& PASSED TensorRT.trtexec [TensorRT v{number}] # trtexec " + " ".join(argv))
 
 
 def virtual_kernel_ms(engine: str) -> float:

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import types
 import typing
 
 import numpy as np
@@ -251,3 +252,49 @@ def test_require_tensorrt_requires_the_engines_the_config_asks_for(overrides, fp
     assert backends.by_name("tensorrt_fp16").required(cfg) is fp16_required
     assert backends.by_name("tensorrt_int8").required(cfg) is int8_required
     assert not backends.by_name("tensorrt_int8").required(config.resolve(overrides=overrides))
+
+
+class _CudaModule:
+    """A module that "moves" to CUDA without one: what TorchRunner.activate needs to get past ``.to("cuda")``."""
+
+    def to(self, *args, **kwargs):
+        return self
+
+    def eval(self):
+        return self
+
+
+@pytest.mark.parametrize("tf32", [False, True])
+def test_the_pytorch_fp32_gpu_row_follows_build_tf32_and_says_so(tf32):
+    """PyTorch runs cuDNN convolutions in TF32 by default while the engines are built with TF32 off (build.tf32):
+    the PyTorch FP32 GPU reference computes with build.tf32's setting while active (restored after), and its row's
+    label and note say which."""
+    import torch
+
+    from pipeline import config
+    from pipeline.runtime import runners
+
+    before = (torch.backends.cudnn.conv.fp32_precision, torch.backends.cuda.matmul.fp32_precision)
+    runner = runners.TorchRunner(_CudaModule(), name="torch_fp32", input_name="x", output_name="y",
+                                 input_shape=(3, 8, 8), device="cuda", tf32=tf32)
+    with runner:
+        want = "tf32" if tf32 else "ieee"
+        assert (torch.backends.cudnn.conv.fp32_precision, torch.backends.cuda.matmul.fp32_precision) == (want, want)
+    assert (torch.backends.cudnn.conv.fp32_precision, torch.backends.cuda.matmul.fp32_precision) == before
+    words = f"TF32 {'on' if tf32 else 'off'} (build.tf32: {str(tf32).lower()}"
+    assert runner.note.startswith(words)
+    cfg = config.resolve(overrides=[f"build.tf32={str(tf32).lower()}"])
+    assert words in backends.label(backends.by_name("torch_fp32"), cfg)
+
+
+def test_the_torch_backends_pass_build_tf32_to_the_runner(monkeypatch):
+    from pipeline import config
+    from pipeline.runtime import runners
+
+    made = []
+    monkeypatch.setattr(runners, "TorchRunner", lambda model, **kw: made.append(kw) or kw)
+    cfg = config.resolve(overrides=["build.tf32=true"])
+    ctx = types.SimpleNamespace(gpu=True, cfg=cfg, model=None, spec={"input_name": "x", "output_name": "y",
+                                                                     "input_size": [3, 8, 8]})
+    backends.by_name("torch_fp32").make(ctx)
+    assert made[0]["tf32"] is True and made[0]["device"] == "cuda"

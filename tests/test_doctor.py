@@ -6,6 +6,10 @@ import pytest
 
 from pipeline import doctor
 
+# What `onnxruntime.get_available_providers()` returns for an onnxruntime-gpu wheel (1.24 and 1.31 alike): the
+# TensorRT provider is compiled into every one of them and listed whether or not a matching TensorRT is installed.
+REAL_GPU_WHEEL_PROVIDERS = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
+
 
 def stack(**changes) -> dict:
     """A coherent CUDA 13 GPU stack; ``changes`` replace parts of it."""
@@ -13,7 +17,8 @@ def stack(**changes) -> dict:
         "python": "3.12.3", "torch": "2.13.0+cu130", "torch_cuda": "13.0",
         "gpu": {"name": "NVIDIA H200", "compute_capability": "9.0", "driver": "580.65"}, "gpu_reason": "",
         "onnxruntime": {"version": "1.31.0", "package": "onnxruntime-gpu", "cuda": "13.0",
-                        "listed": ["CUDAExecutionProvider", "CPUExecutionProvider"],
+                        # every onnxruntime-gpu wheel lists the TensorRT provider (TensorRT, CUDA, CPU), loadable or not
+                        "listed": REAL_GPU_WHEEL_PROVIDERS,
                         "loads": ["CUDAExecutionProvider", "CPUExecutionProvider"], "conflict": None},
         "tensorrt": "11.1.0", "tensorrt_reason": "", "tensorrt_cuda": 13,
         "libcudart": "/x/nvidia/cu13/lib/libcudart.so.13",
@@ -65,6 +70,33 @@ def test_without_a_gpu_both_requirements_fail_with_the_reason():
     assert doctor.requirement_problem(facts, "cuda") == \
         "--require cuda: no CUDA GPU: this torch build (2.13.0+cpu) is CPU-only"
     assert doctor.requirement_problem(facts, "tensorrt").startswith("--require tensorrt: no CUDA GPU")
+
+
+def test_the_tensorrt_provider_that_does_not_load_is_no_mismatch_on_a_coherent_stack():
+    """The gpu-cu12 stack: onnxruntime-gpu 1.24 (its TensorRT provider built for TensorRT 10) beside tensorrt-cu12
+    11.4. The provider cannot load, the tool never uses it (TensorRT runs through Polygraphy): no mismatch, and
+    --require cuda / tensorrt are met."""
+    facts = stack(torch="2.13.0+cu128", torch_cuda="12.8", tensorrt="11.4.0", tensorrt_cuda=12,
+                  onnxruntime={"version": "1.24.4", "package": "onnxruntime-gpu", "cuda": "12.8",
+                               "listed": REAL_GPU_WHEEL_PROVIDERS,
+                               "loads": ["CUDAExecutionProvider", "CPUExecutionProvider"], "conflict": None})
+    assert doctor.problems(facts) == []
+    assert doctor.requirement_problem(facts, "cuda") is None
+    assert "TensorrtExecutionProvider not used" in next(x for x in doctor.lines(facts) if x.startswith("onnxruntime"))
+
+
+def test_doctor_never_load_tests_the_tensorrt_provider(monkeypatch):
+    """onnxruntime_facts on a GPU asks only the CUDA provider to load; the TensorRT one is listed, never loaded
+    (loading it beside another TensorRT major prints errors and can take seconds)."""
+    import onnxruntime as ort
+
+    tried = []
+    monkeypatch.setattr(ort, "get_available_providers", lambda: list(REAL_GPU_WHEEL_PROVIDERS))
+    monkeypatch.setattr(doctor, "provider_loads", lambda p: tried.append(p) or (p != "TensorrtExecutionProvider", ""))
+    for gpu in (True, False):
+        facts = doctor.onnxruntime_facts(gpu)
+        assert "TensorrtExecutionProvider" in facts["listed"] and "TensorrtExecutionProvider" not in facts["loads"]
+    assert tried == ["CUDAExecutionProvider"]
 
 
 @pytest.mark.parametrize("version, expected", [("13.0", 13), ("12.8", 12), (None, None), ("", None)])

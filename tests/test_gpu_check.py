@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+import fake_tensorrt
 from conftest import BF16_ON, ROOT, cli
 from pipeline.runtime import runners
 from test_tensorrt_contract import built, built_run, fake_trt  # noqa: F401  (fixtures)
@@ -46,6 +47,7 @@ def statuses(report: dict) -> dict:
     return {c["name"]: c["status"] for c in report["checks"]}
 
 
+@pytest.mark.parametrize("fake_trt", ["11"], indirect=True)  # TensorRT 11.1's engines, trtexec 11.1
 def test_gpu_check_on_the_virtual_device(both_engines, fake_trt, fake_trtexec, check, monkeypatch, tmp_path):  # noqa: F811
     """Every TensorRT question for both engines at batch 1 and 8 passes (exit 0) and dumps each inspector's JSON;
     the defects it is for fail it (exit 1): a timer that brackets the launch (events on an idle stream), and an
@@ -54,7 +56,10 @@ def test_gpu_check_on_the_virtual_device(both_engines, fake_trt, fake_trtexec, c
     monkeypatch.setenv("FAKE_TRTEXEC_VERSION", "11")  # --noCudaGraph for the rows without graphs
     monkeypatch.setenv("FAKE_TRTEXEC_COMPUTE_MS", "virtual")
     prefix = tmp_path / "out" / "gpu_check"
+    fake_tensorrt.fresh_process(monkeypatch)  # the script is a process of its own: nothing exposed libcudart yet
     assert check.main([str(both_engines), "--out", str(prefix)]) == 0
+    assert fake_trt.violations == [] and fake_trt.libcudart == fake_tensorrt.pip_cuda13_site() + \
+        "/nvidia/cu13/lib/libcudart.so.13"
     report = json.loads(prefix.with_suffix(".json").read_text())
     names = statuses(report)
     assert set(names.values()) == {"passed"}, report["checks"]
@@ -102,6 +107,41 @@ def test_gpu_check_on_the_virtual_device(both_engines, fake_trt, fake_trtexec, c
     assert check.main([str(both_engines), "--out", str(prefix)]) == 3  # trtexec missing: not every check ran
 
 
+def test_trtexec_of_another_release_is_not_run_with_both_versions(built_run, fake_trt, fake_trtexec, check,  # noqa: F811
+                                                                   monkeypatch, tmp_path):
+    """trtexec 10.14.1 beside an engine of TensorRT 10.13.0.35: its checks are skipped, "not run: trtexec is TensorRT
+    10.14.1, the engine was built by TensorRT 10.13.0.35", not failed (exit 3: not every check ran)."""
+    monkeypatch.setenv("FAKE_TRTEXEC_VERSION", "10.14.1")
+    prefix = tmp_path / "out" / "gpu_check"
+    assert check.main([str(built_run), "--out", str(prefix)]) == 3
+    report = json.loads(prefix.with_suffix(".json").read_text())
+    trtexec_checks = [c for c in report["checks"] if "trtexec" in c["name"]]
+    assert len(trtexec_checks) == 4  # batch 1 and 8, with and without graphs
+    assert {(c["status"], c["detail"]) for c in trtexec_checks} == {
+        ("skipped", "not run: trtexec is TensorRT 10.14.1, the engine was built by TensorRT 10.13.0.35")}
+    assert not any(c["status"] == "failed" for c in report["checks"])
+
+
+def test_an_enqueue_bound_timing_is_inconclusive_not_passed(built_run, fake_trt, check, monkeypatch,  # noqa: F811
+                                                            tmp_path):
+    """The virtual device with a launch dearer than the kernels it launches (VIRTUAL_CUDA_LAUNCH_NS above LAYER_NS;
+    here set on the module): the host sets the pace, the benchmark's timer and the events around K launches both
+    measure it and agree. trtexec's enqueue-bound rule makes each such timing check "inconclusive: enqueue-bound"
+    with both numbers, never "passed" (exit 3); the default costs pass (test_gpu_check_on_the_virtual_device)."""
+    import virtual_cuda as vc
+
+    monkeypatch.setattr(vc, "LAUNCH_NS", 10 * vc.LAYER_NS)
+    monkeypatch.setattr("pipeline.runtime.trtexec.find", lambda: None)
+    prefix = tmp_path / "out" / "gpu_check"
+    assert check.main([str(built_run), "--out", str(prefix)]) == 3
+    report = json.loads(prefix.with_suffix(".json").read_text())
+    timings = [c for c in report["checks"] if "events around" in c["name"]]
+    assert len(timings) == 4 and all(c["status"] == "inconclusive" for c in timings), timings
+    assert all(c["detail"].startswith("inconclusive: enqueue-bound (the host's enqueue") for c in timings)
+    assert not any(c["status"] == "failed" for c in report["checks"])
+    assert "inconclusive: enqueue-bound" in prefix.with_suffix(".md").read_text()
+
+
 def _unreadable(section):
     """The inspector section over an engine whose JSON names no layer's type: every matrix layer unknown."""
     _unreadable.original = section
@@ -115,7 +155,8 @@ def _unreadable(section):
             info = real(engine, shapes)
             for layer in info["Layers"]:
                 for tensor in layer["Inputs"]:
-                    tensor.pop("Format/Datatype", None)
+                    tensor.pop("Format/Datatype", None)  # TensorRT 10's key
+                    tensor.pop("DataType", None), tensor.pop("Format", None)  # TensorRT 11's
             return info
 
         tensorrt_inspection.engine_information = strip

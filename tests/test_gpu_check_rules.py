@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pipeline.core.status import Status
 from pipeline.runtime import gpu_check
@@ -55,6 +57,31 @@ def test_same_outputs_and_all_known():
 def test_enqueue_bound_is_trtexec_s_rule():
     assert not gpu_check.enqueue_bound(0.08, 0.1)
     assert gpu_check.enqueue_bound(0.0801, 0.1)
+
+
+TIMES = st.floats(min_value=1e-6, max_value=1e3, allow_nan=False)
+
+
+@given(TIMES, TIMES, st.sampled_from(list(Status)))
+def test_host_paced_never_passes_an_enqueue_bound_timing_and_never_upgrades(enqueue, compute, status):
+    """trtexec's rule on a timing check: a PASSED check becomes INCONCLUSIVE exactly when the enqueue exceeds 0.8 x
+    the GPU compute time (the reason and both numbers in its detail); any other status is kept."""
+    judged = gpu_check.host_paced(Check("t", status, "agreement"), enqueue, compute)
+    if status == Status.PASSED and enqueue > 0.8 * compute:
+        assert judged.status == Status.INCONCLUSIVE
+        assert judged.detail.startswith(gpu_check.ENQUEUE_BOUND_REASON) and judged.detail.endswith("agreement")
+        assert f"{enqueue:.4f}" in judged.detail and f"{compute:.4f}" in judged.detail
+    else:
+        assert judged == Check("t", status, "agreement")
+
+
+@pytest.mark.parametrize("enqueue, compute", [(math.nan, 1.0), (0.1, math.inf), (0.0, 1.0), (0.1, -1.0)])
+def test_host_paced_without_a_usable_enqueue_or_compute_time_is_inconclusive(enqueue, compute):
+    assert gpu_check.host_paced(Check("t", Status.PASSED, ""), enqueue, compute).status == Status.INCONCLUSIVE
+
+
+def test_an_inconclusive_check_is_exit_3():
+    assert gpu_check.exit_code([Check("a", Status.PASSED, ""), Check("b", Status.INCONCLUSIVE, "")]) == 3
 
 
 @pytest.mark.parametrize("statuses, code", [

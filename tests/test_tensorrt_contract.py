@@ -21,10 +21,16 @@ from conftest import cli
 from pipeline.core import env
 from pipeline.runtime import backends, runners, tensorrt_engine
 
+# Every contract test (build, verify, benchmark over the fake bindings) in both modes of the fake: TensorRT 10.13 and
+# TensorRT 11.1, whose bindings have no weak-typing flags (BuilderFlag.FP16/INT8/BF16/FP8/..., EXPLICIT_BATCH).
+pytestmark = pytest.mark.parametrize("fake_trt", ["10", "11"], indirect=True)
+
 
 @pytest.fixture
-def fake_trt(monkeypatch):
-    fake = fake_tensorrt.install(monkeypatch)
+def fake_trt(monkeypatch, request):
+    """The fake TensorRT: 10.13, or 11.1 where a test asks (``@pytest.mark.parametrize("fake_trt", ["11"],
+    indirect=True)``; this module runs every test in both)."""
+    fake = fake_tensorrt.install(monkeypatch, version=getattr(request, "param", "10"))
     # Runners in this process, so the fake (installed here) serves them; the child process is tested elsewhere.
     monkeypatch.setattr(backends.Backend, "isolated", False)
     yield fake
@@ -43,7 +49,7 @@ def built(run, fake, *overrides) -> dict:
 def built_run(fake_trt, clone_run):
     run = clone_run()
     sidecar = built(run, fake_trt)
-    assert sidecar["gpu"] == "Fake GPU (tests/fake_tensorrt.py)" and sidecar["tensorrt"] == "10.13.0.35"
+    assert sidecar["gpu"] == "Fake GPU (tests/fake_tensorrt.py)" and sidecar["tensorrt"] == fake_trt.version
     return run
 
 
@@ -57,13 +63,13 @@ def test_fake_calls_build_runs_polygraphy_s_loaders_strongly_typed_without_preci
     calls = [c[0] for c in fake_trt.calls]
     assert calls.index("create_network") < calls.index("parse_from_file") < calls.index("build_serialized_network")
     (flags,) = [c[1] for c in fake_trt.calls if c[0] == "create_network"]
-    assert flags == 1 << int(fake_tensorrt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+    assert flags == 1 << int(fake_trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)  # passed on 11 too (ignored)
     (parsed,) = [c[1] for c in fake_trt.calls if c[0] == "parse_from_file"]
     assert parsed.endswith("model.fp16.onnx")  # parse_from_file: external weights are found beside the file
     (config,) = fake_trt.configs
-    assert not config.flags & fake_tensorrt.PRECISION_FLAGS
+    assert not {f.name for f in config.flags} & fake_tensorrt.PRECISION_FLAG_NAMES
     assert not any(c[0] == "set_flag" for c in fake_trt.calls)  # build.tf32 is false: nothing set, TF32 cleared
-    assert ("clear_flag", "TF32") in fake_trt.calls and fake_tensorrt.BuilderFlag.TF32 not in config.flags
+    assert ("clear_flag", "TF32") in fake_trt.calls and fake_trt.BuilderFlag.TF32 not in config.flags
     assert config.builder_optimization_level == 2
     (profile,) = config.profiles
     size = sidecar["profile"]["min"][1:]
@@ -204,5 +210,74 @@ def test_fake_calls_a_builder_error_is_the_failure_message(fake_trt, clone_run, 
     run = clone_run()
     assert cli("build", "--run-dir", run) == 4
     err = capsys.readouterr().err
+    if fake_trt.major >= 11:  # no BuilderFlag.BF16 at all: Polygraphy's CreateConfig fails before the builder
+        assert "TensorRT engine build failed" in err and "bf16" in err
+        assert not any(c[0] == "build_serialized_network" for c in fake_trt.calls)
+        return
     assert "TensorRT engine build failed: IBuilder::buildSerializedNetwork: Error Code 4: API Usage Error " \
            "(precision flags ['BF16'] are not allowed on a strongly typed network)" in err
+
+
+def relu_engine_bytes() -> bytes:
+    """A one-node fake engine (x -> Relu -> y, batch 1..4)."""
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])
+    model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return fake_tensorrt.serialize(model.SerializeToString(), {"min": [1, 3], "opt": [2, 3], "max": [4, 3]})
+
+
+@pytest.mark.parametrize("machine", ["with /usr/local/cuda", "pip only"])
+def test_a_tensorrt_runner_made_directly_loads_the_cuda13_wheel_s_libcudart(fake_trt, monkeypatch, machine):
+    """A TensorrtRunner made outside the backend table (as scripts/gpu_timing_check.py makes it), first in its
+    process: Polygraphy's CUDA wrapper, searching as it really does, loads the CUDA 13 wheel's libcudart
+    (nvidia/cu13/lib, where Polygraphy never looks by itself), not /usr/local/cuda's, and on a pip-only machine
+    finds one at all. The defect this is for: env.expose_libcudart() called only by the table's entry points."""
+    from polygraphy.cuda import cuda as pcuda
+
+    fake_tensorrt.fresh_process(monkeypatch)
+    if machine == "pip only":  # no CUDA toolkit, no system libcudart: only the wheel's
+        search = pcuda._find_cuda_lib_dirs
+        monkeypatch.setattr(pcuda, "_find_cuda_lib_dirs",
+                            lambda: [d for d in search() if not d.startswith(("/usr/", "/lib"))])
+    wheel = Path(fake_tensorrt.pip_cuda13_site()) / "nvidia" / "cu13" / "lib" / "libcudart.so.13"
+    runner = runners.TensorrtRunner(relu_engine_bytes(), {"profile": {"min": [1, 3], "opt": [2, 3], "max": [4, 3]}},
+                                    name="tensorrt_fp16", input_name="x", output_name="y")
+    with runner:
+        out = runners.to_numpy(runner.infer({"x": np.array([[-1.0, 2.0, -3.0]], np.float32)})["y"])
+    np.testing.assert_array_equal(out, [[0.0, 2.0, 0.0]])
+    assert fake_trt.libcudart == str(wheel) and fake_trt.violations == []
+
+
+def test_tensorrt_localisation_of_a_bf16_engine_runs_on_the_engine(fake_trt, clone_run):
+    """GPU localisation of a BF16 engine: every tensor marked as a network output (Polygraphy's ModifyNetworkOutputs
+    over the fake's layers), so the engine has BF16 outputs, which NumPy cannot hold (Polygraphy's NumPy type map has
+    no bfloat16). Fed torch CUDA tensors, Polygraphy's TrtRunner returns torch bfloat16 tensors and the comparison
+    runs on the engine; fed NumPy (the defect) it raised, and verify fell back to the emulation."""
+    import onnx
+
+    from conftest import BF16_ON
+    from pipeline import config
+    from pipeline.precision.gate import TensorRule
+    from pipeline.runtime import localize
+
+    run = clone_run()
+    assert cli("export", "--run-dir", run, BF16_ON) == 0
+    cfg = config.resolve(overrides=["build.min_batch=1", "build.opt_batch=2", "build.max_batch=4",
+                                    "verify.batch_size=4"])
+    fp32 = onnx.load(str(run / "model.onnx"))
+    size = [d.dim_value for d in fp32.graph.input[0].type.tensor_type.shape.dim[1:]]
+    feed = {fp32.graph.input[0].name: np.random.default_rng(0).standard_normal([2, *size]).astype(np.float32)}
+    result = localize.localize_tensorrt(fp32, run / "model.bf16.onnx", feed, TensorRule("scaled", 0.5, 0.0, 0.0), 3,
+                                        fp32.graph.input[0].name, tensorrt_engine.profile_shapes(cfg.build, size),
+                                        build_cfg=cfg.build)
+    assert fake_trt.violations == []
+    marked = [c[1] for c in fake_trt.calls if c[0] == "mark_output"]
+    assert len(marked) > 3  # every layer's output
+    assert result["compared_nodes"] >= len([n for n in fp32.graph.node if n.op_type in ("Conv", "Gemm", "MatMul")])
+    assert result["method"].startswith("TensorRT engine rebuilt")
+    worst = result["worst"][0]
+    assert 0 < worst["scaled_error"] < 0.5  # bfloat16's rounding, seen tensor by tensor on the engine

@@ -11,6 +11,8 @@ import json
 import sys
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from conftest import ROOT
 from pipeline.runtime import trtexec
@@ -63,6 +65,7 @@ def test_trtexec_runs_on_the_same_engine_and_shapes_beside_every_tensorrt_row(bu
     assert "trtexec p50 ms" in md and "large difference" in md
 
 
+@pytest.mark.parametrize("fake_trt", ["11"], indirect=True)  # an engine of TensorRT 11.1, as trtexec 11.1 is
 def test_trtexec_11_gets_the_flags_of_trtexec_11(built_run, fake_trtexec, monkeypatch):  # noqa: F811
     """TensorRT 11's trtexec excludes data transfers unless --includeDataTransfers (unknown to 10) and ignores
     --noDataTransfers/--useCudaGraph/--separateProfileRun: the command line follows the version it prints."""
@@ -114,6 +117,35 @@ def test_without_trtexec_on_path_nothing_runs(built_run, monkeypatch):  # noqa: 
     assert all("trtexec" not in r for r in payload["results"])
 
 
+@pytest.mark.parametrize("trtexec_version, shown", [("10.14.1", "10.14.1"), ("11", "11.1.0")])
+def test_trtexec_of_another_tensorrt_release_is_not_run_and_no_error(built_run, fake_trtexec, monkeypatch,  # noqa: F811
+                                                                     trtexec_version, shown):
+    """pip's TensorRT wheels ship no trtexec: the one on PATH may be another release than the engine's (10.13.0.35
+    here), and an engine deserializes only in its own release, minor and patch included (the fake trtexec refuses
+    it, as TensorRT's deserializer does). Its rows say why trtexec did not run, with both versions; no row has an
+    error and nothing was launched."""
+    monkeypatch.setenv("FAKE_TRTEXEC_VERSION", trtexec_version)
+    payload = bench(built_run, "benchmark.batch_sizes=[1]")
+    assert fake_trtexec() == []  # --help only: never asked to load the engine
+    rows = tensorrt_rows(payload)
+    assert rows and all("error" not in r["trtexec"] and "error" not in r for r in rows)
+    assert {r["trtexec"]["not_run"] for r in rows} == {
+        f"trtexec is TensorRT {shown}, the engine was built by TensorRT 10.13.0.35"}
+    md = (built_run / "benchmark.md").read_text()
+    assert "not run" in md and "error" not in md.split("trtexec p50 ms", 1)[1].split("\n\n", 1)[0]
+
+
+def test_the_fake_trtexec_refuses_an_engine_of_another_release(built_run, tmp_path, monkeypatch):  # noqa: F811
+    """The stand-in is as strict as TensorRT: 10.14.1's trtexec does not load a 10.13.0 engine (exit 1)."""
+    import subprocess
+
+    monkeypatch.setenv("FAKE_TRTEXEC_VERSION", "10.14.1")
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "fake_trtexec.py"),
+                           f"--loadEngine={built_run / 'model.fp16.engine'}", "--shapes=input:1x3x16x16",
+                           f"--exportTimes={tmp_path / 't.json'}", "--iterations=10"], capture_output=True, text=True)
+    assert done.returncode == 1 and "expecting library version 10.14.1 got 10.13.0.35" in done.stdout
+
+
 @pytest.mark.parametrize("ours, flagged", [(1.2, False), (0.8, False), (1.3, True), (0.7, True)])
 def test_a_difference_above_the_threshold_is_flagged(ours, flagged):
     row = {"backend": "tensorrt_fp16", "batch_size": 1, "timing": "GPU compute (CUDA events)",
@@ -131,3 +163,20 @@ def test_read_times_takes_the_field_of_every_record_in_either_format(tmp_path):
     path.write_text("{}")
     with pytest.raises(ValueError, match="not a list"):
         trtexec.read_times(path, "computeMs")
+
+
+@given(st.tuples(*[st.integers(0, 20)] * 4), st.tuples(*[st.integers(0, 20)] * 3))
+def test_release_mismatch_is_empty_exactly_for_the_same_release_and_names_both(engine, tool):
+    """Pure rule: trtexec ``M.m.p`` loads an engine of ``M.m.p.b`` (any build) and no other; a mismatch names both."""
+    engine_version, tool_version = ".".join(map(str, engine)), ".".join(map(str, tool))
+    reason = trtexec.release_mismatch(tool_version, engine_version)
+    assert (reason == "") == (engine[:3] == tool)
+    if reason:
+        assert reason == f"trtexec is TensorRT {tool_version}, the engine was built by TensorRT {engine_version}"
+
+
+@pytest.mark.parametrize("tool, engine, reason", [
+    (None, "10.13.0.35", "trtexec's TensorRT release is unknown"), ("11.1.0", None, "not recorded"),
+    ("11.1.0", "garbage", "not recorded")])
+def test_release_mismatch_with_an_unknown_side_is_a_reason(tool, engine, reason):
+    assert reason in trtexec.release_mismatch(tool, engine)

@@ -3,7 +3,9 @@
 ``tensorrt-stubs`` (10.13, the newest published) requires the ``tensorrt`` wheel itself, which needs NVIDIA's
 index, and its ``tensorrt/__init__.pyi`` would make ``import tensorrt`` succeed as an empty namespace package.
 So it is installed apart, without dependencies (``.ci/run``: ``pip install --no-deps --target
-.venv/typecheck-stubs tensorrt-stubs==10.13.0.35.1``), and this test points mypy at it.
+.venv/typecheck-stubs tensorrt-stubs==10.13.0.35.1``), and this test points mypy at it. No stubs of TensorRT 11
+are published: :func:`stubs_11` makes them from 10.13's and TensorRT 11.1's binding names (what 11 removed is gone
+from them), and the modules type-check against both.
 """
 
 from __future__ import annotations
@@ -32,8 +34,44 @@ follow_imports = normal
 """
 
 
-def _mypy(tmp_path, modules: list[str]) -> str:
-    """mypy's report on ``modules`` (paths from the repository root) against the published TensorRT stubs."""
+def stubs_11(text: str) -> str:
+    """TensorRT 11.1's stubs, made from the published 10.13 ones: every class or enum the 11.1 bindings define keeps
+    only the members they define (tests/data/tensorrt_11_1_bindings.json, extracted from TensorRT 11.1's pybind11
+    sources by scripts/tensorrt_binding_names.py; dunder methods kept); a class 11.1 does not define is dropped.
+    What 11.1 added is not in them (its signatures are not published), so only what it removed is checked."""
+    import ast
+
+    import fake_tensorrt
+
+    table = fake_tensorrt.bindings_11()
+    kept = {**table["classes"], **table["enums"]}
+    lines = text.splitlines(keepends=True)
+    drop: list[tuple[int, int]] = []
+
+    def span(node) -> tuple[int, int]:
+        first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
+        return first - 1, node.end_lineno
+
+    for node in ast.parse(text).body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        if node.name not in kept:
+            drop.append(span(node))
+            continue
+        for member in node.body:
+            name = (member.name if isinstance(member, (ast.FunctionDef, ast.AsyncFunctionDef)) else
+                    member.target.id if isinstance(member, ast.AnnAssign) and isinstance(member.target, ast.Name)
+                    else None)
+            if name and not (name.startswith("__") and name.endswith("__")) and name not in kept[node.name]:
+                drop.append(span(member))
+    for start, end in sorted(drop, reverse=True):
+        del lines[start:end]
+    return "".join(lines)
+
+
+def _mypy(tmp_path, modules: list[str], tensorrt: str = "10.13") -> str:
+    """mypy's report on ``modules`` (paths from the repository root) against the published TensorRT stubs (10.13), or
+    against :func:`stubs_11` made from them (``tensorrt="11.1"``)."""
     pytest.importorskip("mypy", reason="mypy is in the 'test' extra: pip install -e '.[test]'")
     if not (STUBS / "tensorrt_bindings" / "tensorrt.pyi").is_file():
         pytest.skip(f"tensorrt-stubs not installed in {STUBS} (.ci/run installs them: pip install --no-deps "
@@ -45,7 +83,7 @@ def _mypy(tmp_path, modules: list[str]) -> str:
     # Both fixes are syntax only; no signature the pipeline uses is touched.
     text = re.sub(r"\bin: ", "in_: ", pyi.read_text())
     text = text.replace("power: Weights = None, channel_axis: int)", "power: Weights = None, channel_axis: int = ...)")
-    pyi.write_text(text)
+    pyi.write_text(stubs_11(text) if tensorrt == "11.1" else text)
     ini = tmp_path / "mypy.ini"
     ini.write_text(MYPY_INI)
     result = subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(ini), "--no-incremental",
@@ -55,10 +93,32 @@ def _mypy(tmp_path, modules: list[str]) -> str:
     return result.stdout
 
 
-def test_tensorrt_modules_typecheck_against_tensorrt_stubs(tmp_path):
+@pytest.mark.parametrize("tensorrt", ["10.13", "11.1"])
+def test_tensorrt_modules_typecheck_against_tensorrt_stubs(tmp_path, tensorrt):
     # The stubs themselves carry errors (a variable named `bool` used as a type): only our modules' lines count.
-    ours = [line for line in _mypy(tmp_path, TRT_MODULES).splitlines() if line.startswith("pipeline/")]
+    ours = [line for line in _mypy(tmp_path, TRT_MODULES, tensorrt).splitlines() if line.startswith("pipeline/")]
     assert not ours, "\n".join(ours)
+
+
+def test_the_tensorrt_11_stubs_catch_what_11_removed(tmp_path):
+    """Not vacuous: what TensorRT 11 removed (weak typing's flags, EXPLICIT_BATCH, platform_has_fast_fp16,
+    set_output_type, the INT8 calibrators) type-checks against 10.13's stubs and fails against 11.1's."""
+    scratch = tmp_path / "probe11.py"
+    scratch.write_text("import tensorrt\n\n\ndef probe(builder: tensorrt.Builder, layer: tensorrt.ILayer,\n"
+                       "          config: tensorrt.IBuilderConfig) -> None:\n"
+                       "    config.set_flag(tensorrt.BuilderFlag.FP16)\n"
+                       "    config.set_flag(tensorrt.BuilderFlag.OBEY_PRECISION_CONSTRAINTS)\n"
+                       "    _ = tensorrt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH\n"
+                       "    _ = builder.platform_has_fast_fp16\n"
+                       "    layer.set_output_type(0, tensorrt.float16)\n"
+                       "    _ = tensorrt.IInt8EntropyCalibrator2\n"
+                       "    config.set_flag(tensorrt.BuilderFlag.TF32)\n")
+    assert "probe11.py" not in _mypy(tmp_path / "10", [str(scratch)])
+    report = _mypy(tmp_path / "11", [str(scratch)], "11.1")
+    for gone in ('"FP16"', '"OBEY_PRECISION_CONSTRAINTS"', '"EXPLICIT_BATCH"', '"platform_has_fast_fp16"',
+                 '"set_output_type"', '"IInt8EntropyCalibrator2"'):
+        assert gone in report, (gone, report)
+    assert '"TF32"' not in report  # kept in 11
 
 
 def test_the_typecheck_catches_a_tensorrt_api_misuse(tmp_path):
@@ -83,7 +143,7 @@ REMOVED_IN_TRT11 = [r"BuilderFlag\.(FP16|BF16|INT8|FP8|INT4|FP4|"
 
 def test_no_tensorrt_api_that_tensorrt_11_removed():
     found = []
-    for path in sorted((ROOT / "pipeline").glob("*.py")):
+    for path in sorted((ROOT / "pipeline").rglob("*.py")):  # every package, runtime/ included
         for n, line in enumerate(path.read_text().splitlines(), 1):
             code = re.sub(r"``[^`]*``", "", line)  # docs may name what is gone, in ``literals``
             for pattern in REMOVED_IN_TRT11:

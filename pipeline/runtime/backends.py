@@ -262,12 +262,18 @@ def _torch(name: str, *, autocast: bool = False, compile: bool = False) -> Calla
                              output_name=ctx.spec["output_name"],
                              input_shape=tuple(ctx.spec["input_size"]), device=device, autocast_dtype=dtype,
                              channels_last=ctx.cfg.train.channels_last, compile=compile,
-                             cuda_graphs=ctx.cfg.benchmark.cuda_graphs)
+                             cuda_graphs=ctx.cfg.benchmark.cuda_graphs, tf32=ctx.cfg.build.tf32)
         if autocast and device == "cpu" and not env.cpu_has_native_bf16():
             runner.note = "this CPU has no bf16 matrix units: bf16 is emulated and slow"
         return runner
 
     return make
+
+
+def _torch_fp32_label(cfg: Config) -> str:
+    from pipeline.runtime.runners import tf32_words
+
+    return f"PyTorch FP32 (eval mode; on CUDA {tf32_words(cfg.build.tf32)})"
 
 
 def _ort(name: str, *, precision: str | None, cuda: bool = False) -> Callable[[Context], object]:
@@ -353,7 +359,7 @@ DEPLOYED = ": the deployment runtime itself on this CPU, measured, not an emulat
 
 # Verify checks candidates in this order; benchmark times them in benchmark.backends' order.
 TABLE: list[Backend] = [
-    Backend("torch_fp32", precision="fp32", device="auto", artifact=None, label="PyTorch FP32 (eval mode)",
+    Backend("torch_fp32", precision="fp32", device="auto", artifact=None, label=_torch_fp32_label,
             unavailable=_always, make=_torch("torch_fp32")),
     Backend("torch_autocast", precision="mixed", device="auto", artifact=None,
             label="PyTorch autocast (bf16 on the CPU, fp16 on CUDA)", unavailable=_always,

@@ -83,8 +83,32 @@ def enqueue_bound(enqueue_ms: float, compute_ms: float) -> bool:
     return enqueue_ms > ENQUEUE_BOUND * compute_ms
 
 
+ENQUEUE_BOUND_REASON = "inconclusive: enqueue-bound"  # how the detail of a timing check the host paced begins
+
+
+def host_paced(check: Check, enqueue_ms: float, compute_ms: float) -> Check:
+    """A timing check judged with trtexec's enqueue-bound rule (:func:`enqueue_bound`). When the host's enqueue of one
+    inference takes more than :data:`ENQUEUE_BOUND` of its GPU compute time, no queue depth hides the launch: the
+    GPU waits for the host, so the benchmark's timer and the events around K launches both measure the host's pace
+    and agree whatever the GPU does. A check that PASSED then proves nothing: INCONCLUSIVE, both numbers named. An
+    enqueue or compute time that is not a positive finite number is no evidence either way: INCONCLUSIVE too. A
+    check that FAILED or was SKIPPED keeps its status."""
+    if check.status != Status.PASSED:
+        return check
+    if not all(math.isfinite(v) and v > 0 for v in (enqueue_ms, compute_ms)):
+        return Check(check.name, Status.INCONCLUSIVE, f"inconclusive: the enqueue time ({enqueue_ms} ms) or the GPU "
+                                                      f"compute time ({compute_ms} ms) is unknown; {check.detail}")
+    if not enqueue_bound(enqueue_ms, compute_ms):
+        return check
+    return Check(check.name, Status.INCONCLUSIVE,
+                 f"{ENQUEUE_BOUND_REASON} (the host's enqueue {enqueue_ms:.4f} ms > {ENQUEUE_BOUND} x GPU compute "
+                 f"{compute_ms:.4f} ms: the host sets the pace, so the timers agree whatever the GPU does); "
+                 f"{check.detail}")
+
+
 def exit_code(checks: list[Check]) -> int:
-    """1 when a check failed; 3 when none failed but one did not run (or there was none); 0 when all ran and passed."""
+    """1 when a check failed; 3 when none failed but one did not run or was inconclusive (or there was none); 0 when
+    all ran and passed."""
     if any(c.status == Status.FAILED for c in checks):
         return 1
     return 0 if checks and all(c.status == Status.PASSED for c in checks) else 3

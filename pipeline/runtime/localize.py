@@ -70,19 +70,24 @@ def tensorrt_layers_engine(onnx_path, *, input_name: str, shapes: dict, build_cf
 
 def localize_tensorrt(fp32_model: onnx.ModelProto, fp16_path, feed: dict, rule: TensorRule, top: int,
                       input_name: str, shapes: dict, *, build_cfg: BuildConfig, timing_cache=None) -> dict:
-    """GPU: the FP16 engine rebuilt with every tensor marked as a network output, against FP32 ONNX Runtime.
+    """GPU: the FP16 (or BF16, INT8) engine rebuilt with every tensor marked as a network output, against FP32 ONNX
+    Runtime.
 
     Built with the engine's configuration (:func:`tensorrt_layers_engine`), so it diagnoses the engine that failed.
     """
     from polygraphy.backend.trt import TrtRunner
 
     from pipeline.core import env
+    from pipeline.runtime.runners import DEVICE_MEMORY
 
     engine = tensorrt_layers_engine(fp16_path, input_name=input_name, shapes=shapes, build_cfg=build_cfg,
                                     timing_cache=timing_cache)
     ref = _marked_outputs(fp32_model, feed, "fp32-layers")
     env.expose_libcudart()  # before Polygraphy's CUDA wrapper looks for it
-    cand = collect(TrtRunner(engine, name="tensorrt-layers"), [feed])[0]
+    # Inputs as torch CUDA tensors, so TrtRunner returns torch tensors: a BF16 engine's marked tensors are bfloat16,
+    # which Polygraphy's NumPy path cannot hold (its NumPy type map has no bfloat16); runners.to_numpy widens them.
+    device_feed = {name: DEVICE_MEMORY.tensor(np.ascontiguousarray(array)) for name, array in feed.items()}
+    cand = collect(TrtRunner(engine, name="tensorrt-layers"), [device_feed])[0]
     result = compare_layers(fp32_model, ref, cand, rule, top)
     result["method"] = ("TensorRT engine rebuilt with the engine's build config and every tensor marked as output "
                         "(can change fusions) vs FP32 ONNX Runtime")

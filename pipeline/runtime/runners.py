@@ -19,6 +19,7 @@ checks the sidecar first.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import re
@@ -40,6 +41,7 @@ from polygraphy.common import TensorMetadata
 # and a failure without them says only "Invalid Engine" (pipeline.build also keeps the whole log).
 from polygraphy.logger import G_LOGGER
 
+from pipeline.core import env
 from pipeline.core.errors import first_line
 from pipeline.runtime import folding, stopping
 from pipeline.runtime.stopping import StopRule
@@ -263,13 +265,41 @@ class Timed:
                 for label, run_once in self.timers(feed, throughput=method.throughput)]
 
 
+def tf32_words(tf32: bool) -> str:
+    """How a CUDA FP32 row says its TF32 state (the engines' ``build.tf32``, which the PyTorch FP32 rows follow)."""
+    return f"TF32 {'on' if tf32 else 'off'} (build.tf32: {str(tf32).lower()}, as the TensorRT engines)"
+
+
+@contextlib.contextmanager
+def cuda_fp32_precision(tf32: bool):
+    """cuDNN convolutions and CUDA matmuls in FP32 computed with TF32 (``tf32``) or in full FP32 (``"ieee"``), through
+    PyTorch's per-backend ``fp32_precision`` (the legacy ``allow_tf32`` flags must not be mixed with it); restored
+    afterwards. PyTorch's own defaults differ per backend: cuDNN convolutions TF32, matmuls full FP32."""
+    import torch
+
+    settings = (torch.backends.cudnn.conv, torch.backends.cuda.matmul)
+    saved = [backend.fp32_precision for backend in settings]
+    try:
+        for backend in settings:
+            backend.fp32_precision = "tf32" if tf32 else "ieee"
+        yield
+    finally:
+        for backend, value in zip(settings, saved, strict=True):
+            backend.fp32_precision = value
+
+
 class TorchRunner(Timed, BaseRunner):
-    """Runs an ``nn.Module`` (eval mode, no grad), optionally under autocast or compiled, on CPU or CUDA."""
+    """Runs an ``nn.Module`` (eval mode, no grad), optionally under autocast or compiled, on CPU or CUDA. On CUDA its
+    FP32 arithmetic uses TF32 only when ``tf32`` says so (the engines' ``build.tf32``; PyTorch's default runs cuDNN
+    convolutions in TF32), so the "PyTorch FP32" GPU row is like for like with the engines, and says which."""
 
     def __init__(self, model, *, name: str, input_name: str, output_name: str, input_shape: tuple,
                  device: str = "cpu", autocast_dtype=None, channels_last: bool = False, compile: bool = False,
-                 cuda_graphs: bool = False):
+                 cuda_graphs: bool = False, tf32: bool = False):
         super().__init__(name=name)
+        self.tf32 = tf32
+        if device == "cuda":
+            self.note = tf32_words(tf32)
         self.model = model
         self.input_name = input_name
         self.output_name = output_name
@@ -289,6 +319,9 @@ class TorchRunner(Timed, BaseRunner):
     def activate_impl(self):
         import torch
 
+        if self.device == "cuda":
+            self._precision = cuda_fp32_precision(self.tf32)
+            self._precision.__enter__()
         module = self.model.to(self.device).eval()
         if self.channels_last:
             module = module.to(memory_format=torch.channels_last)
@@ -330,6 +363,9 @@ class TorchRunner(Timed, BaseRunner):
 
     def deactivate_impl(self):
         del self.module
+        precision = self.__dict__.pop("_precision", None)
+        if precision is not None:
+            precision.__exit__(None, None, None)
 
 
 class ReferenceRunner(Timed, BaseRunner):
@@ -660,6 +696,10 @@ class TensorrtRunner(Timed, TrtRunner):
         return [layer.to_json() for layer in layer_account.tensorrt_layers(precisions)]
 
     def activate(self):
+        # Polygraphy's CUDA wrapper is made on the first activation in a process and searches libcudart only in
+        # LD_LIBRARY_PATH, /usr/local/cuda/lib64, /usr/lib, /lib and nvidia/cuda_runtime/lib, not where the CUDA 13
+        # wheel puts it (nvidia/cu13/lib): expose the one the pipeline found, whoever made this runner.
+        env.expose_libcudart()
         self._severity = G_LOGGER.module_severity
         G_LOGGER.module_severity = min(self._severity.get(), G_LOGGER.WARNING)  # TensorRT's runtime warnings too
         try:
@@ -965,8 +1005,14 @@ def _groups(feeds: list[dict], limit: int) -> list[list[dict]]:
 
 
 def to_numpy(value) -> np.ndarray:
-    """A runner's output as a NumPy array (a torch tensor is detached and copied to the host)."""
-    return value.detach().cpu().numpy() if hasattr(value, "detach") else np.asarray(value)
+    """A runner's output as a NumPy array (a torch tensor is detached and copied to the host; bfloat16, which NumPy
+    has no type for, is widened to float32 exactly)."""
+    if not hasattr(value, "detach"):
+        return np.asarray(value)
+    value = value.detach().cpu()
+    import torch
+
+    return (value.float() if value.dtype == torch.bfloat16 else value).numpy()
 
 
 # --------------------------------------------------------------------------- faithful CPU executions

@@ -14,7 +14,10 @@ The flags depend on trtexec's version (its ``[TensorRT vMMmmpp]`` banner, read o
 TensorRT 10 needs ``--useCudaGraph``, ``--noDataTransfers`` and ``--separateProfileRun``; from TensorRT 11.0 CUDA
 graphs and separate profiling are the default, data transfers are OFF unless ``--includeDataTransfers`` is given
 (a flag TensorRT 10 does not know), and the three old flags are no-ops with a warning
-(``samples/common/sampleOptions.cpp``). A trtexec whose version cannot be read is a note on its rows.
+(``samples/common/sampleOptions.cpp``). A trtexec whose version cannot be read is a note on its rows. An engine
+deserializes only in the TensorRT release that built it, and pip's TensorRT wheels ship no trtexec: a trtexec of
+another release than the engine's sidecar records is not run, its rows say ``{"not_run": "trtexec is TensorRT X,
+the engine was built by TensorRT Y"}`` (no error: nothing failed).
 
 ``--exportTimes`` writes a JSON list of one record per timed inference (warm-up excluded):
 ``startEnqMs, endEnqMs, startH2dMs, endH2dMs, startComputeMs, endComputeMs, startD2hMs, endD2hMs, h2dMs,
@@ -68,14 +71,41 @@ def flags_for(major: int) -> dict:
 
 
 @functools.lru_cache(maxsize=None)
-def version(exe: str) -> int | None:
-    """trtexec's TensorRT major from the banner every run prints (``[TensorRT v110100]``), or None."""
+def version(exe: str) -> str | None:
+    """trtexec's TensorRT release, ``major.minor.patch``, from the banner every run prints (``[TensorRT v110100]``
+    is 11.1.0: ``samples/common/sampleUtils`` prints NV_TENSORRT_VERSION, major x 10000 + minor x 100 + patch), or
+    None."""
     try:
         done = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=60, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     match = re.search(r"\[TensorRT v(\d{5,})\]", done.stdout + done.stderr)
-    return int(match.group(1)) // 10000 if match else None
+    if not match:
+        return None
+    number = int(match.group(1))
+    return f"{number // 10000}.{number // 100 % 100}.{number % 100}"
+
+
+def release(version_text: str | None) -> tuple[int, int, int] | None:
+    """``(major, minor, patch)`` of a TensorRT version ("10.13.0.35", "11.1.0"), or None when it is not one."""
+    match = re.fullmatch(r"\s*(\d+)\.(\d+)\.(\d+)(\.\d+)*\s*", version_text or "")
+    return (int(match.group(1)), int(match.group(2)), int(match.group(3))) if match else None
+
+
+def release_mismatch(trtexec_version: str | None, engine_version: str | None) -> str:
+    """Why trtexec cannot load an engine built by TensorRT ``engine_version`` ("" when it can): a serialized engine
+    deserializes only in the TensorRT release that built it (TensorRT's engine-compatibility notes), and pip's
+    TensorRT wheels ship no trtexec, so the one on PATH may come from another install. Both named, or the one that
+    is unknown."""
+    ours, theirs = release(engine_version), release(trtexec_version)
+    if ours is None:
+        return f"trtexec is TensorRT {trtexec_version or '?'}, the engine's TensorRT version is not recorded"
+    if theirs is None:
+        return f"trtexec's TensorRT release is unknown (no [TensorRT vNNNNNN] banner), the engine was built by " \
+               f"TensorRT {engine_version}"
+    if ours != theirs:
+        return f"trtexec is TensorRT {trtexec_version}, the engine was built by TensorRT {engine_version}"
+    return ""
 
 
 def find() -> str | None:
@@ -126,14 +156,20 @@ def run_once(cmd: list[str], log_path: Path) -> str:
     return ""
 
 
-def measure(exe: str, engine: Path, shape: str, kind: str, out_dir: Path, stem: str, method, batch: int) -> dict:
-    """One trtexec run of one kind ("GPU compute", "host latency" or :data:`NO_GRAPHS`): its statistics, or
-    ``{"error": ...}``."""
+def measure(exe: str, engine: Path, shape: str, kind: str, out_dir: Path, stem: str, method, batch: int,
+            built_by: str | None) -> dict:
+    """One trtexec run of one kind ("GPU compute", "host latency" or :data:`NO_GRAPHS`) on an engine built by
+    TensorRT ``built_by`` (its sidecar's ``tensorrt``): its statistics, ``{"error": ...}`` when it failed, or
+    ``{"not_run": ...}`` when trtexec is another TensorRT release (:func:`release_mismatch`): no error of the row."""
     name, field = {**KINDS, NO_GRAPHS: ("compute-nographs", "computeMs")}[kind]
-    major = version(exe)
-    if major is None:
+    found = version(exe)
+    if found is None:
         return {"metric": field, "error": f"trtexec's TensorRT version is unknown (no [TensorRT vNNNNNN] banner in "
                                           f"`{exe} --help`): its flags depend on it"}
+    mismatch = release_mismatch(found, built_by)
+    if mismatch:
+        return {"metric": field, "tensorrt": found, "not_run": mismatch}
+    major = int(found.split(".")[0])
     times, profile = out_dir / f"{stem}.{name}.times.json", out_dir / f"{stem}.{name}.profile.json"
     cmd = command(exe, engine, shape, name, times, profile if name == "compute" else None, method, major)
     times.unlink(missing_ok=True)
@@ -143,7 +179,7 @@ def measure(exe: str, engine: Path, shape: str, kind: str, out_dir: Path, stem: 
             stats = timing.summarize(read_times(times, field), batch)
         except ValueError as exc:
             error = f"trtexec {exc}"
-    result = {"command": " ".join(cmd[1:]), "metric": field, "tensorrt_major": major}
+    result = {"command": " ".join(cmd[1:]), "metric": field, "tensorrt_major": major, "tensorrt": found}
     if error:
         return {**result, "error": error}
     return {**result, **{k: stats[k] for k in ("p50", "p90", "p99", "mean", "iterations")},
@@ -156,6 +192,9 @@ def compare(row: dict, theirs: dict) -> dict:
     where = f"{row['backend']} b={row['batch_size']} {row['timing'].split(' (')[0]}"
     if "error" in theirs:
         log.warning("benchmark: trtexec beside %s failed: %s", where, theirs["error"])
+        return theirs
+    if "not_run" in theirs:
+        log.info("benchmark: trtexec beside %s not run: %s", where, theirs["not_run"])
         return theirs
     ours = row["latency_ms"]["p50"]
     diff = (ours - theirs["p50"]) / theirs["p50"] if theirs["p50"] > 0 else math.inf
@@ -183,8 +222,23 @@ def side_by_side(run_dir, results: list[dict], backend_of, input_name: str, inpu
         if key not in done:
             shape = f"{input_name}:" + "x".join(str(d) for d in (batch, *input_size))
             done[key] = measure(exe, run_dir.file(backend.artifact), shape, kind, out_dir,
-                                f"{backend.name}.b{batch}", method, batch)
+                                f"{backend.name}.b{batch}", method, batch, engine_built_by(run_dir, backend.artifact))
         row["trtexec"] = compare(row, done[key])
+
+
+def engine_built_by(run_dir, engine: str) -> str | None:
+    """The TensorRT version the engine's sidecar records (None when it cannot be read: then trtexec is not run)."""
+    from pipeline.core.errors import InputError
+    from pipeline.core.run import read_sidecar
+    from pipeline.runtime import tensorrt_engine
+
+    try:
+        sidecar = read_sidecar(run_dir.file(tensorrt_engine.target_of(engine).sidecar), engine, what="engine",
+                               schema=tensorrt_engine.SIDECAR_SCHEMA, author_key="built_by", rebuild="rebuild it")
+    except (InputError, ValueError):
+        return None
+    value = sidecar.get("tensorrt")
+    return value if isinstance(value, str) else None
 
 
 def _kind(row: dict) -> str | None:
