@@ -154,12 +154,13 @@ class BoxAgreement:
 
 def match_boxes(reference: np.ndarray, candidate: np.ndarray, match_iou: float, min_score: float) -> tuple[int, int,
                                                                                                             int]:
-    """One image: (matched pairs, reference boxes, candidate boxes) among the boxes scored at least ``min_score``;
+    """One image: (matched pairs, reference boxes, candidate boxes) among the boxes scored at least ``min_score``
+    that have an area (a box without one matches nothing, not even itself: it is not counted);
     reference boxes in descending score order each take the unmatched candidate box of the same class with the
     largest IoU, at least ``match_iou``."""
     r = valid_detections(reference)
     c = valid_detections(candidate)
-    r, c = r[r[:, 4] >= min_score], c[c[:, 4] >= min_score]
+    r, c = r[(r[:, 4] >= min_score) & _has_area(r)], c[(c[:, 4] >= min_score) & _has_area(c)]
     overlaps = iou(r[:, :4], c[:, :4]) if len(r) and len(c) else np.zeros((len(r), len(c)))
     overlaps = np.where(r[:, 5:6] == c[None, :, 5], overlaps, -1.0) if len(r) and len(c) else overlaps
     taken = np.zeros(len(c), bool)
@@ -171,6 +172,10 @@ def match_boxes(reference: np.ndarray, candidate: np.ndarray, match_iou: float, 
             taken[j] = True
             matched += 1
     return matched, len(r), len(c)
+
+
+def _has_area(d: np.ndarray) -> np.ndarray:
+    return (d[:, 2] > d[:, 0]) & (d[:, 3] > d[:, 1])
 
 
 def agreement(reference: list[np.ndarray], candidate: list[np.ndarray], match_iou: float,

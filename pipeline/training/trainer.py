@@ -397,9 +397,9 @@ class Trainer:
         self.metrics.write({"event": "epoch", "epoch": epoch, "step": st.step, "val_loss": val_loss,
                             "val_acc": val_acc, "val_acc_before_precise_bn": before, "amp": AMP_NAMES[self.amp_now],
                             "skipped_steps": st.skipped_steps})
-        log.info("train: epoch %d/%d  val loss %.4f  val acc %.2f%%%s  (%d skipped steps)", epoch + 1, self.tc.epochs,
-                 val_loss, 100 * val_acc, "" if before is None else f" ({100 * before:.2f}% before precise BN)",
-                 st.skipped_steps)
+        log.info("train: epoch %d/%d  val loss %.4f  %s %.2f%%%s  (%d skipped steps)", epoch + 1, self.tc.epochs,
+                 val_loss, "val mAP@0.5:0.95" if self.detection else "val acc", 100 * val_acc,
+                 "" if before is None else f" ({100 * before:.2f}% before precise BN)", st.skipped_steps)
         if not math.isfinite(val_loss):
             raise StageFailed(f"training diverged: the validation loss is {val_loss} after epoch {epoch + 1} "
                               f"({st.skipped_steps} steps skipped); {self.kept_checkpoint()}. {self.advice()}")
