@@ -37,12 +37,18 @@ class ModelSpec:
     # True when the architecture bakes the image size into its parameters (ViT position embeddings).
     fixed_input_size: bool = False
     description: str = ""
+    # What the model does (pipeline.core.tasks): "classification" (logits) or "detection" (raw head + detections).
+    task: str = "classification"
 
     def with_overrides(self, **overrides) -> "ModelSpec":
         return dataclasses.replace(self, **{k: v for k, v in overrides.items() if v is not None})
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The spec as the model card holds it; a classifier's card has no ``task`` key (it is the default)."""
+        d = dataclasses.asdict(self)
+        if d["task"] == "classification":
+            del d["task"]
+        return d
 
 
 # The train.* config keys a recipe sets (pipeline/config.py puts them between the defaults and the user's config).
@@ -62,6 +68,7 @@ class Recipe:
     epochs: int
     bn_momentum: float | None  # BatchNorm momentum while training; None: the layers' own
     min_image_size: int  # the smallest sensible square input (train warns below it); not a config key
+    image_size: int | None = None  # data.image_size the model trains at by default (a detector's); None: the config's
 
     def train_keys(self) -> dict:
         """The recipe as ``train.*`` config values."""
@@ -90,6 +97,7 @@ def register_model(
     mean: tuple[float, ...] = IMAGENET_MEAN,
     std: tuple[float, ...] = IMAGENET_STD,
     fixed_input_size: bool = False,
+    task: str = "classification",
 ):
     """Register ``builder(num_classes=..., image_size=...) -> nn.Module`` under its function name, with the
     ``recipe`` it trains with."""
@@ -107,6 +115,7 @@ def register_model(
             std=tuple(std),
             fixed_input_size=fixed_input_size,
             description=doc[0] if doc else "",
+            task=task,
         )
         _REGISTRY[name] = _Entry(builder=builder, spec=spec, recipe=recipe)
         return builder
@@ -251,6 +260,7 @@ def _create_user_model(path: str, *, num_classes: int | None, image_size: int | 
         output_name=declared["output_name"] or "logits",
         fixed_input_size=bool(attr("fixed_input_size", False)),
         description=(factory.__doc__ or "user model").strip().splitlines()[0],
+        task=str(attr("task", "classification")),
     )
     return module, spec
 
@@ -288,4 +298,4 @@ def _declaration_problem(declared: dict) -> str | None:
 
 
 # Importing the architecture modules registers them.
-from models import mobilenet, resnet, tiny, vit  # noqa: E402,F401
+from models import detector, mobilenet, resnet, tiny, vit  # noqa: E402,F401

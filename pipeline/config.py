@@ -234,9 +234,13 @@ def recipe_layer(model_name: Any) -> dict:
     from pipeline.core.registry import models
 
     try:
-        return {"train": models.get_recipe(model_name).train_keys()}
+        recipe = models.get_recipe(model_name)
     except models.UnknownModelError:
         return {}
+    layer = {"train": recipe.train_keys()}
+    if recipe.image_size is not None:  # a detector's recipe names its input size too
+        layer["data"] = {"image_size": recipe.image_size}
+    return layer
 
 
 def _model_name(data: dict) -> Any:

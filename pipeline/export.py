@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import onnx
 import torch
 
-from pipeline.core import modeling, onnx_io
+from pipeline.core import modeling, onnx_io, tasks
 from pipeline.core.artifacts import CALIBRATION, FP32_ONNX, WEIGHTS
 from pipeline.core.data import validation_batch
 from pipeline.core.run import RunDir, StageRecord, sha256_file
@@ -45,7 +45,8 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord) -> None:
     log.info("export: %s -> %s (opset %d, %s exporter)", cfg.model.name, FP32_ONNX, ec.opset, ec.exporter)
     tracer_warnings = export_onnx(model, torch.from_numpy(examples), path, opset=ec.opset, exporter=ec.exporter,
                                   input_name=spec["input_name"], output_name=spec["output_name"],
-                                  dynamic_batch=ec.dynamic_batch, weights_sha256=weights_sha256)
+                                  dynamic_batch=ec.dynamic_batch, weights_sha256=weights_sha256,
+                                  extra_outputs=tasks.of(spec).extra_outputs)
     for message in tracer_warnings[:3]:
         log.warning("export: exporter warning (verify will show whether it matters): %s", message.splitlines()[0])
     exported = onnx.load(str(path))

@@ -127,7 +127,9 @@ class Stage:
 
 def _train_summary(entry: dict) -> str:
     train = records.from_entry(records.TrainRecord, entry) or records.TrainRecord()
-    line = f"best val acc {100 * (train.best_val_acc or 0):.1f}% after {train.epochs} epochs, amp {train.amp}"
+    boxes = train.learning is not None and train.learning.task == "detection"  # the val "acc" is a detector's mAP
+    line = (f"best val {'mAP@0.5:0.95' if boxes else 'acc'} {100 * (train.best_val_acc or 0):.1f}% after "
+            f"{train.epochs} epochs, amp {train.amp}")
     precise = train.precise_bn
     if precise is not None and precise.best_epoch_val_acc_before is not None:
         line += (f"; precise BN {100 * precise.best_epoch_val_acc_before:.1f}% -> "
@@ -160,7 +162,7 @@ def _verify_summary(entry: dict) -> str:
         return line
     from pipeline.reports.verify_report import reference_words
 
-    return f"{reference_words(verify.reference_accuracy, verify.reference_learned)}; {line}"
+    return f"{reference_words(verify.reference_accuracy, verify.reference_learned, verify.reference_task)}; {line}"
 
 
 def _benchmark_summary(entry: dict) -> str:

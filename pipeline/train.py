@@ -69,7 +69,8 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, resume: bool = Fal
                 record.artifact(name)
         if profile and run_dir.file(TRACE).exists():
             record.artifact(TRACE)
-        failure = _record_learning(record, *trainer.check_learning())
+        failure = (_record_detection_learning(record, trainer.check_detection_learning()) if trainer.detection
+                   else _record_learning(record, *trainer.check_learning()))
     if world.enabled:
         dist.barrier()
         dist.destroy_process_group()
@@ -94,6 +95,17 @@ def _record_learning(record: StageRecord, evidence: learning.LearningEvidence, v
         "; nothing is exported (train longer, check the data, or set train.require_learning=false to go on)"
 
 
+def _record_detection_learning(record: StageRecord, result) -> str | None:
+    """A detector's learning check in the manifest (``details.learning``, with ``task: detection``)."""
+    record.details["learning"] = {**result.to_dict(), "task": "detection"}
+    if not result.failed:
+        return None
+    if result.learned:
+        return result.line
+    return result.line + ("; nothing is exported (train longer, check the data, or set train.require_learning=false "
+                          "to go on)")
+
+
 def _warn_below_smallest_size(name: str, size: int) -> None:
     """A registered model trains below its card's smallest sensible input size, but not well: say so."""
     if models.is_import_path(name):
@@ -108,7 +120,7 @@ def _model_and_data(cfg: Config):
     spec = modeling.resolve_spec(cfg)
     size = modeling.image_size(cfg, spec)
     mean, std = modeling.normalisation(cfg, spec)
-    splits = data_mod.load(cfg.data, image_size=size, mean=mean, std=std)
+    splits = data_mod.load(cfg.data, image_size=size, mean=mean, std=std, task=spec.task)
     model, spec = modeling.build(cfg, splits.num_classes, size)
     init_info = None
     if cfg.train.init_weights:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx
 
-from pipeline.core import modeling, onnx_io, provenance, verdicts
+from pipeline.core import boxes, modeling, onnx_io, provenance, verdicts
 from pipeline.core.artifacts import FP32_ONNX, WEIGHTS
 from pipeline.core.errors import BackendUnavailable, CheckFailed, Inconclusive, StageFailed
 from pipeline.core.records import Learning
@@ -126,20 +126,32 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, auto_fallback: boo
     _raise_for(verdict, shown_loc, export_broken, suggest_fallback=fixable and not auto_fallback)
     log.info("verify: passed (%s); deployable: %s; %s", ", ".join(f"{c.name} {c.status}" for c in checks),
              ", ".join(verdict.deployable) or "none",
-             verify_report.reference_words(quality["reference_accuracy"], quality["reference_learned"]))
+             verify_report.reference_words(quality["reference_accuracy"], quality["reference_learned"],
+                                           quality.get("reference_task")))
 
 
 def _reference_quality(run_dir: RunDir, evidence: Evidence) -> dict:
     """The reference's own accuracy on these images, and train's learning verdict (its manifest entry): the gate
     says the artifacts agree with the reference, not that the reference is any good."""
-    top1 = np.concatenate([r[evidence.output_name] for r in evidence.reference]).argmax(1)
     train = run_dir.train_record()
     learning = (train.learning if train is not None else None) or Learning()
     if learning.learned is False:
         log.warning("verify: the reference did not learn (train: %s): passing this gate says the artifacts agree "
                     "with it, not that they are any good", learning.line)
-    return {"reference_accuracy": float((top1 == evidence.labels).mean()) if len(evidence.labels) else None,
-            "reference_learned": learning.learned, "reference_learning": learning.line}
+    quality = {"reference_accuracy": _reference_score(evidence),
+               "reference_learned": learning.learned, "reference_learning": learning.line}
+    return {**quality, "reference_task": "detection"} if evidence.detection is not None else quality
+
+
+def _reference_score(evidence: Evidence) -> float | None:
+    """The reference's accuracy on the labels, or for a detector its mAP@0.5:0.95 on the ground-truth boxes."""
+    if not len(evidence.labels):
+        return None
+    if evidence.detection is not None:
+        dets = np.concatenate([r[evidence.detection["detections"]] for r in evidence.reference])
+        return boxes.coco_map(list(dets), list(evidence.labels), evidence.detection["classes"])["map"]
+    top1 = np.concatenate([r[evidence.output_name] for r in evidence.reference]).argmax(1)
+    return float((top1 == evidence.labels).mean())
 
 
 def _details(checks: list[Check], verdict: Verdict, evidence: Evidence, gated: dict) -> dict:
@@ -160,7 +172,8 @@ def _details(checks: list[Check], verdict: Verdict, evidence: Evidence, gated: d
 
 def _nonfinite(evidence: Evidence) -> int:
     """How many validation images the reference itself gives NaN/Inf logits for."""
-    return int(sum((~np.isfinite(r[evidence.output_name])).any(axis=1).sum() for r in evidence.reference))
+    return int(sum((~np.isfinite(r[evidence.output_name].reshape(len(r[evidence.output_name]), -1))).any(axis=1).sum()
+                   for r in evidence.reference))
 
 
 def _refuse_broken_reference(cfg: Config, card, run_dir: RunDir, record: StageRecord, checks: list[Check],

@@ -233,3 +233,94 @@ def weight_spike(num_classes: int = 10):
 def strong_weight_spike(num_classes: int = 10):
     """The weight spike at 150x: a step of ~1.2 of the largest ordinary weight, most of them round to zero."""
     return WeightSpike(num_classes, spike=150.0)
+
+
+# --------------------------------------------------------------------------- detectors (tests/test_detection.py)
+
+
+class _TinyDetector(nn.Module):
+    """A small CenterNet-style detector (stride 4) with the registry's decode and NMS (models/detector.py): trains
+    in seconds on the embedded detection set; each fault below plants one defect in its head."""
+
+    task = "detection"
+    output_names = ("head", "detections")
+
+    def __init__(self, num_classes: int):
+        from models.detector import PostProcess
+
+        super().__init__()
+        self.num_classes = num_classes
+        self.body = nn.Sequential(nn.Conv2d(3, 16, 3, stride=2, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                                  nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
+                                  nn.Conv2d(32, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU())
+        self.heat = nn.Conv2d(32, num_classes, 1)
+        self.reg = nn.Conv2d(32, 4, 1)
+        with torch.no_grad():
+            self.heat.bias.fill_(-2.19)
+        self.postprocess = PostProcess(num_classes)
+
+    def scores(self, f):
+        return self.heat(f)
+
+    def boxes(self, f):
+        return self.reg(f)
+
+    def forward(self, x):
+        f = self.body(x)
+        head = torch.cat([self.scores(f), self.boxes(f)], 1)
+        if self.training:
+            return head
+        return head, self.postprocess(head)
+
+
+class DecodeOverflow(_TinyDetector):
+    """FP16 decode overflow: the head decodes its box sizes to pixels of a 65536-pixel canvas (exp, then x65536)
+    and takes the log again, inside the network rather than in the FP32 post-processing: exact in FP32, but every
+    size is over FP16's 65504, so FP16 makes it inf (AutoCast's range rule keeps it in FP32 when it is on)."""
+
+    def boxes(self, f):
+        r = self.reg(f)
+        size = torch.exp(r[:, :2]) * 65536.0
+        return torch.cat([torch.log(size) - 11.0903548889591, r[:, 2:]], 1)  # log(65536)
+
+
+class OutlierRegression(_TinyDetector):
+    """INT8-hostile regression head: its input has one channel 1000x the others (a fixed scale, undone by a frozen
+    diagonal 1x1 convolution). Per-tensor INT8 of that input rounds every other channel to zero: every box moves,
+    which no score shows. The heatmap does not read it."""
+
+    def __init__(self, num_classes: int):
+        super().__init__(num_classes)
+        scale = torch.ones(32)
+        scale[0] = 1000.0
+        self.register_buffer("outlier", scale.view(1, 32, 1, 1))
+        self.mix = _diagonal_mix(scale)
+
+    def boxes(self, f):
+        return self.reg(self.mix(f * self.outlier))
+
+
+class ScoreCancellation(_TinyDetector):
+    """A score head whose FP16 change flips NMS: its logits pass through ``(s + 384) - 384``, exact in FP32 and far
+    inside FP16's range, but FP16 rounds them to steps of 0.25 there: scores tie or swap, and peaks, NMS winners and
+    the boxes over the score threshold change."""
+
+    def scores(self, f):
+        return (self.heat(f) + 384.0) - 384.0
+
+
+def det_decode_overflow(num_classes: int = 6):
+    return DecodeOverflow(num_classes)
+
+
+def det_outlier_regression(num_classes: int = 6):
+    return OutlierRegression(num_classes)
+
+
+def det_score_cancellation(num_classes: int = 6):
+    return ScoreCancellation(num_classes)
+
+
+def det_tiny(num_classes: int = 6):
+    """The tiny detector without a fault."""
+    return _TinyDetector(num_classes)

@@ -36,6 +36,8 @@ def test_every_registered_model_is_in_the_table_below():
 # MobileNetV3 learns with its recipe in the test at its defaults below (10 classes, then every stage), which checks
 # the same learning verdict and eval-mode agreement: training it here too cost 12 s of the suite.
 AT_ITS_DEFAULTS = {"mobilenet_v3_small"}
+# The detectors learn (mAP against an untrained model's) in tests/test_detection.py.
+AT_ITS_DEFAULTS |= {n for n in models.list_models() if models.get_spec(n).task == "detection"}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n

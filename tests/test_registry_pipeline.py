@@ -26,6 +26,8 @@ def stage_statuses(run):
 
 # ResNet-18 passes every stage at the gate's defaults in tests/test_verify.py (test_resnet18_passes_with_defaults).
 ELSEWHERE = {"resnet18"}
+# The detectors run every stage in tests/test_detection.py (on the embedded detection set and a COCO folder).
+ELSEWHERE |= {n for n in models.list_models() if models.get_spec(n).task == "detection"}
 # A model built of exactly the module types of another, with the same card but for its depth and widths, gives the
 # stages nothing new (the same ONNX operators, the same precision decisions, deeper): its every-stage run is the
 # other's (the test below holds the claim). Each still trains with its own recipe in tests/test_recipes.py. Their

@@ -60,8 +60,9 @@ class ModelConfig(Section):
 
 
 class DataConfig(Section):
-    source: Literal["synthetic", "imagefolder", "cifar10"] = Field("synthetic", description="where images come from")
-    path: Optional[str] = Field(None, description="data directory (imagefolder, cifar10)")
+    source: Literal["synthetic", "imagefolder", "cifar10", "coco"] = Field(
+        "synthetic", description="where images come from (coco: a COCO-format detection folder, docs/detection.md)")
+    path: Optional[str] = Field(None, description="data directory (imagefolder, cifar10, coco)")
     image_size: Optional[int] = Field(32, gt=0, le=4096, description="square input size; null: the model's own")
     num_classes: int = Field(10, ge=2, le=1000, description="classes of the synthetic set")
     samples_per_class: int = Field(300, ge=2, description="images per class of the synthetic set")
@@ -288,6 +289,21 @@ class CandidateConfig(Section):
     _tolerances = model_validator(mode="after")(_check_tolerances)
 
 
+class DetectionGateConfig(Section):
+    """The task check of a detector (docs/detection.md): boxes matched with the reference's, and the mAP drop."""
+
+    match_iou: float = Field(0.5, gt=0, le=1, description="a candidate box matches a reference box of the same class "
+                             "at this IoU or more")
+    min_score: float = Field(0.3, ge=0, lt=1, description="boxes scored below this are not compared (as a "
+                             "deployment's score threshold drops them)")
+    min_matched_share: float = Field(0.9, ge=0, le=1, description="matched pairs among all boxes of either side, at "
+                                     "least (failed only when the upper confidence bound is below it)")
+    max_map_drop: float = Field(0.02, ge=0, le=1, description="mAP@0.5:0.95 drop against the ground truth, at most "
+                                "(failed only when the bootstrap's lower bound exceeds it)")
+    bootstrap: int = Field(200, ge=20, le=10000, description="bootstrap resamples of the images for the mAP drop's "
+                           "bound")
+
+
 class VerifyConfig(Section):
     samples: Optional[int] = Field(None, ge=1, description="real validation images compared (null: every "
                                    "validation image, up to max_samples)")
@@ -316,6 +332,8 @@ class VerifyConfig(Section):
     localize: bool = Field(True, description="on failure, find the first node whose error exceeds tolerance")
     localize_top: int = Field(10, ge=1, description="rows in the worst-nodes table")
     auto_fallback: bool = Field(False, description="on failure, move offending nodes to FP32 and retry")
+    detection: DetectionGateConfig = Field(default_factory=DetectionGateConfig, description="a detector's task "
+                                           "check (docs/detection.md)")
     fallback_iterations: int = Field(8, ge=1, description="fallback rounds before giving up")
 
 

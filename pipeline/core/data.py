@@ -70,7 +70,8 @@ def validation_batch(cfg: Config, card: dict, count: int, offset: int = 0) -> tu
     ``card`` is the run's model card: its spec gives the image size and the normalisation.
     """
     spec = card["spec"]
-    splits = load(cfg.data, image_size=spec["input_size"][1], mean=spec["mean"], std=spec["std"])
+    splits = load(cfg.data, image_size=spec["input_size"][1], mean=spec["mean"], std=spec["std"],
+                  task=spec.get("task", "classification"))
     n = min(count, len(splits.val) - offset)
     x, y = collate(fetch_items(splits.val, list(range(offset, offset + n))))
     return x.numpy().astype("float32"), y.numpy()
@@ -583,9 +584,27 @@ def _resize_u8(images: torch.Tensor, size: int) -> torch.Tensor:
 _SOURCES = {"synthetic": _synthetic, "imagefolder": _image_folder, "cifar10": _cifar10}
 
 
-def load(data_cfg: DataConfig, *, image_size: int, mean, std) -> DataSplits:
-    """Load the configured data set at ``image_size``, normalised with ``mean``/``std``."""
+def load(data_cfg: DataConfig, *, image_size: int, mean, std, task: str = "classification") -> DataSplits:
+    """Load the configured data set at ``image_size``, normalised with ``mean``/``std``; ``task`` (the model
+    spec's) picks the label format: class indices, or boxes (:mod:`pipeline.core.detection_data`)."""
+    if task == "detection" or data_cfg.source == "coco":
+        return _load_detection(data_cfg, image_size, mean, std, task)
     splits = _SOURCES[data_cfg.source](data_cfg, image_size, mean, std)
+    splits.details["normalisation"] = {"mean": [float(v) for v in mean], "std": [float(v) for v in std]}
+    return splits
+
+
+def _load_detection(data_cfg: DataConfig, image_size: int, mean, std, task: str) -> DataSplits:
+    from pipeline.core import detection_data  # it imports nothing from here (images are decoded by load_image)
+
+    if task != "detection":
+        raise DataError(f"data.source={data_cfg.source} holds boxes, but the model is a classifier; pick a detector "
+                        "(python -m pipeline models) or an image-folder data source")
+    sources = {"synthetic": detection_data.synthetic_splits, "coco": detection_data.coco_splits}
+    if data_cfg.source not in sources:
+        raise DataError(f"data.source={data_cfg.source} has class labels, but the model is a detector; use "
+                        "data.source=coco (a COCO-format folder) or synthetic (the embedded detection set)")
+    splits = DataSplits(**sources[data_cfg.source](data_cfg, image_size, mean, std, load_image))
     splits.details["normalisation"] = {"mean": [float(v) for v in mean], "std": [float(v) for v in std]}
     return splits
 
@@ -627,7 +646,7 @@ def content_summary(data_cfg: DataConfig, cache: Path | None = None) -> dict:
     import os
 
     if data_cfg.source == "synthetic":
-        return {"source": "synthetic"}
+        return {"source": "synthetic"}  # the same for a detector: the model's name is in every fingerprint
     root = Path(data_cfg.path).expanduser()
     if not root.is_dir():
         return {"source": data_cfg.source, "missing": str(root)}
@@ -731,7 +750,8 @@ def labelled_validation_batch(cfg: Config, card: dict, count: int, *, spread: bo
     ordered by class, so its first images would be the first classes only). ``names``, when given, receives
     each image's name: its file (relative to data.path) for an image folder, else ``val[<index>]``."""
     spec = card["spec"]
-    splits = load(cfg.data, image_size=spec["input_size"][1], mean=spec["mean"], std=spec["std"])
+    splits = load(cfg.data, image_size=spec["input_size"][1], mean=spec["mean"], std=spec["std"],
+                  task=spec.get("task", "classification"))
     check_classes(card, splits.classes)
     n = min(count, len(splits.val))
     indices = list(range(n))

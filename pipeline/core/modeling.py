@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from pipeline.core import tasks
 from pipeline.core.artifacts import MODEL_CARD, WEIGHTS
 from pipeline.core.errors import InputError, UsageError, first_line
 from pipeline.core.registry import models
@@ -97,6 +98,12 @@ def build(cfg: Config, num_classes: int, size: int) -> tuple[nn.Module, models.M
         except Exception as exc:
             raise UsageError(f"model {cfg.model.name!r} cannot run on {len(mean)}x{size}x{size} images: "
                              f"{type(exc).__name__}: {exc}") from None
+    task = tasks.of(spec)
+    if task.name != tasks.CLASSIFICATION:
+        problem = tasks.output_problem(task, out, 2, num_classes)
+        if problem:
+            raise UsageError(f"model {cfg.model.name!r}: {problem}")
+        return module, spec
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, num_classes):
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise UsageError(
@@ -264,6 +271,8 @@ def _spec_problem(spec: dict) -> str | None:
     size = spec.get("input_size")
     if not (isinstance(size, (list, tuple)) and len(size) == 3 and all(count(d, 1, 4096) for d in size)):
         return f"spec.input_size {size!r} is not [channels, height, width] of sizes 1..4096"
+    if spec.get("task", "classification") not in tasks.TASKS:
+        return f"spec.task {spec.get('task')!r} is not one of {sorted(tasks.TASKS)}"
     if not count(spec.get("num_classes"), 1, 1_000_000):
         return f"spec.num_classes {spec.get('num_classes')!r} is not a positive class count"
     for key in ("input_name", "output_name"):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import onnx
 
+from pipeline.core import tasks
 from pipeline.core.errors import InputError, first_line
 
 
@@ -144,9 +145,16 @@ def check_matches_spec(model: onnx.ModelProto, path: Path, spec: dict) -> None:
     if len(shape) != 4 or [d for d in shape[1:]] != expected:
         raise InputError(f"{path} input {spec['input_name']!r} has shape {shape}, but the model expects "
                          f"[batch, {', '.join(map(str, expected))}]; re-run export")
-    if outputs != [spec["output_name"]]:
-        raise InputError(f"{path} has outputs {outputs}, but the model card expects [{spec['output_name']!r}]; "
+    task = tasks.of(spec)
+    if outputs != task.outputs(spec):
+        raise InputError(f"{path} has outputs {outputs}, but the model card expects {task.outputs(spec)}; "
                          "re-run export")
+    if task.name != tasks.CLASSIFICATION:  # a detector's head: [batch, classes + 4, h, w]
+        out = output_shape(model, spec["output_name"])
+        if out and (len(out) != 4 or (isinstance(out[1], int) and out[1] != spec["num_classes"] + 4)):
+            raise InputError(f"{path} output {spec['output_name']!r} has shape {out}, but the model card expects "
+                             f"[batch, {spec['num_classes']} + 4, height, width]; re-run export")
+        return
     # Checked here, before anything runs: a graph from another run (other classes) otherwise ends in a
     # NumPy broadcast error deep inside the comparison.
     out = output_shape(model, spec["output_name"])

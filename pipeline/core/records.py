@@ -69,6 +69,7 @@ class Learning(schema.Open):
 
     learned: bool | None = None
     line: str | None = None
+    task: str | None = None  # "detection": the check compared mAP with an untrained model's (absent: a classifier)
 
 
 class PreciseBN(schema.Open):
@@ -191,6 +192,7 @@ class VerifyRecord(StageDetails):
     undecided: list[str] = Field(default_factory=list)
     reference_accuracy: float | None = None
     reference_learned: bool | None = None
+    reference_task: str | None = None  # "detection": reference_accuracy is the reference's mAP@0.5:0.95
 
     @property
     def judged_reference(self) -> bool:

@@ -17,8 +17,11 @@ __all__ = ["export_onnx"]
 
 
 def export_onnx(model: torch.nn.Module, example: torch.Tensor, path: Path, *, opset: int, exporter: str,
-                input_name: str, output_name: str, dynamic_batch: bool, weights_sha256: str = "") -> list[str]:
-    """Export ``model`` to ``path`` (atomically, stamped with ``weights_sha256``); returns the exporter's warnings."""
+                input_name: str, output_name: str, dynamic_batch: bool, weights_sha256: str = "",
+                extra_outputs: tuple[str, ...] = ()) -> list[str]:
+    """Export ``model`` to ``path`` (atomically, stamped with ``weights_sha256``); returns the exporter's warnings.
+    ``extra_outputs``: the names of the model's outputs after the first (a detector's ``detections``)."""
+    output_names = [output_name, *extra_outputs]
     with warnings.catch_warnings(record=True) as caught, atomic_path(path) as tmp:
         warnings.simplefilter("always")
         try:
@@ -27,14 +30,14 @@ def export_onnx(model: torch.nn.Module, example: torch.Tensor, path: Path, *, op
                 logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
                 dynamic = {"x": {0: torch.export.Dim("batch", min=1)}} if dynamic_batch else None
                 program = torch.onnx.export(model, (example,), dynamo=True, opset_version=opset,
-                                            input_names=[input_name], output_names=[output_name],
+                                            input_names=[input_name], output_names=output_names,
                                             dynamic_shapes=_dynamic_shapes(model, dynamic), external_data=False,
                                             verbose=False)
                 program.save(str(tmp))
             else:
-                axes = {input_name: {0: "batch"}, output_name: {0: "batch"}} if dynamic_batch else None
+                axes = {name: {0: "batch"} for name in (input_name, *output_names)} if dynamic_batch else None
                 torch.onnx.export(model, (example,), str(tmp), dynamo=False, opset_version=opset,
-                                  input_names=[input_name], output_names=[output_name], dynamic_axes=axes,
+                                  input_names=[input_name], output_names=output_names, dynamic_axes=axes,
                                   do_constant_folding=True)
         except Exception as exc:
             raise StageFailed(f"torch.onnx.export ({exporter}) failed: {type(exc).__name__}: "

@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pipeline.core import data, verdicts
+from pipeline.core import data, tasks, verdicts
 from pipeline.core.checks import Check, Evidence  # noqa: F401  (re-exported: the evaluation's vocabulary)
 from pipeline.core.errors import InputError, disk_full, first_line
 from pipeline.core.run import RunDir
 from pipeline.core.status import Status
 from pipeline.core.verdicts import Verdict
 from pipeline.evaluation import batching, conformance, conformance_runs
-from pipeline.precision import fallback
+from pipeline.precision import detection_gate, fallback
 from pipeline.precision import gate as criteria
 from pipeline.precision.plugs import Precision
 from pipeline.reports import verify_report
@@ -109,6 +109,11 @@ def _judge(chk: Check, ctx: Context, evidence: Evidence, gate: dict, batch_feeds
     if problem:
         return {"status": Status.ERROR, "reason": problem}
     evidence.outputs[chk.name] = outputs  # the last judged outputs (after a fallback: the replacement's)
+    if evidence.detection is not None:  # the task plug: boxes (pipeline.precision.detection_gate)
+        d = evidence.detection
+        result = detection_gate.judge(outputs, evidence.reference, evidence.labels, gate, evidence.output_name,
+                                      d["detections"], d["classes"], d["rules"], evidence.confidence)
+        return {**result, **verify_report.runtime_facts(runner)}
     result = compare(outputs, evidence.reference, evidence.labels, gate, evidence.output_name, evidence.confidence)
     return {**result, **verify_report.runtime_facts(runner)}  # its child's log, a runtime workaround
 
@@ -130,6 +135,8 @@ def _output_problem(chk: Check, outputs: list[dict], evidence: Evidence) -> str:
     name = evidence.output_name
     if name not in outputs[0]:
         return verify_report.wrong_outputs(list(outputs[0]), name)
+    if evidence.detection is not None and evidence.detection["detections"] not in outputs[0]:
+        return verify_report.wrong_outputs(list(outputs[0]), evidence.detection["detections"])
     got, want = tuple(outputs[0][name].shape[1:]), tuple(evidence.reference[0][name].shape[1:])
     if got != want:
         raise InputError(verify_report.wrong_output_shape(chk.name, chk.artifact, got, want))
@@ -150,7 +157,11 @@ def evidence(cfg: Config, card: dict, model) -> Evidence:
     log.info("verify: %d validation images in %d batches; reference %s", len(images), len(feeds), REFERENCE)
     ref_runner = TorchRunner(model, name=REFERENCE, input_name=spec["input_name"], output_name=spec["output_name"],
                              input_shape=tuple(spec["input_size"]))
-    return Evidence(feeds, collect(ref_runner, feeds), labels, spec["output_name"], cfg.verify.confidence, names)
+    task = tasks.of(spec)
+    detection = None if task.name == tasks.CLASSIFICATION else {
+        "detections": tasks.DETECTIONS, "classes": spec["num_classes"], "rules": cfg.verify.detection.model_dump()}
+    return Evidence(feeds, collect(ref_runner, feeds), labels, spec["output_name"], cfg.verify.confidence, names,
+                    detection=detection)
 
 
 IMAGE_BYTES_BUDGET = 256 << 20  # the images verify holds (and hands to each child process), at most

@@ -169,6 +169,7 @@ def plan(cfg: Config, evidence) -> RowPlan | None:
     name = next(iter(evidence.feeds[0]))
     images = np.concatenate([f[name] for f in evidence.feeds])
     logits = np.concatenate([r[evidence.output_name] for r in evidence.reference])
+    logits = logits.reshape(len(logits), -1)  # one row per image (a detector's head is [n, c, h, w])
     finite = np.where(np.isfinite(logits).all(axis=1), np.abs(logits).max(axis=1), -np.inf)
     size = min(cfg.build.max_batch, len(images))
     return RowPlan(images[:size], images[int(np.argmax(finite))], name, evidence.output_name)

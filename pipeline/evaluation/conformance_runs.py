@@ -46,6 +46,7 @@ def run_rows(runner, row_plan: conformance.RowPlan, static: bool) -> dict:
         # copied: a runner may hand back the same output buffer on every call
         outputs = [np.array(to_numpy(runner.infer({row_plan.input_name: b.array})[row_plan.output_name]))
                    for b in batches]
+        outputs = [o.reshape(len(o), -1) for o in outputs]  # one row per image (a detector's head is 4-D)
         out["runs"][name] = conformance.gather(batches, outputs, len(row_plan.images))
     return out
 

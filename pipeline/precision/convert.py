@@ -31,6 +31,26 @@ def _calibration_images(cfg: Config, card: dict, count: int):
     return validation_batch(cfg, card, count)
 
 
+# A detector's decode and NMS (the ``postprocess`` module of models/detector.py: sigmoid, exp of the box sizes, top-k,
+# NonMaxSuppression): kept in FP32 in every lower-precision graph by rule. exp() of a box size overflows FP16 at 11,
+# and NMS turns a rounded score into a box that appears or vanishes.
+POSTPROCESS_SCOPE = "/postprocess/"
+
+
+def fp32_by_rule(run_dir: RunDir) -> list[str]:
+    """The nodes of ``model.onnx`` every precision keeps in FP32 by rule (a detector's decode and NMS)."""
+    graph = onnx.load(str(run_dir.file(FP32_ONNX)), load_external_data=False)
+    return [n.name for n in graph.graph.node if n.name.startswith(POSTPROCESS_SCOPE)]
+
+
+def _by_rule_report(report: dict, nodes: list[str]) -> None:
+    if nodes:
+        report["fp32_by_rule"] = {"nodes": len(nodes), "why": "a detector's decode and NMS stay in FP32 by rule "
+                                                              "(exp overflows FP16; NMS turns a rounded score into a "
+                                                              "box that appears or vanishes)"}
+        log.info("export: %d nodes of the decode and NMS kept in FP32 by rule", len(nodes))
+
+
 def quantize_int8(cfg: Config, run_dir: RunDir, card: dict, out_of_int8: list[str], plug, out_name: str = INT8_ONNX,
                   fp32_nodes: list[str] = (), calibration_method: str | None = None) -> dict:
     """ModelOpt INT8 PTQ of ``model.onnx`` into ``out_name``, calibrated on real validation images; the
@@ -39,6 +59,8 @@ def quantize_int8(cfg: Config, run_dir: RunDir, card: dict, out_of_int8: list[st
     method = calibration_method or fallback.calibration_method(run_dir, plug) or cfg.export.int8.calibration_method
     ic = cfg.export.int8.model_copy(update={"calibration_method": method})
     images, _ = _calibration_images(cfg, card, ic.calibration_samples)
+    by_rule = fp32_by_rule(run_dir)
+    fp32_nodes = list(dict.fromkeys([*fp32_nodes, *by_rule]))
     # ModelOpt rewrites its input in place and writes intermediates beside it: it gets a private copy.
     with scratch_folder(run_dir.file(FP32_ONNX)) as scratch:
         fp32_copy, quantized = scratch / FP32_ONNX, scratch / out_name
@@ -48,6 +70,7 @@ def quantize_int8(cfg: Config, run_dir: RunDir, card: dict, out_of_int8: list[st
         provenance.stamp_file(quantized, source or "")
         onnx_io.check(quantized)
         install(quantized, run_dir.file(out_name))
+    _by_rule_report(report, by_rule)
     log.info("export: %s: %d Q/DQ pairs, %d nodes INT8 (%.1f%% of the matrix ops), %d FP16, %d FP32 (%.1f s)",
              out_name, report["qdq_pairs"], report["int8_nodes"], 100 * report["int8_fraction"],
              report["fp16_nodes"], report["fp32_nodes_count"], report["seconds"])
@@ -59,6 +82,8 @@ def convert_float(cfg: Config, run_dir: RunDir, card: dict, plug, fp32_nodes: li
     calibrated on real validation images, ``fp32_nodes`` kept in FP32 (the automatic fallback's)."""
     fc = getattr(cfg.export, plug.name)
     calib_path = run_dir.file(CALIBRATION)
+    by_rule = fp32_by_rule(run_dir)
+    fp32_nodes = list(dict.fromkeys([*fp32_nodes, *by_rule]))
     if fc.range_rule:
         images, _ = _calibration_images(cfg, card, fc.calibration_samples)
         with atomic_path(calib_path) as tmp:
@@ -74,6 +99,7 @@ def convert_float(cfg: Config, run_dir: RunDir, card: dict, plug, fp32_nodes: li
         onnx.save(model16, str(tmp))
         onnx_io.check(tmp)
     report["calibration_images"] = fc.calibration_samples if fc.range_rule else 0
+    _by_rule_report(report, by_rule)
     low = report[f"{plug.name}_nodes"]
     log.info("export: %s: %d of %d float nodes in %s (%.1f%%), %d kept in FP32", out_name, low,
              low + report["fp32_nodes_count"], plug.label, 100 * report[f"{plug.name}_fraction"],

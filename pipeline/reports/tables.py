@@ -247,8 +247,10 @@ def verify_sections(payload: dict) -> list[Section]:
     inputs = payload["inputs"]
     text = (f"Model {payload['model']}. Reference: PyTorch FP32. Inputs: {inputs['samples']} real validation "
             f"images ({inputs['source']}).")
-    table = Table(("candidate", "precision", "status", "scaled err", "max abs err", "top-1 agreement",
-                   "accuracy (ref)", "tolerance"), tuple(_candidate_row(c) for c in payload["candidates"]))
+    boxes = payload.get("task") == "detection"  # a detector: matched boxes and mAP (docs/detection.md)
+    table = Table(("candidate", "precision", "status", "scaled err (head)" if boxes else "scaled err", "max abs err",
+                   "matched boxes" if boxes else "top-1 agreement", "mAP@0.5:0.95 (ref)" if boxes else "accuracy (ref)",
+                   "tolerance"), tuple(_candidate_row(c) for c in payload["candidates"]))
     deployable = payload.get("deployable")
     if deployable is not None:
         undecided = payload.get("undecided") or []

@@ -149,6 +149,8 @@ def describe_tensor(t: dict, gate: dict) -> str:
 def describe_task(k: dict) -> list[str]:
     """The task criteria that failed or could not be decided, with the bound that decided them."""
     parts, a, d = [], k["agreement"], k["drop"]
+    if k.get("task") == "detection":
+        return _describe_boxes(k, a, d)
     if a["status"] != Status.PASSED:
         decided = k["samples"] - k.get("near_ties", 0)
         parts.append(f"top-1 agreement {100 * a['value']:.2f}% (min {100 * a['threshold']:.2f}%; upper bound "
@@ -157,6 +159,21 @@ def describe_task(k: dict) -> list[str]:
     if d["status"] != Status.PASSED:
         parts.append(f"accuracy drop {100 * d['value']:.2f} points (max {100 * d['threshold']:.2f}; lower bound "
                      f"{100 * d['lower_bound']:.2f} at {100 * k['confidence']:g}% confidence)")
+    return parts
+
+
+def _describe_boxes(k: dict, a: dict, d: dict) -> list[str]:
+    """A detector's task criteria that failed or could not be decided (pipeline.precision.detection_gate)."""
+    parts = []
+    if a["status"] != Status.PASSED:
+        parts.append(f"matched boxes {100 * a['value']:.2f}% ({k['matched_boxes']} of {k['boxes']} boxes scored >= "
+                     f"{k['min_score']:g}, same class, IoU >= {k['match_iou']:g}; min {100 * a['threshold']:.2f}%; "
+                     f"upper bound {100 * a['upper_bound']:.2f}% at {100 * k['confidence']:g}% confidence)")
+    if d["status"] != Status.PASSED:
+        parts.append(f"mAP@0.5:0.95 drop {100 * d['value']:.2f} points ({100 * k['reference_map']:.1f}% -> "
+                     f"{100 * k['map']:.1f}%; max {100 * d['threshold']:.2f}; bootstrap lower bound "
+                     f"{100 * d['lower_bound']:.2f} at {100 * k['confidence']:g}% confidence over {k['samples']} "
+                     "images)")
     return parts
 
 
@@ -261,9 +278,15 @@ def log_check(chk: Check) -> None:
         t, k = r["tensor_check"], r["task_check"]
         error = (f"scaled {t['scaled_error_quantile']:.3g}" if t.get("criterion") == "scaled"
                  else f"max rel {t['max_rel_error']:.3g}")
-        log.info("verify: %-17s %-12s max abs %.3g  %s  top-1 agreement %.2f%%  acc %.2f%% (ref %.2f%%)%s",
-                 chk.name, r["status"], t["max_abs_error"], error, 100 * k["top1_agreement"], 100 * k["accuracy"],
-                 100 * k["reference_accuracy"], "" if chk.gates else "  (reported only: not in verify.gate)")
+        if k.get("task") == "detection":
+            log.info("verify: %-17s %-12s max abs %.3g  %s  matched boxes %.2f%% (%d of %d)  mAP %.2f%% (ref %.2f%%)%s",
+                     chk.name, r["status"], t["max_abs_error"], error, 100 * k["matched_share"], k["matched_boxes"],
+                     k["boxes"], 100 * k["map"], 100 * k["reference_map"],
+                     "" if chk.gates else "  (reported only: not in verify.gate)")
+        else:
+            log.info("verify: %-17s %-12s max abs %.3g  %s  top-1 agreement %.2f%%  acc %.2f%% (ref %.2f%%)%s",
+                     chk.name, r["status"], t["max_abs_error"], error, 100 * k["top1_agreement"], 100 * k["accuracy"],
+                     100 * k["reference_accuracy"], "" if chk.gates else "  (reported only: not in verify.gate)")
         if r["status"] == Status.INCONCLUSIVE:
             log.warning("verify: %s inconclusive: %s; %s", chk.name, ", ".join(describe_task(k)), more_images(k))
 
@@ -309,6 +332,7 @@ def build_payload(cfg: Config, card, candidates: Sequence[Check], gated: dict, v
         "undecided": verdict.undecided,  # deployable only because the task check's bound could not decide
         "inconclusive_policy": cfg.verify.inconclusive,  # what an inconclusive verdict counted as (verify.inconclusive)
         "model": cfg.model.name,
+        **({"task": card["spec"]["task"]} if card["spec"].get("task", "classification") != "classification" else {}),
         "reference": reference,
         "inputs": {"what": "real validation images", "source": cfg.data.source, "samples": samples,
                    "batch_size": batch_size, "input_shape": ["batch", *card["spec"]["input_size"]]},
@@ -552,8 +576,10 @@ def read_accuracies(run_dir: RunDir) -> dict:
     return accuracies
 
 
-def reference_words(accuracy: float | None, learned: bool | None) -> str:
+def reference_words(accuracy: float | None, learned: bool | None, task: str | None = None) -> str:
     """The reference beside the verdicts (verify's log and its summary line): "passed" means the artifacts agree with
-    the FP32 model; its own accuracy, and train's learning check, say whether that model is any good."""
-    words = "reference (FP32) " + ("accuracy unknown" if accuracy is None else f"val acc {100 * accuracy:.1f}%")
+    the FP32 model; its own accuracy (a detector's mAP), and train's learning check, say whether that model is any
+    good."""
+    metric = "val mAP@0.5:0.95" if task == "detection" else "val acc"
+    words = "reference (FP32) " + ("accuracy unknown" if accuracy is None else f"{metric} {100 * accuracy:.1f}%")
     return words + (" (it did not learn)" if learned is False else "")

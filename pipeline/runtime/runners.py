@@ -309,6 +309,8 @@ class TorchRunner(Timed, BaseRunner):
         self.channels_last = channels_last
         self.compile = compile
         self.cuda_graphs = cuda_graphs
+        # A detector's outputs after the first (pipeline.core.tasks): the module names them (``output_names``).
+        self.extra_outputs: tuple[str, ...] = tuple(getattr(model, "output_names", ())[1:])
 
     @property
     def precision(self) -> str:
@@ -349,11 +351,14 @@ class TorchRunner(Timed, BaseRunner):
 
         x = self._input(torch.as_tensor(feed_dict[self.input_name]).to(self.device))
         start = time.perf_counter()
-        out = self._forward(x).float()
-        if out.device.type == "cuda":
+        out = self._forward(x)
+        # A detector returns (head, detections): named as its graph's outputs (pipeline.core.tasks), head first.
+        outs = [o.float() for o in out] if isinstance(out, tuple) else [out.float()]
+        if outs[0].device.type == "cuda":
             torch.cuda.synchronize()
         self.inference_time = time.perf_counter() - start
-        return OrderedDict([(self.output_name, out.cpu().numpy())])
+        names = [self.output_name, *self.extra_outputs]
+        return OrderedDict((name, o.cpu().numpy()) for name, o in zip(names, outs, strict=False))
 
     def timers(self, feed: dict, throughput: bool = True) -> Timers:
         x = self._input(feed[self.input_name])
@@ -870,7 +875,10 @@ class OpenVINORunner(Timed, BaseRunner):
         start = time.perf_counter()
         request.infer({0: x})
         self.inference_time = time.perf_counter() - start
-        return OrderedDict([(self.output_name, np.array(request.get_output_tensor(0).data))])
+        outputs = OrderedDict([(self.output_name, np.array(request.get_output_tensor(0).data))])
+        for i, port in enumerate(self.model.outputs[1:], start=1):  # a detector's detections
+            outputs[port.get_any_name()] = np.array(request.get_output_tensor(i).data)
+        return outputs
 
     def timers(self, feed: dict, throughput: bool = True) -> Timers:
         import openvino as ov

@@ -31,6 +31,7 @@ from pipeline.core.artifacts import BEST_CHECKPOINT, CHECKPOINT, CURVE, METRICS,
 from pipeline.core.errors import InputError, StageFailed, UsageError, check_interrupt, first_line
 from pipeline.core.run import RunDir, atomic_path
 from pipeline.training import batchnorm, learning
+from pipeline.training import detection as detection_training
 from pipeline.training.checkpoint import CHECKPOINT_FORMAT, load_checkpoint, save_checkpoint
 from pipeline.training.device import AMP_NAMES
 from pipeline.training.distributed import (
@@ -178,6 +179,7 @@ class Trainer:
     def __init__(self, cfg: Config, run_dir: RunDir, model: nn.Module, spec, splits, device, world: Dist, amp_dtype):
         self.cfg, self.tc, self.run_dir = cfg, cfg.train, run_dir
         self.model, self.spec, self.splits = model, spec, splits
+        self.detection = getattr(spec, "task", "classification") == "detection"  # the task plug: pipeline.core.tasks
         self.device, self.world, self.amp_dtype = device, world, amp_dtype
         self.sampler, self.batches, self.loader = build_loader(cfg, splits.train, world, device)
         self.batches_per_epoch = len(self.sampler) // cfg.data.batch_size
@@ -293,7 +295,7 @@ class Trainer:
     def micro_step(self, x, y, epoch: int, batch_index: int, group: StepGroup, group_size: int, sync: bool) -> float:
         """Forward and backward of one micro-batch; gradients accumulate until ``sync``."""
         check_interrupt()
-        if self.cfg.data.augment:
+        if self.cfg.data.augment and not self.detection:  # crops and flips would move a detector's boxes
             x = data_mod.augment(x, batch_generator(self.tc.seed, epoch, batch_index, self.world.rank))
         x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         if self.tc.channels_last:
@@ -316,6 +318,9 @@ class Trainer:
 
     def loss(self, logits: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The loss of one micro-batch (inside its autocast region); QAT's distils from the FP32 model."""
+        if self.detection:
+            post = unwrap(self.model).postprocess
+            return detection_training.loss(logits, y, post.num_classes, post.stride)
         return self.criterion(logits.float(), y)
 
     def step(self, epoch: int, batch_index: int, group: StepGroup) -> None:
@@ -392,9 +397,9 @@ class Trainer:
         self.metrics.write({"event": "epoch", "epoch": epoch, "step": st.step, "val_loss": val_loss,
                             "val_acc": val_acc, "val_acc_before_precise_bn": before, "amp": AMP_NAMES[self.amp_now],
                             "skipped_steps": st.skipped_steps})
-        log.info("train: epoch %d/%d  val loss %.4f  val acc %.2f%%%s  (%d skipped steps)", epoch + 1, self.tc.epochs,
-                 val_loss, 100 * val_acc, "" if before is None else f" ({100 * before:.2f}% before precise BN)",
-                 st.skipped_steps)
+        log.info("train: epoch %d/%d  val loss %.4f  %s %.2f%%%s  (%d skipped steps)", epoch + 1, self.tc.epochs,
+                 val_loss, "val mAP@0.5:0.95" if self.detection else "val acc", 100 * val_acc,
+                 "" if before is None else f" ({100 * before:.2f}% before precise BN)", st.skipped_steps)
         if not math.isfinite(val_loss):
             raise StageFailed(f"training diverged: the validation loss is {val_loss} after epoch {epoch + 1} "
                               f"({st.skipped_steps} steps skipped); {self.kept_checkpoint()}. {self.advice()}")
@@ -408,6 +413,9 @@ class Trainer:
                 save_checkpoint(self.best_path, state)
 
     def validate(self) -> tuple[float, float]:
+        if self.detection:  # loss and mAP@0.5:0.95 (recorded where a classifier's accuracy is)
+            return detection_training.evaluate(unwrap(self.model), self.splits.val, self.device, self.amp_now,
+                                               self.tc.channels_last)
         return evaluate(self.model, self.splits.val, self.device, self.world, self.amp_now, self.tc.channels_last)
 
     def precise_bn(self, epoch: int) -> float | None:
@@ -430,7 +438,7 @@ class Trainer:
         for b in range(min(self.tc.precise_bn.batches, self.batches_per_epoch)):
             check_interrupt()
             x, _ = data_mod.collate(data_mod.fetch_items(self.splits.train, order[b * size:(b + 1) * size]))
-            if self.cfg.data.augment:
+            if self.cfg.data.augment and not self.detection:
                 x = data_mod.augment(x, batch_generator(self.tc.seed, epoch, b, self.world.rank))
             x = x.to(self.device)
             yield x.contiguous(memory_format=torch.channels_last) if self.tc.channels_last else x
@@ -504,6 +512,21 @@ class Trainer:
         elif verdict.learned:
             log.info("train: %s", learning.summary(evidence, verdict, policy))
         return evidence, verdict, policy
+
+    def check_detection_learning(self) -> detection_training.DetectionLearning:
+        """A detector's learning check on the exported weights: its mAP against an untrained model's (the same
+        architecture, freshly initialised with ``train.seed``), with a bootstrap bound over the validation images."""
+        source = self.best_path if self.best_path.exists() else self.ckpt_path
+        model = unwrap(self.model)
+        model.load_state_dict(load_checkpoint(source)["model"])
+        with torch.random.fork_rng():
+            torch.manual_seed(self.tc.seed)
+            untrained, _ = modeling.build(self.cfg, self.splits.num_classes, self.spec.input_size[1])
+        result = detection_training.learning_check(
+            model, untrained.to(self.device), self.splits.val, self.device, self.cfg.verify.confidence,
+            self.tc.min_val_accuracy, self.tc.require_learning, self.tc.seed)
+        (log.info if result.learned else log.warning)("train: %s", result.line)
+        return result
 
     def learning_evidence(self, model: nn.Module) -> learning.LearningEvidence:
         """Counts over the validation images: eval mode (FP32, as exported and verified) on all of them; train mode,
