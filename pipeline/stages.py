@@ -246,13 +246,14 @@ STAGES = {
     # make every later `all --tune` tune again. What tune reads of export's is model.onnx, an input by content.
     "tune": Stage("tune", "tune", ("model", "data", "export", "verify", "benchmark", "tune", "qat"),
                   (a.WEIGHTS, a.MODEL_CARD, a.FP32_ONNX, *FALLBACKS), ("train",), not_read=_tune_not_read,
-                  help="choose the fastest INT8 (or FP16) mix that passes the gate, from measured per-layer "
+                  help="choose the fastest INT8 (or FP16, BF16) mix that passes the gate, from measured per-layer "
                        "sensitivity and measured speed; write it as the precision's fallback file",
                   options=(Option("--tune", "tune the precision mix (tune.precision) after build, so verify and "
                                   "benchmark judge the tuned artifact", in_all=True),
                            Option("--no-speed-gate", "report the speed-up without failing on tune.min_speedup"),
-                           Option("--precision", "the low precision to mix with higher precision: int8 or fp16 "
-                                  "(default: tune.precision)", config="tune.precision", metavar="int8|fp16")),
+                           Option("--precision", f"the low precision to mix with higher precision: "
+                                  f"{', '.join(PRECISIONS)} (default: tune.precision)", config="tune.precision",
+                                  metavar="|".join(PRECISIONS))),
                   summary=_tune_summary),
 
 
