@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.core.artifacts import xml_name
 from pipeline.core.run import RunDir
+from pipeline.core.timings import TimingKind
 
 if TYPE_CHECKING:  # annotations only
     from pipeline.core.config_schema import Config
@@ -33,7 +34,7 @@ if TYPE_CHECKING:  # annotations only
 log = logging.getLogger("pipeline")
 
 FLAG_RATIO = 1.5
-MODES = {"latency": "wall-clock", "throughput": "throughput"}  # benchmark_app's -hint -> our timing label's start
+MODES = {TimingKind.CPU_CALL: "latency", TimingKind.ASYNC_THROUGHPUT: "throughput"}  # our row's kind -> its -hint
 
 
 def find() -> str | None:
@@ -106,7 +107,7 @@ def side_by_side(cfg: Config, run_dir: RunDir, results: list[dict], input_size: 
         _, _, sidecar = openvino_ir.load(run_dir, precision)  # the same checked file, refused if it changed since
         xml = run_dir.file(xml_name(precision))
         for row in (r for r in ours if r["backend"] == name):
-            mode = next(m for m, start in MODES.items() if row["timing"].startswith(start))
+            mode = MODES[TimingKind(row["timing_kind"])]
             shape = [row["batch_size"], *input_size]
             theirs = run_one(exe, xml, shape, mode, sidecar["hint"], threads, seconds)
             rows.append(compare(row, mode, theirs))

@@ -20,7 +20,6 @@ if TYPE_CHECKING:  # type-checked against tensorrt-stubs (tests/test_typecheck.p
     from pipeline.core.config_schema import BuildConfig
 
 log = logging.getLogger("pipeline")
-GPU_COMPUTE = "GPU compute"  # the label of TensorrtRunner's device-side timer (runners.QueuedAheadTimer)
 
 
 def tensorrt_timing(model: onnx.ModelProto, images: np.ndarray, batches: list[int], method, *, build_cfg: BuildConfig,
@@ -48,7 +47,7 @@ def tensorrt_timing(model: onnx.ModelProto, images: np.ndarray, batches: list[in
         runtime = runtime_precisions(runner.engine, model, {input_name: shapes["opt"]})
         for batch in batches:
             x = np.ascontiguousarray(np.resize(images, (batch, *images.shape[1:])), dtype=dtype)
-            run_once = next(timer for label, timer in runner.timers({input_name: x}) if label.startswith(GPU_COMPUTE))
+            run_once = next(timer for timing, timer in runner.timers({input_name: x}) if timing.kind.on_gpu)
             samples = measure(run_once, method)["samples"]
             latency[batch] = float(np.median(samples))
             spread[batch] = [float(np.percentile(samples, 10)), float(np.percentile(samples, 90))]
