@@ -188,7 +188,7 @@ def test_bf16_sensitive_fault_fails_openvino_bf16_and_the_fallback_says_why(tmp_
     assert row["tensor_check"]["max_abs_error"] > row["tolerance"]["atol"]
     assert cli("verify", "--run-dir", run, "--auto-fallback") == 1
     row = candidate(run, "openvino_bf16")
-    assert row["status"] == "failed" and row["hint"] == verify_report.OPENVINO_BF16_NO_FALLBACK
+    assert row["status"] == "failed" and row["hint"] == backends.by_name("openvino_bf16").no_fallback_hint
     assert "openvino_bf16" in capsys.readouterr().err
 
 
