@@ -265,6 +265,47 @@ def test_each_plugs_faithful_candidate_is_a_table_emulation_of_its_graph():
         assert entry.graph == plug.name and not entry.deploys, plug.name
 
 
+# --------------------------------------------------------------------------- stages as values (issue 47)
+
+
+def stage_name_branches(path: Path, names: set[str]) -> list[str]:
+    """``importlib``/``import_module`` (a stage reached by a string) and every comparison with a stage's name
+    (``name == "verify"``, ``stage.name in ("benchmark", "compare")``, ``"tune" not in force``) in ``path``."""
+    def named(node) -> bool:
+        if isinstance(node, ast.Constant):
+            return node.value in names
+        return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(named(e) for e in node.elts)
+
+    hits = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Compare) and any(named(side) for side in (node.left, *node.comparators)):
+            hits.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)) and any("importlib" in (a.name or "") or
+                                                                     a.name == "import_module" for a in node.names):
+            hits.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.Attribute) and node.attr == "import_module":
+            hits.append((node.lineno, ast.unparse(node)))
+    return [f"{path.name}:{line}: {text}" for line, text in sorted(hits)]
+
+
+def test_stages_py_reaches_no_stage_by_string_and_branches_on_no_stage_name():
+    """The stage table holds each stage's callable, precheck, fingerprint parts and how it joins `all`: stages.py
+    never imports a stage module by name nor asks which stage it is handling."""
+    from pipeline.stages import STAGES
+
+    assert stage_name_branches(ROOT / "stages.py", set(STAGES)) == []
+
+
+def test_the_stage_branch_check_finds_imports_by_string_and_name_comparisons(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text('import importlib\na = importlib.import_module("pipeline.verify")\nb = name == "verify"\n'
+                    'c = stage.name in ("benchmark", "compare")\nd = "tune" not in force\ne = STAGES["tune"]\n'
+                    'f = stage.name in force\n')
+    assert [h.split(": ", 1)[1] for h in stage_name_branches(path, {"verify", "benchmark", "compare", "tune"})] == [
+        "import importlib", "importlib.import_module", "name == 'verify'", "stage.name in ('benchmark', 'compare')",
+        "'tune' not in force"]
+
+
 # --------------------------------------------------------------------------- typed contracts (issue 32)
 
 
