@@ -1,4 +1,6 @@
-"""pipeline: train an image model, export it to ONNX and FP16, build a TensorRT engine, verify, benchmark."""
+"""pipeline: train an image model, export it to ONNX with lower-precision graphs
+(FP16, BF16, INT8), build TensorRT engines and OpenVINO IR, verify every artifact against the FP32 PyTorch model,
+benchmark them, and tune, compare and deploy them."""
 
 from pipeline.core import telemetry as _telemetry
 

@@ -130,7 +130,7 @@ def latency_rows(run: RunDir, consumer: str) -> list[bundle_schema.RunRow]:
 
 
 def _latency_entries(run: RunDir) -> list[dict]:
-    keep = ("backend", "precision", "device", "batch_size", "timing", "verify", "samples_ms")
+    keep = ("backend", "precision", "device", "batch_size", "timing", "timing_kind", "verify", "samples_ms")
     rows = [{k: row.model_dump().get(k) for k in keep} for row in latency_rows(run, "baseline")]
     if not rows:
         raise UsageError(f"{run.path}: benchmark.json has no timed rows: nothing to hold latency to (run "

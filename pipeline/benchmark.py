@@ -31,13 +31,14 @@ from pipeline.core import artifacts, data, env, modeling
 from pipeline.core.errors import BackendUnavailable, InputError, UsageError
 from pipeline.core.run import RunDir, StageRecord, atomic_path, atomic_write, now, write_json
 from pipeline.core.status import Status
+from pipeline.core.timings import Timing, TimingKind
 from pipeline.core.verdicts import InconclusivePolicy, counts_as_passed
 from pipeline.evaluation import candidates
 from pipeline.reports import profile_report, verify_report
 from pipeline.runtime import backends, benchmark_app, isolate, layer_profile, stopping, trtexec
 from pipeline.runtime.backends import Backend, Context
 from pipeline.runtime.isolate import Crashed
-from pipeline.runtime.runners import THROUGHPUT_LABEL, Method, measure, one_line  # noqa: F401  (measure: the timing loop)
+from pipeline.runtime.runners import Method, measure, one_line  # noqa: F401  (measure: the timing loop)
 from pipeline.runtime.timing import summarize
 
 if TYPE_CHECKING:  # annotations only
@@ -129,29 +130,31 @@ def _time_batch(backend: Backend, ctx: Context, runner, batch: int, images, meth
     except Exception as exc:
         return [], [_error_row(backend, batch, None, one_line(exc))]
     rows, skips = [], []
-    for label, m in timings:
+    for timing, m in timings:
         if "error" in m:
-            skips.append(_error_row(backend, batch, label, m["error"]))
+            skips.append(_error_row(backend, batch, timing, m["error"]))
             continue
-        rows.append(_row(backend, ctx, runner, batch, label, m, verdict))
+        rows.append(_row(backend, ctx, runner, batch, timing, m, verdict))
         _log_row(rows[-1])
     return rows, skips
 
 
-def _error_row(backend: Backend, batch: int, label: str | None, error: str) -> dict:
-    log.warning("benchmark: %s at batch %d%s failed: %s", backend.name, batch, f" ({label})" if label else "", error)
-    return {"backend": backend.name, "batch_size": batch, **({"timing": label} if label else {}),
-            "reason": f"error: {error}"}
+def _error_row(backend: Backend, batch: int, timing: Timing | None, error: str) -> dict:
+    log.warning("benchmark: %s at batch %d%s failed: %s", backend.name, batch, f" ({timing.label})" if timing else "",
+                error)
+    return {"backend": backend.name, "batch_size": batch,
+            **({"timing": timing.label, "timing_kind": timing.kind} if timing else {}), "reason": f"error: {error}"}
 
 
-def _row(backend: Backend, ctx: Context, runner, batch: int, label: str, m: dict, verdict: str) -> dict:
+def _row(backend: Backend, ctx: Context, runner, batch: int, timing: Timing, m: dict, verdict: str) -> dict:
     stats = summarize(m["samples"], batch)
     return {
         "backend": backend.name,
         "precision": getattr(runner, "precision", None) or backend.shown_precision or backend.precision,
         "device": backend.on(ctx),
         "batch_size": batch,
-        "timing": label,
+        "timing": timing.label,  # for people; decisions read timing_kind
+        "timing_kind": timing.kind,
         "latency_ms": {k: stats[k] for k in ("mean", "std", "cv", "min", "max", "p50", "p90", "p95", "p99")},
         "throughput_per_s": stats["throughput"],
         "iterations": stats["iterations"],
@@ -159,7 +162,7 @@ def _row(backend: Backend, ctx: Context, runner, batch: int, label: str, m: dict
         "stop": m["stop"],  # runs taken, the median, its 95% interval, why timing stopped
         "first_run_ms": m["first_run_ms"],
         "cv_warning": m["cv_warning"],
-        "cuda_graphs": "CUDA graphs" in label,
+        "cuda_graphs": timing.kind.cuda_graphs,
         "verify": verdict,
         "note": getattr(runner, "note", "") or backend.note,
         "workaround": getattr(runner, "workaround", "") or None,
@@ -507,7 +510,7 @@ def _payload(cfg: Config, spec: dict, threads: int, results: list, skipped: list
 
 
 def _is_throughput(row: dict) -> bool:
-    return row["timing"].startswith(THROUGHPUT_LABEL)
+    return TimingKind(row["timing_kind"]).is_throughput
 
 
 def headline_rows(results: list[dict]) -> dict[str, tuple[dict, dict] | None]:
@@ -589,13 +592,19 @@ def _ratio_text(row: dict) -> str:
     return f" ({ratio:.2f}x eager FP32)" if ratio else ""
 
 
+def _plot_label(row: dict) -> str:
+    kind = TimingKind(row["timing_kind"])
+    return f"{row['backend']}\n{'GPU' if kind.on_gpu else row['device']}" + \
+        ("\nhost" if kind.clock == TimingKind.HOST_LATENCY else "")
+
+
 def add_ratios(results: list[dict]) -> None:
     """``vs_eager``: each row's images/s over eager FP32's (``torch_fp32``) at the same batch on the same device,
     measured in this run (the same kind of timing where torch_fp32 has it: GPU compute or host latency)."""
     for row in results:
         eager = [r for r in results if r["backend"] == backends.REFERENCE and r["batch_size"] == row["batch_size"]
                  and r["device"] == row["device"]]
-        same = [r for r in eager if r["timing"].split(" ")[0] == row["timing"].split(" ")[0]]
+        same = [r for r in eager if TimingKind(r["timing_kind"]).clock == TimingKind(row["timing_kind"]).clock]
         base = (same or eager or [None])[0]
         row["vs_eager"] = row["throughput_per_s"] / base["throughput_per_s"] if base and base["throughput_per_s"] \
             else None
@@ -622,8 +631,7 @@ def write_plots(run_dir: RunDir, payload: dict) -> list[str]:
     series = [r for r in results if r["batch_size"] == small and r.get("samples_ms")]
     if series:
         fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(series)), 4))
-        labels = [f"{r['backend']}\n{'GPU' if 'GPU compute' in r['timing'] else r['device']}"
-                  + ("\nhost" if r["timing"].startswith("host") else "") for r in series]
+        labels = [_plot_label(r) for r in series]
         ax.boxplot([r["samples_ms"] for r in series], showfliers=True, whis=(1, 99))
         ax.set_xticks(range(1, len(series) + 1), labels, fontsize=8)
         ax.set_ylabel("latency (ms), whiskers p1-p99")
@@ -635,11 +643,11 @@ def write_plots(run_dir: RunDir, payload: dict) -> list[str]:
         plt.close(fig)
         written.append(LATENCY_PLOT)
     fig, ax = plt.subplots(figsize=(7, 4))
-    keys = sorted({(r["backend"], r["timing"]) for r in results})
-    for backend, timing in keys:
+    keys = sorted({(r["backend"], TimingKind(r["timing_kind"])) for r in results})
+    for backend, kind in keys:
         pts = sorted((r["batch_size"], r["throughput_per_s"]) for r in results
-                     if r["backend"] == backend and r["timing"] == timing)
-        label = backend + (" (host)" if timing.startswith("host") else "")
+                     if r["backend"] == backend and r["timing_kind"] == kind)
+        label = backend + (" (host)" if kind.clock == TimingKind.HOST_LATENCY else "")
         ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=label)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("batch size")

@@ -66,9 +66,10 @@ def compare_artifacts(base: bundles.Bundle, run: Predictions, verdicts: dict, po
 
 
 def compare_latency(base: bundles.Bundle, run_rows, t: drift.Thresholds) -> list[dict]:
-    series = [drift.LatencySeries(r.backend, r.batch_size, r.timing, np.asarray(r.samples_ms))
+    series = [drift.LatencySeries(r.backend, r.batch_size, r.timing_kind, r.timing, np.asarray(r.samples_ms))
               for r in base.meta.latency]
-    here = [drift.LatencySeries(r.backend, r.batch_size, r.timing, np.asarray(r.samples_ms)) for r in run_rows]
+    here = [drift.LatencySeries(r.backend, r.batch_size, r.timing_kind, r.timing, np.asarray(r.samples_ms))
+            for r in run_rows]
     rows = drift.compare_latency(series, here, t)
     for row in rows:
         if row["status"] == Status.FAILED:

@@ -17,7 +17,6 @@ import contextlib
 import contextvars
 import functools
 import hashlib
-import importlib
 import json
 import logging
 import uuid
@@ -27,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.core import artifacts as a
-from pipeline.core import env, records
+from pipeline.core import env, manifest, records
 from pipeline.core.errors import BackendUnavailable, InputError, UsageError
 from pipeline.core.manifest import STAGE_ORDER
 from pipeline.core.run import RunDir, atomic_write, refuse_foreign, sha256_file
@@ -67,16 +66,33 @@ class Option:
 
 
 @dataclass(frozen=True)
+class JoinsAll:
+    """How a stage outside :data:`ORDER` takes part in ``all``: where, when it is wanted, and how ``all`` runs it."""
+
+    before: str | None  # the stage of ORDER it runs before; None: after the last
+    wanted: Callable[[Config, dict], bool]  # from the config and the stage's options given to `all`
+    run: Callable[[Config, RunDir, set[str]], None]  # runs it (or skips it as unchanged), noting this_invocation
+    # When not wanted: what the summary says of an earlier run's entry instead of showing it as this run's
+    # (None: the entry is shown as an earlier run's, like any stage this invocation did not reach).
+    off_note: str | None = None
+
+
+@dataclass(frozen=True)
 class Stage:
     name: str
-    module: str  # pipeline.<module>.run(cfg, run_dir, record, **options)
+    function: Callable[..., None]  # the stage: function(cfg, run_dir, record, **options)
     config_keys: tuple[str, ...]
     inputs: tuple[str, ...]  # artifact files whose hashes enter the fingerprint (when present)
     after: tuple[str, ...]  # upstream stages: when one of them re-runs, this stage re-runs too
     help: str = ""  # one line for the command line
     options: tuple[Option, ...] = ()
     summary: Callable[[dict], str] | None = None  # its note in the end-of-run summary, from its manifest entry
-    precheck: str | None = None  # pipeline.<module>.<precheck>(cfg): raises before the stage starts
+    precheck: Callable[[Config], None] | None = None  # raises before the stage starts (also when it is unchanged)
+    # The facts of this machine its results depend on (a fingerprint part): a stage re-runs on other hardware.
+    hardware: Callable[[], dict] = lambda: {}
+    # What it reads beyond its config sections and input files (fingerprint parts: verify's verdicts, a bundle).
+    reads: Callable[[Stage, Config, RunDir, dict | None], dict] | None = None
+    joins_all: JoinsAll | None = None  # a stage outside ORDER that `all` runs when wanted
     # The stage compares cfg.require with what it ran (verify's required candidates): a run that requires
     # more than the last one did re-runs it; a requirement is still a check, not a fingerprint input.
     checks_require: bool = False
@@ -85,9 +101,6 @@ class Stage:
     # its own is its output): left out of its fingerprint, or each run would change the next one's; the recorded
     # sha256 of its outputs still catches a hand edit.
     not_read: Callable[..., tuple[str, ...]] | None = None
-
-    def function(self) -> Callable:
-        return importlib.import_module(f"pipeline.{self.module}").run
 
     def options_for(self, cfg: Config, given: dict) -> dict:
         """The keyword arguments of the stage function: every declared option, from ``given`` or the config."""
@@ -113,7 +126,7 @@ class Stage:
         status = entry.get("status")
         # A failed check (exit 1: verify's gate) finished its work, so its summary stands; otherwise the
         # details of a stage that did not finish are partial, and its error is the note.
-        finished = status == Status.OK or (status == Status.FAILED and entry.get("exit_code") == 1)
+        finished = manifest.finished(entry)
         if status in (Status.FAILED, Status.INTERRUPTED) and not finished:
             return " ".join(str(entry.get("error") or "see the error above").split())
         if self.summary and finished:
@@ -205,6 +218,156 @@ def _compare_summary(entry: dict) -> str:
            f"{compare.environment}"
 
 
+# --------------------------------------------------------------------------- the stage functions
+# Each imports its module when called, so the table (and `--help`) loads none of them; each is a plain import, so
+# jump-to-definition and the import graph (tests/test_architecture.py) follow it.
+
+
+def _train(cfg: Config, run: RunDir, record, **options) -> None:
+    from pipeline import train
+
+    train.run(cfg, run, record, **options)
+
+
+def _export(cfg: Config, run: RunDir, record, **options) -> None:
+    from pipeline import export
+
+    export.run(cfg, run, record, **options)
+
+
+def _build(cfg: Config, run: RunDir, record, **options) -> None:
+    from pipeline import build
+
+    build.run(cfg, run, record, **options)
+
+
+def _build_precheck(cfg: Config) -> None:
+    from pipeline import build
+
+    build.check_required(cfg)
+
+
+def _verify(cfg: Config, run: RunDir, record, **options) -> None:
+    from pipeline import verify
+
+    verify.run(cfg, run, record, **options)
+
+
+def _benchmark(cfg: Config, run: RunDir, record, **options) -> None:
+    from pipeline import benchmark
+
+    benchmark.run(cfg, run, record, **options)
+
+
+def _tune(cfg: Config, run: RunDir, record, **options) -> None:
+    from pipeline import tune
+
+    tune.run(cfg, run, record, **options)
+
+
+def _qat(cfg: Config, run: RunDir, record, **options) -> None:
+    from pipeline import qat
+
+    qat.run(cfg, run, record, **options)
+
+
+def _compare(cfg: Config, run: RunDir, record, **options) -> None:
+    from pipeline import compare
+
+    compare.run(cfg, run, record, **options)
+
+
+def _deploy(cfg: Config, run: RunDir, record, **options) -> None:
+    from pipeline import deploy
+
+    deploy.run(cfg, run, record, **options)
+
+
+# --------------------------------------------------------------------------- fingerprint parts
+
+
+def _gpu_name() -> str | None:
+    import torch
+
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
+
+
+def _tensorrt_version() -> str | None:
+    return getattr(env.tensorrt_status()[0], "__version__", None)
+
+
+def _build_hardware() -> dict:
+    trt, reason = env.tensorrt_status()
+    return {"tensorrt": getattr(trt, "__version__", reason), "gpu": _gpu_name()}
+
+
+def _verify_hardware() -> dict:
+    """bf16 and int8 units decide whether openvino_bf16 and onnxrt_int8_cpu run."""
+    return {"gpu": _gpu_name(), "tensorrt": _tensorrt_version(), "cpu_bf16": env.cpu_has_native_bf16(),
+            "cpu_int8_dot": env.cpu_has_int8_dot_product()}
+
+
+def _benchmark_hardware() -> dict:
+    return {"cpu": env.cpu_model(), "cores": env.usable_cores(), "gpu": _gpu_name(), "tensorrt": _tensorrt_version()}
+
+
+def _verdicts_read(stage: Stage, cfg: Config, run: RunDir, options: dict | None) -> dict:
+    """verify's verdicts, which benchmark shows (the rest of verify's report does not matter), and the policy that
+    names the fastest of those that count as passed."""
+    from pipeline.reports.verify_report import read_policy, read_verdicts
+
+    return {"verify": read_verdicts(run), "verify_policy": read_policy(run)}
+
+
+def _compare_reads(stage: Stage, cfg: Config, run: RunDir, options: dict | None) -> dict:
+    """verify's verdicts, and what compare reads from outside the run's artifacts: the bundle (its path and its
+    files' sha256) and the environment facts it diffs."""
+    from pipeline import baseline
+
+    path = (options if options is not None else stage.options_for(cfg, {})).get("baseline")
+    return {**_verdicts_read(stage, cfg, run, options),
+            "compare": {"bundle": str(path), "files": baseline.digests(path),
+                        "environment": baseline.environment((run.manifest or {}).get("environment") or {})}}
+
+
+# --------------------------------------------------------------------------- stages that join `all` when wanted
+
+
+def _tune_in_all(cfg: Config, run: RunDir, force: set[str]) -> None:
+    """``all --tune``: tune (its speed gate only reported) before verify, then export and build again where its
+    int8_fallback.json changed them, so verify and benchmark judge and time the tuned artifact."""
+    stage = STAGES["tune"]
+    fresh, _ = up_to_date(stage, cfg, run)
+    ran = not fresh or stage.name in force
+    run.this_invocation[stage.name] = "ran" if ran else "unchanged"
+    if ran:
+        run_stage(stage.name, cfg, run, no_speed_gate=True)
+    for name in ("export", "build"):
+        if not up_to_date(STAGES[name], cfg, run)[0]:
+            run_stage(name, cfg, run)
+
+
+def _compare_in_all(cfg: Config, run: RunDir, force: set[str]) -> None:
+    """compare, unless it passed on the same bundle, verdicts, predictions, latency rows, config, code and
+    environment (a failed compare always runs again: its exit code is this run's result)."""
+    stage = STAGES["compare"]
+    fresh, why = up_to_date(stage, cfg, run)
+    if fresh:
+        check_requirements(stage, cfg)
+        run.this_invocation[stage.name] = "unchanged"
+        log.info("%s: unchanged since %s, skipped", stage.name, run.stage_entry(stage.name).get("ended"))
+        return
+    log.debug("%s: %s", stage.name, why)
+    run.this_invocation[stage.name] = "ran"
+    run_stage(stage.name, cfg, run)
+
+
+
+TUNE_IN_ALL = JoinsAll(before="verify", wanted=lambda cfg, options: bool(options.get("tune")), run=_tune_in_all)
+COMPARE_IN_ALL = JoinsAll(before=None, wanted=lambda cfg, options: bool(cfg.compare.baseline), run=_compare_in_all,
+                          off_note="compare.baseline is not set")
+
+
 # Each lower precision's graph, engine and fallback file (pipeline/precision/plugs.py), by name only: no plug is
 # loaded to build the table (`--help` stays light).
 GRAPHS = tuple(a.graph_file(p) for p in PRECISIONS)
@@ -214,53 +377,55 @@ FALLBACKS = tuple(a.fallback_file(p) for p in PRECISIONS)
 PROFILE = "record a torch.profiler trace (Chrome-trace JSON) of a few steps"
 
 STAGES = {
-    "train": Stage("train", "train", ("model", "data", "train"), (), (),
+    "train": Stage("train", _train, ("model", "data", "train"), (), (),
                    help="train the model with mixed precision (CPU, GPU, or torchrun)",
                    options=(Option("--resume", f"continue from the run's {a.CHECKPOINT}"),
                             Option("--profile", PROFILE)),
                    summary=_train_summary, distributed=True),
-    "export": Stage("export", "export", ("model", "data", "export"),
+    "export": Stage("export", _export, ("model", "data", "export"),
                     (a.WEIGHTS, a.MODEL_CARD, *FALLBACKS, a.QAT_BEST_CHECKPOINT), ("train",),
                     help="export FP32 ONNX, convert it to mixed-precision FP16 ONNX and quantize it to INT8 Q/DQ ONNX",
                     summary=_export_summary),
-    "build": Stage("build", "build", ("build",), (a.FP32_ONNX, *GRAPHS), ("export",),
+    "build": Stage("build", _build, ("build",), (a.FP32_ONNX, *GRAPHS), ("export",),
                    help="build strongly typed TensorRT engines, FP16 and INT8 (skipped without GPU/TensorRT), and "
                         "OpenVINO IR",
-                   precheck="check_required"),
+                   precheck=_build_precheck, hardware=_build_hardware),
     # verify reads build.min/opt/max_batch too: it checks every batch size the artifacts serve
     # (pipeline/evaluation/batching.py)
-    "verify": Stage("verify", "verify", ("model", "data", "build", "verify"),
+    "verify": Stage("verify", _verify, ("model", "data", "build", "verify"),
                     (a.WEIGHTS, a.MODEL_CARD, a.FP32_ONNX, *GRAPHS, *ENGINES),
                     ("train", "export", "build"),
                     help="compare every backend with the FP32 PyTorch model and gate on it",
                     options=(Option("--auto-fallback", "move failing FP16 nodes to FP32 until the gate passes",
                                     config="verify.auto_fallback", in_all=True),),
-                    summary=_verify_summary, checks_require=True),
+                    summary=_verify_summary, checks_require=True, hardware=_verify_hardware),
     # Benchmark shows verify's verdicts, so those (not verify's whole report) enter its fingerprint:
     # a tolerance change that does not flip a verdict does not re-time anything.
-    "benchmark": Stage("benchmark", "benchmark", ("model", "data", "benchmark"),
+    "benchmark": Stage("benchmark", _benchmark, ("model", "data", "benchmark"),
                        (a.WEIGHTS, a.FP32_ONNX, *GRAPHS, *ENGINES),
                        ("train", "export", "build"),
                        help="measure latency and throughput of every available backend",
-                       options=(Option("--profile", PROFILE),), summary=_benchmark_summary),
+                       options=(Option("--profile", PROFILE),), summary=_benchmark_summary,
+                       hardware=_benchmark_hardware, reads=_verdicts_read),
     # Not in ORDER: `tune`, or `all --tune` (after build; export and build again where its choice changed them).
     # Upstream is train, not export: export re-runs after tune to apply its choice, and a new export run id would
     # make every later `all --tune` tune again. What tune reads of export's is model.onnx, an input by content.
-    "tune": Stage("tune", "tune", ("model", "data", "export", "verify", "benchmark", "tune", "qat"),
+    "tune": Stage("tune", _tune, ("model", "data", "export", "verify", "benchmark", "tune", "qat"),
                   (a.WEIGHTS, a.MODEL_CARD, a.FP32_ONNX, *FALLBACKS), ("train",), not_read=_tune_not_read,
-                  help="choose the fastest INT8 (or FP16) mix that passes the gate, from measured per-layer "
+                  help="choose the fastest INT8 (or FP16, BF16) mix that passes the gate, from measured per-layer "
                        "sensitivity and measured speed; write it as the precision's fallback file",
                   options=(Option("--tune", "tune the precision mix (tune.precision) after build, so verify and "
                                   "benchmark judge the tuned artifact", in_all=True),
                            Option("--no-speed-gate", "report the speed-up without failing on tune.min_speedup"),
-                           Option("--precision", "the low precision to mix with higher precision: int8 or fp16 "
-                                  "(default: tune.precision)", config="tune.precision", metavar="int8|fp16")),
-                  summary=_tune_summary),
+                           Option("--precision", f"the low precision to mix with higher precision: "
+                                  f"{', '.join(PRECISIONS)} (default: tune.precision)", config="tune.precision",
+                                  metavar="|".join(PRECISIONS))),
+                  summary=_tune_summary, joins_all=TUNE_IN_ALL),
 
 
     # Not in ORDER: `qat`, or tune's third rung (tune.qat). It writes model.int8.onnx (and int8_fallback.json, which
     # makes export rebuild that graph from qat's checkpoint: a later `all` keeps it).
-    "qat": Stage("qat", "qat", ("model", "data", "train", "export", "qat"),
+    "qat": Stage("qat", _qat, ("model", "data", "train", "export", "qat"),
                  (a.WEIGHTS, a.MODEL_CARD, a.FP32_ONNX, a.FP16_FALLBACK), ("train",),
                  help="fine-tune the trained model for INT8 with fake quantization where PTQ puts its Q/DQ nodes "
                       "(quantization-aware training, distilled from the FP32 model) and write model.int8.onnx",
@@ -269,14 +434,14 @@ STAGES = {
     # A release gate across runs, not a step that makes an artifact: outside ORDER; `all` runs it last when
     # compare.baseline is set, and skips it as unchanged when nothing it reads changed: the bundle's two files and
     # their path (fingerprint), verify's verdicts for the files here now, these inputs, the environment it diffs.
-    "compare": Stage("compare", "compare", ("compare",),
+    "compare": Stage("compare", _compare, ("compare",),
                      (a.MODEL_CARD, a.VERIFY_JSON, a.VERIFY_PREDICTIONS, a.BENCHMARK_JSON), ("verify", "benchmark"),
                      help="compare the run with a baseline bundle (predictions, accuracy, latency, environment)",
                      options=(Option("--baseline", "the baseline bundle (`baseline --out`); default compare.baseline",
                                      config="compare.baseline", metavar="PATH"),),
-                     summary=_compare_summary),
+                     summary=_compare_summary, reads=_compare_reads, joins_all=COMPARE_IN_ALL),
     # A handoff, not a step of `all`: a Triton model repository outside the run directory (docs/deploy.md).
-    "deploy": Stage("deploy", "deploy", ("model", "data", "build", "verify", "deploy"),
+    "deploy": Stage("deploy", _deploy, ("model", "data", "build", "verify", "deploy"),
                     (a.VERIFY_JSON, a.BENCHMARK_JSON), ("verify", "benchmark"),
                     help="write a Triton model repository of every artifact that passed the gate (--serve: serve the "
                          "repository as written with a local Triton and gate what comes back)",
@@ -322,25 +487,6 @@ def _libraries() -> dict:
              "tensorrt-cu12", "tensorrt-cu13", "openvino")}
 
 
-def _hardware(stage: str) -> dict:
-    if stage == "build":
-        trt, reason = env.tensorrt_status()
-        return {"tensorrt": getattr(trt, "__version__", reason), "gpu": _gpu_name()}
-    if stage == "benchmark":
-        return {"cpu": env.cpu_model(), "cores": env.usable_cores(), "gpu": _gpu_name(),
-                "tensorrt": getattr(env.tensorrt_status()[0], "__version__", None)}
-    if stage == "verify":  # bf16 and int8 units decide whether openvino_bf16 and onnxrt_int8_cpu run
-        return {"gpu": _gpu_name(), "tensorrt": getattr(env.tensorrt_status()[0], "__version__", None),
-                "cpu_bf16": env.cpu_has_native_bf16(), "cpu_int8_dot": env.cpu_has_int8_dot_product()}
-    return {}
-
-
-def _gpu_name() -> str | None:
-    import torch
-
-    return torch.cuda.get_device_name() if torch.cuda.is_available() else None
-
-
 def fingerprint(stage: Stage, cfg: Config, run: RunDir, options: dict | None = None) -> str:
     """``options``: the stage function's keyword arguments (default: from the config); compare's bundle path."""
     config = cfg.to_dict()
@@ -352,7 +498,7 @@ def fingerprint(stage: Stage, cfg: Config, run: RunDir, options: dict | None = N
                    if name not in unread},
         "code": code_version(cfg),
         "libraries": _libraries(),
-        "hardware": _hardware(stage.name),
+        "hardware": stage.hardware(),
         # Each execution of a stage gets a new run id, so downstream stages re-run after it even
         # when it reproduced byte-identical outputs.
         "upstream_runs": {name: (run.stage_entry(name) or {}).get("run_id") for name in stage.after},
@@ -361,24 +507,9 @@ def fingerprint(stage: Stage, cfg: Config, run: RunDir, options: dict | None = N
         from pipeline.core.data import content_summary
 
         payload["data"] = content_summary(cfg.data, run.file(a.DATA_DIGESTS) if run.is_locked else None)
-    if stage.name in ("benchmark", "compare"):
-        from pipeline.reports.verify_report import read_policy, read_verdicts
-
-        payload["verify"] = read_verdicts(run)  # benchmark shows them; the rest of verify's report does not matter
-        payload["verify_policy"] = read_policy(run)  # and names the fastest of those that count as passed
-    if stage.name == "compare":
-        payload["compare"] = _compare_inputs(stage, cfg, run, options)
+    if stage.reads is not None:
+        payload.update(stage.reads(stage, cfg, run, options))
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
-
-
-def _compare_inputs(stage: Stage, cfg: Config, run: RunDir, options: dict | None) -> dict:
-    """What compare reads from outside the run's artifacts: the bundle (its path and its files' sha256) and the
-    environment facts it diffs."""
-    from pipeline import baseline
-
-    path = (options if options is not None else stage.options_for(cfg, {})).get("baseline")
-    return {"bundle": str(path), "files": baseline.digests(path),
-            "environment": baseline.environment((run.manifest or {}).get("environment") or {})}
 
 
 def up_to_date(stage: Stage, cfg: Config, run: RunDir) -> tuple[bool, str]:
@@ -458,8 +589,9 @@ def _changes(before: dict, after: dict, prefix: str = "") -> list[str]:
 
 def retrain_notice(cfg: Config, run: RunDir, force: set[str]) -> str | None:
     """The line ``all`` prints before it replaces trained weights without ``--force train``; None if it won't."""
-    stage, entry = STAGES["train"], run.stage_entry("train")
-    if "train" in force or not entry or entry.get("status") != Status.OK or not run.file(a.WEIGHTS).is_file():
+    stage = STAGES["train"]
+    entry = run.stage_entry(stage.name)
+    if stage.name in force or not entry or entry.get("status") != Status.OK or not run.file(a.WEIGHTS).is_file():
         return None
     if up_to_date(stage, cfg, run)[0]:
         return None
@@ -493,7 +625,7 @@ def check_requirements(stage: Stage, cfg: Config) -> None:
         if not ok:
             raise BackendUnavailable(f"CUDA required but {reason}")  # the stage stays named for the error
     if stage.precheck:
-        getattr(importlib.import_module(f"pipeline.{stage.module}"), stage.precheck)(cfg)
+        stage.precheck(cfg)
     current_stage.reset(token)
 
 
@@ -508,7 +640,7 @@ def run_stage(name: str, cfg: Config, run: RunDir, **options) -> dict:
         record.entry["run_id"] = uuid.uuid4().hex
         record.entry["require"] = sorted(cfg.require)
         record.entry["config"] = _sections(stage, cfg)  # what it ran with: `all` names a change before re-training
-        stage.function()(cfg, run, record, **options)
+        stage.function(cfg, run, record, **options)
     current_stage.reset(token)  # left set on failure, so the CLI can name the stage that failed
     save_config(run)  # its artifacts were made with this config
     if _replaced_artifacts(name, run):
@@ -547,7 +679,7 @@ def run_worker(name: str, cfg: Config, run_dir: str | Path, **options) -> None:
     stage = STAGES[name]
     run = RunDir(run_dir)
     current_stage.set(name)
-    stage.function()(cfg, run, StageRecord(run, name, {}), **stage.options_for(cfg, options))
+    stage.function(cfg, run, StageRecord(run, name, {}), **stage.options_for(cfg, options))
 
 
 def run_stages(cfg: Config, run: RunDir, *, force: set[str] | None = None, options: dict | None = None) -> dict:
@@ -563,8 +695,8 @@ def run_stages(cfg: Config, run: RunDir, *, force: set[str] | None = None, optio
     run.this_invocation = {}  # what summary() may show as this invocation's: the rest is marked as earlier
     for name in ORDER:
         stage = STAGES[name]
-        if name == "verify" and options.get("tune", {}).get("tune"):
-            _tune_in_all(cfg, run, force)
+        for joining in _joining(before=name):
+            _join(joining, cfg, run, force, options)
         if name not in force:
             fresh, why = up_to_date(stage, cfg, run)
             if fresh:
@@ -576,41 +708,31 @@ def run_stages(cfg: Config, run: RunDir, *, force: set[str] | None = None, optio
             log.debug("%s: %s", name, why)
         run.this_invocation[name] = "ran"
         run_stage(name, cfg, run, **options.get(name, {}))
-    if cfg.compare.baseline:  # the release gate, skipped only when nothing it reads changed
-        _compare_in_all(cfg, run)
-    else:
-        run.this_invocation["compare"] = NOT_CONFIGURED
+    for joining in _joining(before=None):  # compare: the release gate, skipped only when nothing it reads changed
+        _join(joining, cfg, run, force, options)
     return run.manifest
 
 
 NOT_CONFIGURED = "not configured"
 
 
-def _compare_in_all(cfg: Config, run: RunDir) -> None:
-    """compare, unless it passed on the same bundle, verdicts, predictions, latency rows, config, code and
-    environment (a failed compare always runs again: its exit code is this run's result)."""
-    stage = STAGES["compare"]
-    fresh, why = up_to_date(stage, cfg, run)
-    if fresh:
-        check_requirements(stage, cfg)
-        run.this_invocation["compare"] = "unchanged"
-        log.info("compare: unchanged since %s, skipped", run.stage_entry("compare").get("ended"))
-        return
-    log.debug("compare: %s", why)
-    run.this_invocation["compare"] = "ran"
-    run_stage("compare", cfg, run)
+def _joining(*, before: str | None) -> list[Stage]:
+    """The stages outside ORDER that join `all` before the stage ``before`` (None: after the last)."""
+    return [s for s in STAGES.values() if s.joins_all is not None and s.joins_all.before == before]
 
 
-def _tune_in_all(cfg: Config, run: RunDir, force: set[str]) -> None:
-    """``all --tune``: tune (its speed gate only reported) before verify, then export and build again where its
-    int8_fallback.json changed them, so verify and benchmark judge and time the tuned artifact."""
-    fresh, _ = up_to_date(STAGES["tune"], cfg, run)
-    run.this_invocation["tune"] = "unchanged" if fresh and "tune" not in force else "ran"
-    if run.this_invocation["tune"] == "ran":
-        run_stage("tune", cfg, run, no_speed_gate=True)
-    for name in ("export", "build"):
-        if not up_to_date(STAGES[name], cfg, run)[0]:
-            run_stage(name, cfg, run)
+def _join(stage: Stage, cfg: Config, run: RunDir, force: set[str], options: dict) -> None:
+    joins = stage.joins_all
+    if joins.wanted(cfg, options.get(stage.name, {})):
+        joins.run(cfg, run, force)
+    elif joins.off_note:
+        run.this_invocation[stage.name] = NOT_CONFIGURED
+
+
+def summary_order() -> tuple[str, ...]:
+    """The stages the end-of-run summary lists: ORDER, each stage that joins `all` where it runs."""
+    names = [n for name in ORDER for n in (*(s.name for s in _joining(before=name)), name)]
+    return (*names, *(s.name for s in _joining(before=None)))
 
 
 def run_all(cfg: Config, run_dir: str | Path, *, force: set[str] | None = None, options: dict | None = None,
@@ -633,14 +755,14 @@ def run_all(cfg: Config, run_dir: str | Path, *, force: set[str] | None = None, 
 def summary(run: RunDir) -> str:
     """One line per stage, for the end of ``all``."""
     lines = [f"\nrun directory: {run.path}"]
-    done = getattr(run, "this_invocation", None)
-    for name in (*ORDER[:3], *(["tune"] if run.stage_entry("tune") else []), *ORDER[3:], "compare"):
+    done = run.this_invocation
+    for name in summary_order():
         entry = run.stage_entry(name) or {}
-        if name not in ORDER and not entry:  # compare: only where it ran
+        if name not in ORDER and not entry:  # tune, compare: only where they ran
             continue
         line = f"  {name:<10} {entry.get('status', 'not run'):<12} {STAGES[name].line(entry)}"
         if done is not None and done.get(name) == NOT_CONFIGURED:  # not part of this result: said, not shown
-            line = f"  {name:<10} {'not run':<12} compare.baseline is not set: the compare that ended " \
+            line = f"  {name:<10} {'not run':<12} {STAGES[name].joins_all.off_note}: the {name} that ended " \
                    f"{entry.get('ended')} ({entry.get('status')}) is not part of this result"
         elif done is not None and name not in done and entry:  # not reached now: an earlier run's row
             line = f"  {name:<10} {'earlier':<12} (not run now; an earlier run ended {entry.get('ended')}: " \

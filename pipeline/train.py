@@ -32,9 +32,6 @@ __all__ = ["BEST_CHECKPOINT", "CHECKPOINT", "CURVE", "METRICS", "TRACE", "Traine
 
 # --------------------------------------------------------------------------- the stage
 
-MODE_CHECK_IMAGES = 256  # validation images the learning check predicts in train mode and in eval mode
-
-
 def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, resume: bool = False, profile: bool = False) -> None:
     """Train ``cfg.model`` on ``cfg.data`` into ``run_dir`` (checkpoints, weights, metrics, curve)."""
     device = resolve_device(cfg)

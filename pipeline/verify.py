@@ -93,13 +93,13 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, auto_fallback: boo
     for chk in checks:
         candidates.check(chk, cfg, ctx, evidence, batch_feeds, rows)
         verify_report.log_check(chk)
-    export_broken = any(c.name == "onnxrt_fp32" and c.status == Status.FAILED for c in checks)
-    if export_broken:
-        next(c for c in checks if c.name == "onnxrt_fp32").result["hint"] = verify_report.EXPORT_BROKEN_HINT
+    broken = [c for c in checks if c.backend.checks_export and c.status == Status.FAILED]
+    export_broken = bool(broken)
+    for chk in broken:
+        chk.result["hint"] = verify_report.EXPORT_BROKEN_HINT
         log.warning(verify_report.EXPORT_BROKEN_LOG)
-    for chk in (c for c in checks if c.name == "openvino_bf16" and c.status == Status.FAILED):
-        # the FP32 fallback cannot reach an OpenVINO kernel
-        chk.result["hint"] = verify_report.OPENVINO_BF16_NO_FALLBACK
+    for chk in (c for c in checks if c.backend.no_fallback_hint and c.status == Status.FAILED):
+        chk.result["hint"] = chk.backend.no_fallback_hint  # no fallback file reaches its kernels
     gated = {} if export_broken else {
         plug.name: _precision_gate(plug, cfg, run_dir, card, ctx, fp32_model, evidence, checks, hashes,
                                    auto_fallback=auto_fallback)

@@ -164,12 +164,12 @@ def torch_section(batch: int = 8, size: int = 224) -> dict:
             return model(x)
 
     x_dev, stream = x_host.cuda(), torch.cuda.Stream()
-    eager = {"a_benchmark": p50(dict(runners.cuda_timers(forward, x_host, cuda_graphs=False))[_gpu_label(False)]),
+    eager = {"a_benchmark": p50(_by_kind(runners.cuda_timers(forward, x_host, cuda_graphs=False))[GPU]),
              "b_events": events_around(lambda: forward(x_dev), stream),
              "enqueue": enqueue_ms(lambda: forward(x_dev), stream)}
-    timers = dict(runners.cuda_timers(forward, x_host, cuda_graphs=True))
-    graphed = {"a_benchmark": p50(timers[_gpu_label(True)])}
-    host = p50(next(v for k, v in timers.items() if k.startswith("host latency")))
+    timers = _by_kind(runners.cuda_timers(forward, x_host, cuda_graphs=True))
+    graphed = {"a_benchmark": p50(timers[GPU_GRAPHS])}
+    host = p50(timers[HOST_GRAPHS])
     with torch.cuda.stream(stream):
         for _ in range(3):
             forward(x_dev)
@@ -191,10 +191,14 @@ def torch_section(batch: int = 8, size: int = 224) -> dict:
             "checks": [check_record(c) for c in checks]}
 
 
-def _gpu_label(graphs: bool) -> str:
-    from pipeline.runtime.runners import QUEUED_AHEAD
+# pipeline.core.timings.TimingKind's values (a StrEnum: each kind is its string)
+GPU, GPU_GRAPHS = "gpu_compute", "gpu_compute_cuda_graphs"
+HOST, HOST_GRAPHS = "host_latency", "host_latency_cuda_graphs"
 
-    return f"GPU compute ({QUEUED_AHEAD}, device-resident input)" + (" with CUDA graphs" if graphs else "")
+
+def _by_kind(timers) -> dict:
+    """A runner's timers by their kind's name (pipeline.core.timings.TimingKind; its labels are prose)."""
+    return {timing.kind.value: run_once for timing, run_once in timers}
 
 
 # --------------------------------------------------------------------------- TensorRT engines
@@ -250,9 +254,9 @@ def batch_section(runner, run, target, name: str, out_name: str, shape: list[int
     from pipeline.runtime import gpu_check, runners
 
     x = np.random.default_rng(0).standard_normal(shape).astype(dtype)
-    plain = dict(runner.timers({name: x}))
-    gpu = next(v for k, v in plain.items() if k.startswith("GPU compute"))
-    host = p50(next(v for k, v in plain.items() if k.startswith("host latency")))
+    plain = _by_kind(runner.timers({name: x}))
+    gpu = plain[GPU]
+    host = p50(plain[HOST])
     bound = runner.bound
     enqueue = enqueue_ms(bound.enqueue, bound.stream)
     nographs = {"a_benchmark": p50(gpu), "b_events": events_around(bound.enqueue, bound.stream), "enqueue": enqueue,
@@ -304,7 +308,9 @@ def trtexec_compute(run, target, input_name: str, shape: list[int], graphs: bool
         return "not run: trtexec is not on PATH"
     out = run.file(trtexec.DIR)
     out.mkdir(parents=True, exist_ok=True)
-    kind = "GPU compute" if graphs else trtexec.NO_GRAPHS
+    from pipeline.core.timings import TimingKind
+
+    kind = TimingKind.GPU_COMPUTE if graphs else trtexec.NO_GRAPHS
     result = trtexec.measure(exe, run.file(target.engine), f"{input_name}:" + "x".join(map(str, shape)), kind, out,
                              f"gpu_check.{target.precision}.b{shape[0]}", method(), shape[0], built_by)
     if "not_run" in result:

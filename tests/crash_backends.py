@@ -12,6 +12,7 @@ import os
 import signal
 
 from pipeline.runtime import backends
+from pipeline.runtime.runners import CPU_WALL_CLOCK
 
 REAL = backends.by_name("onnxrt_fp16_cpu")
 
@@ -35,7 +36,7 @@ def crashing_make(ctx):
     if os.environ.get("CRASH_AT") == "stop":
         runner.infer_impl = _stop
     if os.environ.get("CRASH_AT") == "time":
-        runner.timers = lambda feed, throughput=True: [("wall-clock, synchronous CPU call", _segfault)]
+        runner.timers = lambda feed, throughput=True: [(CPU_WALL_CLOCK, _segfault)]
     return runner
 
 

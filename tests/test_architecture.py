@@ -3,7 +3,8 @@
 Layers, lowest first: ``core`` < ``precision`` (and ``training``) < ``runtime`` < ``reports`` < ``evaluation`` < the
 stage modules and the orchestration (``cli``, ``stages``, ``config``, ``doctor``, ``bench_train``). A module imports
 only its own layer or lower ones; there is no import cycle; a stage module never imports another stage module;
-and no status string is written outside :mod:`pipeline.core.status`.
+no status string is written outside :mod:`pipeline.core.status`; and no backend's name is written outside the
+backend table (:data:`BACKEND_NAME_HOMES` lists the exceptions and why).
 """
 
 from __future__ import annotations
@@ -202,6 +203,107 @@ def test_the_precision_check_finds_a_branch_and_leaves_data(tmp_path):
                     'd = hint == "bf16"\ne = x.precision == other\n')
     assert [h.split(": ", 1)[1] for h in precision_branches(path)] == ["plug.precision == 'int8'",
                                                                          "precision in ('fp16', 'bf16')"]
+
+
+# --------------------------------------------------------------------------- one backend identity (issue 47)
+
+# The modules that may write a backend's name as a literal, each with its reason; everything else reads the table's
+# entries (a flag or a field of the entry, `backends.REFERENCE`, `by_name`).
+BACKEND_NAME_HOMES = {
+    "runtime/backends.py": "the backend table itself",
+    "precision/plugs.py": "each plug names its faithful candidate (`faithful`): the precision layer sits below the "
+                          "runtime's table, so it cannot read it; test_each_plugs_faithful_candidate_is_a_table_"
+                          "emulation_of_its_graph holds the two together",
+    "core/config_schema.py": "the default of deploy.serve_candidate: the schema is the bottom layer; deploy refuses a "
+                             "serve_candidate it did not deploy",
+    "deploy.py": "its own table of deployable backends, which issue 44 rewrites (this issue leaves deploy.py to it)",
+}
+
+
+def backend_names() -> set[str]:
+    from pipeline.runtime import backends
+
+    return {b.name for b in backends.TABLE} | {b.candidate for b in backends.TABLE if b.candidate} | \
+        set(backends.RENAMED)
+
+
+def backend_literals(path: Path, names: set[str]) -> list[str]:
+    """Every string literal in ``path`` that is a backend's name (``"onnxrt_fp32"``), or an f-string that makes one
+    from a family's prefix (``f"tensorrt_{p}"``)."""
+    prefixes = {n.split("_", 1)[0] + "_" for n in names}
+    hits = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Constant) and node.value in names:
+            hits.append((node.lineno, repr(node.value)))
+        elif isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant) and \
+                node.values[0].value in prefixes:
+            hits.append((node.lineno, ast.unparse(node)))
+    return [f"{path.parent.name}/{path.name}:{line}: {text}" for line, text in sorted(hits)]
+
+
+def test_no_backend_name_is_written_outside_the_backend_table():
+    names = backend_names()
+    files = [p for p in sorted(ROOT.rglob("*.py")) if p.relative_to(ROOT).as_posix() not in BACKEND_NAME_HOMES]
+    assert [hit for p in files for hit in backend_literals(p, names)] == []
+    assert all((ROOT / home).is_file() for home in BACKEND_NAME_HOMES)  # a moved module leaves no stale exemption
+
+
+def test_the_backend_name_check_finds_a_literal_and_a_made_name(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text('a = c.name == "onnxrt_fp32"\nb = f"tensorrt_{p}"\nc = "onnxrt_fp32 is fine in prose"\n'
+                    'd = f"{x}_fp32"\ne = "openvino"\n')
+    assert [h.split(": ", 1)[1] for h in backend_literals(path, {"onnxrt_fp32", "tensorrt_fp16"})] == \
+        ["'onnxrt_fp32'", "f'tensorrt_{p}'"]
+
+
+def test_each_plugs_faithful_candidate_is_a_table_emulation_of_its_graph():
+    from pipeline.precision import plugs
+    from pipeline.runtime import backends
+
+    for plug in plugs.PLUGS.values():
+        entry = next(b for b in backends.TABLE if b.candidate == plug.faithful)
+        assert entry.graph == plug.name and not entry.deploys, plug.name
+
+
+# --------------------------------------------------------------------------- stages as values (issue 47)
+
+
+def stage_name_branches(path: Path, names: set[str]) -> list[str]:
+    """``importlib``/``import_module`` (a stage reached by a string) and every comparison with a stage's name
+    (``name == "verify"``, ``stage.name in ("benchmark", "compare")``, ``"tune" not in force``) in ``path``."""
+    def named(node) -> bool:
+        if isinstance(node, ast.Constant):
+            return node.value in names
+        return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(named(e) for e in node.elts)
+
+    hits = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Compare) and any(named(side) for side in (node.left, *node.comparators)):
+            hits.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)) and any("importlib" in (a.name or "") or
+                                                                     a.name == "import_module" for a in node.names):
+            hits.append((node.lineno, ast.unparse(node)))
+        elif isinstance(node, ast.Attribute) and node.attr == "import_module":
+            hits.append((node.lineno, ast.unparse(node)))
+    return [f"{path.name}:{line}: {text}" for line, text in sorted(hits)]
+
+
+def test_stages_py_reaches_no_stage_by_string_and_branches_on_no_stage_name():
+    """The stage table holds each stage's callable, precheck, fingerprint parts and how it joins `all`: stages.py
+    never imports a stage module by name nor asks which stage it is handling."""
+    from pipeline.stages import STAGES
+
+    assert stage_name_branches(ROOT / "stages.py", set(STAGES)) == []
+
+
+def test_the_stage_branch_check_finds_imports_by_string_and_name_comparisons(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text('import importlib\na = importlib.import_module("pipeline.verify")\nb = name == "verify"\n'
+                    'c = stage.name in ("benchmark", "compare")\nd = "tune" not in force\ne = STAGES["tune"]\n'
+                    'f = stage.name in force\n')
+    assert [h.split(": ", 1)[1] for h in stage_name_branches(path, {"verify", "benchmark", "compare", "tune"})] == [
+        "import importlib", "importlib.import_module", "name == 'verify'", "stage.name in ('benchmark', 'compare')",
+        "'tune' not in force"]
 
 
 # --------------------------------------------------------------------------- typed contracts (issue 32)

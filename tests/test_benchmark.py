@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline import benchmark
+from pipeline.core.timings import Timing, TimingKind
 from pipeline.runtime import timing
 
 
@@ -257,7 +258,7 @@ class _FailsAtBatch:
             raise RuntimeError("TensorRT execute_async_v3 returned False")
 
         second = bad if self.where == "timer" and batch == self.bad_batch else ok
-        return [("first", ok), ("second", second)]
+        return [(Timing(TimingKind.GPU_COMPUTE, "first"), ok), (Timing(TimingKind.HOST_LATENCY, "second"), second)]
 
 
 @pytest.mark.parametrize("where", ["timers", "timer"])

@@ -36,6 +36,21 @@ print('ok')
     assert out.stdout.strip().endswith("ok")
 
 
+def test_tune_precision_help_names_every_precision_the_config_accepts(capsys):
+    """`tune --precision` help once said `int8|fp16` though bf16 was accepted: it is derived from the config."""
+    import typing
+
+    from pipeline.cli import build_parser
+    from pipeline.core.config_schema import TuneConfig
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["tune", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    accepted = typing.get_args(TuneConfig.model_fields["precision"].annotation)
+    assert f"--precision {'|'.join(accepted)}" in text
+    assert all(name in text.split("--precision", 2)[2] for name in accepted)
+
+
 def test_models_lists_registry(capsys):
     assert cli("models") == 0
     out = capsys.readouterr().out

@@ -8,6 +8,7 @@ import json
 import shutil
 import time
 import zipfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,7 +17,8 @@ from conftest import TINY, cli
 from pipeline import config, stages
 from pipeline.core.errors import CheckFailed
 from pipeline.core.run import RunDir
-from pipeline.runtime import backends
+from pipeline.core.timings import Timing, TimingKind
+from pipeline.runtime import backends, runners
 from pipeline.runtime.runners import TorchRunner
 
 # benchmark of the in-process PyTorch backend only, one thread, enough timed runs for compare to judge
@@ -55,6 +57,40 @@ def test_own_bundle_after_a_fresh_benchmark_passes_20_of_20(benched):
     report = json.loads((run / "compare.json").read_text())
     assert report["latency"] and all(r["status"] == "passed" for r in report["latency"])
     assert all(a["agreement"]["value"] == 1.0 for a in report["artifacts"])
+
+
+def test_rewording_a_timing_label_changes_no_comparison(benched, monkeypatch):
+    """compare matches rows on (backend, batch, timing kind): a runner whose label is reworded after the baseline
+    was written is still compared row for row (it was "missing", exit 1, while the label was the key)."""
+    run, cfg, bundle = benched
+    reworded = Timing(TimingKind.CPU_CALL, "host wall clock around one blocking call (reworded)")
+    monkeypatch.setattr(runners, "CPU_WALL_CLOCK", reworded)
+    stages.run_stage("benchmark", cfg, RunDir(run))
+    assert {r["timing"] for r in json.loads((run / "benchmark.json").read_text())["results"]} == {reworded.label}
+    stages.run_stage("compare", cfg, RunDir(run), baseline=str(bundle))
+    rows = json.loads((run / "compare.json").read_text())["latency"]
+    assert rows and all(r["status"] == "passed" and r["timing_kind"] == "cpu_call" for r in rows)
+    assert {r["timing"] for r in rows} == {"wall-clock, synchronous CPU call"}  # the baseline's label, shown
+
+
+RELEASE_0_1_0 = Path(__file__).parent / "data" / "release_0.1.0"
+
+
+def test_a_bundle_written_by_release_0_1_0_compares_with_exit_0_against_its_own_run(tmp_path, capsys):
+    """tests/data/release_0.1.0/bundle: what `baseline` of release 0.1.0 (commit b015ec5) wrote of a tiny_cnn run
+    (conftest's TINY, benchmark.batch_sizes=[1,2], benchmark.threads=1, benchmark.backends=[torch_fp32,onnxrt_fp32,
+    openvino_fp32]); run/: the files of that run compare reads. Neither has ``timing_kind``: its rows are keyed by
+    the kinds their labels name, read once (pipeline.core.timings.legacy_kind), the async-throughput row included."""
+    run = tmp_path / "run"
+    shutil.copytree(RELEASE_0_1_0 / "run", run)
+    assert cli("compare", "--run-dir", run, "--baseline", RELEASE_0_1_0 / "bundle") == 0
+    report = json.loads((run / "compare.json").read_text())
+    assert {a["name"]: a["status"] for a in report["artifacts"]} == dict.fromkeys(
+        ["onnxrt_fp32", "fp16_emulation", "onnxrt_fp16_cpu", "openvino_fp32", "openvino_bf16"], "passed")
+    assert {(r["backend"], r["batch_size"], r["timing_kind"]) for r in report["latency"]} == {
+        *((b, n, "cpu_call") for b in ("torch_fp32", "onnxrt_fp32", "openvino_fp32") for n in (1, 2)),
+        ("openvino_fp32", 2, "async_throughput")}
+    assert all(r["status"] in ("passed", "skipped") and r["ratio"] in (1.0, None) for r in report["latency"])
 
 
 def _slow_runner(ctx):

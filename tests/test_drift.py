@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.core.status import Status
+from pipeline.core.timings import TimingKind
 from pipeline.evaluation import drift
 from pipeline.evaluation.predictions import Top5
 
@@ -318,8 +319,8 @@ def test_a_speed_up_never_fails():
     assert result["ratio"] == 0.1 and result["status"] == Status.PASSED
 
 
-def _series(samples, backend="onnxrt_fp32", batch=1, timing=None):
-    return drift.LatencySeries(backend, batch, timing, np.asarray(samples, float))
+def _series(samples, backend="onnxrt_fp32", batch=1, kind=TimingKind.CPU_CALL, label="wall-clock"):
+    return drift.LatencySeries(backend, batch, kind, label, np.asarray(samples, float))
 
 
 def test_a_row_timed_in_the_baseline_and_not_here_is_missing():
@@ -337,18 +338,40 @@ def test_a_row_is_judged_only_with_min_samples_on_both_sides(base_n, run_n, judg
         assert row["reason"] == f"{min(base_n, run_n)} timed runs, fewer than compare.min_samples (20)"
 
 
-def test_rows_are_matched_by_backend_batch_and_timing_and_seeded_by_position():
+def test_rows_are_matched_by_backend_batch_and_timing_kind_and_seeded_by_position():
     rng = np.random.default_rng(3)
+    host = TimingKind.HOST_LATENCY
     noisy = [_series(rng.uniform(1, 2, 30)), _series(rng.uniform(1, 2, 30), batch=4),
-             _series(rng.uniform(1, 2, 30), timing="host")]
-    here = [_series(rng.uniform(1, 2, 30), timing="host"), _series(rng.uniform(1, 2, 30), batch=4),
-            _series(rng.uniform(1, 2, 30), timing="device")]
+             _series(rng.uniform(1, 2, 30), kind=host, label="host")]
+    here = [_series(rng.uniform(1, 2, 30), kind=host, label="host"), _series(rng.uniform(1, 2, 30), batch=4),
+            _series(rng.uniform(1, 2, 30), kind=TimingKind.GPU_COMPUTE, label="device")]
     rows = drift.compare_latency(noisy, here, T)
     assert [r["status"] for r in rows] == [Status.MISSING, Status.PASSED, Status.PASSED]
-    assert [r["timing"] for r in rows] == [None, None, "host"]
+    assert [r["timing_kind"] for r in rows] == [TimingKind.CPU_CALL, TimingKind.CPU_CALL, host]
     expected = drift.latency_check(noisy[1].samples_ms, here[1].samples_ms, max_ratio=3.0, resamples=200,
                                    confidence=0.95, seed=T.seed + 1)
-    assert rows[1]["ci_low"] == expected["ci_low"] and rows[1]["batch_size"] == 4 and rows[1]["timing"] is None
+    assert rows[1]["ci_low"] == expected["ci_low"] and rows[1]["batch_size"] == 4
+
+
+@FAST
+@given(st.lists(st.tuples(st.sampled_from(list(TimingKind)), st.sampled_from([1, 4]), st.integers(0, 2**31)),
+                min_size=1, max_size=6, unique_by=lambda r: r[:2]),
+       st.data())
+def test_rewording_timing_labels_changes_no_comparison(rows, data):
+    """compare keys rows on (backend, batch, timing kind): any labels, on either side, give the same rows
+    (labels aside): the same statuses, ratios and intervals."""
+    def side(labels, seed_offset):
+        return [_series(np.random.default_rng(seed + seed_offset).uniform(1, 2, 30), batch=batch, kind=kind,
+                        label=label) for (kind, batch, seed), label in zip(rows, labels, strict=True)]
+
+    def labels():
+        return data.draw(st.lists(st.none() | st.text(max_size=20), min_size=len(rows), max_size=len(rows)))
+
+    plain = drift.compare_latency(side([k.value for k, _, _ in rows], 0), side([k.value for k, _, _ in rows], 1), T)
+    reworded = drift.compare_latency(side(labels(), 0), side(labels(), 1), T)
+    assert [{k: v for k, v in r.items() if k != "timing"} for r in reworded] == \
+        [{k: v for k, v in r.items() if k != "timing"} for r in plain]
+    assert all(r["status"] != Status.MISSING for r in reworded)
 
 
 # --------------------------------------------------------------------------- the gate
@@ -526,7 +549,8 @@ def test_the_reasons_an_artifact_is_missing_word_for_word():
 
 def test_a_missing_row_word_for_word_with_every_field():
     row = drift.latency_row(_series([1.0, 3.0]), None, T, seed=0)
-    assert row == {"backend": "onnxrt_fp32", "batch_size": 1, "timing": None, "baseline_p50_ms": 2.0, "ratio": None,
+    assert row == {"backend": "onnxrt_fp32", "batch_size": 1, "timing": "wall-clock", "timing_kind": "cpu_call",
+                   "baseline_p50_ms": 2.0, "ratio": None,
                    "ci_low": None, "ci_high": None, "status": Status.MISSING, "run_p50_ms": None,
                    "reason": "timed in the baseline, not in this run's benchmark.json (benchmark.backends or "
                              "batch_sizes changed, or the backend is not available here)"}

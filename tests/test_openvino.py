@@ -20,6 +20,7 @@ from pipeline import benchmark, config, doctor
 from pipeline.core import artifacts
 from pipeline.core.errors import InputError, UsageError
 from pipeline.core.run import RunDir, sha256_file
+from pipeline.core.timings import TimingKind
 from pipeline.reports import verify_report
 from pipeline.runtime import backends, benchmark_app, openvino_ir
 from pipeline.runtime.backends import Context
@@ -187,7 +188,7 @@ def test_bf16_sensitive_fault_fails_openvino_bf16_and_the_fallback_says_why(tmp_
     assert row["tensor_check"]["max_abs_error"] > row["tolerance"]["atol"]
     assert cli("verify", "--run-dir", run, "--auto-fallback") == 1
     row = candidate(run, "openvino_bf16")
-    assert row["status"] == "failed" and row["hint"] == verify_report.OPENVINO_BF16_NO_FALLBACK
+    assert row["status"] == "failed" and row["hint"] == backends.by_name("openvino_bf16").no_fallback_hint
     assert "openvino_bf16" in capsys.readouterr().err
 
 
@@ -224,8 +225,9 @@ def test_benchmark_openvino_rows_throughput_ratios_and_benchmark_app(clone_run, 
     payload = json.loads((run / artifacts.BENCHMARK_JSON).read_text())
     rows = [r for r in payload["results"] if r["backend"] == "openvino_fp32"]
     # the async-throughput row at the largest batch only: the one batch whose images/s the summary names
-    assert {(r["batch_size"], r["timing"].split(":")[0]) for r in rows} == \
-        {(1, CPU_WALL_CLOCK), (2, CPU_WALL_CLOCK), (2, "throughput")}
+    assert {(r["batch_size"], r["timing_kind"]) for r in rows} == \
+        {(1, "cpu_call"), (2, "cpu_call"), (2, "async_throughput")}
+    assert {r["timing"].split(":")[0] for r in rows} == {CPU_WALL_CLOCK.label, "throughput"}
     assert "Async-throughput rows (OpenVINO) at batch 2 only" in (run / artifacts.BENCHMARK_MD).read_text()
     eager = {r["batch_size"]: r["throughput_per_s"] for r in payload["results"] if r["backend"] == "torch_fp32"}
     for r in rows:
@@ -251,9 +253,10 @@ def test_benchmark_openvino_rows_throughput_ratios_and_benchmark_app(clone_run, 
         assert "benchmark_app beside ours" in text and "far apart" in text, name
 
 
-def _row(backend, batch, p50, images, verify="passed", device="cpu", timing=CPU_WALL_CLOCK):
+def _row(backend, batch, p50, images, verify="passed", device="cpu", timing=CPU_WALL_CLOCK.label):
+    kind = TimingKind.ASYNC_THROUGHPUT if timing.startswith("throughput") else TimingKind.CPU_CALL
     return {"backend": backend, "batch_size": batch, "latency_ms": {"p50": p50}, "throughput_per_s": images,
-            "verify": verify, "device": device, "timing": timing, "deployable": verify == "passed"}
+            "verify": verify, "device": device, "timing": timing, "timing_kind": kind, "deployable": verify == "passed"}
 
 
 def test_headline_names_the_fastest_passing_artifact_per_device_at_batch_1_and_the_largest():
@@ -365,6 +368,5 @@ def test_benchmark_app_checks_only_the_rows_the_summary_names_by_default(clone_r
     # latency at 1 and 2, async throughput at 2 (the largest batch): three rows, two rows checked, each in
     # benchmark_app.ROUNDS interleaved rounds
     assert len(payload["results"]) == 3 and len(calls.read_text().splitlines()) == 2 * benchmark_app.ROUNDS
-    mode = {row["timing"]: next(m for m, start in benchmark_app.MODES.items() if row["timing"].startswith(start))
-            for row in (best, top)}
-    assert checked == {(best["backend"], 1, mode[best["timing"]]), (top["backend"], 2, mode[top["timing"]])}
+    mode = {row["timing_kind"]: benchmark_app.MODES[row["timing_kind"]] for row in (best, top)}
+    assert checked == {(best["backend"], 1, mode[best["timing_kind"]]), (top["backend"], 2, mode[top["timing_kind"]])}

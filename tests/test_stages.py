@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
-import types
 
 import pytest
 
@@ -127,11 +125,8 @@ def test_a_stage_in_the_table_is_a_command_with_its_options_and_summary(tmp_path
         calls.append(shout)
         record.details["said"] = "HELLO" if shout else "hello"
 
-    module = types.ModuleType("pipeline._probe_stage")
-    module.run = run
-    monkeypatch.setitem(sys.modules, "pipeline._probe_stage", module)
     monkeypatch.setitem(stages.STAGES, "probe", stages.Stage(
-        "probe", "_probe_stage", ("model",), (), (), help="say hello",
+        "probe", run, ("model",), (), (), help="say hello",
         options=(stages.Option("--shout", "say it loudly"),), summary=lambda entry: entry["details"]["said"]))
 
     with pytest.raises(SystemExit):
@@ -163,9 +158,9 @@ def test_summary_lines_come_from_each_stage(tmp_path):
 def test_verify_is_stale_on_a_cpu_with_other_bf16_units(monkeypatch):
     """openvino_bf16 is skipped without bf16 units: a verify from such a CPU must re-run on one that has them."""
     monkeypatch.setattr(stages.env, "cpu_has_native_bf16", lambda: False)
-    without = stages._hardware("verify")
+    without = stages.STAGES["verify"].hardware()
     monkeypatch.setattr(stages.env, "cpu_has_native_bf16", lambda: True)
-    assert stages._hardware("verify") != without
+    assert stages.STAGES["verify"].hardware() != without
 
 
 # What each stage reads of the config, written out here rather than read from the stage table: a section dropped

@@ -15,6 +15,7 @@ from conftest import BF16_ON, FAULTS, ROOT, TINY, cli
 from pipeline import config, verify
 from pipeline.core import artifacts
 from pipeline.evaluation import candidates
+from pipeline.reports import verify_report
 from pipeline.runtime import tensorrt_engine
 
 SCHEMA = json.loads((ROOT / "docs" / "verify.schema.json").read_text())
@@ -170,6 +171,10 @@ def test_export_fault_does_not_pass(trained, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "FP32 export itself disagrees" in err
     assert statuses(run)["onnxrt_fp32"] == "failed"
+    # the table's export check (Backend.checks_export) carries the hint, and no precision gate ran on a broken export
+    by_name = {c["name"]: c for c in report(run)["candidates"]}
+    assert by_name["onnxrt_fp32"]["hint"] == verify_report.EXPORT_BROKEN_HINT
+    assert "localisation and fallback are skipped" in err
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["stages"]["export"]["details"]["exporter_warnings"]  # the tracer warned, and it was recorded
 

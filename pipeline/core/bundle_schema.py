@@ -5,6 +5,10 @@ and bounded here: strings by length (names by a pattern), lists by size, latenci
 accuracy a fraction, per-class keys the class list, artifact names and latency rows unique. Its
 ``predictions.npz`` is checked by :func:`pipeline.evaluation.predictions.read`, and tied to this file by its
 sha256. The rows compare reads from this run's ``benchmark.json`` are typed here as well.
+
+A latency row is keyed by its backend, batch size and timing kind (:class:`pipeline.core.timings.TimingKind`); its
+``timing`` label is for people. Rows written before the kind was recorded (release 0.1.0: bundles and benchmark.json
+without ``timing_kind``) get it from their label here, once (:func:`pipeline.core.timings.legacy_kind`).
 """
 
 from __future__ import annotations
@@ -13,10 +17,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, StringConstraints, model_validator
 
-from pipeline.core import schema
+from pipeline.core import schema, timings
 from pipeline.core.errors import InputError
 from pipeline.core.schema import Open, Strict
 from pipeline.core.status import Status
+from pipeline.core.timings import TimingKind
 
 SCHEMA = "pipeline.baseline/2"
 OLD_SCHEMAS = ("pipeline.baseline/1",)  # no image digests: refused, with how to write a new one
@@ -33,6 +38,14 @@ Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 Millis = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 BatchSize = Annotated[int, Field(ge=1, le=MAX_BATCH)]
+Kind = Annotated[TimingKind, Field(strict=False)]  # its JSON string
+
+
+def _kind_from_label(row: Any) -> Any:
+    """A row without ``timing_kind`` (written by release 0.1.0) gets the kind its ``timing`` label names."""
+    if isinstance(row, dict) and row.get("timing_kind") is None and isinstance(row.get("timing"), str):
+        return {**row, "timing_kind": timings.legacy_kind(row["timing"])}
+    return row
 
 
 class Environment(Strict):
@@ -73,13 +86,16 @@ class LatencyRow(Strict):
     precision: Text | None
     device: Text | None
     batch_size: BatchSize
-    timing: Text | None
+    timing: Text | None  # the label, for people
+    timing_kind: Kind
     verify: Text | None
     samples_ms: Annotated[list[Millis], Field(min_length=1, max_length=MAX_SAMPLES)]
 
+    _legacy = model_validator(mode="before")(_kind_from_label)
+
     @property
     def key(self) -> tuple:
-        return self.backend, self.batch_size, self.timing
+        return self.backend, self.batch_size, self.timing_kind
 
 
 class Meta(Strict):
@@ -111,7 +127,7 @@ class Meta(Strict):
                 raise ValueError(f"artifacts: {a.name}: per_class_accuracy does not name the classes, in order")
         keys = [row.key for row in self.latency]
         if len(set(keys)) != len(keys):
-            raise ValueError("latency: a (backend, batch size, timing) row is listed twice")
+            raise ValueError("latency: a (backend, batch size, timing kind) row is listed twice")
         return self
 
 
@@ -140,7 +156,10 @@ class RunRow(Open):
     backend: Name
     batch_size: BatchSize
     timing: Text | None = None
+    timing_kind: Kind | None = None  # None: an error row that names no timing
     samples_ms: Annotated[list[Millis], Field(max_length=MAX_SAMPLES)] | None = None
+
+    _legacy = model_validator(mode="before")(_kind_from_label)
 
 
 class BenchmarkRows(Open):

@@ -32,6 +32,12 @@ class Candidate(Protocol):
     @property
     def deploys(self) -> bool: ...  # a deployment (False: an emulation, which computes its graph by rounding)
 
+    @property
+    def checks_export(self) -> bool: ...  # its verdict is the FP32 export's own check
+
+    @property
+    def no_fallback_hint(self) -> str: ...  # said when it fails where no fallback file can help ("": one can)
+
 
 @dataclass
 class Check:

@@ -18,6 +18,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, NonNegativeIn
 from pipeline.core import schema
 from pipeline.core.artifacts import OPENVINO_DIR
 from pipeline.core.errors import InputError
+from pipeline.core.status import Status
 
 Sha256 = constr(pattern=r"^[0-9a-f]{64}$")
 
@@ -79,6 +80,14 @@ class Manifest(BaseModel):
     model: str | None = None
     environment: dict[str, Any] = {}
     files: list[Annotated[str, AfterValidator(_top_level_name)]] = []  # the ledger (pipeline.core.run.own)
+
+
+def finished(entry: dict) -> bool:
+    """Whether a stage's manifest entry records work that finished: it ended ok, or it failed its check (exit 1: a
+    gate, such as verify's, that judged everything before it failed), so its details and reports are complete.
+    Any other failure, or an interruption, leaves them partial."""
+    status = entry.get("status")
+    return status == Status.OK or (status == Status.FAILED and entry.get("exit_code") == 1)
 
 
 def validate(data: Any, path) -> None:

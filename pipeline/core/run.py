@@ -506,6 +506,9 @@ class RunDir:
         self._lock_fd: int | None = None
         # what config.yaml gets when the command succeeds (pipeline.stages.open_run)
         self.config_to_save: Config | None = None
+        # what `all` did with each stage in this invocation ("ran", "unchanged", or why not:
+        # pipeline.stages.run_stages); None outside `all`. Its summary marks every other row as an earlier run's.
+        self.this_invocation: dict[str, str] | None = None
         self.manifest = self._load_manifest()
 
     # ------------------------------------------------------------------ manifest

@@ -72,10 +72,6 @@ def compare(outputs: list[dict], reference: list[dict], labels: np.ndarray, gate
     return criteria.judge(outputs, reference, labels, gate, output_name, confidence)
 
 
-def task_check(ref: np.ndarray, cand: np.ndarray, labels: np.ndarray, gate: dict, confidence: float = 0.95) -> dict:
-    return criteria.task_check(ref, cand, labels, gate, confidence)
-
-
 def check(chk: Check, cfg: Config, ctx: Context, evidence: Evidence,
           batch_feeds: dict[int, list[dict]] | None = None, rows: conformance.RowPlan | None = None) -> dict:
     """Run one candidate on the evidence and judge it; sets and returns ``chk.result``. With ``batch_feeds``

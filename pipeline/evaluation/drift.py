@@ -11,7 +11,8 @@
   as verify's gate), the paired accuracy change (its lower bound), and the logit drift: per image the largest
   absolute change of its sorted top-k logit values, in units of the baseline reference's logit scale, held at a
   quantile image. Failed beats inconclusive beats passed.
-* **latency** (:func:`latency_row`): per benchmark row of the baseline, the ratio of medians (this run over the
+* **latency** (:func:`latency_row`): per benchmark row of the baseline (keyed by backend, batch size and timing kind;
+  the label is display only), the ratio of medians (this run over the
   baseline) with a percentile bootstrap interval (both sample series resampled with replacement
   ``resamples`` times, the ratio of medians each time, NumPy's generator seeded, so the interval is reproducible).
   A row is a regression only when the whole interval lies above ``max_latency_ratio``: a noisy machine widens
@@ -30,6 +31,7 @@ import numpy as np
 from pipeline.core import verdicts
 from pipeline.core.schema import printable
 from pipeline.core.status import Status
+from pipeline.core.timings import TimingKind
 from pipeline.precision import gate as criteria
 
 FAILING = frozenset({Status.FAILED, Status.MISSING})
@@ -65,16 +67,18 @@ class ImageSet:
 
 @dataclass(frozen=True)
 class LatencySeries:
-    """One benchmark row: its key and its raw timed runs in milliseconds (each > 0)."""
+    """One benchmark row: its key (backend, batch size, timing kind), its label (display only) and its raw timed
+    runs in milliseconds (each > 0)."""
 
     backend: str
     batch_size: int
-    timing: str | None
+    kind: TimingKind
+    label: str | None
     samples_ms: np.ndarray
 
     @property
     def key(self) -> tuple:
-        return self.backend, self.batch_size, self.timing
+        return self.backend, self.batch_size, self.kind
 
 
 # --------------------------------------------------------------------------- which images
@@ -279,7 +283,7 @@ def latency_check(base: np.ndarray, run: np.ndarray, *, max_ratio: float, resamp
 def latency_row(base: LatencySeries, run: LatencySeries | None, t: Thresholds, seed: int) -> dict:
     """One benchmark row of the baseline against the same row here: missing (not timed here), skipped (too few
     timed runs on a side to judge), or judged (:func:`latency_check`)."""
-    head = {"backend": base.backend, "batch_size": base.batch_size, "timing": base.timing,
+    head = {"backend": base.backend, "batch_size": base.batch_size, "timing": base.label, "timing_kind": base.kind,
             "baseline_p50_ms": float(np.median(base.samples_ms)), "ratio": None, "ci_low": None, "ci_high": None}
     if run is None:
         return {**head, "status": Status.MISSING, "run_p50_ms": None,

@@ -29,9 +29,10 @@ from pipeline.core.errors import InputError
 from pipeline.core.run import atomic_write
 from pipeline.core.schema import ArraySpec
 from pipeline.core.verdicts import JUDGED
+from pipeline.runtime import backends
 
 TOP = 5
-REFERENCE = "torch_fp32"
+REFERENCE = backends.REFERENCE  # the reference's predictions are stored under its table name
 MAX_IMAGES = 100_000  # validation images one file may hold (verify's default is 1,000)
 LIMIT = 64 * schema.MiB  # the file itself: 1,000 images and 9 candidates take about 250 KB
 _SHA256 = re.compile(r"[0-9a-f]{64}")

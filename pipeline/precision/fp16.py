@@ -38,7 +38,6 @@ from pipeline.precision.fp16_rewrite import (  # noqa: F401  (the types and the 
     LOW,
     NAMES,
     NOT_MOVABLE,
-    TYPES,
     attributes_to_fp32,
     copy_node,
     infer_types,

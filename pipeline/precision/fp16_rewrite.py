@@ -12,7 +12,6 @@ from onnx import TensorProto, helper, numpy_helper
 FLOAT, FLOAT16, BFLOAT16 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16
 LOW = (FLOAT16, BFLOAT16)  # the low float types a graph's tensors can have
 NAMES = {FLOAT16: "fp16", BFLOAT16: "bf16", FLOAT: "fp32"}  # each float type as a precision's name
-TYPES = {name: kind for kind, name in NAMES.items()}
 
 
 def infer_types(model: onnx.ModelProto) -> dict[str, int]:

@@ -85,16 +85,6 @@ def crashed(exc) -> dict:
     return {"status": Status.CRASHED, "reason": str(exc), "log": exc.log, "log_tail": exc.tail}
 
 
-# What OpenVINO 2026.4 allows, measured: a node is kept out of BF16 only by the `precise` runtime attribute
-# (ov::DisablePrecisionConversion; Python's RTMap takes only str/int values, so it can be attached only through the
-# IR's XML), and its CPU plugin honours it on some layers (Reduce) but not on MatMul/FullyConnected.
-OPENVINO_BF16_NO_FALLBACK = (
-    "OpenVINO's BF16 is a whole-model runtime hint: the automatic fallback cannot keep single layers in f32 there "
-    "(OpenVINO 2026.4's only per-node mark, the `precise` runtime attribute, is ignored by its CPU plugin on "
-    "MatMul/FullyConnected layers); deploy openvino_fp32 (or openvino_int8 where it passes) for this model, or "
-    "turn the candidate off with verify.candidates.openvino_bf16.enabled=false")
-
-
 def runtime_facts(runner) -> dict:
     """How a candidate ran, for verify.json: its child's log, and a workaround applied to its runtime."""
     facts = {"log": runner.log} if getattr(runner, "log", None) else {}
@@ -320,7 +310,7 @@ def build_payload(cfg: Config, card, candidates: Sequence[Check], gated: dict, v
     """verify.json. ``hashes`` maps each artifact verify read to its sha256: the reference records its
     weights', each candidate that reached a verdict the file it judged (benchmark shows a verdict only
     while those still match the files it times)."""
-    reference = {"name": "torch_fp32", "precision": "fp32", "device": "cpu",
+    reference = {"name": backends.REFERENCE, "precision": "fp32", "device": "cpu",
                  "what": "the trained PyTorch model in FP32 (eval mode)", "weights": artifacts.WEIGHTS,
                  "weights_sha256": hashes.get(artifacts.WEIGHTS), "nonfinite": reference_nonfinite}
     return _clean({

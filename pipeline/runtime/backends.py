@@ -106,6 +106,12 @@ class Backend:
     # How a Triton server runs its artifact ("tensorrt_plan", "onnxruntime", "openvino"; docs/deploy.md): deploy's
     # formats come from here, so a new deployment backend needs no second table. None: no Triton backend runs it.
     triton: str | None = None
+    # Whether its verdict is the FP32 export's own check (the exported graph run as written): when it fails, the
+    # export is broken, and verify runs no precision gate (localisation and fallback compare against that graph).
+    checks_export: bool = False
+    # What verify says when it fails where no fallback file can help (a runtime hint, not the graph, sets its
+    # kernels' precision); "" where the precision's fallback applies.
+    no_fallback_hint: str = ""
 
     @property
     def claims(self) -> str | None:
@@ -368,7 +374,7 @@ TABLE: list[Backend] = [
             unavailable=_always, make=_torch("torch_compile", compile=True), benchmark="opt-in"),
     Backend("onnxrt_fp32", precision="fp32", device="cpu", artifact=FP32_ONNX, label="ONNX Runtime CPU, model.onnx",
             unavailable=_always, make=_ort("onnxrt_fp32", precision=None), candidate="onnxrt_fp32",
-            note="ONNX Runtime CPU", runtime=ORT, triton="onnxruntime"),
+            note="ONNX Runtime CPU", runtime=ORT, triton="onnxruntime", checks_export=True),
     Backend("fp16_emulation", precision="fp16", device="cpu", artifact=graph_file("fp16"),
             label=_emulation_label("fp16"), unavailable=_needs("fp16"), make=_faithful("fp16"),
             candidate="fp16_emulation", benchmark="no", runtime="FP16 emulation", graph="fp16", deploys=False),
@@ -413,10 +419,18 @@ TABLE: list[Backend] = [
             label="OpenVINO CPU, openvino/fp32.xml (IR of model.onnx), INFERENCE_PRECISION_HINT=f32" + DEPLOYED,
             unavailable=_openvino_unavailable("fp32"), make=_openvino("fp32"), candidate="openvino_fp32",
             note="OpenVINO CPU", runtime=OV, triton="openvino"),
+    # What OpenVINO 2026.4 allows, measured: a node is kept out of BF16 only by the `precise` runtime attribute
+    # (ov::DisablePrecisionConversion; Python's RTMap takes only str/int values, so it can be attached only through the
+    # IR's XML), and its CPU plugin honours it on some layers (Reduce) but not on MatMul/FullyConnected.
     Backend("openvino_bf16", precision="bf16", device="cpu", artifact=xml_name("bf16"),
             label="OpenVINO CPU, openvino/bf16.xml (IR of model.onnx), INFERENCE_PRECISION_HINT=bf16" + DEPLOYED,
             unavailable=_openvino_unavailable("bf16", _bf16_units), make=_openvino("bf16"),
-            candidate="openvino_bf16", note="OpenVINO CPU, bf16", runtime=OV, triton="openvino"),
+            candidate="openvino_bf16", note="OpenVINO CPU, bf16", runtime=OV, triton="openvino", no_fallback_hint=(
+                "OpenVINO's BF16 is a whole-model runtime hint: the automatic fallback cannot keep single layers in "
+                "f32 there (OpenVINO 2026.4's only per-node mark, the `precise` runtime attribute, is ignored by its "
+                "CPU plugin on MatMul/FullyConnected layers); deploy openvino_fp32 (or openvino_int8 where it "
+                "passes) for this model, or turn the candidate off with "
+                "verify.candidates.openvino_bf16.enabled=false")),
     Backend("openvino_int8", precision="int8", device="cpu", artifact=xml_name("int8"),
             label="OpenVINO CPU, openvino/int8.xml (IR of the Q/DQ model.int8.onnx), int8 kernels" + DEPLOYED,
             unavailable=_openvino_unavailable("int8", _needs("int8"), _int8_units("OpenVINO")),

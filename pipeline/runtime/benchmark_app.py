@@ -30,6 +30,7 @@ import numpy as np
 
 from pipeline.core.artifacts import xml_name
 from pipeline.core.run import RunDir
+from pipeline.core.timings import TimingKind
 
 if TYPE_CHECKING:  # annotations only
     from pipeline.core.config_schema import Config
@@ -38,7 +39,7 @@ log = logging.getLogger("pipeline")
 
 FLAG_RATIO = 1.5
 ROUNDS = 3  # interleaved rounds of ours and benchmark_app's per checked row (each benchmark_app run: ~1.5 s + -t)
-MODES = {"latency": "wall-clock", "throughput": "throughput"}  # benchmark_app's -hint -> our timing label's start
+MODES = {TimingKind.CPU_CALL: "latency", TimingKind.ASYNC_THROUGHPUT: "throughput"}  # our row's kind -> its -hint
 
 
 def find() -> str | None:
@@ -111,7 +112,7 @@ def side_by_side(cfg: Config, run_dir: RunDir, results: list[dict], input_size: 
         _, _, sidecar = openvino_ir.load(run_dir, precision)  # the same checked file, refused if it changed since
         xml = run_dir.file(xml_name(precision))
         for row in (r for r in ours if r["backend"] == name):
-            mode = next(m for m, start in MODES.items() if row["timing"].startswith(start))
+            mode = MODES[TimingKind(row["timing_kind"])]
             shape = [row["batch_size"], *input_size]
             if ours_now is None:  # our row as the stage timed it, beside one benchmark_app run
                 rows.append(compare(row, mode, run_one(exe, xml, shape, mode, sidecar["hint"], threads, seconds)))

@@ -44,6 +44,7 @@ from polygraphy.backend.base import BaseRunner
 
 from pipeline.core import artifacts, errors
 from pipeline.core.errors import first_line
+from pipeline.core.timings import Timing, TimingKind
 from pipeline.runtime import zygote
 from pipeline.runtime.runners import Method, Timed, measure_or_error, to_numpy
 
@@ -282,9 +283,9 @@ class Isolated(Timed, BaseRunner):
         """The child runner's account of the layers it ran on ``feed`` (``[]`` when its runtime gives none)."""
         return self._call({"op": "layers"}, feed)["layers"]
 
-    def measurements(self, feed: dict, method: Method) -> list[tuple[str, dict]]:
+    def measurements(self, feed: dict, method: Method) -> list[tuple[Timing, dict]]:
         info = self._call({"op": "time", "method": asdict(method)}, feed)
-        return [(label, m) for label, m in info["timings"]]
+        return [(Timing(TimingKind(kind), label), m) for kind, label, m in info["timings"]]
 
     def timers(self, feed: dict, throughput: bool = True):
         raise NotImplementedError("an isolated runner times in its child: use measurements(feed, method)")
@@ -413,9 +414,10 @@ class _Child:
         method = Method(**request["method"])
         self.phase(f"preparing to time batch {batch}")
         timings = []
-        for label, run_once in runner.timers(feed, throughput=method.throughput):
-            self.phase(f"timing batch {batch} ({label})")
-            timings.append((label, measure_or_error(run_once, method)))  # one failed timing is its own row
+        for timing, run_once in runner.timers(feed, throughput=method.throughput):
+            self.phase(f"timing batch {batch} ({timing.label})")
+            # one failed timing is its own row
+            timings.append((timing.kind, timing.label, measure_or_error(run_once, method)))
         return {"timings": timings}
 
 

@@ -3,7 +3,8 @@
 A runner is a context manager with ``infer(feed_dict) -> OrderedDict[name, array]`` and a
 ``name`` (Polygraphy's ``BaseRunner``); every state it builds on activation is dropped again on
 deactivation. Each runner here adds the timing hook benchmark uses (:class:`Timed`):
-``timers(feed)`` returns labelled zero-argument callables that each run one inference and
+``timers(feed)`` returns zero-argument callables, each named by a :class:`~pipeline.core.timings.Timing`
+(its kind, which decisions read, and its label, which people read), that each run one inference and
 return its latency in milliseconds (wall clock around a synchronous call on the CPU; CUDA
 events on the GPU, optionally over a CUDA graph), and ``batch_reason(batch)`` says why a batch
 size cannot run ("" when it can). Call both only while the runner is active.
@@ -43,6 +44,7 @@ from polygraphy.logger import G_LOGGER
 
 from pipeline.core import env
 from pipeline.core.errors import first_line
+from pipeline.core.timings import Timing, TimingKind
 from pipeline.runtime import folding, stopping
 from pipeline.runtime.stopping import StopRule
 from pipeline.runtime.tensorrt_calls import TensorrtCallFailed, checked  # noqa: F401
@@ -52,9 +54,9 @@ G_LOGGER.module_severity = G_LOGGER.ERROR
 if TYPE_CHECKING:  # type-checked against tensorrt-stubs (tests/test_typecheck.py); never imported at run time
     import tensorrt as trt
 
-CPU_WALL_CLOCK = "wall-clock, synchronous CPU call"
+CPU_WALL_CLOCK = Timing(TimingKind.CPU_CALL, "wall-clock, synchronous CPU call")
 QUEUED_AHEAD = "CUDA events, one inference queued ahead"  # how every "GPU compute" row is timed
-Timers = list[tuple[str, Callable[[], float]]]
+Timers = list[tuple[Timing, Callable[[], float]]]
 
 
 def host_ms() -> float:
@@ -137,8 +139,10 @@ def cuda_timers(forward, x_host, cuda_graphs: bool) -> Timers:
         return host_ms() - t
 
     label = " with CUDA graphs" if cuda_graphs else ""
-    return [(f"GPU compute ({QUEUED_AHEAD}, device-resident input){label}", gpu_compute),
-            (f"host latency (H2D + compute + D2H){label}", host_latency)]
+    gpu, host = (TimingKind.GPU_COMPUTE_CUDA_GRAPHS, TimingKind.HOST_LATENCY_CUDA_GRAPHS) if cuda_graphs else \
+        (TimingKind.GPU_COMPUTE, TimingKind.HOST_LATENCY)
+    return [(Timing(gpu, f"GPU compute ({QUEUED_AHEAD}, device-resident input){label}"), gpu_compute),
+            (Timing(host, f"host latency (H2D + compute + D2H){label}"), host_latency)]
 
 
 ONE_LINE_CHARS = 400
@@ -258,11 +262,11 @@ class Timed:
         ``throughput=False``, no async-throughput timer (a runner that has one: OpenVINO)."""
         return [(CPU_WALL_CLOCK, cpu_timer(self.infer, feed))]  # type: ignore[attr-defined]
 
-    def measurements(self, feed: dict, method: Method) -> list[tuple[str, dict]]:
-        """Every timing of ``feed``: ``(label, measure(...))`` per timer. benchmark calls this, so a runner
+    def measurements(self, feed: dict, method: Method) -> list[tuple[Timing, dict]]:
+        """Every timing of ``feed``: ``(timing, measure(...))`` per timer. benchmark calls this, so a runner
         in a child process (:class:`pipeline.runtime.isolate.Isolated`) runs the timing loop there."""
-        return [(label, measure_or_error(run_once, method))
-                for label, run_once in self.timers(feed, throughput=method.throughput)]
+        return [(timing, measure_or_error(run_once, method))
+                for timing, run_once in self.timers(feed, throughput=method.throughput)]
 
 
 def tf32_words(tf32: bool) -> str:
@@ -446,8 +450,8 @@ class OrtRunner(Timed, OnnxrtRunner):
         return OrderedDict((node.name, out) for node, out in zip(self.sess.get_outputs(), outputs, strict=True))
 
     def timers(self, feed: dict, throughput: bool = True) -> Timers:
-        label = "host latency (H2D + compute + D2H), ONNX Runtime CUDA" if "cuda" in self.providers \
-            else CPU_WALL_CLOCK
+        label = Timing(TimingKind.HOST_LATENCY, "host latency (H2D + compute + D2H), ONNX Runtime CUDA") \
+            if "cuda" in self.providers else CPU_WALL_CLOCK
         return [(label, cpu_timer(self.sess.run, None, feed))]
 
     def layers(self, feed: dict) -> list[dict]:
@@ -733,8 +737,11 @@ class TensorrtRunner(Timed, TrtRunner):
         if self.cuda_graphs:
             self.graphed = GraphedEngine(self.engine, input_name=self.input_name, output_name=self.output_name,
                                          host=host)
-            return [("GPU compute (CUDA events, device-resident input) with CUDA graphs", self.graphed.gpu_compute),
-                    ("host latency (H2D + compute + D2H, pinned host memory) with CUDA graphs",
+            return [(Timing(TimingKind.GPU_COMPUTE_CUDA_GRAPHS,
+                            "GPU compute (CUDA events, device-resident input) with CUDA graphs"),
+                     self.graphed.gpu_compute),
+                    (Timing(TimingKind.HOST_LATENCY_CUDA_GRAPHS,
+                            "host latency (H2D + compute + D2H, pinned host memory) with CUDA graphs"),
                      self.graphed.host_latency)]
         return self._runner_timers(host)
 
@@ -748,9 +755,11 @@ class TensorrtRunner(Timed, TrtRunner):
             self.infer(self.bench_host_feed, check_inputs=False, copy_outputs_to_host=True)
             return host_ms() - t
 
-        return [(f"GPU compute ({QUEUED_AHEAD}, device-resident input, buffers bound with set_tensor_address)",
+        return [(Timing(TimingKind.GPU_COMPUTE,
+                        f"GPU compute ({QUEUED_AHEAD}, device-resident input, buffers bound with set_tensor_address)"),
                  self.bound.gpu_compute),
-                ("host latency (H2D + compute + D2H, pinned host memory, TrtRunner.infer)", host_latency)]
+                (Timing(TimingKind.HOST_LATENCY,
+                        "host latency (H2D + compute + D2H, pinned host memory, TrtRunner.infer)"), host_latency)]
 
     def _pin_output_buffers(self, batch: int) -> None:
         """Polygraphy copies outputs into ``host_output_buffers[name]``, a flat byte buffer it allocates pageable
@@ -896,10 +905,12 @@ class OpenVINORunner(Timed, BaseRunner):
             def failed(error: Exception = exc) -> float:
                 raise error
 
-            throughput_timer = (f"{THROUGHPUT_LABEL}: async infer requests (PERFORMANCE_HINT=THROUGHPUT)", failed)
+            throughput_timer = (Timing(TimingKind.ASYNC_THROUGHPUT,
+                                       f"{THROUGHPUT_LABEL}: async infer requests (PERFORMANCE_HINT=THROUGHPUT)"),
+                                failed)
         return [latency, throughput_timer]
 
-    def _throughput_timer(self, x: np.ndarray) -> tuple[str, Callable[[], float]]:
+    def _throughput_timer(self, x: np.ndarray) -> tuple[Timing, Callable[[], float]]:
         import openvino as ov
 
         compiled = self._compile(len(x), "THROUGHPUT")
@@ -915,14 +926,16 @@ class OpenVINORunner(Timed, BaseRunner):
             queue.wait_all()
             return (time.perf_counter() - t) * 1000.0 / n
 
-        return f"{THROUGHPUT_LABEL}: {n} async infer requests (PERFORMANCE_HINT=THROUGHPUT), ms per batch", run_once
+        label = f"{THROUGHPUT_LABEL}: {n} async infer requests (PERFORMANCE_HINT=THROUGHPUT), ms per batch"
+        return Timing(TimingKind.ASYNC_THROUGHPUT, label), run_once
 
     def deactivate_impl(self):
         del self.core, self.model, self.compiled, self.requests
 
 
-# A timing whose images/s is async throughput and whose "latency" is the time per batch, amortised over the
-# requests in flight: never the latency of one request (benchmark's headline keeps the two apart).
+# How the label of an async-throughput timing (TimingKind.ASYNC_THROUGHPUT) begins: display only, decisions read
+# the kind. Its images/s is async throughput and its "latency" the time per batch, amortised over the requests in
+# flight: never the latency of one request (benchmark's headline keeps the two apart).
 THROUGHPUT_LABEL = "throughput"
 
 

@@ -23,7 +23,6 @@ if TYPE_CHECKING:  # type-checked against tensorrt-stubs (tests/test_typecheck.p
     from pipeline.core.config_schema import BuildConfig
 
 log = logging.getLogger("pipeline")
-GPU_COMPUTE = "GPU compute"  # the label of TensorrtRunner's device-side timer (runners.QueuedAheadTimer)
 
 
 @contextmanager

@@ -11,7 +11,6 @@ need it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -221,7 +220,3 @@ def mismatches(config, model: Model) -> list[str]:
 
 def numpy_dtype(tensor: Tensor) -> str:
     return NUMPY_TYPES[tensor.dtype]
-
-
-def served_shape(tensor: Tensor, batch: int) -> Sequence[int]:
-    return (batch, *tensor.dims[1:])

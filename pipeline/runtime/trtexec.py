@@ -44,6 +44,7 @@ from pathlib import Path
 
 from pipeline.core.artifacts import TRTEXEC_DIR as DIR
 from pipeline.core.run import make_folder
+from pipeline.core.timings import TimingKind
 from pipeline.runtime import timing
 
 log = logging.getLogger("pipeline")
@@ -52,9 +53,9 @@ EXECUTABLE = "trtexec"
 TIMEOUT_S = 600  # one trtexec run: engine load + warm-up + timed runs
 FLAG_RELATIVE = 0.25  # |ours - trtexec| / trtexec of the p50s above this is flagged
 RUNTIME = "TensorRT"  # the Backend.runtime of the rows compared
-KINDS = {  # our row's timing label starts with ...: (name, exportTimes field)
-    "GPU compute": ("compute", "computeMs"),
-    "host latency": ("transfers", "latencyMs"),
+KINDS = {  # our row's timing kind, CUDA graphs or not (TimingKind.clock): (name, exportTimes field)
+    TimingKind.GPU_COMPUTE: ("compute", "computeMs"),
+    TimingKind.HOST_LATENCY: ("transfers", "latencyMs"),
 }
 NO_GRAPHS = "GPU compute without CUDA graphs"  # scripts/gpu_timing_check.py's reference for rows without graphs
 FLAGS = {  # trtexec's TensorRT major -> kind name -> its flags; the profile's flags
@@ -156,10 +157,10 @@ def run_once(cmd: list[str], log_path: Path) -> str:
     return ""
 
 
-def measure(exe: str, engine: Path, shape: str, kind: str, out_dir: Path, stem: str, method, batch: int,
-            built_by: str | None) -> dict:
-    """One trtexec run of one kind ("GPU compute", "host latency" or :data:`NO_GRAPHS`) on an engine built by
-    TensorRT ``built_by`` (its sidecar's ``tensorrt``): its statistics, ``{"error": ...}`` when it failed, or
+def measure(exe: str, engine: Path, shape: str, kind: TimingKind | str, out_dir: Path, stem: str, method,
+            batch: int, built_by: str | None) -> dict:
+    """One trtexec run of one kind (a key of :data:`KINDS`, or :data:`NO_GRAPHS`) on an engine built by TensorRT
+    ``built_by`` (its sidecar's ``tensorrt``): its statistics, ``{"error": ...}`` when it failed, or
     ``{"not_run": ...}`` when trtexec is another TensorRT release (:func:`release_mismatch`): no error of the row."""
     name, field = {**KINDS, NO_GRAPHS: ("compute-nographs", "computeMs")}[kind]
     found = version(exe)
@@ -241,5 +242,6 @@ def engine_built_by(run_dir, engine: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _kind(row: dict) -> str | None:
-    return next((k for k in KINDS if row["timing"].startswith(k)), None)
+def _kind(row: dict) -> TimingKind | None:
+    kind = TimingKind(row["timing_kind"]).clock
+    return kind if kind in KINDS else None

@@ -55,7 +55,7 @@ from pipeline.training.profiler import StepProfiler
 from pipeline.training.rng import EpochBatches, batch_generator, rng_state, set_rng_state
 
 if TYPE_CHECKING:  # annotations only
-    from pipeline.core.config_schema import Config
+    from pipeline.core.config_schema import Config, TrainConfig
 
 log = logging.getLogger("pipeline")
 
@@ -138,8 +138,8 @@ class Trainer:
     """The training recipe: set up in ``__init__``, then :meth:`train`; each piece below does one thing."""
 
     # What it was given
-    cfg: object  # the whole config; ``tc`` is its train section
-    tc: object
+    cfg: Config  # the whole config; ``tc`` is its train section
+    tc: TrainConfig
     run_dir: RunDir
     spec: dict  # the model card's spec (input/output names and size)
     splits: object  # data.DataSplits: train and validation sets
