@@ -317,11 +317,10 @@ class Retimer:
             raise RuntimeError(f"{name} could not be started again")
         timing = Method(warmup_s=0.0, min_iterations=3, min_duration_s=seconds, trials=1, cv_warn=self.method.cv_warn,
                         throughput=_is_throughput(row))
-        measured = dict(runner.measurements({self.ctx.spec["input_name"]: _inputs(self.images, row["batch_size"])},
-                                            timing))
-        got = measured.get(row["timing"])
+        measured = runner.measurements({self.ctx.spec["input_name"]: _inputs(self.images, row["batch_size"])}, timing)
+        got = next((m for t, m in measured if t.kind == row["timing_kind"]), None)
         if got is None or "error" in got:
-            raise RuntimeError((got or {}).get("error") or f"{name} has no timing {row['timing']!r} now")
+            raise RuntimeError((got or {}).get("error") or f"{name} has no timing {row['timing_kind']!r} now")
         return float(np.median(got["samples"]))
 
 
