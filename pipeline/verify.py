@@ -113,11 +113,14 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, auto_fallback: boo
         record.artifact(written.name)
     gated = verify_report.with_earlier_fallbacks(run_dir, hashes, gated)
     verdict = candidates.verdict(checks, cfg.verify.inconclusive)
+    held = candidates.held_out(run_dir, evidence, graphs)
+    (log.info if held.held_out else log.warning)("verify: verdict images %s", held.line())
     payload = verify_report.build_payload(cfg, card, checks, gated, verdict, len(evidence.labels),
-                                          cfg.verify.batch_size, hashes=hashes)
+                                          cfg.verify.batch_size, hashes=hashes, images=held_out_section(evidence, held))
     for p in verify_report.write_all(run_dir, payload):
         record.artifact(p.name)
     record.details.update(_details(checks, verdict, evidence, gated))
+    record.details["held_out"] = held.status
     quality = _reference_quality(run_dir, evidence)
     record.details.update(quality)
     failing_first = verdict.failed[0] if verdict.failed else None
@@ -127,6 +130,15 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, auto_fallback: boo
     log.info("verify: passed (%s); deployable: %s; %s", ", ".join(f"{c.name} {c.status}" for c in checks),
              ", ".join(verdict.deployable) or "none",
              verify_report.reference_words(quality["reference_accuracy"], quality["reference_learned"]))
+
+
+def held_out_section(evidence: Evidence, held) -> dict:
+    """verify.json's ``images``: the verdict images (split, indices, content hashes), the validation split's cut, and
+    whether the verdict is held out from calibration and tune's search (:func:`pipeline.core.roles.held_out_status`)."""
+    parts = evidence.parts
+    return {"verdict": evidence.images.to_json(), "held_out": held.to_json(),
+            "validation_split": {"cut": parts.split, "search_part": len(parts.search),
+                                 "verdict_part": len(parts.verdict), "reason": parts.reason}}
 
 
 def _reference_quality(run_dir: RunDir, evidence: Evidence) -> dict:

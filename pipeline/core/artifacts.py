@@ -50,6 +50,8 @@ def engine_sidecar(precision: str) -> str:
 
 FP32_ONNX = "model.onnx"
 CALIBRATION = "calibration.npz"
+CALIBRATION_IMAGES = "calibration_images.json"  # which images calibrated each lower-precision graph (core.roles)
+SEARCH_IMAGES = "search_images.json"  # which images tune's search judged on (core.roles)
 FP16_ONNX, BF16_ONNX, INT8_ONNX = graph_file("fp16"), graph_file("bf16"), graph_file("int8")
 FP16_FALLBACK, BF16_FALLBACK, INT8_FALLBACK = fallback_file("fp16"), fallback_file("bf16"), fallback_file("int8")
 FP16_ENGINE, BF16_ENGINE, INT8_ENGINE = engine_file("fp16"), engine_file("bf16"), engine_file("int8")

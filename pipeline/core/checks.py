@@ -78,3 +78,5 @@ class Evidence:
     confidence: float = 0.95  # of the task check's bounds (verify.confidence)
     names: list[str] = field(default_factory=list)  # each image's name (its file, for an image folder)
     outputs: dict = field(default_factory=dict)  # each judged candidate's outputs (verify.predictions.npz)
+    images: object = None  # the images' role record (pipeline.core.roles.ImageSet): split, indices, content hashes
+    parts: object = None  # the validation split's search and verdict parts (pipeline.core.roles.ValidationParts)

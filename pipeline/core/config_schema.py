@@ -129,7 +129,8 @@ class TrainConfig(Section):
 
 class FP16Config(Section):
     enabled: bool = Field(True, description=f"write {FP16_ONNX} with ModelOpt AutoCast")
-    calibration_samples: int = Field(64, ge=1, description="real validation images AutoCast measures ranges on")
+    calibration_samples: int = Field(64, ge=1, description="real images AutoCast measures ranges on "
+                                     "(export.calibration_split)")
     range_rule: bool = Field(True, description="keep nodes whose measured values exceed data_max in FP32")
     data_max: float = Field(512.0, gt=0, description="largest |value| a node's I/O may reach and run in FP16")
     init_max: float = Field(65504.0, gt=0, description="largest |initializer| a node may hold and run in FP16")
@@ -155,13 +156,18 @@ class INT8Config(Section):
     calibration_method: Literal[CALIBRATION_METHODS] = Field(
         "max", description="activation ranges: max (per-tensor absolute max) or entropy (KL-optimal clipping); the "
         "two ModelOpt 0.47 offers for INT8 (no percentile)")
-    calibration_samples: int = Field(64, ge=1, description="real validation images the ranges are calibrated on")
+    calibration_samples: int = Field(64, ge=1, description="real images the ranges are calibrated on "
+                                     "(export.calibration_split)")
     nodes_to_exclude: list[str] = Field([], description="node-name regexes left unquantized")
     op_types_to_exclude: list[str] = Field([], description="op types left unquantized")
 
 
 class ExportConfig(Section):
     opset: int = Field(18, ge=17, le=23, description="ONNX opset (>= 17 keeps LayerNormalization one op)")
+    calibration_split: Literal["train", "validation"] = Field(
+        "train", description="where calibration images (INT8 ranges, AutoCast's range rule) come from: train (evenly "
+        "spaced over the training split, never judged on) or validation (its first images: verify then reports its "
+        "verdict as not held out)")
     exporter: Literal["torchscript", "dynamo"] = Field("torchscript", description="torch.onnx exporter")
     dynamic_batch: bool = Field(True, description="dynamic batch axis")
     fp16: FP16Config = FP16Config()
@@ -313,6 +319,11 @@ class VerifyConfig(Section):
     candidates: dict[str, CandidateConfig] = Field(
         {}, description="one section per verify candidate of the backend table, by its name (pipeline.config checks "
         "the names and fills in every candidate's defaults)")
+    search_fraction: float = Field(0.5, gt=0, lt=1, description="share of the validation split (stratified) kept "
+                                   "for tune's search; verify and tune's confirmation judge on the rest")
+    min_held_out_images: int = Field(30, ge=1, le=100_000, description="images both the search and the verdict part "
+                                     "need; a smaller validation split is not cut, and every verdict on it is marked "
+                                     "not held out")
     localize: bool = Field(True, description="on failure, find the first node whose error exceeds tolerance")
     localize_top: int = Field(10, ge=1, description="rows in the worst-nodes table")
     auto_fallback: bool = Field(False, description="on failure, move offending nodes to FP32 and retry")

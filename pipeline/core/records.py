@@ -191,6 +191,7 @@ class VerifyRecord(StageDetails):
     undecided: list[str] = Field(default_factory=list)
     reference_accuracy: float | None = None
     reference_learned: bool | None = None
+    held_out: str | None = None  # "held out" or "not held out" (pipeline.core.roles); None: verify before issue 48
 
     @property
     def judged_reference(self) -> bool:

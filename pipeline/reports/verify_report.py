@@ -293,7 +293,7 @@ def _clean(value):
 
 
 def build_payload(cfg: Config, card, candidates: Sequence[Check], gated: dict, verdict: Verdict[Check], samples: int,
-                  batch_size: int, *, hashes: dict, reference_nonfinite: int = 0) -> dict:
+                  batch_size: int, *, hashes: dict, reference_nonfinite: int = 0, images: dict | None = None) -> dict:
     """verify.json. ``hashes`` maps each artifact verify read to its sha256: the reference records its
     weights', each candidate that reached a verdict the file it judged (benchmark shows a verdict only
     while those still match the files it times)."""
@@ -336,6 +336,7 @@ def build_payload(cfg: Config, card, candidates: Sequence[Check], gated: dict, v
         ],
         **{key: section for name in plugs.PLUGS
            for key, section in zip(section_keys(name), gated.get(name) or (None, None), strict=True)},
+        "images": images,  # which images the verdict is on, and whether they are held out (pipeline.core.roles)
         "environment": {k: v for k, v in env.collect().items() if k in ("cpu", "gpu", "torch", "onnxruntime",
                                                                           "polygraphy", "modelopt", "tensorrt",
                                                                           "openvino")},
