@@ -321,8 +321,12 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, tune: bool = False
                                        cfg.tune.same_speed)
     with phase(t, "held-out confirmation"):
         held = held_out_confirmation(t, chosen, chosen is not None and chosen is qat_cand)
+    with phase(t, "calibration stability"):
+        stability = _certificate(t, chosen, chosen is not None and chosen is qat_cand)
     t.seconds["total"] = time.perf_counter() - start
     payload = tune_report.with_held_out(tune_report.payload(cfg, t, runs, baseline, chosen, why, fronts), held)
+    if stability is not None:
+        payload["stability"] = stability
     payload["ladder"] = tune_report.ladder(t, runs, ptq_chosen, qat_cand, qat_why)
     if chosen is not None and chosen is qat_cand:
         qat_recipe.write_fallback(run_dir, qat_cand.result["qat"]["source"], "chosen by python -m pipeline tune "
@@ -377,6 +381,21 @@ def held_out_confirmation(t: Tuner, chosen: Candidate | None, qat: bool) -> dict
     (log.info if result["agrees"] else log.warning)(
         "tune: held-out confirmation on %d verdict images: %s (search: %s)%s; %s", result["images"], status, search,
         "" if result["agrees"] else ": the search's verdict does not hold on held-out images (tune.md)", held.line())
+    return result
+
+
+def _certificate(t: Tuner, chosen: Candidate | None, qat: bool) -> dict | None:
+    """The calibration stability certificate of the chosen INT8 mix (``export.int8.stability.in_tune``), on the
+    verdict images (:mod:`pipeline.evaluation.certificate`); None where it does not apply."""
+    if chosen is None or qat or t.plug.name != "int8" or not t.cfg.export.int8.stability.in_tune:
+        return None
+    from pipeline.evaluation import certificate
+
+    result = certificate.certify(t.cfg, t.run_dir, t.card, t.plug, t.held_out_evidence,
+                                 t.plug.as_raised(chosen.high, chosen.fp32), chosen.calibration, t.gate)
+    result["limit"] = t.gate.get("max_scaled_error")
+    cert = result["certificate"]
+    (log.info if cert["status"] == "stable" else log.warning)("tune: calibration stability: %s", cert["line"])
     return result
 
 

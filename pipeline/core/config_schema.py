@@ -150,6 +150,20 @@ class BF16Config(FP16Config):
     init_max: float = Field(3.0e38, gt=0, description="largest |initializer| a node may hold and run in BF16")
 
 
+class StabilityConfig(Section):
+    """The calibration stability certificate (docs/verify.md, "Calibration stability"): the INT8 graph recalibrated on
+    ``draws`` draws of training images, each judged by the gate on the verdict images."""
+
+    draws: int = Field(5, ge=2, le=64, description="calibration draws K, the deployed one included")
+    draw_size: Optional[int] = Field(None, ge=1, le=100_000, description="images per draw (null: "
+                                     "export.int8.calibration_samples, the deployed draw's size)")
+    sampling: Literal["disjoint", "bootstrap"] = Field("disjoint", description="disjoint draws of the training split "
+                                                        "(bootstrap, said, where it holds too few) or bootstrap draws")
+    in_tune: bool = Field(True, description="certify tune's chosen mix (tune.md)")
+    in_verify: bool = Field(False, description="certify model.int8.onnx in verify (all's default run: off, it costs "
+                            "one quantization and one gate run per draw)")
+
+
 class INT8Config(Section):
     enabled: bool = Field(True, description=(f"write {INT8_ONNX} with ModelOpt PTQ "
                                              "(skipped, and said, without ModelOpt)"))
@@ -160,6 +174,7 @@ class INT8Config(Section):
                                      "(export.calibration_split)")
     nodes_to_exclude: list[str] = Field([], description="node-name regexes left unquantized")
     op_types_to_exclude: list[str] = Field([], description="op types left unquantized")
+    stability: StabilityConfig = StabilityConfig()
 
 
 class ExportConfig(Section):
@@ -266,6 +281,9 @@ class INT8Gate(_Gate):
     min_top1_agreement: float = Field(0.98, ge=0, le=1, description="top-1 agreement with the reference, at least")
     max_row_deviation: float = Field(5e-2, ge=0, description="row independence: how far an image's output "
                                      "may move with its batch, in units of its logit scale (measured: docs/verify.md)")
+    min_pass_share: Optional[float] = Field(None, ge=0, le=1, description="calibration stability certificate: the "
+                                            "share of calibration draws that must pass, or the INT8 candidates fail "
+                                            "(a lucky draw; null: reported only)")
 
 
 class BF16Gate(_Gate):

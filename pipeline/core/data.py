@@ -688,6 +688,19 @@ def calibration_batch(cfg: Config, card: dict, count: int) -> tuple[np.ndarray, 
     return images, _image_set(roles.CALIBRATION, split, indices, images)
 
 
+def training_images(cfg: Config, card: dict, indices: list[int]) -> np.ndarray:
+    """The training split's images at ``indices`` (float32): a calibration draw of the stability certificate."""
+    spec = card["spec"]
+    splits = load(cfg.data, image_size=spec["input_size"][1], mean=spec["mean"], std=spec["std"])
+    x, _ = collate(fetch_items(splits.train, list(indices)))
+    return x.numpy().astype("float32")
+
+
+def training_size(cfg: Config, card: dict) -> int:
+    spec = card["spec"]
+    return len(load(cfg.data, image_size=spec["input_size"][1], mean=spec["mean"], std=spec["std"]).train)
+
+
 def role_batch(cfg: Config, card: dict, role: str, count: int, *, names: list[str] | None = None,
                record: list | None = None) -> tuple[np.ndarray, np.ndarray]:
     """:func:`labelled_validation_batch` over one part of the validation split: ``role`` is ``search`` (tune's

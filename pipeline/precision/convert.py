@@ -62,6 +62,17 @@ def quantize_int8(cfg: Config, run_dir: RunDir, card: dict, out_of_int8: list[st
     method = calibration_method or fallback.calibration_method(run_dir, plug) or cfg.export.int8.calibration_method
     ic = cfg.export.int8.model_copy(update={"calibration_method": method})
     images, _ = _calibration_images(cfg, card, ic.calibration_samples, run_dir, plug.name, out_name == plug.graph)
+    report = quantize_images(run_dir, card, images, ic, out_of_int8, fp32_nodes, out_name)
+    log.info("export: %s: %d Q/DQ pairs, %d nodes INT8 (%.1f%% of the matrix ops), %d FP16, %d FP32 (%.1f s)",
+             out_name, report["qdq_pairs"], report["int8_nodes"], 100 * report["int8_fraction"],
+             report["fp16_nodes"], report["fp32_nodes_count"], report["seconds"])
+    return report
+
+
+def quantize_images(run_dir: RunDir, card: dict, images: np.ndarray, ic, out_of_int8: list[str],
+                    fp32_nodes: list[str], out_name: str) -> dict:
+    """ModelOpt INT8 PTQ of ``model.onnx`` calibrated on ``images`` into ``out_name`` (stamped, checked); its report.
+    export's graph and the stability certificate's draws (:mod:`pipeline.evaluation.certificate`) come from here."""
     # ModelOpt rewrites its input in place and writes intermediates beside it: it gets a private copy.
     with scratch_folder(run_dir.file(FP32_ONNX)) as scratch:
         fp32_copy, quantized = scratch / FP32_ONNX, scratch / out_name
@@ -71,9 +82,6 @@ def quantize_int8(cfg: Config, run_dir: RunDir, card: dict, out_of_int8: list[st
         provenance.stamp_file(quantized, source or "")
         onnx_io.check(quantized)
         install(quantized, run_dir.file(out_name))
-    log.info("export: %s: %d Q/DQ pairs, %d nodes INT8 (%.1f%% of the matrix ops), %d FP16, %d FP32 (%.1f s)",
-             out_name, report["qdq_pairs"], report["int8_nodes"], 100 * report["int8_fraction"],
-             report["fp16_nodes"], report["fp32_nodes_count"], report["seconds"])
     return report
 
 

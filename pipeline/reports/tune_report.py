@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.core import env
-from pipeline.core.artifacts import tune_files
+from pipeline.core.artifacts import TUNE_STABILITY_PLOT, tune_files
 from pipeline.core.run import RunDir, atomic_path, atomic_write, write_json
 from pipeline.core.status import Status
 from pipeline.precision import plugs, sensitivity
@@ -295,4 +295,12 @@ def write_all(run_dir: RunDir, p: dict) -> list[Path]:
     atomic_write(run_dir.file(markdown), f"# Precision tuning: {tables.md_escape(p['model'])}\n\n"
                  + tables.markdown(sections(p)) + f"\n![sensitivity]({sensitivity_plot})\n"
                  f"![accuracy vs latency]({pareto_plot})\n")
-    return [run_dir.file(report), run_dir.file(markdown), *(run_dir.file(n) for n in write_plots(run_dir, p))]
+    plots = write_plots(run_dir, p)
+    if p.get("stability") and p.get("precision") == "int8":
+        from pipeline.reports import stability_report
+
+        plots.append(stability_report.write_plot(run_dir, p["stability"], TUNE_STABILITY_PLOT,
+                                                 p["stability"].get("limit"), f"{p['model']} tuned INT8 mix"))
+        with open(run_dir.file(markdown), "a", encoding="utf-8") as f:
+            f.write(f"![calibration stability]({TUNE_STABILITY_PLOT})\n")
+    return [run_dir.file(report), run_dir.file(markdown), *(run_dir.file(n) for n in plots)]
