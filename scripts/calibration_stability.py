@@ -111,7 +111,7 @@ def table(out: Path) -> None:
         m = json.loads(path.read_text())
         arch, data = m["model"], m["data"]
         if m.get("digits_every") not in (None, 1):
-            data += f" (every {m['digits_every']}nd image)" if m["digits_every"] == 2 else f" (1 in {m['digits_every']})"
+            data += f" (1 in {m['digits_every']} images)"
         h, o = m.get("held_out") or {}, m["old"]
         first = True
         for size, s in m["sizes"].items():
