@@ -400,8 +400,9 @@ class TuneConfig(Section):
                                                "precision (tune --precision)")
     calibration_methods: list[Literal[CALIBRATION_METHODS]] = Field(
         ["max", "entropy"], min_length=1, description="calibration methods searched; the better front is kept")
-    sensitivity_samples: int = Field(100, ge=1, description="verify images each per-layer sensitivity is measured "
-                                     "on (candidates are judged on every verify image)")
+    sensitivity_samples: int = Field(100, ge=1, description="images of the validation split's search part each "
+                                     "per-layer sensitivity is measured on (candidates are judged on all of that part; "
+                                     "the chosen mix again on the verdict part)")
     min_speedup: Optional[float] = Field(1.0, gt=0, description="tune fails (exit 1) unless the chosen mix is this "
                                          "much faster than FP32 on the target at every timed batch (null: off; "
                                          "all --tune never applies it)")
