@@ -3,10 +3,11 @@
 ``model.onnx`` comes from ``torch.onnx.export`` (the TorchScript exporter by default: a
 ResNet-18 exported with the dynamo exporter once lost all accuracy, pytorch/pytorch#169178;
 either way verify is what proves the result). ``model.fp16.onnx`` is the FP32 graph converted
-by ModelOpt AutoCast with FP32 inputs and outputs kept, calibrated on real validation images;
+by ModelOpt AutoCast with FP32 inputs and outputs kept, calibrated on real images of the training split;
 ``model.bf16.onnx`` the same in BF16 (opset 22). ``model.int8.onnx`` is the FP32 graph quantized by
 ModelOpt's INT8 PTQ (explicit Q/DQ, FP16 elsewhere; see :mod:`pipeline.precision.int8`), calibrated on
-the first images of the same set. Each through its plug (:mod:`pipeline.precision.plugs`).
+images of the same split (calibration_images.json records which). Each through its plug
+(:mod:`pipeline.precision.plugs`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import onnx
 import torch
 
 from pipeline.core import modeling, onnx_io, tasks
-from pipeline.core.artifacts import CALIBRATION, FP32_ONNX, WEIGHTS
+from pipeline.core.artifacts import CALIBRATION, CALIBRATION_IMAGES, FP32_ONNX, WEIGHTS
 from pipeline.core.data import validation_batch
 from pipeline.core.run import RunDir, StageRecord, sha256_file
 from pipeline.core.torch_onnx import export_onnx
@@ -38,6 +39,7 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord) -> None:
     # go first; model.onnx is replaced atomically, and one from other weights is refused by its stamp (provenance).
     for plug in plugs.ORDER:
         run_dir.file(plug.graph).unlink(missing_ok=True)
+    run_dir.file(CALIBRATION_IMAGES).unlink(missing_ok=True)
     spec = card["spec"]
     ec = cfg.export
     examples, _ = validation_batch(cfg, card, 2)
@@ -90,3 +92,5 @@ def export_graph(cfg: Config, run_dir: RunDir, card: dict, record: StageRecord, 
     record.artifact(plug.graph)
     if run_dir.file(CALIBRATION).exists():
         record.artifact(CALIBRATION)
+    if run_dir.file(CALIBRATION_IMAGES).exists():
+        record.artifact(CALIBRATION_IMAGES)

@@ -27,6 +27,8 @@ PLOTS = [
     (artifacts.LATENCY_PLOT, "Latency distribution"),
     (artifacts.THROUGHPUT_PLOT, "Throughput versus batch size"),
     (artifacts.PROFILE_PLOT, "Per-layer time by layer type and the precision it ran in (each CPU artifact)"),
+    (artifacts.STABILITY_PLOT, "Calibration stability: the gate's scaled error of every calibration draw (verify)"),
+    (artifacts.TUNE_STABILITY_PLOT, "Calibration stability of tune's chosen INT8 mix: every draw's scaled error"),
     *((plot, f"{caption} ({precision.upper()} tune)") for precision in artifacts.TUNE_PRECISIONS
       for plot, caption in zip(artifacts.tune_files(precision)[2:],
                                ("Per-layer sensitivity", "Accuracy versus latency of the tuned mixes"), strict=True)),

@@ -171,6 +171,9 @@ def _verify_summary(entry: dict) -> str:
            if undecided else "")
     deployable = verify.deployable
     line = rows if deployable is None else f"{rows}; deployable: {', '.join(deployable) or 'none'}{why}"
+    if verify.held_out is not None:
+        shown = verify.held_out if verify.held_out == "held out" else verify.held_out.upper()  # never a quiet "not"
+        line += f"; verdict images: {shown}"
     if not verify.judged_reference:
         return line
     from pipeline.reports.verify_report import reference_words

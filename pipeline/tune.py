@@ -35,8 +35,15 @@ from typing import TYPE_CHECKING
 
 import onnx
 
-from pipeline.core import env, modeling, onnx_io
-from pipeline.core.artifacts import FP32_ONNX, QAT_BEST_CHECKPOINT, QAT_CHECKPOINT, QAT_CURVE, QAT_METRICS
+from pipeline.core import env, modeling, onnx_io, roles
+from pipeline.core.artifacts import (
+    FP32_ONNX,
+    QAT_BEST_CHECKPOINT,
+    QAT_CHECKPOINT,
+    QAT_CURVE,
+    QAT_METRICS,
+    SEARCH_IMAGES,
+)
 from pipeline.core.errors import BackendUnavailable, CheckFailed, Inconclusive, UsageError
 from pipeline.core.run import RunDir, StageRecord, write_json
 from pipeline.core.status import Status
@@ -84,7 +91,10 @@ class Tuner:
         self.model, self.card = modeling.load_trained(cfg, run_dir, "tune")
         self.spec = self.card["spec"]
         self.fp32_model = onnx_io.load(run_dir.require(FP32_ONNX, "export", "tune"))
-        self.evidence = candidates.evidence(cfg, self.card, self.model)
+        # The search (sensitivity, every candidate, the choice's confirmation) judges on the validation split's search
+        # part; the chosen mix is judged once more on the verdict part, which nothing here chose on (core.roles).
+        self.evidence = candidates.evidence(cfg, self.card, self.model, roles.SEARCH)
+        self.held_out_evidence = candidates.evidence(cfg, self.card, self.model, roles.VERDICT)
         self.gate = candidates.gate_for(cfg, plug.faithful, plug.name)
         # What other precisions' fallbacks keep in FP32 stays in FP32 in every mix (export applies it here too).
         self.base_fp32 = fallback.inherited_fp32(run_dir, plug, self.fp32_model)
@@ -368,6 +378,8 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, tune: bool = False
         qat_recipe.check(cfg)
     qat_missing = qat_recipe.missing(cfg) if plug.trainable and cfg.tune.qat != "off" else ""
     t = Tuner(cfg, run_dir, plug)
+    write_json(run_dir.file(SEARCH_IMAGES), {**t.evidence.images.to_json(), "split_cut": t.evidence.parts.split})
+    record.artifact(SEARCH_IMAGES)
     runs = [tune_method(t, method) for method in plug.methods(cfg)]
     incumbent = _incumbent(t, runs)
     baseline = time_candidates(t, runs)
@@ -386,8 +398,14 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, tune: bool = False
     qat_cand = _qat_rung(t, runs, baseline, chosen) if wanted else None
     chosen, why = qat_rung.with_qat(chosen, why, qat_cand, t.batches if t.target["open"] is not None else [],
                                     cfg.tune.same_speed)
+    with phase(t, "held-out confirmation"):
+        held = held_out_confirmation(t, chosen, chosen is not None and chosen is qat_cand)
+    with phase(t, "calibration stability"):
+        stability = _certificate(t, chosen, chosen is not None and chosen is qat_cand)
     t.seconds["total"] = time.perf_counter() - start
-    payload = tune_report.payload(cfg, t, runs, baseline, chosen, why, fronts)
+    payload = tune_report.with_held_out(tune_report.payload(cfg, t, runs, baseline, chosen, why, fronts), held)
+    if stability is not None:
+        payload["stability"] = stability
     payload["ladder"] = tune_report.ladder(t, runs, ptq_chosen, qat_cand, qat_why)
     if chosen is not None and chosen is qat_cand:
         qat_recipe.write_fallback(run_dir, qat_cand.result["qat"]["source"], "chosen by python -m pipeline tune "
@@ -428,6 +446,63 @@ def _undecided(t: Tuner, runs: list[dict], baseline: Candidate | None, fronts: d
     record.details.update(tune_report.details(payload))
     raise Inconclusive(f"tune: {why}; {t.plug.fallback_file} is unchanged; run tune again on a quieter machine "
                        "(see tune.md)")
+
+
+# --------------------------------------------------------------------------- the held-out confirmation
+
+
+def held_out_confirmation(t: Tuner, chosen: Candidate | None, qat: bool) -> dict:
+    """The chosen mix, converted as export will, judged by the full gate on the verdict images: those no search here
+    chose on. It changes no choice (choosing again on them would make them a search set too); it says whether the
+    search's verdict holds on held-out images, and where it does not, the report shows the difference."""
+    if chosen is None:
+        return {"ran": False, "why_not": "no mix passed the search"}
+    if qat:
+        return {"ran": False, "why_not": "QAT's graph: verify judges it on the verdict images"}
+    checked = candidates.recheck_round(t.plug, t.cfg, t.ctx, t.held_out_evidence,
+                                       t.converted(chosen.high, chosen.fp32, chosen.calibration))
+    exact = next((c for c in checked.checks if c.name == t.plug.faithful), None)
+    numbers = sensitivity.summary(exact.result) if exact is not None and "task_check" in exact.result else {}
+    status = Status.PASSED if checked.passed else Status.FAILED
+    search = (chosen.result.get("confirmed") or chosen.result).get("status")
+    calibration = _calibration_images(t)
+    others = {f"{t.plug.name} calibration": calibration, "tune search": t.evidence.images}
+    parts = t.held_out_evidence.parts
+    held = roles.held_out_status(t.held_out_evidence.images, others, parts.split, parts.reason)
+    result = {"ran": True, "status": status, "search_status": search, "agrees": status == search,
+              "images": len(t.held_out_evidence.labels), "search_images": len(t.evidence.labels),
+              "held_out": held.to_json(), "candidates": checked.results,
+              "search": {k: chosen.result.get(k) for k in ("scaled_error", "top1_agreement", "accuracy_drop")},
+              **{k: numbers.get(k) for k in ("scaled_error", "top1_agreement", "accuracy_drop")}}
+    (log.info if result["agrees"] else log.warning)(
+        "tune: held-out confirmation on %d verdict images: %s (search: %s)%s; %s", result["images"], status, search,
+        "" if result["agrees"] else ": the search's verdict does not hold on held-out images (tune.md)", held.line())
+    return result
+
+
+def _certificate(t: Tuner, chosen: Candidate | None, qat: bool) -> dict | None:
+    """The calibration stability certificate of the chosen INT8 mix (``export.int8.stability.in_tune``), on the
+    verdict images (:mod:`pipeline.evaluation.certificate`); None where it does not apply."""
+    if chosen is None or qat or t.plug.name != "int8" or not t.cfg.export.int8.stability.in_tune:
+        return None
+    from pipeline.evaluation import certificate
+
+    result = certificate.certify(t.cfg, t.run_dir, t.card, t.plug, t.held_out_evidence,
+                                 t.plug.as_raised(chosen.high, chosen.fp32), chosen.calibration, t.gate)
+    result["limit"] = t.gate.get("max_scaled_error")
+    cert = result["certificate"]
+    (log.info if cert["status"] == "stable" else log.warning)("tune: calibration stability: %s", cert["line"])
+    return result
+
+
+def _calibration_images(t: Tuner):
+    """The images the plug's conversion calibrates on (None where it reads none: AutoCast without its range rule)."""
+    from pipeline.core import data
+
+    section = getattr(t.cfg.export, t.plug.name)
+    if not getattr(section, "range_rule", True):
+        return None
+    return data.calibration_batch(t.cfg, t.card, section.calibration_samples)[1]
 
 
 # --------------------------------------------------------------------------- the third rung: QAT

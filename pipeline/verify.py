@@ -112,12 +112,17 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, auto_fallback: boo
     if written is not None:
         record.artifact(written.name)
     gated = verify_report.with_earlier_fallbacks(run_dir, hashes, gated)
+    stability = _stability(cfg, run_dir, card, evidence, fp32_model, checks)
     verdict = candidates.verdict(checks, cfg.verify.inconclusive)
+    held = candidates.held_out(run_dir, evidence, graphs)
+    (log.info if held.held_out else log.warning)("verify: verdict images %s", held.line())
     payload = verify_report.build_payload(cfg, card, checks, gated, verdict, len(evidence.labels),
-                                          cfg.verify.batch_size, hashes=hashes)
+                                          cfg.verify.batch_size, hashes=hashes, images=held_out_section(evidence, held),
+                                          stability=stability)
     for p in verify_report.write_all(run_dir, payload):
         record.artifact(p.name)
     record.details.update(_details(checks, verdict, evidence, gated))
+    record.details["held_out"] = held.status
     quality = _reference_quality(run_dir, evidence)
     record.details.update(quality)
     failing_first = verdict.failed[0] if verdict.failed else None
@@ -128,6 +133,42 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, auto_fallback: boo
              ", ".join(verdict.deployable) or "none",
              verify_report.reference_words(quality["reference_accuracy"], quality["reference_learned"],
                                            quality.get("reference_task")))
+
+
+def _stability(cfg: Config, run_dir: RunDir, card: dict, evidence: Evidence, fp32_model, checks: list[Check]):
+    """The calibration stability certificate of ``model.int8.onnx`` (``export.int8.stability.in_verify``), on the
+    verdict images; where ``verify.int8.min_pass_share`` finds its pass a lucky draw, every passing gating candidate
+    of the INT8 graph fails, saying why. None where it does not run."""
+    plug = plugs.by_name("int8")
+    if not cfg.export.int8.stability.in_verify or not run_dir.file(plug.graph).is_file():
+        return None
+    if fallback.qat_source(run_dir, plug) is not None:
+        log.info("verify: calibration stability not certified: model.int8.onnx is QAT's graph (trained ranges)")
+        return None
+    from pipeline.evaluation import certificate
+
+    raised = fallback.read(run_dir, plug, fp32_model)
+    method = fallback.calibration_method(run_dir, plug) or cfg.export.int8.calibration_method
+    gate = candidates.gate_for(cfg, plug.faithful, plug.name)
+    result = certificate.certify(cfg, run_dir, card, plug, evidence, raised, method, gate,
+                                 deployed_model=onnx_io.load(run_dir.file(plug.graph)))
+    cert = result["certificate"]
+    (log.info if cert["status"] == "stable" else log.warning)("verify: calibration stability: %s", cert["line"])
+    if cert["fails_gate"]:
+        for chk in checks:
+            if chk.gates and candidates.runs_graph(chk, plug) and chk.status == Status.PASSED:
+                chk.result = {**chk.result, "status": Status.FAILED,
+                              "reason": f"calibration stability: {'; '.join(cert['reasons'])}"}
+    return result
+
+
+def held_out_section(evidence: Evidence, held) -> dict:
+    """verify.json's ``images``: the verdict images (split, indices, content hashes), the validation split's cut, and
+    whether the verdict is held out from calibration and tune's search (:func:`pipeline.core.roles.held_out_status`)."""
+    parts = evidence.parts
+    return {"verdict": evidence.images.to_json(), "held_out": held.to_json(),
+            "validation_split": {"cut": parts.split, "search_part": len(parts.search),
+                                 "verdict_part": len(parts.verdict), "reason": parts.reason}}
 
 
 def _reference_quality(run_dir: RunDir, evidence: Evidence) -> dict:

@@ -42,19 +42,27 @@ def test_manifest_records_exporter_and_fp16_report(tiny_run):
     assert details["checker"].startswith("onnx.checker.check_model(full_check=True)")
     report = details["fp16"]
     assert 0 < report["fp16_fraction"] <= 1
-    assert report["keep_io_types"] is True and report["calibration"] == "real validation images"
+    assert report["keep_io_types"] is True and report["calibration"].startswith("real images")
     for node in report["fp32_nodes"]:
         assert node["reason"]
 
 
-def test_calibration_uses_real_validation_images(tiny_run):
-    from pipeline import config, export
+def test_calibration_uses_real_training_images_and_records_them(tiny_run):
+    """Issue 48: AutoCast's ranges come from the training split (evenly spaced), never the verdict's validation
+    images, and calibration_images.json records which (split, index, content hash)."""
+    from pipeline import config
+    from pipeline.core import data, roles
 
     calib = np.load(tiny_run / "calibration.npz")["input"]
     cfg = config.resolve(config.load_yaml_file(tiny_run / "config.yaml"))
     card = json.loads((tiny_run / "model.json").read_text())
-    images, _ = export.validation_batch(cfg, card, len(calib))
-    np.testing.assert_array_equal(calib, images)
+    spec = card["spec"]
+    splits = data.load(cfg.data, image_size=spec["input_size"][1], mean=spec["mean"], std=spec["std"])
+    recorded = json.loads((tiny_run / "calibration_images.json").read_text())["fp16"]
+    assert recorded["split"] == "train" and len(recorded["indices"]) == len(calib) == 16
+    train, _ = data.collate(data.fetch_items(splits.train, recorded["indices"]))
+    np.testing.assert_array_equal(calib, train.numpy())
+    assert recorded["sha256_16"] == [roles.image_hash(image.tobytes()) for image in calib]
 
 
 @pytest.mark.slow

@@ -375,10 +375,14 @@ def test_cancellation_with_int8_on_passes_auto_fallback_and_the_fix_carries_over
 def test_the_int8_fallback_moves_fp16_regions_of_the_int8_graph_to_fp32(trained, tmp_path, capsys):
     """The INT8 graph's own ladder: with a strict INT8 gate and a lenient FP16 one, int8_exact fails on the FP16
     region's cancellation, localisation names an FP16 node, and the fallback keeps it in FP32 (fp16 -> fp32),
-    leaving every INT8 layer quantized."""
+    leaving every INT8 layer quantized. The scenario was planted on the first validation images' calibration: on the
+    training split's (the default since issue 48) the classifier's INT8 input alone also exceeds the strict 0.2, and
+    localisation names /Flatten first (a verdict that depends on the calibration draw: the stability certificate's
+    subject, tests/test_stability.py); the test keeps its draw."""
     run = _copy(trained(f"{FAULTS}:cancellation"), tmp_path)
     strict = ["verify.int8.max_scaled_error=0.2", "verify.fp16.max_scaled_error=10", "verify.fp16.min_top1_agreement=0",
-              "verify.fp16.max_accuracy_drop=1"]
+              "verify.fp16.max_accuracy_drop=1", "export.calibration_split=validation"]
+    assert cli("export", "--run-dir", run, "export.calibration_split=validation") == 0
     assert cli("build", "--run-dir", run) == 0
     assert cli("verify", "--run-dir", run, *strict) == 1
     assert _status(run)["int8_exact"]["status"] == "failed"

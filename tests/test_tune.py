@@ -64,6 +64,7 @@ def test_tune_keeps_more_layers_in_int8_than_greedy_fallback_and_round_trips(tra
     assert cli("verify", "--run-dir", run) == 0
     verdicts = {c["name"]: c["status"] for c in json.loads((run / "verify.json").read_text())["candidates"]}
     assert verdicts["int8_exact"] == "passed"
+    _roles_are_disjoint(run, report)
     assert cli("report", "--run-dir", run) == 0
     assert "Precision tuning (tune, INT8)" in (run / "report.md").read_text()
 
@@ -81,6 +82,34 @@ def test_tune_keeps_more_layers_in_int8_than_greedy_fallback_and_round_trips(tra
     out = capsys.readouterr().out
     assert "tuned artifact: INT8: 1 of 3 layers out of INT8 (max)" in out, out
     assert json.loads((run / "int8_fallback.json").read_text())["nodes"] == ["/late/Conv"]
+
+
+def _roles_are_disjoint(run: Path, report: dict) -> None:
+    """Issue 48: by default calibration (the training split), tune's search and the verdict (verify's and tune's
+    held-out confirmation) are disjoint: the indices and content hashes recorded in the run directory do not
+    intersect, and verify.json says so. On the planted decoy the held-out confirmation agrees with the search, or
+    tune.md shows the difference."""
+    calibration = json.loads((run / "calibration_images.json").read_text())
+    search = json.loads((run / "search_images.json").read_text())
+    verdict = json.loads((run / "verify.json").read_text())["images"]
+    keys = {name: {(entry["split"], i) for i in entry["indices"]} for name, entry in
+            [*((f"{p} calibration", e) for p, e in calibration.items() if e.get("calibrated", True)),
+             ("search", search), ("verdict", verdict["verdict"])]}
+    hashes = {name: set(entry["sha256_16"]) for name, entry in
+              [*((f"{p} calibration", e) for p, e in calibration.items() if e.get("calibrated", True)),
+               ("search", search), ("verdict", verdict["verdict"])]}
+    assert {"int8 calibration", "fp16 calibration", "search", "verdict"} <= keys.keys()
+    for role in keys.keys() - {"verdict"}:
+        assert not keys[role] & keys["verdict"] and not hashes[role] & hashes["verdict"], role
+    assert not keys["search"] & keys["int8 calibration"]
+    assert verdict["held_out"]["status"] == "held out", verdict["held_out"]
+    assert set(verdict["held_out"]["checked"]) >= {"int8 calibration", "tune search"}
+    held = report["held_out_confirmation"]
+    assert held["ran"] and held["images"] == len(verdict["verdict"]["indices"])
+    assert held["held_out"]["status"] == "held out"
+    assert "Held-out confirmation" in (run / "tune.md").read_text()
+    if not held["agrees"]:
+        assert "differs from the search's" in (run / "tune.md").read_text()
 
 
 def test_all_tune_keeps_the_previous_choice_and_a_second_identical_run_reruns_nothing(trained, tmp_path):

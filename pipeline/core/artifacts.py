@@ -51,6 +51,8 @@ def engine_sidecar(precision: str) -> str:
 
 FP32_ONNX = "model.onnx"
 CALIBRATION = "calibration.npz"
+CALIBRATION_IMAGES = "calibration_images.json"  # which images calibrated each lower-precision graph (core.roles)
+SEARCH_IMAGES = "search_images.json"  # which images tune's search judged on (core.roles)
 FP16_ONNX, BF16_ONNX, INT8_ONNX = graph_file("fp16"), graph_file("bf16"), graph_file("int8")
 FP16_FALLBACK, BF16_FALLBACK, INT8_FALLBACK = fallback_file("fp16"), fallback_file("bf16"), fallback_file("int8")
 FP16_ENGINE, BF16_ENGINE, INT8_ENGINE = engine_file("fp16"), engine_file("bf16"), engine_file("int8")
@@ -98,6 +100,8 @@ TUNE_MD = "tune.md"
 TUNE_SENSITIVITY_PLOT = "tune_sensitivity.png"
 TUNE_PARETO_PLOT = "tune_pareto.png"
 TUNE_PRECISIONS = ("int8", "fp16", "bf16")
+STABILITY_PLOT = "stability.png"  # verify's calibration stability certificate: the gate statistic of every draw
+TUNE_STABILITY_PLOT = "tune_stability.png"  # tune's, for its chosen INT8 mix
 # INT8's tune files kept their first names; every other precision's carry its name.
 FIRST_TUNE_FILES = {"int8": (TUNE_JSON, TUNE_MD, TUNE_SENSITIVITY_PLOT, TUNE_PARETO_PLOT)}
 

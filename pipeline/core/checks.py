@@ -86,3 +86,5 @@ class Evidence:
     outputs: dict = field(default_factory=dict)  # each judged candidate's outputs (verify.predictions.npz)
     # A detector's task check (pipeline.core.tasks): {"detections": name, "classes": n, "rules": verify.detection}
     detection: dict | None = None
+    images: object = None  # the images' role record (pipeline.core.roles.ImageSet): split, indices, content hashes
+    parts: object = None  # the validation split's search and verdict parts (pipeline.core.roles.ValidationParts)

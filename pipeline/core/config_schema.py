@@ -130,7 +130,8 @@ class TrainConfig(Section):
 
 class FP16Config(Section):
     enabled: bool = Field(True, description=f"write {FP16_ONNX} with ModelOpt AutoCast")
-    calibration_samples: int = Field(64, ge=1, description="real validation images AutoCast measures ranges on")
+    calibration_samples: int = Field(64, ge=1, description="real images AutoCast measures ranges on "
+                                     "(export.calibration_split)")
     range_rule: bool = Field(True, description="keep nodes whose measured values exceed data_max in FP32")
     data_max: float = Field(512.0, gt=0, description="largest |value| a node's I/O may reach and run in FP16")
     init_max: float = Field(65504.0, gt=0, description="largest |initializer| a node may hold and run in FP16")
@@ -150,19 +151,39 @@ class BF16Config(FP16Config):
     init_max: float = Field(3.0e38, gt=0, description="largest |initializer| a node may hold and run in BF16")
 
 
+class StabilityConfig(Section):
+    """The calibration stability certificate (docs/verify.md, "Calibration stability"): the INT8 graph recalibrated on
+    ``draws`` draws of training images, each judged by the gate on the verdict images."""
+
+    draws: int = Field(5, ge=2, le=64, description="calibration draws K, the deployed one included")
+    draw_size: Optional[int] = Field(None, ge=1, le=100_000, description="images per draw (null: "
+                                     "export.int8.calibration_samples, the deployed draw's size)")
+    sampling: Literal["disjoint", "bootstrap"] = Field("disjoint", description="disjoint draws of the training split "
+                                                        "(bootstrap, said, where it holds too few) or bootstrap draws")
+    in_tune: bool = Field(True, description="certify tune's chosen mix (tune.md)")
+    in_verify: bool = Field(False, description="certify model.int8.onnx in verify (all's default run: off, it costs "
+                            "one quantization and one gate run per draw)")
+
+
 class INT8Config(Section):
     enabled: bool = Field(True, description=(f"write {INT8_ONNX} with ModelOpt PTQ "
                                              "(skipped, and said, without ModelOpt)"))
     calibration_method: Literal[CALIBRATION_METHODS] = Field(
         "max", description="activation ranges: max (per-tensor absolute max) or entropy (KL-optimal clipping); the "
         "two ModelOpt 0.47 offers for INT8 (no percentile)")
-    calibration_samples: int = Field(64, ge=1, description="real validation images the ranges are calibrated on")
+    calibration_samples: int = Field(64, ge=1, description="real images the ranges are calibrated on "
+                                     "(export.calibration_split)")
     nodes_to_exclude: list[str] = Field([], description="node-name regexes left unquantized")
     op_types_to_exclude: list[str] = Field([], description="op types left unquantized")
+    stability: StabilityConfig = StabilityConfig()
 
 
 class ExportConfig(Section):
     opset: int = Field(18, ge=17, le=23, description="ONNX opset (>= 17 keeps LayerNormalization one op)")
+    calibration_split: Literal["train", "validation"] = Field(
+        "train", description="where calibration images (INT8 ranges, AutoCast's range rule) come from: train (evenly "
+        "spaced over the training split, never judged on) or validation (its first images: verify then reports its "
+        "verdict as not held out)")
     exporter: Literal["torchscript", "dynamo"] = Field("torchscript", description="torch.onnx exporter")
     dynamic_batch: bool = Field(True, description="dynamic batch axis")
     fp16: FP16Config = FP16Config()
@@ -261,6 +282,9 @@ class INT8Gate(_Gate):
     min_top1_agreement: float = Field(0.98, ge=0, le=1, description="top-1 agreement with the reference, at least")
     max_row_deviation: float = Field(5e-2, ge=0, description="row independence: how far an image's output "
                                      "may move with its batch, in units of its logit scale (measured: docs/verify.md)")
+    min_pass_share: Optional[float] = Field(None, ge=0, le=1, description="calibration stability certificate: the "
+                                            "share of calibration draws that must pass, or the INT8 candidates fail "
+                                            "(a lucky draw; null: reported only)")
 
 
 class BF16Gate(_Gate):
@@ -329,6 +353,11 @@ class VerifyConfig(Section):
     candidates: dict[str, CandidateConfig] = Field(
         {}, description="one section per verify candidate of the backend table, by its name (pipeline.config checks "
         "the names and fills in every candidate's defaults)")
+    search_fraction: float = Field(0.5, gt=0, lt=1, description="share of the validation split (stratified) kept "
+                                   "for tune's search; verify and tune's confirmation judge on the rest")
+    min_held_out_images: int = Field(30, ge=1, le=100_000, description="images both the search and the verdict part "
+                                     "need; a smaller validation split is not cut, and every verdict on it is marked "
+                                     "not held out")
     localize: bool = Field(True, description="on failure, find the first node whose error exceeds tolerance")
     localize_top: int = Field(10, ge=1, description="rows in the worst-nodes table")
     auto_fallback: bool = Field(False, description="on failure, move offending nodes to FP32 and retry")
@@ -389,8 +418,9 @@ class TuneConfig(Section):
                                                "precision (tune --precision)")
     calibration_methods: list[Literal[CALIBRATION_METHODS]] = Field(
         ["max", "entropy"], min_length=1, description="calibration methods searched; the better front is kept")
-    sensitivity_samples: int = Field(100, ge=1, description="verify images each per-layer sensitivity is measured "
-                                     "on (candidates are judged on every verify image)")
+    sensitivity_samples: int = Field(100, ge=1, description="images of the validation split's search part each "
+                                     "per-layer sensitivity is measured on (candidates are judged on all of that part; "
+                                     "the chosen mix again on the verdict part)")
     min_speedup: Optional[float] = Field(1.0, gt=0, description="tune fails (exit 1) unless the chosen mix is this "
                                          "much faster than FP32 on the target at every timed batch (null: off; "
                                          "all --tune never applies it)")

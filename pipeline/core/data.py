@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch.utils.data import Dataset
 
+from pipeline.core import roles
 from pipeline.core.errors import DataError
 
 if TYPE_CHECKING:
@@ -740,6 +741,71 @@ def check_classes(card: dict, classes: list[str]) -> None:
                                        f"missing from the data: {', '.join(gone)}" if gone else "") if part)
     raise DataError(f"the data has classes {list(classes)}, but the model was trained on "
                     f"{list(trained)} ({what or 'same names, other order'}); re-run train")
+
+
+def _labels_of(dataset: Dataset) -> list[int]:
+    """A split's labels without decoding an image."""
+    labels = dataset.labels
+    return labels.tolist() if isinstance(labels, torch.Tensor) else list(labels)
+
+
+def validation_parts(cfg: Config, splits: DataSplits) -> roles.ValidationParts:
+    """The validation split cut into tune's search part and the verdict part (:func:`roles.partition_validation`)."""
+    return roles.partition_validation(_labels_of(splits.val), cfg.verify.search_fraction,
+                                      cfg.verify.min_held_out_images, cfg.data.seed + 2)
+
+
+def _image_set(role: str, split: str, indices: list[int], images: np.ndarray) -> roles.ImageSet:
+    return roles.ImageSet(role, split, tuple(indices), tuple(roles.image_hash(img.tobytes()) for img in images))
+
+
+def calibration_batch(cfg: Config, card: dict, count: int) -> tuple[np.ndarray, roles.ImageSet]:
+    """``count`` calibration images (float32), evenly spaced over the split ``export.calibration_split`` names:
+    the training split by default, which no verdict judges on (``validation``: the first validation images, the old
+    way, which verify then reports as not held out)."""
+    spec = card["spec"]
+    splits = load(cfg.data, image_size=spec["input_size"][1], mean=spec["mean"], std=spec["std"])
+    if cfg.export.calibration_split == "validation":
+        split, dataset = "val", splits.val
+        indices = list(range(min(count, len(dataset))))
+    else:
+        split, dataset = "train", splits.train
+        indices = roles.spread(list(range(len(dataset))), count)
+    x, _ = collate(fetch_items(dataset, indices))
+    images = x.numpy().astype("float32")
+    return images, _image_set(roles.CALIBRATION, split, indices, images)
+
+
+def training_images(cfg: Config, card: dict, indices: list[int]) -> np.ndarray:
+    """The training split's images at ``indices`` (float32): a calibration draw of the stability certificate."""
+    spec = card["spec"]
+    splits = load(cfg.data, image_size=spec["input_size"][1], mean=spec["mean"], std=spec["std"])
+    x, _ = collate(fetch_items(splits.train, list(indices)))
+    return x.numpy().astype("float32")
+
+
+def training_size(cfg: Config, card: dict) -> int:
+    spec = card["spec"]
+    return len(load(cfg.data, image_size=spec["input_size"][1], mean=spec["mean"], std=spec["std"]).train)
+
+
+def role_batch(cfg: Config, card: dict, role: str, count: int, *, names: list[str] | None = None,
+               record: list | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`labelled_validation_batch` over one part of the validation split: ``role`` is ``search`` (tune's
+    sensitivity and candidate search) or ``verdict`` (verify, tune's held-out confirmation). ``record``, when given,
+    receives the :class:`roles.ImageSet` of the images and the :class:`roles.ValidationParts` they come from."""
+    spec = card["spec"]
+    splits = load(cfg.data, image_size=spec["input_size"][1], mean=spec["mean"], std=spec["std"])
+    check_classes(card, splits.classes)
+    parts = validation_parts(cfg, splits)
+    indices = roles.spread(list(parts.search if role == roles.SEARCH else parts.verdict), count)
+    if names is not None:
+        names[:] = [_image_name(cfg, splits.val, i) for i in indices]
+    x, y = collate(fetch_items(splits.val, indices))
+    images = x.numpy().astype("float32")
+    if record is not None:
+        record[:] = [_image_set(role, "val", indices, images), parts]
+    return images, y.numpy()
 
 
 def labelled_validation_batch(cfg: Config, card: dict, count: int, *, spread: bool = False,

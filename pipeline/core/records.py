@@ -193,6 +193,7 @@ class VerifyRecord(StageDetails):
     reference_accuracy: float | None = None
     reference_learned: bool | None = None
     reference_task: str | None = None  # "detection": reference_accuracy is the reference's mAP@0.5:0.95
+    held_out: str | None = None  # "held out" or "not held out" (pipeline.core.roles); None: verify before issue 48
 
     @property
     def judged_reference(self) -> bool:

@@ -12,10 +12,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pipeline.core import data, tasks, verdicts
+from pipeline.core import data, roles, tasks, verdicts
+from pipeline.core.artifacts import CALIBRATION_IMAGES, SEARCH_IMAGES
 from pipeline.core.checks import Check, Evidence  # noqa: F401  (re-exported: the evaluation's vocabulary)
 from pipeline.core.errors import InputError, disk_full, first_line
-from pipeline.core.run import RunDir
+from pipeline.core.run import RunDir, read_json
 from pipeline.core.status import Status
 from pipeline.core.verdicts import Verdict
 from pipeline.evaluation import batching, conformance, conformance_runs
@@ -144,20 +145,70 @@ def verdict(checks: list[Check], inconclusive: verdicts.InconclusivePolicy = "pa
     return verdicts.verdict(checks, inconclusive)
 
 
-def evidence(cfg: Config, card: dict, model) -> Evidence:
+def evidence(cfg: Config, card: dict, model, role: str = roles.VERDICT) -> Evidence:
+    """The images of ``role`` (:mod:`pipeline.core.roles`: ``verdict`` for verify and tune's confirmation, ``search``
+    for tune's search), their labels, and the reference's outputs on them."""
     spec = card["spec"]
     names: list[str] = []
-    images, labels = data.labelled_validation_batch(cfg, card, sample_count(cfg, spec), spread=True, names=names)
+    record: list = []
+    images, labels = data.role_batch(cfg, card, role, sample_count(cfg, spec), names=names, record=record)
     bs = cfg.verify.batch_size
     feeds = [{spec["input_name"]: images[i : i + bs]} for i in range(0, len(images), bs)]
-    log.info("verify: %d validation images in %d batches; reference %s", len(images), len(feeds), REFERENCE)
+    log.info("%s: %d validation images (%s) in %d batches; reference %s", "verify" if role == roles.VERDICT else "tune",
+             len(images), role, len(feeds), REFERENCE)
     ref_runner = TorchRunner(model, name=REFERENCE, input_name=spec["input_name"], output_name=spec["output_name"],
                              input_shape=tuple(spec["input_size"]))
     task = tasks.of(spec)
     detection = None if task.name == tasks.CLASSIFICATION else {
         "detections": tasks.DETECTIONS, "classes": spec["num_classes"], "rules": cfg.verify.detection.model_dump()}
     return Evidence(feeds, collect(ref_runner, feeds), labels, spec["output_name"], cfg.verify.confidence, names,
-                    detection=detection)
+                    detection=detection, images=record[0], parts=record[1])
+
+
+def held_out(run_dir: RunDir, evidence: Evidence, graphs) -> roles.HeldOut:
+    """Whether ``evidence``'s images are held out from every other role recorded in the run directory: each
+    lower-precision graph's calibration images (``calibration_images.json``; a graph present without its record
+    cannot be called held out) and tune's search images (``search_images.json``, where tune ran)."""
+    calibrations = _recorded(run_dir, CALIBRATION_IMAGES)
+    search = _recorded(run_dir, SEARCH_IMAGES)
+    others: dict[str, roles.ImageSet | None] = {}
+    missing = []
+    for precision in graphs:
+        entry = calibrations.get(precision) if isinstance(calibrations, dict) else None
+        if isinstance(entry, dict) and entry.get("calibrated") is False:
+            continue  # its conversion read no image (AutoCast without its range rule)
+        image_set = _image_set(entry)
+        if image_set is None:
+            missing.append(f"{precision} calibration")
+        others[f"{precision} calibration"] = image_set
+    if search:
+        image_set = _image_set(search)
+        if image_set is None:
+            missing.append("tune search")
+        others["tune search"] = image_set
+    else:
+        others["tune search"] = None
+    parts = evidence.parts
+    return roles.held_out_status(evidence.images, others, parts.split, parts.reason, missing)
+
+
+def _recorded(run_dir: RunDir, name: str):
+    path = run_dir.file(name)
+    if not path.is_file():
+        return None
+    try:
+        return read_json(path, name)
+    except (InputError, FileNotFoundError):
+        return {"unreadable": True}
+
+
+def _image_set(entry) -> roles.ImageSet | None:
+    if not isinstance(entry, dict):
+        return None
+    try:
+        return roles.ImageSet.from_json(entry)
+    except ValueError:
+        return None
 
 
 IMAGE_BYTES_BUDGET = 256 << 20  # the images verify holds (and hands to each child process), at most

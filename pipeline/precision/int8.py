@@ -5,7 +5,7 @@ TensorRT 10+/11 builds INT8 only from explicit QuantizeLinear/DequantizeLinear (
 ONNX graph (implicit calibration is gone in 11), so every INT8 decision lives in ``model.int8.onnx``:
 
 * :func:`quantize` runs ``modelopt.onnx.quantization.quantize(quantize_mode="int8")`` on
-  ``model.onnx``, calibrated on real validation images, with the regions it leaves unquantized in
+  ``model.onnx``, calibrated on real images (the training split by default), with the regions it leaves unquantized in
   FP16 (``high_precision_dtype="fp16"``), so an engine built from it is a true INT8/FP16 mix.
   Activations are quantized per tensor (symmetric), weights per output channel.
 * :func:`pipeline.runtime.runners.int8_exact_runner` executes that graph as written: ONNX Runtime with graph
@@ -111,7 +111,7 @@ def quantize(fp32_path: Path, images: np.ndarray, input_name: str, int8_cfg: INT
     report = precision_report(onnx.load(str(fp32_path), load_external_data=False), quantized, int8_cfg,
                               set(extra_excluded), set(fp32_nodes))
     report.update({"quantizer": QUANTIZER, "calibration_method": int8_cfg.calibration_method,
-                   "calibration": "real validation images (the first of the set AutoCast calibrates on)",
+                   "calibration": "real images (export.calibration_split; calibration_images.json)",
                    "calibration_images": len(images), "high_precision_dtype": "fp16",
                    "activations": "per tensor, symmetric", "weights": "per output channel, symmetric",
                    "nodes_to_exclude": excludes, "op_types_to_exclude": list(int8_cfg.op_types_to_exclude),

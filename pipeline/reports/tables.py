@@ -260,6 +260,11 @@ def verify_sections(payload: dict) -> list[Section]:
                  "only' do not decide the exit code (verify.gate).")
     sections = [Section("Precision gate", status=Status.PASSED if payload["passed"] else Status.FAILED,
                         paragraphs=(text,), tables=(table,))]
+    images = _images_section(payload.get("images"))
+    if images:
+        sections.append(images)
+    stability = stability_sections(payload.get("stability"))
+    sections += stability
     batches = _batch_section(payload["candidates"])
     if batches:
         sections.append(batches)
@@ -273,6 +278,29 @@ def verify_sections(payload: dict) -> list[Section]:
         if fallback:
             sections.append(_fallback_section(fallback, plug))
     return sections
+
+
+def _images_section(images: dict | None) -> Section | None:
+    """Whether the verdict's images are held out from calibration and tune's search (pipeline.core.roles)."""
+    if not isinstance(images, dict) or not isinstance(images.get("held_out"), dict):
+        return None
+    held = images["held_out"]
+    split = images.get("validation_split") or {}
+    verdict = images.get("verdict") or {}
+    text = (f"Verdict images: {verdict.get('count', '?')} of the validation split's verdict part "
+            f"({split.get('verdict_part', '?')} images; {split.get('search_part', '?')} kept for tune's search"
+            f"{'' if split.get('cut') else ', the same images: the split was not cut'}). {held.get('line', '')}.")
+    return Section("Held-out images", status="held out" if held.get("held_out") else "not held out", paragraphs=(text,),
+                   level=3)
+
+
+def stability_sections(stability: dict | None) -> list[Section]:
+    """The calibration stability certificate (pipeline.precision.stability), where it ran."""
+    if not isinstance(stability, dict) or not stability:
+        return []
+    from pipeline.reports import stability_report
+
+    return stability_report.sections(stability)
 
 
 # --------------------------------------------------------------------------- benchmark.json

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.core import env
-from pipeline.core.artifacts import tune_files
+from pipeline.core.artifacts import TUNE_STABILITY_PLOT, tune_files
 from pipeline.core.run import RunDir, atomic_path, atomic_write, write_json
 from pipeline.core.status import Status
 from pipeline.evaluation import speed_claims
@@ -74,6 +74,39 @@ def payload(cfg: Config, t, runs: list[dict], baseline: dict | None, chosen: Can
                          None)
     out["summary"] = _summary(out, chosen, len(runs[0]["ranked"]) if runs else 0, plug.fallback_file)
     return out
+
+
+def with_held_out(p: dict, held: dict) -> dict:
+    """The payload with the held-out confirmation (:func:`pipeline.tune.held_out_confirmation`), and its word in the
+    summary line where it ran."""
+    p["held_out_confirmation"] = held
+    if held.get("ran"):
+        agrees = "agrees with the search" if held["agrees"] else f"DIFFERS from the search's {held['search_status']}"
+        p["summary"] += f"; held-out confirmation on {held['images']} images: {held['status']} ({agrees})"
+    return p
+
+
+def _held_out_section(p: dict) -> Section | None:
+    held = p.get("held_out_confirmation")
+    if not held:
+        return None
+    if not held.get("ran"):
+        return Section("Held-out confirmation", None, (f"Not run: {held.get('why_not')}.",), level=3)
+    search = held.get("search") or {}
+    table = Table(("images", "role", "gate", "scaled error", "top-1 agreement", "accuracy drop"), (
+        (Cell(str(held["search_images"])), Cell("search (chosen on)"),
+         Cell(held["search_status"] or "-", status=held["search_status"]), Cell(fmt(search.get("scaled_error"))),
+         Cell(fmt(search.get("top1_agreement"))), Cell(fmt(search.get("accuracy_drop")))),
+        (Cell(str(held["images"])), Cell("verdict (held out)"), Cell(held["status"], status=held["status"]),
+         Cell(fmt(held.get("scaled_error"))), Cell(fmt(held.get("top1_agreement"))),
+         Cell(fmt(held.get("accuracy_drop"))))))
+    words = ("The held-out verdict agrees with the search's." if held["agrees"] else
+             f"The held-out verdict ({held['status']}) differs from the search's ({held['search_status']}): the "
+             "search chose on its own images, and the choice does not hold on images it did not see; verify will "
+             "judge the artifact on these held-out images.")
+    return Section("Held-out confirmation", held["status"],
+                   (f"The chosen mix, converted as export will, judged by the full gate on the verdict images. "
+                    f"{words} Verdict images: {held['held_out']['line']}.",), (table,), level=3)
 
 
 def ladder(t, runs: list[dict], ptq_chosen: Candidate | None, qat: Candidate | None, qat_why: str) -> dict:
@@ -243,7 +276,8 @@ def sections(p: dict) -> list[Section]:
             + (f" ({_no_units(p)}: its kernels gain little here)" if _no_units(p) else "") + ".",
             *([f"Speed not measured: {p['speed_not_measured']}."] if p["speed_not_measured"] else []),
             (f"Sensitivity on {p['samples']['sensitivity']} images; every candidate judged by the full gate on "
-             f"{p['samples']['gate']} images; timings: {p['timing']['statistic']}.")]
+             f"{p['samples']['gate']} images of the validation split's search part; timings: "
+             f"{p['timing']['statistic']}.")]
     if p.get("undecided"):
         head.append(f"Why no choice: {p['undecided']}.")
     for check in (p.get("sanity") or {}).get("checks", []):
@@ -254,6 +288,13 @@ def sections(p: dict) -> list[Section]:
         if chosen["runtime_not_low"]:
             head.append(f"Not run in {_label(p)} by the target: {', '.join(chosen['runtime_not_low'])}.")
     out = [Section(f"Precision tuning (tune, {_label(p)})", status, tuple(head), (_candidates_table(p),))]
+    held = _held_out_section(p)
+    if held is not None:
+        out.append(held)
+    if p.get("stability"):
+        from pipeline.reports.tables import stability_sections
+
+        out += stability_sections(p["stability"])
     if p.get("ladder"):
         out.append(Section("PTQ, best PTQ mix and QAT side by side", None,
                            (f"QAT: {'ran' if p['ladder']['qat_ran'] else 'not run'} ({p['ladder']['qat_why']}).",),
@@ -343,4 +384,12 @@ def write_all(run_dir: RunDir, p: dict) -> list[Path]:
     atomic_write(run_dir.file(markdown), f"# Precision tuning: {tables.md_escape(p['model'])}\n\n"
                  + tables.markdown(sections(p)) + f"\n![sensitivity]({sensitivity_plot})\n"
                  f"![accuracy vs latency]({pareto_plot})\n")
-    return [run_dir.file(report), run_dir.file(markdown), *(run_dir.file(n) for n in write_plots(run_dir, p))]
+    plots = write_plots(run_dir, p)
+    if p.get("stability") and p.get("precision") == "int8":
+        from pipeline.reports import stability_report
+
+        plots.append(stability_report.write_plot(run_dir, p["stability"], TUNE_STABILITY_PLOT,
+                                                 p["stability"].get("limit"), f"{p['model']} tuned INT8 mix"))
+        with open(run_dir.file(markdown), "a", encoding="utf-8") as f:
+            f.write(f"![calibration stability]({TUNE_STABILITY_PLOT})\n")
+    return [run_dir.file(report), run_dir.file(markdown), *(run_dir.file(n) for n in plots)]

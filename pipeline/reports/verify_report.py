@@ -306,7 +306,8 @@ def _clean(value):
 
 
 def build_payload(cfg: Config, card, candidates: Sequence[Check], gated: dict, verdict: Verdict[Check], samples: int,
-                  batch_size: int, *, hashes: dict, reference_nonfinite: int = 0) -> dict:
+                  batch_size: int, *, hashes: dict, reference_nonfinite: int = 0, images: dict | None = None,
+                  stability: dict | None = None) -> dict:
     """verify.json. ``hashes`` maps each artifact verify read to its sha256: the reference records its
     weights', each candidate that reached a verdict the file it judged (benchmark shows a verdict only
     while those still match the files it times)."""
@@ -350,6 +351,8 @@ def build_payload(cfg: Config, card, candidates: Sequence[Check], gated: dict, v
         ],
         **{key: section for name in plugs.PLUGS
            for key, section in zip(section_keys(name), gated.get(name) or (None, None), strict=True)},
+        "images": images,  # which images the verdict is on, and whether they are held out (pipeline.core.roles)
+        "stability": stability,  # the calibration stability certificate (pipeline.evaluation.certificate), if run
         "environment": {k: v for k, v in env.collect().items() if k in ("cpu", "gpu", "torch", "onnxruntime",
                                                                           "polygraphy", "modelopt", "tensorrt",
                                                                           "openvino")},
@@ -408,7 +411,18 @@ def junit(payload: dict) -> str:
 
 
 def write_all(run_dir: RunDir, payload: dict) -> list[Path]:
-    return write_reports(run_dir, payload, markdown(payload), junit(payload), (JSON, MARKDOWN, JUNIT))
+    md = markdown(payload)
+    plot = []
+    run_dir.file(artifacts.STABILITY_PLOT).unlink(missing_ok=True)  # a certificate not run now shows no old plot
+    if payload.get("stability"):
+        from pipeline.reports import stability_report
+
+        limit = next((c["tolerance"].get("max_scaled_error") for c in payload["candidates"]
+                      if c["name"] == "int8_exact" and c.get("tolerance")), None)
+        plot = [run_dir.file(stability_report.write_plot(run_dir, payload["stability"], artifacts.STABILITY_PLOT,
+                                                         limit, f"{payload['model']} INT8"))]
+        md += f"\n![calibration stability]({artifacts.STABILITY_PLOT})\n"
+    return [*write_reports(run_dir, payload, md, junit(payload), (JSON, MARKDOWN, JUNIT)), *plot]
 
 
 def write_reports(run_dir: RunDir, payload: dict, md: str, junit_xml: str, names: tuple[str, str, str]) -> list[Path]:

@@ -31,7 +31,7 @@ import torch
 from pipeline.core import artifacts as a
 from pipeline.core import data as data_mod
 from pipeline.core import modeling, onnx_io, provenance
-from pipeline.core.data import validation_batch
+from pipeline.core.data import calibration_batch
 from pipeline.core.errors import BackendUnavailable, InputError, UsageError
 from pipeline.core.run import RunDir, install, scratch_folder, sha256_file, write_json
 from pipeline.core.torch_onnx import export_onnx
@@ -200,7 +200,7 @@ def fine_tune(cfg: Config, run_dir: RunDir, *, resume: bool = False, out_name: s
 
 def _quantize(cfg: Config, card: dict, model, template: onnx.ModelProto) -> dict:
     """ModelOpt's quantizers where ``template`` (PTQ's graph) quantizes, calibrated on export's images first."""
-    calib, _ = validation_batch(cfg, card, cfg.export.int8.calibration_samples)
+    calib, _ = calibration_batch(cfg, card, cfg.export.int8.calibration_samples)
     return qat.quantize_model(model, qat.placement(template), lambda m: m(torch.from_numpy(calib)))
 
 
@@ -234,7 +234,11 @@ def export_int8(cfg: Config, run_dir: RunDir, card: dict, model, template: onnx.
     spec, ec = card["spec"], cfg.export
     ic = cfg.export.int8.model_copy(update={"calibration_method": fallback.calibration_method(run_dir, PLUG) or
                                             cfg.export.int8.calibration_method})
-    images, _ = validation_batch(cfg, card, ic.calibration_samples)
+    images, image_set = calibration_batch(cfg, card, ic.calibration_samples)
+    if out_name == a.INT8_ONNX:
+        from pipeline.precision.convert import record_calibration
+
+        record_calibration(run_dir, "int8", image_set)
     weights_sha256 = sha256_file(run_dir.file(a.WEIGHTS))
     with scratch_folder(run_dir.file(a.FP32_ONNX)) as scratch:
         fp32_path, quantized = Path(scratch) / "model.qat.fp32.onnx", Path(scratch) / a.INT8_ONNX
