@@ -1001,7 +1001,9 @@ class Builder:
         if config.timing_cache is not None:
             config.timing_cache.entries.add(hashlib.sha256(network.onnx).hexdigest()[:16])
         self.logger.log(Severity.INFO, f"Total Activation Memory: {4 * int(np.prod(hi))} bytes")
-        graph_outputs = {o.name for o in __import__("onnx").load_from_string(network.onnx).graph.output}
+        import onnx
+
+        graph_outputs = {o.name for o in onnx.load_from_string(network.onnx).graph.output}
         marked = {t.name: [t.elem_type, list(t.shape)] for t in network.outputs if t.name not in graph_outputs}
         header = {"strongly_typed": self._strongly_typed(network), "tensorrt": FAKE[0].version, "marked": marked,
                   "flags": sorted(f.name for f in config.flags), "level": config.builder_optimization_level,
