@@ -201,10 +201,13 @@ def cuda_wrapper_class(fake: "FakeTensorRT"):
 def pip_cuda13_site() -> str:
     """A virtual pip-only CUDA 13 install: ``<site>/nvidia/cu13/lib/libcudart.so.13`` (the ``nvidia-cuda-runtime``
     13.x wheel's layout, where Polygraphy does not look). One per test session; never loaded, only found."""
+    import atexit
     import pathlib
+    import shutil
     import tempfile
 
     site = pathlib.Path(tempfile.mkdtemp(prefix="fake-pip-cu13-"))
+    atexit.register(shutil.rmtree, site, True)
     lib = site / "nvidia" / "cu13" / "lib"
     lib.mkdir(parents=True)
     (lib / "libcudart.so.13").write_bytes(b"\x7fELF (a stand-in, never loaded)")
