@@ -19,7 +19,7 @@ import subprocess
 import sys
 
 OPEN = re.compile(r'py::(enum_|class_)<[^;()]*?>\s*\(\s*m\s*,\s*"(\w+)"')
-MEMBER = re.compile(r'\.(value|def|def_static|def_property|def_property_readonly|def_readwrite|def_readonly)'
+MEMBER = re.compile(r'(?<!\bm)\.(value|def|def_static|def_property|def_property_readonly|def_readwrite|def_readonly)'
                     r'\(\s*"(\w+)"')
 MODULE = re.compile(r'\bm\.(def|attr)\(\s*"(\w+)"')
 FOLDERS = ("python/src/infer", "python/src/parsers")

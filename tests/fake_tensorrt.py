@@ -201,10 +201,13 @@ def cuda_wrapper_class(fake: "FakeTensorRT"):
 def pip_cuda13_site() -> str:
     """A virtual pip-only CUDA 13 install: ``<site>/nvidia/cu13/lib/libcudart.so.13`` (the ``nvidia-cuda-runtime``
     13.x wheel's layout, where Polygraphy does not look). One per test session; never loaded, only found."""
+    import atexit
     import pathlib
+    import shutil
     import tempfile
 
     site = pathlib.Path(tempfile.mkdtemp(prefix="fake-pip-cu13-"))
+    atexit.register(shutil.rmtree, site, True)
     lib = site / "nvidia" / "cu13" / "lib"
     lib.mkdir(parents=True)
     (lib / "libcudart.so.13").write_bytes(b"\x7fELF (a stand-in, never loaded)")
@@ -1001,7 +1004,9 @@ class Builder:
         if config.timing_cache is not None:
             config.timing_cache.entries.add(hashlib.sha256(network.onnx).hexdigest()[:16])
         self.logger.log(Severity.INFO, f"Total Activation Memory: {4 * int(np.prod(hi))} bytes")
-        graph_outputs = {o.name for o in __import__("onnx").load_from_string(network.onnx).graph.output}
+        import onnx
+
+        graph_outputs = {o.name for o in onnx.load_from_string(network.onnx).graph.output}
         marked = {t.name: [t.elem_type, list(t.shape)] for t in network.outputs if t.name not in graph_outputs}
         header = {"strongly_typed": self._strongly_typed(network), "tensorrt": FAKE[0].version, "marked": marked,
                   "flags": sorted(f.name for f in config.flags), "level": config.builder_optimization_level,

@@ -14,6 +14,9 @@ one sample of these engines takes well under ``min_duration_s / min_iterations``
 method's wall-clock floor, ``first run + warmup_s + trials x min_duration_s``, whatever the GPU; the loops here run
 with a fast method and are sized with the real one. What is assumed, not counted: :data:`TRTEXEC_S` per trtexec run
 (process, CUDA context, engine load, its warm-up and duration), :data:`FIRST_S` per loop's first run.
+
+``VIRTUAL_CUDA_LAUNCH_NS=200000 python tests/gpu_check_dry_run.py`` makes every launch dearer than the kernels it
+launches: the host sets the pace, and the timing checks come out "inconclusive: enqueue-bound", each with its reason.
 """
 
 from __future__ import annotations
@@ -86,13 +89,13 @@ def main(work: Path) -> dict:
         start = time.perf_counter()
         report = gpu_timing_check.tensorrt_sections(run, work / "gpu_check")
         seconds["gpu_timing_check.py TensorRT sections"] = round(time.perf_counter() - start, 1)
-    failed = [c["name"] for e in report.values() if isinstance(e, dict) for c in e.get("checks", [])
-              if c["status"] != "passed"]
+    failed = [f"{c['status']}: {c['name']}: {c['detail']}" for e in report.values() if isinstance(e, dict)
+              for c in e.get("checks", []) if c["status"] != "passed"]
     sized = {name: {"timing loops": len(methods), "trtexec runs": trtexec_runs.count(name),
                     "seconds on a GPU (loops' floor + trtexec)": round(sum(floor_s(m) for m in methods)
                                                                        + TRTEXEC_S * trtexec_runs.count(name), 1)}
              for name, methods in loops.items()}
-    print("checks not passed:", failed or "none")
+    print("checks not passed:", "\n  ".join(["", *failed]) if failed else "none")
     return {"seconds here": seconds, "on a GPU": sized}
 
 

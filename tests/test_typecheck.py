@@ -150,3 +150,44 @@ def test_no_tensorrt_api_that_tensorrt_11_removed():
                 if re.search(pattern, code) and not line.lstrip().startswith("#"):
                     found.append(f"{path.name}:{n}: {line.strip()}")
     assert not found, "TensorRT 11 removed these:\n" + "\n".join(found)
+
+
+def test_the_binding_names_script_reads_pybind11_enums_classes_and_module_functions():
+    """scripts/tensorrt_binding_names.py on a snippet written as pyCore.cpp is: each name under the enum or class
+    opened before it."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import tensorrt_binding_names as names
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    snippet = '''
+    py::enum_<BuilderFlag>(m, "BuilderFlag", py::arithmetic{}, BuilderFlagDoc::descr, py::module_local())
+        .value("TF32", BuilderFlag::kTF32, BuilderFlagDoc::TF32)
+        .value("STRIP_PLAN", BuilderFlag::kSTRIP_PLAN, BuilderFlagDoc::STRIP_PLAN);
+    py::class_<IBuilderConfig, std::unique_ptr<IBuilderConfig, py::nodelete>>(m, "IBuilderConfig", doc)
+        .def_property("builder_optimization_level", &get, &set)
+        .def("set_flag", &IBuilderConfig::setFlag, "flag"_a);
+    m.def("init_libnvinfer_plugins", &initLibNvInferPlugins, "logger"_a, "namespace"_a);
+    '''
+    table = {"enums": {}, "classes": {}, "module": []}
+    names.names(snippet, table)
+    assert table == {"enums": {"BuilderFlag": ["TF32", "STRIP_PLAN"]},
+                     "classes": {"IBuilderConfig": ["builder_optimization_level", "set_flag"]},
+                     "module": ["init_libnvinfer_plugins"]}
+
+
+def test_the_fake_s_tensorrt_11_mode_has_exactly_11_1_s_flags(monkeypatch):
+    import fake_tensorrt
+
+    fake = fake_tensorrt.install(monkeypatch, version="11")
+    table = fake_tensorrt.bindings_11()["enums"]
+    import tensorrt
+
+    assert tensorrt.__version__ == "11.1.0.106"
+    assert list(tensorrt.BuilderFlag.__members__) == table["BuilderFlag"]
+    assert set(tensorrt.NetworkDefinitionCreationFlag.__members__) == set(table["NetworkDefinitionCreationFlag"])
+    for gone in ("FP16", "INT8", "BF16", "FP8", "INT4", "FP4", "OBEY_PRECISION_CONSTRAINTS",
+                 "PREFER_PRECISION_CONSTRAINTS"):
+        assert not hasattr(tensorrt.BuilderFlag, gone)
+    assert not hasattr(tensorrt.NetworkDefinitionCreationFlag, "EXPLICIT_BATCH")
+    assert fake.major == 11 and tensorrt.BuilderFlag.TF32 in {tensorrt.BuilderFlag.TF32}
