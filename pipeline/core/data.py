@@ -744,8 +744,11 @@ def check_classes(card: dict, classes: list[str]) -> None:
 
 
 def _labels_of(dataset: Dataset) -> list[int]:
-    """A split's labels without decoding an image."""
-    labels = dataset.labels
+    """A split's labels without decoding an image: the strata of the search/verdict partition. A detection image
+    holds boxes of several classes, not one label: its split is one stratum (a random, unstratified partition)."""
+    labels = getattr(dataset, "labels", None)
+    if labels is None:
+        return [0] * len(dataset)
     return labels.tolist() if isinstance(labels, torch.Tensor) else list(labels)
 
 
@@ -759,12 +762,18 @@ def _image_set(role: str, split: str, indices: list[int], images: np.ndarray) ->
     return roles.ImageSet(role, split, tuple(indices), tuple(roles.image_hash(img.tobytes()) for img in images))
 
 
+def card_splits(cfg: Config, card: dict) -> DataSplits:
+    """The configured data set as the run's model card reads it: its image size, normalisation and task."""
+    spec = card["spec"]
+    return load(cfg.data, image_size=spec["input_size"][1], mean=spec["mean"], std=spec["std"],
+                task=spec.get("task", "classification"))
+
+
 def calibration_batch(cfg: Config, card: dict, count: int) -> tuple[np.ndarray, roles.ImageSet]:
     """``count`` calibration images (float32), evenly spaced over the split ``export.calibration_split`` names:
     the training split by default, which no verdict judges on (``validation``: the first validation images, the old
     way, which verify then reports as not held out)."""
-    spec = card["spec"]
-    splits = load(cfg.data, image_size=spec["input_size"][1], mean=spec["mean"], std=spec["std"])
+    splits = card_splits(cfg, card)
     if cfg.export.calibration_split == "validation":
         split, dataset = "val", splits.val
         indices = list(range(min(count, len(dataset))))
@@ -778,15 +787,13 @@ def calibration_batch(cfg: Config, card: dict, count: int) -> tuple[np.ndarray, 
 
 def training_images(cfg: Config, card: dict, indices: list[int]) -> np.ndarray:
     """The training split's images at ``indices`` (float32): a calibration draw of the stability certificate."""
-    spec = card["spec"]
-    splits = load(cfg.data, image_size=spec["input_size"][1], mean=spec["mean"], std=spec["std"])
+    splits = card_splits(cfg, card)
     x, _ = collate(fetch_items(splits.train, list(indices)))
     return x.numpy().astype("float32")
 
 
 def training_size(cfg: Config, card: dict) -> int:
-    spec = card["spec"]
-    return len(load(cfg.data, image_size=spec["input_size"][1], mean=spec["mean"], std=spec["std"]).train)
+    return len(card_splits(cfg, card).train)
 
 
 def role_batch(cfg: Config, card: dict, role: str, count: int, *, names: list[str] | None = None,
@@ -794,8 +801,7 @@ def role_batch(cfg: Config, card: dict, role: str, count: int, *, names: list[st
     """:func:`labelled_validation_batch` over one part of the validation split: ``role`` is ``search`` (tune's
     sensitivity and candidate search) or ``verdict`` (verify, tune's held-out confirmation). ``record``, when given,
     receives the :class:`roles.ImageSet` of the images and the :class:`roles.ValidationParts` they come from."""
-    spec = card["spec"]
-    splits = load(cfg.data, image_size=spec["input_size"][1], mean=spec["mean"], std=spec["std"])
+    splits = card_splits(cfg, card)
     check_classes(card, splits.classes)
     parts = validation_parts(cfg, splits)
     indices = roles.spread(list(parts.search if role == roles.SEARCH else parts.verdict), count)
