@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 import onnx
 
-from pipeline.core import env, modeling, onnx_io
+from pipeline.core import env, modeling, onnx_io, precision_config
 from pipeline.core.artifacts import FP32_ONNX, QAT_BEST_CHECKPOINT, QAT_CHECKPOINT, QAT_CURVE, QAT_METRICS
 from pipeline.core.errors import BackendUnavailable, CheckFailed, UsageError
 from pipeline.core.run import RunDir, StageRecord, write_json
@@ -70,7 +70,7 @@ def _unavailable(plug: Precision, cfg: Config) -> str:
 def _applied_method(t: Tuner) -> str:
     """How export makes the graph now: the fallback file's calibration (tune's earlier choice), else the config's,
     else the plug's one way (AutoCast's)."""
-    configured = getattr(getattr(t.cfg.export, t.plug.name), "calibration_method", None)
+    configured = precision_config.calibration_method(t.cfg, t.plug.name)
     return fallback.calibration_method(t.run_dir, t.plug) or configured or t.plug.methods(t.cfg)[0]
 
 

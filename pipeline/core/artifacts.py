@@ -96,7 +96,6 @@ TUNE_JSON = "tune.json"  # python -m pipeline tune: sensitivity, candidates, tim
 TUNE_MD = "tune.md"
 TUNE_SENSITIVITY_PLOT = "tune_sensitivity.png"
 TUNE_PARETO_PLOT = "tune_pareto.png"
-TUNE_PRECISIONS = ("int8", "fp16", "bf16")
 # INT8's tune files kept their first names; every other precision's carry its name.
 FIRST_TUNE_FILES = {"int8": (TUNE_JSON, TUNE_MD, TUNE_SENSITIVITY_PLOT, TUNE_PARETO_PLOT)}
 

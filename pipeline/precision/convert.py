@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx
 
-from pipeline.core import onnx_io, provenance
+from pipeline.core import onnx_io, precision_config, provenance
 from pipeline.core.artifacts import CALIBRATION, FP32_ONNX, INT8_ONNX
 from pipeline.core.run import RunDir, atomic_path, install, scratch_folder
 from pipeline.precision import fallback, fp16, int8
@@ -57,7 +57,7 @@ def quantize_int8(cfg: Config, run_dir: RunDir, card: dict, out_of_int8: list[st
 def convert_float(cfg: Config, run_dir: RunDir, card: dict, plug, fp32_nodes: list[str], out_name: str) -> dict:
     """AutoCast ``model.onnx`` into ``out_name`` in ``plug``'s low float type (its section ``export.<name>``),
     calibrated on real validation images, ``fp32_nodes`` kept in FP32 (the automatic fallback's)."""
-    fc = getattr(cfg.export, plug.name)
+    fc = precision_config.export_section(cfg, plug.name)
     calib_path = run_dir.file(CALIBRATION)
     if fc.range_rule:
         images, _ = _calibration_images(cfg, card, fc.calibration_samples)
