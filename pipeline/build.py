@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline import __version__
+from pipeline.core import precision_config
 from pipeline.core.artifacts import FP32_ONNX, MODEL_CARD, build_log
 from pipeline.core.errors import BackendUnavailable, InputError, StageFailed
 from pipeline.core.run import RunDir, StageRecord, atomic_write, now, read_json, sha256_file, write_json
@@ -60,7 +61,7 @@ def plan(cfg: Config, run_dir: RunDir) -> list[tuple[Target, Path | None, str]]:
 
 
 def _no_onnx_reason(cfg: Config, run_dir: RunDir, t: Target) -> str:
-    if not getattr(cfg.export, t.precision).enabled:
+    if not precision_config.export_section(cfg, t.precision).enabled:
         return f"no {t.onnx} ({t.switch} is false)"
     why = run_dir.export_skipped(t.precision)  # e.g. no ModelOpt
     if why:

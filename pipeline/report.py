@@ -15,6 +15,7 @@ import yaml
 
 from pipeline.core import artifacts
 from pipeline.core.errors import InputError
+from pipeline.core.precisions import PRECISIONS
 from pipeline.core.run import CONFIG, RunDir, atomic_write, now, open_confined, read_json
 from pipeline.reports import profile_report, tables
 
@@ -29,7 +30,7 @@ PLOTS = [
     (artifacts.PROFILE_PLOT, "Per-layer time by layer type and the precision it ran in (each CPU artifact)"),
     (artifacts.STABILITY_PLOT, "Calibration stability: the gate's scaled error of every calibration draw (verify)"),
     (artifacts.TUNE_STABILITY_PLOT, "Calibration stability of tune's chosen INT8 mix: every draw's scaled error"),
-    *((plot, f"{caption} ({precision.upper()} tune)") for precision in artifacts.TUNE_PRECISIONS
+    *((plot, f"{caption} ({precision.upper()} tune)") for precision in PRECISIONS
       for plot, caption in zip(artifacts.tune_files(precision)[2:],
                                ("Per-layer sensitivity", "Accuracy versus latency of the tuned mixes"), strict=True)),
 ]
@@ -56,7 +57,7 @@ LOAD_CHECK = ("<script>window.addEventListener('load',function(){document.body.s
 WRITTEN_BY = {artifacts.VERIFY_JSON: "python -m pipeline verify",
               artifacts.BENCHMARK_JSON: "python -m pipeline benchmark", artifacts.MANIFEST: "python -m pipeline all",
               **{artifacts.tune_files(p)[0]: f"python -m pipeline tune --precision {p}"
-                 for p in artifacts.TUNE_PRECISIONS},
+                 for p in PRECISIONS},
               artifacts.COMPARE_JSON: "python -m pipeline compare", artifacts.DEPLOY_JSON: "python -m pipeline deploy"}
 
 
@@ -110,7 +111,7 @@ def sections(run: RunDir, cfg: Config) -> dict:
     if bench is not None:
         body.append(_built(artifacts.BENCHMARK_JSON, tables.benchmark_section, bench))
         body += _built(artifacts.BENCHMARK_JSON, profile_report.sections, bench)  # per-layer profiles, roofline
-    for precision in artifacts.TUNE_PRECISIONS:
+    for precision in PRECISIONS:
         name = artifacts.tune_files(precision)[0]
         tuned = _load(run, name)
         if tuned is not None:

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 import onnx
 
-from pipeline.core import env, modeling, onnx_io, roles
+from pipeline.core import env, modeling, onnx_io, precision_config, roles
 from pipeline.core.artifacts import (
     FP32_ONNX,
     QAT_BEST_CHECKPOINT,
@@ -79,7 +79,7 @@ def _unavailable(plug: Precision, cfg: Config) -> str:
 def _applied_method(t: Tuner) -> str:
     """How export makes the graph now: the fallback file's calibration (tune's earlier choice), else the config's,
     else the plug's one way (AutoCast's)."""
-    configured = getattr(getattr(t.cfg.export, t.plug.name), "calibration_method", None)
+    configured = precision_config.calibration_method(t.cfg, t.plug.name)
     return fallback.calibration_method(t.run_dir, t.plug) or configured or t.plug.methods(t.cfg)[0]
 
 
@@ -499,7 +499,7 @@ def _calibration_images(t: Tuner):
     """The images the plug's conversion calibrates on (None where it reads none: AutoCast without its range rule)."""
     from pipeline.core import data
 
-    section = getattr(t.cfg.export, t.plug.name)
+    section = precision_config.export_section(t.cfg, t.plug.name)
     if not getattr(section, "range_rule", True):
         return None
     return data.calibration_batch(t.cfg, t.card, section.calibration_samples)[1]

@@ -265,6 +265,31 @@ def test_each_plugs_faithful_candidate_is_a_table_emulation_of_its_graph():
         assert entry.graph == plug.name and not entry.deploys, plug.name
 
 
+def precision_section_lookups(path: Path) -> list[str]:
+    """``getattr(cfg.export, precision)`` and ``getattr(cfg.verify, name, ...)``: a precision's config section
+    picked by a name in hand, which core/precision_config.py does once for everyone."""
+    hits = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
+                and len(node.args) >= 2 and isinstance(node.args[0], ast.Attribute)
+                and node.args[0].attr in ("export", "verify") and not isinstance(node.args[1], ast.Constant)):
+            hits.append((node.lineno, ast.unparse(node)))
+    return [f"{path.parent.name}/{path.name}:{line}: {text}" for line, text in sorted(hits)]
+
+
+def test_a_precisions_config_section_is_picked_in_one_place():
+    files = [p for p in sorted(ROOT.rglob("*.py")) if p.relative_to(ROOT).as_posix() != "core/precision_config.py"]
+    assert [hit for p in files for hit in precision_section_lookups(p)] == []
+
+
+def test_the_section_lookup_check_finds_a_lookup_by_name(tmp_path):
+    path = tmp_path / "m.py"
+    path.write_text('a = getattr(cfg.export, precision).enabled\nb = getattr(ctx.cfg.verify, p, cfg.verify.fp32)\n'
+                    'c = getattr(cfg.export, "fp16")\nd = getattr(cfg.build, key)\n')
+    assert [h.split(": ", 1)[1] for h in precision_section_lookups(path)] == [
+        "getattr(cfg.export, precision)", "getattr(ctx.cfg.verify, p, cfg.verify.fp32)"]
+
+
 # --------------------------------------------------------------------------- stages as values (issue 47)
 
 

@@ -99,7 +99,6 @@ TUNE_JSON = "tune.json"  # python -m pipeline tune: sensitivity, candidates, tim
 TUNE_MD = "tune.md"
 TUNE_SENSITIVITY_PLOT = "tune_sensitivity.png"
 TUNE_PARETO_PLOT = "tune_pareto.png"
-TUNE_PRECISIONS = ("int8", "fp16", "bf16")
 STABILITY_PLOT = "stability.png"  # verify's calibration stability certificate: the gate statistic of every draw
 TUNE_STABILITY_PLOT = "tune_stability.png"  # tune's, for its chosen INT8 mix
 # INT8's tune files kept their first names; every other precision's carry its name.

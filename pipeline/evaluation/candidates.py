@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pipeline.core import data, roles, tasks, verdicts
+from pipeline.core import data, precision_config, roles, tasks, verdicts
 from pipeline.core.artifacts import CALIBRATION_IMAGES, SEARCH_IMAGES
 from pipeline.core.checks import Check, Evidence  # noqa: F401  (re-exported: the evaluation's vocabulary)
 from pipeline.core.errors import InputError, disk_full, first_line
@@ -40,7 +40,7 @@ REFERENCE = backends.REFERENCE
 
 def gate_for(cfg: Config, name: str, precision: str) -> dict:
     """The thresholds of one candidate: its own non-null keys over the precision's defaults."""
-    base = getattr(cfg.verify, precision, cfg.verify.fp32).model_dump()  # verify.fp16/int8/bf16; else fp32
+    base = precision_config.gate_section(cfg, precision).model_dump()  # verify.fp16/int8/bf16; else fp32
     section = cfg.verify.candidates.get(name)  # a table entry without a config section: defaults
     own = section.model_dump() if section is not None else {}
     return {key: own[key] if own.get(key) is not None else value for key, value in base.items()}

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx
 
-from pipeline.core import onnx_io, provenance
+from pipeline.core import onnx_io, precision_config, provenance
 from pipeline.core.artifacts import CALIBRATION, CALIBRATION_IMAGES, FP32_ONNX, INT8_ONNX
 from pipeline.core.run import RunDir, atomic_path, install, read_json, scratch_folder, write_json
 from pipeline.precision import fallback, fp16, int8
@@ -111,7 +111,7 @@ def quantize_images(run_dir: RunDir, card: dict, images: np.ndarray, ic, out_of_
 def convert_float(cfg: Config, run_dir: RunDir, card: dict, plug, fp32_nodes: list[str], out_name: str) -> dict:
     """AutoCast ``model.onnx`` into ``out_name`` in ``plug``'s low float type (its section ``export.<name>``),
     calibrated on real images of the training split, ``fp32_nodes`` kept in FP32 (the automatic fallback's)."""
-    fc = getattr(cfg.export, plug.name)
+    fc = precision_config.export_section(cfg, plug.name)
     calib_path = run_dir.file(CALIBRATION)
     by_rule = fp32_by_rule(run_dir)
     fp32_nodes = list(dict.fromkeys([*fp32_nodes, *by_rule]))

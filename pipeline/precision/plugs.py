@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import onnx
 
-from pipeline.core import artifacts
+from pipeline.core import artifacts, precision_config
 from pipeline.precision import PRECISIONS, convert, fp16, int8, sensitivity
 from pipeline.precision.fallback import FloatFallbackFile, Int8FallbackFile, Raised
 
@@ -62,7 +62,7 @@ class Precision:
         return artifacts.fallback_candidate_file(self.name)
 
     def enabled(self, cfg: Config) -> bool:
-        return getattr(cfg.export, self.name).enabled
+        return precision_config.export_section(cfg, self.name).enabled
 
     def node_precisions(self, fp32_model: onnx.ModelProto, model: onnx.ModelProto) -> dict:
         raise NotImplementedError

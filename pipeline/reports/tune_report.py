@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.core import env
+from pipeline.core import env, precision_config
 from pipeline.core.artifacts import TUNE_STABILITY_PLOT, tune_files
 from pipeline.core.run import RunDir, atomic_path, atomic_write, write_json
 from pipeline.core.status import Status
@@ -69,7 +69,7 @@ def payload(cfg: Config, t, runs: list[dict], baseline: dict | None, chosen: Can
         "sanity": t.sanity, "undecided": why if chosen is None and why.startswith("undecided") else "",
         "seconds": {k: round(v, 2) for k, v in t.seconds.items()},
     }
-    method = getattr(getattr(cfg.export, precision), "calibration_method", None) or plug.methods(cfg)[0]
+    method = precision_config.calibration_method(cfg, precision) or plug.methods(cfg)[0]
     out["greedy"] = next((c for c in candidates if c["origin"] == "greedy fallback" and c["calibration"] == method),
                          None)
     out["summary"] = _summary(out, chosen, len(runs[0]["ranked"]) if runs else 0, plug.fallback_file)

@@ -20,7 +20,7 @@ import logging
 from dataclasses import KW_ONLY, dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-from pipeline.core import env
+from pipeline.core import env, precision_config
 from pipeline.core.artifacts import FP32_ONNX, engine_file, graph_file, xml_name
 from pipeline.core.errors import InputError
 from pipeline.core.precisions import PRECISIONS
@@ -148,7 +148,7 @@ def _needs(precision: str) -> Callable[[Context], str]:
     def check(ctx: Context) -> str:
         if ctx.graph(precision) is not None:
             return ""
-        if not getattr(ctx.cfg.export, precision).enabled:
+        if not precision_config.export_section(ctx.cfg, precision).enabled:
             return disabled(precision)
         skipped = ctx.run_dir.export_skipped(precision)
         if skipped:
@@ -195,7 +195,7 @@ def _tensorrt_unavailable(precision: str) -> Callable[[Context], str]:
         """Cheap checks only: the engine itself is loaded (and checked) when the runner is made."""
         from pipeline.runtime import tensorrt_engine
 
-        if not getattr(ctx.cfg.export, precision).enabled:
+        if not precision_config.export_section(ctx.cfg, precision).enabled:
             return disabled(precision)  # its graph off: "disabled" everywhere, whatever this machine has
         ok, reason = tensorrt_engine.availability()
         if not ok:
@@ -321,7 +321,7 @@ def _emulation_label(precision: str) -> Callable[[Config], str]:
 def _engine_wanted(precision: str) -> Callable[[Config], bool]:
     """Whether the config asks build for this precision's engine (its graph must be written by export too)."""
     def wanted(cfg: Config) -> bool:
-        return precision in cfg.build.precisions and getattr(cfg.export, precision).enabled
+        return precision in cfg.build.precisions and precision_config.export_section(cfg, precision).enabled
 
     return wanted
 
