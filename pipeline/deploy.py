@@ -403,9 +403,28 @@ def _model_entry(model: triton.Model, p: Planned, repository: Path) -> dict:
             "platform": model.platform or None, "backend": model.backend or None, "device": p.backend.device,
             "max_batch_size": model.max_batch_size, "preferred_batch_sizes": list(model.preferred_batch_sizes),
             "parameters": dict(model.parameters), "gated_precision": p.backend.precision,
-            "runs_in": _runs_in(model, p, repository),
+            "runs_in": _runs_in(model, p, repository), "loads_in": _loads_in(model, repository),
             "inputs": [asdict(t) for t in model.signature.inputs],
             "outputs": [asdict(t) for t in model.signature.outputs]}
+
+
+def _loads_in(model: triton.Model, repository: Path) -> str:
+    """The Triton releases whose ONNX Runtime / OpenVINO load the file written (its opset and IR version against each
+    release's bundled version; pipeline/core/deployment.py names the sources); "" for an engine (deploy.triton_release
+    and the TensorRT table decide those)."""
+    path = repository / model.name / a.TRITON_VERSION / model.filename
+    if model.backend == "onnxruntime":
+        from pipeline.core import onnx_io
+
+        graph = onnx_io.load(path, "ONNX model")
+        opset = max((o.version for o in graph.opset_import if o.domain in ("", "ai.onnx")), default=0)
+        return deployment.describe_onnx_releases(opset, graph.ir_version)
+    if model.backend == "openvino":
+        import re
+
+        opsets = [int(v) for v in re.findall(r'version="opset(\d+)"', path.read_text(encoding="utf-8"))]
+        return deployment.describe_openvino_releases(opsets)
+    return ""
 
 
 def _runs_in(model: triton.Model, p: Planned, repository: Path) -> str:
