@@ -32,6 +32,7 @@ from pydantic import Field
 
 from pipeline.core import artifacts as a
 from pipeline.core import deployment, env, schema
+from pipeline.core import run as run_files
 from pipeline.core.errors import BackendUnavailable, CheckFailed, InputError, UsageError, first_line
 from pipeline.core.run import RunDir, StageRecord, now, sha256_file, write_json
 from pipeline.core.status import Status
@@ -284,7 +285,7 @@ def write_repository(cfg: Config, run_dir: RunDir, chosen: list[Planned], curves
     repository.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{repository.name}.", dir=repository.parent))
     try:
-        os.chmod(staging, 0o777 & ~_umask())  # mkdtemp's 0700 would keep the server out
+        os.chmod(staging, 0o777 & ~run_files.umask())  # mkdtemp's 0700 would keep the server out
         models = [(_write_model(cfg, run_dir, p, curves, staging / p.name), p) for p in chosen]
         files = {k: v for k, v in on_disk(staging).items() if v not in ("dir", "other")}
         (staging / FILES_MANIFEST).write_text(json.dumps({"schema": FILES_SCHEMA, "files": files}, indent=2) + "\n",
@@ -293,12 +294,6 @@ def write_repository(cfg: Config, run_dir: RunDir, chosen: list[Planned], curves
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return models
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def _swap(staging: Path, repository: Path) -> None:
