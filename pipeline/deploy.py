@@ -1,16 +1,23 @@
-"""The deploy stage: a Triton model repository of every artifact that passed the gate, and (``--serve``) one of them
-served by a real Triton on this machine, checked through the gate and timed from the client's side.
+"""The deploy stage: a Triton model repository of every artifact that passed the gate and that the stock Triton
+backend can run the way verify gated it, and (``--serve``) that repository served as written on this machine, every
+model's outputs judged by verify's criteria against the FP32 reference, one model timed from the client's side.
 
-``python -m pipeline deploy --target triton --out DIR [--serve]``: per deployable verify candidate whose verdict counts
-as passed (:func:`pipeline.core.deployment.refusal` says why any other is refused), a model folder
+``python -m pipeline deploy --target triton --out DIR [--serve]``: per verify candidate with a Triton backend in the
+backend table (``Backend.triton``) whose verdict counts as passed (:func:`pipeline.core.deployment.refusal`) and
+whose backend can be told its precision (:func:`pipeline.core.deployment.stock_refusal`), a model folder
 ``DIR/<candidate>/`` with ``config.pbtxt`` (Triton's ``ModelConfig``: names, types and dims read from the artifact,
-``max_batch_size``, the dynamic batcher's preferred sizes from benchmark's throughput curve, the instance group of its
-device), ``1/<model file>`` and ``pipeline.json`` (the verdict and the sha256 it was given for). Every
-``config.pbtxt`` is parsed back as ``ModelConfig`` and compared with the artifact before the repository is put in
-place, whole (built beside ``DIR``, then renamed). Engines are checked against ``deploy.triton_release`` first.
+``max_batch_size`` every batch of which the backend takes, the dynamic batcher's preferred sizes from benchmark's
+throughput curve, the instance group of its device, the backend's precision parameter), ``1/<model file>`` and
+``pipeline.json`` (the verdict and the sha256 it was given for); ``DIR/pipeline.files.json`` lists every file written
+with its sha256. Every ``config.pbtxt`` is parsed back as ``ModelConfig`` and compared with the artifact before the
+repository is put in place, whole (built beside ``DIR``, then renamed); an existing ``DIR`` is replaced only while it
+holds exactly what deploy wrote there. Engines are checked against ``deploy.triton_release`` first.
 
-``deploy.json`` in the run directory records what was written, refused, served and measured (the report's serving
-section). docs/deploy.md explains the layout, the version table and what runs where.
+``--serve`` (:func:`serve_and_check`): :mod:`pipeline.runtime.triton_stock` loads each model folder from disk with its
+stock backend's behaviour, Triton (PyTriton) serves it, :mod:`pipeline.evaluation.served` judges what comes back.
+
+``deploy.json`` in the run directory, written once after every check, records what was written, refused, served and
+measured (the report's serving section). docs/deploy.md explains the layout, the version tables and what runs where.
 """
 
 from __future__ import annotations
