@@ -1,16 +1,23 @@
-"""The deploy stage: a Triton model repository of every artifact that passed the gate, and (``--serve``) one of them
-served by a real Triton on this machine, checked through the gate and timed from the client's side.
+"""The deploy stage: a Triton model repository of every artifact that passed the gate and that the stock Triton
+backend can run the way verify gated it, and (``--serve``) that repository served as written on this machine, every
+model's outputs judged by verify's criteria against the FP32 reference, one model timed from the client's side.
 
-``python -m pipeline deploy --target triton --out DIR [--serve]``: per deployable verify candidate whose verdict counts
-as passed (:func:`pipeline.core.deployment.refusal` says why any other is refused), a model folder
+``python -m pipeline deploy --target triton --out DIR [--serve]``: per verify candidate with a Triton backend in the
+backend table (``Backend.triton``) whose verdict counts as passed (:func:`pipeline.core.deployment.refusal`) and
+whose backend can be told its precision (:func:`pipeline.core.deployment.stock_refusal`), a model folder
 ``DIR/<candidate>/`` with ``config.pbtxt`` (Triton's ``ModelConfig``: names, types and dims read from the artifact,
-``max_batch_size``, the dynamic batcher's preferred sizes from benchmark's throughput curve, the instance group of its
-device), ``1/<model file>`` and ``pipeline.json`` (the verdict and the sha256 it was given for). Every
-``config.pbtxt`` is parsed back as ``ModelConfig`` and compared with the artifact before the repository is put in
-place, whole (built beside ``DIR``, then renamed). Engines are checked against ``deploy.triton_release`` first.
+``max_batch_size`` every batch of which the backend takes, the dynamic batcher's preferred sizes from benchmark's
+throughput curve, the instance group of its device, the backend's precision parameter), ``1/<model file>`` and
+``pipeline.json`` (the verdict and the sha256 it was given for); ``DIR/pipeline.files.json`` lists every file written
+with its sha256. Every ``config.pbtxt`` is parsed back as ``ModelConfig`` and compared with the artifact before the
+repository is put in place, whole (built beside ``DIR``, then renamed); an existing ``DIR`` is replaced only while it
+holds exactly what deploy wrote there. Engines are checked against ``deploy.triton_release`` first.
 
-``deploy.json`` in the run directory records what was written, refused, served and measured (the report's serving
-section). docs/deploy.md explains the layout, the version table and what runs where.
+``--serve`` (:func:`serve_and_check`): :mod:`pipeline.runtime.triton_stock` loads each model folder from disk with its
+stock backend's behaviour, Triton (PyTriton) serves it, :mod:`pipeline.evaluation.served` judges what comes back.
+
+``deploy.json`` in the run directory, written once after every check, records what was written, refused, served and
+measured (the report's serving section). docs/deploy.md explains the layout, the version tables and what runs where.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from pydantic import Field
 
 from pipeline.core import artifacts as a
 from pipeline.core import deployment, env, schema
+from pipeline.core import run as run_files
 from pipeline.core.errors import BackendUnavailable, CheckFailed, InputError, UsageError, first_line
 from pipeline.core.run import RunDir, StageRecord, now, sha256_file, write_json
 from pipeline.core.status import Status
@@ -284,7 +292,7 @@ def write_repository(cfg: Config, run_dir: RunDir, chosen: list[Planned], curves
     repository.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{repository.name}.", dir=repository.parent))
     try:
-        os.chmod(staging, 0o777 & ~_umask())  # mkdtemp's 0700 would keep the server out
+        os.chmod(staging, 0o777 & ~run_files.umask())  # mkdtemp's 0700 would keep the server out
         models = [(_write_model(cfg, run_dir, p, curves, staging / p.name), p) for p in chosen]
         files = {k: v for k, v in on_disk(staging).items() if v not in ("dir", "other")}
         (staging / FILES_MANIFEST).write_text(json.dumps({"schema": FILES_SCHEMA, "files": files}, indent=2) + "\n",
@@ -293,12 +301,6 @@ def write_repository(cfg: Config, run_dir: RunDir, chosen: list[Planned], curves
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return models
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def _swap(staging: Path, repository: Path) -> None:
@@ -403,9 +405,28 @@ def _model_entry(model: triton.Model, p: Planned, repository: Path) -> dict:
             "platform": model.platform or None, "backend": model.backend or None, "device": p.backend.device,
             "max_batch_size": model.max_batch_size, "preferred_batch_sizes": list(model.preferred_batch_sizes),
             "parameters": dict(model.parameters), "gated_precision": p.backend.precision,
-            "runs_in": _runs_in(model, p, repository),
+            "runs_in": _runs_in(model, p, repository), "loads_in": _loads_in(model, repository),
             "inputs": [asdict(t) for t in model.signature.inputs],
             "outputs": [asdict(t) for t in model.signature.outputs]}
+
+
+def _loads_in(model: triton.Model, repository: Path) -> str:
+    """The Triton releases whose ONNX Runtime / OpenVINO load the file written (its opset and IR version against each
+    release's bundled version; pipeline/core/deployment.py names the sources); "" for an engine (deploy.triton_release
+    and the TensorRT table decide those)."""
+    path = repository / model.name / a.TRITON_VERSION / model.filename
+    if model.backend == "onnxruntime":
+        from pipeline.core import onnx_io
+
+        graph = onnx_io.load(path, "ONNX model")
+        opset = max((o.version for o in graph.opset_import if o.domain in ("", "ai.onnx")), default=0)
+        return deployment.describe_onnx_releases(opset, graph.ir_version)
+    if model.backend == "openvino":
+        import re
+
+        opsets = [int(v) for v in re.findall(r'version="opset(\d+)"', path.read_text(encoding="utf-8"))]
+        return deployment.describe_openvino_releases(opsets)
+    return ""
 
 
 def _runs_in(model: triton.Model, p: Planned, repository: Path) -> str:

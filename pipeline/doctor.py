@@ -276,6 +276,9 @@ def lines(facts: dict) -> list[str]:
         "tensorrt     " + (f"{facts['tensorrt']} (CUDA {facts['tensorrt_cuda'] or '?'} build)" if facts["tensorrt"]
                            else f"none: {facts['tensorrt_reason']}"),
         f"triton       {deployment.describe_releases(facts['tensorrt'])} (deploy --target triton; docs/deploy.md)",
+        f"triton-onnx  {_onnx_releases()}",
+        "triton-ir    OpenVINO IRs: per model in deploy.json (`loads_in`: the IR's opsets against each release's "
+        "OpenVINO; docs/deploy.md)",
         "libcudart    " + (f"found at {facts['libcudart']}" if facts["libcudart"] else
                            "not found: searched LD_LIBRARY_PATH, site-packages nvidia/cu13/lib and "
                            "nvidia/cuda_runtime/lib, /usr/local/cuda"),
@@ -291,6 +294,21 @@ def lines(facts: dict) -> list[str]:
         + (f" (simulated by {env.CPU_FLAGS_ENV})" if cpu.get("simulated") is not None else ""),
         "pycuda       not needed (Polygraphy brings its own CUDA wrapper; TensorRT's samples use cuda-python)",
     ]
+
+
+def _onnx_releases() -> str:
+    """The Triton releases whose ONNX Runtime loads the graphs export writes by default (export.opset and the ONNX
+    IR version that opset needs), from Triton's compatibility page and ONNX Runtime's (docs/deploy.md)."""
+    from pipeline.core.config_schema import ExportConfig
+
+    opset = ExportConfig().opset
+    try:
+        from onnx import helper
+
+        ir_version = helper.find_min_ir_version_for([helper.make_opsetid("", opset)])
+    except ImportError:
+        return f"export.opset {opset}: onnx is not installed"
+    return f"{deployment.describe_onnx_releases(opset, ir_version)} (export.opset default)"
 
 
 def qat_missing() -> list[str]:

@@ -77,6 +77,9 @@ def test_every_config_parses_as_model_config_and_matches_its_artifact(clone_run,
     refused = {r["candidate"]: r["reason"] for r in deployed["refused"]}
     assert "only precision parameter is HINT_BF16" in refused["openvino_fp32"]  # it would run in bf16 on a BF16 CPU
     runs_in = {m["name"]: m["runs_in"] for m in deployed["models"]}
+    loads_in = {m["name"]: m["loads_in"] for m in deployed["models"]}
+    assert loads_in["onnxrt_fp32"].startswith("ONNX opset 18, IR 8: Triton 24.04–26.07")
+    assert not bf16 or loads_in["openvino_bf16"].startswith("OpenVINO IR up to opset")
     assert all(runs_in.values()) and (not bf16 or runs_in["openvino_bf16"].startswith("bf16"))
     assert {m["name"] for m in deployed["models"]} == {p.name for p in folders}
     assert "deploy.json" in json.loads((run / "manifest.json").read_text())["stages"]["deploy"]["artifacts"]

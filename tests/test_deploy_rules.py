@@ -320,3 +320,35 @@ def test_three_windows_within_the_percentage_are_stable():
     assert not stable([(100, 1.0), (130, 1.0), (100, 1.0)], 0.1)  # throughput moved
     assert not stable([(100, 1.0), (100, 1.5), (100, 1.0)], 0.1)  # latency moved
     assert stable([(10, 9.0), (100, 1.0), (101, 1.0), (99, 1.0)], 0.1)  # only the last three count
+
+
+# --------------------------------------------------------------------------- which Triton releases load the files
+
+
+def test_the_onnx_releases_follow_each_releases_onnx_runtime():
+    """Triton 24.04 bundles ONNX Runtime 1.17.3 (opset 20, IR 9); 24.05 on, 1.18+ (opset 21, IR 10)."""
+    assert deployment.onnxruntime_loads("1.17.3", 18, 8) is True
+    assert deployment.onnxruntime_loads("1.17.3", 21, 10) is False
+    assert deployment.onnxruntime_loads("1.18.0", 21, 10) is True
+    assert deployment.onnxruntime_loads("1.13.1", 17, 8) is None  # older than the table
+    assert deployment.onnxruntime_loads("1.24.4", 22, 10) is None  # newer than the table, beyond its last row
+    assert deployment.onnxruntime_loads("1.24.4", 21, 10) is True  # newer ones load what 1.20 loads
+    line = deployment.describe_onnx_releases(21, 10)
+    assert line.startswith("ONNX opset 21, IR 10: Triton 24.05–26.07 (ONNX Runtime 1.18.0 and later)")
+    assert line.endswith("; not 24.04")
+
+
+def test_the_openvino_releases_follow_each_releases_openvino():
+    assert deployment.openvino_loads("2023.3.0", [1, 8]) is True
+    assert deployment.openvino_loads("2024.4.0", [15]) is False and deployment.openvino_loads("2024.5.0", [15])
+    assert deployment.openvino_loads("2026.3.0", [16]) is None
+    assert deployment.describe_openvino_releases([1, 8]).startswith("OpenVINO IR up to opset8: Triton 24.05–26.08")
+    assert "not 24.05–24.11" in deployment.describe_openvino_releases([15])
+
+
+@given(st.integers(7, 25), st.integers(3, 11))
+def test_a_release_that_loads_a_graph_loads_every_older_one(opset, ir_version):
+    """Monotone in the graph: what a release's ONNX Runtime loads, it loads at every lower opset and IR version."""
+    for version in deployment.TRITON_ONNXRUNTIME.values():
+        if deployment.onnxruntime_loads(version, opset, ir_version):
+            assert deployment.onnxruntime_loads(version, max(7, opset - 1), max(3, ir_version - 1))

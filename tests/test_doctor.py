@@ -35,7 +35,7 @@ def test_a_coherent_cuda13_stack_has_no_problems_and_meets_both_requirements():
     assert doctor.problems(facts) == []
     assert doctor.requirement_problem(facts, "cuda") is None
     assert doctor.requirement_problem(facts, "tensorrt") is None
-    assert len(doctor.lines(facts)) == 15  # with the cpu bf16 and cpu int8 lines, and the Triton release
+    assert len(doctor.lines(facts)) == 17  # the cpu bf16 and int8 lines, the Triton release and ONNX/IR ones
 
 
 def test_a_cuda12_onnxruntime_beside_a_cuda13_torch_is_named_with_the_fix():

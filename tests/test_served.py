@@ -55,6 +55,9 @@ def test_every_written_model_passes_verify_criteria_at_batch_1_max_batch_and_con
         assert all(c["status"] == "passed" for c in model["checks"]) and model["verdict"] == "passed"
     if "openvino_bf16" in models:
         assert models["openvino_bf16"]["served_precision"] == "bf16"
+    assert cli("report", "--run-dir", run) == 0
+    report = (run / "report.md").read_text()
+    assert "Served by Triton on this machine: PASSED" in report and "batch 1 x concurrency 8" in report
 
 
 def test_a_repository_without_dynamic_batch_fails_at_batch_1(clone_run, tmp_path, stock_front_end, monkeypatch,

@@ -493,7 +493,8 @@ class DeployConfig(Section):
 
     target: Literal["triton"] = Field("triton", description="the serving system the repository is written for")
     out: str | None = Field(None, description="the model repository folder deploy writes (`deploy --out DIR`); "
-                               "replaced whole, atomically, and only if it is empty or a repository deploy wrote")
+                               "replaced whole, atomically, and only if it is empty or holds exactly the files deploy "
+                               "wrote there (pipeline.files.json)")
     triton_release: str | None = Field(None, pattern=r"^\d\d\.\d\d$", description="the NGC Triton container "
                                           "release the repository is for (`25.01`): engines built with another "
                                           "TensorRT are refused before anything is written (exit 2); null: not checked")

@@ -314,3 +314,106 @@ def serving_verdict(model_verdicts: Sequence[str]) -> Status:
     """The repository's verdict over its served models (those not served here, a GPU's, are left out by the caller):
     the same fold; none served is not a pass."""
     return verdicts.fold(model_verdicts) if model_verdicts else Status.FAILED
+
+
+# --------------------------------------------------------------------------- which Triton releases load the files
+
+# Triton release -> the ONNX Runtime its onnxruntime backend bundles: Triton's Release Compatibility Matrix, table
+# "ONNX Runtime Versions" (triton-inference-server/server docs/introduction/compatibility.md, commit e1db8a603d86).
+TRITON_ONNXRUNTIME_SOURCE = ("Triton Release Compatibility Matrix, \"ONNX Runtime Versions\" "
+                             "(triton-inference-server/server docs/introduction/compatibility.md, commit e1db8a603d86)")
+TRITON_ONNXRUNTIME: dict[str, str] = {
+    "26.07": "1.27.0", "26.06": "1.24.4", "26.05": "1.24.4", "26.04": "1.24.4", "26.03": "1.24.2", "26.02": "1.24.1",
+    "26.01": "1.23.2", "25.12": "1.23.2", "25.11": "1.23.2", "25.10": "1.23.1", "25.09": "1.23.0", "25.08": "1.23.0",
+    "25.07": "1.22.0", "25.06": "1.22.0", "25.05": "1.22.0", "25.04": "1.21.0", "25.03": "1.21.0", "25.02": "1.20.1",
+    "25.01": "1.20.1", "24.12": "1.20.1", "24.11": "1.19.2", "24.10": "1.19.2", "24.09": "1.19.2", "24.08": "1.18.1",
+    "24.07": "1.18.1", "24.06": "1.18.0", "24.05": "1.18.0", "24.04": "1.17.3",
+}
+# Triton release -> the OpenVINO its openvino backend is built with: build.py's DEFAULT_TRITON_VERSION_MAP
+# ("standalone_openvino_version", or the "Standalone OpenVINO" entry before 24.12) on each release branch rYY.MM of
+# triton-inference-server/server (read at the branch heads of 2026-08; the compatibility page lists no OpenVINO).
+TRITON_OPENVINO_SOURCE = ("build.py DEFAULT_TRITON_VERSION_MAP, standalone OpenVINO, on each release branch rYY.MM of "
+                          "triton-inference-server/server")
+TRITON_OPENVINO: dict[str, str] = {
+    "26.08": "2026.3.0", "26.07": "2026.2.0", "26.06": "2026.2.0", "26.05": "2026.1.0", "26.04": "2026.1.0",
+    "26.03": "2026.0.0", "26.02": "2025.4.1", "26.01": "2025.4.1", "25.12": "2025.4.0", "25.11": "2025.3.0",
+    "25.10": "2025.3.0", "25.09": "2025.3.0", "25.08": "2025.2.0", "25.07": "2025.1.0", "25.06": "2025.1.0",
+    "25.05": "2025.1.0", "25.04": "2025.0.0", "25.03": "2025.0.0", "25.02": "2025.0.0", "25.01": "2024.5.0",
+    "24.12": "2024.5.0", "24.11": "2024.4.0", "24.10": "2024.4.0", "24.09": "2024.0.0", "24.08": "2024.0.0",
+    "24.07": "2024.0.0", "24.06": "2024.0.0", "24.05": "2023.3.0",
+}
+# ONNX Runtime minor version -> (the ONNX opset it implements, the ONNX IR version it supports): ONNX Runtime's
+# compatibility page (microsoft/onnxruntime docs/reference/compatibility.md, commit 109c0baa9367; its table ends at
+# 1.20). A later release supports at least what 1.20 does ("Newer versions of ONNX Runtime support all models that
+# worked with prior versions", same page), so 1.20's row is the bound for those.
+ONNXRUNTIME_OPSET_SOURCE = ("ONNX Runtime compatibility, \"ONNX opset support\" (microsoft/onnxruntime "
+                            "docs/reference/compatibility.md, commit 109c0baa9367)")
+ONNXRUNTIME_OPSET: dict[tuple[int, int], tuple[int, int]] = {
+    (1, 20): (21, 10), (1, 19): (21, 10), (1, 18): (21, 10), (1, 17): (20, 9), (1, 16): (19, 9), (1, 15): (19, 8),
+    (1, 14): (18, 8),
+}
+# OpenVINO release -> the newest operation set it reads: OpenVINO's "Available Operation Sets"
+# (https://docs.openvino.ai/2024/documentation/openvino-ir-format/operation-sets/available-opsets.html; its table ends
+# at 2024.5, opset15). A later release reads at least opset15.
+OPENVINO_OPSET_SOURCE = ("OpenVINO \"Available Operation Sets\" (https://docs.openvino.ai/2024/documentation/"
+                         "openvino-ir-format/operation-sets/available-opsets.html)")
+OPENVINO_OPSET: dict[tuple[int, int], int] = {
+    (2024, 5): 15, (2024, 0): 14, (2023, 2): 13, (2023, 1): 12, (2023, 0): 11, (2022, 3): 10,
+}
+
+
+def _minor(version: str) -> tuple[int, int]:
+    major, minor = (_release_key(version) + (0, 0))[:2]
+    return major, minor
+
+
+def onnxruntime_loads(version: str, opset: int, ir_version: int) -> bool | None:
+    """Whether ONNX Runtime ``version`` loads a graph of ``opset`` and ONNX IR ``ir_version``; None when the table
+    cannot say (a version older than it, or newer than its last row and the graph beyond that row)."""
+    key = _minor(version)
+    known = [k for k in ONNXRUNTIME_OPSET if k <= key]
+    if not known:
+        return None
+    supported_opset, supported_ir = ONNXRUNTIME_OPSET[max(known)]
+    if opset <= supported_opset and ir_version <= supported_ir:
+        return True
+    return None if key > max(ONNXRUNTIME_OPSET) else False
+
+
+def openvino_loads(version: str, opsets: Sequence[int]) -> bool | None:
+    """Whether OpenVINO ``version`` reads an IR whose operations come from ``opsets``; None when the table cannot
+    say (older than it, or newer than its last row and the IR beyond that row)."""
+    key = _minor(version)
+    known = [k for k in OPENVINO_OPSET if k <= key]
+    if not known:
+        return None
+    if max(opsets, default=1) <= OPENVINO_OPSET[max(known)]:
+        return True
+    return None if key > max(OPENVINO_OPSET) else False
+
+
+def _span(releases: Sequence[str]) -> str:
+    ordered = sorted(releases)
+    return f"{ordered[0]}–{ordered[-1]}" if len(ordered) > 1 else ordered[0]
+
+
+def describe_onnx_releases(opset: int, ir_version: int) -> str:
+    """One line for doctor and deploy: the Triton releases whose ONNX Runtime loads such a graph, with the source."""
+    good = [r for r, v in TRITON_ONNXRUNTIME.items() if onnxruntime_loads(v, opset, ir_version)]
+    bad = [r for r, v in TRITON_ONNXRUNTIME.items() if onnxruntime_loads(v, opset, ir_version) is False]
+    text = f"ONNX opset {opset}, IR {ir_version}: "
+    text += (f"Triton {_span(good)} (ONNX Runtime {TRITON_ONNXRUNTIME[min(good)]} and later)" if good
+             else "no Triton release in the table")
+    unknown = sorted(set(TRITON_ONNXRUNTIME) - set(good) - set(bad))
+    return text + (f"; not {_span(bad)}" if bad else "") + (f"; unknown for {_span(unknown)}" if unknown else "")
+
+
+def describe_openvino_releases(opsets: Sequence[int]) -> str:
+    """One line: the Triton releases whose OpenVINO reads an IR using ``opsets``."""
+    good = [r for r, v in TRITON_OPENVINO.items() if openvino_loads(v, opsets)]
+    bad = [r for r, v in TRITON_OPENVINO.items() if openvino_loads(v, opsets) is False]
+    text = f"OpenVINO IR up to opset{max(opsets, default=1)}: "
+    text += (f"Triton {_span(good)} (OpenVINO {TRITON_OPENVINO[min(good)]} and later)" if good
+             else "no Triton release in the table")
+    unknown = sorted(set(TRITON_OPENVINO) - set(good) - set(bad))
+    return text + (f"; not {_span(bad)}" if bad else "") + (f"; unknown for {_span(unknown)}" if unknown else "")

@@ -145,6 +145,11 @@ def _umask() -> int:
     return mask
 
 
+def umask() -> int:
+    """The process umask (what a file or folder the user creates gets masked with)."""
+    return _umask()
+
+
 def _final_mode(path: Path) -> int:
     """Permissions the finished file gets: those of the file it replaces, else what ``open()`` would give.
 

@@ -13,7 +13,6 @@ server refuses to load or answer, fails with that reason.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import threading
 from collections.abc import Callable
@@ -24,6 +23,7 @@ import numpy as np
 
 from pipeline.core import deployment
 from pipeline.core.errors import first_line
+from pipeline.core.run import sha256_file
 from pipeline.core.status import Status
 
 log = logging.getLogger("pipeline")
@@ -70,7 +70,7 @@ def file_problems(repository: Path, files: dict[str, str]) -> list[str]:
         path = repository / relative
         if path.is_symlink() or not path.is_file():
             problems.append(f"{relative} is missing")
-        elif hashlib.sha256(path.read_bytes()).hexdigest() != digest:
+        elif sha256_file(path) != digest:
             problems.append(f"{relative} is not the file deploy wrote (sha256 differs)")
     return problems
 
