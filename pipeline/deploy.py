@@ -43,6 +43,7 @@ from pipeline.core import run as run_files
 from pipeline.core.errors import BackendUnavailable, CheckFailed, InputError, UsageError, first_line
 from pipeline.core.run import RunDir, StageRecord, now, sha256_file, write_json
 from pipeline.core.status import Status
+from pipeline.core.timings import TimingKind, legacy_kind
 from pipeline.reports import verify_report
 from pipeline.runtime import backends, triton
 from pipeline.runtime.backends import Backend
@@ -260,6 +261,14 @@ class _Row(schema.Open):
     batch_size: int = Field(ge=1)
     throughput_per_s: float | None = None
     timing: str = Field("", max_length=400)
+    timing_kind: str = Field("", max_length=64)  # absent in rows written before the kind was recorded
+
+    @property
+    def kind(self) -> TimingKind:
+        try:
+            return TimingKind(self.timing_kind) if self.timing_kind else legacy_kind(self.timing)
+        except ValueError as exc:
+            raise InputError(f"{a.BENCHMARK_JSON}: {first_line(exc)}") from None
 
 
 class _Benchmark(schema.Open):
@@ -276,7 +285,7 @@ def benchmark_curves(run_dir: RunDir) -> dict[str, list[tuple[int, float]]]:
         raise InputError(f"{a.BENCHMARK_JSON} is not the file benchmark wrote: re-run benchmark")
     curves: dict[str, list[tuple[int, float]]] = {}
     for row in schema.read_json(path, _Benchmark, "benchmark report").results:
-        if row.throughput_per_s and not row.timing.startswith("throughput"):  # async rows: not what a batch costs
+        if row.throughput_per_s and not row.kind.is_throughput:  # async rows: not what a batch costs
             curves.setdefault(row.backend, []).append((row.batch_size, row.throughput_per_s))
     return curves
 
