@@ -5,6 +5,7 @@ close each row comes to the machine's peak."""
 from __future__ import annotations
 
 from pipeline.core import artifacts
+from pipeline.core.timings import TimingKind, legacy_kind
 from pipeline.reports.tables import Cell, Section, Table, _row, fmt, percent
 from pipeline.runtime.layer_account import ORT_INTEGER
 
@@ -82,9 +83,14 @@ def _slowest_table(summary: dict) -> Table:
     return Table(("slowest layer", "type", "ran in", "kernel", "time ms", "share"), rows)
 
 
+def _kind(row: dict) -> TimingKind:
+    """A benchmark row's timing kind (a row written before kinds were recorded: read from its label, once)."""
+    return TimingKind(row["timing_kind"]) if row.get("timing_kind") else legacy_kind(row["timing"])
+
+
 def _timed_p50(payload: dict, backend: str, batch: int):
     rows = [r for r in payload["results"] if r["backend"] == backend and r["batch_size"] == batch
-            and not r["timing"].startswith("throughput")]
+            and not _kind(r).is_throughput]
     return rows[0]["latency_ms"]["p50"] if rows else None
 
 
