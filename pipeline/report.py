@@ -42,7 +42,8 @@ h1{font-size:1.6rem}h2{font-size:1.25rem;border-bottom:1px solid #ddd;padding-bo
 table{border-collapse:collapse;margin:.6rem 0;font-size:.85rem}th,td{border:1px solid #ccc;padding:.25rem .5rem;
 text-align:left;vertical-align:top}th{background:#f3f3f3}.passed,.ok{color:#17702a;font-weight:600}
 .failed,.error,.interrupted{color:#b00020;font-weight:600}.skipped{color:#8a6d00}
-.not-run,.not-verified,.reference{color:#666}code{font-size:.8rem}img{max-width:100%;
+.not-run,.not-verified,.reference{color:#666}.certified,.held-out{color:#17702a;font-weight:600}
+.lucky,.not-held-out{color:#b00020;font-weight:600}.unstable{color:#8a6d00;font-weight:600}code{font-size:.8rem}img{max-width:100%;
 border:1px solid #eee}pre{background:#f7f7f7;padding:.6rem;overflow:auto;font-size:.8rem}.muted{color:#666}
 """
 

@@ -491,7 +491,7 @@ def _certificate(t: Tuner, chosen: Candidate | None, qat: bool) -> dict | None:
                                  t.plug.as_raised(chosen.high, chosen.fp32), chosen.calibration, t.gate)
     result["limit"] = t.gate.get("max_scaled_error")
     cert = result["certificate"]
-    (log.info if cert["status"] == "stable" else log.warning)("tune: calibration stability: %s", cert["line"])
+    (log.info if cert["status"] == Status.CERTIFIED else log.warning)("tune: calibration stability: %s", cert["line"])
     return result
 
 

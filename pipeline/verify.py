@@ -153,7 +153,7 @@ def _stability(cfg: Config, run_dir: RunDir, card: dict, evidence: Evidence, fp3
     result = certificate.certify(cfg, run_dir, card, plug, evidence, raised, method, gate,
                                  deployed_model=onnx_io.load(run_dir.file(plug.graph)))
     cert = result["certificate"]
-    (log.info if cert["status"] == "stable" else log.warning)("verify: calibration stability: %s", cert["line"])
+    (log.info if cert["status"] == Status.CERTIFIED else log.warning)("verify: calibration stability: %s", cert["line"])
     if cert["fails_gate"]:
         for chk in checks:
             if chk.gates and candidates.runs_graph(chk, plug) and chk.status == Status.PASSED:

@@ -118,7 +118,9 @@ def table(out: Path) -> None:
             c, g, a = s["certificate"], s["gate_spread"]["scaled_error"], s["scale_spread"]["activation"]
             lead = (f"| {arch} | {data} | {h.get('status', '-')} {_n(h.get('scaled_error'))} ({m['verdict_images']}) "
                     f"| {o['status']} {_n(o['scaled_error'])} ({o['images']}) |") if first else "| | | | |"
-            print(f"{lead} {size} | {c['passing']}/{c['draws']} ({s['sampling']}) | {_n(g['min'])}-{_n(g['max'])} | "
+            undecided = sum(d["status"] == "inconclusive" for d in s["draws"])
+            how = f"{s['sampling']}" + (f"; {undecided} inconclusive" if undecided else "")
+            print(f"{lead} {size} | {c['passing']}/{c['draws']} ({how}) | {_n(g['min'])}-{_n(g['max'])} | "
                   f"{_p(a['median_relative'])} / {_p(a['max_relative'])} | {s['seconds']:.0f} |")
             first = False
 

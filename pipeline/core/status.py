@@ -16,6 +16,10 @@ class Status(StrEnum):
     NOT_VERIFIED = "not verified"  # benchmark: no verdict recorded for this artifact
     MISSING = "missing"  # compare: what the baseline judged has no current, passing verdict in this run
     ERROR = "error"
+    # the calibration stability certificate (pipeline.precision.stability); FAILED when its deployed draw fails
+    CERTIFIED = "certified"  # every calibration draw passes
+    UNSTABLE = "unstable"  # some draws fail; the policy (verify.int8.min_pass_share) allows it
+    LUCKY = "lucky"  # the deployed draw passes, but fewer draws than the policy asks for
     # a stage in the manifest
     RUNNING = "running"
     OK = "ok"

@@ -16,8 +16,10 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from pipeline.core.status import Status
+
 DISJOINT, BOOTSTRAP = "disjoint", "bootstrap"
-STABLE, UNSTABLE, LUCKY, FAILED = "stable", "unstable", "lucky", "failed"
+STABLE, UNSTABLE, LUCKY, FAILED = Status.CERTIFIED, Status.UNSTABLE, Status.LUCKY, Status.FAILED
 
 
 @dataclass(frozen=True)
@@ -118,7 +120,8 @@ class Certificate:
 
     def line(self) -> str:
         policy = f" (verify.int8.min_pass_share {self.min_pass_share:g})" if self.min_pass_share is not None else ""
-        return (f"draw {self.deployed} deployed ({'passed' if self.deployed_passed else 'failed'}); {self.passing} of "
+        return (f"draw {self.deployed} deployed ({Status.PASSED if self.deployed_passed else Status.FAILED}); "
+                f"{self.passing} of "
                 f"{self.draws} calibration draws pass ({100 * self.share:.0f}%){policy}: {self.status}")
 
     def to_json(self) -> dict:
@@ -130,7 +133,7 @@ class Certificate:
 
 def draw_passes(status: str, inconclusive: str = "pass") -> bool:
     """A draw passes when its gate passed, or was inconclusive under ``verify.inconclusive: pass``."""
-    return status == "passed" or (status == "inconclusive" and inconclusive == "pass")
+    return status == Status.PASSED or (status == Status.INCONCLUSIVE and inconclusive == "pass")
 
 
 def certify(statuses: Sequence[str], min_pass_share: float | None, inconclusive: str = "pass",

@@ -298,9 +298,33 @@ def stability_sections(stability: dict | None) -> list[Section]:
     """The calibration stability certificate (pipeline.precision.stability), where it ran."""
     if not isinstance(stability, dict) or not stability:
         return []
-    from pipeline.reports import stability_report
+    return _stability_sections(stability)
 
-    return stability_report.sections(stability)
+
+def _stability_sections(s: dict) -> list[Section]:
+    cert = s["certificate"]
+    status = cert["status"]
+    gate = {k: {end: fmt(v[end]) for end in ("min", "max")} for k, v in s["gate_spread"].items()}
+    act = s["scale_spread"].get("activation") or {}
+    words = [f"{cert['line']}.",
+             f"{cert['draws']} draws of {s['draw_size']} training images ({s['sampling']}"
+             f"{'; ' + s['sampling_note'] if s.get('sampling_note') else ''}), draw 0 the deployed calibration; each "
+             f"draw's graph executed faithfully (int8_exact) and judged by the gate on the {s['verdict_images']} "
+             f"verdict images ({s['seconds']:g} s).",
+             f"Across the draws: scaled error {gate['scaled_error']['min']} to {gate['scaled_error']['max']}, "
+             f"top-1 agreement {gate['top1_agreement']['min']} to {gate['top1_agreement']['max']}, accuracy "
+             f"drop {gate['accuracy_drop']['min']} to {gate['accuracy_drop']['max']}. Activation scales "
+             f"({act.get('quantizers', 0)} quantizers): median relative spread {percent(act.get('median_relative'))}, "
+             f"largest {percent(act.get('max_relative'))}"
+             + (f" ({act['worst']})" if act.get("worst") else "") + "."]
+    draws = Table(("draw", "images", "split", "gate", "scaled error", "top-1 agreement", "accuracy drop"), tuple(
+        (Cell(f"{r['draw']}{' (deployed)' if r['deployed'] else ''}"), Cell(str(r["images"])), Cell(r["split"]),
+         Cell(r["status"], status=r["status"]), Cell(fmt(r.get("scaled_error"))), Cell(fmt(r.get("top1_agreement"))),
+         Cell(fmt(r.get("accuracy_drop")))) for r in s["draws"]))
+    quantizers = Table(("quantized tensor", "kind", "min scale", "max scale", "relative spread"), tuple(
+        (Cell(q["tensor"], code=True), Cell(q["kind"]), Cell(fmt(q["min"])), Cell(fmt(q["max"])),
+         Cell(percent(q["relative"]))) for q in s["quantizers"]))
+    return [Section("Calibration stability certificate (INT8)", status, tuple(words), (draws, quantizers), level=3)]
 
 
 # --------------------------------------------------------------------------- benchmark.json

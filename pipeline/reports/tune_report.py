@@ -385,7 +385,7 @@ def write_all(run_dir: RunDir, p: dict) -> list[Path]:
                  + tables.markdown(sections(p)) + f"\n![sensitivity]({sensitivity_plot})\n"
                  f"![accuracy vs latency]({pareto_plot})\n")
     plots = write_plots(run_dir, p)
-    if p.get("stability") and p.get("precision") == "int8":
+    if p.get("stability"):  # tune certifies an INT8 mix only (pipeline.tune._certificate)
         from pipeline.reports import stability_report
 
         plots.append(stability_report.write_plot(run_dir, p["stability"], TUNE_STABILITY_PLOT,

@@ -352,7 +352,7 @@ def build_payload(cfg: Config, card, candidates: Sequence[Check], gated: dict, v
         **{key: section for name in plugs.PLUGS
            for key, section in zip(section_keys(name), gated.get(name) or (None, None), strict=True)},
         "images": images,  # which images the verdict is on, and whether they are held out (pipeline.core.roles)
-        "stability": stability,  # the calibration stability certificate (pipeline.evaluation.certificate), if run
+        "stability": stability,  # the calibration stability certificate (docs/verify.md), where it ran
         "environment": {k: v for k, v in env.collect().items() if k in ("cpu", "gpu", "torch", "onnxruntime",
                                                                           "polygraphy", "modelopt", "tensorrt",
                                                                           "openvino")},
