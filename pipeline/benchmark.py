@@ -283,8 +283,7 @@ def _warn_noisy(cfg: Config, results: list[dict]) -> None:
 
 CONTEST_ROUNDS = 6  # interleaved rounds of the headline's contenders (their order shuffled each round)
 CONTEST_BLOCK_S = 0.1  # timed seconds per contender and round
-CONTEST_SPAN = 1.5  # contenders: the rows within this factor of the headline row (by the row's own timing)
-CONTEST_MAX = 3  # at most this many contenders, the headline row included
+CONTEST_MAX = 3  # contenders: the headline row and the closest others (a row timed alone can be 5x off on a busy CPU)
 
 
 class Retimer:
@@ -324,8 +323,8 @@ class Retimer:
 
 def contests(results: list[dict], retimer: Retimer, same_speed: float) -> dict:
     """The headline rows against their closest rivals, in interleaved rounds: per device, at the smallest batch by
-    latency and at the largest by time per batch, the rows :func:`headline_rows` names and those within
-    :data:`CONTEST_SPAN` of them (at most :data:`CONTEST_MAX`), timed in :data:`CONTEST_ROUNDS` rounds in a shuffled
+    latency and at the largest by time per batch, the rows :func:`headline_rows` names and the closest
+    other deployable rows (at most :data:`CONTEST_MAX` in all), timed in :data:`CONTEST_ROUNDS` rounds in a shuffled
     order; the tie (:func:`pipeline.evaluation.speed_claims.choose`: no row beats another beyond the noise,
     ``same_speed`` wide) and every other row's time ratio to the headline row with its interval. A contest that
     cannot run (a runner that will not start again) is left out, and the headline names the row as before."""
@@ -361,14 +360,13 @@ def contests(results: list[dict], retimer: Retimer, same_speed: float) -> dict:
 
 
 def _contenders(results: list[dict], row: dict, kind: str) -> list[dict]:
-    """The headline ``row`` first, then the deployable rows of its device and batch within :data:`CONTEST_SPAN` of
-    it (latency rows only for the latency headline), closest first."""
+    """The headline ``row`` first, then the other deployable rows of its device and batch (latency rows only for the
+    latency headline), closest first."""
     def cost(r: dict) -> float:
         return r["latency_ms"]["p50"] if kind == "latency" else 1.0 / max(r["throughput_per_s"], 1e-12)
 
     same = [r for r in results if r.get("deployable") and r["device"] == row["device"] and r is not row
-            and r["batch_size"] == row["batch_size"] and (kind == "throughput" or not _is_throughput(r))
-            and cost(r) <= cost(row) * CONTEST_SPAN]
+            and r["batch_size"] == row["batch_size"] and (kind == "throughput" or not _is_throughput(r))]
     return [row, *sorted(same, key=cost)[:CONTEST_MAX - 1]]
 
 
