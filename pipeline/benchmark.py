@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import logging
 import math
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -281,8 +282,9 @@ def _warn_noisy(cfg: Config, results: list[dict]) -> None:
 # --------------------------------------------------------------------------- the headline, in interleaved rounds
 
 
+now_s = time.perf_counter  # the contests' cost, in benchmark.json
 CONTEST_ROUNDS = 6  # interleaved rounds of the headline's contenders (their order shuffled each round)
-CONTEST_BLOCK_S = 0.1  # timed seconds per contender and round
+CONTEST_BLOCK_S = 0.05  # timed seconds per contender and round (9.4 s a contest at 0.1 s, load average 25)
 CONTEST_MAX = 3  # contenders: the headline row and the closest others (a row timed alone can be 5x off on a busy CPU)
 
 
@@ -338,6 +340,7 @@ def contests(results: list[dict], retimer: Retimer, same_speed: float) -> dict:
             rivals = _contenders(results, row, kind)
             if len(rivals) < 2:
                 continue
+            start = now_s()
             try:
                 per_round = _rounds(rivals, retimer)
             except (Crashed, RuntimeError) as exc:
@@ -352,9 +355,10 @@ def contests(results: list[dict], retimer: Retimer, same_speed: float) -> dict:
                       for i, r in enumerate(rivals) if i]
             out[f"{device}/{kind}"] = {"batch_size": row["batch_size"], "rounds": CONTEST_ROUNDS,
                                        "rows": [r["backend"] for r in rivals],
-                                       "tie": [rivals[i]["backend"] for i in choice.tie], "others": others}
-            log.info("benchmark: headline contest (%s, batch %d, %d interleaved rounds): %s; tie: %s", kind,
-                     row["batch_size"], CONTEST_ROUNDS, _lead_text(out[f"{device}/{kind}"]).strip(" ()"),
+                                       "tie": [rivals[i]["backend"] for i in choice.tie], "others": others,
+                                       "seconds": round(now_s() - start, 2)}
+            log.info("benchmark: headline contest (%s, batch %d, %d interleaved rounds, time over %s's): %s; tie: %s",
+                     kind, row["batch_size"], CONTEST_ROUNDS, row["backend"], _rivals_text(out[f"{device}/{kind}"]),
                      ", ".join(out[f"{device}/{kind}"]["tie"]))
     return out
 
@@ -562,9 +566,12 @@ def _lead_text(contest: dict | None) -> str:
     """The lead over the others of the contest, each as a time ratio with its interval (interleaved rounds)."""
     if not contest or not contest["others"]:
         return ""
-    said = ", ".join(f"{o['backend']} {o['verdict']} (time ratio {o['ratio']['estimate']:.2f} "
+    return f" (interleaved rounds: {_rivals_text(contest)})"
+
+
+def _rivals_text(contest: dict) -> str:
+    return ", ".join(f"{o['backend']} {o['verdict']} (time ratio {o['ratio']['estimate']:.2f} "
                      f"[{o['ratio']['low']:.2f}, {o['ratio']['high']:.2f}])" for o in contest["others"])
-    return f" (interleaved rounds: {said})"
 
 
 def _doubt(row: dict, crosscheck: dict | None) -> str:
