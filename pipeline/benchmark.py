@@ -327,10 +327,10 @@ def contests(results: list[dict], retimer: Retimer, same_speed: float) -> dict:
     """The headline rows against their closest rivals, in interleaved rounds: per device, at the smallest batch by
     latency and at the largest by time per batch, the rows :func:`headline_rows` names and the closest
     other deployable rows (at most :data:`CONTEST_MAX` in all), timed in :data:`CONTEST_ROUNDS` rounds in a shuffled
-    order; the tie (:func:`pipeline.evaluation.speed_claims.choose`: no row beats another beyond the noise,
+    order; the tie (:func:`pipeline.core.speed_claims.choose`: no row beats another beyond the noise,
     ``same_speed`` wide) and every other row's time ratio to the headline row with its interval. A contest that
     cannot run (a runner that will not start again) is left out, and the headline names the row as before."""
-    from pipeline.evaluation import speed_claims
+    from pipeline.core import speed_claims
 
     out = {}
     for device, named in headline_rows(results).items():
@@ -375,7 +375,7 @@ def _contenders(results: list[dict], row: dict, kind: str) -> list[dict]:
 
 
 def _rounds(rivals: list[dict], retimer: Retimer) -> list[list[float]]:
-    from pipeline.evaluation.speed_claims import round_orders
+    from pipeline.core.speed_claims import round_orders
 
     per_round: list[list[float]] = [[] for _ in rivals]
     orders = round_orders(len(rivals), CONTEST_ROUNDS + 1, seed=len(rivals))
