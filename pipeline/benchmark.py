@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import logging
 import math
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -284,10 +285,10 @@ def _warn_noisy(cfg: Config, results: list[dict]) -> None:
 # --------------------------------------------------------------------------- the headline, in interleaved rounds
 
 
+now_s = time.perf_counter  # the contests' cost, in benchmark.json
 CONTEST_ROUNDS = 6  # interleaved rounds of the headline's contenders (their order shuffled each round)
-CONTEST_BLOCK_S = 0.1  # timed seconds per contender and round
-CONTEST_SPAN = 1.5  # contenders: the rows within this factor of the headline row (by the row's own timing)
-CONTEST_MAX = 3  # at most this many contenders, the headline row included
+CONTEST_BLOCK_S = 0.05  # timed seconds per contender and round (9.4 s a contest at 0.1 s, load average 25)
+CONTEST_MAX = 3  # contenders: the headline row and the closest others (a row timed alone can be 5x off on a busy CPU)
 
 
 class Retimer:
@@ -326,12 +327,12 @@ class Retimer:
 
 def contests(results: list[dict], retimer: Retimer, same_speed: float) -> dict:
     """The headline rows against their closest rivals, in interleaved rounds: per device, at the smallest batch by
-    latency and at the largest by time per batch, the rows :func:`headline_rows` names and those within
-    :data:`CONTEST_SPAN` of them (at most :data:`CONTEST_MAX`), timed in :data:`CONTEST_ROUNDS` rounds in a shuffled
-    order; the tie (:func:`pipeline.evaluation.speed_claims.choose`: no row beats another beyond the noise,
+    latency and at the largest by time per batch, the rows :func:`headline_rows` names and the closest
+    other deployable rows (at most :data:`CONTEST_MAX` in all), timed in :data:`CONTEST_ROUNDS` rounds in a shuffled
+    order; the tie (:func:`pipeline.core.speed_claims.choose`: no row beats another beyond the noise,
     ``same_speed`` wide) and every other row's time ratio to the headline row with its interval. A contest that
     cannot run (a runner that will not start again) is left out, and the headline names the row as before."""
-    from pipeline.evaluation import speed_claims
+    from pipeline.core import speed_claims
 
     out = {}
     for device, named in headline_rows(results).items():
@@ -341,6 +342,7 @@ def contests(results: list[dict], retimer: Retimer, same_speed: float) -> dict:
             rivals = _contenders(results, row, kind)
             if len(rivals) < 2:
                 continue
+            start = now_s()
             try:
                 per_round = _rounds(rivals, retimer)
             except (Crashed, RuntimeError) as exc:
@@ -355,27 +357,27 @@ def contests(results: list[dict], retimer: Retimer, same_speed: float) -> dict:
                       for i, r in enumerate(rivals) if i]
             out[f"{device}/{kind}"] = {"batch_size": row["batch_size"], "rounds": CONTEST_ROUNDS,
                                        "rows": [r["backend"] for r in rivals],
-                                       "tie": [rivals[i]["backend"] for i in choice.tie], "others": others}
-            log.info("benchmark: headline contest (%s, batch %d, %d interleaved rounds): %s; tie: %s", kind,
-                     row["batch_size"], CONTEST_ROUNDS, _lead_text(out[f"{device}/{kind}"]).strip(" ()"),
+                                       "tie": [rivals[i]["backend"] for i in choice.tie], "others": others,
+                                       "seconds": round(now_s() - start, 2)}
+            log.info("benchmark: headline contest (%s, batch %d, %d interleaved rounds, time over %s's): %s; tie: %s",
+                     kind, row["batch_size"], CONTEST_ROUNDS, row["backend"], _rivals_text(out[f"{device}/{kind}"]),
                      ", ".join(out[f"{device}/{kind}"]["tie"]))
     return out
 
 
 def _contenders(results: list[dict], row: dict, kind: str) -> list[dict]:
-    """The headline ``row`` first, then the deployable rows of its device and batch within :data:`CONTEST_SPAN` of
-    it (latency rows only for the latency headline), closest first."""
+    """The headline ``row`` first, then the other deployable rows of its device and batch (latency rows only for the
+    latency headline), closest first."""
     def cost(r: dict) -> float:
         return r["latency_ms"]["p50"] if kind == "latency" else 1.0 / max(r["throughput_per_s"], 1e-12)
 
     same = [r for r in results if r.get("deployable") and r["device"] == row["device"] and r is not row
-            and r["batch_size"] == row["batch_size"] and (kind == "throughput" or not _is_throughput(r))
-            and cost(r) <= cost(row) * CONTEST_SPAN]
+            and r["batch_size"] == row["batch_size"] and (kind == "throughput" or not _is_throughput(r))]
     return [row, *sorted(same, key=cost)[:CONTEST_MAX - 1]]
 
 
 def _rounds(rivals: list[dict], retimer: Retimer) -> list[list[float]]:
-    from pipeline.evaluation.speed_claims import round_orders
+    from pipeline.core.speed_claims import round_orders
 
     per_round: list[list[float]] = [[] for _ in rivals]
     orders = round_orders(len(rivals), CONTEST_ROUNDS + 1, seed=len(rivals))
@@ -566,9 +568,12 @@ def _lead_text(contest: dict | None) -> str:
     """The lead over the others of the contest, each as a time ratio with its interval (interleaved rounds)."""
     if not contest or not contest["others"]:
         return ""
-    said = ", ".join(f"{o['backend']} {o['verdict']} (time ratio {o['ratio']['estimate']:.2f} "
+    return f" (interleaved rounds: {_rivals_text(contest)})"
+
+
+def _rivals_text(contest: dict) -> str:
+    return ", ".join(f"{o['backend']} {o['verdict']} (time ratio {o['ratio']['estimate']:.2f} "
                      f"[{o['ratio']['low']:.2f}, {o['ratio']['high']:.2f}])" for o in contest["others"])
-    return f" (interleaved rounds: {said})"
 
 
 def _doubt(row: dict, crosscheck: dict | None) -> str:

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 import onnx
 
-from pipeline.core import env, modeling, onnx_io, precision_config, roles
+from pipeline.core import env, modeling, onnx_io, precision_config, roles, speed_claims
 from pipeline.core.artifacts import (
     FP32_ONNX,
     QAT_BEST_CHECKPOINT,
@@ -47,7 +47,7 @@ from pipeline.core.artifacts import (
 from pipeline.core.errors import BackendUnavailable, CheckFailed, Inconclusive, UsageError
 from pipeline.core.run import RunDir, StageRecord, write_json
 from pipeline.core.status import Status
-from pipeline.evaluation import candidates, speed_claims
+from pipeline.evaluation import candidates
 from pipeline.precision import fallback, int8, plugs, qat_rung, sensitivity
 from pipeline.precision.plugs import Precision
 from pipeline.precision.sensitivity import Candidate
@@ -324,7 +324,7 @@ def time_in_rounds(t: Tuner, rivals: list[Candidate], sessions: list, seed: int 
 
 def speed_sanity(rivals: list[Candidate], batches: list[int], same_speed: float, label: str) -> dict:
     """The sanity rules on one set of rounds: pairs that the target compiles to the same kernels must time alike
-    (:func:`pipeline.evaluation.speed_claims.sane`): the "all low" mixes of every calibration method (the same graph
+    (:func:`pipeline.core.speed_claims.sane`): the "all low" mixes of every calibration method (the same graph
     with other scales), and the FP32 deployment and each calibration's "all high" mix (no matrix layer left in the
     low precision) where the target's compiled graphs show the same kernels (``Candidate.kernels``: a Q/DQ pair left
     on a pooling layer, say, makes "all high" another network, and that pair is listed as not checked, with why).

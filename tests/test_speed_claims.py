@@ -1,4 +1,4 @@
-"""Speed claims under noise (pipeline.evaluation.speed_claims): per-round ratios and their intervals, the verdicts
+"""Speed claims under noise (pipeline.core.speed_claims): per-round ratios and their intervals, the verdicts
 (faster / same speed / slower / undecided), the choice among rivals (ties to the most layers in the low precision),
 the sanity rule, and the interleaved order; tune's use of them on plain data (the planted FP32-as-INT8 case)."""
 
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.evaluation import speed_claims
-from pipeline.evaluation.speed_claims import Ratio, Speed
+from pipeline.core import speed_claims
+from pipeline.core.speed_claims import Ratio, Speed
 
 FAST = settings(max_examples=200, deadline=None)
 latencies = st.lists(st.floats(0.01, 100.0), min_size=3, max_size=20)

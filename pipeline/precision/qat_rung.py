@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from pipeline.evaluation import speed_claims
+from pipeline.core import speed_claims
 from pipeline.precision.sensitivity import Candidate, time_ratio
 
 
@@ -34,7 +34,7 @@ def qat_wanted(mode: str, ptq_passed: bool, speed_failure: str, *, low_layers: i
 def with_qat(chosen: Candidate | None, why: str, qat: Candidate | None, batches: list[int],
              same_speed: float) -> tuple[Candidate | None, str]:
     """The fastest that passes, PTQ's pick or QAT's graph: QAT where it passes and the PTQ pick does not beat it
-    beyond the noise (:func:`pipeline.evaluation.speed_claims.beats` on their ratios at ``batches``, the timed ones;
+    beyond the noise (:func:`pipeline.core.speed_claims.beats` on their ratios at ``batches``, the timed ones;
     a tie goes to QAT's graph, every layer in INT8; none timed: QAT's graph wins when it passes)."""
     if qat is None or not qat.passed:
         return chosen, why

@@ -29,8 +29,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from pipeline.evaluation import speed_claims
-from pipeline.evaluation.speed_claims import Ratio
+from pipeline.core import speed_claims
+from pipeline.core.speed_claims import Ratio
 from pipeline.precision import gate as criteria
 from pipeline.precision.int8 import DQ, Q
 
@@ -247,7 +247,7 @@ def time_ratio(a: Candidate, b: Candidate, batches: list[int]) -> dict[int, Rati
 
 
 def choose(candidates: list[Candidate], batches: list[int], same_speed: float = 0.05) -> Candidate | None:
-    """The fastest passing mix as far as the noise allows (:func:`pipeline.evaluation.speed_claims.choose`): the
+    """The fastest passing mix as far as the noise allows (:func:`pipeline.core.speed_claims.choose`): the
     passing mixes timed at every one of ``batches`` that no other beats (faster beyond the interval at one batch,
     faster or the same speed within ``same_speed`` at every other: :func:`time_ratio`) are the tie; of the tie, the
     one with the fewest layers out of the low precision, then the smallest error (measured on fixed images: the
@@ -310,7 +310,7 @@ def keep_or_replace(incumbent: Candidate | None, pick: Candidate | None, batches
     this run like every other) or the ``pick`` (this run's :func:`choose`). Latencies are positive milliseconds.
 
     The incumbent stays unless it no longer passes (or, where speed is measured, was not timed at every batch in
-    ``batches``), or the pick beats it beyond the measured noise (:func:`pipeline.evaluation.speed_claims.beats` on
+    ``batches``), or the pick beats it beyond the measured noise (:func:`pipeline.core.speed_claims.beats` on
     :func:`time_ratio`: faster beyond its interval at a batch and faster or the same speed within ``same_speed`` at
     every other). With nothing timed (``batches`` empty) the only measure free of noise decides: a pick that raises
     fewer layers. A pick that does not pass never replaces anything. So timing noise alone never flips a choice,

@@ -6,11 +6,10 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.core import env, precision_config
+from pipeline.core import env, precision_config, speed_claims
 from pipeline.core.artifacts import TUNE_STABILITY_PLOT, tune_files
 from pipeline.core.run import RunDir, atomic_path, atomic_write, write_json
 from pipeline.core.status import Status
-from pipeline.evaluation import speed_claims
 from pipeline.precision import plugs, sensitivity
 from pipeline.precision.sensitivity import Candidate
 from pipeline.reports import tables

@@ -129,8 +129,8 @@ def interleaved(row: dict, mode: str, theirs: Callable[[], dict], ours: Callable
     """Our timing of ``row`` and benchmark_app's, alternated in ``rounds`` rounds (which goes first shuffled each
     round): a load that comes and goes slows both sides of a round alike. The ratio (ours over benchmark_app's, in
     the mode's unit: p50 ms or images/s) is the geometric mean of the per-round ratios with its 95 % interval
-    (:func:`pipeline.evaluation.speed_claims.ratio`); :func:`agreement` reads it."""
-    from pipeline.evaluation import speed_claims
+    (:func:`pipeline.core.speed_claims.ratio`); :func:`agreement` reads it."""
+    from pipeline.core import speed_claims
 
     base = {"backend": row["backend"], "batch_size": row["batch_size"], "mode": mode}
     mine, their_runs = [], []

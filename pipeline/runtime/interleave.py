@@ -1,8 +1,8 @@
 """Rivals timed in interleaved rounds (randomized multiple interleaved trials; the decisions drawn from the rounds
-are :mod:`pipeline.evaluation.speed_claims`).
+are :mod:`pipeline.core.speed_claims`).
 
 Every rival is warmed up first (in a shuffled order). Then, each round, every rival runs one block of inferences,
-in an order shuffled each round (:func:`pipeline.evaluation.speed_claims.round_orders`); the block's median is the
+in an order shuffled each round (:func:`pipeline.core.speed_claims.round_orders`); the block's median is the
 rival's latency in that round. A busy spell of the machine lands in one or two rounds and slows every rival of
 those rounds alike, so the per-round ratios keep their value where one long run per rival would not.
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.core.errors import check_interrupt
-from pipeline.evaluation.speed_claims import round_orders
+from pipeline.core.speed_claims import round_orders
 
 ROUNDS = 15  # per-round ratios per pair: a t interval on 14 degrees of freedom (quantile 2.14, against 1.96)
 MIN_BLOCK_RUNS = 3  # a block's median of at least three runs: one preempted run does not make the round's latency
