@@ -57,7 +57,7 @@ def payload(cfg: Config, t, runs: list[dict], baseline: dict | None, chosen: Can
     method = getattr(getattr(cfg.export, precision), "calibration_method", None) or plug.methods(cfg)[0]
     out["greedy"] = next((c for c in candidates if c["origin"] == "greedy fallback" and c["calibration"] == method),
                          None)
-    out["summary"] = _summary(out, chosen, len(runs[0]["ranked"]) if runs else 0, plug.fallback_file)
+    out["summary"] = _summary(out, chosen, [r.layer for r in runs[0]["ranked"]] if runs else [], plug.fallback_file)
     return out
 
 
@@ -101,11 +101,21 @@ def _ladder_table(p: dict) -> Table:
                   *(f"ms @ batch {b}" for b in batches)), tuple(rows))
 
 
-def _summary(p: dict, chosen: Candidate | None, layers: int, written: str) -> str:
+def raised_layers(high: list[str], layers: list[str]) -> tuple[int, int]:
+    """Of the nodes a mix raises: how many are tune's layers (``layers``: the units it ranks), and how many other
+    nodes (a MaxPool or a Flatten the greedy fallback raised with them), each node once."""
+    units = set(layers)
+    raised = set(high)
+    return len(raised & units), len(raised - units)
+
+
+def _summary(p: dict, chosen: Candidate | None, layers: list[str], written: str) -> str:
     if chosen is None:
         return f"no passing {_label(p)} mix"
     qat = ", quantization-aware fine-tuning" if chosen.origin == "QAT" else ""
-    head = f"{_label(p)}: {len(chosen.high)} of {layers} layers {p['raised']} ({chosen.calibration}{qat})"
+    units, others = raised_layers(chosen.high, layers)
+    also = f" and {others} other node{'s' if others != 1 else ''}" if others else ""
+    head = f"{_label(p)}: {units} of {len(layers)} layers{also} {p['raised']} ({chosen.calibration}{qat})"
     if not p["speedup_vs_fp32"]:
         return f"{head}; speed not measured (no {_label(p)} target here); written to {written}"
     big = p["batches"][-1]
