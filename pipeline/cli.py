@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import os
 import re
@@ -147,9 +148,21 @@ def resolve_config(args) -> tuple[object, Path, object]:
 def _overrides(args) -> list[str]:
     """The ``key=value`` overrides, ``--model`` first among them."""
     overrides = list(getattr(args, "overrides", []) or [])
-    if getattr(args, "model", None):
-        overrides.insert(0, f"model.name={args.model}")
+    model = getattr(args, "model", None)
+    if model is not None:
+        overrides.insert(0, f"model.name={json.dumps(_model_argument(model))}")  # a string, never read as YAML
     return overrides
+
+
+def _model_argument(model: str) -> str:
+    """``--model`` as given, refused (exit 2) when empty or holding a control character (a newline, a tab): no model
+    has such a name, and an empty one must not fall back to the default model."""
+    if not model.strip():
+        raise UsageError("--model is empty: name a registered model (python -m pipeline models), "
+                         "package.module:factory or path/to/file.py:factory")
+    if any(ord(c) < 32 or ord(c) == 127 for c in model):
+        raise UsageError(f"--model {json.dumps(model)} holds a control character (a newline?): no model is named so")
+    return model
 
 
 def _saved_config(directory: Path | None) -> dict:

@@ -9,6 +9,7 @@
 # told apart from the original (an equivalent mutant). The score is killed / (mutants - listed equivalents); the
 # command fails below 90 %.
 #
+# SCOPE=FILE runs another list of patterns (one module or function at a time: the whole list takes tens of minutes).
 # Run from the repository root with the project's venv: bash scripts/mutation.sh   (about N minutes on 2 cores:
 # docs/verify.md). Results stay in mutants/ (ignored by git): `.venv/bin/mutmut show <name>` prints one mutant's diff.
 set -euo pipefail
@@ -16,7 +17,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 MUTMUT=${MUTMUT:-$(dirname "$PY")/mutmut}
 export PIPELINE_HYPOTHESIS_PROFILE=mutation
-SCOPE=scripts/mutation_scope.txt
+SCOPE=${SCOPE:-scripts/mutation_scope.txt}  # another list: one module or function at a time
 mapfile -t patterns < <(sed -e 's/#.*//' -e 's/[[:space:]]*$//' "$SCOPE" | grep -v '^$')
 rm -rf mutants
 "$MUTMUT" run --max-children "${JOBS:-2}" "${patterns[@]}" >/dev/null 2>&1 || true

@@ -67,7 +67,9 @@ def main(results_path: str, equivalent_path: str, minimum: str, scope_path: str 
         print(f"no mutants in {results_path}: did mutmut run?")
         return 1
     if scope_path is not None:
-        results, unmatched = in_scope(results, read_scope(Path(scope_path)))
+        patterns = read_scope(Path(scope_path))
+        results, unmatched = in_scope(results, patterns)
+        equivalent = {n: why for n, why in equivalent.items() if any(fnmatch.fnmatchcase(n, p) for p in patterns)}
         if unmatched:
             print(f"{scope_path}: no mutant matches {', '.join(unmatched)}: keep the scope true")
             return 1

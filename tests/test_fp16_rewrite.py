@@ -237,3 +237,23 @@ def test_a_cast_to_a_low_type_reads_the_low_copy_and_stale_value_info_goes():
     out = rewrite.keep_in_fp32(model, ["add"])
     assert list(_nodes(out)["down"].input) == ["t__fp16"]
     assert [v.name for v in out.graph.value_info] == ["y"]  # t's type changed: its entry goes, y's stays
+
+
+def test_infer_types_prefers_a_constants_value_over_a_declared_output_type():
+    model = _model([_with_constant(np.ones(2, np.float16), "k")], [("k", F32)], inputs=())
+    assert rewrite.infer_types(model) == {"k": F16}
+
+
+def test_only_a_constants_value_is_an_fp32_original():
+    """A ConstantOfShape's ``value`` is a fill value, not the tensor; a Constant given as ``value_float`` has no tensor:
+    neither replaces the FP16 constant the low graph holds (it is cast up)."""
+    shape = numpy_helper.from_array(np.array([2], np.int64), "shape")
+    for source in (helper.make_node("ConstantOfShape", ["shape"], ["k"], name="fill",
+                                    value=numpy_helper.from_array(np.array([1 / 3], np.float32), "v")),
+                   helper.make_node("Constant", [], ["k"], name="scalar", value_float=1 / 3)):
+        fp32 = _model([source, helper.make_node("Add", ["x", "k"], ["y"], name="add")], [("y", F32)], [shape],
+                      inputs=(("x", F32),))
+        low = _model([_with_constant(np.full(2, 1 / 3, np.float16), "k"),
+                      helper.make_node("Add", ["x", "k"], ["y"], name="add")], [("y", F16)])
+        out = rewrite.keep_in_fp32(low, ["add"], fp32)
+        assert list(_nodes(out)["add"].input) == ["x__to_fp32", "k__to_fp32"], source.op_type

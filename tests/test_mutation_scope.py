@@ -63,3 +63,14 @@ def test_the_score_fails_on_a_stale_scope(tmp_path, capsys):
     scope.write_text("pipeline.tune.x__choose*\npipeline.tune.x_gone*\n")
     assert mutation_score.main(str(results), str(equivalent), "0.9", str(scope)) == 1
     assert "no mutant matches pipeline.tune.x_gone*" in capsys.readouterr().out
+
+
+def test_an_equivalent_outside_the_scope_is_not_called_stale(tmp_path, capsys):
+    results, equivalent, scope = tmp_path / "results.txt", tmp_path / "equivalent.txt", tmp_path / "scope.txt"
+    results.write_text("pipeline.tune.x__choose__mutmut_1: killed\npipeline.tune.x__choose__mutmut_2: survived\n")
+    equivalent.write_text("pipeline.tune.x__choose__mutmut_2  why\npipeline.precision.gate.x_judge__mutmut_2  why\n")
+    scope.write_text("pipeline.tune.x__choose*\n")
+    assert mutation_score.main(str(results), str(equivalent), "0.9", str(scope)) == 0
+    assert "listed as equivalent but caught now" not in capsys.readouterr().out
+    equivalent.write_text("pipeline.tune.x__choose__mutmut_1  renumbered: caught now\n")
+    assert mutation_score.main(str(results), str(equivalent), "0.9", str(scope)) == 1

@@ -440,6 +440,14 @@ class TuneConfig(Section):
                               "of a tie the one with the fewest layers out of INT8 is chosen; a re-run keeps the "
                               "fallback file's mix unless a new one beats it")
 
+    @model_validator(mode="after")
+    def _distinct_methods(self):
+        repeated = sorted({m for m in self.calibration_methods if self.calibration_methods.count(m) > 1})
+        if repeated:
+            raise ValueError(f"tune.calibration_methods names {', '.join(repeated)} more than once: each method is "
+                             "searched once; list it once")
+        return self
+
 
 class QATConfig(Section):
     """``python -m pipeline qat`` (and tune's third rung, ``tune.qat``): quantization-aware fine-tuning of the trained

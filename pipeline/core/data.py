@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import logging
 import pickle
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -126,7 +127,7 @@ def load_image(path: Path, size: int) -> torch.Tensor:
     from PIL import Image, UnidentifiedImageError
 
     try:
-        with Image.open(path) as img:
+        with _bomb_warnings_quiet(), Image.open(path) as img:  # said once, up front, by _check_images
             img = _to_rgb(img)
             w, h = img.size
             scale = size / min(w, h)
@@ -407,10 +408,31 @@ def _check_images(files: list[Path]) -> None:
 
     for path in files:
         try:
-            with Image.open(path) as img:
-                img.verify()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", Image.DecompressionBombWarning)
+                with Image.open(path) as img:
+                    img.verify()
+                    pixels = img.width * img.height
         except Exception as exc:  # Pillow raises many types for bad files
             raise DataError(f"cannot read image {path}: {type(exc).__name__}: {exc}") from None
+        if any(issubclass(w.category, Image.DecompressionBombWarning) for w in caught):
+            log.warning("data: image %s is %s pixels, beyond Pillow's decompression-bomb limit of %s: it is read "
+                        "anyway, slowly and with that much memory each time; shrink it if that is not meant",
+                        path, f"{pixels:,}", f"{Image.MAX_IMAGE_PIXELS:,}")
+        for w in caught:  # anything else Pillow warned about goes on as it came
+            if not issubclass(w.category, Image.DecompressionBombWarning):
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
+@contextlib.contextmanager
+def _bomb_warnings_quiet():
+    """Pillow's DecompressionBombWarning silenced while one image decodes: :func:`_check_images` said it in one line
+    per image; a raw warning per decode (every epoch, every worker) would only repeat it."""
+    from PIL import Image
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        yield
 
 
 def _image_folder(data_cfg: DataConfig, size: int, mean, std) -> DataSplits:

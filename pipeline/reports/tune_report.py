@@ -41,7 +41,7 @@ def payload(cfg: Config, t, runs: list[dict], baseline: dict | None, chosen: Can
     plug = t.plug
     precision = plug.name
     candidates = [_candidate(c, chosen, fronts, precision, baseline) for r in runs for c in r["candidates"]]
-    low_claim = _low_claim(chosen, plug, len(runs[0]["layers"]) if runs else 0)
+    low_claim = _low_claim(chosen, plug, list(runs[0]["layers"]) if runs else [])
     intervals = {b: r.inverse() for b, r in sensitivity.time_ratio(chosen, baseline, t.batches).items()} \
         if chosen and baseline and not low_claim else {}
     speedup = {str(b): r.estimate for b, r in intervals.items()}
@@ -71,7 +71,7 @@ def payload(cfg: Config, t, runs: list[dict], baseline: dict | None, chosen: Can
     method = precision_config.calibration_method(cfg, precision) or plug.methods(cfg)[0]
     out["greedy"] = next((c for c in candidates if c["origin"] == "greedy fallback" and c["calibration"] == method),
                          None)
-    out["summary"] = _summary(out, chosen, len(runs[0]["ranked"]) if runs else 0, plug.fallback_file)
+    out["summary"] = _summary(out, chosen, [r.layer for r in runs[0]["ranked"]] if runs else [], plug.fallback_file)
     return out
 
 
@@ -148,7 +148,7 @@ def _ladder_table(p: dict) -> Table:
                   *(f"ms @ batch {b}" for b in batches)), tuple(rows))
 
 
-def _low_claim(chosen: Candidate | None, plug, layers: int) -> str:
+def _low_claim(chosen: Candidate | None, plug, layers: list[str]) -> str:
     """Why no low-precision result or speed-up may be claimed for ``chosen``: the target runs none of its layers in
     the low precision (its runtime precisions; untimed: the mix itself raises every layer); else ""."""
     if chosen is None or not layers:
@@ -158,19 +158,29 @@ def _low_claim(chosen: Candidate | None, plug, layers: int) -> str:
         if in_low == 0:
             return f"the target runs none of the {len(chosen.runtime)} layers in {plug.label}"
         return ""
-    if chosen.origin != "QAT" and len(chosen.high) >= layers:
-        return f"the mix keeps all {layers} layers {plug.raised_to}"
+    if chosen.origin != "QAT" and raised_layers(chosen.high, layers)[0] >= len(layers):
+        return f"the mix keeps all {len(layers)} layers {plug.raised_to}"
     return ""
 
 
-def _summary(p: dict, chosen: Candidate | None, layers: int, written: str) -> str:
+def raised_layers(high: list[str], layers: list[str]) -> tuple[int, int]:
+    """Of the nodes a mix raises: how many are tune's layers (``layers``: the units it ranks), and how many other
+    nodes (a MaxPool or a Flatten the greedy fallback raised with them), each node once."""
+    units = set(layers)
+    raised = set(high)
+    return len(raised & units), len(raised - units)
+
+
+def _summary(p: dict, chosen: Candidate | None, layers: list[str], written: str) -> str:
     if chosen is None:
         return p["undecided"] or f"no passing {_label(p)} mix"
     qat = ", quantization-aware fine-tuning" if chosen.origin == "QAT" else ""
     if p["no_speedup_claimed"]:
         return (f"no {_label(p)} layer: {p['no_speedup_claimed']} ({chosen.calibration}{qat}), so it is the FP32 "
                 f"network and no {_label(p)} result or speed-up is claimed; written to {written}")
-    head = f"{_label(p)}: {len(chosen.high)} of {layers} layers {p['raised']} ({chosen.calibration}{qat})"
+    units, others = raised_layers(chosen.high, layers)
+    also = f" and {others} other node{'s' if others != 1 else ''}" if others else ""
+    head = f"{_label(p)}: {units} of {len(layers)} layers{also} {p['raised']} ({chosen.calibration}{qat})"
     if not p["speedup_vs_fp32"]:
         return f"{head}; speed not measured (no {_label(p)} target here); written to {written}"
     big = p["batches"][-1]

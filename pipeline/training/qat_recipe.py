@@ -61,6 +61,8 @@ class QATTrainer(Trainer):
     checkpoint_name = a.QAT_CHECKPOINT
     best_name = a.QAT_BEST_CHECKPOINT
     metrics_name = a.QAT_METRICS
+    stage_name = "qat"
+    epochs_setting = "qat.epochs"
 
     def __init__(self, cfg: Config, run_dir: RunDir, model, teacher, spec, splits, device, amp_dtype, source: str):
         super().__init__(cfg, run_dir, model, spec, splits, device, Dist(), amp_dtype)

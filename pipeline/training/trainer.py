@@ -172,6 +172,8 @@ class Trainer:
     checkpoint_name: str = CHECKPOINT
     best_name: str = BEST_CHECKPOINT
     metrics_name: str = METRICS
+    stage_name: str = "train"  # the command, in messages
+    epochs_setting: str = "train.epochs"  # the setting that says how many epochs run (QAT's: qat.epochs)
     metrics: MetricsLog | None
     profiler: StepProfiler
     window: Window  # throughput since the last metrics line
@@ -245,11 +247,16 @@ class Trainer:
             raise InputError(f"{self.ckpt_path} does not fit this model/config ({first_line(exc)}); "
                              "train without --resume") from None
         set_rng_state(state["rng"])
+        ran = self.state.epoch + (1 if self.state.batch else 0)  # epochs the checkpoint has begun or finished
+        if ran > self.tc.epochs:  # more than asked for already: resuming would record epochs that never ran
+            raise InputError(f"{self.ckpt_path.name} has already trained {ran} epochs, more than "
+                             f"{self.epochs_setting}={self.tc.epochs}: set {self.epochs_setting} to {ran} or more to "
+                             f"resume it, or run {self.stage_name} without --resume")
         made_for = state["config"].get("train", {}).get("epochs")
         if made_for != self.tc.epochs:
-            log.warning("train: resuming with train.epochs=%d (checkpoint was made for %s): the LR schedule changes",
-                        self.tc.epochs, made_for)
-        log.info("train: resuming from %s at epoch %d, batch %d (step %d)", self.ckpt_path.name,
+            log.warning("%s: resuming with %s=%d (checkpoint was made for %s): the LR schedule changes",
+                        self.stage_name, self.epochs_setting, self.tc.epochs, made_for)
+        log.info("%s: resuming from %s at epoch %d, batch %d (step %d)", self.stage_name, self.ckpt_path.name,
                  self.state.epoch + 1, self.state.batch, self.state.step)
 
     def checkpoint_state(self) -> dict:
