@@ -185,7 +185,7 @@ class MobileNetBody(nn.Module):
 
 # Measured on the embedded detection set at 64x64 (docs/detection.md).
 RECIPE = Recipe(optimizer="adamw", lr=2e-3, momentum=0.9, weight_decay=1e-4, warmup_epochs=0.5, epochs=6,
-                bn_momentum=None, min_image_size=48, image_size=64)
+                bn_momentum=None, min_image_size=48, image_size=64, batch_size=16)
 
 
 @register_model(recipe=RECIPE, input_size=(3, 64, 64), num_classes=6, task="detection")

@@ -238,8 +238,9 @@ def recipe_layer(model_name: Any) -> dict:
     except models.UnknownModelError:
         return {}
     layer = {"train": recipe.train_keys()}
-    if recipe.image_size is not None:  # a detector's recipe names its input size too
-        layer["data"] = {"image_size": recipe.image_size}
+    data = {key: value for key in ("image_size", "batch_size") if (value := getattr(recipe, key)) is not None}
+    if data:  # a detector's recipe names its input size and batch size too
+        layer["data"] = data
     return layer
 
 
