@@ -117,6 +117,7 @@ def register_model(
             fixed_input_size=fixed_input_size,
             description=doc[0] if doc else "",
             task=task,
+            **({"output_name": "head"} if task == "detection" else {}),  # a detector's raw head (pipeline.core.tasks)
         )
         _REGISTRY[name] = _Entry(builder=builder, spec=spec, recipe=recipe)
         return builder

@@ -130,6 +130,7 @@ class CenterNet(nn.Module):
 
     task = "detection"
     output_names = ("head", "detections")
+    output_name = "head"
 
     def __init__(self, body: nn.Module, channels: tuple[int, int, int], num_classes: int, width: int = 64):
         super().__init__()

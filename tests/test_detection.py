@@ -119,6 +119,17 @@ def test_boxes_moved_past_the_match_iou_are_unmatched(case):
         assert result["agreement"]["status"] == Status.FAILED
 
 
+@settings(max_examples=30, deadline=None)
+@given(detection_sets())
+def test_boxes_of_another_class_are_unmatched(case):
+    """The same places, another class: no pair matches (the same class is part of the rule)."""
+    dets, truths, classes = case
+    relabelled = [d.copy() for d in dets]
+    for d in relabelled:
+        d[:, 5] = classes  # a class no reference box has
+    assert boxes.agreement(dets, relabelled, 0.5, 0.3).matched == 0
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.floats(-1, 1), st.lists(st.floats(-1, 1), min_size=1, max_size=50), st.floats(0, 0.5),
        st.floats(0.5, 0.99))
@@ -142,6 +153,17 @@ def test_matched_share_fails_only_when_its_bound_shows_it(matched, extra, minimu
         assert r["upper_bound"] < minimum
     else:
         assert r["status"] == Status.INCONCLUSIVE and r["upper_bound"] >= minimum
+
+
+def test_a_classifiers_card_and_task_are_as_before():
+    """Classification files stay as they were: no ``task`` key in a classifier's card spec, logits as its output."""
+    from pipeline.core import tasks
+    from pipeline.core.registry import models
+
+    spec = models.get_spec("resnet18")
+    assert "task" not in spec.to_dict() and tasks.of(spec.to_dict()).outputs(spec.to_dict()) == ["logits"]
+    detector = models.get_spec("centernet_resnet18").to_dict()
+    assert detector["task"] == "detection" and tasks.of(detector).outputs(detector) == ["head", "detections"]
 
 
 # --------------------------------------------------------------------------- decode and NMS in the graph
