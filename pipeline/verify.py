@@ -109,10 +109,10 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, auto_fallback: boo
     conformance.verify_conformance(cfg, checks, candidates.gate_for)  # row independence, precision manifest
     verify_report.log_conformance(checks)
     # A detector's boxes are not kept per image yet (baseline/compare judge classifiers): docs/detection.md.
-    written = predictions.record(run_dir, checks, evidence) if evidence.detection is None else None
+    written = predictions.record(run_dir, checks, evidence) if getattr(evidence, "detection", None) is None else None
     if written is not None:
         record.artifact(written.name)
-    if evidence.detection is not None:
+    if getattr(evidence, "detection", None) is not None:
         _draw_boxes(run_dir, record, card, checks, evidence)
     gated = verify_report.with_earlier_fallbacks(run_dir, hashes, gated)
     verdict = candidates.verdict(checks, cfg.verify.inconclusive)
@@ -143,7 +143,7 @@ def _reference_quality(run_dir: RunDir, evidence: Evidence) -> dict:
                     "with it, not that they are any good", learning.line)
     quality = {"reference_accuracy": _reference_score(evidence),
                "reference_learned": learning.learned, "reference_learning": learning.line}
-    return {**quality, "reference_task": "detection"} if evidence.detection is not None else quality
+    return {**quality, "reference_task": "detection"} if getattr(evidence, "detection", None) is not None else quality
 
 
 def _draw_boxes(run_dir: RunDir, record: StageRecord, card: dict, checks: list[Check], evidence: Evidence) -> None:
@@ -168,7 +168,7 @@ def _reference_score(evidence: Evidence) -> float | None:
     """The reference's accuracy on the labels, or for a detector its mAP@0.5:0.95 on the ground-truth boxes."""
     if not len(evidence.labels):
         return None
-    if evidence.detection is not None:
+    if getattr(evidence, "detection", None) is not None:
         dets = np.concatenate([r[evidence.detection["detections"]] for r in evidence.reference])
         return boxes.coco_map(list(dets), list(evidence.labels), evidence.detection["classes"])["map"]
     top1 = np.concatenate([r[evidence.output_name] for r in evidence.reference]).argmax(1)
