@@ -11,6 +11,8 @@ sizes) and class-aware non-maximum suppression, which exports as ONNX ``NonMaxSu
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -86,7 +88,13 @@ class PostProcess(nn.Module):
         self.pre_nms, self.max_detections = pre_nms, max_detections
 
     def forward(self, head: torch.Tensor) -> torch.Tensor:
-        head = head.float()
+        # The tracer warns that the height and width become constants of the graph: by design (only the batch is a
+        # dynamic axis; the input size is the model card's), so those warnings are not the export's to report.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            return self._detect(head.float())
+
+    def _detect(self, head: torch.Tensor) -> torch.Tensor:
         n, _, h, w = head.shape
         c = self.num_classes
         heat = torch.sigmoid(head[:, :c])
