@@ -259,8 +259,13 @@ def _without_recipe(base: dict) -> dict:
     if not isinstance(train, dict):
         return base
     given = {key: TrainConfig.model_fields[key].default for key in models.RECIPE_KEYS}
-    given.update(recipe_layer(_model_name(base)).get("train", {}))
-    return {**base, "train": {k: v for k, v in train.items() if not (k in given and v == given[k])}}
+    layer = recipe_layer(_model_name(base))
+    given.update(layer.get("train", {}))
+    out = {**base, "train": {k: v for k, v in train.items() if not (k in given and v == given[k])}}
+    data, recipe_data = base.get("data"), layer.get("data", {})  # a detector's recipe sets data keys too
+    if isinstance(data, dict) and recipe_data:
+        out["data"] = {k: v for k, v in data.items() if not (k in recipe_data and v == recipe_data[k])}
+    return out
 
 
 def _user_layers(base: dict, config_file: str | None, overrides: list[str]) -> tuple[dict, dict]:

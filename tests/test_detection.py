@@ -335,3 +335,17 @@ def test_score_head_that_flips_nms_fails(trained_detectors, tmp_path, capsys):
     emu = candidate(run, "fp16_emulation")
     assert emu["status"] == Status.FAILED, emu
     assert "fp16_emulation" in capsys.readouterr().err
+
+
+def test_a_detectors_recipe_sets_its_data_keys_and_they_go_with_it():
+    """A detector's recipe sets data.image_size and data.batch_size; a run directory's config saved for it, resolved
+    for a classifier, keeps only what the user chose (the classifier's own defaults come back)."""
+    from pipeline import config
+
+    det = config.resolve(overrides=["model.name=centernet_resnet18"])
+    assert (det.data.image_size, det.data.batch_size) == (64, 16)
+    saved = det.to_dict()
+    cls = config.resolve(base=saved, overrides=["model.name=resnet18"])
+    assert (cls.data.image_size, cls.data.batch_size) == (32, 64)
+    mine = config.resolve(base=saved, overrides=["model.name=resnet18", "data.image_size=48"])
+    assert mine.data.image_size == 48
