@@ -271,6 +271,14 @@ def test_all_on_a_coco_folder(tmp_path, capsys):
     assert report["task"] == "detection" and report["inputs"]["source"] == "coco"
     emu = next(c for c in report["candidates"] if c["name"] == "fp16_emulation")
     assert emu["status"] == Status.PASSED and emu["task_check"]["task"] == "detection"
+    import onnx
+
+    from pipeline.precision import fp16
+
+    precisions = fp16.node_precisions(onnx.load(str(run / "model.onnx")), onnx.load(str(run / "model.fp16.onnx")))
+    post = {name: p for name, (_, p) in precisions.items() if name.startswith("/postprocess/")}
+    assert post and set(post.values()) == {"fp32"}  # decode and NMS in FP32 by rule
+    assert any(p == "fp16" for _, p in precisions.values())  # and the network in FP16
     card = json.loads((run / "model.json").read_text())
     assert card["classes"] == ["square", "disc", "triangle"] and card["spec"]["task"] == "detection"
 
