@@ -342,7 +342,9 @@ def test_score_head_that_flips_nms_fails(trained_detectors, tmp_path, capsys):
     assert cli("verify", "--run-dir", run) == 1
     emu = candidate(run, "fp16_emulation")
     assert emu["status"] == Status.FAILED, emu
-    assert "fp16_emulation" in capsys.readouterr().err
+    assert emu["task_check"]["matched_share"] < 1.0  # boxes appeared or vanished (measured: 36 of 48 matched)
+    err = capsys.readouterr().err
+    assert "fp16_emulation" in err and "matched boxes" in err
 
 
 def test_a_detectors_recipe_sets_its_data_keys_and_they_go_with_it():
