@@ -69,6 +69,7 @@ class Recipe:
     bn_momentum: float | None  # BatchNorm momentum while training; None: the layers' own
     min_image_size: int  # the smallest sensible square input (train warns below it); not a config key
     image_size: int | None = None  # data.image_size the model trains at by default (a detector's); None: the config's
+    batch_size: int | None = None  # data.batch_size it trains with by default (a detector's); None: the config's
 
     def train_keys(self) -> dict:
         """The recipe as ``train.*`` config values."""
@@ -116,6 +117,7 @@ def register_model(
             fixed_input_size=fixed_input_size,
             description=doc[0] if doc else "",
             task=task,
+            **({"output_name": "head"} if task == "detection" else {}),  # a detector's raw head (pipeline.core.tasks)
         )
         _REGISTRY[name] = _Entry(builder=builder, spec=spec, recipe=recipe)
         return builder

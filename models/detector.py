@@ -11,6 +11,8 @@ sizes) and class-aware non-maximum suppression, which exports as ONNX ``NonMaxSu
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -86,7 +88,13 @@ class PostProcess(nn.Module):
         self.pre_nms, self.max_detections = pre_nms, max_detections
 
     def forward(self, head: torch.Tensor) -> torch.Tensor:
-        head = head.float()
+        # The tracer warns that the height and width become constants of the graph: by design (only the batch is a
+        # dynamic axis; the input size is the model card's), so those warnings are not the export's to report.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            return self._detect(head.float())
+
+    def _detect(self, head: torch.Tensor) -> torch.Tensor:
         n, _, h, w = head.shape
         c = self.num_classes
         heat = torch.sigmoid(head[:, :c])
@@ -130,6 +138,7 @@ class CenterNet(nn.Module):
 
     task = "detection"
     output_names = ("head", "detections")
+    output_name = "head"
 
     def __init__(self, body: nn.Module, channels: tuple[int, int, int], num_classes: int, width: int = 64):
         super().__init__()
@@ -185,7 +194,7 @@ class MobileNetBody(nn.Module):
 
 # Measured on the embedded detection set at 64x64 (docs/detection.md).
 RECIPE = Recipe(optimizer="adamw", lr=2e-3, momentum=0.9, weight_decay=1e-4, warmup_epochs=0.5, epochs=6,
-                bn_momentum=None, min_image_size=48, image_size=64)
+                bn_momentum=None, min_image_size=48, image_size=64, batch_size=16)
 
 
 @register_model(recipe=RECIPE, input_size=(3, 64, 64), num_classes=6, task="detection")

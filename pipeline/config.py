@@ -238,8 +238,9 @@ def recipe_layer(model_name: Any) -> dict:
     except models.UnknownModelError:
         return {}
     layer = {"train": recipe.train_keys()}
-    if recipe.image_size is not None:  # a detector's recipe names its input size too
-        layer["data"] = {"image_size": recipe.image_size}
+    data = {key: value for key in ("image_size", "batch_size") if (value := getattr(recipe, key)) is not None}
+    if data:  # a detector's recipe names its input size and batch size too
+        layer["data"] = data
     return layer
 
 
@@ -258,8 +259,13 @@ def _without_recipe(base: dict) -> dict:
     if not isinstance(train, dict):
         return base
     given = {key: TrainConfig.model_fields[key].default for key in models.RECIPE_KEYS}
-    given.update(recipe_layer(_model_name(base)).get("train", {}))
-    return {**base, "train": {k: v for k, v in train.items() if not (k in given and v == given[k])}}
+    layer = recipe_layer(_model_name(base))
+    given.update(layer.get("train", {}))
+    out = {**base, "train": {k: v for k, v in train.items() if not (k in given and v == given[k])}}
+    data, recipe_data = base.get("data"), layer.get("data", {})  # a detector's recipe sets data keys too
+    if isinstance(data, dict) and recipe_data:
+        out["data"] = {k: v for k, v in data.items() if not (k in recipe_data and v == recipe_data[k])}
+    return out
 
 
 def _user_layers(base: dict, config_file: str | None, overrides: list[str]) -> tuple[dict, dict]:

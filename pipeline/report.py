@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # annotations only
 HTML_NAME, MD_NAME = artifacts.REPORT_HTML, artifacts.REPORT_MD
 PLOTS = [
     (artifacts.CURVE, "Training curves"),
+    (artifacts.VERIFY_BOXES, "Validation images: the reference's boxes and a candidate's (a detector)"),
     (artifacts.LATENCY_PLOT, "Latency distribution"),
     (artifacts.THROUGHPUT_PLOT, "Throughput versus batch size"),
     (artifacts.PROFILE_PLOT, "Per-layer time by layer type and the precision it ran in (each CPU artifact)"),

@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 
 from pipeline.core import boxes, modeling, onnx_io, provenance, verdicts
-from pipeline.core.artifacts import FP32_ONNX, WEIGHTS
+from pipeline.core.artifacts import FP32_ONNX, VERIFY_BOXES, WEIGHTS
 from pipeline.core.errors import BackendUnavailable, CheckFailed, Inconclusive, StageFailed
 from pipeline.core.records import Learning
 from pipeline.core.run import RunDir, StageRecord, sha256_file
@@ -108,9 +108,12 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, auto_fallback: boo
     verify_report.log_batch_sizes(checks)
     conformance.verify_conformance(cfg, checks, candidates.gate_for)  # row independence, precision manifest
     verify_report.log_conformance(checks)
-    written = predictions.record(run_dir, checks, evidence)
+    # A detector's boxes are not kept per image yet (baseline/compare judge classifiers): docs/detection.md.
+    written = predictions.record(run_dir, checks, evidence) if getattr(evidence, "detection", None) is None else None
     if written is not None:
         record.artifact(written.name)
+    if getattr(evidence, "detection", None) is not None:
+        _draw_boxes(run_dir, record, card, checks, evidence)
     gated = verify_report.with_earlier_fallbacks(run_dir, hashes, gated)
     stability = _stability(cfg, run_dir, card, evidence, fp32_model, checks)
     verdict = candidates.verdict(checks, cfg.verify.inconclusive)
@@ -181,14 +184,32 @@ def _reference_quality(run_dir: RunDir, evidence: Evidence) -> dict:
                     "with it, not that they are any good", learning.line)
     quality = {"reference_accuracy": _reference_score(evidence),
                "reference_learned": learning.learned, "reference_learning": learning.line}
-    return {**quality, "reference_task": "detection"} if evidence.detection is not None else quality
+    return {**quality, "reference_task": "detection"} if getattr(evidence, "detection", None) is not None else quality
+
+
+def _draw_boxes(run_dir: RunDir, record: StageRecord, card: dict, checks: list[Check], evidence: Evidence) -> None:
+    """A detector's first validation images with the reference's boxes and a candidate's (report.html shows it)."""
+    from pipeline.reports import detection_plot
+
+    chk = detection_plot.chosen(checks)
+    if chk is None or chk.name not in evidence.outputs:
+        return
+    name = evidence.detection["detections"]
+    images = np.concatenate([f[next(iter(f))] for f in evidence.feeds])
+    reference = np.concatenate([r[name] for r in evidence.reference])
+    candidate = np.concatenate([o[name] for o in evidence.outputs[chk.name]])
+    spec = card["spec"]
+    detection_plot.draw(run_dir.file(VERIFY_BOXES), images, np.reshape(spec["mean"], (1, 1, -1)),
+                        np.reshape(spec["std"], (1, 1, -1)), reference, candidate, chk.name, card.get("classes", []),
+                        evidence.detection["rules"]["min_score"])
+    record.artifact(VERIFY_BOXES)
 
 
 def _reference_score(evidence: Evidence) -> float | None:
     """The reference's accuracy on the labels, or for a detector its mAP@0.5:0.95 on the ground-truth boxes."""
     if not len(evidence.labels):
         return None
-    if evidence.detection is not None:
+    if getattr(evidence, "detection", None) is not None:
         dets = np.concatenate([r[evidence.detection["detections"]] for r in evidence.reference])
         return boxes.coco_map(list(dets), list(evidence.labels), evidence.detection["classes"])["map"]
     top1 = np.concatenate([r[evidence.output_name] for r in evidence.reference]).argmax(1)

@@ -244,6 +244,7 @@ class _TinyDetector(nn.Module):
 
     task = "detection"
     output_names = ("head", "detections")
+    output_name = "head"
 
     def __init__(self, num_classes: int):
         from models.detector import PostProcess

@@ -71,6 +71,7 @@ QAT_CURVE = "qat_curve.png"
 VERIFY_JSON = "verify.json"
 VERIFY_MD = "verify.md"
 VERIFY_JUNIT = "verify.junit.xml"
+VERIFY_BOXES = "verify_boxes.png"  # a detector's validation images, reference and candidate boxes (docs/detection.md)
 VERIFY_PREDICTIONS = "verify.predictions.npz"  # each candidate's top-5 classes and logits per image (baseline/compare)
 
 # benchmark

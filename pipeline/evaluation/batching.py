@@ -99,7 +99,7 @@ def _judged(run: dict, evidence, gate: dict, size: int, count: int) -> dict:
     outputs = run["outputs"]
     reference = rebatch(_first(evidence.reference, evidence.output_name, count), evidence.output_name, size)
     labels = evidence.labels[:count]
-    if evidence.detection is not None:  # a detector: its raw head's tensor check (boxes: at the main batch size)
+    if getattr(evidence, "detection", None) is not None:  # a detector: its head's tensor check (boxes: main size)
         return _judged_head(outputs, reference, evidence, gate, len(labels))
     judged = criteria.judge(outputs, reference, labels, gate, evidence.output_name, evidence.confidence)
     tensor, task = judged["tensor_check"], judged["task_check"]

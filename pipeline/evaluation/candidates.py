@@ -106,7 +106,7 @@ def _judge(chk: Check, ctx: Context, evidence: Evidence, gate: dict, batch_feeds
     if problem:
         return {"status": Status.ERROR, "reason": problem}
     evidence.outputs[chk.name] = outputs  # the last judged outputs (after a fallback: the replacement's)
-    if evidence.detection is not None:  # the task plug: boxes (pipeline.precision.detection_gate)
+    if getattr(evidence, "detection", None) is not None:  # the task plug: boxes (pipeline.precision.detection_gate)
         d = evidence.detection
         result = detection_gate.judge(outputs, evidence.reference, evidence.labels, gate, evidence.output_name,
                                       d["detections"], d["classes"], d["rules"], evidence.confidence)
@@ -132,7 +132,7 @@ def _output_problem(chk: Check, outputs: list[dict], evidence: Evidence) -> str:
     name = evidence.output_name
     if name not in outputs[0]:
         return verify_report.wrong_outputs(list(outputs[0]), name)
-    if evidence.detection is not None and evidence.detection["detections"] not in outputs[0]:
+    if getattr(evidence, "detection", None) is not None and evidence.detection["detections"] not in outputs[0]:
         return verify_report.wrong_outputs(list(outputs[0]), evidence.detection["detections"])
     got, want = tuple(outputs[0][name].shape[1:]), tuple(evidence.reference[0][name].shape[1:])
     if got != want:

@@ -207,7 +207,7 @@ def _fallback_section(fb: dict, plug) -> Section:
                    paragraphs=(text,), level=3)
 
 
-def _batch_section(candidates: list[dict]) -> Section | None:
+def _batch_section(candidates: list[dict], boxes: bool = False) -> Section | None:
     """Each candidate at every batch size the artifact serves (pipeline/batching.py), where that check ran."""
     rows = tuple(_row(c["name"], f"{r['batch_size']} ({', '.join(r['profile'])})",
                       Cell(r["status"], status=r["status"], note=r.get("reason") or ""), r.get("scaled_error"),
@@ -215,8 +215,9 @@ def _batch_section(candidates: list[dict]) -> Section | None:
                  for c in candidates for r in c.get("batch_sizes") or [] if "batch_size" in r)
     if not rows:
         return None
+    last = "boxes: at the main batch size" if boxes else "top-1 agreement"  # a detector's: its head's tensor check
     return Section("Batch sizes served", level=3, tables=(Table(("candidate", "batch size", "status", "scaled err",
-                                                                  "max abs err", "top-1 agreement"), rows),))
+                                                                  "max abs err", last), rows),))
 
 
 def _conformance_section(candidates: list[dict]) -> Section | None:
@@ -265,7 +266,7 @@ def verify_sections(payload: dict) -> list[Section]:
         sections.append(images)
     stability = stability_sections(payload.get("stability"))
     sections += stability
-    batches = _batch_section(payload["candidates"])
+    batches = _batch_section(payload["candidates"], boxes)
     if batches:
         sections.append(batches)
     conformance = _conformance_section(payload["candidates"])

@@ -494,8 +494,9 @@ class Trainer:
                    "best_epoch_val_acc_before": best.get("val_acc_before_precise_bn"),
                    "best_epoch_val_acc_after": best.get("val_acc") if done else None}
         if done and best.get("val_acc_before_precise_bn") is not None:
-            log.info("train: precise BatchNorm statistics (%d layers, %d batches per epoch): val acc of the exported "
-                     "weights (epoch %d) %.2f%% -> %.2f%%", self.bn_layers, details["batches"], best_epoch,
+            log.info("train: precise BatchNorm statistics (%d layers, %d batches per epoch): %s of the exported "
+                     "weights (epoch %d) %.2f%% -> %.2f%%", self.bn_layers, details["batches"],
+                     "val mAP@0.5:0.95" if self.detection else "val acc", best_epoch,
                      100 * details["best_epoch_val_acc_before"], 100 * details["best_epoch_val_acc_after"])
         return details
 
