@@ -408,8 +408,10 @@ def open_run(cfg: Config, run_dir: str | Path, *, save=None, reads_trained: bool
     command succeeds (or at once in a new run directory), so the overrides of a failed command never
     become the next run's config. A second process on the same directory gets a :class:`UsageError`.
     """
+    from pipeline import config as config_mod
     from pipeline.core import modeling
 
+    config_mod.check_machine(cfg)  # threads against the cores, data against the memory: before any work
     refuse_foreign(run_dir)  # a folder of the user's: refused before anything in it is read or written
     if reads_trained:  # a stage after train: the run's card is checked before a model file is imported
         modeling.check_card_first(cfg, run_dir)
