@@ -263,7 +263,7 @@ def test_compare_refuses_verify_files_that_are_not_the_ones_verify_wrote(bundled
     run, bundle = bundled
     report = json.loads((run / "verify.json").read_text())
     (run / "verify.json").write_text(json.dumps({**report, "created": "edited"}))
-    _assert_one_line(*_compare(run, bundle, capsys), "verify.json is not the file verify wrote")
+    _assert_one_line(*_compare(run, bundle, capsys), "verify.json is not the report of a verify that finished here")
 
 
 EMPTIED = [("no artifacts", _set("artifacts", []), None, "artifacts: list should have at least 1 item"),

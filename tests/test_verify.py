@@ -11,7 +11,7 @@ import jsonschema
 import numpy as np
 import pytest
 
-from conftest import BF16_ON, FAULTS, ROOT, TINY, cli
+from conftest import BF16_ON, FAULTS, ROOT, TINY, cli, listed
 from pipeline import config, verify
 from pipeline.core import artifacts
 from pipeline.evaluation import candidates
@@ -377,6 +377,7 @@ def test_disabled_tensorrt_candidate_never_loads_the_engine(clone_run, monkeypat
     run = clone_run()
     fake_tensorrt(monkeypatch)
     (run / tensorrt_engine.FP16_ENGINE).write_bytes(b"an engine without a sidecar: loading it is refused")
+    listed(run, tensorrt_engine.FP16_ENGINE)  # where build writes it
     assert cli("verify", "--run-dir", run, "verify.candidates.tensorrt_fp16.enabled=false") == 0
     trt = next(c for c in report(run)["candidates"] if c["name"] == "tensorrt_fp16")
     assert trt["status"] == "skipped" and trt["reason"] == "disabled (verify.candidates.tensorrt_fp16.enabled=false)"
@@ -388,6 +389,7 @@ def test_fallback_loads_the_engine_once_and_marks_it_stale(trained, tmp_path, mo
     run = copy(trained("cancellation"), tmp_path)
     fake_tensorrt(monkeypatch)
     (run / tensorrt_engine.FP16_ENGINE).write_bytes(b"engine")
+    listed(run, tensorrt_engine.FP16_ENGINE)  # where build writes it
     sidecar = {"onnx": "model.fp16.onnx", "onnx_sha256": sha256_file(run / "model.fp16.onnx"), "precision": "fp16",
                "profile": {"min": [1], "max": [64]}}
     loads = []
