@@ -144,8 +144,11 @@ def _export_summary(entry: dict) -> str:
     export = records.from_entry(records.ExportRecord, entry) or records.ExportRecord()
     graphs = {p: export.graph(p) for p in PRECISIONS}
     shares = [f"{p.upper()} {100 * g.fraction:.1f}%" for p, g in graphs.items() if g and g.fraction is not None]
+    accepted = (f"; accepted {len(export.accepted_trace_warnings)} exporter warning(s) that the graph may differ "
+                f"from the model (export.accept_trace_warnings): {export.accepted_trace_warnings[0]}"
+                if export.accepted_trace_warnings else "")
     return f"opset {export.opset}, {export.exporter}" + (f"; {', '.join(shares)} of the nodes or matrix ops "
-                                                         "in that precision" if shares else "")
+                                                         "in that precision" if shares else "") + accepted
 
 
 def _verify_summary(entry: dict) -> str:

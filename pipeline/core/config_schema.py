@@ -190,6 +190,9 @@ class ExportConfig(Section):
     opset: int = Field(18, ge=17, le=23, description="ONNX opset (>= 17 keeps LayerNormalization one op)")
     exporter: Literal["torchscript", "dynamo"] = Field("torchscript", description="torch.onnx exporter")
     dynamic_batch: bool = Field(True, description="dynamic batch axis")
+    accept_trace_warnings: bool = Field(False, description="accept an exporter warning that the graph may differ "
+                                        "from the model (a tensor turned into a Python value, control flow traced as "
+                                        "a constant); false: export fails (exit 1) naming the model's source line")
     fp16: FP16Config = FP16Config()
     bf16: BF16Config = BF16Config()
     int8: INT8Config = INT8Config()

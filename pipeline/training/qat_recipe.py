@@ -245,7 +245,8 @@ def export_int8(cfg: Config, run_dir: RunDir, card: dict, model, template: onnx.
         with qat.quantizers_off(model):
             export_onnx(model, torch.from_numpy(images[:2]), fp32_path, opset=ec.opset, exporter=ec.exporter,
                         input_name=spec["input_name"], output_name=spec["output_name"],
-                        dynamic_batch=ec.dynamic_batch, weights_sha256=weights_sha256)
+                        dynamic_batch=ec.dynamic_batch, weights_sha256=weights_sha256,
+                        accept_trace_warnings=ec.accept_trace_warnings)
         report = int8.quantize(fp32_path, np.ascontiguousarray(images), spec["input_name"], ic, quantized, [],
                                list(fp32_nodes))
         graph = onnx.load(str(quantized))
