@@ -21,7 +21,7 @@ from pipeline.core import modeling, onnx_io
 from pipeline.core.artifacts import CALIBRATION, FP32_ONNX, WEIGHTS
 from pipeline.core.data import validation_batch
 from pipeline.core.run import RunDir, StageRecord, sha256_file
-from pipeline.core.torch_onnx import ACCEPT_KEY, export_onnx, graph_may_differ
+from pipeline.core.torch_onnx import ACCEPT_KEY, export_onnx
 from pipeline.precision import fallback, int8, plugs
 from pipeline.training import qat_recipe
 
@@ -47,10 +47,10 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord) -> None:
                                   input_name=spec["input_name"], output_name=spec["output_name"],
                                   dynamic_batch=ec.dynamic_batch, weights_sha256=weights_sha256,
                                   accept_trace_warnings=ec.accept_trace_warnings)
-    accepted = [m for m in tracer_warnings if graph_may_differ(*m.split(": ", 1))]
-    for message in tracer_warnings[:3]:
-        log.warning("export: exporter warning%s: %s", f" accepted ({ACCEPT_KEY})" if message in accepted else "",
-                    message.splitlines()[0])
+    accepted = [w.text for w in tracer_warnings if w.differs]  # export_onnx refuses them unless the setting is on
+    for warned in tracer_warnings[:3]:
+        log.warning("export: exporter warning%s: %s", f" accepted ({ACCEPT_KEY})" if warned.differs else "",
+                    warned.text)
     exported = onnx.load(str(path))
     record.details.update({
         "exporter": f"torch.onnx.export(dynamo={ec.exporter == 'dynamo'}) {ec.exporter}",
@@ -62,7 +62,7 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord) -> None:
         "output": spec["output_name"],
         "nodes": len(exported.graph.node),
         "checker": "onnx.checker.check_model(full_check=True) passed",
-        "exporter_warnings": tracer_warnings,
+        "exporter_warnings": [w.text for w in tracer_warnings],
         "accepted_trace_warnings": accepted,  # the graph may differ from the model: accepted by the setting
     })
     record.artifact(FP32_ONNX)

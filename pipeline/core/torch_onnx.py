@@ -6,6 +6,7 @@ from __future__ import annotations
 import linecache
 import logging
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -23,21 +24,35 @@ GRAPH_MAY_DIFFER = ("might cause the trace to be incorrect", "registered as cons
 ACCEPT_KEY = "export.accept_trace_warnings"
 
 
-def graph_may_differ(category: str, message: str) -> bool:
-    """Whether an exporter warning means the exported graph may compute something other than the model."""
-    return category == "TracerWarning" and any(phrase in message for phrase in GRAPH_MAY_DIFFER)
+TORCH_SOURCE = str(Path(torch.__file__).parent)  # torch's own modules (nn.TransformerEncoder's fast-path checks)
 
 
-def _described(w: warnings.WarningMessage) -> str:
-    """``Category: message (file:line: the line)``: the model's source line the warning points at."""
+def graph_may_differ(category: str, message: str, filename: str = "") -> bool:
+    """Whether an exporter warning means the exported graph may compute something other than the model: a tracer
+    warning of that kind raised in the model's own code (``filename``), not in torch's modules."""
+    return (category == "TracerWarning" and any(phrase in message for phrase in GRAPH_MAY_DIFFER)
+            and not filename.startswith(TORCH_SOURCE))
+
+
+@dataclass(frozen=True)
+class ExporterWarning:
+    """One warning of the exporter: ``Category: message (file:line: the line)``, and whether it means the graph may
+    differ from the model (:func:`graph_may_differ`)."""
+
+    text: str
+    differs: bool
+
+
+def _described(w: warnings.WarningMessage) -> ExporterWarning:
     line = linecache.getline(w.filename, w.lineno).strip()
     where = f"{w.filename}:{w.lineno}" + (f": {line}" if line else "")
-    return f"{w.category.__name__}: {first_line(w.message)} ({where})"
+    return ExporterWarning(f"{w.category.__name__}: {first_line(w.message)} ({where})",
+                           graph_may_differ(w.category.__name__, str(w.message), w.filename))
 
 
 def export_onnx(model: torch.nn.Module, example: torch.Tensor, path: Path, *, opset: int, exporter: str,
                 input_name: str, output_name: str, dynamic_batch: bool, weights_sha256: str = "",
-                accept_trace_warnings: bool = False) -> list[str]:
+                accept_trace_warnings: bool = False) -> list[ExporterWarning]:
     """Export ``model`` to ``path`` (atomically, stamped with ``weights_sha256``); returns the exporter's warnings.
     A warning that the graph may differ from the model (:func:`graph_may_differ`) fails the export (exit 1, naming
     the model's source line, nothing written) unless ``accept_trace_warnings``."""
@@ -61,7 +76,7 @@ def export_onnx(model: torch.nn.Module, example: torch.Tensor, path: Path, *, op
         except Exception as exc:
             raise StageFailed(f"torch.onnx.export ({exporter}) failed: {type(exc).__name__}: "
                               f"{first_line(exc)}") from None
-        differ = [_described(w) for w in caught if graph_may_differ(w.category.__name__, str(w.message))]
+        differ = [w.text for w in map(_described, caught) if w.differs]
         if differ and not accept_trace_warnings:
             more = f" (and {len(differ) - 1} more)" if len(differ) > 1 else ""
             raise CheckFailed(f"the exported graph may differ from the model: {differ[0]}{more}; the trace keeps only "
