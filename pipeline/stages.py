@@ -358,9 +358,7 @@ def fingerprint(stage: Stage, cfg: Config, run: RunDir, options: dict | None = N
         "upstream_runs": {name: (run.stage_entry(name) or {}).get("run_id") for name in stage.after},
     }
     if "data" in stage.config_keys:  # the data's content, not only its config: a new class folder re-trains
-        from pipeline.core.data import content_summary
-
-        payload["data"] = content_summary(cfg.data, run.file(a.DATA_DIGESTS) if run.is_locked else None)
+        payload["data"] = _data_summary(cfg, run)
     if stage.name in ("benchmark", "compare"):
         from pipeline.reports.verify_report import read_policy, read_verdicts
 
@@ -369,6 +367,20 @@ def fingerprint(stage: Stage, cfg: Config, run: RunDir, options: dict | None = N
     if stage.name == "compare":
         payload["compare"] = _compare_inputs(stage, cfg, run, options)
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _data_summary(cfg: Config, run: RunDir) -> dict:
+    """The data's content summary (:func:`pipeline.core.data.content_summary`); while this command holds the run's
+    lock, made once per data config (the data does not change under one command: `all` asks for it per stage) and
+    cached by its files' digests in the run's data.digests.json."""
+    from pipeline.core.data import content_summary
+
+    if not run.is_locked:
+        return content_summary(cfg.data)
+    key = json.dumps(cfg.data.model_dump(mode="json"), sort_keys=True)
+    if key not in run.memo:
+        run.memo[key] = content_summary(cfg.data, run.file(a.DATA_DIGESTS))
+    return run.memo[key]
 
 
 def _compare_inputs(stage: Stage, cfg: Config, run: RunDir, options: dict | None) -> dict:

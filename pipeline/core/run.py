@@ -533,6 +533,7 @@ class RunDir:
             raise InputError(f"{self.path} is not a run directory (it has no {MANIFEST}); run `python -m pipeline "
                              f"all --run-dir {self.path}` first")
         self._lock_fd: int | None = None
+        self.memo: dict = {}  # what one command computes once while it holds the lock (the data's summary)
         # what config.yaml gets when the command succeeds (pipeline.stages.open_run)
         self.config_to_save: Config | None = None
         self.manifest = self._load_manifest()
@@ -674,6 +675,7 @@ class RunDir:
                 if _LOCKED.get(root) is self:
                     del _LOCKED[root]
             self._lock_fd = None
+            self.memo.clear()
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
 
