@@ -169,6 +169,10 @@ def _saved_config(directory: Path | None) -> dict:
     """A run directory's config.yaml ({} where there is none): the layer below ``--config`` and the overrides."""
     from pipeline import config as config_mod
 
+    if directory is not None:
+        from pipeline.core.run import check_path_length
+
+        check_path_length(directory)  # a name too long for the file system: exit 2 here, not an OSError below
     if directory is not None and (directory / CONFIG).is_file():
         from pipeline.core.run import refuse_foreign
 

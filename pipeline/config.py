@@ -347,3 +347,40 @@ def describe() -> list[tuple[str, Any, str]]:
 
     walk(TableConfig, TableConfig().to_dict(), "")
     return rows
+
+
+# --------------------------------------------------------------------------- ranges that depend on the machine
+
+THREADS_PER_CORE = 4  # benchmark.threads: more than this many per usable core only oversubscribes (and 100,000 crashed)
+SYNTHETIC_SHARE = 4  # the synthetic set (float32 images) may take at most a quarter of the machine's memory
+
+
+def machine_problems(cfg: Config, cores: int, memory: int | None) -> list[str]:
+    """The settings this machine cannot honour, one line each (empty: none), checked before any work: threads
+    against its ``cores``, the synthetic set's size against its ``memory`` in bytes (None: not known, not checked)."""
+    problems = []
+    threads = cfg.benchmark.threads
+    if threads is not None and threads > THREADS_PER_CORE * cores:
+        problems.append(f"benchmark.threads: {threads} is more than {THREADS_PER_CORE} per usable core of this machine "
+                        f"({cores} cores: at most {THREADS_PER_CORE * cores})")
+    if cfg.data.workers > THREADS_PER_CORE * cores:
+        problems.append(f"data.workers: {cfg.data.workers} is more than {THREADS_PER_CORE} per usable core of this "
+                        f"machine ({cores} cores: at most {THREADS_PER_CORE * cores})")
+    if cfg.data.source == "synthetic" and memory:
+        size = cfg.data.image_size or 224  # null: the model's own, at most a usual 224
+        need = cfg.data.num_classes * cfg.data.samples_per_class * 3 * size * size * 4
+        if need > memory // SYNTHETIC_SHARE:
+            most = memory // SYNTHETIC_SHARE // (cfg.data.num_classes * 3 * size * size * 4)
+            problems.append(f"data.samples_per_class: {cfg.data.num_classes} classes x {cfg.data.samples_per_class} "
+                            f"synthetic images at {size}x{size} take {need / 2**30:.3g} GiB, more than a quarter of "
+                            f"this machine's {memory / 2**30:.3g} GiB of memory (at most {most} per class here)")
+    return problems
+
+
+def check_machine(cfg: Config) -> None:
+    """:func:`machine_problems` on this machine: one :class:`ConfigError` (exit 2) listing them, before any work."""
+    from pipeline.core import env
+
+    problems = machine_problems(cfg, env.usable_cores(), env.memory_bytes())
+    if problems:
+        raise ConfigError(problems)

@@ -22,7 +22,7 @@ from pipeline.core import modeling, onnx_io, tasks
 from pipeline.core.artifacts import CALIBRATION, CALIBRATION_IMAGES, FP32_ONNX, WEIGHTS
 from pipeline.core.data import validation_batch
 from pipeline.core.run import RunDir, StageRecord, sha256_file
-from pipeline.core.torch_onnx import export_onnx
+from pipeline.core.torch_onnx import ACCEPT_KEY, export_onnx
 from pipeline.precision import fallback, int8, plugs
 from pipeline.training import qat_recipe
 
@@ -48,9 +48,12 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord) -> None:
     tracer_warnings = export_onnx(model, torch.from_numpy(examples), path, opset=ec.opset, exporter=ec.exporter,
                                   input_name=spec["input_name"], output_name=spec["output_name"],
                                   dynamic_batch=ec.dynamic_batch, weights_sha256=weights_sha256,
-                                  extra_outputs=tasks.of(spec).extra_outputs)
-    for message in tracer_warnings[:3]:
-        log.warning("export: exporter warning (verify will show whether it matters): %s", message.splitlines()[0])
+                                  extra_outputs=tasks.of(spec).extra_outputs,
+                                  accept_trace_warnings=ec.accept_trace_warnings)
+    accepted = [w.text for w in tracer_warnings if w.differs]  # export_onnx refuses them unless the setting is on
+    for warned in tracer_warnings[:3]:
+        log.warning("export: exporter warning%s: %s", f" accepted ({ACCEPT_KEY})" if warned.differs else "",
+                    warned.text)
     exported = onnx.load(str(path))
     record.details.update({
         "exporter": f"torch.onnx.export(dynamo={ec.exporter == 'dynamo'}) {ec.exporter}",
@@ -62,7 +65,8 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord) -> None:
         "output": spec["output_name"],
         "nodes": len(exported.graph.node),
         "checker": "onnx.checker.check_model(full_check=True) passed",
-        "exporter_warnings": tracer_warnings,
+        "exporter_warnings": [w.text for w in tracer_warnings],
+        "accepted_trace_warnings": accepted,  # the graph may differ from the model: accepted by the setting
     })
     record.artifact(FP32_ONNX)
 

@@ -159,8 +159,11 @@ def _export_summary(entry: dict) -> str:
     export = records.from_entry(records.ExportRecord, entry) or records.ExportRecord()
     graphs = {p: export.graph(p) for p in PRECISIONS}
     shares = [f"{p.upper()} {100 * g.fraction:.1f}%" for p, g in graphs.items() if g and g.fraction is not None]
+    accepted = (f"; accepted {len(export.accepted_trace_warnings)} exporter warning(s) that the graph may differ "
+                f"from the model (export.accept_trace_warnings): {export.accepted_trace_warnings[0]}"
+                if export.accepted_trace_warnings else "")
     return f"opset {export.opset}, {export.exporter}" + (f"; {', '.join(shares)} of the nodes or matrix ops "
-                                                         "in that precision" if shares else "")
+                                                         "in that precision" if shares else "") + accepted
 
 
 def _verify_summary(entry: dict) -> str:
@@ -507,12 +510,24 @@ def fingerprint(stage: Stage, cfg: Config, run: RunDir, options: dict | None = N
         "upstream_runs": {name: (run.stage_entry(name) or {}).get("run_id") for name in stage.after},
     }
     if "data" in stage.config_keys:  # the data's content, not only its config: a new class folder re-trains
-        from pipeline.core.data import content_summary
-
-        payload["data"] = content_summary(cfg.data, run.file(a.DATA_DIGESTS) if run.is_locked else None)
+        payload["data"] = _data_summary(cfg, run)
     if stage.reads is not None:
         payload.update(stage.reads(stage, cfg, run, options))
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _data_summary(cfg: Config, run: RunDir) -> dict:
+    """The data's content summary (:func:`pipeline.core.data.content_summary`); while this command holds the run's
+    lock, made once per data config (the data does not change under one command: `all` asks for it per stage) and
+    cached by its files' digests in the run's data.digests.json."""
+    from pipeline.core.data import content_summary
+
+    if not run.is_locked:
+        return content_summary(cfg.data)
+    key = json.dumps(cfg.data.model_dump(mode="json"), sort_keys=True)
+    if key not in run.memo:
+        run.memo[key] = content_summary(cfg.data, run.file(a.DATA_DIGESTS))
+    return run.memo[key]
 
 
 def up_to_date(stage: Stage, cfg: Config, run: RunDir) -> tuple[bool, str]:
@@ -545,8 +560,10 @@ def open_run(cfg: Config, run_dir: str | Path, *, save=None, reads_trained: bool
     command succeeds (or at once in a new run directory), so the overrides of a failed command never
     become the next run's config. A second process on the same directory gets a :class:`UsageError`.
     """
+    from pipeline import config as config_mod
     from pipeline.core import modeling
 
+    config_mod.check_machine(cfg)  # threads against the cores, data against the memory: before any work
     refuse_foreign(run_dir)  # a folder of the user's: refused before anything in it is read or written
     if reads_trained:  # a stage after train: the run's card is checked before a model file is imported
         modeling.check_card_first(cfg, run_dir)

@@ -453,8 +453,15 @@ def test_baseline_out_below_a_file_is_exit_2_in_one_line(bundled, tmp_path, caps
 
 
 IMPOSSIBLE = [
-    ("negative latencies", _set("latency.0.samples_ms", [-1.0] * 30), None, "input should be greater than 0"),
-    ("a zero latency", _set("latency.0.samples_ms", [0.0] * 30), None, "input should be greater than 0"),
+    ("negative latencies", _set("latency.0.samples_ms", [-1.0] * 30), None,
+     "input should be greater than or equal to 0.000001"),
+    ("a zero latency", _set("latency.0.samples_ms", [0.0] * 30), None,
+     "input should be greater than or equal to 0.000001"),
+    # issue 46: 1e-300 ms printed 300-digit ratios, 1e300 ms silently disabled the latency check
+    ("a 1e-300 ms latency", _set("latency.0.samples_ms", [1e-300] * 30), None,
+     "input should be greater than or equal to 0.000001"),
+    ("a 1e300 ms latency", _set("latency.0.samples_ms", [1e300] * 30), None,
+     "input should be less than or equal to 3600000"),
     ("an infinite latency", lambda meta: json.dumps(meta).replace('"samples_ms": [', '"samples_ms": [1e999, ', 1),
      None, "latency.0.samples_ms.0: input should be a finite number"),
     ("NaN in the JSON", lambda meta: json.dumps(meta).replace('"samples_ms": [', '"samples_ms": [NaN, ', 1),
@@ -519,3 +526,13 @@ def test_bundle_text_is_shown_printable(bundled, capsys):
     assert "\x1b" not in (run / "compare.junit.xml").read_text()
     _edit(bundle, _set("environment.tensorrt", "x" * 5000))
     _assert_one_line(*_compare(run, bundle, capsys), "environment.tensorrt: string should have at most 256")
+
+
+@pytest.mark.parametrize("value,shown", [(2.2345, "2.23"), (1e-12 / 3.6, "2.78e-13"), (3.6e12, "3.6e+12"), (1.0, "1")])
+def test_ratios_print_with_three_significant_digits(value, shown):
+    from pipeline.reports import compare_report
+
+    assert compare_report.ratio(value) == shown
+    reason = compare_report.latency_reason({"baseline_p50_ms": 1e-6, "run_p50_ms": 3.6e6, "ratio": value,
+                                            "ci_low": value, "ci_high": value, "threshold": 3.0})
+    assert len(reason) < 120, reason

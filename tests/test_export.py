@@ -181,9 +181,10 @@ def test_the_calibration_methods_a_fallback_file_may_name_are_the_configs():
 
 
 def test_export_refuses_a_hand_edited_fallback_file_in_one_line(clone_run, capsys):
-    from conftest import cli
+    from conftest import cli, listed
 
     run = clone_run()
+    listed(run, "fp16_fallback.json")  # a file verify --auto-fallback or tune wrote, then edited by hand
     cases = [({"nodes": ["/not/a/node"]}, ("1 name(s) in 'nodes' are not nodes of the FP32 graph (model.onnx): "
                                            "/not/a/node;")),
              ({"nodes": 5}, "not a valid FP16 fallback list: nodes: input should be a valid list (got 5)")]
@@ -205,9 +206,10 @@ def test_many_raised_names_cost_one_pattern_not_one_per_name(clone_run):
     """The hang's cause: AutoCast and ModelOpt try each nodes_to_exclude pattern on each node with re.match, which
     compiles again past 512 patterns; one pattern per listed name made export nodes x names compilations (a 13 MB
     fp16_fallback.json: > 300 s). Real names, repeated 20,000 times (within the file's bounds): one pattern."""
-    from conftest import cli
+    from conftest import cli, listed
 
     run = clone_run()
+    listed(run, "fp16_fallback.json")  # a file verify --auto-fallback or tune wrote, then edited by hand
     names = [n.name for n in onnx.load(str(run / "model.onnx")).graph.node if n.op_type in ("Conv", "Gemm")]
     (run / "fp16_fallback.json").write_text(json.dumps({"nodes": names * (20_000 // len(names))}))
     assert cli("-q", "export", "--run-dir", run) == 0

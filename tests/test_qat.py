@@ -118,7 +118,7 @@ def test_distillation_is_zero_when_the_student_is_the_teacher():
 # --------------------------------------------------------------------------- the stage
 
 
-def test_qat_writes_ptqs_form_records_it_and_export_rebuilds_it(trained, tmp_path):
+def test_qat_writes_ptqs_form_records_it_and_export_rebuilds_it(trained, tmp_path, capsys):
     run = copy_run(trained("tiny_cnn"), tmp_path)
     ptq = onnx.load(str(run / "model.int8.onnx"))
     assert cli("qat", "--run-dir", run, *TRAINED) == 0
@@ -142,6 +142,23 @@ def test_qat_writes_ptqs_form_records_it_and_export_rebuilds_it(trained, tmp_pat
     before = sha256_file(run / "model.int8.onnx")
     assert cli("export", "--run-dir", run) == 0  # rebuilt from the checkpoint, not PTQ
     assert sha256_file(run / "model.int8.onnx") == before
+
+    # issue 46: a QAT entry naming train's checkpoint (a valid file, its sha256 given), or train's checkpoint copied
+    # in place of QAT's with its sha256: exit 2 in one line, never a raw state-dict error (exit 4)
+    fallback_path, kept = run / "int8_fallback.json", (run / "int8_fallback.json").read_text()
+    named = json.loads(kept)
+    named["qat"].update(checkpoint=artifacts.CHECKPOINT, checkpoint_sha256=sha256_file(run / artifacts.CHECKPOINT))
+    copied = json.loads(kept)
+    shutil.copyfile(run / artifacts.CHECKPOINT, run / artifacts.QAT_BEST_CHECKPOINT)
+    copied["qat"]["checkpoint_sha256"] = sha256_file(run / artifacts.QAT_BEST_CHECKPOINT)
+    for edited, said in ((named, "qat.checkpoint"), (copied, "does not hold QAT's fine-tuned weights")):
+        fallback_path.write_text(json.dumps(edited))
+        capsys.readouterr()
+        assert cli("export", "--run-dir", run) == 2
+        err = capsys.readouterr().err
+        errors = [line for line in err.splitlines() if line.startswith("error:")]  # the rest: export's progress
+        assert len(errors) == 1 and said in errors[0] and "Traceback" not in err, err
+    fallback_path.write_text(kept)
 
     (run / artifacts.QAT_BEST_CHECKPOINT).unlink()  # a missing checkpoint is an input error, not a silent PTQ
     assert cli("export", "--run-dir", run) == 2

@@ -133,3 +133,81 @@ def test_a_baseline_bundle_with_a_key_given_twice_is_refused(tmp_path):
     path.write_text('{"schema": "pipeline.baseline/2", "schema": "pipeline.baseline/2"}')
     with pytest.raises(InputError, match="given twice"):
         bundle_schema.read_meta(path, "baseline")
+
+
+# --------------------------------------------------------------------------- every numeric setting has a range
+
+
+def _numeric_keys() -> list[tuple[str, object]]:
+    """Every config key that takes a number or a list of numbers, with a small value it accepts."""
+    from pipeline import config as config_mod
+
+    keys = []
+    for key, _default, _ in config_mod.describe():
+        for small in (1, 0.5, [1], [0.5]):
+            try:
+                config_mod.resolve({}, overrides=[f"{key}={json.dumps(small)}"])
+            except ConfigError:
+                continue
+            keys.append((key, small))
+            break
+    return keys
+
+
+def test_every_numeric_setting_has_an_upper_bound():
+    from pipeline import config as config_mod
+
+    keys = _numeric_keys()
+    assert len(keys) > 60, keys  # the walk found the numeric keys (a regression in it would pass vacuously)
+    unbounded = []
+    for key, small in keys:
+        huge = [10**40] if isinstance(small, list) else 10**40
+        if isinstance(small, float) or small == [0.5]:
+            huge = [1e300] if isinstance(small, list) else 1e300
+        try:
+            config_mod.resolve({}, overrides=[f"{key}={json.dumps(huge)}"])
+        except ConfigError:
+            continue
+        unbounded.append(key)
+    assert unbounded == [], f"settings without an upper bound: {unbounded}"
+
+
+@given(cores=st.integers(1, 512), threads=st.integers(1, 4096))
+def test_threads_are_bounded_by_a_small_multiple_of_the_cores(cores, threads):
+    from pipeline import config as config_mod
+
+    cfg = config_mod.resolve({}, overrides=[f"benchmark.threads={threads}"])
+    problems = config_mod.machine_problems(cfg, cores, None)
+    assert bool(problems) == (threads > config_mod.THREADS_PER_CORE * cores), problems
+
+
+@given(per_class=st.integers(2, 10**7), memory=st.integers(1 << 20, 1 << 40))
+def test_the_synthetic_set_is_bounded_by_the_memory(per_class, memory):
+    from pipeline import config as config_mod
+
+    cfg = config_mod.resolve({}, overrides=[f"data.samples_per_class={per_class}", "data.image_size=32"])
+    need = 10 * per_class * 3 * 32 * 32 * 4
+    assert bool(config_mod.machine_problems(cfg, 4, memory)) == (need > memory // config_mod.SYNTHETIC_SHARE)
+
+
+@pytest.mark.parametrize("setting", ["data.samples_per_class=100000000000", "benchmark.threads=100000",
+                                     "benchmark.threads=4096", "train.epochs=100000000000000000000000",
+                                     "data.workers=100000"])
+def test_an_impossible_setting_is_refused_before_any_work(tmp_path, capsys, monkeypatch, setting):
+    from pipeline.core import env
+
+    monkeypatch.setattr(env, "usable_cores", lambda: 2)  # 4096 threads: more than 4 per core of a 2-core machine
+    run = tmp_path / "run"
+    capsys.readouterr()
+    assert cli("train", "--model", "tiny_cnn", "--run-dir", run, setting) == EXIT_USAGE
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: config: " + setting.split("=")[0]) and len(err.splitlines()) == 1, err
+    assert not run.exists()
+
+
+@pytest.mark.parametrize("command", ["train", "report", "export"])
+def test_a_300_character_run_directory_name_is_exit_2_before_anything_is_made(tmp_path, capsys, command):
+    run = tmp_path / ("x" * 300)
+    err = _one_line_exit_2(capsys, command, "--run-dir", run)
+    assert "more than the 255" in err, err
+    assert list(tmp_path.iterdir()) == []

@@ -179,7 +179,10 @@ def test_a_new_class_folder_changes_every_data_stage_fingerprint(folder_run, tmp
     after = {name: stages.fingerprint(stages.STAGES[name], cfg, rd) for name in stages.ORDER}
     changed = {name for name in stages.ORDER if before[name] != after[name]}
     assert changed == {"train", "export", "verify", "benchmark"}  # build reads no data
-    os.utime(base / "images" / "cat" / "0.png", ns=(1, 1))  # a touched (replaced) image counts too
+    os.utime(base / "images" / "cat" / "0.png", ns=(1, 1))  # a touched image: content decides, not mtimes (issue 46)
+    assert stages.fingerprint(stages.STAGES["train"], cfg, rd) == after["train"]
+    image = base / "images" / "cat" / "0.png"
+    image.write_bytes(image.read_bytes() + b"\0")  # a replaced image counts
     assert stages.fingerprint(stages.STAGES["train"], cfg, rd) != after["train"]
 
 

@@ -11,7 +11,7 @@ import jsonschema
 import numpy as np
 import pytest
 
-from conftest import BF16_ON, FAULTS, ROOT, TINY, cli
+from conftest import BF16_ON, FAULTS, ROOT, TINY, cli, listed
 from pipeline import config, verify
 from pipeline.core import artifacts
 from pipeline.evaluation import candidates
@@ -166,7 +166,8 @@ def test_bf16_holds_the_overflow_that_fp16_cannot(trained, tmp_path):
 
 
 def test_export_fault_does_not_pass(trained, tmp_path, capsys):
-    run = copy(trained("batch_branch"), tmp_path)
+    # export refuses it by default now (tests/test_export_trace.py): accepted here, so verify's own check is tested
+    run = copy(trained("batch_branch", "export.accept_trace_warnings=true"), tmp_path)
     assert cli("verify", "--run-dir", run) == 1
     err = capsys.readouterr().err
     assert "FP32 export itself disagrees" in err
@@ -382,6 +383,7 @@ def test_disabled_tensorrt_candidate_never_loads_the_engine(clone_run, monkeypat
     run = clone_run()
     fake_tensorrt(monkeypatch)
     (run / tensorrt_engine.FP16_ENGINE).write_bytes(b"an engine without a sidecar: loading it is refused")
+    listed(run, tensorrt_engine.FP16_ENGINE)  # where build writes it
     assert cli("verify", "--run-dir", run, "verify.candidates.tensorrt_fp16.enabled=false") == 0
     trt = next(c for c in report(run)["candidates"] if c["name"] == "tensorrt_fp16")
     assert trt["status"] == "skipped" and trt["reason"] == "disabled (verify.candidates.tensorrt_fp16.enabled=false)"
@@ -393,6 +395,7 @@ def test_fallback_loads_the_engine_once_and_marks_it_stale(trained, tmp_path, mo
     run = copy(trained("cancellation"), tmp_path)
     fake_tensorrt(monkeypatch)
     (run / tensorrt_engine.FP16_ENGINE).write_bytes(b"engine")
+    listed(run, tensorrt_engine.FP16_ENGINE)  # where build writes it
     sidecar = {"onnx": "model.fp16.onnx", "onnx_sha256": sha256_file(run / "model.fp16.onnx"), "precision": "fp16",
                "profile": {"min": [1], "max": [64]}}
     loads = []

@@ -35,7 +35,10 @@ MAX_BATCH = 1 << 20
 Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")]  # a candidate or backend name
 Text = Annotated[str, StringConstraints(max_length=256)]
 Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
-Millis = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+# A timed run lasts at least a nanosecond and at most an hour: 1e-300 ms (ratios of 300 digits) or 1e300 ms (every
+# latency check silently disabled) is no duration a clock measured.
+MIN_MS, MAX_MS = 1e-6, 3.6e6
+Millis = Annotated[float, Field(ge=MIN_MS, le=MAX_MS, allow_inf_nan=False)]
 Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 BatchSize = Annotated[int, Field(ge=1, le=MAX_BATCH)]
 Kind = Annotated[TimingKind, Field(strict=False)]  # its JSON string

@@ -34,6 +34,19 @@ MAX_TIMING_S = 60.0  # a warm-up or a trial's timed seconds
 MAX_TRIALS = 100
 MAX_ITERATIONS = 10_000  # timed runs per trial, at least (a ResNet-18 at batch 32 on a CPU: about 3 hours)
 MAX_CHILD_WAIT_S = 3600.0  # isolate.timeout_s: an hour without an answer is a hang
+# Upper bounds of every other number (tests/test_read_back.py checks that each numeric key has one): far above any
+# use, far below what allocates terabytes or loops for a lifetime (data.samples_per_class=1e11 asked for 8 TB). What
+# depends on the machine (threads against its cores, the synthetic set against its memory) is checked by
+# pipeline.config.machine_problems before any work.
+MAX_COUNT = 1_000_000_000  # steps between two log lines or checkpoints, consecutive skipped steps
+MAX_IMAGES = 10_000_000  # images of a kind: per class, calibrated on, compared, measured
+MAX_BATCH = 65_536
+MAX_EPOCHS = 100_000
+MAX_CLASSES = 100_000
+MAX_THREADS = 4096  # benchmark.threads, before the machine's own bound (a small multiple of its cores)
+MAX_ROUNDS = 10_000  # fallback rounds, rows of a table, profiler steps, depth of a reduction
+MAX_RATIO = 1e6  # errors in units of a logit scale, gradient norms, ratios of speeds
+FLOAT32_MAX = 3.4028234663852886e38  # the graphs are float32: a bound past this is no bound
 
 
 class Section(BaseModel):
@@ -45,12 +58,15 @@ class Section(BaseModel):
 
 class ModelConfig(Section):
     name: str = Field("resnet18", description="registered model name, or 'package.module:factory' / 'file.py:factory'")
-    num_classes: Optional[int] = Field(None, gt=0, description="class count for a user model (default: the data set's)")
+    num_classes: Optional[int] = Field(None, gt=0, le=MAX_CLASSES,
+                                       description="class count for a user model (default: the data set's)")
     mean: Optional[list[float]] = Field(None, description="per-channel normalisation mean (default: the model's)")
     std: Optional[list[float]] = Field(None, description="per-channel normalisation std (default: the model's)")
 
     @model_validator(mode="after")
     def _std_positive(self):
+        if any(abs(v) > MAX_RATIO for v in (*(self.mean or ()), *(self.std or ()))):
+            raise ValueError(f"model.mean and model.std values must lie within +-{MAX_RATIO:g}")
         if self.std is not None and any(s <= 0 for s in self.std):
             raise ValueError("model.std values must be > 0")
         if self.std is not None and any(s < FLOAT32_TINY for s in self.std):  # the inputs are float32
@@ -65,10 +81,10 @@ class DataConfig(Section):
     path: Optional[str] = Field(None, description="data directory (imagefolder, cifar10, coco)")
     image_size: Optional[int] = Field(32, gt=0, le=4096, description="square input size; null: the model's own")
     num_classes: int = Field(10, ge=2, le=1000, description="classes of the synthetic set")
-    samples_per_class: int = Field(300, ge=2, description="images per class of the synthetic set")
+    samples_per_class: int = Field(300, ge=2, le=MAX_IMAGES, description="images per class of the synthetic set")
     val_fraction: float = Field(0.2, gt=0, lt=1, description="held-out share when the data has no val/ split")
-    batch_size: int = Field(64, ge=1, description="training batch size (per process)")
-    workers: int = Field(0, ge=0, description="DataLoader worker processes")
+    batch_size: int = Field(64, ge=1, le=MAX_BATCH, description="training batch size (per process)")
+    workers: int = Field(0, ge=0, le=1024, description="DataLoader worker processes")
     augment: bool = Field(False, description="random crop with padding and horizontal flip while training")
     seed: int = Field(0, ge=0, lt=SEED_LIMIT, description="seed of the synthetic set and of the train/val split")
 
@@ -84,7 +100,8 @@ class PreciseBNConfig(Section):
 
     enabled: bool = Field(True, description="re-estimate every BatchNorm's running statistics over training batches "
                           "at each epoch's end, before validation and the checkpoint (docs/training.md)")
-    batches: int = Field(20, ge=1, description="training batches the statistics are averaged over (at most one "
+    batches: int = Field(20, ge=1, le=MAX_ROUNDS,
+                         description="training batches the statistics are averaged over (at most one "
                          "epoch's)")
 
 
@@ -92,33 +109,36 @@ class TrainConfig(Section):
     """Training. A registered model's card sets the recipe keys (optimizer, lr, momentum, weight_decay,
     warmup_epochs, epochs, bn_momentum) beneath the user's config: :func:`resolve`."""
 
-    epochs: int = Field(4, ge=1, description="training epochs")
+    epochs: int = Field(4, ge=1, le=MAX_EPOCHS, description="training epochs")
     optimizer: Literal["sgd", "adamw"] = Field("sgd", description="optimizer")
-    lr: float = Field(0.05, gt=0, description="peak learning rate")
+    lr: float = Field(0.05, gt=0, le=100, description="peak learning rate")
     momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum")
-    weight_decay: float = Field(5e-4, ge=0, description="weight decay")
+    weight_decay: float = Field(5e-4, ge=0, le=1, description="weight decay")
     bn_momentum: float | None = Field(None, gt=0, le=1, description="BatchNorm momentum while training (null: "
                                          "the layers' own)")
     label_smoothing: float = Field(0.0, ge=0, lt=1, description="cross-entropy label smoothing")
-    warmup_epochs: float = Field(0.5, ge=0, description="linear LR warm-up, then cosine decay to zero")
+    warmup_epochs: float = Field(0.5, ge=0, le=MAX_EPOCHS, description="linear LR warm-up, then cosine decay to zero")
     amp: Literal["auto", "fp16", "bf16", "off"] = Field(
         "auto", description="autocast dtype: auto = fp16 on CUDA, bf16 on CPUs with bf16 units, else off"
     )
-    fp32_warmup_epochs: int = Field(0, ge=0, description="first epochs in FP32 before mixed precision starts")
+    fp32_warmup_epochs: int = Field(0, ge=0, le=MAX_EPOCHS,
+                                    description="first epochs in FP32 before mixed precision starts")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="training device")
     channels_last: bool = Field(True, description="NHWC memory format")
-    accumulate: int = Field(1, ge=1, description="micro-batches per optimizer step")
-    clip_grad_norm: Optional[float] = Field(None, gt=0, description="clip gradients to this total norm")
-    max_nonfinite: int = Field(3, ge=1, description=("consecutive skipped steps (non-finite loss or gradients) "
+    accumulate: int = Field(1, ge=1, le=MAX_BATCH, description="micro-batches per optimizer step")
+    clip_grad_norm: Optional[float] = Field(None, gt=0, le=MAX_RATIO, description="clip gradients to this total norm")
+    max_nonfinite: int = Field(3, ge=1, le=MAX_COUNT,
+                               description=("consecutive skipped steps (non-finite loss or gradients) "
                                                      "before stopping"))
     compile: bool = Field(False, description="torch.compile the model")
     deterministic: bool = Field(False, description="deterministic algorithms (slower)")
     seed: int = Field(0, ge=0, lt=SEED_LIMIT, description="seed of Python, NumPy and torch")
     init_weights: Optional[str] = Field(None, description="start from this state dict (.safetensors or .pt)")
-    checkpoint_every: int = Field(0, ge=0, description="also checkpoint every N optimizer steps (0: each epoch)")
-    log_every: int = Field(10, ge=1, description=f"optimizer steps between {METRICS} lines")
+    checkpoint_every: int = Field(0, ge=0, le=MAX_COUNT,
+                                  description="also checkpoint every N optimizer steps (0: each epoch)")
+    log_every: int = Field(10, ge=1, le=MAX_COUNT, description=f"optimizer steps between {METRICS} lines")
     tensorboard: bool = Field(True, description="write TensorBoard events when tensorboard is installed")
-    profile_steps: int = Field(5, ge=1, description="steps recorded by train --profile")
+    profile_steps: int = Field(5, ge=1, le=MAX_ROUNDS, description="steps recorded by train --profile")
     precise_bn: PreciseBNConfig = PreciseBNConfig()
     require_learning: bool = Field(True, description="fail (exit 1) when the validation accuracy is not above chance "
                                    "at verify.confidence: nothing is exported")
@@ -130,12 +150,15 @@ class TrainConfig(Section):
 
 class FP16Config(Section):
     enabled: bool = Field(True, description=f"write {FP16_ONNX} with ModelOpt AutoCast")
-    calibration_samples: int = Field(64, ge=1, description="real images AutoCast measures ranges on "
+    calibration_samples: int = Field(64, ge=1, le=MAX_IMAGES, description="real images AutoCast measures ranges on "
                                      "(export.calibration_split)")
     range_rule: bool = Field(True, description="keep nodes whose measured values exceed data_max in FP32")
-    data_max: float = Field(512.0, gt=0, description="largest |value| a node's I/O may reach and run in FP16")
-    init_max: float = Field(65504.0, gt=0, description="largest |initializer| a node may hold and run in FP16")
-    max_depth_of_reduction: Optional[int] = Field(None, gt=0, description="keep deeper reductions in FP32")
+    data_max: float = Field(512.0, gt=0, le=FLOAT32_MAX,
+                            description="largest |value| a node's I/O may reach and run in FP16")
+    init_max: float = Field(65504.0, gt=0, le=FLOAT32_MAX,
+                            description="largest |initializer| a node may hold and run in FP16")
+    max_depth_of_reduction: Optional[int] = Field(None, gt=0, le=MAX_ROUNDS,
+                                                  description="keep deeper reductions in FP32")
     nodes_to_exclude: list[str] = Field([], description="node-name regexes kept in FP32")
     op_types_to_exclude: list[str] = Field([], description="op types kept in FP32")
 
@@ -148,7 +171,8 @@ class BF16Config(FP16Config):
                           "bfloat16 Conv, Gemm and pooling)")
     range_rule: bool = Field(False, description="keep nodes whose measured values exceed data_max in FP32 (BF16 "
                              "holds FP32's range: off by default)")
-    init_max: float = Field(3.0e38, gt=0, description="largest |initializer| a node may hold and run in BF16")
+    init_max: float = Field(3.0e38, gt=0, le=FLOAT32_MAX,
+                            description="largest |initializer| a node may hold and run in BF16")
 
 
 class StabilityConfig(Section):
@@ -171,7 +195,7 @@ class INT8Config(Section):
     calibration_method: Literal[CALIBRATION_METHODS] = Field(
         "max", description="activation ranges: max (per-tensor absolute max) or entropy (KL-optimal clipping); the "
         "two ModelOpt 0.47 offers for INT8 (no percentile)")
-    calibration_samples: int = Field(256, ge=1, description="real images the ranges are calibrated on "
+    calibration_samples: int = Field(256, ge=1, le=MAX_IMAGES, description="real images the ranges are calibrated on "
                                      "(export.calibration_split); 256: the smallest size whose certificate pass share "
                                      "and scale spread were stable (docs/verify.md)")
     nodes_to_exclude: list[str] = Field([], description="node-name regexes left unquantized")
@@ -187,6 +211,9 @@ class ExportConfig(Section):
         "verdict as not held out)")
     exporter: Literal["torchscript", "dynamo"] = Field("torchscript", description="torch.onnx exporter")
     dynamic_batch: bool = Field(True, description="dynamic batch axis")
+    accept_trace_warnings: bool = Field(False, description="accept an exporter warning that the graph may differ "
+                                        "from the model (a tensor turned into a Python value, control flow traced as "
+                                        "a constant); false: export fails (exit 1) naming the model's source line")
     fp16: FP16Config = FP16Config()
     bf16: BF16Config = BF16Config()
     int8: INT8Config = INT8Config()
@@ -195,9 +222,9 @@ class ExportConfig(Section):
 class BuildConfig(Section):
     precisions: list[Literal[PRECISIONS]] = Field(list(PRECISIONS), description="TensorRT engines to build "
                                                   "(each from its ONNX graph, where export wrote it)")
-    min_batch: int = Field(1, ge=1, description="optimization profile: smallest batch")
-    opt_batch: int = Field(8, ge=1, description="optimization profile: batch tuned for")
-    max_batch: int = Field(32, ge=1, description="optimization profile: largest batch")
+    min_batch: int = Field(1, ge=1, le=MAX_BATCH, description="optimization profile: smallest batch")
+    opt_batch: int = Field(8, ge=1, le=MAX_BATCH, description="optimization profile: batch tuned for")
+    max_batch: int = Field(32, ge=1, le=MAX_BATCH, description="optimization profile: largest batch")
     optimization_level: int = Field(3, ge=0, le=5, description="TensorRT builder optimization level")
     tf32: bool = Field(False, description="allow TF32 in the layers AutoCast kept FP32")
     timing_cache: Optional[str] = Field(None, description="timing cache path, used as given (default: beside the run "
@@ -220,6 +247,8 @@ def _check_tolerances(gate):
         values = value.values() if isinstance(value, dict) else [value]
         if any(v is not None and (v < 0 or math.isnan(v)) for v in values):
             raise ValueError(f"{key} must be >= 0")
+        if any(v is not None and v > MAX_RATIO for v in values):
+            raise ValueError(f"{key} must be at most {MAX_RATIO:g}")
     return gate
 
 
@@ -232,7 +261,8 @@ class _Gate(Section):
 
     criterion: Criterion = Field("scaled", description="tensor check: scaled (error / the reference's logit scale) "
                                  "or absolute (Polygraphy's atol AND rtol per batch)")
-    max_scaled_error: float = Field(description="scaled criterion: largest error per image, in units of the "
+    max_scaled_error: float = Field(le=MAX_RATIO,
+                                    description="scaled criterion: largest error per image, in units of the "
                                     "reference's logit scale, at error_quantile of the images")
     error_quantile: float = Field(1.0, gt=0, le=1, description="scaled: the share of images held to "
                                   "max_scaled_error (1.0: every image); absolute with quantile: that quantile")
@@ -244,27 +274,32 @@ class _Gate(Section):
                                       "(failed only when the confidence bound shows it is lower)")
     max_accuracy_drop: float = Field(0.01, ge=0, le=1, description="accuracy the candidate may lose, at most "
                                      "(failed only when the confidence bound shows it loses more)")
-    max_row_deviation: float = Field(description="row independence: how far an image's output may move with its "
+    max_row_deviation: float = Field(le=MAX_RATIO,
+                                     description="row independence: how far an image's output may move with its "
                                      "batch (size, slot, companions), in units of its own logit scale")
 
     _tolerances = model_validator(mode="after")(_check_tolerances)
 
 
 class FP32Gate(_Gate):
-    max_scaled_error: float = Field(1e-2, ge=0, description="scaled criterion: largest error per image, in units "
+    max_scaled_error: float = Field(1e-2, ge=0, le=MAX_RATIO,
+                                    description="scaled criterion: largest error per image, in units "
                                     "of the reference's logit scale")
     atol: Tolerance = Field(1e-4, description="absolute criterion: absolute tolerance (or per-output dict)")
     rtol: Tolerance = Field(1e-4, description="absolute criterion: relative tolerance, against the reference")
-    max_row_deviation: float = Field(1e-4, ge=0, description="row independence: how far an image's output "
+    max_row_deviation: float = Field(1e-4, ge=0, le=MAX_RATIO,
+                                     description="row independence: how far an image's output "
                                      "may move with its batch, in units of its logit scale (measured: docs/verify.md)")
 
 
 class FP16Gate(_Gate):
-    max_scaled_error: float = Field(0.02, ge=0, description="scaled criterion: largest error per image, in units "
+    max_scaled_error: float = Field(0.02, ge=0, le=MAX_RATIO,
+                                    description="scaled criterion: largest error per image, in units "
                                     "of the reference's logit scale")
     atol: Tolerance = Field(2e-2, description="absolute criterion: absolute tolerance (or per-output dict)")
     rtol: Tolerance = Field(2e-2, description="absolute criterion: relative tolerance, against the reference")
-    max_row_deviation: float = Field(5e-3, ge=0, description="row independence: how far an image's output "
+    max_row_deviation: float = Field(5e-3, ge=0, le=MAX_RATIO,
+                                     description="row independence: how far an image's output "
                                      "may move with its batch, in units of its logit scale (measured: docs/verify.md)")
 
 
@@ -272,7 +307,8 @@ class INT8Gate(_Gate):
     """INT8 errors have a heavy tail (an 8-bit activation step per layer): the scaled criterion holds the 99th
     percentile image, the task check catches what a quantile could hide (docs/verify.md)."""
 
-    max_scaled_error: float = Field(0.5, ge=0, description="scaled criterion: largest error per image, in units "
+    max_scaled_error: float = Field(0.5, ge=0, le=MAX_RATIO,
+                                    description="scaled criterion: largest error per image, in units "
                                     "of the reference's logit scale, at error_quantile")
     error_quantile: float = Field(0.99, gt=0, le=1, description="scaled: the share of images held to "
                                   "max_scaled_error; absolute with quantile: that quantile")
@@ -281,7 +317,8 @@ class INT8Gate(_Gate):
     check_error_stat: ErrorStat = Field("quantile", description="absolute criterion: the statistic held to "
                                         "atol/rtol")
     min_top1_agreement: float = Field(0.98, ge=0, le=1, description="top-1 agreement with the reference, at least")
-    max_row_deviation: float = Field(5e-2, ge=0, description="row independence: how far an image's output "
+    max_row_deviation: float = Field(5e-2, ge=0, le=MAX_RATIO,
+                                     description="row independence: how far an image's output "
                                      "may move with its batch, in units of its logit scale (measured: docs/verify.md)")
     min_pass_share: Optional[float] = Field(None, ge=0, le=1, description="calibration stability certificate: the "
                                             "share of calibration draws that must pass, or the INT8 candidates fail "
@@ -289,11 +326,13 @@ class INT8Gate(_Gate):
 
 
 class BF16Gate(_Gate):
-    max_scaled_error: float = Field(0.2, ge=0, description="scaled criterion: largest error per image, in units "
+    max_scaled_error: float = Field(0.2, ge=0, le=MAX_RATIO,
+                                    description="scaled criterion: largest error per image, in units "
                                     "of the reference's logit scale")
     atol: Tolerance = Field(0.1, description="absolute criterion: absolute tolerance (or per-output dict)")
     rtol: Tolerance = Field(0.1, description="absolute criterion: relative tolerance, against the reference")
-    max_row_deviation: float = Field(3e-2, ge=0, description="row independence: how far an image's output "
+    max_row_deviation: float = Field(3e-2, ge=0, le=MAX_RATIO,
+                                     description="row independence: how far an image's output "
                                      "may move with its batch, in units of its logit scale (measured: docs/verify.md)")
 
 
@@ -302,14 +341,14 @@ class CandidateConfig(Section):
 
     enabled: bool = Field(True, description="run this candidate")
     criterion: Optional[Criterion] = Field(None, description="overrides the precision gate's criterion")
-    max_scaled_error: Optional[float] = Field(None, ge=0, description="overrides max_scaled_error")
+    max_scaled_error: Optional[float] = Field(None, ge=0, le=MAX_RATIO, description="overrides max_scaled_error")
     atol: Optional[Tolerance] = Field(None, description="overrides the precision gate's atol")
     rtol: Optional[Tolerance] = Field(None, description="overrides the precision gate's rtol")
     check_error_stat: Optional[ErrorStat] = Field(None, description="overrides check_error_stat")
     error_quantile: Optional[float] = Field(None, gt=0, le=1, description="overrides error_quantile")
     min_top1_agreement: Optional[float] = Field(None, ge=0, le=1, description="overrides min_top1_agreement")
     max_accuracy_drop: Optional[float] = Field(None, ge=0, le=1, description="overrides max_accuracy_drop")
-    max_row_deviation: Optional[float] = Field(None, ge=0, description="overrides max_row_deviation")
+    max_row_deviation: Optional[float] = Field(None, ge=0, le=MAX_RATIO, description="overrides max_row_deviation")
 
     _tolerances = model_validator(mode="after")(_check_tolerances)
 
@@ -330,17 +369,19 @@ class DetectionGateConfig(Section):
 
 
 class VerifyConfig(Section):
-    samples: Optional[int] = Field(None, ge=1, description="real validation images compared (null: every "
+    samples: Optional[int] = Field(None, ge=1, le=MAX_IMAGES,
+                                   description="real validation images compared (null: every "
                                    "validation image, up to max_samples)")
-    max_samples: int = Field(1000, ge=1, description="cap on the images compared when samples is null")
+    max_samples: int = Field(1000, ge=1, le=MAX_IMAGES, description="cap on the images compared when samples is null")
     confidence: float = Field(0.95, ge=0.5, lt=1, description="one-sided confidence of the task check's bounds")
     inconclusive: Literal["pass", "fail"] = Field("pass", description="a task check the images cannot decide: "
                                                   "pass with a warning, or fail (exit 5)")
     gate: Union[Literal["auto"], list[str]] = Field(
         "auto", description="the candidates whose verdicts decide the exit code (auto: the deployment targets and "
         "their faithful CPU proxies, docs/verify.md); every other candidate is run and reported only")
-    batch_size: int = Field(32, ge=1, description="images per inference")
-    batch_check_samples: int = Field(64, ge=0, description="images each candidate runs again at every profile "
+    batch_size: int = Field(32, ge=1, le=MAX_BATCH, description="images per inference")
+    batch_check_samples: int = Field(64, ge=0, le=MAX_IMAGES,
+                                     description="images each candidate runs again at every profile "
                                      "batch size (build.min/opt/max_batch); 0: no batch-size check")
     emulation: Literal["fast", "strict"] = Field("fast", description="FP16 emulation: fast (ORT) or strict (numpy)")
     conformance: bool = Field(True, description="row independence (each image alone, in a full batch, reversed, "
@@ -360,11 +401,11 @@ class VerifyConfig(Section):
                                      "need; a smaller validation split is not cut, and every verdict on it is marked "
                                      "not held out")
     localize: bool = Field(True, description="on failure, find the first node whose error exceeds tolerance")
-    localize_top: int = Field(10, ge=1, description="rows in the worst-nodes table")
+    localize_top: int = Field(10, ge=1, le=MAX_ROUNDS, description="rows in the worst-nodes table")
     auto_fallback: bool = Field(False, description="on failure, move offending nodes to FP32 and retry")
     detection: DetectionGateConfig = Field(default_factory=DetectionGateConfig, description="a detector's task "
                                            "check (docs/detection.md)")
-    fallback_iterations: int = Field(8, ge=1, description="fallback rounds before giving up")
+    fallback_iterations: int = Field(8, ge=1, le=MAX_ROUNDS, description="fallback rounds before giving up")
 
 
 class BenchmarkConfig(Section):
@@ -395,9 +436,11 @@ class BenchmarkConfig(Section):
     min_duration_s: float = Field(0.5, ge=0, le=MAX_TIMING_S, description="fixed: timed seconds per trial, at least "
                                   f"(at most {MAX_TIMING_S:g} s)")
     trials: int = Field(3, ge=1, le=MAX_TRIALS, description=f"fixed: repeated trials (at most {MAX_TRIALS})")
-    threads: Optional[int] = Field(None, ge=1, description="CPU intra-op threads (default: all cores)")
+    threads: Optional[int] = Field(None, ge=1, le=MAX_THREADS, description="CPU intra-op threads (default: all cores; "
+                                   "at most 4 per core of this machine)")
     cuda_graphs: bool = Field(False, description="replay CUDA graphs for PyTorch and TensorRT on GPU")
-    cv_warn: float = Field(0.10, gt=0, description="warn when a trial's coefficient of variation exceeds this "
+    cv_warn: float = Field(0.10, gt=0, le=MAX_RATIO,
+                           description="warn when a trial's coefficient of variation exceeds this "
                            "(trtexec uses 2.5% on GPUs; shared CPUs are noisier)")
     profile_iterations: int = Field(5, ge=1, le=MAX_ITERATIONS, description="iterations recorded by benchmark "
                                     f"--profile (at most {MAX_ITERATIONS})")
@@ -409,8 +452,8 @@ class BenchmarkConfig(Section):
 
     @model_validator(mode="after")
     def _positive_batches(self):
-        if any(b < 1 for b in self.batch_sizes):
-            raise ValueError("benchmark.batch_sizes must all be >= 1")
+        if any(b < 1 or b > MAX_BATCH for b in self.batch_sizes):
+            raise ValueError(f"benchmark.batch_sizes must all be between 1 and {MAX_BATCH}")
         return self
 
 
@@ -419,12 +462,12 @@ class TuneConfig(Section):
                                                "precision (tune --precision)")
     calibration_methods: list[Literal[CALIBRATION_METHODS]] = Field(
         ["max", "entropy"], min_length=1, description="calibration methods searched; the better front is kept")
-    sensitivity_samples: int = Field(100, ge=1, description="images of the validation split's search part each "
-                                     "per-layer sensitivity is measured on (candidates are judged on all of that part; "
-                                     "the chosen mix again on the verdict part)")
-    min_speedup: Optional[float] = Field(1.0, gt=0, description="tune fails (exit 1) unless the chosen mix is this "
-                                         "much faster than FP32 on the target at every timed batch (null: off; "
-                                         "all --tune never applies it)")
+    sensitivity_samples: int = Field(100, ge=1, le=MAX_IMAGES, description="images of the validation split's "
+                                     "search part each per-layer sensitivity is measured on (candidates are judged on "
+                                     "all of that part; the chosen mix again on the verdict part)")
+    min_speedup: Optional[float] = Field(1.0, gt=0, le=MAX_RATIO, description="tune fails (exit 1) unless the "
+                                         "chosen mix is this much faster than FP32 on the target at every timed batch "
+                                         "(null: off; all --tune never applies it)")
     warmup_s: float = Field(0.1, ge=0, le=MAX_TIMING_S, description="warm-up per candidate and batch before timing "
                             f"(at most {MAX_TIMING_S:g} s)")
     min_duration_s: float = Field(0.25, ge=0, le=MAX_TIMING_S, description="timed seconds per trial, at least (at "
@@ -435,7 +478,7 @@ class TuneConfig(Section):
                                               "fine-tuning (python -m pipeline qat) after PTQ and the best PTQ mix; "
                                               "auto: only when no PTQ mix passes the gate with tune.min_speedup; on: "
                                               "always; off: never")
-    same_speed: float = Field(0.05, ge=0, description="mixes whose time ratio's 95 % interval lies within this "
+    same_speed: float = Field(0.05, ge=0, le=1, description="mixes whose time ratio's 95 % interval lies within this "
                               "share of 1 are the same speed (timing noise); a mix no other beats beyond it ties, and "
                               "of a tie the one with the fewest layers out of INT8 is chosen; a re-run keeps the "
                               "fallback file's mix unless a new one beats it")
@@ -454,9 +497,11 @@ class QATConfig(Section):
     model with fake quantization where INT8 PTQ puts its Q/DQ nodes, distilled from the FP32 model (docs/verify.md)."""
 
     epochs: int = Field(2, ge=1, le=1000, description="fine-tuning epochs (few: the weights start trained)")
-    lr: float = Field(1e-3, gt=0, description="peak learning rate (small: a fraction of train.lr), cosine to zero, no "
+    lr: float = Field(1e-3, gt=0, le=100,
+                      description="peak learning rate (small: a fraction of train.lr), cosine to zero, no "
                       "warm-up; the optimizer, momentum and weight decay are train's")
-    temperature: float = Field(2.0, gt=0, description="distillation temperature: the loss is T^2 KL(FP32 model's "
+    temperature: float = Field(2.0, gt=0, le=MAX_RATIO,
+                               description="distillation temperature: the loss is T^2 KL(FP32 model's "
                                "softened logits || the quantized model's)")
     label_weight: float = Field(0.0, ge=0, le=1, description="share of the loss from the labels (cross-entropy); the "
                                 "rest is distillation from the FP32 model's logits")
@@ -483,12 +528,15 @@ class CompareConfig(Section):
                                       "least (failed when its upper confidence bound is below)")
     max_accuracy_drop: float = Field(0.01, ge=0, le=1, description="accuracy lost against the baseline artifact on "
                                      "the same images, at most (failed when its lower bound exceeds it)")
-    max_logit_drift: float = Field(0.05, ge=0, description="largest change of an image's top-5 logits, in units of "
+    max_logit_drift: float = Field(0.05, ge=0, le=MAX_RATIO,
+                                   description="largest change of an image's top-5 logits, in units of "
                                    "the baseline reference's logit scale, at the drift_quantile image")
     drift_quantile: float = Field(0.99, gt=0, le=1, description="share of images held to max_logit_drift")
-    max_latency_ratio: float = Field(3.0, gt=1, description="run median / baseline median: a regression only when "
+    max_latency_ratio: float = Field(3.0, gt=1, le=MAX_RATIO,
+                                     description="run median / baseline median: a regression only when "
                                      "the whole bootstrap interval lies above this")
-    min_samples: int = Field(20, ge=2, description="timed runs a latency row needs on both sides to be judged "
+    min_samples: int = Field(20, ge=2, le=MAX_IMAGES,
+                             description="timed runs a latency row needs on both sides to be judged "
                              "(fewer: reported, not judged)")
     confidence: float = Field(0.95, ge=0.5, lt=1, description="confidence of the agreement/accuracy bounds and of "
                               "the latency interval (two-sided)")

@@ -143,6 +143,7 @@ class ExportRecord(StageDetails):
 
     opset: int | None = None
     exporter: str | None = None
+    accepted_trace_warnings: list[str] = Field(default_factory=list)  # export.accept_trace_warnings let these pass
 
     def graph(self, precision: str, where: str = MANIFEST) -> GraphRecord | None:
         """The record of the ``precision`` graph (``details.<precision>``); None when export said nothing of it."""

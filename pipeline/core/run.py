@@ -490,11 +490,43 @@ class StageRecord:
         self.entry["reason"] = reason
 
 
+NAME_ROOM = 64  # bytes a file the tool writes adds below the run directory (openvino/.ir.<random>/int8...onnx)
+
+
+def _limit(path: Path, name: str, default: int) -> int:
+    """``os.pathconf`` of the nearest folder of ``path`` that exists (the file system the run directory is on)."""
+    probe = Path(os.path.abspath(path))
+    while probe != probe.parent:
+        try:
+            return os.pathconf(probe, name)
+        except (OSError, ValueError):  # absent, or itself too long: its folder
+            probe = probe.parent
+    return default
+
+
+def check_path_length(path: str | Path, what: str = "run directory") -> None:
+    """Refuse (:class:`UsageError`, exit 2) a path the file system cannot hold, before anything is made: a name longer
+    than its NAME_MAX, or a path that leaves no room below it for the files the tool writes there."""
+    path = Path(path)
+    name_max = _limit(path, "PC_NAME_MAX", 255)
+    for part in path.parts:
+        if len(os.fsencode(part)) > name_max:
+            raise UsageError(f"{what} {str(path)[:60]}...: the name {part[:40]!r}... is {len(os.fsencode(part))} "
+                             f"bytes, more than the {name_max} this file system allows for one name; use a shorter "
+                             "path")
+    path_max = _limit(path, "PC_PATH_MAX", 4096)
+    if len(os.fsencode(os.path.abspath(path))) + NAME_ROOM > path_max:
+        raise UsageError(f"{what} {str(path)[:60]}...: the path is {len(os.fsencode(os.path.abspath(path)))} bytes; "
+                         f"with the files written below it, more than the {path_max} this system allows; use a "
+                         "shorter path")
+
+
 class RunDir:
     """A run directory and its manifest. Use :meth:`locked` around any writing work."""
 
     def __init__(self, path: str | Path, *, create: bool = True):
         self.path = Path(path)
+        check_path_length(self.path)
         if self.path.exists() and not self.path.is_dir():
             raise UsageError(f"run directory {self.path} exists and is not a directory")
         if create:
@@ -509,6 +541,7 @@ class RunDir:
             raise InputError(f"{self.path} is not a run directory (it has no {MANIFEST}); run `python -m pipeline "
                              f"all --run-dir {self.path}` first")
         self._lock_fd: int | None = None
+        self.memo: dict = {}  # what one command computes once while it holds the lock (the data's summary)
         # what config.yaml gets when the command succeeds (pipeline.stages.open_run)
         self.config_to_save: Config | None = None
         # what `all` did with each stage in this invocation ("ran", "unchanged", or why not:
@@ -653,6 +686,7 @@ class RunDir:
                 if _LOCKED.get(root) is self:
                     del _LOCKED[root]
             self._lock_fd = None
+            self.memo.clear()
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
 

@@ -173,7 +173,7 @@ def parse_json(raw: bytes, path: str | Path, what: str, *, keys: frozenset[str] 
         raise InputError(f"{path}: {what} nests deeper than the {JSON_DEPTH} levels such a file can have; refusing "
                          "to read it") from None
     except (UnicodeDecodeError, ValueError) as exc:
-        raise InputError(f"{path}: {what} is not valid JSON ({printable(exc, 120)})") from None
+        raise InputError(f"{path}: {what} is unreadable or corrupt: not valid JSON ({printable(exc, 120)})") from None
     if _depth(data) > JSON_DEPTH:
         raise InputError(f"{path}: {what} nests deeper than the {JSON_DEPTH} levels such a file can have; refusing "
                          "to read it")

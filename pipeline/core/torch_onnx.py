@@ -3,24 +3,60 @@ writes ``model.onnx`` with, and what qat exports its fine-tuned weights with bef
 
 from __future__ import annotations
 
+import linecache
 import logging
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from pipeline.core import onnx_io, provenance
-from pipeline.core.errors import StageFailed, first_line
+from pipeline.core.errors import CheckFailed, StageFailed, first_line
 from pipeline.core.run import atomic_path
 
-__all__ = ["export_onnx"]
+__all__ = ["export_onnx", "graph_may_differ"]
+
+# What the tracer says when a tensor became a Python value or control flow was traced as a constant: the graph then
+# holds the one path the example input took, and a branch the validation images never take is never checked.
+GRAPH_MAY_DIFFER = ("might cause the trace to be incorrect", "registered as constants", "treated as a constant",
+                    "might not generalize to other inputs")
+ACCEPT_KEY = "export.accept_trace_warnings"
+
+
+TORCH_SOURCE = str(Path(torch.__file__).parent)  # torch's own modules (nn.TransformerEncoder's fast-path checks)
+
+
+def graph_may_differ(category: str, message: str, filename: str = "") -> bool:
+    """Whether an exporter warning means the exported graph may compute something other than the model: a tracer
+    warning of that kind raised in the model's own code (``filename``), not in torch's modules."""
+    return (category == "TracerWarning" and any(phrase in message for phrase in GRAPH_MAY_DIFFER)
+            and not filename.startswith(TORCH_SOURCE))
+
+
+@dataclass(frozen=True)
+class ExporterWarning:
+    """One warning of the exporter: ``Category: message (file:line: the line)``, and whether it means the graph may
+    differ from the model (:func:`graph_may_differ`)."""
+
+    text: str
+    differs: bool
+
+
+def _described(w: warnings.WarningMessage) -> ExporterWarning:
+    line = linecache.getline(w.filename, w.lineno).strip()
+    where = f"{w.filename}:{w.lineno}" + (f": {line}" if line else "")
+    return ExporterWarning(f"{w.category.__name__}: {first_line(w.message)} ({where})",
+                           graph_may_differ(w.category.__name__, str(w.message), w.filename))
 
 
 def export_onnx(model: torch.nn.Module, example: torch.Tensor, path: Path, *, opset: int, exporter: str,
                 input_name: str, output_name: str, dynamic_batch: bool, weights_sha256: str = "",
-                extra_outputs: tuple[str, ...] = ()) -> list[str]:
+                extra_outputs: tuple[str, ...] = (), accept_trace_warnings: bool = False) -> list[ExporterWarning]:
     """Export ``model`` to ``path`` (atomically, stamped with ``weights_sha256``); returns the exporter's warnings.
-    ``extra_outputs``: the names of the model's outputs after the first (a detector's ``detections``)."""
+    ``extra_outputs``: the names of the model's outputs after the first (a detector's ``detections``). A warning that
+    the graph may differ from the model (:func:`graph_may_differ`) fails the export (exit 1, naming the model's source
+    line, nothing written) unless ``accept_trace_warnings``."""
     output_names = [output_name, *extra_outputs]
     with warnings.catch_warnings(record=True) as caught, atomic_path(path) as tmp:
         warnings.simplefilter("always")
@@ -42,10 +78,17 @@ def export_onnx(model: torch.nn.Module, example: torch.Tensor, path: Path, *, op
         except Exception as exc:
             raise StageFailed(f"torch.onnx.export ({exporter}) failed: {type(exc).__name__}: "
                               f"{first_line(exc)}") from None
+        differ = [w.text for w in map(_described, caught) if w.differs]
+        if differ and not accept_trace_warnings:
+            more = f" (and {len(differ) - 1} more)" if len(differ) > 1 else ""
+            raise CheckFailed(f"the exported graph may differ from the model: {differ[0]}{more}; the trace keeps only "
+                              "the path the example input took, and verify cannot see a branch its images never take: "
+                              "write the data-dependent step with tensor operations (torch.where), or set "
+                              f"{ACCEPT_KEY}=true to accept it")
         if weights_sha256:
             provenance.stamp_file(tmp, weights_sha256)
         onnx_io.check(tmp)
-    return [f"{w.category.__name__}: {w.message}" for w in caught
+    return [_described(w) for w in caught
             if issubclass(w.category, (torch.jit.TracerWarning, UserWarning)) and "deprecat" not in str(w.message)]
 
 

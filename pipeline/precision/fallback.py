@@ -28,7 +28,7 @@ import onnx
 from pydantic import Field, StringConstraints
 
 from pipeline.core import schema
-from pipeline.core.artifacts import fallback_file
+from pipeline.core.artifacts import QAT_BEST_CHECKPOINT, QAT_CHECKPOINT, fallback_file
 from pipeline.core.errors import InputError
 from pipeline.core.run import RunDir, write_json
 from pipeline.precision import CALIBRATION_METHODS
@@ -100,7 +100,7 @@ class QATSource(schema.Strict):
     ``model.int8.onnx`` from ``checkpoint`` (no training), refusing one made from other trained weights."""
 
     epochs: int = Field(ge=1)
-    checkpoint: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]+$", max_length=100)]
+    checkpoint: Literal[QAT_BEST_CHECKPOINT, QAT_CHECKPOINT]  # qat's own: train's checkpoint has no quantizer state
     source_weights_sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
     checkpoint_sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
     data: Note = ""

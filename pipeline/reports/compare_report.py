@@ -39,8 +39,13 @@ def artifact_reason(result: dict, failed: list[str]) -> str:
 
 
 def latency_reason(row: dict) -> str:
-    return (f"median {row['baseline_p50_ms']:.4g} ms -> {row['run_p50_ms']:.4g} ms, ratio {row['ratio']:.2f} "
-            f"[{row['ci_low']:.2f}, {row['ci_high']:.2f}] above {row['threshold']}")
+    return (f"median {row['baseline_p50_ms']:.4g} ms -> {row['run_p50_ms']:.4g} ms, ratio {ratio(row['ratio'])} "
+            f"[{ratio(row['ci_low'])}, {ratio(row['ci_high'])}] above {row['threshold']:g}")
+
+
+def ratio(value: float) -> str:
+    """A ratio with three significant digits (2.23, 0.0412, 1.5e+04): never hundreds of digits."""
+    return f"{value:.3g}"
 
 
 # --------------------------------------------------------------------------- tables
@@ -72,7 +77,7 @@ def _latency_row(r: dict) -> tuple[Cell, ...]:
     shown = r["status"] in (Status.SKIPPED, Status.MISSING)
     return (_name(r["backend"]), Cell(str(r["batch_size"])), Cell(printable(r.get("timing") or "-", 80)),
             Cell(f"{fmt(r['baseline_p50_ms'])} -> {fmt(r['run_p50_ms'])}"),
-            Cell("-" if r["ratio"] is None else f"{r['ratio']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}]"),
+            Cell("-" if r["ratio"] is None else f"{ratio(r['ratio'])} [{ratio(r['ci_low'])}, {ratio(r['ci_high'])}]"),
             Cell(r["status"], status=Status.FAILED if r["status"] == Status.MISSING else r["status"],
                  note=r.get("reason", "") if shown else ""))
 

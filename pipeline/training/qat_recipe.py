@@ -32,7 +32,7 @@ from pipeline.core import artifacts as a
 from pipeline.core import data as data_mod
 from pipeline.core import modeling, onnx_io, provenance
 from pipeline.core.data import calibration_batch
-from pipeline.core.errors import BackendUnavailable, InputError, UsageError
+from pipeline.core.errors import BackendUnavailable, InputError, UsageError, first_line
 from pipeline.core.run import RunDir, install, scratch_folder, sha256_file, write_json
 from pipeline.core.torch_onnx import export_onnx
 from pipeline.precision import fallback, int8, plugs, qat
@@ -220,7 +220,11 @@ def rebuild(cfg: Config, run_dir: RunDir, card: dict, source: QATSource, out_nam
                          "python -m pipeline qat (or tune) again")
     model, _, card, _, template, _, fp32_nodes = _prepare(cfg, run_dir, with_data=False)
     _quantize(cfg, card, model, template)
-    model.load_state_dict(load_checkpoint(path)["model"])
+    try:
+        model.load_state_dict(load_checkpoint(path)["model"])
+    except (RuntimeError, KeyError, TypeError) as exc:  # not QAT's weights and quantizer state (train's, another's)
+        raise InputError(f"{source.checkpoint} does not hold QAT's fine-tuned weights and quantizer state for this "
+                         f"model ({first_line(exc)[:160]}); run python -m pipeline qat (or tune) again") from None
     qat.sync_weight_ranges(model)
     report = export_int8(cfg, run_dir, card, model.eval(), template, fp32_nodes, out_name)
     report.update({"qat_checkpoint": source.checkpoint, "qat_epochs": source.epochs})
@@ -247,7 +251,8 @@ def export_int8(cfg: Config, run_dir: RunDir, card: dict, model, template: onnx.
         with qat.quantizers_off(model):
             export_onnx(model, torch.from_numpy(images[:2]), fp32_path, opset=ec.opset, exporter=ec.exporter,
                         input_name=spec["input_name"], output_name=spec["output_name"],
-                        dynamic_batch=ec.dynamic_batch, weights_sha256=weights_sha256)
+                        dynamic_batch=ec.dynamic_batch, weights_sha256=weights_sha256,
+                        accept_trace_warnings=ec.accept_trace_warnings)
         report = int8.quantize(fp32_path, np.ascontiguousarray(images), spec["input_name"], ic, quantized, [],
                                list(fp32_nodes))
         graph = onnx.load(str(quantized))
