@@ -113,24 +113,33 @@ def stock_refusal(candidate: str, triton: str | None, precision: str, device: st
     """
     if triton is None:
         return f"{candidate}: no Triton backend runs it"
-    if triton == "openvino" and precision in ("fp32", "int8"):
-        return (f"{candidate}: Triton's openvino backend cannot be told to keep FP32: its only precision parameter is "
-                "HINT_BF16 (openvino.cc:358), and OpenVINO's CPU plugin computes in bf16 by default on a CPU with "
-                "bf16 units (AVX512_BF16, AMX), a precision verify did not gate this artifact in; deploy the FP32 "
-                "graph as onnxrt_fp32 (or the BF16 IR, openvino_bf16) instead")
-    if triton == "onnxruntime" and precision == "int8" and device == "cpu":
-        return (f"{candidate}: Triton's onnxruntime backend cannot turn off the WeightBiasQuantization optimizer (it "
-                "sets only the graph optimisation level, onnxruntime.cc:217-237), which verify turned off because it "
-                "changes an INT8 graph's results; the served outputs would not be the ones verify gated")
-    return ""
+    why = _CANNOT_BE_TOLD.get((triton, precision, device), "")
+    return f"{candidate}: {why}" if why else ""
+
+
+_KEEP_FP32 = ("Triton's openvino backend cannot be told to keep FP32: its only precision parameter is HINT_BF16 "
+              "(openvino.cc:358), and OpenVINO's CPU plugin computes in bf16 by default on a CPU with bf16 units "
+              "(AVX512_BF16, AMX), a precision verify did not gate this artifact in; deploy the FP32 graph as "
+              "onnxrt_fp32 (or the BF16 IR, openvino_bf16) instead")
+# What a stock backend cannot be told, per (Triton backend, the artifact's precision, its device): why deploy refuses
+# such an artifact. A table of the backends' behaviour (their sources, cited in stock_refusal), not a branch per
+# precision.
+_CANNOT_BE_TOLD = {
+    ("openvino", "fp32", "cpu"): _KEEP_FP32,
+    ("openvino", "int8", "cpu"): _KEEP_FP32,
+    ("onnxruntime", "int8", "cpu"): (
+        "Triton's onnxruntime backend cannot turn off the WeightBiasQuantization optimizer (it sets only the graph "
+        "optimisation level, onnxruntime.cc:217-237), which verify turned off because it changes an INT8 graph's "
+        "results; the served outputs would not be the ones verify gated"),
+}
+# The parameters that make a stock backend run an artifact in the precision verify gated, per (backend, precision).
+_PARAMETERS = {("openvino", "bf16"): (("HINT_BF16", "YES"),)}
 
 
 def stock_parameters(triton: str | None, precision: str) -> tuple[tuple[str, str], ...]:
     """The ``parameters`` that make the stock backend run the artifact in the precision verify gated: ``HINT_BF16:
     YES`` for the BF16 IR (without it a CPU whose plugin defaults to FP32 runs it in FP32)."""
-    if triton == "openvino" and precision == "bf16":
-        return (("HINT_BF16", "YES"),)
-    return ()
+    return _PARAMETERS.get((triton, precision), ()) if triton is not None else ()
 
 
 def precision_mismatch(gated: str, served: str | None) -> str:

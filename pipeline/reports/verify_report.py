@@ -418,7 +418,7 @@ def write_all(run_dir: RunDir, payload: dict) -> list[Path]:
         from pipeline.reports import stability_report
 
         limit = next((c["tolerance"].get("max_scaled_error") for c in payload["candidates"]
-                      if c["name"] == "int8_exact" and c.get("tolerance")), None)
+                      if c["name"] == plugs.INT8.faithful and c.get("tolerance")), None)
         plot = [run_dir.file(stability_report.write_plot(run_dir, payload["stability"], artifacts.STABILITY_PLOT,
                                                          limit, f"{payload['model']} INT8"))]
         md += f"\n![calibration stability]({artifacts.STABILITY_PLOT})\n"
