@@ -351,3 +351,23 @@ def test_the_headline_names_a_tie_and_doubts_a_row_benchmark_app_does_not_confir
         benchmark._headline(results, clear, doubt)
     agreed = {"rows": [{**doubt["rows"][0], "agreement": "agree"}]}
     assert "in doubt" not in benchmark._headline(results, clear, agreed)
+
+
+def test_the_headlines_speedup_over_eager_comes_with_its_bootstrap_interval():
+    from pipeline import benchmark
+
+    rng = np.random.default_rng(0)
+
+    def row(name, ms, verify="passed"):
+        samples = list(ms * rng.uniform(0.95, 1.05, 200))
+        return {"backend": name, "batch_size": 1, "latency_ms": {"p50": float(np.median(samples))},
+                "throughput_per_s": 1000.0 / float(np.mean(samples)), "verify": verify, "device": "cpu",
+                "timing": "wall-clock", "deployable": True, "samples_ms": samples}
+
+    results = [row("torch_fp32", 4.0, "reference"), row("openvino_int8", 0.2)]
+    benchmark.add_ratios(results)
+    line = benchmark._headline(results)
+    got = line.split("(")[1]
+    ratio, low, high = float(got.split("x")[0]), float(got.split("[")[1].split(",")[0]), \
+        float(got.split(", ")[1].split("]")[0])
+    assert low <= 20.0 <= high and low < ratio < high and "by bootstrap, timed apart" in line
