@@ -548,9 +548,11 @@ def _headline(results: list[dict], contests: dict | None = None, crosscheck: dic
         latency, images = (contests or {}).get(f"{device}/latency"), (contests or {}).get(f"{device}/throughput")
         parts.append(f"{device}: {_contest_text(latency, 'fastest that passed the gate')} at batch "
                      f"{best['batch_size']}: {best['backend']} p50 {best['latency_ms']['p50']:.3f} ms"
-                     f"{_ratio_text(best)}{_undecided(best)}{_lead_text(latency)}{_doubt(best, crosscheck)}; at "
+                     f"{_ratio_text(best, results)}{_undecided(best)}{_lead_text(latency)}"
+                     f"{_doubt(best, crosscheck)}; at "
                      f"batch {top['batch_size']}: {top['backend']} {top['throughput_per_s']:.1f} images/s"
-                     f"{' (async throughput)' if _is_throughput(top) else ''}{_ratio_text(top)}{_undecided(top)}"
+                     f"{' (async throughput)' if _is_throughput(top) else ''}{_ratio_text(top, results)}"
+                     f"{_undecided(top)}"
                      f"{_lead_text(images)}{_doubt(top, crosscheck)}")
     return "; ".join(parts)
 
@@ -591,9 +593,16 @@ def _undecided(row: dict) -> str:
         if row["verify"] == Status.INCONCLUSIVE else ""
 
 
-def _ratio_text(row: dict) -> str:
+def _ratio_text(row: dict, results: list[dict] = ()) -> str:
+    """`` (20.70x eager FP32 [19.80, 21.60] by bootstrap, timed apart)``: a headline row's speed-up over eager FP32
+    with its interval (:func:`_vs_eager_interval`)."""
     ratio = row.get("vs_eager")
-    return f" ({ratio:.2f}x eager FP32)" if ratio else ""
+    if not ratio:
+        return ""
+    eager = _eager_of(row, results) if results else None
+    interval = _vs_eager_interval(row, eager) if eager is not None else None
+    band = f" [{interval[0]:.2f}, {interval[1]:.2f}] by bootstrap, timed apart" if interval else " (no interval)"
+    return f" ({ratio:.2f}x eager FP32{band})"
 
 
 def _plot_label(row: dict) -> str:
@@ -606,12 +615,34 @@ def add_ratios(results: list[dict]) -> None:
     """``vs_eager``: each row's images/s over eager FP32's (``torch_fp32``) at the same batch on the same device,
     measured in this run (the same kind of timing where torch_fp32 has it: GPU compute or host latency)."""
     for row in results:
-        eager = [r for r in results if r["backend"] == backends.REFERENCE and r["batch_size"] == row["batch_size"]
-                 and r["device"] == row["device"]]
-        same = [r for r in eager if TimingKind(r["timing_kind"]).clock == TimingKind(row["timing_kind"]).clock]
-        base = (same or eager or [None])[0]
+        base = _eager_of(row, results)
         row["vs_eager"] = row["throughput_per_s"] / base["throughput_per_s"] if base and base["throughput_per_s"] \
             else None
+
+
+def _eager_of(row: dict, results: list[dict]) -> dict | None:
+    """The eager FP32 row ``row`` is compared with: same batch and device, the same kind of timing where it has it."""
+    eager = [r for r in results if r["backend"] == backends.REFERENCE and r["batch_size"] == row["batch_size"]
+             and r["device"] == row["device"]]
+    same = [r for r in eager if TimingKind(r["timing_kind"]).clock == TimingKind(row["timing_kind"]).clock]
+    return (same or eager or [None])[0]
+
+
+def _vs_eager_interval(row: dict, eager: dict) -> list[float] | None:
+    """The 95 % percentile bootstrap interval of eager's median time over the row's (the two rows' own runs, as
+    compare bootstraps them): the noise inside the two rows, not the drift between them (they were timed one after
+    the other; the headline's contest is what compares in rounds). None without the runs."""
+    from pipeline.evaluation.drift import bootstrap_median_ratio
+
+    mine, theirs = row.get("samples_ms") or [], eager.get("samples_ms") or []
+    if not mine or not theirs or row is eager:
+        return None
+    try:
+        _, low, high = bootstrap_median_ratio(np.asarray(mine), np.asarray(theirs), resamples=1000, confidence=0.95,
+                                              seed=0)
+    except ValueError:
+        return None
+    return [low, high]
 
 
 def markdown(payload: dict) -> str:

@@ -8,6 +8,7 @@ implies (``openvino_ir.bf16_reason()``), so the tests hold on an AMX machine and
 from __future__ import annotations
 
 import json
+import re
 import stat
 import sys
 from pathlib import Path
@@ -238,14 +239,18 @@ def test_benchmark_openvino_rows_throughput_ratios_and_benchmark_app(clone_run, 
     assert all(r["agreement"] == "far apart" and r["rounds"] == benchmark_app.ROUNDS for r in side["rows"])
     assert all(len(r["ours_per_round"]) == len(r["benchmark_app_per_round"]) == benchmark_app.ROUNDS
                for r in side["rows"])
-    assert "(in doubt: benchmark_app far apart" in manifest(run)["stages"]["benchmark"]["details"]["headline"]
+    best, top = benchmark.headline_rows(payload["results"])["cpu"]  # timed alone: torch_fp32 may win under load
+    doubted = manifest(run)["stages"]["benchmark"]["details"]["headline"].count("(in doubt: benchmark_app far apart")
+    assert doubted == sum(r["backend"] == "openvino_fp32" for r in (best, top))
     logged = [json.loads(line) for line in calls.read_text().splitlines()]
     assert {tuple(c["args"][c["args"].index("-shape") + 1:][:1]) for c in logged} == {("[1,3,16,16]",),
                                                                                       ("[2,3,16,16]",)}
     assert all(c["args"][c["args"].index("-m") + 1] == str(run / "openvino/fp32.xml") for c in logged)
     assert all(c["config"]["CPU"]["INFERENCE_PRECISION_HINT"] == "f32" for c in logged)
     assert "benchmark_app beside ours" in (run / artifacts.BENCHMARK_MD).read_text()
-    assert "cpu: fastest that passed the gate at batch 1" in manifest(run)["stages"]["benchmark"]["details"]["headline"]
+    headline = manifest(run)["stages"]["benchmark"]["details"]["headline"]
+    # a winner, or the tie the interleaved rounds found (the two rows may well time alike on a 16x16 model)
+    assert re.match(r"cpu: (tied for )?fastest that passed the gate.* at batch 1: ", headline), headline
     # The comparison is a section of the report tables, so the run's report carries it as benchmark.md does.
     assert cli("report", "--run-dir", run) == 0
     for name in (artifacts.REPORT_MD, artifacts.REPORT_HTML):
@@ -270,8 +275,8 @@ def test_headline_names_the_fastest_passing_artifact_per_device_at_batch_1_and_t
     benchmark.add_ratios(results)
     line = benchmark._headline(results)
     cpu, cuda = line.split("; cuda: ")
-    assert "batch 1: openvino_bf16 p50 2.000 ms (5.00x eager FP32)" in cpu  # not the throughput row, not "broken"
-    assert "batch 8: openvino_bf16 2000.0 images/s (async throughput) (10.00x eager FP32)" in cpu
+    assert "batch 1: openvino_bf16 p50 2.000 ms (5.00x eager FP32 (no interval))" in cpu  # not the throughput row
+    assert "batch 8: openvino_bf16 2000.0 images/s (async throughput) (10.00x eager FP32 (no interval))" in cpu
     assert "batch 1: tensorrt_fp16" in cuda and "batch 8: tensorrt_fp16 8000.0 images/s" in cuda
 
 

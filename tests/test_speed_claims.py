@@ -351,3 +351,59 @@ def test_the_headline_names_a_tie_and_doubts_a_row_benchmark_app_does_not_confir
         benchmark._headline(results, clear, doubt)
     agreed = {"rows": [{**doubt["rows"][0], "agreement": "agree"}]}
     assert "in doubt" not in benchmark._headline(results, clear, agreed)
+
+
+def test_the_headlines_speedup_over_eager_comes_with_its_bootstrap_interval():
+    from pipeline import benchmark
+
+    rng = np.random.default_rng(0)
+
+    def row(name, ms, verify="passed"):
+        samples = list(ms * rng.uniform(0.95, 1.05, 200))
+        return {"backend": name, "batch_size": 1, "latency_ms": {"p50": float(np.median(samples))},
+                "throughput_per_s": 1000.0 / float(np.mean(samples)), "verify": verify, "device": "cpu",
+                "timing": "wall-clock", "deployable": True, "samples_ms": samples}
+
+    results = [row("torch_fp32", 4.0, "reference"), row("openvino_int8", 0.2)]
+    benchmark.add_ratios(results)
+    line = benchmark._headline(results)
+    got = line.split("(")[1]
+    ratio, low, high = float(got.split("x")[0]), float(got.split("[")[1].split(",")[0]), \
+        float(got.split(", ")[1].split("]")[0])
+    assert low <= 20.0 <= high and low < ratio < high and "by bootstrap, timed apart" in line
+
+
+# --------------------------------------------------------------------------- tune's sanity rules on its rounds
+
+
+def _rival(origin: str, calibration: str, rounds: list[float], kernels=(("Convolution", "f32", "brgconv"), 1)):
+    from pipeline.precision.sensitivity import Candidate
+
+    cand = Candidate([] if "INT8" in origin else ["a", "b"], origin, {"status": "passed"}, calibration=calibration)
+    cand.session, cand.rounds, cand.kernels = 1, {1: rounds}, (kernels,)
+    cand.latency_ms = {1: float(np.median(rounds))}
+    return cand
+
+
+def test_twins_that_time_apart_make_the_timings_untrustworthy_and_other_networks_are_not_twins():
+    from pipeline.tune import FP32_REFERENCE, speed_sanity
+
+    drift = np.random.default_rng(1).uniform(1, 3, 15)
+    fp32 = _rival(FP32_REFERENCE, "", list(drift))
+    low_max = _rival("all INT8", "max", list(0.5 * drift))
+    low_entropy = _rival("all INT8", "entropy", list(0.5 * drift))
+    apart = _rival("all high", "max", list(1.3 * drift))  # "faster" FP32: the machine invented a difference
+    got = speed_sanity([fp32, low_max, low_entropy, apart], [1], 0.05, "INT8")
+    assert not got["trustworthy"]
+    assert [c["sane"] for c in got["checks"]] == [False, True] and all(c["checked"] for c in got["checks"])
+    assert "all high (max) over FP32 reference: 1.30 [1.30, 1.30] at batch 1 (they compile to the same kernels" in \
+        got["checks"][0]["text"]
+    # The same timings, but the target runs "all high" with another kernel (a Q/DQ left on the pool): not twins.
+    other = _rival("all high", "max", list(1.3 * drift), kernels=(("Reduce", "i8", "jit_avx512_i8"), 1))
+    got = speed_sanity([fp32, low_max, low_entropy, other], [1], 0.05, "INT8")
+    assert got["trustworthy"] and not got["checks"][0]["checked"]
+    assert "not checked: the target compiles them to different kernels (+ Reduce/i8/jit_avx512_i8 x1; - " \
+           "Convolution/f32/brgconv x1)" in got["checks"][0]["text"]
+    # Wide noise that holds 1 invented no difference: undecided twins keep the timings trustworthy.
+    noisy = _rival("all high", "max", list(drift * np.random.default_rng(2).uniform(0.5, 2, 15)))
+    assert speed_sanity([fp32, noisy], [1], 0.05, "INT8")["trustworthy"]
