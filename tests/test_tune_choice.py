@@ -9,13 +9,16 @@ model (every speed-up then reads about 1 and the speed gate judges nothing). The
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from types import SimpleNamespace
 
 import pytest
 
 from pipeline import tune
 from pipeline.core.status import Status
+from pipeline.precision import sensitivity
 from pipeline.precision.sensitivity import Candidate
+from pipeline.runtime.openvino_speed import Session
 
 
 def _cand(high, ms, calibration="max", passed=True) -> Candidate:
@@ -24,14 +27,23 @@ def _cand(high, ms, calibration="max", passed=True) -> Candidate:
 
 
 class FakeTuner(SimpleNamespace):
-    """What ``_choose`` and ``time_candidates`` read of a Tuner; ``full`` passes the graphs named in ``sound``."""
+    """What ``_choose`` and ``time_candidates`` read of a Tuner; ``full`` passes the graphs named in ``sound``.
+
+    The target's ``open(model, low)`` yields a session whose timers return fixed latencies (10 ms for the FP32
+    model, 5 ms plus one per raised layer for a mix; four times that at batch 8) and records what it opened in
+    ``opened`` (model, low flag) and how many it closed in ``closed``. The timing settings are zero, so
+    :func:`pipeline.runtime.interleave.time_rounds` runs each timer a few times per round and takes what it
+    returns: the rounds are exact and the same every run (nothing is left to the machine's clock)."""
 
     def __init__(self, sound=(), timed=True):
-        super().__init__(batches=[1, 8], seconds={}, fp32_model="fp32 model", judged=[], timings=[],
+        target = {"name": "stand-in target", "open": self.open} if timed else \
+            {"name": "none", "open": None, "reason": "no target: stand-in"}
+        super().__init__(batches=[1, 8], seconds={}, fp32_model="fp32 model", judged=[], opened=[], closed=0,
                          cfg=SimpleNamespace(tune=SimpleNamespace(same_speed=0.05)),
-                         plug=SimpleNamespace(raised_to="out of INT8", fallback_file="int8_fallback.json"),
-                         target={"name": "stand-in target", "timing": self.timing if timed else None,
-                                 "reason": "no target: stand-in"})
+                         plug=SimpleNamespace(label="INT8", raised_to="out of INT8",
+                                              fallback_file="int8_fallback.json"),
+                         timing=SimpleNamespace(warmup_s=0.0, min_duration_s=0.0, trials=1, min_iterations=1),
+                         sanity={}, sessions_timed=0, target=target)
         self.sound = set(sound)
 
     def converted(self, high, fp32, method):
@@ -44,10 +56,15 @@ class FakeTuner(SimpleNamespace):
     def mix(self, graph, high, fp32=()):
         return ("mix", graph, tuple(high), tuple(fp32))
 
-    def timing(self, model, low):
-        self.timings.append((model, low))
+    @contextmanager
+    def open(self, model, low):
+        self.opened.append((model, low))
         ms = 10.0 if model == self.fp32_model else 5.0 + len(model[2])
-        return {"latency_ms": {1: ms, 8: 4 * ms}, "runtime": {"low": low}}
+        try:
+            yield Session(timers={b: (lambda x=ms * (4 if b == 8 else 1): x) for b in self.batches},
+                          runtime={"low": low})
+        finally:
+            self.closed += 1
 
 
 def test_a_mix_whose_exported_graph_fails_gives_way_to_the_next():
@@ -79,12 +96,19 @@ def test_the_speed_baseline_is_the_fp32_model_and_each_mix_is_timed_once():
     t = FakeTuner()
     runs = [{"method": "max", "graph": "all-INT8 graph", "candidates": [all_low, top1, same_as_top1]}]
     baseline = tune.time_candidates(t, runs)
-    assert t.timings[0] == ("fp32 model", False)  # FP32, as deployed: no low-precision flag
-    assert baseline == {"latency_ms": {1: 10.0, 8: 40.0}, "runtime": {"low": False}}
-    assert [m for m, low in t.timings[1:]] == [("mix", "all-INT8 graph", (), ()), ("mix", "all-INT8 graph", ("a",), ())]
-    assert all(low for _, low in t.timings[1:])
+    assert t.opened[0] == ("fp32 model", False)  # FP32, as deployed: no low-precision flag
+    assert baseline.origin == tune.FP32_REFERENCE and baseline.runtime == {"low": False}
+    assert baseline.latency_ms == {1: 10.0, 8: 40.0}
+    assert [m for m, low in t.opened[1:]] == [("mix", "all-INT8 graph", (), ()), ("mix", "all-INT8 graph", ("a",), ())]
+    assert all(low for _, low in t.opened[1:]) and t.closed == len(t.opened) == 3
     assert all_low.latency_ms == {1: 5.0, 8: 20.0} and top1.latency_ms == same_as_top1.latency_ms == {1: 6.0, 8: 24.0}
-    assert top1.runtime == {"low": True}
+    assert top1.runtime == {"low": True} and same_as_top1.rounds == top1.rounds
+    # one set of rounds for all: the mixes' speed-ups over FP32 are per-round ratios, not about 1
+    assert t.sessions_timed == 1 and {c.session for c in (baseline, all_low, top1, same_as_top1)} == {1}
+    assert sensitivity.speedups(baseline.latency_ms, top1.latency_ms) == {1: 10 / 6, 8: 40 / 24}
+    ratios = sensitivity.time_ratio(top1, baseline, t.batches)
+    assert all(r.rounds == len(top1.rounds[b]) > 1 and r.estimate == pytest.approx(0.6) for b, r in ratios.items())
+    assert t.sanity["trustworthy"] and t.sanity["attempts"] == 1
 
 
 def test_each_calibrations_mix_is_made_from_its_own_graph():
@@ -92,7 +116,7 @@ def test_each_calibrations_mix_is_made_from_its_own_graph():
     t = FakeTuner()
     tune.time_candidates(t, [{"method": "max", "graph": "max graph", "candidates": [a]},
                              {"method": "entropy", "graph": "entropy graph", "candidates": [b]}])
-    assert [m[1] for m, _ in t.timings[1:]] == ["max graph", "entropy graph"]
+    assert [m[1] for m, _ in t.opened[1:]] == ["max graph", "entropy graph"]
 
 
 def test_nothing_is_timed_without_a_target(caplog):
@@ -100,7 +124,7 @@ def test_nothing_is_timed_without_a_target(caplog):
     cand = _cand([], 0.0)
     cand.latency_ms = {}
     assert tune.time_candidates(t, [{"method": "max", "graph": "g", "candidates": [cand]}]) is None
-    assert t.timings == [] and cand.latency_ms == {}
+    assert t.opened == [] and cand.latency_ms == {} and t.sessions_timed == 0 and t.sanity == {}
 
 
 @pytest.mark.parametrize("timed", [True, False])
@@ -171,6 +195,7 @@ def test_the_speed_phase_is_named_and_counts_every_timing(monkeypatch):
     cands = [_cand([], 0.0), _cand(["a"], 0.0), _cand(["a"], 0.0)]
     tune.time_candidates(t, [{"method": "max", "graph": "g", "candidates": cands}])
     assert phases == [("speed, stand-in target", 3, 3)]  # FP32 and two distinct mixes
+    assert len(t.opened) == 3 and t.sessions_timed == 1
 
 
 def test_a_mix_is_timed_with_the_nodes_it_keeps_in_fp32():
@@ -178,7 +203,7 @@ def test_a_mix_is_timed_with_the_nodes_it_keeps_in_fp32():
     cand.fp32 = ["n1"]
     t = FakeTuner()
     tune.time_candidates(t, [{"method": "max", "graph": "g", "candidates": [cand]}])
-    assert t.timings[1] == (("mix", "g", ("a",), ("n1",)), True)
+    assert t.opened[1] == (("mix", "g", ("a",), ("n1",)), True)
 
 
 def test_an_untimed_run_logs_why(caplog):
