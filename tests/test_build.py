@@ -210,6 +210,9 @@ def with_int8_onnx(run):
     """A graph in model.int8.onnx's place (the FP32 one: build reads it for the engine's node precisions; the
     recording builder does not parse it)."""
     (run / tensorrt_engine.INT8_ONNX).write_bytes((run / build.FP32_ONNX).read_bytes())
+    from conftest import listed
+
+    listed(run, tensorrt_engine.INT8_ONNX)  # where export writes it
     return run
 
 
@@ -255,6 +258,9 @@ def test_a_precision_without_its_graph_is_skipped_with_its_reason(clone_bf16_run
     if "build.precisions=[fp16,bf16]" in overrides:
         with_int8_onnx(run)
     (run / tensorrt_engine.INT8_ENGINE).write_bytes(b"an engine of an earlier build")  # stale: removed, never loaded
+    from conftest import listed
+
+    listed(run, tensorrt_engine.INT8_ENGINE)  # as that earlier build wrote it
     assert cli("build", "--run-dir", run, "--require", "tensorrt", *overrides) == 0
     entry = build_entry(run)
     assert entry["status"] == "ok" and entry["details"]["skipped"] == {"int8": reason}
@@ -326,6 +332,9 @@ def test_unavailable_tensorrt_skips_every_precision_and_removes_stale_engines(cl
     run = with_int8_onnx(clone_run())
     (run / tensorrt_engine.INT8_ENGINE).write_bytes(b"stale")
     (run / tensorrt_engine.INT8_ENGINE_SIDECAR).write_text("{}")
+    from conftest import listed
+
+    listed(run, tensorrt_engine.INT8_ENGINE, tensorrt_engine.INT8_ENGINE_SIDECAR)  # an earlier build's
     assert cli("build", "--run-dir", run) == 0
     assert build_entry(run)["reason"] == "TensorRT is not installed (test)"
     assert not (run / tensorrt_engine.INT8_ENGINE).exists() and not (run / tensorrt_engine.INT8_ENGINE_SIDECAR).exists()

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from conftest import ROOT, TINY, cli, listed
 from pipeline import config
-from pipeline.core import onnx_io
+from pipeline.core import config_schema, onnx_io
 from pipeline.core.errors import (
     EXIT_BACKEND_UNAVAILABLE,
     EXIT_INTERRUPTED,
@@ -933,21 +933,24 @@ def yaml_value(value) -> str:
 finite = {"allow_nan": False, "allow_infinity": False}
 tolerance = st.floats(0, 1e6, **finite)
 VALID = {
-    "train.epochs": st.integers(1, 10**12),
-    "train.lr": st.floats(min_value=0, exclude_min=True, **finite),
+    "train.epochs": st.integers(1, config_schema.MAX_EPOCHS),  # every number has a range now (issue 46)
+    "train.lr": st.floats(min_value=0, max_value=config_schema.MAX_LR, exclude_min=True, **finite),
     "train.momentum": st.floats(0, 1, exclude_max=True),
     "train.optimizer": st.sampled_from(["sgd", "adamw"]),
     "train.amp": st.sampled_from(["auto", "fp16", "bf16", "off"]),
-    "train.clip_grad_norm": st.none() | st.floats(min_value=0, exclude_min=True, **finite),
+    "train.clip_grad_norm": st.none() | st.floats(min_value=0, max_value=config_schema.MAX_RATIO, exclude_min=True,
+                                                  **finite),
     "train.init_weights": st.none() | st.text(),
     "train.deterministic": st.booleans(),
-    "data.batch_size": st.integers(1, 2**40),
+    "data.batch_size": st.integers(1, config_schema.MAX_BATCH),
     "data.image_size": st.none() | st.integers(1, 4096),
     "data.val_fraction": st.floats(0, 1, exclude_min=True, exclude_max=True),
     "data.augment": st.booleans(),
     "model.name": st.text(),
-    "model.mean": st.none() | st.lists(st.floats(**finite), max_size=4),
-    "model.std": st.none() | st.lists(st.floats(min_value=config.FLOAT32_TINY, **finite), max_size=4),
+    "model.mean": st.none() | st.lists(st.floats(-config_schema.MAX_RATIO, config_schema.MAX_RATIO, **finite),
+                                       max_size=4),
+    "model.std": st.none() | st.lists(st.floats(min_value=config.FLOAT32_TINY, max_value=config_schema.MAX_RATIO,
+                                                **finite), max_size=4),
     "export.opset": st.integers(17, 23),
     "export.fp16.nodes_to_exclude": st.lists(st.text(max_size=10), max_size=3),
     "verify.fp16.atol": tolerance | st.dictionaries(st.text(max_size=8), tolerance, max_size=3),

@@ -11,7 +11,7 @@ from PIL import Image
 
 from conftest import cli, run_cli
 from pipeline.core import data
-from pipeline.core.errors import EXIT_USAGE, DataError
+from pipeline.core.errors import EXIT_USAGE, DataError, UsageError
 
 SMALL = ["data.source=imagefolder", "data.image_size=16", "data.batch_size=4", "train.epochs=1",
          "train.require_learning=false"]
@@ -90,12 +90,19 @@ def test_a_run_directory_inside_the_data_is_said_so(tmp_path, capsys):
 
 
 def test_a_batch_the_machine_cannot_hold_is_refused_with_the_whole_reason(clone_run, capsys):
+    from pipeline.benchmark import check_batch_sizes
+
     run = clone_run()
     capsys.readouterr()
+    # 10**10 is past every batch's range now (issue 46: checked before any work, with the config's other ranges)
     assert cli("benchmark", "--run-dir", run, "benchmark.batch_sizes=[1,10000000000]") == EXIT_USAGE
     (line,) = _errors(capsys.readouterr().err)
-    assert line.startswith("error: benchmark: benchmark.batch_sizes: batch 10000000000 needs 2.86e+04 GiB for its "
-                           "inputs alone (3x16x16 float32 images), more than an eighth of this machine's ")
+    assert line == "error: config: benchmark.batch_sizes must all be between 1 and 65536", line
+    with pytest.raises(UsageError) as err:  # within that range, the memory of the machine
+        check_batch_sizes([1, 60_000], [3, 224, 224], 16 << 30)
+    line = str(err.value)
+    assert line.startswith("benchmark.batch_sizes: batch 60000 needs 33.6 GiB for its inputs alone (3x224x224 float32 "
+                           "images), more than an eighth of this machine's 16 GiB of memory")
     assert line.endswith(": lower benchmark.batch_sizes")
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import pytest
 
-from conftest import ROOT, cli, copy_run, trained_and_exported
+from conftest import ROOT, cli, copy_run, listed, trained_and_exported
 from pipeline.core import artifacts
 from pipeline.precision import fp16, int8
 
@@ -120,6 +120,7 @@ def test_all_tune_keeps_the_previous_choice_and_a_second_identical_run_reruns_no
     run = _copy(trained(f"{TUNE_MODELS}:mild_then_severe"), tmp_path)
     previous = ["/early/Conv", "/late/Conv"]
     (run / "int8_fallback.json").write_text(json.dumps({"nodes": previous, "calibration_method": "max"}))
+    listed(run, "int8_fallback.json")  # as an earlier tune wrote it
     args = ("-q", "all", "--run-dir", run, "--tune", *FAST, "benchmark.backends=[onnxrt_fp32,openvino_int8]")
     assert cli(*args) == 0
     chosen = _tune(run)["chosen"]

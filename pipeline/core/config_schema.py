@@ -46,6 +46,7 @@ MAX_CLASSES = 100_000
 MAX_THREADS = 4096  # benchmark.threads, before the machine's own bound (a small multiple of its cores)
 MAX_ROUNDS = 10_000  # fallback rounds, rows of a table, profiler steps, depth of a reduction
 MAX_RATIO = 1e6  # errors in units of a logit scale, gradient norms, ratios of speeds
+MAX_LR = 1e30  # a learning rate that diverges on purpose (tests/test_train.py's non-finite steps) is still in range
 FLOAT32_MAX = 3.4028234663852886e38  # the graphs are float32: a bound past this is no bound
 
 
@@ -111,7 +112,7 @@ class TrainConfig(Section):
 
     epochs: int = Field(4, ge=1, le=MAX_EPOCHS, description="training epochs")
     optimizer: Literal["sgd", "adamw"] = Field("sgd", description="optimizer")
-    lr: float = Field(0.05, gt=0, le=100, description="peak learning rate")
+    lr: float = Field(0.05, gt=0, le=MAX_LR, description="peak learning rate")
     momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum")
     weight_decay: float = Field(5e-4, ge=0, le=1, description="weight decay")
     bn_momentum: float | None = Field(None, gt=0, le=1, description="BatchNorm momentum while training (null: "
@@ -478,7 +479,7 @@ class TuneConfig(Section):
                                               "fine-tuning (python -m pipeline qat) after PTQ and the best PTQ mix; "
                                               "auto: only when no PTQ mix passes the gate with tune.min_speedup; on: "
                                               "always; off: never")
-    same_speed: float = Field(0.05, ge=0, le=1, description="mixes whose time ratio's 95 % interval lies within this "
+    same_speed: float = Field(0.05, ge=0, le=MAX_RATIO, description="mixes whose time ratio's 95 % interval lies within this "
                               "share of 1 are the same speed (timing noise); a mix no other beats beyond it ties, and "
                               "of a tie the one with the fewest layers out of INT8 is chosen; a re-run keeps the "
                               "fallback file's mix unless a new one beats it")
@@ -497,7 +498,7 @@ class QATConfig(Section):
     model with fake quantization where INT8 PTQ puts its Q/DQ nodes, distilled from the FP32 model (docs/verify.md)."""
 
     epochs: int = Field(2, ge=1, le=1000, description="fine-tuning epochs (few: the weights start trained)")
-    lr: float = Field(1e-3, gt=0, le=100,
+    lr: float = Field(1e-3, gt=0, le=MAX_LR,
                       description="peak learning rate (small: a fraction of train.lr), cosine to zero, no "
                       "warm-up; the optimizer, momentum and weight decay are train's")
     temperature: float = Field(2.0, gt=0, le=MAX_RATIO,

@@ -350,7 +350,7 @@ def read_json(path: str | Path, what: str, *, keys: frozenset[str] | None = None
 
     if not Path(path).exists() and not Path(path).is_symlink():
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
-    return schema.load_json(path, what, keys=keys)
+    return schema.load_json(path, what, keys=keys, says="is unreadable or corrupt")
 
 
 def read_sidecar(path: Path, of: str, *, what: str, schema: str, author_key: str, rebuild: str,

@@ -163,7 +163,8 @@ def _depth(data: Any) -> int:
     return deepest
 
 
-def parse_json(raw: bytes, path: str | Path, what: str, *, keys: frozenset[str] | None = None) -> Any:
+def parse_json(raw: bytes, path: str | Path, what: str, *, keys: frozenset[str] | None = None,
+               says: str = "is not valid JSON") -> Any:
     """The one JSON parser of whatever the tool reads back: UTF-8, no NaN or Infinity, no key given twice in an
     object, at most :data:`JSON_DEPTH` levels deep; ``keys``: the only top-level keys allowed (a file this tool
     wrote). Anything else is one :class:`InputError` (exit 2)."""
@@ -173,7 +174,7 @@ def parse_json(raw: bytes, path: str | Path, what: str, *, keys: frozenset[str] 
         raise InputError(f"{path}: {what} nests deeper than the {JSON_DEPTH} levels such a file can have; refusing "
                          "to read it") from None
     except (UnicodeDecodeError, ValueError) as exc:
-        raise InputError(f"{path}: {what} is unreadable or corrupt: not valid JSON ({printable(exc, 120)})") from None
+        raise InputError(f"{path}: {what} {says} ({printable(exc, 120)})") from None
     if _depth(data) > JSON_DEPTH:
         raise InputError(f"{path}: {what} nests deeper than the {JSON_DEPTH} levels such a file can have; refusing "
                          "to read it")
@@ -185,9 +186,10 @@ def parse_json(raw: bytes, path: str | Path, what: str, *, keys: frozenset[str] 
     return data
 
 
-def load_json(path: str | Path, what: str, *, limit: int = JSON_LIMIT, keys: frozenset[str] | None = None) -> Any:
+def load_json(path: str | Path, what: str, *, limit: int = JSON_LIMIT, keys: frozenset[str] | None = None,
+              says: str = "is not valid JSON") -> Any:
     """A JSON file read through :func:`read_bytes` (no links, at most ``limit`` bytes) and :func:`parse_json`."""
-    return parse_json(read_bytes(path, what, limit), path, what, keys=keys)
+    return parse_json(read_bytes(path, what, limit), path, what, keys=keys, says=says)
 
 
 def read_json(path: str | Path, model: type[Model], what: str, *, limit: int = JSON_LIMIT) -> Model:
