@@ -479,10 +479,11 @@ class TuneConfig(Section):
                                               "fine-tuning (python -m pipeline qat) after PTQ and the best PTQ mix; "
                                               "auto: only when no PTQ mix passes the gate with tune.min_speedup; on: "
                                               "always; off: never")
-    same_speed: float = Field(0.05, ge=0, le=MAX_RATIO, description="mixes whose time ratio's 95 % interval lies within this "
-                              "share of 1 are the same speed (timing noise); a mix no other beats beyond it ties, and "
-                              "of a tie the one with the fewest layers out of INT8 is chosen; a re-run keeps the "
-                              "fallback file's mix unless a new one beats it")
+    same_speed: float = Field(0.05, ge=0, le=MAX_RATIO,
+                              description="mixes whose time ratio's 95 % interval lies within this share of 1 are "
+                              "the same speed (timing noise); a mix no other beats beyond it ties, and of a tie the "
+                              "one with the fewest layers out of INT8 is chosen; a re-run keeps the fallback file's "
+                              "mix unless a new one beats it")
 
     @model_validator(mode="after")
     def _distinct_methods(self):
