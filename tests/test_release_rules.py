@@ -23,9 +23,11 @@ def test_a_release_key_is_major_minor_patch_padded_with_zeros(version, key):
 def test_releases_are_matched_on_major_minor_patch_from_the_given_table():
     assert [r.release for r in deployment.releases_for("10.8", TABLE)] == ["26.02", "26.01"]
     assert deployment.describe_releases("10.8.0", TABLE) == \
-        "TensorRT 10.8.0: Triton release 26.02, 26.01 (nvcr.io/nvidia/tritonserver:26.02-trtllm-python-py3)"
+        ("TensorRT 10.8.0: Triton release 26.02, 26.01 (serve from nvcr.io/nvidia/tritonserver:26.02-py3 after "
+         "checking its TensorRT there: the table is the -trtllm-python-py3 image's)")
     assert deployment.describe_releases("10.7", TABLE) == \
-        "TensorRT 10.7: Triton release 25.12 (nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3)"
+        ("TensorRT 10.7: Triton release 25.12 (serve from nvcr.io/nvidia/tritonserver:25.12-py3 after checking its "
+         "TensorRT there: the table is the -trtllm-python-py3 image's)")
     assert deployment.describe_releases("9.9", TABLE) == (
         "TensorRT 9.9: no Triton container release in the compatibility table ships it; serve its engines from a "
         "container with exactly this TensorRT, or rebuild them inside one")

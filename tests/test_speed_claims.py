@@ -331,7 +331,8 @@ def test_the_headline_names_a_tie_and_doubts_a_row_benchmark_app_does_not_confir
 
     def row(name, p50, images, batch):
         return {"backend": name, "batch_size": batch, "latency_ms": {"p50": p50}, "throughput_per_s": images,
-                "verify": "passed", "device": "cpu", "timing": "wall-clock", "deployable": True}
+                "verify": "passed", "device": "cpu", "timing": "wall-clock", "timing_kind": "cpu_call",
+                "deployable": True}
 
     results = [row("openvino_int8", 0.26, 3800, 1), row("onnxrt_fp32", 0.27, 3700, 1),
                row("openvino_int8", 3.0, 10000, 32), row("onnxrt_fp32", 9.0, 3500, 32)]
@@ -362,7 +363,7 @@ def test_the_headlines_speedup_over_eager_comes_with_its_bootstrap_interval():
         samples = list(ms * rng.uniform(0.95, 1.05, 200))
         return {"backend": name, "batch_size": 1, "latency_ms": {"p50": float(np.median(samples))},
                 "throughput_per_s": 1000.0 / float(np.mean(samples)), "verify": verify, "device": "cpu",
-                "timing": "wall-clock", "deployable": True, "samples_ms": samples}
+                "timing": "wall-clock", "timing_kind": "cpu_call", "deployable": True, "samples_ms": samples}
 
     results = [row("torch_fp32", 4.0, "reference"), row("openvino_int8", 0.2)]
     benchmark.add_ratios(results)

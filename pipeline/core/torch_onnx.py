@@ -3,8 +3,10 @@ writes ``model.onnx`` with, and what qat exports its fine-tuned weights with bef
 
 from __future__ import annotations
 
+import importlib.util
 import linecache
 import logging
+import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,14 +26,23 @@ GRAPH_MAY_DIFFER = ("might cause the trace to be incorrect", "registered as cons
 ACCEPT_KEY = "export.accept_trace_warnings"
 
 
-TORCH_SOURCE = str(Path(torch.__file__).parent)  # torch's own modules (nn.TransformerEncoder's fast-path checks)
+def _package_folders(*names: str) -> tuple[str, ...]:
+    """The source folders of the packages named that are installed (found without importing them)."""
+    specs = [importlib.util.find_spec(name) for name in names]
+    return tuple(str(Path(folder)) + os.sep for spec in specs if spec and spec.submodule_search_locations
+                 for folder in spec.submodule_search_locations)
+
+
+# Libraries whose own shape checks the tracer warns about: torch's modules (nn.TransformerEncoder's fast-path checks)
+# and ModelOpt's quantizers (an empty-input check that QAT's model carries, quantizers off or on). Not the model's code.
+LIBRARY_SOURCES = _package_folders("torch", "modelopt")
 
 
 def graph_may_differ(category: str, message: str, filename: str = "") -> bool:
     """Whether an exporter warning means the exported graph may compute something other than the model: a tracer
-    warning of that kind raised in the model's own code (``filename``), not in torch's modules."""
+    warning of that kind raised in the model's own code (``filename``), not in a library's (:data:`LIBRARY_SOURCES`)."""
     return (category == "TracerWarning" and any(phrase in message for phrase in GRAPH_MAY_DIFFER)
-            and not filename.startswith(TORCH_SOURCE))
+            and not str(Path(filename)).startswith(LIBRARY_SOURCES))
 
 
 @dataclass(frozen=True)
