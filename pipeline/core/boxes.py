@@ -8,6 +8,8 @@ Detections are rows (x1, y1, x2, y2, score, class) per image, as a detector's ``
 boxes and at most 100 detections per image: per class and IoU threshold (0.50:0.05:0.95), detections in descending
 score order, each matched to the unmatched ground-truth box of the largest IoU at or over the threshold; precision
 made monotone and read at 101 recall points; the mean over the classes that have ground truth and the thresholds.
+A detection whose width times height is negative (x2 < x1 or y2 < y1, not both) is outside COCO's area range "all"
+and ignored, as COCOeval ignores it; one of zero area is a false positive.
 ``tests/test_detection.py`` holds it equal to pycocotools on random sets. What it adds: the matching is computed
 once per image, so :func:`bootstrap_map_drop` resamples images by weights without matching again.
 """
@@ -66,6 +68,7 @@ def match_truth(detections: list[np.ndarray], truths: list[np.ndarray], classes:
     positives = np.zeros((len(truths), classes), np.int64)
     for i, (dets, truth) in enumerate(zip(detections, truths, strict=True)):
         d, t = valid_detections(dets), valid_truth(truth)
+        d = d[(d[:, 2] - d[:, 0]) * (d[:, 3] - d[:, 1]) >= 0]  # COCO ignores a box whose w*h is negative
         for c in range(classes):
             positives[i, c] = int((t[:, 0] == c).sum())
         for c in np.unique(d[:, 5]).astype(int) if len(d) else []:
