@@ -163,13 +163,15 @@ def copy_run(run: Path, tmp_path: Path) -> Path:
 
 @pytest.fixture(autouse=True)
 def signal_handlers_kept():
-    """Every test leaves SIGINT's and SIGTERM's handlers as it found them (issue 46). A handler one test leaves behind
-    (the CLI's, which only takes note) changes what Ctrl-C does in whichever test that worker runs next, so the defect
-    would show, by chance, in another test. The handlers are put back here and the test that changed them fails."""
+    """Every test leaves SIGINT's, SIGTERM's and SIGCHLD's handlers as it found them (issue 46). A handler one test
+    leaves behind (the CLI's, which only takes note; DataLoader's SIGCHLD handler, which a train with worker processes
+    left and a later test in that worker died of) changes what happens in whichever test that worker runs next, so
+    the defect would show, by chance, in another test. The handlers are put back here and the test that changed them
+    fails."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD)}
     yield
     changed = [signal.Signals(sig).name for sig, handler in before.items() if signal.getsignal(sig) is not handler]
     for sig, handler in before.items():

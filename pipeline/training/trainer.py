@@ -16,6 +16,8 @@ import contextlib
 import json
 import logging
 import math
+import signal
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -134,6 +136,24 @@ def wrap_for_training(model: nn.Module, tc, world: Dist, device) -> nn.Module:
     return model
 
 
+
+@contextlib.contextmanager
+def sigchld_kept():
+    """Put back the SIGCHLD handler that training found. DataLoader's worker processes (``data.workers`` > 0) install
+    one for the whole process, once, and never remove it, so every command run after train in the same process
+    (``all``, a caller of ``cli.main``) would take each child's end through it; a test process that went on to
+    benchmark after such a train died with SIGSEGV (2026-12-05). The loader still notices a dead worker by its own
+    polling."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.getsignal(signal.SIGCHLD)
+    try:
+        yield
+    finally:
+        if before is not None and signal.getsignal(signal.SIGCHLD) is not before:
+            signal.signal(signal.SIGCHLD, before)
+
 class Trainer:
     """The training recipe: set up in ``__init__``, then :meth:`train`; each piece below does one thing."""
 
@@ -215,6 +235,7 @@ class Trainer:
         trace = self.run_dir.file(TRACE) if profile and self.world.is_main else None
         # Whatever ends the loop (the end, an error, Ctrl-C) closes the metrics file and the profiler.
         with contextlib.ExitStack() as stack:
+            stack.enter_context(sigchld_kept())
             self.metrics = stack.enter_context(MetricsLog(
                 self.run_dir.file(self.metrics_name), self.world.is_main,
                 self.run_dir.file(TENSORBOARD) if self.tc.tensorboard else None))
