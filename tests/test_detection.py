@@ -281,6 +281,29 @@ def test_all_on_a_coco_folder(tmp_path, capsys):
     assert any(p == "fp16" for _, p in precisions.values())  # and the network in FP16
     card = json.loads((run / "model.json").read_text())
     assert card["classes"] == ["square", "disc", "triangle"] and card["spec"]["task"] == "detection"
+    assert_triton_configs_carry_the_detections(run, tmp_path / "repo")
+
+
+def assert_triton_configs_carry_the_detections(run: Path, out: Path) -> None:
+    """deploy's config.pbtxt declares both outputs with the dims the artifact returns: ``detections`` is [20, 6]
+    after the batch (the tracer left it symbolic; export declares it), as ONNX Runtime computes it."""
+    pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc] (the deploy extra) is not installed")
+    import onnxruntime as ort
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    assert cli("deploy", "--run-dir", run, "--out", out) == 0
+    x = np.zeros((3, 3, 32, 32), np.float32)
+    head, dets = ort.InferenceSession(str(run / "model.onnx")).run(["head", "detections"], {"input": x})
+    folders = [f for f in out.iterdir() if f.is_dir()]
+    assert folders
+    for folder in folders:
+        config = text_format.Parse((folder / "config.pbtxt").read_text(), mc.ModelConfig())
+        cut = 1 if config.max_batch_size > 0 else 0  # OpenVINO's batch is in dims (-1)
+        dims = {o.name: tuple(o.dims) for o in config.output}
+        want = {"head": head.shape[1:], "detections": dets.shape[1:]}
+        assert dims == {k: (-1,) * (1 - cut) + v for k, v in want.items()}, (folder.name, dims)
+        assert want["detections"] == (20, 6)
 
 
 @pytest.mark.slow
