@@ -209,6 +209,37 @@ def test_the_embedded_detection_set_is_deterministic_with_boxes_inside():
     assert (rows[:, 1] >= 0).all() and (rows[:, 3] <= 48).all() and (rows[:, 3] > rows[:, 1]).all()
 
 
+def test_the_real_image_scenes_are_deterministic_with_tight_boxes_on_the_pasted_objects():
+    """data.source=scenes: matplotlib's sample images composited; each box is tight around pixels that changed."""
+    from pipeline.core import scene_data
+
+    a, ta = scene_data.scene_detection(4, 12, 48, seed=3)
+    b, tb = scene_data.scene_detection(4, 12, 48, seed=3)
+    assert torch.equal(a, b) and torch.equal(ta, tb)
+    assert not torch.equal(a, scene_data.scene_detection(4, 12, 48, seed=4)[0])
+    rows = ta.reshape(-1, 5)
+    rows = rows[rows[:, 0] >= 0]
+    assert len(rows) >= 12 and set(rows[:, 0].long().tolist()) == {0, 1, 2, 3}
+    assert (rows[:, 1:3] >= 0).all() and (rows[:, 3:] <= 48).all() and (rows[:, 3:] > rows[:, 1:3]).all()
+    objects, backgrounds = scene_data.sources()
+    assert len(objects) == 4 and len(backgrounds) == 3 and all(o[3].mean() > 0.2 for o in objects)
+
+
+def test_the_scenes_are_a_detectors_data_source_and_a_classifier_is_refused(tmp_path, capsys):
+    from pipeline import config
+    from pipeline.core import data
+
+    cfg = config.resolve(overrides=["model.name=centernet_resnet18", "data.source=scenes", "data.samples_per_class=10"])
+    splits = data.load(cfg.data, image_size=32, mean=(0.5,) * 3, std=(0.25,) * 3, task="detection")
+    assert splits.classes == ["face", "present", "logo", "brain"] and len(splits.train) + len(splits.val) == 20
+    x, y = splits.val[0]
+    assert x.shape == (3, 32, 32) and y.shape[-1] == 5
+    assert data.content_summary(cfg.data, None)["source"] == "scenes"
+    assert cli("train", "--model", "tiny_cnn", "--run-dir", tmp_path / "run", "data.source=scenes",
+               "data.image_size=16") == 2
+    assert "holds boxes, but the model is a classifier" in capsys.readouterr().err
+
+
 def make_coco_folder(root: Path, images: int = 48, size: int = 40) -> Path:
     """A COCO-format folder: PNG files drawn from the embedded set at another size, and annotations.json."""
     from PIL import Image
