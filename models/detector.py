@@ -11,6 +11,7 @@ sizes) and class-aware non-maximum suppression, which exports as ONNX ``NonMaxSu
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import torch
@@ -203,7 +204,11 @@ def centernet_resnet18(num_classes: int = 6, image_size: int = 64) -> CenterNet:
     return CenterNet(ResNetBody(), (64, 128, 256), num_classes)
 
 
-@register_model(recipe=RECIPE, input_size=(3, 64, 64), num_classes=6, task="detection")
+# MobileNetV3-Small learns slowly at ResNet-18's rate: after 6 epochs mAP@0.5:0.95 4.6 % at 2e-3, 14.2 % at 6e-3.
+MOBILENET_RECIPE = dataclasses.replace(RECIPE, lr=6e-3)
+
+
+@register_model(recipe=MOBILENET_RECIPE, input_size=(3, 64, 64), num_classes=6, task="detection")
 def centernet_mobilenet_v3_small(num_classes: int = 6, image_size: int = 64) -> CenterNet:
     """CenterNet-style detector on MobileNetV3-Small (blocks to stride 16), decode and NMS in the graph."""
     return CenterNet(MobileNetBody(), (16, 24, 48), num_classes)

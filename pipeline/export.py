@@ -32,6 +32,19 @@ if TYPE_CHECKING:  # annotations only
 log = logging.getLogger("pipeline")
 
 
+def fixed_output_dims(model, examples, task: tasks.Task) -> dict[str, tuple[int, ...]]:
+    """The dimensions after the batch of the outputs besides the gated one, as the model returns them: a detector's
+    ``detections`` are [batch, max_detections, 6] by construction (the task's contract), which the tracer leaves
+    symbolic, and a Triton configuration (deploy) needs them."""
+    if not task.extra_outputs:
+        return {}
+    model.eval()
+    with torch.no_grad():
+        out = model(torch.from_numpy(examples))
+    return {name: tuple(int(d) for d in tensor.shape[1:]) for name, tensor in zip(task.extra_outputs, out[1:],
+                                                                               strict=True)}
+
+
 def run(cfg: Config, run_dir: RunDir, record: StageRecord) -> None:
     model, card = modeling.load_trained(cfg, run_dir, "export")
     weights_sha256 = sha256_file(run_dir.file(WEIGHTS))  # what every graph of this export records (the lock is held)
@@ -49,7 +62,8 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord) -> None:
                                   input_name=spec["input_name"], output_name=spec["output_name"],
                                   dynamic_batch=ec.dynamic_batch, weights_sha256=weights_sha256,
                                   extra_outputs=tasks.of(spec).extra_outputs,
-                                  accept_trace_warnings=ec.accept_trace_warnings)
+                                  accept_trace_warnings=ec.accept_trace_warnings,
+                                  output_dims=fixed_output_dims(model, examples, tasks.of(spec)))
     accepted = [w.text for w in tracer_warnings if w.differs]  # export_onnx refuses them unless the setting is on
     for warned in tracer_warnings[:3]:
         log.warning("export: exporter warning%s: %s", f" accepted ({ACCEPT_KEY})" if warned.differs else "",

@@ -209,6 +209,37 @@ def test_the_embedded_detection_set_is_deterministic_with_boxes_inside():
     assert (rows[:, 1] >= 0).all() and (rows[:, 3] <= 48).all() and (rows[:, 3] > rows[:, 1]).all()
 
 
+def test_the_real_image_scenes_are_deterministic_with_tight_boxes_on_the_pasted_objects():
+    """data.source=scenes: matplotlib's sample images composited; each box is tight around pixels that changed."""
+    from pipeline.core import scene_data
+
+    a, ta = scene_data.scene_detection(4, 12, 48, seed=3)
+    b, tb = scene_data.scene_detection(4, 12, 48, seed=3)
+    assert torch.equal(a, b) and torch.equal(ta, tb)
+    assert not torch.equal(a, scene_data.scene_detection(4, 12, 48, seed=4)[0])
+    rows = ta.reshape(-1, 5)
+    rows = rows[rows[:, 0] >= 0]
+    assert len(rows) >= 12 and set(rows[:, 0].long().tolist()) == {0, 1, 2, 3}
+    assert (rows[:, 1:3] >= 0).all() and (rows[:, 3:] <= 48).all() and (rows[:, 3:] > rows[:, 1:3]).all()
+    objects, backgrounds = scene_data.sources()
+    assert len(objects) == 4 and len(backgrounds) == 3 and all(o[3].mean() > 0.2 for o in objects)
+
+
+def test_the_scenes_are_a_detectors_data_source_and_a_classifier_is_refused(tmp_path, capsys):
+    from pipeline import config
+    from pipeline.core import data
+
+    cfg = config.resolve(overrides=["model.name=centernet_resnet18", "data.source=scenes", "data.samples_per_class=10"])
+    splits = data.load(cfg.data, image_size=32, mean=(0.5,) * 3, std=(0.25,) * 3, task="detection")
+    assert splits.classes == ["face", "present", "logo", "brain"] and len(splits.train) + len(splits.val) == 20
+    x, y = splits.val[0]
+    assert x.shape == (3, 32, 32) and y.shape[-1] == 5
+    assert data.content_summary(cfg.data, None)["source"] == "scenes"
+    assert cli("train", "--model", "tiny_cnn", "--run-dir", tmp_path / "run", "data.source=scenes",
+               "data.image_size=16") == 2
+    assert "holds boxes, but the model is a classifier" in capsys.readouterr().err
+
+
 def make_coco_folder(root: Path, images: int = 48, size: int = 40) -> Path:
     """A COCO-format folder: PNG files drawn from the embedded set at another size, and annotations.json."""
     from PIL import Image
@@ -281,6 +312,29 @@ def test_all_on_a_coco_folder(tmp_path, capsys):
     assert any(p == "fp16" for _, p in precisions.values())  # and the network in FP16
     card = json.loads((run / "model.json").read_text())
     assert card["classes"] == ["square", "disc", "triangle"] and card["spec"]["task"] == "detection"
+    assert_triton_configs_carry_the_detections(run, tmp_path / "repo")
+
+
+def assert_triton_configs_carry_the_detections(run: Path, out: Path) -> None:
+    """deploy's config.pbtxt declares both outputs with the dims the artifact returns: ``detections`` is [20, 6]
+    after the batch (the tracer left it symbolic; export declares it), as ONNX Runtime computes it."""
+    pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc] (the deploy extra) is not installed")
+    import onnxruntime as ort
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    assert cli("deploy", "--run-dir", run, "--out", out) == 0
+    x = np.zeros((3, 3, 32, 32), np.float32)
+    head, dets = ort.InferenceSession(str(run / "model.onnx")).run(["head", "detections"], {"input": x})
+    folders = [f for f in out.iterdir() if f.is_dir()]
+    assert folders
+    for folder in folders:
+        config = text_format.Parse((folder / "config.pbtxt").read_text(), mc.ModelConfig())
+        cut = 1 if config.max_batch_size > 0 else 0  # OpenVINO's batch is in dims (-1)
+        dims = {o.name: tuple(o.dims) for o in config.output}
+        want = {"head": head.shape[1:], "detections": dets.shape[1:]}
+        assert dims == {k: (-1,) * (1 - cut) + v for k, v in want.items()}, (folder.name, dims)
+        assert want["detections"] == (20, 6)
 
 
 @pytest.mark.slow
@@ -329,6 +383,14 @@ def test_fp16_decode_overflow_fails_and_the_fallback_fixes_it(trained_detectors,
 def test_int8_hostile_regression_head_fails(trained_detectors, tmp_path, capsys):
     run = copy_run(trained_detectors("det_outlier_regression"), tmp_path)
     assert cli("export", "--run-dir", run, "export.int8.enabled=true") == 0
+    import onnx
+
+    # The decode and NMS stay out of INT8: a Q/DQ pair on the peak pick's heatmap made ONNX Runtime's CPU compare
+    # two precisions of it (docs/detection.md) and lose most boxes.
+    graph = onnx.load(str(run / "model.int8.onnx")).graph
+    assert not [n.name for n in graph.node if n.name.startswith("/postprocess/")
+                and n.op_type in ("QuantizeLinear", "DequantizeLinear")]
+    assert any(n.op_type == "QuantizeLinear" for n in graph.node)  # and the network is quantized
     assert cli("verify", "--run-dir", run, "export.int8.enabled=true") == 1
     err = capsys.readouterr().err
     exact = candidate(run, "int8_exact")

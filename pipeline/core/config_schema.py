@@ -77,8 +77,9 @@ class ModelConfig(Section):
 
 
 class DataConfig(Section):
-    source: Literal["synthetic", "imagefolder", "cifar10", "coco"] = Field(
-        "synthetic", description="where images come from (coco: a COCO-format detection folder, docs/detection.md)")
+    source: Literal["synthetic", "imagefolder", "cifar10", "coco", "scenes"] = Field(
+        "synthetic", description="where images come from (coco: a COCO-format detection folder; scenes: real images "
+        "shipped with matplotlib composited into detection scenes; docs/detection.md)")
     path: Optional[str] = Field(None, description="data directory (imagefolder, cifar10, coco)")
     image_size: Optional[int] = Field(32, gt=0, le=4096, description="square input size; null: the model's own")
     num_classes: int = Field(10, ge=2, le=1000, description="classes of the synthetic set")
@@ -91,7 +92,7 @@ class DataConfig(Section):
 
     @model_validator(mode="after")
     def _path_needed(self):
-        if self.source != "synthetic" and not self.path:
+        if self.source not in ("synthetic", "scenes") and not self.path:
             raise ValueError(f"data.path is required when data.source is {self.source!r}")
         return self
 

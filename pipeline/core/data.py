@@ -610,7 +610,7 @@ _SOURCES = {"synthetic": _synthetic, "imagefolder": _image_folder, "cifar10": _c
 def load(data_cfg: DataConfig, *, image_size: int, mean, std, task: str = "classification") -> DataSplits:
     """Load the configured data set at ``image_size``, normalised with ``mean``/``std``; ``task`` (the model
     spec's) picks the label format: class indices, or boxes (:mod:`pipeline.core.detection_data`)."""
-    if task == "detection" or data_cfg.source == "coco":
+    if task == "detection" or data_cfg.source in ("coco", "scenes"):
         return _load_detection(data_cfg, image_size, mean, std, task)
     splits = _SOURCES[data_cfg.source](data_cfg, image_size, mean, std)
     splits.details["normalisation"] = {"mean": [float(v) for v in mean], "std": [float(v) for v in std]}
@@ -618,15 +618,17 @@ def load(data_cfg: DataConfig, *, image_size: int, mean, std, task: str = "class
 
 
 def _load_detection(data_cfg: DataConfig, image_size: int, mean, std, task: str) -> DataSplits:
-    from pipeline.core import detection_data  # it imports nothing from here (images are decoded by load_image)
+    from pipeline.core import detection_data, scene_data  # they import nothing from here (load_image decodes)
 
     if task != "detection":
         raise DataError(f"data.source={data_cfg.source} holds boxes, but the model is a classifier; pick a detector "
                         "(python -m pipeline models) or an image-folder data source")
-    sources = {"synthetic": detection_data.synthetic_splits, "coco": detection_data.coco_splits}
+    sources = {"synthetic": detection_data.synthetic_splits, "coco": detection_data.coco_splits,
+               "scenes": scene_data.scene_splits}
     if data_cfg.source not in sources:
         raise DataError(f"data.source={data_cfg.source} has class labels, but the model is a detector; use "
-                        "data.source=coco (a COCO-format folder) or synthetic (the embedded detection set)")
+                        "data.source=coco (a COCO-format folder), synthetic (the embedded detection set) or scenes "
+                        "(real images shipped with matplotlib, composited)")
     splits = DataSplits(**sources[data_cfg.source](data_cfg, image_size, mean, std, load_image))
     splits.details["normalisation"] = {"mean": [float(v) for v in mean], "std": [float(v) for v in std]}
     return splits
@@ -670,6 +672,10 @@ def content_summary(data_cfg: DataConfig, cache: Path | None = None) -> dict:
 
     if data_cfg.source == "synthetic":
         return {"source": "synthetic"}  # the same for a detector: the model's name is in every fingerprint
+    if data_cfg.source == "scenes":  # a function of the config and of matplotlib's sample files: their bytes
+        from pipeline.core import scene_data
+
+        return {"source": "scenes", "sha256": scene_data.files_sha256()}
     root = Path(data_cfg.path).expanduser()
     if not root.is_dir():
         return {"source": data_cfg.source, "missing": str(root)}

@@ -63,11 +63,14 @@ def _described(w: warnings.WarningMessage) -> ExporterWarning:
 
 def export_onnx(model: torch.nn.Module, example: torch.Tensor, path: Path, *, opset: int, exporter: str,
                 input_name: str, output_name: str, dynamic_batch: bool, weights_sha256: str = "",
-                extra_outputs: tuple[str, ...] = (), accept_trace_warnings: bool = False) -> list[ExporterWarning]:
+                extra_outputs: tuple[str, ...] = (), accept_trace_warnings: bool = False,
+                output_dims: dict[str, tuple[int, ...]] | None = None) -> list[ExporterWarning]:
     """Export ``model`` to ``path`` (atomically, stamped with ``weights_sha256``); returns the exporter's warnings.
-    ``extra_outputs``: the names of the model's outputs after the first (a detector's ``detections``). A warning that
-    the graph may differ from the model (:func:`graph_may_differ`) fails the export (exit 1, naming the model's source
-    line, nothing written) unless ``accept_trace_warnings``."""
+    ``extra_outputs``: the names of the model's outputs after the first (a detector's ``detections``).
+    ``output_dims``: an output's dimensions after the batch that the model fixes by construction (a detector's
+    ``detections``: ``(max_detections, 6)``), declared in the graph where the exporter left them symbolic.
+    A warning that the graph may differ from the model (:func:`graph_may_differ`) fails the export (exit 1, naming
+    the model's source line, nothing written) unless ``accept_trace_warnings``."""
     output_names = [output_name, *extra_outputs]
     with warnings.catch_warnings(record=True) as caught, atomic_path(path) as tmp:
         warnings.simplefilter("always")
@@ -96,11 +99,36 @@ def export_onnx(model: torch.nn.Module, example: torch.Tensor, path: Path, *, op
                               "the path the example input took, and verify cannot see a branch its images never take: "
                               "write the data-dependent step with tensor operations (torch.where), or set "
                               f"{ACCEPT_KEY}=true to accept it")
+        if output_dims:
+            declare_output_dims(tmp, output_dims)
         if weights_sha256:
             provenance.stamp_file(tmp, weights_sha256)
         onnx_io.check(tmp)
     return [_described(w) for w in caught
             if issubclass(w.category, (torch.jit.TracerWarning, UserWarning)) and "deprecat" not in str(w.message)]
+
+
+def declare_output_dims(path: Path, dims: dict[str, tuple[int, ...]]) -> None:
+    """Write each named output's dimensions after the first into the graph at ``path`` (the first, the batch, is
+    kept as exported); a dimension the graph already fixes must agree, else the export fails (exit 1)."""
+    import onnx
+
+    model = onnx.load(str(path))
+    for value in model.graph.output:
+        if value.name not in dims:
+            continue
+        shape = value.type.tensor_type.shape
+        want = dims[value.name]
+        if len(shape.dim) != len(want) + 1:
+            raise CheckFailed(f"the exported output {value.name} has rank {len(shape.dim)}, the model returns rank "
+                              f"{len(want) + 1}")
+        for dim, size in zip(list(shape.dim)[1:], want, strict=True):
+            if dim.HasField("dim_value") and dim.dim_value != size:
+                raise CheckFailed(f"the exported output {value.name} declares {dim.dim_value} where the model "
+                                  f"returns {size}")
+            dim.Clear()
+            dim.dim_value = int(size)
+    onnx.save(model, str(path))
 
 
 def _dynamic_shapes(model, dynamic):

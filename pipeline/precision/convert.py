@@ -95,6 +95,9 @@ def quantize_images(run_dir: RunDir, card: dict, images: np.ndarray, ic, out_of_
     export's graph and the stability certificate's draws (:mod:`pipeline.evaluation.certificate`) come from here."""
     by_rule = fp32_by_rule(run_dir)  # a detector's decode and NMS, kept in FP32 by rule (pipeline.core.tasks)
     fp32_nodes = list(dict.fromkeys([*fp32_nodes, *by_rule]))
+    # And out of INT8: ModelOpt quantizes a MaxPool's input, so the peak pick's heatmap would pass a Q/DQ pair in
+    # FP16 whose two consumers ONNX Runtime's CPU computes in two precisions (docs/detection.md).
+    out_of_int8 = list(dict.fromkeys([*out_of_int8, *by_rule]))
     # ModelOpt rewrites its input in place and writes intermediates beside it: it gets a private copy.
     with scratch_folder(run_dir.file(FP32_ONNX)) as scratch:
         fp32_copy, quantized = scratch / FP32_ONNX, scratch / out_name
