@@ -406,7 +406,8 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, tune: bool = False
     payload = tune_report.with_held_out(tune_report.payload(cfg, t, runs, baseline, chosen, why, fronts), held)
     if stability is not None:
         payload["stability"] = stability
-    payload["ladder"] = tune_report.ladder(t, runs, ptq_chosen, qat_cand, qat_why)
+    if plug.trainable:  # PTQ, best mix and QAT side by side: a precision QAT cannot make (FP16, BF16) has no ladder
+        payload["ladder"] = tune_report.ladder(t, runs, ptq_chosen, qat_cand, qat_why)
     if chosen is not None and chosen is qat_cand:
         qat_recipe.write_fallback(run_dir, qat_cand.result["qat"]["source"], "chosen by python -m pipeline tune "
                                   "(tune.md): QAT's graph, rebuilt by export from its checkpoint")
