@@ -23,7 +23,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.core import artifacts, bundle_schema, env, schema, verdicts
+from pipeline.core import artifacts, benchmark_rows, bundle_schema, env, schema, verdicts
+from pipeline.core.benchmark_rows import BenchmarkRow
 from pipeline.core.bundle_schema import Meta
 from pipeline.core.errors import InputError, UsageError
 from pipeline.core.run import RunDir, atomic_write, confined, now, open_confined, read_json, sha256_file
@@ -122,16 +123,15 @@ def run_verdicts(run: RunDir, consumer: str) -> tuple[dict, verdicts.Inconclusiv
     return verify_report.read_verdicts(run) or {}, recorded_policy(run)
 
 
-def latency_rows(run: RunDir, consumer: str) -> list[bundle_schema.RunRow]:
+def latency_rows(run: RunDir, consumer: str) -> list[BenchmarkRow]:
     """benchmark.json's rows with raw samples (the file benchmark wrote, typed and bounded)."""
     path = check_written_by(run, "benchmark", artifacts.BENCHMARK_JSON, consumer)
-    rows = schema.read_json(path, bundle_schema.BenchmarkRows, "benchmark report").results
-    return [r for r in rows if r.samples_ms]
+    return [r for r in benchmark_rows.read(path).results if r.samples_ms]
 
 
 def _latency_entries(run: RunDir) -> list[dict]:
     keep = ("backend", "precision", "device", "batch_size", "timing", "timing_kind", "verify", "samples_ms")
-    rows = [{k: row.model_dump().get(k) for k in keep} for row in latency_rows(run, "baseline")]
+    rows = [{k: getattr(row, k) for k in keep} for row in latency_rows(run, "baseline")]
     if not rows:
         raise UsageError(f"{run.path}: benchmark.json has no timed rows: nothing to hold latency to (run "
                          "benchmark with at least one backend)")

@@ -274,15 +274,15 @@ def test_a_failing_measurement_is_an_error_row_and_the_rest_go_on(where):
     ctx = Context(cfg, None, "benchmark", {"input_name": "x"})
     images = np.zeros((2, 3, 4, 4), np.float32)
     rows, skipped = benchmark.time_backend(backend, ctx, images, benchmark.Method(0.0, 3, 0.0, 1, 0.5), "n/a")
-    measured = sorted((r["batch_size"], r["timing"]) for r in rows)
-    errors = [s for s in skipped if s["reason"].startswith("error: ")]
-    assert len(errors) == 1 and errors[0]["batch_size"] == 4
+    measured = sorted((r.batch_size, r.timing) for r in rows)
+    errors = [s for s in skipped if s.reason.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].batch_size == 4
     if where == "timers":  # the whole batch failed before anything ran
         assert measured == [(1, "first"), (1, "second"), (8, "first"), (8, "second")]
         # the whole reason on one line (issue 21: OpenVINO once showed only its "Exception from …cpp:117:" line)
-        assert errors[0]["reason"] == "error: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB second line"
+        assert errors[0].reason == "error: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB second line"
     else:  # only that (batch, timing) failed
         assert measured == [(1, "first"), (1, "second"), (4, "first"), (8, "first"), (8, "second")]
-        assert errors[0]["timing"] == "second" and "execute_async_v3 returned False" in errors[0]["reason"]
+        assert errors[0].timing == "second" and "execute_async_v3 returned False" in errors[0].reason
     assert not runner.active  # deactivated once, after every batch
     assert backends  # the table module stays importable beside the test backend

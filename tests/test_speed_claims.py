@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import benchmark_row
 from pipeline.core import speed_claims
 from pipeline.core.speed_claims import Ratio, Speed
 
@@ -318,7 +319,7 @@ def test_benchmark_app_alternates_with_our_timing_and_pairs_the_rounds():
         calls.append("theirs")
         return {"p50_ms": 0.3 * next(load), "requests": 1}
 
-    row = {"backend": "openvino_int8", "batch_size": 1, "latency_ms": {"p50": 0.3}}
+    row = benchmark_row("openvino_int8", 1, 0.3)
     got = benchmark_app.interleaved(row, "latency", theirs, ours, rounds=3)
     assert calls.count("ours") == calls.count("theirs") == 3
     assert all({calls[2 * i], calls[2 * i + 1]} == {"ours", "theirs"} for i in range(3))  # one of each per round
@@ -330,9 +331,7 @@ def test_the_headline_names_a_tie_and_doubts_a_row_benchmark_app_does_not_confir
     from pipeline import benchmark
 
     def row(name, p50, images, batch):
-        return {"backend": name, "batch_size": batch, "latency_ms": {"p50": p50}, "throughput_per_s": images,
-                "verify": "passed", "device": "cpu", "timing": "wall-clock", "timing_kind": "cpu_call",
-                "deployable": True}
+        return benchmark_row(name, batch, p50, images, timing="wall-clock")
 
     results = [row("openvino_int8", 0.26, 3800, 1), row("onnxrt_fp32", 0.27, 3700, 1),
                row("openvino_int8", 3.0, 10000, 32), row("onnxrt_fp32", 9.0, 3500, 32)]
@@ -361,13 +360,11 @@ def test_the_headlines_speedup_over_eager_comes_with_its_bootstrap_interval():
 
     def row(name, ms, verify="passed"):
         samples = list(ms * rng.uniform(0.95, 1.05, 200))
-        return {"backend": name, "batch_size": 1, "latency_ms": {"p50": float(np.median(samples))},
-                "throughput_per_s": 1000.0 / float(np.mean(samples)), "verify": verify, "device": "cpu",
-                "timing": "wall-clock", "timing_kind": "cpu_call", "deployable": True, "samples_ms": samples}
+        return benchmark_row(name, 1, float(np.median(samples)), 1000.0 / float(np.mean(samples)), verify=verify,
+                             timing="wall-clock", samples_ms=samples)
 
     results = [row("torch_fp32", 4.0, "reference"), row("openvino_int8", 0.2)]
-    benchmark.add_ratios(results)
-    line = benchmark._headline(results)
+    line = benchmark._headline(benchmark.add_ratios(results))
     got = line.split("(")[1]
     ratio, low, high = float(got.split("x")[0]), float(got.split("[")[1].split(",")[0]), \
         float(got.split(", ")[1].split("]")[0])

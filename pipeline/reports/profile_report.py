@@ -5,7 +5,7 @@ close each row comes to the machine's peak."""
 from __future__ import annotations
 
 from pipeline.core import artifacts
-from pipeline.core.timings import TimingKind, legacy_kind
+from pipeline.core.benchmark_rows import BenchmarkRow, rows_of
 from pipeline.reports.tables import Cell, Section, Table, _row, fmt, percent
 from pipeline.runtime.layer_account import ORT_INTEGER
 
@@ -83,15 +83,9 @@ def _slowest_table(summary: dict) -> Table:
     return Table(("slowest layer", "type", "ran in", "kernel", "time ms", "share"), rows)
 
 
-def _kind(row: dict) -> TimingKind:
-    """A benchmark row's timing kind (a row written before kinds were recorded: read from its label, once)."""
-    return TimingKind(row["timing_kind"]) if row.get("timing_kind") else legacy_kind(row["timing"])
-
-
-def _timed_p50(payload: dict, backend: str, batch: int):
-    rows = [r for r in payload["results"] if r["backend"] == backend and r["batch_size"] == batch
-            and not _kind(r).is_throughput]
-    return rows[0]["latency_ms"]["p50"] if rows else None
+def _timed_p50(results: list[BenchmarkRow], backend: str, batch: int):
+    rows = [r for r in results if r.backend == backend and r.batch_size == batch and not r.is_throughput]
+    return rows[0].latency_ms.p50 if rows else None
 
 
 def profile_sections(payload: dict) -> list[Section]:
@@ -99,8 +93,9 @@ def profile_sections(payload: dict) -> list[Section]:
     profiles = payload.get("profiles") or []
     if not profiles:
         return []
+    results = rows_of(payload).results
     overview = tuple(_row(p["backend"], str(p["batch_size"]), p["precision"], _ran_in(p["summary"]),
-                          _ms(p["summary"]["total_us"]), fmt(_timed_p50(payload, p["backend"], p["batch_size"]), ".3f"),
+                          _ms(p["summary"]["total_us"]), fmt(_timed_p50(results, p["backend"], p["batch_size"]), ".3f"),
                           percent(p["summary"]["unfused_share"], ".0f")) for p in profiles)
     intro = ("Each CPU artifact once more after the timings, each layer's fastest of five profiled inferences by the "
              "runtime's own counters: ONNX Runtime's profiler (per-node kernel time, the element type of each node's "

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 
 from pipeline.core import records
+from pipeline.core.benchmark_rows import BenchmarkRow, rows_of
 from pipeline.core.manifest import STAGE_ORDER
 from pipeline.core.status import Status
 from pipeline.precision import plugs
@@ -331,26 +332,25 @@ def _stability_sections(s: dict) -> list[Section]:
 # --------------------------------------------------------------------------- benchmark.json
 
 
-def _benchmark_row(r: dict) -> tuple[Cell, ...]:
-    lat = r["latency_ms"]
-    return _row(r["backend"], r["precision"], r["device"], str(r["batch_size"]), fmt(lat["p50"], ".3f"),
-                fmt(lat["p90"], ".3f"), fmt(lat["p99"], ".3f"), fmt(lat["mean"], ".3f"),
-                percent(lat["cv"], ".1f") + (" !" if r["cv_warning"] else ""), fmt(r["throughput_per_s"], ".1f"),
-                percent(r.get("accuracy")), fmt(r.get("vs_eager"), ".2f") + ("x" if r.get("vs_eager") else ""),
-                r["timing"], Cell(r["verify"], status=r["verify"]))
+def _benchmark_row(r: BenchmarkRow) -> tuple[Cell, ...]:
+    lat = r.latency_ms
+    return _row(r.backend, r.precision, r.device, str(r.batch_size), fmt(lat.p50, ".3f"),
+                fmt(lat.p90, ".3f"), fmt(lat.p99, ".3f"), fmt(lat.mean, ".3f"),
+                percent(lat.cv, ".1f") + (" !" if r.cv_warning else ""), fmt(r.throughput_per_s, ".1f"),
+                percent(r.accuracy), fmt(r.vs_eager, ".2f") + ("x" if r.vs_eager else ""),
+                r.timing, Cell(r.verify, status=r.verify))
 
 
-def _precision_rows(results: list[dict]) -> tuple[tuple[Cell, ...], ...]:
-    """One row per backend and timing: batch-1 latency and largest-batch throughput, accuracy and verdict."""
+def _precision_rows(results: list[BenchmarkRow]) -> tuple[tuple[Cell, ...], ...]:
+    """One row per backend and timing kind: batch-1 latency and largest-batch throughput, accuracy and verdict."""
     rows = []
-    for key in dict.fromkeys((r["backend"], r["timing"]) for r in results):
-        mine = sorted((r for r in results if (r["backend"], r["timing"]) == key), key=lambda r: r["batch_size"])
+    for key in dict.fromkeys((r.backend, r.timing_kind) for r in results):
+        mine = sorted((r for r in results if (r.backend, r.timing_kind) == key), key=lambda r: r.batch_size)
         small, large = mine[0], mine[-1]
-        rows.append(_row(small["backend"], small["precision"], small["device"],
-                         f"{fmt(small['latency_ms']['p50'], '.3f')} (b={small['batch_size']})",
-                         f"{fmt(large['throughput_per_s'], '.1f')} (b={large['batch_size']})",
-                         percent(small.get("accuracy")), small["timing"],
-                         Cell(small["verify"], status=small["verify"])))
+        rows.append(_row(small.backend, small.precision, small.device,
+                         f"{fmt(small.latency_ms.p50, '.3f')} (b={small.batch_size})",
+                         f"{fmt(large.throughput_per_s, '.1f')} (b={large.batch_size})",
+                         percent(small.accuracy), small.timing, Cell(small.verify, status=small.verify)))
     return tuple(rows)
 
 
@@ -363,10 +363,11 @@ def benchmark_section(payload: dict) -> Section:
                f"TensorRT {env.get('tensorrt') or 'not installed'}, OpenVINO {env.get('openvino') or 'not installed'}.")
     how = m.get("described") or (f"{m['trials']} trials of at least {m['min_iterations']} runs and "
                                  f"{m['min_duration_s']} s each, after {m['warmup_s']} s of warm-up")
+    typed = rows_of(payload)
     rows = payload.get("rows") or {}
     left = (f" Left out (they cannot change the answer): {', '.join(rows['left_out'])}; {rows['how']} times them "
             "too." if rows.get("left_out") else "")
-    sizes = {r["batch_size"] for r in payload.get("results", [])}
+    sizes = {r.batch_size for r in typed.results}
     if rows.get("throughput_batches") and sizes - set(rows["throughput_batches"]):
         left += (f" Async-throughput rows (OpenVINO) at batch {', '.join(map(str, rows['throughput_batches']))} "
                  "only, the batch whose images/s the summary names; benchmark.rows=all times them at every batch.")
@@ -374,32 +375,32 @@ def benchmark_section(payload: dict) -> Section:
               f"input {payload['input']['shape']} ({payload['input']['data']}). "
               f"A '!' after the cv marks a trial whose coefficient of variation exceeded "
               f"{percent(m.get('cv_warn'), '.0f')}.{left}")
-    skipped = tuple(f"Skipped {s['backend']}" + (f" at batch {s['batch_size']}" if s.get("batch_size") else "")
-                    + f": {s['reason']}" for s in payload.get("skipped", []))
+    skipped = tuple(f"Skipped {s.backend}" + (f" at batch {s.batch_size}" if s.batch_size else "")
+                    + f": {s.reason}" for s in typed.skipped)
     table = Table(("backend", "precision", "device", "batch", "p50 ms", "p90 ms", "p99 ms", "mean ms", "cv",
                    "images/s", "accuracy", "x eager FP32", "timing", "verify"),
-                  tuple(_benchmark_row(r) for r in payload["results"]))
+                  tuple(_benchmark_row(r) for r in typed.results))
     choice = Table(("backend", "precision", "device", "p50 ms (smallest batch)", "images/s (largest batch)",
-                    "accuracy", "timing", "verify"), _precision_rows(payload["results"]))
+                    "accuracy", "timing", "verify"), _precision_rows(typed.results))
     side = ("Every precision side by side (accuracy: verify's, on its real validation images, for the "
             "artifact timed here; a backend that failed verify is not a candidate, however fast).")
-    anchor = trtexec_table(payload)  # trtexec on the same engines, when it was on PATH
+    anchor = trtexec_table(typed.results)  # trtexec on the same engines, when it was on PATH
     ov_text, ov_table = benchmark_app_table(payload.get("benchmark_app"))  # benchmark_app on the same IRs
     return Section(f"Benchmark: {payload['model']}", paragraphs=(machine, method, *skipped, side,
                                                                  *((ov_text,) if ov_text else ())),
                    tables=(choice, table, *(t for t in (anchor, ov_table) if t)))
 
 
-def trtexec_table(payload: dict) -> Table | None:
+def trtexec_table(results: list[BenchmarkRow]) -> Table | None:
     """The "trtexec side by side" table, or None without trtexec rows."""
 
     rows = []
-    for r in payload["results"]:
-        t = r.get("trtexec")
+    for r in results:
+        t = r.trtexec
         if t is None:
             continue
-        head = (Cell(r["backend"]), Cell(str(r["batch_size"])), Cell(r["timing"].split(" (")[0]),
-                Cell(fmt(r["latency_ms"]["p50"], ".3f")))
+        head = (Cell(r.backend), Cell(str(r.batch_size)), Cell(r.timing.split(" (")[0]),
+                Cell(fmt(r.latency_ms.p50, ".3f")))
         if "error" in t:
             rows.append(head + (Cell("-"),) * 5 + (Cell("error", status=Status.ERROR, note=t["error"]),))
             continue

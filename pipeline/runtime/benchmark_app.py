@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from pipeline.core.artifacts import xml_name
+from pipeline.core.benchmark_rows import BenchmarkRow
 from pipeline.core.run import RunDir
 from pipeline.core.timings import TimingKind
 
@@ -93,7 +94,7 @@ def side_by_side(cfg: Config, run_dir: RunDir, results: list[dict], input_size: 
     from pipeline.runtime import backends, openvino_ir
 
     seconds = cfg.benchmark.benchmark_app_s
-    ours = [r for r in results if backends.by_name(r["backend"]).runtime == backends.OV]
+    ours = [r for r in results if backends.by_name(r.backend).runtime == backends.OV]
     if not ours:
         return {"skipped": "no OpenVINO row was measured"}
     if getattr(cfg.benchmark, "benchmark_app_rows", "all") == "summary":
@@ -107,24 +108,24 @@ def side_by_side(cfg: Config, run_dir: RunDir, results: list[dict], input_size: 
     if exe is None:
         return {"skipped": "benchmark_app is not installed (it ships with the openvino wheel)"}
     rows = []
-    for name in dict.fromkeys(r["backend"] for r in ours):
+    for name in dict.fromkeys(r.backend for r in ours):
         precision = backends.by_name(name).precision
         _, _, sidecar = openvino_ir.load(run_dir, precision)  # the same checked file, refused if it changed since
         xml = run_dir.file(xml_name(precision))
-        for row in (r for r in ours if r["backend"] == name):
-            mode = MODES[TimingKind(row["timing_kind"])]
-            shape = [row["batch_size"], *input_size]
+        for row in (r for r in ours if r.backend == name):
+            mode = MODES[row.timing_kind]
+            shape = [row.batch_size, *input_size]
             if ours_now is None:  # our row as the stage timed it, beside one benchmark_app run
                 rows.append(compare(row, mode, run_one(exe, xml, shape, mode, sidecar["hint"], threads, seconds)))
             else:
                 theirs = functools.partial(run_one, exe, xml, shape, mode, sidecar["hint"], threads, seconds)
                 rows.append(interleaved(row, mode, theirs, functools.partial(ours_now, row, seconds)))
-            log.info("benchmark: benchmark_app %-13s b=%-3d %-10s %s", name, row["batch_size"], mode,
+            log.info("benchmark: benchmark_app %-13s b=%-3d %-10s %s", name, row.batch_size, mode,
                      rows[-1].get("error") or rows[-1]["summary"])
     return {"tool": exe, "seconds": seconds, "flag_ratio": FLAG_RATIO, "rows": rows}
 
 
-def interleaved(row: dict, mode: str, theirs: Callable[[], dict], ours: Callable[[], float],
+def interleaved(row: BenchmarkRow, mode: str, theirs: Callable[[], dict], ours: Callable[[], float],
                 rounds: int = ROUNDS) -> dict:
     """Our timing of ``row`` and benchmark_app's, alternated in ``rounds`` rounds (which goes first shuffled each
     round): a load that comes and goes slows both sides of a round alike. The ratio (ours over benchmark_app's, in
@@ -132,13 +133,13 @@ def interleaved(row: dict, mode: str, theirs: Callable[[], dict], ours: Callable
     (:func:`pipeline.core.speed_claims.ratio`); :func:`agreement` reads it."""
     from pipeline.core import speed_claims
 
-    base = {"backend": row["backend"], "batch_size": row["batch_size"], "mode": mode}
+    base = {"backend": row.backend, "batch_size": row.batch_size, "mode": mode}
     mine, their_runs = [], []
-    for order in speed_claims.round_orders(2, rounds, seed=row["batch_size"]):
+    for order in speed_claims.round_orders(2, rounds, seed=row.batch_size):
         for side in order:
             if side == 0:
                 ms = ours()
-                mine.append(ms if mode == "latency" else row["batch_size"] * 1000.0 / ms)
+                mine.append(ms if mode == "latency" else row.batch_size * 1000.0 / ms)
             else:
                 their_runs.append(theirs())
                 if "error" in their_runs[-1]:
@@ -168,16 +169,16 @@ def agreement(ratio) -> str:
     return "undecided"
 
 
-def compare(row: dict, mode: str, theirs: dict) -> dict:
+def compare(row: BenchmarkRow, mode: str, theirs: dict) -> dict:
     """Our row and benchmark_app's run, with the ratio that matters for the mode and a flag when far apart."""
-    base = {"backend": row["backend"], "batch_size": row["batch_size"], "mode": mode}
+    base = {"backend": row.backend, "batch_size": row.batch_size, "mode": mode}
     if "error" in theirs:
         return {**base, "error": theirs["error"]}
     if mode == "latency":
-        ours, their = row["latency_ms"]["p50"], theirs["p50_ms"]
+        ours, their = row.latency_ms.p50, theirs["p50_ms"]
         what = f"p50 {ours:.3f} ms (ours) vs {their:.3f} ms (benchmark_app)"
     else:
-        ours, their = row["throughput_per_s"], theirs["throughput_per_s"]
+        ours, their = row.throughput_per_s, theirs["throughput_per_s"]
         what = f"{ours:.1f} vs {their:.1f} images/s (benchmark_app, {theirs['requests']} requests)"
     ratio = ours / their if their else None
     flagged = ratio is None or not (1 / FLAG_RATIO <= ratio <= FLAG_RATIO)

@@ -1,0 +1,154 @@
+"""benchmark.json's rows as types: :class:`BenchmarkRow` (one timed backend, batch size and timing kind) and
+:class:`SkippedRow` (one that could not be timed, and why).
+
+The benchmark stage makes these records where it measures (:mod:`pipeline.benchmark`), and :func:`to_json` is the
+one serialiser of its ``results`` and ``skipped`` lists. Every reader (benchmark's headline, ratios, contests and
+plots, the trtexec and benchmark_app cross-checks, the per-layer profiles, the report's pages, deploy's throughput
+curves, baseline and compare) gets them back through :func:`read` (a file) or :func:`rows_of` (a payload already
+read), typed and bounded here once: benchmark.json is a file a user may edit, so a damaged row is one
+:class:`~pipeline.core.errors.InputError`, never a traceback.
+
+A row is keyed by its backend, batch size and :class:`~pipeline.core.timings.TimingKind`; its ``timing`` label is for
+people. Rows written before the kind was recorded (release 0.1.0) get it from their label here, once
+(:func:`pipeline.core.timings.legacy_kind`). The JSON keeps the shape of earlier releases: the same keys, in the same
+order (``trtexec`` only on the rows trtexec ran beside).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import Field, StringConstraints, model_validator
+
+from pipeline.core import schema, timings
+from pipeline.core.timings import TimingKind
+
+MAX_ROWS = 4096
+MAX_SAMPLES = 1_000_000
+MAX_BATCH = 1 << 20
+# A timed run lasts at least a nanosecond and at most an hour: 1e-300 ms (ratios of 300 digits) or 1e300 ms (every
+# latency check silently disabled) is no duration a clock measured.
+MIN_MS, MAX_MS = 1e-6, 3.6e6
+
+Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")]  # a backend name
+Text = Annotated[str, StringConstraints(max_length=4096)]
+Reason = Annotated[str, StringConstraints(max_length=1 << 16)]  # an error's one line, a crash with its log's path
+Millis = Annotated[float, Field(ge=MIN_MS, le=MAX_MS, allow_inf_nan=False)]
+BatchSize = Annotated[int, Field(ge=1, le=MAX_BATCH)]
+Kind = Annotated[TimingKind, Field(strict=False)]  # its JSON string
+
+
+def kind_from_label(row: Any) -> Any:
+    """A row without ``timing_kind`` (written by release 0.1.0) gets the kind its ``timing`` label names."""
+    if isinstance(row, dict) and row.get("timing_kind") is None and isinstance(row.get("timing"), str):
+        return {**row, "timing_kind": timings.legacy_kind(row["timing"])}
+    return row
+
+
+class Latency(schema.Open):
+    """A row's latency statistics over every timed run (ms; ms per batch for an async-throughput row)."""
+
+    mean: float
+    std: float
+    cv: float
+    min: float
+    max: float
+    p50: float
+    p90: float
+    p95: float
+    p99: float
+
+
+class Stop(schema.Open):
+    """Runs taken, the median, its 95 % interval and its coverage, and why timing stopped
+    (:func:`pipeline.runtime.stopping.record`)."""
+
+    runs: int
+    reason: Text
+    median_ms: float | None = None
+    interval_ms: list[float] | None = None
+    relative_halfwidth: float | None = None
+    coverage: float | None = None
+
+
+class BenchmarkRow(schema.Open):
+    """One backend timed at one batch size one way: what benchmark measured, the verdict it carries, and the ratio to
+    eager FP32 of the same kind (``vs_eager``, set once every row is measured)."""
+
+    backend: Name
+    precision: Text | None
+    device: Text
+    batch_size: BatchSize
+    timing: Text  # the label, for people; decisions read timing_kind
+    timing_kind: Kind
+    latency_ms: Latency
+    throughput_per_s: float
+    iterations: int
+    trials: list[dict[str, Any]]
+    stop: Stop
+    first_run_ms: float | None
+    cv_warning: bool
+    cuda_graphs: bool
+    verify: Text
+    note: Text
+    workaround: Text | None
+    samples_ms: Annotated[list[Millis], Field(max_length=MAX_SAMPLES)]  # every timed run: compare bootstraps them
+    accuracy: float | None = None  # verify's, for the artifact timed here
+    deployable: bool = False  # may be named "fastest that passed"
+    trtexec: dict[str, Any] | None = None  # trtexec on the same engine (pipeline.runtime.trtexec); absent: not run
+    vs_eager: float | None = None
+
+    _legacy = model_validator(mode="before")(kind_from_label)
+
+    @property
+    def key(self) -> tuple[str, int, TimingKind]:
+        """What compare matches rows on: the label is left out, so rewording it changes no comparison."""
+        return self.backend, self.batch_size, self.timing_kind
+
+    @property
+    def is_throughput(self) -> bool:
+        """An async-throughput row: its "latency" is time per batch amortised over requests in flight."""
+        return self.timing_kind.is_throughput
+
+    def to_json(self) -> dict[str, Any]:
+        """The row as benchmark.json holds it (``trtexec`` only where it ran)."""
+        return self.model_dump(exclude=None if self.trtexec is not None else {"trtexec"})
+
+
+class SkippedRow(schema.Open):
+    """A backend (at a batch size, one timing) that was not timed: why, and a crashed child's log."""
+
+    backend: Name
+    batch_size: BatchSize | None = None
+    timing: Text | None = None
+    timing_kind: Kind | None = None
+    reason: Reason
+    log: Text | None = None
+    log_tail: list[Reason] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The row as benchmark.json holds it: only the keys it has."""
+        return self.model_dump(exclude_none=True)
+
+
+class Rows(schema.Open):
+    """The two lists of benchmark.json's rows (its other keys are kept, not read)."""
+
+    results: Annotated[list[BenchmarkRow], Field(default_factory=list, max_length=MAX_ROWS)]
+    skipped: Annotated[list[SkippedRow], Field(default_factory=list, max_length=MAX_ROWS)]
+
+
+def to_json(rows: list[BenchmarkRow] | list[SkippedRow]) -> list[dict[str, Any]]:
+    """benchmark.json's ``results`` or ``skipped``: the one serialiser of its rows."""
+    return [row.to_json() for row in rows]
+
+
+def rows_of(payload: Any, where: str | Path = "benchmark.json") -> Rows:
+    """The typed rows of a benchmark payload already read (the report's, benchmark's own before it writes)."""
+    return schema.validate(payload, Rows, where, "benchmark report")
+
+
+def read(path: str | Path) -> Rows:
+    """benchmark.json's rows at ``path`` (the caller checked that benchmark wrote it), typed and bounded."""
+    return schema.read_json(path, Rows, "benchmark report")
