@@ -1,5 +1,6 @@
 """benchmark.json's rows as types (:mod:`pipeline.core.benchmark_rows`): made where benchmark measures, written by
-one serialiser in the shape earlier releases wrote, read back once, and read by attribute everywhere else."""
+one serialiser in the shape earlier releases wrote, read back once, and read by attribute everywhere else. The AST
+check here covers verify.json's candidate rows too (:mod:`pipeline.core.verify_rows`, tests/test_verify_rows.py)."""
 
 from __future__ import annotations
 
@@ -18,9 +19,11 @@ from pipeline.core.timings import TimingKind
 
 PACKAGE = ROOT / "pipeline"
 RELEASE = ROOT / "tests" / "data" / "release_0.1.0" / "run" / "benchmark.json"
-HOME = PACKAGE / "core" / "benchmark_rows.py"  # the serialiser: the only module that may read a row by its key
-ROW_TYPES = {"BenchmarkRow", "SkippedRow", "Rows"}
-ROW_SOURCES = {"rows_of", "read_rows"}  # calls that return typed rows (benchmark_rows.read is matched by module)
+# The serialisers: the only modules that may read a row by its key.
+HOMES = {PACKAGE / "core" / "benchmark_rows.py", PACKAGE / "core" / "verify_rows.py"}
+ROW_TYPES = {"BenchmarkRow", "SkippedRow", "Rows", "CandidateRow", "VerifyReport"}
+ROW_SOURCES = {"rows_of", "candidates_of"}  # calls that return typed rows (benchmark_rows.read, verify_rows.read too)
+ROW_MODULES = {"benchmark_rows", "verify_rows"}
 
 
 # --------------------------------------------------------------------------- the AST check
@@ -50,7 +53,7 @@ def _gives_rows(node: ast.AST, rows: set[str], makers: set[str] = frozenset()) -
     if isinstance(node, ast.Subscript):
         return go(node.value)
     if isinstance(node, ast.Attribute):
-        return node.attr in ("results", "skipped") and go(node.value)
+        return node.attr in ("results", "skipped", "candidates") and go(node.value)
     if isinstance(node, (ast.Tuple, ast.List)):
         return any(go(e) for e in node.elts)
     if isinstance(node, (ast.ListComp, ast.GeneratorExp, ast.SetComp)):
@@ -67,7 +70,7 @@ def _gives_rows(node: ast.AST, rows: set[str], makers: set[str] = frozenset()) -
         if isinstance(f, ast.Attribute):
             return (f.attr in ROW_SOURCES | makers or (f.attr == "model_copy" and go(f.value))
                     or (f.attr in ("items", "values") and go(f.value))
-                    or (f.attr == "read" and isinstance(f.value, ast.Name) and f.value.id == "benchmark_rows"))
+                    or (f.attr == "read" and isinstance(f.value, ast.Name) and f.value.id in ROW_MODULES))
     return False
 
 
@@ -117,11 +120,12 @@ def row_key_reads(path: Path) -> list[str]:
     return sorted(set(hits))
 
 
-def test_no_benchmark_row_is_read_by_its_key_outside_its_serialiser():
+def test_no_benchmark_or_candidate_row_is_read_by_its_key_outside_its_serialiser():
     """Scope: every function in pipeline/ whose rows are typed (a parameter, an annotation or a typed read names
-    BenchmarkRow, SkippedRow or Rows), and what it binds from them. A raw dict that never passed through the types
-    is not followed: that is what :func:`test_benchmark_json_is_read_only_through_its_rows` keeps out."""
-    files = [p for p in sorted(PACKAGE.rglob("*.py")) if p != HOME]
+    BenchmarkRow, SkippedRow, Rows, CandidateRow or VerifyReport), and what it binds from them. A raw dict that
+    never passed through the types is not followed: that is what the raw-read check below keeps out. The rows'
+    nested check objects (a candidate's ``tensor_check``) are dicts the report lays out."""
+    files = [p for p in sorted(PACKAGE.rglob("*.py")) if p not in HOMES]
     assert [hit for p in files for hit in row_key_reads(p)] == []
 
 
@@ -144,7 +148,7 @@ def test_the_row_check_covers_the_readers_it_claims_to():
     in a module that went back to dicts)."""
     readers = ["benchmark.py", "deploy.py", "baseline.py", "compare.py", "reports/tables.py",
                "reports/profile_report.py", "runtime/trtexec.py", "runtime/benchmark_app.py",
-               "runtime/layer_profile.py", "runtime/roofline.py"]
+               "runtime/layer_profile.py", "runtime/roofline.py", "reports/verify_report.py"]
     for name in readers:
         tree = ast.parse((PACKAGE / name).read_text())
         typed = [fn.name for fn in ast.walk(tree)
@@ -153,17 +157,17 @@ def test_the_row_check_covers_the_readers_it_claims_to():
 
 
 def test_benchmark_json_is_read_only_through_its_rows():
-    """No module but the serialiser opens benchmark.json's rows as raw JSON: the report hands the payload to the
-    section builders, which type its rows (:func:`rows_of`); deploy, baseline and compare call
-    :func:`benchmark_rows.read`."""
+    """No module but the serialisers opens benchmark.json's rows or verify.json's candidates as raw JSON: the report
+    hands the payload to the section builders, which type its rows (:func:`rows_of`, ``candidates_of``); deploy,
+    baseline and compare call ``benchmark_rows.read`` / ``verify_rows.read``."""
     raw = []
     for path in sorted(PACKAGE.rglob("*.py")):
-        if path == HOME:
+        if path in HOMES:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant)
-                    and node.slice.value in ("results", "skipped") and isinstance(node.value, ast.Name)
-                    and node.value.id == "payload"):
+                    and node.slice.value in ("results", "skipped", "candidates") and isinstance(node.value, ast.Name)
+                    and node.value.id in ("payload", "report")):
                 raw.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {ast.unparse(node)}")
     assert raw == []
 

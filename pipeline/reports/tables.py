@@ -16,6 +16,7 @@ from pipeline.core import records
 from pipeline.core.benchmark_rows import BenchmarkRow, rows_of
 from pipeline.core.manifest import STAGE_ORDER
 from pipeline.core.status import Status
+from pipeline.core.verify_rows import CandidateRow, candidates_of
 from pipeline.precision import plugs
 from pipeline.runtime import trtexec
 
@@ -153,10 +154,10 @@ def environment_section(environment: dict) -> Section:
 # --------------------------------------------------------------------------- verify.json
 
 
-def _candidate_row(c: dict) -> tuple[Cell, ...]:
-    t, k, tol = c.get("tensor_check") or {}, c.get("task_check") or {}, c.get("tolerance") or {}
-    shown = c["status"] + (" (required)" if c["required"] and c["status"] == Status.SKIPPED else "")
-    shown += "" if c.get("gates", True) else " (reported only)"
+def _candidate_row(c: CandidateRow) -> tuple[Cell, ...]:
+    t, k, tol = c.tensor_check or {}, c.task_check or {}, c.tolerance or {}
+    shown = c.status + (" (required)" if c.required and c.status == Status.SKIPPED else "")
+    shown += "" if c.gates else " (reported only)"
     accuracy = (f"{percent(k['accuracy'])} ({percent(k['reference_accuracy'])})" if k else "-")
     if tol.get("criterion") == "absolute":
         tolerance, error = f"atol {tol.get('atol')}, rtol {tol.get('rtol')}, {tol.get('check_error_stat')}", "-"
@@ -165,7 +166,7 @@ def _candidate_row(c: dict) -> tuple[Cell, ...]:
         tolerance, error = f"scaled <= {tol.get('max_scaled_error')}{share}", t.get("scaled_error_quantile")
     else:
         tolerance, error = "-", None
-    return _row(c["name"], c["precision"], Cell(shown, status=c["status"], note=c.get("reason") or ""), error,
+    return _row(c.name, c.precision, Cell(shown, status=c.status, note=c.reason or ""), error,
                 t.get("max_abs_error"), percent(k.get("top1_agreement")), accuracy, tolerance)
 
 
@@ -208,12 +209,12 @@ def _fallback_section(fb: dict, plug) -> Section:
                    paragraphs=(text,), level=3)
 
 
-def _batch_section(candidates: list[dict], boxes: bool = False) -> Section | None:
+def _batch_section(candidates: list[CandidateRow], boxes: bool = False) -> Section | None:
     """Each candidate at every batch size the artifact serves (pipeline/batching.py), where that check ran."""
-    rows = tuple(_row(c["name"], f"{r['batch_size']} ({', '.join(r['profile'])})",
+    rows = tuple(_row(c.name, f"{r['batch_size']} ({', '.join(r['profile'])})",
                       Cell(r["status"], status=r["status"], note=r.get("reason") or ""), r.get("scaled_error"),
                       r.get("max_abs_error"), percent(r.get("top1_agreement")))
-                 for c in candidates for r in c.get("batch_sizes") or [] if "batch_size" in r)
+                 for c in candidates for r in c.batch_sizes or [] if "batch_size" in r)
     if not rows:
         return None
     last = "boxes: at the main batch size" if boxes else "top-1 agreement"  # a detector's: its head's tensor check
@@ -221,19 +222,19 @@ def _batch_section(candidates: list[dict], boxes: bool = False) -> Section | Non
                                                                   "max abs err", last), rows),))
 
 
-def _conformance_section(candidates: list[dict]) -> Section | None:
+def _conformance_section(candidates: list[CandidateRow]) -> Section | None:
     """Each candidate's conformance (pipeline/evaluation/conformance.py): its rows' worst deviation from the same image
     alone, and the precisions its matrix layers ran in, by the runtime's own account."""
     rows = []
     for c in candidates:
-        section = c.get("conformance") or {}
+        section = c.conformance or {}
         if "rows" not in section:
             continue
         r, p = section["rows"], section["precision"]
         worst = max((a for a in r.get("arrangements", [])), key=lambda a: float(a["deviation"]), default=None)
         where = f" ({worst['arrangement']}, slot {worst['slot']} of {worst['batch_size']})" if worst else ""
         shares = ", ".join(f"{k} {percent(v, '.0f')}" for k, v in (p.get("shares") or {}).items()) or "no account"
-        rows.append(_row(c["name"], Cell(r["status"], status=r["status"], note=r.get("reason") or ""),
+        rows.append(_row(c.name, Cell(r["status"], status=r["status"], note=r.get("reason") or ""),
                          (fmt(float(worst["deviation"]), ".2g") + where) if worst else "-",
                          f"{shares} of {p.get('matrix_layers', 0)} ({p.get('source', '')})",
                          p.get("claimed") or "-", Cell(p["status"], status=p["status"], note=p.get("reason") or "")))
@@ -250,9 +251,10 @@ def verify_sections(payload: dict) -> list[Section]:
     text = (f"Model {payload['model']}. Reference: PyTorch FP32. Inputs: {inputs['samples']} real validation "
             f"images ({inputs['source']}).")
     boxes = payload.get("task") == "detection"  # a detector: matched boxes and mAP (docs/detection.md)
+    candidates = candidates_of(payload)
     table = Table(("candidate", "precision", "status", "scaled err (head)" if boxes else "scaled err", "max abs err",
                    "matched boxes" if boxes else "top-1 agreement", "mAP@0.5:0.95 (ref)" if boxes else "accuracy (ref)",
-                   "tolerance"), tuple(_candidate_row(c) for c in payload["candidates"]))
+                   "tolerance"), tuple(_candidate_row(c) for c in candidates))
     deployable = payload.get("deployable")
     if deployable is not None:
         undecided = payload.get("undecided") or []
@@ -267,10 +269,10 @@ def verify_sections(payload: dict) -> list[Section]:
         sections.append(images)
     stability = stability_sections(payload.get("stability"))
     sections += stability
-    batches = _batch_section(payload["candidates"], boxes)
+    batches = _batch_section(candidates, boxes)
     if batches:
         sections.append(batches)
-    conformance = _conformance_section(payload["candidates"])
+    conformance = _conformance_section(candidates)
     if conformance:
         sections.append(conformance)
     for plug in plugs.ORDER:
