@@ -32,6 +32,7 @@ from pipeline.core import artifacts, data, env, modeling
 from pipeline.core.benchmark_rows import BenchmarkRow, SkippedRow, Stop, rows_of, to_json
 from pipeline.core.errors import BackendUnavailable, InputError, UsageError
 from pipeline.core.run import RunDir, StageRecord, atomic_path, atomic_write, now, write_json
+from pipeline.core.speed_claims import Ratio
 from pipeline.core.status import Status
 from pipeline.core.timings import Timing, TimingKind
 from pipeline.core.verdicts import InconclusivePolicy, counts_as_passed
@@ -247,10 +248,11 @@ def _run(cfg: Config, run_dir: RunDir, record: StageRecord, threads: int, profil
     payload.update(layer_profile.benchmark_keys(ctx, results, images, threads))  # "profiles", "roofline" (issue 35)
     named = [row for pair in headline_rows(results).values() if pair for row in pair]
     with Retimer(ctx, images, method) as retimer:
-        payload["contests"] = contests(results, retimer, cfg.tune.same_speed)
+        held = contests(results, retimer, cfg.tune.same_speed)
         payload["benchmark_app"] = benchmark_app.side_by_side(cfg, run_dir, results, spec["input_size"], threads,
                                                               named, retimer.block)
-    payload["headline"] = _headline(results, payload["contests"], payload["benchmark_app"])
+    payload["contests"] = {key: contest.to_json() for key, contest in held.items()}
+    payload["headline"] = _headline(results, held, payload["benchmark_app"])
     write_json(run_dir.file(JSON), payload)
     atomic_write(run_dir.file(MARKDOWN), markdown(payload))
     plots = write_plots(run_dir, payload) + profile_report.write_plot(run_dir, payload)
@@ -332,7 +334,38 @@ class Retimer:
         return float(np.median(got["samples"]))
 
 
-def contests(results: list[BenchmarkRow], retimer: Retimer, same_speed: float) -> dict:
+@dataclass(frozen=True)
+class Rival:
+    """One other row of a contest: its time ratio to the headline row (per interleaved round, with its interval) and
+    what that ratio says (:func:`pipeline.core.speed_claims.verdict`: faster, same speed, slower, undecided)."""
+
+    backend: str
+    ratio: Ratio
+    verdict: str
+
+    def to_json(self) -> dict:
+        return {"backend": self.backend, "ratio": self.ratio.to_json(), "verdict": self.verdict}
+
+
+@dataclass(frozen=True)
+class Contest:
+    """The headline row (``rows[0]``) against its closest rivals at one batch size, in interleaved rounds: ``tie``,
+    the rows no other beats beyond the noise; ``others``, every rival's ratio to the headline row."""
+
+    batch_size: int
+    rounds: int
+    rows: list[str]
+    tie: list[str]
+    others: list[Rival]
+    seconds: float = 0.0
+
+    def to_json(self) -> dict:
+        """benchmark.json's ``contests`` entry."""
+        return {"batch_size": self.batch_size, "rounds": self.rounds, "rows": self.rows, "tie": self.tie,
+                "others": [o.to_json() for o in self.others], "seconds": self.seconds}
+
+
+def contests(results: list[BenchmarkRow], retimer: Retimer, same_speed: float) -> dict[str, Contest]:
     """The headline rows against their closest rivals, in interleaved rounds: per device, at the smallest batch by
     latency and at the largest by time per batch, the rows :func:`headline_rows` names and the closest
     other deployable rows (at most :data:`CONTEST_MAX` in all), timed in :data:`CONTEST_ROUNDS` rounds in a shuffled
@@ -341,7 +374,7 @@ def contests(results: list[BenchmarkRow], retimer: Retimer, same_speed: float) -
     cannot run (a runner that will not start again) is left out, and the headline names the row as before."""
     from pipeline.core import speed_claims
 
-    out = {}
+    out: dict[str, Contest] = {}
     for device, named in headline_rows(results).items():
         if named is None:
             continue
@@ -359,16 +392,14 @@ def contests(results: list[BenchmarkRow], retimer: Retimer, same_speed: float) -
                      for i in range(len(rivals)) for j in range(len(rivals)) if i != j}
             choice = speed_claims.choose(list(range(len(rivals))), lambda a, b, table=ratio: table[(a, b)], {},
                                          same_speed)
-            others = [{"backend": r.backend, "ratio": ratio[(i, 0)][row.batch_size].to_json(),
-                       "verdict": speed_claims.verdict(ratio[(i, 0)][row.batch_size], same_speed).value}
+            others = [Rival(r.backend, ratio[(i, 0)][row.batch_size],
+                            speed_claims.verdict(ratio[(i, 0)][row.batch_size], same_speed).value)
                       for i, r in enumerate(rivals) if i]
-            out[f"{device}/{kind}"] = {"batch_size": row.batch_size, "rounds": CONTEST_ROUNDS,
-                                       "rows": [r.backend for r in rivals],
-                                       "tie": [rivals[i].backend for i in choice.tie], "others": others,
-                                       "seconds": round(now_s() - start, 2)}
+            contest = Contest(row.batch_size, CONTEST_ROUNDS, [r.backend for r in rivals],
+                              [rivals[i].backend for i in choice.tie], others, round(now_s() - start, 2))
+            out[f"{device}/{kind}"] = contest
             log.info("benchmark: headline contest (%s, batch %d, %d interleaved rounds, time over %s's): %s; tie: %s",
-                     kind, row.batch_size, CONTEST_ROUNDS, row.backend, _rivals_text(out[f"{device}/{kind}"]),
-                     ", ".join(out[f"{device}/{kind}"]["tie"]))
+                     kind, row.batch_size, CONTEST_ROUNDS, row.backend, _rivals_text(contest), ", ".join(contest.tie))
     return out
 
 
@@ -536,7 +567,8 @@ def headline_rows(results: list[BenchmarkRow]) -> dict[str, tuple[BenchmarkRow, 
     return named
 
 
-def _headline(results: list[BenchmarkRow], contests: dict | None = None, crosscheck: dict | None = None) -> str:
+def _headline(results: list[BenchmarkRow], contests: dict[str, Contest] | None = None,
+              crosscheck: dict | None = None) -> str:
     """The summary's line: per device, the rows :func:`headline_rows` names; where their lead over the runner-up is
     inside the noise (:func:`contests`), the tie instead of a winner, and every ratio with its interval; a row that
     benchmark_app's cross-check does not confirm is marked in doubt."""
@@ -560,25 +592,25 @@ def _headline(results: list[BenchmarkRow], contests: dict | None = None, crossch
     return "; ".join(parts)
 
 
-def _contest_text(contest: dict | None, winner: str) -> str:
+def _contest_text(contest: Contest | None, winner: str) -> str:
     """The headline's claim: the winner, or the tie the interleaved rounds found (no row beats the others)."""
-    if contest and len(contest["tie"]) > 1:
-        return f"tied for fastest that passed the gate (within the noise: {', '.join(contest['tie'])})"
-    if contest and contest["tie"] and contest["tie"][0] != contest["rows"][0]:
-        return f"fastest that passed the gate timed alone, beaten in interleaved rounds by {contest['tie'][0]}"
+    if contest and len(contest.tie) > 1:
+        return f"tied for fastest that passed the gate (within the noise: {', '.join(contest.tie)})"
+    if contest and contest.tie and contest.tie[0] != contest.rows[0]:
+        return f"fastest that passed the gate timed alone, beaten in interleaved rounds by {contest.tie[0]}"
     return winner
 
 
-def _lead_text(contest: dict | None) -> str:
+def _lead_text(contest: Contest | None) -> str:
     """The lead over the others of the contest, each as a time ratio with its interval (interleaved rounds)."""
-    if not contest or not contest["others"]:
+    if not contest or not contest.others:
         return ""
     return f" (interleaved rounds: {_rivals_text(contest)})"
 
 
-def _rivals_text(contest: dict) -> str:
-    return ", ".join(f"{o['backend']} {o['verdict']} (time ratio {o['ratio']['estimate']:.2f} "
-                     f"[{o['ratio']['low']:.2f}, {o['ratio']['high']:.2f}])" for o in contest["others"])
+def _rivals_text(contest: Contest) -> str:
+    return ", ".join(f"{o.backend} {o.verdict} (time ratio {o.ratio.estimate:.2f} "
+                     f"[{o.ratio.low:.2f}, {o.ratio.high:.2f}])" for o in contest.others)
 
 
 def _doubt(row: BenchmarkRow, crosscheck: dict | None) -> str:
