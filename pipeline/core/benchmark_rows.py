@@ -132,11 +132,69 @@ class SkippedRow(schema.Open):
         return self.model_dump(exclude_none=True)
 
 
+# --------------------------------------------------------------------------- per-layer profiles
+
+
+class Group(schema.Open):
+    """Layers grouped by a key (their type, the precision they ran in, both): how many, their time and its share."""
+
+    name: Text
+    count: int
+    time_us: float
+    share: float | None = None
+
+
+class ProfiledLayer(schema.Open):
+    """One layer as its runtime ran it (:class:`pipeline.runtime.layer_account.Layer`)."""
+
+    name: Text
+    kind: Text
+    precision: Text
+    matrix: bool
+    kernel: Text = ""
+    time_us: float | None = None
+
+
+class SlowLayer(ProfiledLayer):
+    share: float | None = None
+
+
+class ProfileSummary(schema.Open):
+    """One inference's profile (:func:`pipeline.runtime.layer_profile.summarise`)."""
+
+    layers: int
+    timed_layers: int
+    total_us: float | None
+    by_kind: list[Group]
+    by_precision: list[Group]
+    by_kind_precision: list[Group]
+    matrix_by_precision: list[Group]
+    unfused: list[Group]
+    unfused_share: float | None
+    matrix_shares: dict[str, float]
+    slowest: list[SlowLayer]
+
+
+class Profile(schema.Open):
+    """benchmark.json's ``profiles`` entry: one CPU artifact at one batch size, layer by layer."""
+
+    backend: Name
+    precision: Text | None
+    batch_size: BatchSize
+    source: Text
+    summary: ProfileSummary
+    layers: Annotated[list[ProfiledLayer], Field(max_length=MAX_ROWS * 16)]
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump()
+
+
 class Rows(schema.Open):
-    """The two lists of benchmark.json's rows (its other keys are kept, not read)."""
+    """benchmark.json's rows and profiles (its other keys are kept, not read)."""
 
     results: Annotated[list[BenchmarkRow], Field(default_factory=list, max_length=MAX_ROWS)]
     skipped: Annotated[list[SkippedRow], Field(default_factory=list, max_length=MAX_ROWS)]
+    profiles: Annotated[list[Profile] | None, Field(default=None, max_length=MAX_ROWS)]
 
 
 def to_json(rows: list[BenchmarkRow] | list[SkippedRow]) -> list[dict[str, Any]]:

@@ -13,7 +13,7 @@ import logging
 
 import numpy as np
 
-from pipeline.core.benchmark_rows import BenchmarkRow
+from pipeline.core.benchmark_rows import BenchmarkRow, Profile
 from pipeline.runtime.layer_account import Layer, matrix_shares
 
 log = logging.getLogger("pipeline")
@@ -79,12 +79,13 @@ def _source(layers: list[Layer]) -> str:
     return "the runtime's account of its layers (no times)"
 
 
-def profile_entry(backend: str, precision: str, batch: int, layers: list[dict]) -> dict:
+def profile_entry(backend: str, precision: str, batch: int, layers: list[dict]) -> Profile:
     """One benchmark.json ``profiles`` entry: the backend, the batch, where the numbers come from, the summary and
-    every layer."""
+    every layer (validated leniently: the runtime's own numbers)."""
     records = [Layer(**layer) for layer in layers]
-    return {"backend": backend, "precision": precision, "batch_size": batch, "source": _source(records),
-            "summary": summarise(records), "layers": [x.to_json() for x in records]}
+    return Profile.model_validate({"backend": backend, "precision": precision, "batch_size": batch,
+                                   "source": _source(records), "summary": summarise(records),
+                                   "layers": [x.to_json() for x in records]}, strict=False)
 
 
 def _feed(ctx, images: np.ndarray, batch: int) -> dict:
@@ -92,7 +93,7 @@ def _feed(ctx, images: np.ndarray, batch: int) -> dict:
     return {ctx.spec["input_name"]: np.ascontiguousarray(np.concatenate([images] * reps)[:batch])}
 
 
-def collect(ctx, results: list[BenchmarkRow], images: np.ndarray) -> list[dict]:
+def collect(ctx, results: list[BenchmarkRow], images: np.ndarray) -> list[Profile]:
     """The profile of each backend with CPU rows in ``results`` whose runtime gives an account of its layers, at the
     smallest and the largest batch it was timed at: started again after benchmark's timings (so profiling never
     perturbs them), in its child process where it runs native code. One that cannot start or profile is left out,
@@ -131,4 +132,4 @@ def benchmark_keys(ctx, results: list[BenchmarkRow], images: np.ndarray, threads
     cpu_rows = [r for r in results if r.device == "cpu"]
     roof = roofline.section(onnx_path, cpu_rows, min(threads, env.usable_cores()), env.cpu_flags()) \
         if cpu_rows and onnx_path.exists() else None
-    return {"profiles": collect(ctx, cpu_rows, images), "roofline": roof}
+    return {"profiles": [p.to_json() for p in collect(ctx, cpu_rows, images)], "roofline": roof}
