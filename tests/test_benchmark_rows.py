@@ -21,7 +21,8 @@ PACKAGE = ROOT / "pipeline"
 RELEASE = ROOT / "tests" / "data" / "release_0.1.0" / "run" / "benchmark.json"
 # The serialisers: the only modules that may read a row by its key.
 HOMES = {PACKAGE / "core" / "benchmark_rows.py", PACKAGE / "core" / "verify_rows.py"}
-ROW_TYPES = {"BenchmarkRow", "SkippedRow", "Rows", "Profile", "ProfileSummary", "CandidateRow", "VerifyReport"}
+ROW_TYPES = {"BenchmarkRow", "SkippedRow", "Rows", "Profile", "ProfileSummary", "Roofline", "RooflineRow",
+             "CandidateRow", "VerifyReport"}
 ROW_SOURCES = {"rows_of", "candidates_of"}  # calls that return typed rows (benchmark_rows.read, verify_rows.read too)
 ROW_MODULES = {"benchmark_rows", "verify_rows"}
 
@@ -53,7 +54,8 @@ def _gives_rows(node: ast.AST, rows: set[str], makers: set[str] = frozenset()) -
     if isinstance(node, ast.Subscript):
         return go(node.value)
     if isinstance(node, ast.Attribute):
-        return node.attr in ("results", "skipped", "profiles", "summary", "candidates") and go(node.value)
+        return node.attr in ("results", "skipped", "profiles", "summary", "roofline", "rows", "candidates") \
+            and go(node.value)
     if isinstance(node, (ast.Tuple, ast.List)):
         return any(go(e) for e in node.elts)
     if isinstance(node, (ast.ListComp, ast.GeneratorExp, ast.SetComp)):
@@ -166,7 +168,7 @@ def test_benchmark_json_is_read_only_through_its_rows():
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant)
-                    and node.slice.value in ("results", "skipped", "profiles", "candidates")
+                    and node.slice.value in ("results", "skipped", "profiles", "roofline", "candidates")
                     and isinstance(node.value, ast.Name)
                     and node.value.id in ("payload", "report")):
                 raw.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {ast.unparse(node)}")
@@ -189,6 +191,7 @@ def test_release_0_1_0_rows_read_and_write_back_in_the_same_shape():
         assert [k for k in written if k != "timing_kind"] == list(old)
     assert benchmark_rows.to_json(rows.skipped) == payload["skipped"]
     assert [p.to_json() for p in rows.profiles] == payload["profiles"] and rows.profiles  # the per-layer profiles too
+    assert rows.roofline is not None and rows.roofline.to_json() == payload["roofline"]  # and the roofline
 
 
 def test_a_measured_row_is_written_with_the_keys_benchmark_always_wrote():

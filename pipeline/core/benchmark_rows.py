@@ -189,12 +189,68 @@ class Profile(schema.Open):
         return self.model_dump()
 
 
+# --------------------------------------------------------------------------- the roofline
+
+
+class Machine(schema.Open):
+    vendor: Text
+    family: int
+    model_name: Text
+    mhz: float
+    mhz_source: Text
+    cores: int
+    flags: list[Text]
+
+
+class PeakEntry(schema.Open):
+    """One precision's peak (:class:`pipeline.runtime.roofline.Peak`)."""
+
+    precision: Text
+    flops_per_cycle: int
+    unit: Text
+    source: Text
+    gflops: float
+
+
+class Macs(schema.Open):
+    per_image: int
+    source: Text
+    layers: list[dict[str, Any]]
+
+
+class RooflineRow(schema.Open):
+    """One CPU row's achieved rate (``2 * MACs * batch / p50``) and its fraction of its precision's peak."""
+
+    backend: Name
+    batch_size: BatchSize
+    timing: Text
+    peak_precision: Text
+    p50_ms: float | None
+    achieved_gflops: float | None
+    peak_gflops: float
+    fraction: float | None
+    fraction_of_fp32: float | None
+
+
+class Roofline(schema.Open):
+    """benchmark.json's ``roofline`` (:func:`pipeline.runtime.roofline.section`)."""
+
+    machine: Machine
+    peaks: dict[str, PeakEntry]
+    macs: Macs
+    rows: list[RooflineRow]
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump()
+
+
 class Rows(schema.Open):
-    """benchmark.json's rows and profiles (its other keys are kept, not read)."""
+    """benchmark.json's rows, profiles and roofline (its other keys are kept, not read)."""
 
     results: Annotated[list[BenchmarkRow], Field(default_factory=list, max_length=MAX_ROWS)]
     skipped: Annotated[list[SkippedRow], Field(default_factory=list, max_length=MAX_ROWS)]
     profiles: Annotated[list[Profile] | None, Field(default=None, max_length=MAX_ROWS)]
+    roofline: Roofline | None = None
 
 
 def to_json(rows: list[BenchmarkRow] | list[SkippedRow]) -> list[dict[str, Any]]:

@@ -118,21 +118,20 @@ def profile_sections(payload: dict) -> list[Section]:
 
 def roofline_section(payload: dict) -> Section | None:
     """The machine's peak per precision, the model's MACs, and each CPU row's fraction of its precision's peak."""
-    roof = payload.get("roofline")
+    roof = rows_of(payload).roofline
     if not roof:
         return None
-    m = roof["machine"]
-    text = (f"{m['model_name'] or m['vendor']} ({m['vendor']}, family {m['family']}), {m['cores']} cores at "
-            f"{m['mhz']:.0f} MHz ({m['mhz_source']}); {roof['macs']['per_image'] / 1e6:.1f} M multiply-accumulates "
-            f"per image ({roof['macs']['source']}: every Conv, Gemm and MatMul). Peak: every core issuing its widest "
+    m = roof.machine
+    text = (f"{m.model_name or m.vendor} ({m.vendor}, family {m.family}), {m.cores} cores at "
+            f"{m.mhz:.0f} MHz ({m.mhz_source}); {roof.macs.per_image / 1e6:.1f} M multiply-accumulates "
+            f"per image ({roof.macs.source}: every Conv, Gemm and MatMul). Peak: every core issuing its widest "
             "multiply-add every cycle (a multiply-add is 2 operations); fraction = 2 x MACs x batch / p50 / peak of "
             "the row's precision.")
-    peaks = tuple(_row(p["precision"], p["unit"], str(p["flops_per_cycle"]), fmt(p["gflops"], ".1f"),
-                       Cell(p["source"])) for p in roof["peaks"].values())
-    rows = tuple(_row(r["backend"], str(r["batch_size"]), r["timing"].split(" (")[0], r["peak_precision"],
-                      fmt(r.get("p50_ms"), ".3f"), fmt(r["achieved_gflops"], ".2f"), fmt(r["peak_gflops"], ".1f"),
-                      percent(r["fraction"], ".1f"),
-                      percent(r["fraction_of_fp32"], ".1f")) for r in roof["rows"])
+    peaks = tuple(_row(p.precision, p.unit, str(p.flops_per_cycle), fmt(p.gflops, ".1f"), Cell(p.source))
+                  for p in roof.peaks.values())
+    rows = tuple(_row(r.backend, str(r.batch_size), r.timing.split(" (")[0], r.peak_precision, fmt(r.p50_ms, ".3f"),
+                      fmt(r.achieved_gflops, ".2f"), fmt(r.peak_gflops, ".1f"), percent(r.fraction, ".1f"),
+                      percent(r.fraction_of_fp32, ".1f")) for r in roof.rows)
     return Section("Roofline (CPU)", paragraphs=(text,), tables=(
         Table(("precision", "unit", "ops/cycle/core", "peak GOP/s", "source"), peaks),
         Table(("backend", "batch", "timing", "peak in", "p50 ms", "achieved GOP/s", "peak GOP/s", "fraction of peak",

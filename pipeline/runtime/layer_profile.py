@@ -132,4 +132,5 @@ def benchmark_keys(ctx, results: list[BenchmarkRow], images: np.ndarray, threads
     cpu_rows = [r for r in results if r.device == "cpu"]
     roof = roofline.section(onnx_path, cpu_rows, min(threads, env.usable_cores()), env.cpu_flags()) \
         if cpu_rows and onnx_path.exists() else None
-    return {"profiles": [p.to_json() for p in collect(ctx, cpu_rows, images)], "roofline": roof}
+    return {"profiles": [p.to_json() for p in collect(ctx, cpu_rows, images)],
+            "roofline": roof.to_json() if roof is not None else None}

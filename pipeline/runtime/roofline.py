@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.core.benchmark_rows import BenchmarkRow
+from pipeline.core.benchmark_rows import BenchmarkRow, Roofline, RooflineRow
 
 MATRIX_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 # The ISA flags the peak table reads (recorded in benchmark.json's roofline.machine).
@@ -185,21 +185,20 @@ def row_precision(row: BenchmarkRow, table: dict[str, Peak]) -> str:
     return word if word in table else "fp32"
 
 
-def fraction(row: BenchmarkRow, macs_per_image: int, table: dict[str, Peak]) -> dict:
+def fraction(row: BenchmarkRow, macs_per_image: int, table: dict[str, Peak]) -> RooflineRow:
     """One benchmark row's achieved rate (``2 * MACs * batch / p50``) and its fraction of its precision's peak."""
     precision = row_precision(row, table)
     seconds = row.latency_ms.p50 / 1e3
     achieved = 2 * macs_per_image * row.batch_size / seconds / 1e9 if seconds > 0 else None
     peak = table[precision].gflops
-    return {"backend": row.backend, "batch_size": row.batch_size, "timing": row.timing,
-            "peak_precision": precision, "p50_ms": row.latency_ms.p50, "achieved_gflops": achieved,
-            "peak_gflops": peak,
-            "fraction": achieved / peak if achieved is not None and peak else None,
-            "fraction_of_fp32": achieved / table["fp32"].gflops if achieved is not None and table["fp32"].gflops
-            else None}
+    return RooflineRow(backend=row.backend, batch_size=row.batch_size, timing=row.timing, peak_precision=precision,
+                       p50_ms=row.latency_ms.p50, achieved_gflops=achieved, peak_gflops=peak,
+                       fraction=achieved / peak if achieved is not None and peak else None,
+                       fraction_of_fp32=achieved / table["fp32"].gflops if achieved is not None
+                       and table["fp32"].gflops else None)
 
 
-def section(onnx_path: Path, results: list[BenchmarkRow], cores: int, flags: set[str]) -> dict:
+def section(onnx_path: Path, results: list[BenchmarkRow], cores: int, flags: set[str]) -> Roofline:
     """benchmark.json's ``roofline``: the machine, each precision's peak, the model's MACs per image, and each CPU
     row's fraction of its precision's peak."""
     import onnx
@@ -208,7 +207,8 @@ def section(onnx_path: Path, results: list[BenchmarkRow], cores: int, flags: set
     table = with_clock(peaks(flags, cpu["vendor"], cpu["family"]), cores, cpu["mhz"])
     counted = macs(onnx.load(str(onnx_path), load_external_data=False), 1)  # shapes only: no weights needed
     rows = [fraction(r, counted["per_image"], table) for r in results if r.device == "cpu"]
-    return {"machine": {**cpu, "cores": cores, "flags": sorted(flags & READ_FLAGS)},
-            "peaks": {k: p.to_json() for k, p in table.items()},
-            "macs": {"per_image": counted["per_image"], "source": onnx_path.name, "layers": counted["layers"]},
-            "rows": rows}
+    return Roofline.model_validate({
+        "machine": {**cpu, "cores": cores, "flags": sorted(flags & READ_FLAGS)},
+        "peaks": {k: p.to_json() for k, p in table.items()},
+        "macs": {"per_image": counted["per_image"], "source": onnx_path.name, "layers": counted["layers"]},
+        "rows": rows}, strict=False)
