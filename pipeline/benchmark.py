@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from pipeline.core import artifacts, data, env, modeling
-from pipeline.core.benchmark_rows import BenchmarkRow, SkippedRow, Stop, rows_of, to_json
+from pipeline.core.benchmark_rows import BenchmarkRow, CrossCheck, SkippedRow, Stop, rows_of, to_json
 from pipeline.core.errors import BackendUnavailable, InputError, UsageError
 from pipeline.core.run import RunDir, StageRecord, atomic_path, atomic_write, now, write_json
 from pipeline.core.speed_claims import Ratio
@@ -249,10 +249,11 @@ def _run(cfg: Config, run_dir: RunDir, record: StageRecord, threads: int, profil
     named = [row for pair in headline_rows(results).values() if pair for row in pair]
     with Retimer(ctx, images, method) as retimer:
         held = contests(results, retimer, cfg.tune.same_speed)
-        payload["benchmark_app"] = benchmark_app.side_by_side(cfg, run_dir, results, spec["input_size"], threads,
-                                                              named, retimer.block)
+        crosscheck = benchmark_app.side_by_side(cfg, run_dir, results, spec["input_size"], threads, named,
+                                                retimer.block)
     payload["contests"] = {key: contest.to_json() for key, contest in held.items()}
-    payload["headline"] = _headline(results, held, payload["benchmark_app"])
+    payload["benchmark_app"] = crosscheck.to_json()
+    payload["headline"] = _headline(results, held, crosscheck)
     write_json(run_dir.file(JSON), payload)
     atomic_write(run_dir.file(MARKDOWN), markdown(payload))
     plots = write_plots(run_dir, payload) + profile_report.write_plot(run_dir, payload)
@@ -568,7 +569,7 @@ def headline_rows(results: list[BenchmarkRow]) -> dict[str, tuple[BenchmarkRow, 
 
 
 def _headline(results: list[BenchmarkRow], contests: dict[str, Contest] | None = None,
-              crosscheck: dict | None = None) -> str:
+              crosscheck: CrossCheck | None = None) -> str:
     """The summary's line: per device, the rows :func:`headline_rows` names; where their lead over the runner-up is
     inside the noise (:func:`contests`), the tie instead of a winner, and every ratio with its interval; a row that
     benchmark_app's cross-check does not confirm is marked in doubt."""
@@ -613,13 +614,12 @@ def _rivals_text(contest: Contest) -> str:
                      f"[{o.ratio.low:.2f}, {o.ratio.high:.2f}])" for o in contest.others)
 
 
-def _doubt(row: BenchmarkRow, crosscheck: dict | None) -> str:
-    for check in (crosscheck or {}).get("rows", []):
-        if check["backend"] == row.backend and check["batch_size"] == row.batch_size and \
-                check["mode"] == ("throughput" if row.is_throughput else "latency") and \
-                check.get("agreement", "agree") != "agree":
-            return (f" (in doubt: benchmark_app {check.get('agreement', 'error')}: "
-                    f"{check.get('summary') or check.get('error')})")
+def _doubt(row: BenchmarkRow, crosscheck: CrossCheck | None) -> str:
+    for check in (crosscheck.rows or []) if crosscheck else []:
+        if check.backend == row.backend and check.batch_size == row.batch_size and \
+                check.mode == ("throughput" if row.is_throughput else "latency") and \
+                (check.agreement or "agree") != "agree":
+            return f" (in doubt: benchmark_app {check.agreement}: {check.summary or check.error})"
     return ""
 
 

@@ -22,7 +22,7 @@ RELEASE = ROOT / "tests" / "data" / "release_0.1.0" / "run" / "benchmark.json"
 # The serialisers: the only modules that may read a row by its key.
 HOMES = {PACKAGE / "core" / "benchmark_rows.py", PACKAGE / "core" / "verify_rows.py"}
 ROW_TYPES = {"BenchmarkRow", "SkippedRow", "Rows", "Profile", "ProfileSummary", "Roofline", "RooflineRow",
-             "CandidateRow", "VerifyReport"}
+             "CrossCheck", "CrossCheckRow", "CandidateRow", "VerifyReport"}
 ROW_SOURCES = {"rows_of", "candidates_of"}  # calls that return typed rows (benchmark_rows.read, verify_rows.read too)
 ROW_MODULES = {"benchmark_rows", "verify_rows"}
 
@@ -192,6 +192,7 @@ def test_release_0_1_0_rows_read_and_write_back_in_the_same_shape():
     assert benchmark_rows.to_json(rows.skipped) == payload["skipped"]
     assert [p.to_json() for p in rows.profiles] == payload["profiles"] and rows.profiles  # the per-layer profiles too
     assert rows.roofline is not None and rows.roofline.to_json() == payload["roofline"]  # and the roofline
+    assert rows.benchmark_app is not None and rows.benchmark_app.to_json() == payload["benchmark_app"]
 
 
 def test_a_measured_row_is_written_with_the_keys_benchmark_always_wrote():
@@ -237,3 +238,18 @@ def test_the_report_reads_release_0_1_0s_benchmark(tmp_path):
     payload = json.loads((tmp_path / "benchmark.json").read_text())
     text = tables.markdown([tables.benchmark_section(payload)])
     assert all(r["backend"] in text for r in payload["results"])
+
+
+def test_a_cross_check_row_is_written_with_the_keys_it_was_made_with():
+    """benchmark_app's rows (interleaved, one run beside ours, an error) keep their keys and order through the type."""
+    from pipeline.core.benchmark_rows import CrossCheckRow
+    from pipeline.runtime import benchmark_app
+
+    row = benchmark_row("openvino_int8", 1, 0.3)
+    made = [benchmark_app.interleaved(row, "latency", lambda: {"p50_ms": 0.31, "requests": 1}, lambda: 0.3, rounds=3),
+            benchmark_app.compare(row, "latency", {"p50_ms": 0.9, "requests": 1}),
+            benchmark_app.compare(row, "latency", {"error": "benchmark_app did not finish"})]
+    for got in made:
+        written = CrossCheckRow.model_validate(json.loads(json.dumps(got))).to_json()
+        assert written == json.loads(json.dumps(got)) and list(written) == list(got)
+    assert CrossCheckRow.model_validate(made[1]).said == "far apart"  # 0.3 ms against 0.9 ms: flagged

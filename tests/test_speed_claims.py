@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from conftest import benchmark_row
 from pipeline.core import speed_claims
+from pipeline.core.benchmark_rows import CrossCheck
 from pipeline.core.speed_claims import Ratio, Speed
 from pipeline.precision.sensitivity import MethodRun
 
@@ -347,9 +348,9 @@ def test_the_headline_names_a_tie_and_doubts_a_row_benchmark_app_does_not_confir
     doubt = {"rows": [{"backend": "openvino_int8", "batch_size": 1, "mode": "latency", "agreement": "far apart",
                        "summary": "p50 0.301 ms (ours) vs 0.570 ms (benchmark_app)"}]}
     assert "(in doubt: benchmark_app far apart: p50 0.301 ms (ours) vs 0.570 ms" in \
-        benchmark._headline(results, clear, doubt)
+        benchmark._headline(results, clear, CrossCheck.model_validate(doubt))
     agreed = {"rows": [{**doubt["rows"][0], "agreement": "agree"}]}
-    assert "in doubt" not in benchmark._headline(results, clear, agreed)
+    assert "in doubt" not in benchmark._headline(results, clear, CrossCheck.model_validate(agreed))
 
 
 def test_the_headlines_speedup_over_eager_comes_with_its_bootstrap_interval():

@@ -244,13 +244,70 @@ class Roofline(schema.Open):
         return self.model_dump()
 
 
+# --------------------------------------------------------------------------- OpenVINO's benchmark_app beside ours
+
+
+class Interval(schema.Open):
+    """A per-round ratio's geometric mean and its interval (:meth:`pipeline.core.speed_claims.Ratio.to_json`)."""
+
+    estimate: float
+    low: float
+    high: float
+    rounds: int
+    confidence: float | None = None
+
+
+class CrossCheckRow(schema.Open):
+    """One OpenVINO row beside benchmark_app's run of the same IR (:mod:`pipeline.runtime.benchmark_app`): an error,
+    one run beside the stage's timing, or both alternated in interleaved rounds (``rounds``, ``interval``,
+    ``agreement``). Written with the keys it was made with."""
+
+    backend: Name
+    batch_size: BatchSize
+    mode: Text
+    error: Reason | None = None
+    ours: float | None = None
+    benchmark_app: dict[str, Any] | None = None  # benchmark_app's own report
+    rounds: int | None = None
+    ratio: float | None = None
+    interval: Interval | None = None
+    agreement: Text | None = None  # "agree", "far apart", "undecided"
+    flagged: bool | None = None
+    ours_per_round: list[float] | None = None
+    benchmark_app_per_round: list[float] | None = None
+    summary: Text | None = None
+
+    @property
+    def said(self) -> str:
+        """What the check says: its agreement, else (one run beside ours) far apart when flagged."""
+        return self.agreement or ("far apart" if self.flagged else "agree")
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(exclude_unset=True)
+
+
+class CrossCheck(schema.Open):
+    """benchmark.json's ``benchmark_app``: the tool, its seconds per run, the flag's band and each row checked; or
+    why it was skipped."""
+
+    skipped: Reason | None = None
+    tool: Text | None = None
+    seconds: float | None = None
+    flag_ratio: float | None = None
+    rows: list[CrossCheckRow] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(exclude_unset=True)
+
+
 class Rows(schema.Open):
-    """benchmark.json's rows, profiles and roofline (its other keys are kept, not read)."""
+    """benchmark.json's rows, profiles, roofline and cross-check (its other keys are kept, not read)."""
 
     results: Annotated[list[BenchmarkRow], Field(default_factory=list, max_length=MAX_ROWS)]
     skipped: Annotated[list[SkippedRow], Field(default_factory=list, max_length=MAX_ROWS)]
     profiles: Annotated[list[Profile] | None, Field(default=None, max_length=MAX_ROWS)]
     roofline: Roofline | None = None
+    benchmark_app: CrossCheck | None = None
 
 
 def to_json(rows: list[BenchmarkRow] | list[SkippedRow]) -> list[dict[str, Any]]:

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 
 from pipeline.core import records
-from pipeline.core.benchmark_rows import BenchmarkRow, rows_of
+from pipeline.core.benchmark_rows import BenchmarkRow, CrossCheck, rows_of
 from pipeline.core.manifest import STAGE_ORDER
 from pipeline.core.status import Status
 from pipeline.core.verify_rows import CandidateRow, candidates_of
@@ -387,7 +387,7 @@ def benchmark_section(payload: dict) -> Section:
     side = ("Every precision side by side (accuracy: verify's, on its real validation images, for the "
             "artifact timed here; a backend that failed verify is not a candidate, however fast).")
     anchor = trtexec_table(typed.results)  # trtexec on the same engines, when it was on PATH
-    ov_text, ov_table = benchmark_app_table(payload.get("benchmark_app"))  # benchmark_app on the same IRs
+    ov_text, ov_table = benchmark_app_table(typed.benchmark_app)  # benchmark_app on the same IRs
     return Section(f"Benchmark: {payload['model']}", paragraphs=(machine, method, *skipped, side,
                                                                  *((ov_text,) if ov_text else ())),
                    tables=(choice, table, *(t for t in (anchor, ov_table) if t)))
@@ -418,33 +418,32 @@ def trtexec_table(results: list[BenchmarkRow]) -> Table | None:
                   "difference", f"flag (> {trtexec.FLAG_RELATIVE:.0%})"), tuple(rows))
 
 
-def benchmark_app_table(section: dict | None) -> tuple[str, Table | None]:
+def benchmark_app_table(section: CrossCheck | None) -> tuple[str, Table | None]:
     """OpenVINO's benchmark_app beside our OpenVINO rows: a paragraph and the table (None when it did not run)."""
     if not section:
         return "", None
-    if "rows" not in section:
-        return f"OpenVINO benchmark_app: skipped: {section.get('skipped')}", None
+    if section.rows is None:
+        return f"OpenVINO benchmark_app: skipped: {section.skipped}", None
     rows = []
-    for r in section["rows"]:
-        head = (Cell(r["backend"]), Cell(str(r["batch_size"])), Cell(r["mode"]))
-        if "error" in r:
-            rows.append(head + (Cell("-"), Cell("-"), Cell("-"), Cell("error", status=Status.ERROR, note=r["error"])))
+    for r in section.rows:
+        head = (Cell(r.backend), Cell(str(r.batch_size)), Cell(r.mode))
+        if r.error is not None:
+            rows.append(head + (Cell("-"), Cell("-"), Cell("-"), Cell("error", status=Status.ERROR, note=r.error)))
             continue
-        latency = r["mode"] == "latency"
-        theirs = r["benchmark_app"]["p50_ms"] if latency else r["benchmark_app"]["throughput_per_s"]
-        if "benchmark_app_per_round" in r:  # interleaved rounds: the median of benchmark_app's rounds
-            theirs = sorted(r["benchmark_app_per_round"])[len(r["benchmark_app_per_round"]) // 2]
+        latency = r.mode == "latency"
+        theirs = (r.benchmark_app or {}).get("p50_ms" if latency else "throughput_per_s")
+        if r.benchmark_app_per_round is not None:  # interleaved rounds: the median of benchmark_app's rounds
+            theirs = sorted(r.benchmark_app_per_round)[len(r.benchmark_app_per_round) // 2]
         shown = (lambda v: f"{v:.3f} ms p50") if latency else (lambda v: f"{v:.1f} images/s")
-        said = r.get("agreement", "far apart" if r["flagged"] else "agree")
+        said = r.said
         flag = Cell(Status.OK, status=Status.PASSED) if said == "agree" else \
             Cell("in doubt" if said == "undecided" else said, status=Status.FAILED)
-        interval = r.get("interval")
-        ratio = f"{r['ratio']:.2f} [{interval['low']:.2f}, {interval['high']:.2f}]" if interval else \
-            fmt(r["ratio"], ".2f")
-        rows.append(head + (Cell(shown(r["ours"])), Cell(shown(theirs)), Cell(ratio), flag))
-    text = (f"OpenVINO benchmark_app beside ours: same IR, shape, precision hint and threads; {section['seconds']} s "
+        interval = r.interval
+        ratio = f"{r.ratio:.2f} [{interval.low:.2f}, {interval.high:.2f}]" if interval else fmt(r.ratio, ".2f")
+        rows.append(head + (Cell(shown(r.ours)), Cell(shown(theirs)), Cell(ratio), flag))
+    text = (f"OpenVINO benchmark_app beside ours: same IR, shape, precision hint and threads; {section.seconds} s "
             f"per run, alternated with our timing of the same row in interleaved rounds; a ratio (95 % interval) "
-            f"outside [{1 / section['flag_ratio']:.2f}, {section['flag_ratio']}] is flagged far apart, one reaching "
+            f"outside [{1 / section.flag_ratio:.2f}, {section.flag_ratio}] is flagged far apart, one reaching "
             "across its edge is in doubt.")
     return text, Table(("backend", "batch", "mode", "ours", "benchmark_app", "ratio", "flag"), tuple(rows))
 

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from pipeline.core.artifacts import xml_name
-from pipeline.core.benchmark_rows import BenchmarkRow
+from pipeline.core.benchmark_rows import BenchmarkRow, CrossCheck
 from pipeline.core.run import RunDir
 from pipeline.core.timings import TimingKind
 
@@ -86,27 +86,45 @@ def run_one(exe: str, xml: Path, shape: list[int], mode: str, hint: str, threads
                              + (f": {tail[0][:200]}" if tail else "")}
 
 
-def side_by_side(cfg: Config, run_dir: RunDir, results: list[dict], input_size: list[int], threads: int,
-                 named: list[dict] = (), ours_now: Callable[[dict, float], float] | None = None) -> dict:
+def side_by_side(cfg: Config, run_dir: RunDir, results: list[BenchmarkRow], input_size: list[int], threads: int,
+                 named: list[BenchmarkRow] = (),
+                 ours_now: Callable[[BenchmarkRow, float], float] | None = None) -> CrossCheck:
     """benchmark_app's numbers beside ours for the OpenVINO rows among ``named`` (the rows the summary names:
     two benchmark_app runs instead of two per OpenVINO row, 18 for resnet18), or for every OpenVINO row with
-    ``benchmark.benchmark_app_rows: all``; ``{"skipped": reason}`` when it cannot run."""
-    from pipeline.runtime import backends, openvino_ir
+    ``benchmark.benchmark_app_rows: all``; ``skipped`` says why when it cannot run."""
+    skipped = _skipped(cfg, results, named)
+    if skipped:
+        return CrossCheck(skipped=skipped)
+    return CrossCheck.model_validate(_checked(cfg, run_dir, results, input_size, threads, named, ours_now),
+                                     strict=False)
 
-    seconds = cfg.benchmark.benchmark_app_s
+
+def _skipped(cfg: Config, results: list[BenchmarkRow], named: list[BenchmarkRow]) -> str:
+    """Why benchmark_app cannot run beside these rows; "" when it can."""
+    from pipeline.runtime import backends
+
     ours = [r for r in results if backends.by_name(r.backend).runtime == backends.OV]
     if not ours:
-        return {"skipped": "no OpenVINO row was measured"}
+        return "no OpenVINO row was measured"
+    summary_only = getattr(cfg.benchmark, "benchmark_app_rows", "all") == "summary"
+    if summary_only and not any(r is n for r in ours for n in named):
+        return "the summary names no OpenVINO row (benchmark.benchmark_app_rows: all checks every OpenVINO row)"
+    if not cfg.benchmark.benchmark_app_s:
+        return "benchmark.benchmark_app_s is 0"
+    if find() is None:
+        return "benchmark_app is not installed (it ships with the openvino wheel)"
+    return ""
+
+
+def _checked(cfg: Config, run_dir: RunDir, results: list[BenchmarkRow], input_size: list[int], threads: int,
+             named: list[BenchmarkRow], ours_now) -> dict:
+    """benchmark.json's ``benchmark_app`` section: each OpenVINO row checked (see :func:`side_by_side`)."""
+    from pipeline.runtime import backends, openvino_ir
+
+    seconds, exe = cfg.benchmark.benchmark_app_s, find()
+    ours = [r for r in results if backends.by_name(r.backend).runtime == backends.OV]
     if getattr(cfg.benchmark, "benchmark_app_rows", "all") == "summary":
         ours = [r for r in ours if any(r is n for n in named)]
-        if not ours:
-            return {"skipped": "the summary names no OpenVINO row (benchmark.benchmark_app_rows: all checks every "
-                               "OpenVINO row)"}
-    if not seconds:
-        return {"skipped": "benchmark.benchmark_app_s is 0"}
-    exe = find()
-    if exe is None:
-        return {"skipped": "benchmark_app is not installed (it ships with the openvino wheel)"}
     rows = []
     for name in dict.fromkeys(r.backend for r in ours):
         precision = backends.by_name(name).precision
