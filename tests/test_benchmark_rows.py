@@ -13,7 +13,7 @@ import pytest
 
 from conftest import ROOT, benchmark_row
 from pipeline.core import benchmark_rows
-from pipeline.core.benchmark_rows import BenchmarkRow, SkippedRow
+from pipeline.core.benchmark_rows import BenchmarkRow, SkippedRow, TrtexecCheck
 from pipeline.core.errors import InputError
 from pipeline.core.timings import TimingKind
 
@@ -22,7 +22,7 @@ RELEASE = ROOT / "tests" / "data" / "release_0.1.0" / "run" / "benchmark.json"
 # The serialisers: the only modules that may read a row by its key.
 HOMES = {PACKAGE / "core" / "benchmark_rows.py", PACKAGE / "core" / "verify_rows.py"}
 ROW_TYPES = {"BenchmarkRow", "SkippedRow", "Rows", "Profile", "ProfileSummary", "Roofline", "RooflineRow",
-             "CrossCheck", "CrossCheckRow", "CandidateRow", "VerifyReport"}
+             "CrossCheck", "CrossCheckRow", "TrtexecCheck", "CandidateRow", "VerifyReport"}
 ROW_SOURCES = {"rows_of", "candidates_of"}  # calls that return typed rows (benchmark_rows.read, verify_rows.read too)
 ROW_MODULES = {"benchmark_rows", "verify_rows"}
 
@@ -202,8 +202,9 @@ def test_a_measured_row_is_written_with_the_keys_benchmark_always_wrote():
                              "throughput_per_s", "iterations", "trials", "stop", "first_run_ms", "cv_warning",
                              "cuda_graphs", "verify", "note", "workaround", "samples_ms", "accuracy", "deployable",
                              "vs_eager"]  # trtexec only where it ran beside the row
-    checked = row.model_copy(update={"trtexec": {"p50": 1.0}}).to_json()
-    assert checked["trtexec"] == {"p50": 1.0}
+    checked = row.model_copy(update={"trtexec": TrtexecCheck(metric="computeMs", p50=1.0, flag=False)}).to_json()
+    assert checked["trtexec"] == {"metric": "computeMs", "p50": 1.0, "flag": False}
+    assert list(checked)[-2:] == ["trtexec", "vs_eager"]  # where benchmark always wrote it
     assert BenchmarkRow.model_validate(json.loads(json.dumps(written))) == row  # read back: the same row
     error = SkippedRow(backend="onnxrt_fp32", batch_size=4, timing="wall-clock", timing_kind=TimingKind.CPU_CALL,
                        reason="error: boom")

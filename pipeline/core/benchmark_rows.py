@@ -72,6 +72,31 @@ class Stop(schema.Open):
     coverage: float | None = None
 
 
+class TrtexecCheck(schema.Open):
+    """trtexec on the same engine beside a TensorRT row (:mod:`pipeline.runtime.trtexec`): its statistics and the
+    relative difference of the p50s with the flag, an ``error``, or why it was ``not_run`` (another TensorRT
+    release). Written with the keys it was made with."""
+
+    command: Text | None = None
+    metric: Text | None = None
+    tensorrt_major: int | None = None
+    tensorrt: Text | None = None
+    error: Reason | None = None
+    not_run: Reason | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p99: float | None = None
+    mean: float | None = None
+    iterations: int | None = None
+    times_json: Text | None = None
+    profile_json: Text | None = None
+    difference: float | None = None
+    flag: bool | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(exclude_unset=True)
+
+
 class BenchmarkRow(schema.Open):
     """One backend timed at one batch size one way: what benchmark measured, the verdict it carries, and the ratio to
     eager FP32 of the same kind (``vs_eager``, set once every row is measured)."""
@@ -96,7 +121,7 @@ class BenchmarkRow(schema.Open):
     samples_ms: Annotated[list[Millis], Field(max_length=MAX_SAMPLES)]  # every timed run: compare bootstraps them
     accuracy: float | None = None  # verify's, for the artifact timed here
     deployable: bool = False  # may be named "fastest that passed"
-    trtexec: dict[str, Any] | None = None  # trtexec on the same engine (pipeline.runtime.trtexec); absent: not run
+    trtexec: TrtexecCheck | None = None  # trtexec on the same engine (pipeline.runtime.trtexec); absent: not run
     vs_eager: float | None = None
 
     _legacy = model_validator(mode="before")(kind_from_label)
@@ -113,7 +138,13 @@ class BenchmarkRow(schema.Open):
 
     def to_json(self) -> dict[str, Any]:
         """The row as benchmark.json holds it (``trtexec`` only where it ran)."""
-        return self.model_dump(exclude=None if self.trtexec is not None else {"trtexec"})
+        out = self.model_dump(exclude={"trtexec"})
+        if self.trtexec is None:
+            return out
+        keys = list(out)
+        cut = keys.index("vs_eager") if "vs_eager" in keys else len(keys)
+        return {**{k: out[k] for k in keys[:cut]}, "trtexec": self.trtexec.to_json(),
+                **{k: out[k] for k in keys[cut:]}}
 
 
 class SkippedRow(schema.Open):

@@ -403,15 +403,15 @@ def trtexec_table(results: list[BenchmarkRow]) -> Table | None:
             continue
         head = (Cell(r.backend), Cell(str(r.batch_size)), Cell(r.timing.split(" (")[0]),
                 Cell(fmt(r.latency_ms.p50, ".3f")))
-        if "error" in t:
-            rows.append(head + (Cell("-"),) * 5 + (Cell("error", status=Status.ERROR, note=t["error"]),))
+        if t.error is not None:
+            rows.append(head + (Cell("-"),) * 5 + (Cell("error", status=Status.ERROR, note=t.error),))
             continue
-        if "not_run" in t:  # trtexec of another TensorRT release than the engine's: nothing failed
-            rows.append(head + (Cell("-"),) * 5 + (Cell("not run", status=Status.SKIPPED, note=t["not_run"]),))
+        if t.not_run is not None:  # trtexec of another TensorRT release than the engine's: nothing failed
+            rows.append(head + (Cell("-"),) * 5 + (Cell("not run", status=Status.SKIPPED, note=t.not_run),))
             continue
-        flag = Cell("large difference", status=Status.FAILED) if t["flag"] else Cell(Status.OK, status=Status.PASSED)
-        rows.append(head + tuple(Cell(fmt(t[k], ".3f")) for k in ("p50", "p90", "p99", "mean"))
-                    + (Cell(percent(t["difference"], "+.0f")), flag))
+        flag = Cell("large difference", status=Status.FAILED) if t.flag else Cell(Status.OK, status=Status.PASSED)
+        rows.append(head + tuple(Cell(fmt(v, ".3f")) for v in (t.p50, t.p90, t.p99, t.mean))
+                    + (Cell(percent(t.difference, "+.0f")), flag))
     if not rows:
         return None
     return Table(("backend", "batch", "timing", "ours p50 ms", "trtexec p50 ms", "p90 ms", "p99 ms", "mean ms",

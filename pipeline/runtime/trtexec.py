@@ -43,7 +43,7 @@ import subprocess
 from pathlib import Path
 
 from pipeline.core.artifacts import TRTEXEC_DIR as DIR
-from pipeline.core.benchmark_rows import BenchmarkRow
+from pipeline.core.benchmark_rows import BenchmarkRow, TrtexecCheck
 from pipeline.core.run import make_folder
 from pipeline.core.timings import TimingKind
 from pipeline.runtime import timing
@@ -229,7 +229,8 @@ def side_by_side(run_dir, results: list[BenchmarkRow], backend_of, input_name: s
             shape = f"{input_name}:" + "x".join(str(d) for d in (batch, *input_size))
             done[key] = measure(exe, run_dir.file(backend.artifact), shape, kind, out_dir,
                                 f"{backend.name}.b{batch}", method, batch, engine_built_by(run_dir, backend.artifact))
-        return row.model_copy(update={"trtexec": compare(row, done[key])})
+        check = TrtexecCheck.model_validate(compare(row, done[key]), strict=False)
+        return row.model_copy(update={"trtexec": check})
 
     return [beside(row) for row in results]
 
