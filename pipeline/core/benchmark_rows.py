@@ -1,5 +1,7 @@
 """benchmark.json's rows as types: :class:`BenchmarkRow` (one timed backend, batch size and timing kind) and
-:class:`SkippedRow` (one that could not be timed, and why).
+:class:`SkippedRow` (one that could not be timed, and why); beside them what else benchmark measures: a TensorRT
+row's :class:`TrtexecCheck`, the per-layer :class:`Profile`s, the :class:`Roofline` and OpenVINO's
+:class:`CrossCheck` (each made where it is measured, written by its own ``to_json``).
 
 The benchmark stage makes these records where it measures (:mod:`pipeline.benchmark`), and :func:`to_json` is the
 one serialiser of its ``results`` and ``skipped`` lists. Every reader (benchmark's headline, ratios, contests and
