@@ -140,7 +140,11 @@ def _time_batch(backend: Backend, ctx: Context, runner, batch: int, images, meth
         if "error" in m:
             skips.append(_error_row(backend, batch, timing, m["error"]))
             continue
-        rows.append(_row(backend, ctx, runner, batch, timing, m, verdict))
+        try:
+            rows.append(_row(backend, ctx, runner, batch, timing, m, verdict))
+        except ValueError as exc:  # a run no clock measures (0 ms): benchmark.json cannot hold it, compare could not
+            skips.append(_error_row(backend, batch, timing, f"not a recordable measurement: {one_line(exc)}"))
+            continue
         _log_row(rows[-1])
     return rows, skips
 
