@@ -23,10 +23,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.core import artifacts, bundle_schema, env, schema, verdicts
+from pipeline.core import artifacts, benchmark_rows, bundle_schema, env, schema, verdicts, verify_rows
+from pipeline.core.benchmark_rows import BenchmarkRow
 from pipeline.core.bundle_schema import Meta
 from pipeline.core.errors import InputError, UsageError
 from pipeline.core.run import RunDir, atomic_write, confined, now, open_confined, read_json, sha256_file
+from pipeline.core.verify_rows import CandidateRow
 from pipeline.evaluation import drift, predictions
 from pipeline.evaluation.predictions import Predictions
 
@@ -122,36 +124,35 @@ def run_verdicts(run: RunDir, consumer: str) -> tuple[dict, verdicts.Inconclusiv
     return verify_report.read_verdicts(run) or {}, recorded_policy(run)
 
 
-def latency_rows(run: RunDir, consumer: str) -> list[bundle_schema.RunRow]:
+def latency_rows(run: RunDir, consumer: str) -> list[BenchmarkRow]:
     """benchmark.json's rows with raw samples (the file benchmark wrote, typed and bounded)."""
     path = check_written_by(run, "benchmark", artifacts.BENCHMARK_JSON, consumer)
-    rows = schema.read_json(path, bundle_schema.BenchmarkRows, "benchmark report").results
-    return [r for r in rows if r.samples_ms]
+    return [r for r in benchmark_rows.read(path).results if r.samples_ms]
 
 
 def _latency_entries(run: RunDir) -> list[dict]:
     keep = ("backend", "precision", "device", "batch_size", "timing", "timing_kind", "verify", "samples_ms")
-    rows = [{k: row.model_dump().get(k) for k in keep} for row in latency_rows(run, "baseline")]
+    rows = [{k: getattr(row, k) for k in keep} for row in latency_rows(run, "baseline")]
     if not rows:
         raise UsageError(f"{run.path}: benchmark.json has no timed rows: nothing to hold latency to (run "
                          "benchmark with at least one backend)")
     return rows
 
 
-def _artifact_entry(candidate: dict, verdict: str, top1, labels, classes: list[str]) -> dict:
-    return {"name": candidate["name"], "precision": candidate["precision"], "artifact": candidate["artifact"],
-            "artifact_sha256": candidate["artifact_sha256"], "verdict": verdict,
+def _artifact_entry(candidate: CandidateRow, verdict: str, top1, labels, classes: list[str]) -> dict:
+    return {"name": candidate.name, "precision": candidate.precision, "artifact": candidate.artifact,
+            "artifact_sha256": candidate.artifact_sha256, "verdict": verdict,
             "accuracy": float((top1 == labels).mean()),
             "per_class_accuracy": drift.per_class_accuracy(top1, labels, classes),
-            "batch_sizes": candidate.get("batch_sizes")}
+            "batch_sizes": candidate.batch_sizes}
 
 
-def _passed_candidates(run: RunDir) -> list[tuple[dict, str]]:
+def _passed_candidates(run: RunDir) -> list[tuple[CandidateRow, str]]:
     """verify.json's candidates whose verdict, for the files here now, counts as passed; with that verdict."""
     current, policy = run_verdicts(run, "baseline")
-    report = read_json(run.file(artifacts.VERIFY_JSON), "verify report")
-    passed = [(c, current[c["name"]]) for c in report.get("candidates", [])
-              if verdicts.counts_as_passed(current.get(c["name"], ""), policy)]
+    report = verify_rows.read(run.file(artifacts.VERIFY_JSON))
+    passed = [(c, current[c.name]) for c in report.candidates
+              if verdicts.counts_as_passed(current.get(c.name, ""), policy)]
     if not passed:
         raise UsageError(f"{run.path}: no candidate passed verify's gate for the files there now "
                          "(run verify first): nothing to baseline")
@@ -168,12 +169,12 @@ def write(run: RunDir, out: Path) -> Path:
     card = read_json(run.require(artifacts.MODEL_CARD, "train", "baseline"), "model card")
     classes = list(card["classes"])
     candidates = _passed_candidates(run)
-    preds = run_predictions(run, "baseline", [predictions.REFERENCE, *(c["name"] for c, _ in candidates)],
+    preds = run_predictions(run, "baseline", [predictions.REFERENCE, *(c.name for c, _ in candidates)],
                             len(classes))
     if predictions.REFERENCE not in preds.top5:
         raise InputError(f"{run.file(artifacts.VERIFY_PREDICTIONS)} has no predictions of the reference "
                          f"({predictions.REFERENCE}): re-run verify")
-    kept = [(c, v) for c, v in candidates if c["name"] in preds.top5]
+    kept = [(c, v) for c, v in candidates if c.name in preds.top5]
     meta = {
         "schema": SCHEMA, "created": now(), "run_dir": str(run.path), "model": card["model"],
         "classes": classes, "input_size": card["spec"]["input_size"], "model_card": card,
@@ -181,10 +182,10 @@ def write(run: RunDir, out: Path) -> Path:
         else None,
         "environment": environment((run.manifest or {}).get("environment") or env.collect()),
         "images": len(preds.names), "predictions_sha256": "",
-        "artifacts": [_artifact_entry(c, v, preds.top5[c["name"]].top1, preds.labels, classes) for c, v in kept],
+        "artifacts": [_artifact_entry(c, v, preds.top5[c.name].top1, preds.labels, classes) for c, v in kept],
         "latency": _latency_entries(run),
     }
-    shown = {predictions.REFERENCE, *(c["name"] for c, _ in kept)}
+    shown = {predictions.REFERENCE, *(c.name for c, _ in kept)}
     data = predictions.to_bytes(predictions.as_arrays(Predictions(
         preds.names, preds.labels, preds.digests, {k: v for k, v in preds.top5.items() if k in shown})))
     meta["predictions_sha256"] = hashlib.sha256(data).hexdigest()

@@ -29,8 +29,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from pipeline.core import artifacts, data, env, modeling
+from pipeline.core.benchmark_rows import BenchmarkRow, CrossCheck, SkippedRow, Stop, rows_of, to_json
 from pipeline.core.errors import BackendUnavailable, InputError, UsageError
 from pipeline.core.run import RunDir, StageRecord, atomic_path, atomic_write, now, write_json
+from pipeline.core.speed_claims import Ratio
 from pipeline.core.status import Status
 from pipeline.core.timings import Timing, TimingKind
 from pipeline.core.verdicts import InconclusivePolicy, counts_as_passed
@@ -89,7 +91,7 @@ def crashed(backend: Backend, exc: Crashed) -> str:
 
 def time_backend(backend: Backend, ctx: Context, images, method: Method, verdict: str,
                  accuracy: float | None = None, policy: InconclusivePolicy = "pass",
-                 throughput_batches: list[int] | None = None) -> tuple[list, list]:
+                 throughput_batches: list[int] | None = None) -> tuple[list[BenchmarkRow], list[SkippedRow]]:
     """Every timing of one backend over the batch sizes: (result rows, skipped rows); an async-throughput timing
     only at ``throughput_batches`` (None: at every batch size).
 
@@ -100,56 +102,65 @@ def time_backend(backend: Backend, ctx: Context, images, method: Method, verdict
     runner, reason = _start(backend, ctx)
     if runner is None:
         log.info("benchmark: %-17s skipped: %s", backend.name, reason)
-        return [], [{"backend": backend.name, "reason": reason}]
-    results, skipped = [], []
+        return [], [SkippedRow(backend=backend.name, reason=reason)]
+    results: list[BenchmarkRow] = []
+    skipped: list[SkippedRow] = []
     try:
         for batch in ctx.cfg.benchmark.batch_sizes:
             timing = method if throughput_batches is None else \
                 dataclasses.replace(method, throughput=batch in throughput_batches)
             rows, skips = _time_batch(backend, ctx, runner, batch, images, timing, verdict)
-            results += [{**row, "accuracy": accuracy, "deployable": backend.deploys and deployable(verdict, policy)}
+            results += [row.model_copy(update={"accuracy": accuracy,
+                                               "deployable": backend.deploys and deployable(verdict, policy)})
                         for row in rows]
             skipped += skips
     except Crashed as exc:  # the rows measured so far stand; the rest of this backend is a "crashed" row
-        skipped.append({"backend": backend.name, "batch_size": batch, "reason": crashed(backend, exc), "log": exc.log,
-                        "log_tail": exc.tail})
+        skipped.append(SkippedRow(backend=backend.name, batch_size=batch, reason=crashed(backend, exc),
+                                  log=str(exc.log), log_tail=list(exc.tail)))
     finally:
         runner.deactivate()
     return results, skipped
 
 
 def _time_batch(backend: Backend, ctx: Context, runner, batch: int, images, method: Method,
-                verdict: str) -> tuple[list, list]:
+                verdict: str) -> tuple[list[BenchmarkRow], list[SkippedRow]]:
     """One batch size of one backend: its rows, or a skipped row saying why (Crashed propagates)."""
     try:
         why = runner.batch_reason(batch)
         if why:
-            return [], [{"backend": backend.name, "batch_size": batch, "reason": why}]
+            return [], [SkippedRow(backend=backend.name, batch_size=batch, reason=why)]
         timings = runner.measurements({ctx.spec["input_name"]: _inputs(images, batch)}, method)
     except (Crashed, BackendUnavailable, InputError):
         raise
     except Exception as exc:
         return [], [_error_row(backend, batch, None, one_line(exc))]
-    rows, skips = [], []
+    rows: list[BenchmarkRow] = []
+    skips: list[SkippedRow] = []
     for timing, m in timings:
         if "error" in m:
             skips.append(_error_row(backend, batch, timing, m["error"]))
             continue
-        rows.append(_row(backend, ctx, runner, batch, timing, m, verdict))
+        try:
+            rows.append(_row(backend, ctx, runner, batch, timing, m, verdict))
+        except ValueError as exc:  # a run no clock measures (0 ms): benchmark.json cannot hold it, compare could not
+            skips.append(_error_row(backend, batch, timing, f"not a recordable measurement: {one_line(exc)}"))
+            continue
         _log_row(rows[-1])
     return rows, skips
 
 
-def _error_row(backend: Backend, batch: int, timing: Timing | None, error: str) -> dict:
+def _error_row(backend: Backend, batch: int, timing: Timing | None, error: str) -> SkippedRow:
     log.warning("benchmark: %s at batch %d%s failed: %s", backend.name, batch, f" ({timing.label})" if timing else "",
                 error)
-    return {"backend": backend.name, "batch_size": batch,
-            **({"timing": timing.label, "timing_kind": timing.kind} if timing else {}), "reason": f"error: {error}"}
+    return SkippedRow(backend=backend.name, batch_size=batch, timing=timing.label if timing else None,
+                      timing_kind=timing.kind if timing else None, reason=f"error: {error}")
 
 
-def _row(backend: Backend, ctx: Context, runner, batch: int, timing: Timing, m: dict, verdict: str) -> dict:
+def _row(backend: Backend, ctx: Context, runner, batch: int, timing: Timing, m: dict, verdict: str) -> BenchmarkRow:
+    """The measured row (``m``: :func:`pipeline.runtime.runners.measure`'s dict, from this process or a child's);
+    validated leniently: the values are this process's own, numbers as the timer gave them."""
     stats = summarize(m["samples"], batch)
-    return {
+    return BenchmarkRow.model_validate({
         "backend": backend.name,
         "precision": getattr(runner, "precision", None) or backend.shown_precision or backend.precision,
         "device": backend.on(ctx),
@@ -168,21 +179,21 @@ def _row(backend: Backend, ctx: Context, runner, batch: int, timing: Timing, m: 
         "note": getattr(runner, "note", "") or backend.note,
         "workaround": getattr(runner, "workaround", "") or None,
         "samples_ms": [round(s, 5) for s in m["samples"]],  # every timed run: compare bootstraps its medians
-    }
+    }, strict=False)
 
 
-def _log_row(r: dict) -> None:
-    log.info("benchmark: %-17s b=%-3d p50 %8.3f ms  p99 %8.3f ms  %9.1f img/s  cv %4.1f%%  %s%s%s", r["backend"],
-             r["batch_size"], r["latency_ms"]["p50"], r["latency_ms"]["p99"], r["throughput_per_s"],
-             100 * r["latency_ms"]["cv"], stop_text(r["stop"]),
-             "  (async throughput; ms per batch)" if _is_throughput(r) else "", "  (noisy)" if r["cv_warning"] else "")
+def _log_row(r: BenchmarkRow) -> None:
+    log.info("benchmark: %-17s b=%-3d p50 %8.3f ms  p99 %8.3f ms  %9.1f img/s  cv %4.1f%%  %s%s%s", r.backend,
+             r.batch_size, r.latency_ms.p50, r.latency_ms.p99, r.throughput_per_s,
+             100 * r.latency_ms.cv, stop_text(r.stop),
+             "  (async throughput; ms per batch)" if r.is_throughput else "", "  (noisy)" if r.cv_warning else "")
 
 
-def stop_text(stop: dict) -> str:
+def stop_text(stop: Stop) -> str:
     """``n=35, median +-3.1% (95%), converged``: a row's runs, its interval and why timing stopped."""
-    width = stop.get("relative_halfwidth")
+    width = stop.relative_halfwidth
     interval = f"+-{100 * width:.1f}%" if width is not None and math.isfinite(width) else "no interval"
-    return f"n={stop['runs']}, median {interval} (95%), {stop['reason']}"
+    return f"n={stop.runs}, median {interval} (95%), {stop.reason}"
 
 
 def deployable(verdict: str, policy: InconclusivePolicy) -> bool:
@@ -233,18 +244,20 @@ def _run(cfg: Config, run_dir: RunDir, record: StageRecord, threads: int, profil
     _log_rows(rows)
     ctx = Context(cfg, run_dir, "benchmark", spec, model=model, threads=threads, gpu=env.cuda_status()[0])
     results, skipped = _time_all(ctx, rows, images, method)
-    trtexec.side_by_side(run_dir, results, backends.by_name, spec["input_name"], spec["input_size"], method)
-    add_ratios(results)
+    results = trtexec.side_by_side(run_dir, results, backends.by_name, spec["input_name"], spec["input_size"], method)
+    results = add_ratios(results)
     _warn_noisy(cfg, results)
     payload = _payload(cfg, spec, threads, results, skipped)
     payload["rows"] = dataclasses.asdict(rows)
     payload.update(layer_profile.benchmark_keys(ctx, results, images, threads))  # "profiles", "roofline" (issue 35)
     named = [row for pair in headline_rows(results).values() if pair for row in pair]
     with Retimer(ctx, images, method) as retimer:
-        payload["contests"] = contests(results, retimer, cfg.tune.same_speed)
-        payload["benchmark_app"] = benchmark_app.side_by_side(cfg, run_dir, results, spec["input_size"], threads,
-                                                              named, retimer.block)
-    payload["headline"] = _headline(results, payload["contests"], payload["benchmark_app"])
+        held = contests(results, retimer, cfg.tune.same_speed)
+        crosscheck = benchmark_app.side_by_side(cfg, run_dir, results, spec["input_size"], threads, named,
+                                                retimer.block)
+    payload["contests"] = {key: contest.to_json() for key, contest in held.items()}
+    payload["benchmark_app"] = crosscheck.to_json()
+    payload["headline"] = _headline(results, held, crosscheck)
     write_json(run_dir.file(JSON), payload)
     atomic_write(run_dir.file(MARKDOWN), markdown(payload))
     plots = write_plots(run_dir, payload) + profile_report.write_plot(run_dir, payload)
@@ -254,15 +267,16 @@ def _run(cfg: Config, run_dir: RunDir, record: StageRecord, threads: int, profil
         profile_torch(cfg, run_dir, model, images, record)
     record.details.update({"results": len(results), "skipped": skipped, "threads": threads,
                            "headline": payload["headline"], "left_out": rows.left_out,
-                           "workarounds": {r["backend"]: r["workaround"] for r in results if r["workaround"]}})
+                           "workarounds": {r.backend: r.workaround for r in results if r.workaround}})
 
 
-def _time_all(ctx: Context, chosen: Rows, images, method: Method) -> tuple[list, list]:
+def _time_all(ctx: Context, chosen: Rows, images, method: Method) -> tuple[list[BenchmarkRow], list[SkippedRow]]:
     """Every chosen backend timed, in order: (result rows, skipped rows)."""
     verdicts = verify_report.read_verdicts(ctx.run_dir) or {}
     policy = verify_report.read_policy(ctx.run_dir)
     accuracies = verify_report.read_accuracies(ctx.run_dir)
-    results, skipped = [], []
+    results: list[BenchmarkRow] = []
+    skipped: list[SkippedRow] = []
     for name in chosen.timed:
         backend = backends.by_name(name)
         rows, skips = time_backend(backend, ctx, images, method, verify_column(backend, verdicts),
@@ -273,8 +287,8 @@ def _time_all(ctx: Context, chosen: Rows, images, method: Method) -> tuple[list,
     return results, skipped
 
 
-def _warn_noisy(cfg: Config, results: list[dict]) -> None:
-    noisy = [f"{r['backend']}@{r['batch_size']}" for r in results if r["cv_warning"]]
+def _warn_noisy(cfg: Config, results: list[BenchmarkRow]) -> None:
+    noisy = [f"{r.backend}@{r.batch_size}" for r in results if r.cv_warning]
     if noisy:
         log.warning("benchmark: warning: %d of %d measurements had a trial with a coefficient of variation above "
                     "%.1f%% (%s): the machine was busy or the runs are too short; close other programs or raise "
@@ -309,23 +323,54 @@ class Retimer:
                 with contextlib.suppress(Exception):
                     runner.deactivate()
 
-    def block(self, row: dict, seconds: float) -> float:
-        name = row["backend"]
+    def block(self, row: BenchmarkRow, seconds: float) -> float:
+        name = row.backend
         if name not in self.runners:
             self.runners[name], _ = _start(backends.by_name(name), self.ctx)
         runner = self.runners[name]
         if runner is None:
             raise RuntimeError(f"{name} could not be started again")
         timing = Method(warmup_s=0.0, min_iterations=3, min_duration_s=seconds, trials=1, cv_warn=self.method.cv_warn,
-                        throughput=_is_throughput(row))
-        measured = runner.measurements({self.ctx.spec["input_name"]: _inputs(self.images, row["batch_size"])}, timing)
-        got = next((m for t, m in measured if t.kind == row["timing_kind"]), None)
+                        throughput=row.is_throughput)
+        measured = runner.measurements({self.ctx.spec["input_name"]: _inputs(self.images, row.batch_size)}, timing)
+        got = next((m for t, m in measured if t.kind == row.timing_kind), None)
         if got is None or "error" in got:
-            raise RuntimeError((got or {}).get("error") or f"{name} has no timing {row['timing_kind']!r} now")
+            raise RuntimeError((got or {}).get("error") or f"{name} has no timing {str(row.timing_kind)!r} now")
         return float(np.median(got["samples"]))
 
 
-def contests(results: list[dict], retimer: Retimer, same_speed: float) -> dict:
+@dataclass(frozen=True)
+class Rival:
+    """One other row of a contest: its time ratio to the headline row (per interleaved round, with its interval) and
+    what that ratio says (:func:`pipeline.core.speed_claims.verdict`: faster, same speed, slower, undecided)."""
+
+    backend: str
+    ratio: Ratio
+    verdict: str
+
+    def to_json(self) -> dict:
+        return {"backend": self.backend, "ratio": self.ratio.to_json(), "verdict": self.verdict}
+
+
+@dataclass(frozen=True)
+class Contest:
+    """The headline row (``rows[0]``) against its closest rivals at one batch size, in interleaved rounds: ``tie``,
+    the rows no other beats beyond the noise; ``others``, every rival's ratio to the headline row."""
+
+    batch_size: int
+    rounds: int
+    rows: list[str]
+    tie: list[str]
+    others: list[Rival]
+    seconds: float = 0.0
+
+    def to_json(self) -> dict:
+        """benchmark.json's ``contests`` entry."""
+        return {"batch_size": self.batch_size, "rounds": self.rounds, "rows": self.rows, "tie": self.tie,
+                "others": [o.to_json() for o in self.others], "seconds": self.seconds}
+
+
+def contests(results: list[BenchmarkRow], retimer: Retimer, same_speed: float) -> dict[str, Contest]:
     """The headline rows against their closest rivals, in interleaved rounds: per device, at the smallest batch by
     latency and at the largest by time per batch, the rows :func:`headline_rows` names and the closest
     other deployable rows (at most :data:`CONTEST_MAX` in all), timed in :data:`CONTEST_ROUNDS` rounds in a shuffled
@@ -334,7 +379,7 @@ def contests(results: list[dict], retimer: Retimer, same_speed: float) -> dict:
     cannot run (a runner that will not start again) is left out, and the headline names the row as before."""
     from pipeline.core import speed_claims
 
-    out = {}
+    out: dict[str, Contest] = {}
     for device, named in headline_rows(results).items():
         if named is None:
             continue
@@ -346,37 +391,35 @@ def contests(results: list[dict], retimer: Retimer, same_speed: float) -> dict:
             try:
                 per_round = _rounds(rivals, retimer)
             except (Crashed, RuntimeError) as exc:
-                log.warning("benchmark: the headline's contest at batch %d was not run: %s", row["batch_size"], exc)
+                log.warning("benchmark: the headline's contest at batch %d was not run: %s", row.batch_size, exc)
                 continue
-            ratio = {(i, j): {row["batch_size"]: speed_claims.ratio(per_round[i], per_round[j])}
+            ratio = {(i, j): {row.batch_size: speed_claims.ratio(per_round[i], per_round[j])}
                      for i in range(len(rivals)) for j in range(len(rivals)) if i != j}
             choice = speed_claims.choose(list(range(len(rivals))), lambda a, b, table=ratio: table[(a, b)], {},
                                          same_speed)
-            others = [{"backend": r["backend"], "ratio": ratio[(i, 0)][row["batch_size"]].to_json(),
-                       "verdict": speed_claims.verdict(ratio[(i, 0)][row["batch_size"]], same_speed).value}
+            others = [Rival(r.backend, ratio[(i, 0)][row.batch_size],
+                            speed_claims.verdict(ratio[(i, 0)][row.batch_size], same_speed).value)
                       for i, r in enumerate(rivals) if i]
-            out[f"{device}/{kind}"] = {"batch_size": row["batch_size"], "rounds": CONTEST_ROUNDS,
-                                       "rows": [r["backend"] for r in rivals],
-                                       "tie": [rivals[i]["backend"] for i in choice.tie], "others": others,
-                                       "seconds": round(now_s() - start, 2)}
+            contest = Contest(row.batch_size, CONTEST_ROUNDS, [r.backend for r in rivals],
+                              [rivals[i].backend for i in choice.tie], others, round(now_s() - start, 2))
+            out[f"{device}/{kind}"] = contest
             log.info("benchmark: headline contest (%s, batch %d, %d interleaved rounds, time over %s's): %s; tie: %s",
-                     kind, row["batch_size"], CONTEST_ROUNDS, row["backend"], _rivals_text(out[f"{device}/{kind}"]),
-                     ", ".join(out[f"{device}/{kind}"]["tie"]))
+                     kind, row.batch_size, CONTEST_ROUNDS, row.backend, _rivals_text(contest), ", ".join(contest.tie))
     return out
 
 
-def _contenders(results: list[dict], row: dict, kind: str) -> list[dict]:
+def _contenders(results: list[BenchmarkRow], row: BenchmarkRow, kind: str) -> list[BenchmarkRow]:
     """The headline ``row`` first, then the other deployable rows of its device and batch (latency rows only for the
     latency headline), closest first."""
-    def cost(r: dict) -> float:
-        return r["latency_ms"]["p50"] if kind == "latency" else 1.0 / max(r["throughput_per_s"], 1e-12)
+    def cost(r: BenchmarkRow) -> float:
+        return r.latency_ms.p50 if kind == "latency" else 1.0 / max(r.throughput_per_s, 1e-12)
 
-    same = [r for r in results if r.get("deployable") and r["device"] == row["device"] and r is not row
-            and r["batch_size"] == row["batch_size"] and (kind == "throughput" or not _is_throughput(r))]
+    same = [r for r in results if r.deployable and r.device == row.device and r is not row
+            and r.batch_size == row.batch_size and (kind == "throughput" or not r.is_throughput)]
     return [row, *sorted(same, key=cost)[:CONTEST_MAX - 1]]
 
 
-def _rounds(rivals: list[dict], retimer: Retimer) -> list[list[float]]:
+def _rounds(rivals: list[BenchmarkRow], retimer: Retimer) -> list[list[float]]:
     from pipeline.core.speed_claims import round_orders
 
     per_round: list[list[float]] = [[] for _ in rivals]
@@ -487,7 +530,7 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.3g} GiB"
 
 
-def _payload(cfg: Config, spec: dict, threads: int, results: list, skipped: list) -> dict:
+def _payload(cfg: Config, spec: dict, threads: int, results: list[BenchmarkRow], skipped: list[SkippedRow]) -> dict:
     bc = cfg.benchmark
     environment = env.collect()
     environment["threads"] = threads
@@ -505,35 +548,32 @@ def _payload(cfg: Config, spec: dict, threads: int, results: list, skipped: list
                    "interval": "distribution-free order-statistic (binomial) interval of the median",
                    "percentiles": "linear interpolation over every timed run of every trial"},
         "environment": environment,
-        "results": results,
-        "skipped": skipped,
+        "results": to_json(results),
+        "skipped": to_json(skipped),
     }
 
 
-def _is_throughput(row: dict) -> bool:
-    return TimingKind(row["timing_kind"]).is_throughput
-
-
-def headline_rows(results: list[dict]) -> dict[str, tuple[dict, dict] | None]:
+def headline_rows(results: list[BenchmarkRow]) -> dict[str, tuple[BenchmarkRow, BenchmarkRow] | None]:
     """Per device, the rows the summary names: the fastest that passed the gate (or is the reference) by p50
     latency at the smallest batch (async throughput rows excluded: their time is per batch amortised), and by
     images/s at the largest batch (throughput rows included); None where no measured backend passed."""
-    named: dict[str, tuple[dict, dict] | None] = {}
-    for device in sorted({r["device"] for r in results}):
-        rows = [r for r in results if r["device"] == device and r.get("deployable")]
+    named: dict[str, tuple[BenchmarkRow, BenchmarkRow] | None] = {}
+    for device in sorted({r.device for r in results}):
+        rows = [r for r in results if r.device == device and r.deployable]
         if not rows:
             named[device] = None
             continue
-        small, large = min(r["batch_size"] for r in rows), max(r["batch_size"] for r in rows)
-        latency = [r for r in rows if r["batch_size"] == small and not _is_throughput(r)] or \
-            [r for r in rows if r["batch_size"] == small]
-        best = min(latency, key=lambda r: r["latency_ms"]["p50"])
-        top = max((r for r in rows if r["batch_size"] == large), key=lambda r: r["throughput_per_s"])
+        small, large = min(r.batch_size for r in rows), max(r.batch_size for r in rows)
+        latency = [r for r in rows if r.batch_size == small and not r.is_throughput] or \
+            [r for r in rows if r.batch_size == small]
+        best = min(latency, key=lambda r: r.latency_ms.p50)
+        top = max((r for r in rows if r.batch_size == large), key=lambda r: r.throughput_per_s)
         named[device] = (best, top)
     return named
 
 
-def _headline(results: list[dict], contests: dict | None = None, crosscheck: dict | None = None) -> str:
+def _headline(results: list[BenchmarkRow], contests: dict[str, Contest] | None = None,
+              crosscheck: CrossCheck | None = None) -> str:
     """The summary's line: per device, the rows :func:`headline_rows` names; where their lead over the runner-up is
     inside the noise (:func:`contests`), the tie instead of a winner, and every ratio with its interval; a row that
     benchmark_app's cross-check does not confirm is marked in doubt."""
@@ -547,56 +587,55 @@ def _headline(results: list[dict], contests: dict | None = None, crosscheck: dic
         best, top = named
         latency, images = (contests or {}).get(f"{device}/latency"), (contests or {}).get(f"{device}/throughput")
         parts.append(f"{device}: {_contest_text(latency, 'fastest that passed the gate')} at batch "
-                     f"{best['batch_size']}: {best['backend']} p50 {best['latency_ms']['p50']:.3f} ms"
+                     f"{best.batch_size}: {best.backend} p50 {best.latency_ms.p50:.3f} ms"
                      f"{_ratio_text(best, results)}{_undecided(best)}{_lead_text(latency)}"
                      f"{_doubt(best, crosscheck)}; at "
-                     f"batch {top['batch_size']}: {top['backend']} {top['throughput_per_s']:.1f} images/s"
-                     f"{' (async throughput)' if _is_throughput(top) else ''}{_ratio_text(top, results)}"
+                     f"batch {top.batch_size}: {top.backend} {top.throughput_per_s:.1f} images/s"
+                     f"{' (async throughput)' if top.is_throughput else ''}{_ratio_text(top, results)}"
                      f"{_undecided(top)}"
                      f"{_lead_text(images)}{_doubt(top, crosscheck)}")
     return "; ".join(parts)
 
 
-def _contest_text(contest: dict | None, winner: str) -> str:
+def _contest_text(contest: Contest | None, winner: str) -> str:
     """The headline's claim: the winner, or the tie the interleaved rounds found (no row beats the others)."""
-    if contest and len(contest["tie"]) > 1:
-        return f"tied for fastest that passed the gate (within the noise: {', '.join(contest['tie'])})"
-    if contest and contest["tie"] and contest["tie"][0] != contest["rows"][0]:
-        return f"fastest that passed the gate timed alone, beaten in interleaved rounds by {contest['tie'][0]}"
+    if contest and len(contest.tie) > 1:
+        return f"tied for fastest that passed the gate (within the noise: {', '.join(contest.tie)})"
+    if contest and contest.tie and contest.tie[0] != contest.rows[0]:
+        return f"fastest that passed the gate timed alone, beaten in interleaved rounds by {contest.tie[0]}"
     return winner
 
 
-def _lead_text(contest: dict | None) -> str:
+def _lead_text(contest: Contest | None) -> str:
     """The lead over the others of the contest, each as a time ratio with its interval (interleaved rounds)."""
-    if not contest or not contest["others"]:
+    if not contest or not contest.others:
         return ""
     return f" (interleaved rounds: {_rivals_text(contest)})"
 
 
-def _rivals_text(contest: dict) -> str:
-    return ", ".join(f"{o['backend']} {o['verdict']} (time ratio {o['ratio']['estimate']:.2f} "
-                     f"[{o['ratio']['low']:.2f}, {o['ratio']['high']:.2f}])" for o in contest["others"])
+def _rivals_text(contest: Contest) -> str:
+    return ", ".join(f"{o.backend} {o.verdict} (time ratio {o.ratio.estimate:.2f} "
+                     f"[{o.ratio.low:.2f}, {o.ratio.high:.2f}])" for o in contest.others)
 
 
-def _doubt(row: dict, crosscheck: dict | None) -> str:
-    for check in (crosscheck or {}).get("rows", []):
-        if check["backend"] == row["backend"] and check["batch_size"] == row["batch_size"] and \
-                check["mode"] == ("throughput" if _is_throughput(row) else "latency") and \
-                check.get("agreement", "agree") != "agree":
-            return (f" (in doubt: benchmark_app {check.get('agreement', 'error')}: "
-                    f"{check.get('summary') or check.get('error')})")
+def _doubt(row: BenchmarkRow, crosscheck: CrossCheck | None) -> str:
+    for check in (crosscheck.rows or []) if crosscheck else []:
+        if check.backend == row.backend and check.batch_size == row.batch_size and \
+                check.mode == ("throughput" if row.is_throughput else "latency") and \
+                (check.agreement or "agree") != "agree":
+            return f" (in doubt: benchmark_app {check.agreement}: {check.summary or check.error})"
     return ""
 
 
-def _undecided(row: dict) -> str:
+def _undecided(row: BenchmarkRow) -> str:
     return " (inconclusive: passed only because the bound could not decide)" \
-        if row["verify"] == Status.INCONCLUSIVE else ""
+        if row.verify == Status.INCONCLUSIVE else ""
 
 
-def _ratio_text(row: dict, results: list[dict] = ()) -> str:
+def _ratio_text(row: BenchmarkRow, results: list[BenchmarkRow] = ()) -> str:
     """`` (20.70x eager FP32 [19.80, 21.60] by bootstrap, timed apart)``: a headline row's speed-up over eager FP32
     with its interval (:func:`_vs_eager_interval`)."""
-    ratio = row.get("vs_eager")
+    ratio = row.vs_eager
     if not ratio:
         return ""
     eager = _eager_of(row, results) if results else None
@@ -605,37 +644,39 @@ def _ratio_text(row: dict, results: list[dict] = ()) -> str:
     return f" ({ratio:.2f}x eager FP32{band})"
 
 
-def _plot_label(row: dict) -> str:
-    kind = TimingKind(row["timing_kind"])
-    return f"{row['backend']}\n{'GPU' if kind.on_gpu else row['device']}" + \
+def _plot_label(row: BenchmarkRow) -> str:
+    kind = row.timing_kind
+    return f"{row.backend}\n{'GPU' if kind.on_gpu else row.device}" + \
         ("\nhost" if kind.clock == TimingKind.HOST_LATENCY else "")
 
 
-def add_ratios(results: list[dict]) -> None:
-    """``vs_eager``: each row's images/s over eager FP32's (``torch_fp32``) at the same batch on the same device,
-    measured in this run (the same kind of timing where torch_fp32 has it: GPU compute or host latency)."""
-    for row in results:
+def add_ratios(results: list[BenchmarkRow]) -> list[BenchmarkRow]:
+    """The rows with ``vs_eager``: each row's images/s over eager FP32's (``torch_fp32``) at the same batch on the
+    same device, measured in this run (the same kind of timing where torch_fp32 has it: GPU compute or host
+    latency)."""
+    def ratio(row: BenchmarkRow) -> float | None:
         base = _eager_of(row, results)
-        row["vs_eager"] = row["throughput_per_s"] / base["throughput_per_s"] if base and base["throughput_per_s"] \
-            else None
+        return row.throughput_per_s / base.throughput_per_s if base and base.throughput_per_s else None
+
+    return [row.model_copy(update={"vs_eager": ratio(row)}) for row in results]
 
 
-def _eager_of(row: dict, results: list[dict]) -> dict | None:
+def _eager_of(row: BenchmarkRow, results: list[BenchmarkRow]) -> BenchmarkRow | None:
     """The eager FP32 row ``row`` is compared with: same batch and device, the same kind of timing where it has it."""
-    eager = [r for r in results if r["backend"] == backends.REFERENCE and r["batch_size"] == row["batch_size"]
-             and r["device"] == row["device"]]
-    same = [r for r in eager if TimingKind(r["timing_kind"]).clock == TimingKind(row["timing_kind"]).clock]
+    eager = [r for r in results if r.backend == backends.REFERENCE and r.batch_size == row.batch_size
+             and r.device == row.device]
+    same = [r for r in eager if r.timing_kind.clock == row.timing_kind.clock]
     return (same or eager or [None])[0]
 
 
-def _vs_eager_interval(row: dict, eager: dict) -> list[float] | None:
+def _vs_eager_interval(row: BenchmarkRow, eager: BenchmarkRow) -> list[float] | None:
     """The 95 % percentile bootstrap interval of eager's median time over the row's (the two rows' own runs, as
     compare bootstraps them): the noise inside the two rows, not the drift between them (they were timed one after
     the other; the headline's contest is what compares in rounds). None without the runs."""
     from pipeline.evaluation.drift import bootstrap_median_ratio
 
-    mine, theirs = row.get("samples_ms") or [], eager.get("samples_ms") or []
-    if not mine or not theirs or row is eager:
+    mine, theirs = row.samples_ms, eager.samples_ms
+    if not mine or not theirs or row.key == eager.key:
         return None
     try:
         _, low, high = bootstrap_median_ratio(np.asarray(mine), np.asarray(theirs), resamples=1000, confidence=0.95,
@@ -658,16 +699,16 @@ def write_plots(run_dir: RunDir, payload: dict) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    results = payload["results"]
+    results = rows_of(payload).results
     if not results:
         return []
     written = []
-    small = min(r["batch_size"] for r in results)
-    series = [r for r in results if r["batch_size"] == small and r.get("samples_ms")]
+    small = min(r.batch_size for r in results)
+    series = [r for r in results if r.batch_size == small and r.samples_ms]
     if series:
         fig, ax = plt.subplots(figsize=(max(6, 1.4 * len(series)), 4))
         labels = [_plot_label(r) for r in series]
-        ax.boxplot([r["samples_ms"] for r in series], showfliers=True, whis=(1, 99))
+        ax.boxplot([r.samples_ms for r in series], showfliers=True, whis=(1, 99))
         ax.set_xticks(range(1, len(series) + 1), labels, fontsize=8)
         ax.set_ylabel("latency (ms), whiskers p1-p99")
         ax.set_title(f"{payload['model']}: latency distribution at batch {small}")
@@ -678,10 +719,10 @@ def write_plots(run_dir: RunDir, payload: dict) -> list[str]:
         plt.close(fig)
         written.append(LATENCY_PLOT)
     fig, ax = plt.subplots(figsize=(7, 4))
-    keys = sorted({(r["backend"], TimingKind(r["timing_kind"])) for r in results})
+    keys = sorted({(r.backend, r.timing_kind) for r in results})
     for backend, kind in keys:
-        pts = sorted((r["batch_size"], r["throughput_per_s"]) for r in results
-                     if r["backend"] == backend and r["timing_kind"] == kind)
+        pts = sorted((r.batch_size, r.throughput_per_s) for r in results
+                     if r.backend == backend and r.timing_kind == kind)
         label = backend + (" (host)" if kind.clock == TimingKind.HOST_LATENCY else "")
         ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=label)
     ax.set_xscale("log", base=2)

@@ -22,6 +22,7 @@ import numpy as np
 
 from pipeline import baseline as bundles
 from pipeline.core import artifacts
+from pipeline.core.benchmark_rows import BenchmarkRow
 from pipeline.core.errors import CheckFailed, InputError, UsageError
 from pipeline.core.run import RunDir, StageRecord, now, read_json
 from pipeline.core.schema import printable
@@ -65,7 +66,7 @@ def compare_artifacts(base: bundles.Bundle, run: Predictions, verdicts: dict, po
     return out
 
 
-def compare_latency(base: bundles.Bundle, run_rows, t: drift.Thresholds) -> list[dict]:
+def compare_latency(base: bundles.Bundle, run_rows: list[BenchmarkRow], t: drift.Thresholds) -> list[dict]:
     series = [drift.LatencySeries(r.backend, r.batch_size, r.timing_kind, r.timing, np.asarray(r.samples_ms))
               for r in base.meta.latency]
     here = [drift.LatencySeries(r.backend, r.batch_size, r.timing_kind, r.timing, np.asarray(r.samples_ms))

@@ -38,12 +38,11 @@ import numpy as np
 from pydantic import Field
 
 from pipeline.core import artifacts as a
-from pipeline.core import deployment, env, schema
+from pipeline.core import benchmark_rows, deployment, env, schema
 from pipeline.core import run as run_files
 from pipeline.core.errors import BackendUnavailable, CheckFailed, InputError, UsageError, first_line
 from pipeline.core.run import RunDir, StageRecord, now, sha256_file, write_json
 from pipeline.core.status import Status
-from pipeline.core.timings import TimingKind, legacy_kind
 from pipeline.reports import verify_report
 from pipeline.runtime import backends, triton
 from pipeline.runtime.backends import Backend
@@ -256,25 +255,6 @@ def _engine_tensorrt(run_dir: RunDir, p: Planned) -> str:
     return str(sidecar.get("tensorrt"))
 
 
-class _Row(schema.Open):
-    backend: str = Field(max_length=200)
-    batch_size: int = Field(ge=1)
-    throughput_per_s: float | None = None
-    timing: str = Field("", max_length=400)
-    timing_kind: str = Field("", max_length=64)  # absent in rows written before the kind was recorded
-
-    @property
-    def kind(self) -> TimingKind:
-        try:
-            return TimingKind(self.timing_kind) if self.timing_kind else legacy_kind(self.timing)
-        except ValueError as exc:
-            raise InputError(f"{a.BENCHMARK_JSON}: {first_line(exc)}") from None
-
-
-class _Benchmark(schema.Open):
-    results: list[_Row] = Field(default_factory=list, max_length=100_000)
-
-
 def benchmark_curves(run_dir: RunDir) -> dict[str, list[tuple[int, float]]]:
     """Per benchmarked backend, its synchronous throughput per batch size (benchmark.json, only as benchmark wrote
     it); empty without a benchmark."""
@@ -284,8 +264,8 @@ def benchmark_curves(run_dir: RunDir) -> dict[str, list[tuple[int, float]]]:
     if run_dir.recorded_sha256("benchmark", a.BENCHMARK_JSON) != sha256_file(path):
         raise InputError(f"{a.BENCHMARK_JSON} is not the file benchmark wrote: re-run benchmark")
     curves: dict[str, list[tuple[int, float]]] = {}
-    for row in schema.read_json(path, _Benchmark, "benchmark report").results:
-        if row.throughput_per_s and not row.kind.is_throughput:  # async rows: not what a batch costs
+    for row in benchmark_rows.read(path).results:
+        if row.throughput_per_s and not row.is_throughput:  # async rows: not what a batch costs
             curves.setdefault(row.backend, []).append((row.batch_size, row.throughput_per_s))
     return curves
 

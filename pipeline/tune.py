@@ -50,7 +50,7 @@ from pipeline.core.status import Status
 from pipeline.evaluation import candidates
 from pipeline.precision import fallback, int8, plugs, qat_rung, sensitivity
 from pipeline.precision.plugs import Precision
-from pipeline.precision.sensitivity import Candidate
+from pipeline.precision.sensitivity import Candidate, MethodRun
 from pipeline.reports import tune_report
 from pipeline.runtime import interleave, openvino_speed, tensorrt_engine
 from pipeline.runtime.backends import Context
@@ -170,7 +170,7 @@ def _first_images(evidence, n: int) -> tuple[list[dict], list[dict]]:
 # --------------------------------------------------------------------------- one calibration method
 
 
-def tune_method(t: Tuner, method: str) -> dict:
+def tune_method(t: Tuner, method: str) -> MethodRun:
     """Sensitivity, search and greedy fallback for one calibration method."""
     with phase(t, f"convert ({method})", 1) as bar:
         all_low = t.converted(fp32=t.base_fp32, method=method)
@@ -193,8 +193,7 @@ def tune_method(t: Tuner, method: str) -> dict:
         greedy = _greedy(t, all_low, method, found[0])
         if greedy is not None:
             found.append(greedy)
-    return {"method": method, "layers": layers, "all_low": all_low_metrics, "ranked": ranked, "candidates": found,
-            "graph": all_low}
+    return MethodRun(method, layers, all_low_metrics, ranked, found, all_low)
 
 
 @contextmanager
@@ -272,7 +271,7 @@ def _images(t: Tuner):
     return t.evidence.feeds[0][t.spec["input_name"]]
 
 
-def time_candidates(t: Tuner, runs: list[dict]) -> Candidate | None:
+def time_candidates(t: Tuner, runs: list[MethodRun]) -> Candidate | None:
     """Every distinct mix and the FP32 deployment timed on the target in interleaved rounds
     (:func:`time_in_rounds`), the sanity rules checked (:func:`speed_sanity`) and the rounds timed again up to
     :data:`RETIMES` times while they fail; returns the FP32 deployment as a candidate of the same rounds (None: no
@@ -280,10 +279,10 @@ def time_candidates(t: Tuner, runs: list[dict]) -> Candidate | None:
     if t.target["open"] is None:
         log.warning("tune: speed not measured: %s", t.target["reason"])
         return None
-    timed = [c for r in runs for c in r["candidates"]]
+    timed = [c for r in runs for c in r.candidates]
     distinct = list({c.key(): c for c in timed}.values())
     baseline = Candidate([], FP32_REFERENCE, {"status": Status.PASSED})
-    graphs = {r["method"]: r["graph"] for r in runs}
+    graphs = {r.method: r.graph for r in runs}
     with phase(t, f"speed, {t.target['name']}", len(distinct) + 1) as bar, ExitStack() as stack:
         sessions = [stack.enter_context(t.target["open"](t.fp32_model, False))]
         bar.update(1)
@@ -383,7 +382,7 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, tune: bool = False
     runs = [tune_method(t, method) for method in plug.methods(cfg)]
     incumbent = _incumbent(t, runs)
     baseline = time_candidates(t, runs)
-    fronts = {r["method"]: sensitivity.pareto(r["candidates"], t.batches[0]) for r in runs}
+    fronts = {r.method: sensitivity.pareto(r.candidates, t.batches[0]) for r in runs}
     if t.sanity and not t.sanity["trustworthy"]:
         _undecided(t, runs, baseline, fronts, record)
     with phase(t, "confirm (export's graph)"):
@@ -394,7 +393,7 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, tune: bool = False
     wanted, qat_why = qat_rung.qat_wanted(
         cfg.tune.qat if plug.trainable else "off", chosen is not None,
         tune_report.speed_failure(payload, None if no_speed_gate else cfg.tune.min_speedup),
-        low_layers=max(len(r["layers"]) for r in runs), missing=qat_missing)
+        low_layers=max(len(r.layers) for r in runs), missing=qat_missing)
     qat_cand = _qat_rung(t, runs, baseline, chosen) if wanted else None
     chosen, why = qat_rung.with_qat(chosen, why, qat_cand, t.batches if t.target["open"] is not None else [],
                                     cfg.tune.same_speed)
@@ -406,7 +405,8 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, tune: bool = False
     payload = tune_report.with_held_out(tune_report.payload(cfg, t, runs, baseline, chosen, why, fronts), held)
     if stability is not None:
         payload["stability"] = stability
-    payload["ladder"] = tune_report.ladder(t, runs, ptq_chosen, qat_cand, qat_why)
+    if plug.trainable:  # PTQ, best mix and QAT side by side: a precision QAT cannot make (FP16, BF16) has no ladder
+        payload["ladder"] = tune_report.ladder(t, runs, ptq_chosen, qat_cand, qat_why)
     if chosen is not None and chosen is qat_cand:
         qat_recipe.write_fallback(run_dir, qat_cand.result["qat"]["source"], "chosen by python -m pipeline tune "
                                   "(tune.md): QAT's graph, rebuilt by export from its checkpoint")
@@ -434,7 +434,7 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, tune: bool = False
     log.info("tune: %s", payload["summary"])
 
 
-def _undecided(t: Tuner, runs: list[dict], baseline: Candidate | None, fronts: dict, record: StageRecord) -> None:
+def _undecided(t: Tuner, runs: list[MethodRun], baseline: Candidate | None, fronts: dict, record: StageRecord) -> None:
     """The sanity rules failed on every timing: the report says so and names the pairs, the fallback file is left
     as it was, and the stage ends inconclusive (exit 5), as a gate that cannot decide does."""
     failed = "; ".join(c["text"] for c in t.sanity["checks"] if not c["sane"])
@@ -508,7 +508,7 @@ def _calibration_images(t: Tuner):
 # --------------------------------------------------------------------------- the third rung: QAT
 
 
-def _qat_rung(t: Tuner, runs: list[dict], baseline: Candidate | None, ptq: Candidate | None) -> Candidate:
+def _qat_rung(t: Tuner, runs: list[MethodRun], baseline: Candidate | None, ptq: Candidate | None) -> Candidate:
     """QAT (:func:`pipeline.training.qat_recipe.fine_tune`) into a scratch graph, judged by the full gate and timed
     in interleaved rounds with the FP32 deployment (``baseline``) and the best PTQ mix (``ptq``); its checkpoint
     stays (export rebuilds the graph from it if it is chosen)."""
@@ -524,7 +524,7 @@ def _qat_rung(t: Tuner, runs: list[dict], baseline: Candidate | None, ptq: Candi
         if t.target["open"] is not None:  # in rounds with the FP32 deployment and the best PTQ mix, to compare
             rivals = [(baseline, t.fp32_model, False), (cand, graph, True)]
             if ptq is not None:
-                ptq_graph = t.mix(next(r["graph"] for r in runs if r["method"] == ptq.calibration), ptq.high, ptq.fp32)
+                ptq_graph = t.mix(next(r.graph for r in runs if r.method == ptq.calibration), ptq.high, ptq.fp32)
                 rivals.append((ptq, ptq_graph, True))
             with ExitStack() as stack:
                 sessions = [stack.enter_context(t.target["open"](g, low)) for _, g, low in rivals]
@@ -532,7 +532,7 @@ def _qat_rung(t: Tuner, runs: list[dict], baseline: Candidate | None, ptq: Candi
     cand.result["qat"] = {k: details[k] for k in ("epochs", "seconds_per_epoch", "best_val_acc", "int8_layers",
                                                    "source", "simulated")}
     cand.result["int8_layers"] = details["int8_layers"]
-    next((r for r in runs if r["method"] == method), runs[0])["candidates"].append(cand)
+    next((r for r in runs if r.method == method), runs[0]).candidates.append(cand)
     return cand
 
 
@@ -550,7 +550,7 @@ def _plug(cfg: Config, precision: str) -> Precision:
     return plug
 
 
-def _incumbent(t: Tuner, runs: list[dict]) -> Candidate | None:
+def _incumbent(t: Tuner, runs: list[MethodRun]) -> Candidate | None:
     """The mix the precision's fallback file holds now (tune's earlier choice, or verify --auto-fallback's), as a
     candidate of the run of its calibration, judged like every other (reused where the search judged the same mix):
     a re-run keeps it unless a new mix is better beyond the noise (:func:`sensitivity.keep_or_replace`). None without
@@ -561,23 +561,23 @@ def _incumbent(t: Tuner, runs: list[dict]) -> Candidate | None:
     high, fp32 = t.plug.tune_raises(raised)
     fp32 = list(dict.fromkeys([*t.base_fp32, *fp32]))
     method = _applied_method(t)
-    run = next((r for r in runs if r["method"] == method), None)
+    run = next((r for r in runs if r.method == method), None)
     if run is None:
         return None
     wanted = Candidate(high, PREVIOUS, calibration=method, fp32=fp32).key()
-    same = next((c for c in run["candidates"] if c.key() == wanted), None)
+    same = next((c for c in run.candidates if c.key() == wanted), None)
     if same is not None:
         return same
-    cand = t.judge(t.mix(run["graph"], high, fp32), high, PREVIOUS, method, fp32)
-    run["candidates"].append(cand)
+    cand = t.judge(t.mix(run.graph, high, fp32), high, PREVIOUS, method, fp32)
+    run.candidates.append(cand)
     return cand
 
 
-def _choose(t: Tuner, runs: list[dict], incumbent: Candidate | None = None) -> tuple[Candidate | None, str]:
+def _choose(t: Tuner, runs: list[MethodRun], incumbent: Candidate | None = None) -> tuple[Candidate | None, str]:
     """The fastest passing mix over every calibration method, confirmed on the graph export will make (its own
     conversion with those layers raised); a mix whose real graph fails gives way to the next. The ``incumbent`` (the
     fallback file's mix) stays unless the fastest is better beyond the noise (:func:`sensitivity.keep_or_replace`)."""
-    everything = [c for r in runs for c in r["candidates"]]
+    everything = [c for r in runs for c in r.candidates]
     batches = t.batches if t.target["open"] is not None else []  # untimed: the fewest layers raised wins
 
     def confirm(pick: Candidate) -> bool:
@@ -599,8 +599,8 @@ def _kept(t: Tuner, fastest: Candidate, batches: list[int]) -> str:
             f"{fastest.calibration}; {lat}) is not better beyond tune.same_speed ({t.cfg.tune.same_speed:g})")
 
 
-def _why(t: Tuner, pick: Candidate, runs: list[dict], batches: list[int]) -> str:
-    others = [r["method"] for r in runs if r["method"] != pick.calibration]
+def _why(t: Tuner, pick: Candidate, runs: list[MethodRun], batches: list[int]) -> str:
+    others = [r.method for r in runs if r.method != pick.calibration]
     rest = f" (the {', '.join(others)} calibration's mixes judged and timed alike)" if others else ""
     if not batches:
         return (f"the passing mix with the fewest layers {t.plug.raised_to} (speed not measured: "

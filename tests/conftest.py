@@ -72,6 +72,25 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict | None = None, timeou
                           capture_output=True, text=True, timeout=timeout, **kwargs)
 
 
+def benchmark_row(backend: str, batch: int = 1, p50: float = 1.0, images: float | None = None, **fields):
+    """A :class:`~pipeline.core.benchmark_rows.BenchmarkRow` as benchmark makes one, with the fields a test does not
+    care about filled in: ``p50`` (ms) every latency statistic, ``images`` the throughput (default: from ``p50``)."""
+    from pipeline.core.benchmark_rows import BenchmarkRow
+    from pipeline.core.timings import TimingKind
+
+    kind = TimingKind(fields.pop("timing_kind", TimingKind.CPU_CALL))
+    row = {"backend": backend, "precision": "fp32", "device": "cpu", "batch_size": batch,
+           "timing": fields.pop("timing", str(kind)), "timing_kind": kind,
+           "latency_ms": {**dict.fromkeys(("mean", "min", "max", "p50", "p90", "p95", "p99"), p50), "std": 0.0,
+                          "cv": 0.0},
+           "throughput_per_s": images if images is not None else batch * 1000.0 / p50, "iterations": 1, "trials": [],
+           "stop": {"runs": 1, "reason": "trials done"}, "first_run_ms": p50, "cv_warning": False,
+           "cuda_graphs": kind.cuda_graphs, "verify": "passed", "note": "", "workaround": None, "samples_ms": []}
+    row.update(fields)
+    row.setdefault("deployable", row["verify"] in ("passed", "reference"))
+    return BenchmarkRow.model_validate(row, strict=False)
+
+
 def built_once(tmp_path_factory, name: str, build) -> Path:
     """The run folder ``build(folder)`` makes, made once per session: by the first xdist worker that asks for it, and
     read by the others (each made its own before: 13-20 s of a 2-core CI twice). Read it, never change it."""

@@ -226,7 +226,7 @@ def test_profile_writes_a_trace_and_the_callers_torch_threads_are_left_as_they_w
 
 class _FailsAtBatch:
     """A CPU runner with the benchmark hooks whose timer raises at one batch size (as CUDA OOM would),
-    or whose second timer fails at that batch while the first works."""
+    or whose second timer fails at that batch while the first works, or times 0 ms there (no clock measures it)."""
 
     def __init__(self, bad_batch: int, where: str):
         self.bad_batch, self.where, self.active = bad_batch, where, False
@@ -257,11 +257,14 @@ class _FailsAtBatch:
         def bad():
             raise RuntimeError("TensorRT execute_async_v3 returned False")
 
-        second = bad if self.where == "timer" and batch == self.bad_batch else ok
+        def zero():
+            return 0.0
+
+        second = {"timer": bad, "zero": zero}.get(self.where, ok) if batch == self.bad_batch else ok
         return [(Timing(TimingKind.GPU_COMPUTE, "first"), ok), (Timing(TimingKind.HOST_LATENCY, "second"), second)]
 
 
-@pytest.mark.parametrize("where", ["timers", "timer"])
+@pytest.mark.parametrize("where", ["timers", "timer", "zero"])
 def test_a_failing_measurement_is_an_error_row_and_the_rest_go_on(where):
     from pipeline import config
     from pipeline.runtime import backends
@@ -274,15 +277,16 @@ def test_a_failing_measurement_is_an_error_row_and_the_rest_go_on(where):
     ctx = Context(cfg, None, "benchmark", {"input_name": "x"})
     images = np.zeros((2, 3, 4, 4), np.float32)
     rows, skipped = benchmark.time_backend(backend, ctx, images, benchmark.Method(0.0, 3, 0.0, 1, 0.5), "n/a")
-    measured = sorted((r["batch_size"], r["timing"]) for r in rows)
-    errors = [s for s in skipped if s["reason"].startswith("error: ")]
-    assert len(errors) == 1 and errors[0]["batch_size"] == 4
+    measured = sorted((r.batch_size, r.timing) for r in rows)
+    errors = [s for s in skipped if s.reason.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].batch_size == 4
     if where == "timers":  # the whole batch failed before anything ran
         assert measured == [(1, "first"), (1, "second"), (8, "first"), (8, "second")]
         # the whole reason on one line (issue 21: OpenVINO once showed only its "Exception from …cpp:117:" line)
-        assert errors[0]["reason"] == "error: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB second line"
+        assert errors[0].reason == "error: RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB second line"
     else:  # only that (batch, timing) failed
         assert measured == [(1, "first"), (1, "second"), (4, "first"), (8, "first"), (8, "second")]
-        assert errors[0]["timing"] == "second" and "execute_async_v3 returned False" in errors[0]["reason"]
+        why = "execute_async_v3 returned False" if where == "timer" else "not a recordable measurement: "
+        assert errors[0].timing == "second" and why in errors[0].reason
     assert not runner.active  # deactivated once, after every batch
     assert backends  # the table module stays importable beside the test backend

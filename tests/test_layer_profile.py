@@ -51,11 +51,11 @@ def test_unfused_classes_cover_both_runtimes_names(kind, cls):
 
 def test_the_report_names_the_precision_the_matrix_time_ran_in_and_what_was_unfused():
     entry = profile_entry("onnxrt_int8_cpu", "int8 (Q/DQ graph)", 1, [x.to_json() for x in LAYERS])
-    assert entry["source"].startswith("ONNX Runtime profiler")
+    assert entry.source.startswith("ONNX Runtime profiler")
     text = profile_report.finding(entry)
     assert "timed as int8, but 83% of its matrix-layer time ran in fp32" in text
     assert "FusedConv fp32 50%" in text and "40% of the inference in layers left unfused" in text
-    payload = {"profiles": [entry], "results": [], "roofline": None}
+    payload = {"profiles": [entry.to_json()], "results": [], "roofline": None}
     md = tables.markdown(profile_report.sections(payload))
     assert "| onnxrt_int8_cpu | 1 | int8 (Q/DQ graph) | fp32 83%, int8 17% | 0.100 | - | 40% |" in md
     assert "| FusedConv | fp32 | 1 | 0.050 | 50.0% |" in md and "`conv0`" in md

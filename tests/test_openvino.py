@@ -16,9 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import BF16_ON, FAULTS, TINY, cli
+from conftest import BF16_ON, FAULTS, TINY, benchmark_row, cli
 from pipeline import benchmark, config, doctor
 from pipeline.core import artifacts
+from pipeline.core.benchmark_rows import rows_of
 from pipeline.core.errors import InputError, UsageError
 from pipeline.core.run import RunDir, sha256_file
 from pipeline.core.timings import TimingKind
@@ -239,9 +240,9 @@ def test_benchmark_openvino_rows_throughput_ratios_and_benchmark_app(clone_run, 
     assert all(r["agreement"] == "far apart" and r["rounds"] == benchmark_app.ROUNDS for r in side["rows"])
     assert all(len(r["ours_per_round"]) == len(r["benchmark_app_per_round"]) == benchmark_app.ROUNDS
                for r in side["rows"])
-    best, top = benchmark.headline_rows(payload["results"])["cpu"]  # timed alone: torch_fp32 may win under load
+    best, top = benchmark.headline_rows(rows_of(payload).results)["cpu"]  # timed alone: torch_fp32 may win under load
     doubted = manifest(run)["stages"]["benchmark"]["details"]["headline"].count("(in doubt: benchmark_app far apart")
-    assert doubted == sum(r["backend"] == "openvino_fp32" for r in (best, top))
+    assert doubted == sum(r.backend == "openvino_fp32" for r in (best, top))
     logged = [json.loads(line) for line in calls.read_text().splitlines()]
     assert {tuple(c["args"][c["args"].index("-shape") + 1:][:1]) for c in logged} == {("[1,3,16,16]",),
                                                                                       ("[2,3,16,16]",)}
@@ -260,8 +261,8 @@ def test_benchmark_openvino_rows_throughput_ratios_and_benchmark_app(clone_run, 
 
 def _row(backend, batch, p50, images, verify="passed", device="cpu", timing=CPU_WALL_CLOCK.label):
     kind = TimingKind.ASYNC_THROUGHPUT if timing.startswith("throughput") else TimingKind.CPU_CALL
-    return {"backend": backend, "batch_size": batch, "latency_ms": {"p50": p50}, "throughput_per_s": images,
-            "verify": verify, "device": device, "timing": timing, "timing_kind": kind, "deployable": verify == "passed"}
+    return benchmark_row(backend, batch, p50, images, verify=verify, device=device, timing=timing, timing_kind=kind,
+                         deployable=verify == "passed")
 
 
 def test_headline_names_the_fastest_passing_artifact_per_device_at_batch_1_and_the_largest():
@@ -272,8 +273,7 @@ def test_headline_names_the_fastest_passing_artifact_per_device_at_batch_1_and_t
         _row("openvino_bf16", 8, 8.0, 1000), _row("openvino_bf16", 8, 4.0, 2000, timing="throughput: 2 requests"),
         _row("tensorrt_fp16", 1, 0.5, 2000, device="cuda"), _row("tensorrt_fp16", 8, 1.0, 8000, device="cuda"),
     ]
-    benchmark.add_ratios(results)
-    line = benchmark._headline(results)
+    line = benchmark._headline(benchmark.add_ratios(results))
     cpu, cuda = line.split("; cuda: ")
     assert "batch 1: openvino_bf16 p50 2.000 ms (5.00x eager FP32 (no interval))" in cpu  # not the throughput row
     assert "batch 8: openvino_bf16 2000.0 images/s (async throughput) (10.00x eager FP32 (no interval))" in cpu
@@ -368,10 +368,10 @@ def test_benchmark_app_checks_only_the_rows_the_summary_names_by_default(clone_r
     assert cli("benchmark", "--run-dir", run, "benchmark.backends=[openvino_fp32]", "benchmark.batch_sizes=[1,2]",
                "benchmark.benchmark_app_s=1") == 0
     payload = json.loads((run / artifacts.BENCHMARK_JSON).read_text())
-    best, top = benchmark.headline_rows(payload["results"])["cpu"]
+    best, top = benchmark.headline_rows(rows_of(payload).results)["cpu"]
     checked = {(r["backend"], r["batch_size"], r["mode"]) for r in payload["benchmark_app"]["rows"]}
     # latency at 1 and 2, async throughput at 2 (the largest batch): three rows, two rows checked, each in
     # benchmark_app.ROUNDS interleaved rounds
     assert len(payload["results"]) == 3 and len(calls.read_text().splitlines()) == 2 * benchmark_app.ROUNDS
-    mode = {row["timing_kind"]: benchmark_app.MODES[row["timing_kind"]] for row in (best, top)}
-    assert checked == {(best["backend"], 1, mode[best["timing_kind"]]), (top["backend"], 2, mode[top["timing_kind"]])}
+    mode = {row.timing_kind: benchmark_app.MODES[row.timing_kind] for row in (best, top)}
+    assert checked == {(best.backend, 1, mode[best.timing_kind]), (top.backend, 2, mode[top.timing_kind])}

@@ -88,7 +88,8 @@ def test_report_with_a_key_missing_says_so_in_one_line(clone_run, capsys, name, 
     assert cli("report", "--run-dir", run) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("error: report: ")
-    assert name in err and repr(key) in err and "Traceback" not in err
+    assert name in err and "Traceback" not in err
+    assert repr(key) in err or f"{key}: field required" in err  # the typed rows' reader (core/verify_rows.py) says
 
 
 def failing_payload() -> dict:

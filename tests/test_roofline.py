@@ -6,6 +6,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from conftest import benchmark_row
 from pipeline.runtime import roofline
 
 
@@ -58,9 +59,8 @@ def test_peak_per_cycle_per_core_from_the_isa(flags, vendor, family, expected):
 def test_a_rows_fraction_of_its_precisions_peak():
     table = roofline.with_clock(roofline.peaks(ZEN4, "AuthenticAMD", 25), cores=2, mhz=2500.0)
     assert table["fp32"].gflops == 160.0 and table["int8"].gflops == 640.0
-    row = {"backend": "openvino_int8", "batch_size": 8, "timing": "wall-clock", "precision": "int8",
-           "latency_ms": {"p50": 100.0}}
+    row = benchmark_row("openvino_int8", 8, 100.0, timing="wall-clock", precision="int8")
     f = roofline.fraction(row, 1_000_000_000, table)  # 2 x 1 GMAC x 8 in 0.1 s: 160 GOP/s
-    assert f["achieved_gflops"] == pytest.approx(160.0) and f["fraction"] == pytest.approx(0.25)
-    assert f["fraction_of_fp32"] == pytest.approx(1.0) and f["peak_precision"] == "int8"
-    assert roofline.fraction({**row, "precision": "mixed"}, 1, table)["peak_precision"] == "fp32"
+    assert f.achieved_gflops == pytest.approx(160.0) and f.fraction == pytest.approx(0.25)
+    assert f.fraction_of_fp32 == pytest.approx(1.0) and f.peak_precision == "int8"
+    assert roofline.fraction(row.model_copy(update={"precision": "mixed"}), 1, table).peak_precision == "fp32"

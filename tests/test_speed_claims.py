@@ -2,6 +2,7 @@
 (faster / same speed / slower / undecided), the choice among rivals (ties to the most layers in the low precision),
 the sanity rule, and the interleaved order; tune's use of them on plain data (the planted FP32-as-INT8 case)."""
 
+import dataclasses
 import math
 import random
 from types import SimpleNamespace
@@ -11,8 +12,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import benchmark_row
 from pipeline.core import speed_claims
+from pipeline.core.benchmark_rows import CrossCheck
 from pipeline.core.speed_claims import Ratio, Speed
+from pipeline.precision.sensitivity import MethodRun
 
 FAST = settings(max_examples=200, deadline=None)
 latencies = st.lists(st.floats(0.01, 100.0), min_size=3, max_size=20)
@@ -260,8 +264,7 @@ def test_a_mix_the_target_runs_with_no_int8_layer_gets_no_int8_speedup(runtime, 
     _timed(mix, {b: [x / 2.08 for x in v] for b, v in base.items()})
     layers = ["/a/Conv", "/b/Conv", "/fc/Gemm"]
     ranked = [SimpleNamespace(layer=n, op_type="Conv", score=0.0, alone={}, all_but={}) for n in layers]
-    runs = [{"method": "max", "layers": layers, "ranked": ranked, "candidates": [mix],
-             "all_low": {}}]
+    runs = [MethodRun("max", layers, {}, ranked, [mix], None)]
     p = tune_report.payload(_config(), _tuner(), runs, fp32, mix, "why", {})
     if claimed:
         assert p["speedup_vs_fp32"]["1"] == pytest.approx(2.08) and "x2.08 [2.08, 2.08] at batch 1" in p["summary"]
@@ -318,7 +321,7 @@ def test_benchmark_app_alternates_with_our_timing_and_pairs_the_rounds():
         calls.append("theirs")
         return {"p50_ms": 0.3 * next(load), "requests": 1}
 
-    row = {"backend": "openvino_int8", "batch_size": 1, "latency_ms": {"p50": 0.3}}
+    row = benchmark_row("openvino_int8", 1, 0.3)
     got = benchmark_app.interleaved(row, "latency", theirs, ours, rounds=3)
     assert calls.count("ours") == calls.count("theirs") == 3
     assert all({calls[2 * i], calls[2 * i + 1]} == {"ours", "theirs"} for i in range(3))  # one of each per round
@@ -330,28 +333,24 @@ def test_the_headline_names_a_tie_and_doubts_a_row_benchmark_app_does_not_confir
     from pipeline import benchmark
 
     def row(name, p50, images, batch):
-        return {"backend": name, "batch_size": batch, "latency_ms": {"p50": p50}, "throughput_per_s": images,
-                "verify": "passed", "device": "cpu", "timing": "wall-clock", "timing_kind": "cpu_call",
-                "deployable": True}
+        return benchmark_row(name, batch, p50, images, timing="wall-clock")
 
     results = [row("openvino_int8", 0.26, 3800, 1), row("onnxrt_fp32", 0.27, 3700, 1),
                row("openvino_int8", 3.0, 10000, 32), row("onnxrt_fp32", 9.0, 3500, 32)]
-    tie = {"cpu/latency": {"batch_size": 1, "rounds": 6, "rows": ["openvino_int8", "onnxrt_fp32"],
-                           "tie": ["openvino_int8", "onnxrt_fp32"],
-                           "others": [{"backend": "onnxrt_fp32", "verdict": "undecided",
-                                       "ratio": {"estimate": 1.04, "low": 0.9, "high": 1.2, "rounds": 6}}]}}
+    tie = {"cpu/latency": benchmark.Contest(1, 6, ["openvino_int8", "onnxrt_fp32"], ["openvino_int8", "onnxrt_fp32"],
+                                            [benchmark.Rival("onnxrt_fp32", Ratio(1.04, 0.9, 1.2, 6), "undecided")])}
     text = benchmark._headline(results, tie, {})
     assert text.startswith("cpu: tied for fastest that passed the gate (within the noise: openvino_int8, "
                            "onnxrt_fp32) at batch 1")
     assert "onnxrt_fp32 undecided (time ratio 1.04 [0.90, 1.20])" in text
-    clear = {"cpu/latency": {**tie["cpu/latency"], "tie": ["openvino_int8"]}}
+    clear = {"cpu/latency": dataclasses.replace(tie["cpu/latency"], tie=["openvino_int8"])}
     assert benchmark._headline(results, clear, {}).startswith("cpu: fastest that passed the gate at batch 1")
     doubt = {"rows": [{"backend": "openvino_int8", "batch_size": 1, "mode": "latency", "agreement": "far apart",
                        "summary": "p50 0.301 ms (ours) vs 0.570 ms (benchmark_app)"}]}
     assert "(in doubt: benchmark_app far apart: p50 0.301 ms (ours) vs 0.570 ms" in \
-        benchmark._headline(results, clear, doubt)
+        benchmark._headline(results, clear, CrossCheck.model_validate(doubt))
     agreed = {"rows": [{**doubt["rows"][0], "agreement": "agree"}]}
-    assert "in doubt" not in benchmark._headline(results, clear, agreed)
+    assert "in doubt" not in benchmark._headline(results, clear, CrossCheck.model_validate(agreed))
 
 
 def test_the_headlines_speedup_over_eager_comes_with_its_bootstrap_interval():
@@ -361,13 +360,11 @@ def test_the_headlines_speedup_over_eager_comes_with_its_bootstrap_interval():
 
     def row(name, ms, verify="passed"):
         samples = list(ms * rng.uniform(0.95, 1.05, 200))
-        return {"backend": name, "batch_size": 1, "latency_ms": {"p50": float(np.median(samples))},
-                "throughput_per_s": 1000.0 / float(np.mean(samples)), "verify": verify, "device": "cpu",
-                "timing": "wall-clock", "timing_kind": "cpu_call", "deployable": True, "samples_ms": samples}
+        return benchmark_row(name, 1, float(np.median(samples)), 1000.0 / float(np.mean(samples)), verify=verify,
+                             timing="wall-clock", samples_ms=samples)
 
     results = [row("torch_fp32", 4.0, "reference"), row("openvino_int8", 0.2)]
-    benchmark.add_ratios(results)
-    line = benchmark._headline(results)
+    line = benchmark._headline(benchmark.add_ratios(results))
     got = line.split("(")[1]
     ratio, low, high = float(got.split("x")[0]), float(got.split("[")[1].split(",")[0]), \
         float(got.split(", ")[1].split("]")[0])

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import ROOT
+from conftest import ROOT, benchmark_row
 from pipeline.runtime import trtexec
 from test_tensorrt_contract import bench, built_run, fake_trt  # noqa: F401  (fixtures)
 
@@ -148,8 +148,7 @@ def test_the_fake_trtexec_refuses_an_engine_of_another_release(built_run, tmp_pa
 
 @pytest.mark.parametrize("ours, flagged", [(1.2, False), (0.8, False), (1.3, True), (0.7, True)])
 def test_a_difference_above_the_threshold_is_flagged(ours, flagged):
-    row = {"backend": "tensorrt_fp16", "batch_size": 1, "timing": "GPU compute (CUDA events)",
-           "latency_ms": {"p50": ours}}
+    row = benchmark_row("tensorrt_fp16", 1, ours, timing="GPU compute (CUDA events)", timing_kind="gpu_compute")
     result = trtexec.compare(row, {"p50": 1.0, "metric": "computeMs"})
     assert result["flag"] is flagged and result["difference"] == pytest.approx(ours - 1.0)
 

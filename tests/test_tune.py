@@ -146,6 +146,7 @@ def test_fp16_tune_keeps_more_nodes_in_fp16_than_greedy_fallback_and_round_trips
     report = _tune(run, "fp16")  # tune.fp16.json: an INT8 tune's tune.json is another file
     assert report["precision"] == "fp16" and report["target"] == "none" and not (run / "tune.json").exists()
     assert "no FP16 deployment target here" in report["speed_not_measured"]
+    assert "ladder" not in report  # PTQ/QAT side by side is INT8's: QAT cannot make an FP16 graph
     all_fp16 = next(c for c in report["candidates"] if c["origin"] == "all FP16")
     assert all_fp16["result"]["status"] == "failed"  # the planted fault
     chosen = report["chosen"]
@@ -168,7 +169,8 @@ def test_fp16_tune_keeps_more_nodes_in_fp16_than_greedy_fallback_and_round_trips
     verdicts = {c["name"]: c["status"] for c in json.loads((run / "verify.json").read_text())["candidates"]}
     assert verdicts["fp16_emulation"] == "passed"
     assert cli("report", "--run-dir", run) == 0
-    assert "Precision tuning (tune, FP16)" in (run / "report.md").read_text()
+    assert "Precision tuning (tune, FP16)" in (page := (run / "report.md").read_text())
+    assert "QAT" not in page and "INT8" not in (run / "tune.fp16.md").read_text()
     assert cli("tune", "--run-dir", run, "--precision", "fp32") == 2
     assert "tune --precision fp32: choose one of fp16, bf16, int8" in capsys.readouterr().err
 

@@ -17,8 +17,13 @@ import pytest
 from pipeline import tune
 from pipeline.core.status import Status
 from pipeline.precision import sensitivity
-from pipeline.precision.sensitivity import Candidate
+from pipeline.precision.sensitivity import Candidate, MethodRun
 from pipeline.runtime.openvino_speed import Session
+
+
+def _run(method: str, candidates: list[Candidate], graph: object = None) -> MethodRun:
+    """One calibration method's search as tune holds it, with only what the choice reads."""
+    return MethodRun(method, [], {}, [], candidates, graph)
 
 
 def _cand(high, ms, calibration="max", passed=True) -> Candidate:
@@ -70,7 +75,7 @@ class FakeTuner(SimpleNamespace):
 def test_a_mix_whose_exported_graph_fails_gives_way_to_the_next():
     fast, slower = _cand(["a"], 2.0), _cand(["a", "b"], 3.0)
     t = FakeTuner(sound={("a", "b")})
-    chosen, why = tune._choose(t, [{"method": "max", "candidates": [fast, slower]}])
+    chosen, why = tune._choose(t, [_run("max", [fast, slower])])
     assert chosen is slower and "fastest passing mix" in why
     assert fast.result["confirmed"]["status"] == Status.FAILED
     assert slower.result["confirmed"]["status"] == Status.PASSED
@@ -80,21 +85,21 @@ def test_a_mix_whose_exported_graph_fails_gives_way_to_the_next():
 
 def test_no_mix_is_chosen_when_every_confirmation_fails():
     t = FakeTuner(sound=())
-    chosen, why = tune._choose(t, [{"method": "max", "candidates": [_cand(["a"], 2.0), _cand(["b"], 3.0)]}])
+    chosen, why = tune._choose(t, [_run("max", [_cand(["a"], 2.0), _cand(["b"], 3.0)])])
     assert chosen is None and why == "no passing mix (confirmation failed for 2)"
 
 
 def test_a_confirmed_pick_is_taken_at_once():
     pick = _cand(["a"], 2.0)
     t = FakeTuner(sound={("a",)})
-    chosen, _ = tune._choose(t, [{"method": "max", "candidates": [pick, _cand(["a", "b"], 3.0)]}])
+    chosen, _ = tune._choose(t, [_run("max", [pick, _cand(["a", "b"], 3.0)])])
     assert chosen is pick and len(t.judged) == 1
 
 
 def test_the_speed_baseline_is_the_fp32_model_and_each_mix_is_timed_once():
     all_low, top1, same_as_top1 = _cand([], 0.0), _cand(["a"], 0.0), _cand(["a"], 0.0)
     t = FakeTuner()
-    runs = [{"method": "max", "graph": "all-INT8 graph", "candidates": [all_low, top1, same_as_top1]}]
+    runs = [_run("max", [all_low, top1, same_as_top1], "all-INT8 graph")]
     baseline = tune.time_candidates(t, runs)
     assert t.opened[0] == ("fp32 model", False)  # FP32, as deployed: no low-precision flag
     assert baseline.origin == tune.FP32_REFERENCE and baseline.runtime == {"low": False}
@@ -114,8 +119,8 @@ def test_the_speed_baseline_is_the_fp32_model_and_each_mix_is_timed_once():
 def test_each_calibrations_mix_is_made_from_its_own_graph():
     a, b = _cand(["x"], 0.0, calibration="max"), _cand(["x"], 0.0, calibration="entropy")
     t = FakeTuner()
-    tune.time_candidates(t, [{"method": "max", "graph": "max graph", "candidates": [a]},
-                             {"method": "entropy", "graph": "entropy graph", "candidates": [b]}])
+    tune.time_candidates(t, [_run("max", [a], "max graph"),
+                             _run("entropy", [b], "entropy graph")])
     assert [m[1] for m, _ in t.opened[1:]] == ["max graph", "entropy graph"]
 
 
@@ -123,26 +128,26 @@ def test_nothing_is_timed_without_a_target(caplog):
     t = FakeTuner(timed=False)
     cand = _cand([], 0.0)
     cand.latency_ms = {}
-    assert tune.time_candidates(t, [{"method": "max", "graph": "g", "candidates": [cand]}]) is None
+    assert tune.time_candidates(t, [_run("max", [cand], "g")]) is None
     assert t.opened == [] and cand.latency_ms == {} and t.sessions_timed == 0 and t.sanity == {}
 
 
 @pytest.mark.parametrize("timed", [True, False])
 def test_an_untimed_choice_says_so(timed):
     t = FakeTuner(sound={("a",)}, timed=timed)
-    chosen, why = tune._choose(t, [{"method": "max", "candidates": [_cand(["a"], 2.0)]}])
+    chosen, why = tune._choose(t, [_run("max", [_cand(["a"], 2.0)])])
     assert chosen is not None
     assert ("speed not measured" in why) is not timed
 
 
 def test_the_confirmation_records_its_round():
     pick = _cand(["a"], 2.0)
-    tune._choose(FakeTuner(sound={("a",)}), [{"method": "max", "candidates": [pick]}])
+    tune._choose(FakeTuner(sound={("a",)}), [_run("max", [pick])])
     assert pick.result["confirmed"] == {"status": Status.PASSED, "candidates": [{"graph": ["a"]}]}
 
 
 def test_no_passing_mix_at_all_says_just_that():
-    chosen, why = tune._choose(FakeTuner(), [{"method": "max", "candidates": [_cand(["a"], 2.0, passed=False)]}])
+    chosen, why = tune._choose(FakeTuner(), [_run("max", [_cand(["a"], 2.0, passed=False)])])
     assert chosen is None and why == "no passing mix"
 
 
@@ -150,23 +155,23 @@ def test_the_previous_choice_stays_unless_beaten_beyond_the_noise_and_the_reason
     incumbent, barely_faster = _cand(["a"], 2.0), _cand(["b"], 1.99)
     incumbent.origin = tune.PREVIOUS
     t = FakeTuner(sound={("a",), ("b",)})
-    chosen, why = tune._choose(t, [{"method": "max", "candidates": [incumbent, barely_faster]}], incumbent)
+    chosen, why = tune._choose(t, [_run("max", [incumbent, barely_faster])], incumbent)
     assert chosen is incumbent
     assert why.endswith("; kept as the previous choice (int8_fallback.json): the best new mix (top-1, max; "
                         "1.990 ms at batch 1, 7.960 ms at batch 8) is not better beyond tune.same_speed (0.05)"), why
     much_faster = _cand(["b"], 1.0)
-    chosen, why = tune._choose(t, [{"method": "max", "candidates": [incumbent, much_faster]}], incumbent)
+    chosen, why = tune._choose(t, [_run("max", [incumbent, much_faster])], incumbent)
     assert chosen is much_faster and why.endswith("max calibration")  # nothing said of a previous choice
     alone = FakeTuner(sound={("a",)})
-    chosen, why = tune._choose(alone, [{"method": "max", "candidates": [incumbent]}], incumbent)
+    chosen, why = tune._choose(alone, [_run("max", [incumbent])], incumbent)
     assert chosen is incumbent and "kept as the previous choice" not in why  # nothing else was better or worse
-    chosen, why = tune._choose(t, [{"method": "max", "candidates": [incumbent, barely_faster]}], None)
+    chosen, why = tune._choose(t, [_run("max", [incumbent, barely_faster])], None)
     assert chosen is barely_faster and "kept" not in why  # no previous choice: the fastest
 
 
 def test_a_previous_choice_whose_graph_fails_is_not_kept():
     incumbent, other = _cand(["a"], 2.0), _cand(["b"], 1.99)
-    chosen, why = tune._choose(FakeTuner(sound={("b",)}), [{"method": "max", "candidates": [incumbent, other]}],
+    chosen, why = tune._choose(FakeTuner(sound={("b",)}), [_run("max", [incumbent, other])],
                                incumbent)
     assert chosen is other and "kept" not in why
 
@@ -193,7 +198,7 @@ def test_the_speed_phase_is_named_and_counts_every_timing(monkeypatch):
     monkeypatch.setattr(tune, "phase", phase)
     t = FakeTuner()
     cands = [_cand([], 0.0), _cand(["a"], 0.0), _cand(["a"], 0.0)]
-    tune.time_candidates(t, [{"method": "max", "graph": "g", "candidates": cands}])
+    tune.time_candidates(t, [_run("max", cands, "g")])
     assert phases == [("speed, stand-in target", 3, 3)]  # FP32 and two distinct mixes
     assert len(t.opened) == 3 and t.sessions_timed == 1
 
@@ -202,7 +207,7 @@ def test_a_mix_is_timed_with_the_nodes_it_keeps_in_fp32():
     cand = _cand(["a"], 0.0)
     cand.fp32 = ["n1"]
     t = FakeTuner()
-    tune.time_candidates(t, [{"method": "max", "graph": "g", "candidates": [cand]}])
+    tune.time_candidates(t, [_run("max", [cand], "g")])
     assert t.opened[1] == (("mix", "g", ("a",), ("n1",)), True)
 
 

@@ -4,7 +4,8 @@ A bundle comes from outside the run (a commit, a download, a hand edit), so ever
 and bounded here: strings by length (names by a pattern), lists by size, latencies positive and finite, the
 accuracy a fraction, per-class keys the class list, artifact names and latency rows unique. Its
 ``predictions.npz`` is checked by :func:`pipeline.evaluation.predictions.read`, and tied to this file by its
-sha256. The rows compare reads from this run's ``benchmark.json`` are typed here as well.
+sha256. The rows compare reads from this run's ``benchmark.json`` are
+:class:`pipeline.core.benchmark_rows.BenchmarkRow`.
 
 A latency row is keyed by its backend, batch size and timing kind (:class:`pipeline.core.timings.TimingKind`); its
 ``timing`` label is for people. Rows written before the kind was recorded (release 0.1.0: bundles and benchmark.json
@@ -17,11 +18,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, StringConstraints, model_validator
 
-from pipeline.core import schema, timings
+from pipeline.core import schema
+from pipeline.core.benchmark_rows import MAX_SAMPLES, BatchSize, Kind, Millis, kind_from_label
 from pipeline.core.errors import InputError
 from pipeline.core.schema import Open, Strict
 from pipeline.core.status import Status
-from pipeline.core.timings import TimingKind
 
 SCHEMA = "pipeline.baseline/2"
 OLD_SCHEMAS = ("pipeline.baseline/1",)  # no image digests: refused, with how to write a new one
@@ -29,26 +30,10 @@ MAX_IMAGES = 100_000
 MAX_CLASSES = 100_000
 MAX_ARTIFACTS = 64
 MAX_ROWS = 4096
-MAX_SAMPLES = 1_000_000
-MAX_BATCH = 1 << 20
-
 Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")]  # a candidate or backend name
 Text = Annotated[str, StringConstraints(max_length=256)]
 Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
-# A timed run lasts at least a nanosecond and at most an hour: 1e-300 ms (ratios of 300 digits) or 1e300 ms (every
-# latency check silently disabled) is no duration a clock measured.
-MIN_MS, MAX_MS = 1e-6, 3.6e6
-Millis = Annotated[float, Field(ge=MIN_MS, le=MAX_MS, allow_inf_nan=False)]
 Fraction = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
-BatchSize = Annotated[int, Field(ge=1, le=MAX_BATCH)]
-Kind = Annotated[TimingKind, Field(strict=False)]  # its JSON string
-
-
-def _kind_from_label(row: Any) -> Any:
-    """A row without ``timing_kind`` (written by release 0.1.0) gets the kind its ``timing`` label names."""
-    if isinstance(row, dict) and row.get("timing_kind") is None and isinstance(row.get("timing"), str):
-        return {**row, "timing_kind": timings.legacy_kind(row["timing"])}
-    return row
 
 
 class Environment(Strict):
@@ -94,7 +79,7 @@ class LatencyRow(Strict):
     verify: Text | None
     samples_ms: Annotated[list[Millis], Field(min_length=1, max_length=MAX_SAMPLES)]
 
-    _legacy = model_validator(mode="before")(_kind_from_label)
+    _legacy = model_validator(mode="before")(kind_from_label)
 
     @property
     def key(self) -> tuple:
@@ -149,21 +134,3 @@ def read_meta(path, rewrite: str) -> Meta:
         raise InputError(f"{path}: schema {schema.printable(repr(tagged.schema_), 80)}, expected {SCHEMA!r}")
     return schema.validate(tagged.model_dump(by_alias=True), Meta, path, "baseline bundle")
 
-
-# --------------------------------------------------------------------------- this run's benchmark.json
-
-
-class RunRow(Open):
-    """A benchmark.json row as compare reads it: a row without samples (skipped, an error) was not timed."""
-
-    backend: Name
-    batch_size: BatchSize
-    timing: Text | None = None
-    timing_kind: Kind | None = None  # None: an error row that names no timing
-    samples_ms: Annotated[list[Millis], Field(max_length=MAX_SAMPLES)] | None = None
-
-    _legacy = model_validator(mode="before")(_kind_from_label)
-
-
-class BenchmarkRows(Open):
-    results: Annotated[list[RunRow], Field(default_factory=list, max_length=MAX_ROWS)]

@@ -191,6 +191,20 @@ class Candidate:
         return self.calibration, tuple(sorted(self.high)), tuple(sorted(self.fp32))
 
 
+@dataclass
+class MethodRun:
+    """One calibration method's search (tune): the units it can raise (graph order), the gate's quick metrics of the
+    graph with every unit low, the sensitivity ranking, every mix judged (a rung or the previous choice appended
+    later) and the all-low graph (an ``onnx.ModelProto``) the mixes are made from."""
+
+    method: str
+    layers: list[str]
+    all_low: dict
+    ranked: list[Sensitivity]
+    candidates: list[Candidate]
+    graph: object = field(repr=False)
+
+
 def search(ranked: list[str], judge: Callable[[list[str], str], Candidate],
            lowest: str = "all INT8") -> list[Candidate]:
     """Keep the top k of ``ranked`` out of INT8: bisect for the smallest passing k (the invariant keeps k - 1 judged

@@ -13,8 +13,10 @@ import re
 from dataclasses import dataclass
 
 from pipeline.core import records
+from pipeline.core.benchmark_rows import BenchmarkRow, CrossCheck, rows_of
 from pipeline.core.manifest import STAGE_ORDER
 from pipeline.core.status import Status
+from pipeline.core.verify_rows import CandidateRow, candidates_of
 from pipeline.precision import plugs
 from pipeline.runtime import trtexec
 
@@ -152,10 +154,10 @@ def environment_section(environment: dict) -> Section:
 # --------------------------------------------------------------------------- verify.json
 
 
-def _candidate_row(c: dict) -> tuple[Cell, ...]:
-    t, k, tol = c.get("tensor_check") or {}, c.get("task_check") or {}, c.get("tolerance") or {}
-    shown = c["status"] + (" (required)" if c["required"] and c["status"] == Status.SKIPPED else "")
-    shown += "" if c.get("gates", True) else " (reported only)"
+def _candidate_row(c: CandidateRow) -> tuple[Cell, ...]:
+    t, k, tol = c.tensor_check or {}, c.task_check or {}, c.tolerance or {}
+    shown = c.status + (" (required)" if c.required and c.status == Status.SKIPPED else "")
+    shown += "" if c.gates else " (reported only)"
     accuracy = (f"{percent(k['accuracy'])} ({percent(k['reference_accuracy'])})" if k else "-")
     if tol.get("criterion") == "absolute":
         tolerance, error = f"atol {tol.get('atol')}, rtol {tol.get('rtol')}, {tol.get('check_error_stat')}", "-"
@@ -164,7 +166,7 @@ def _candidate_row(c: dict) -> tuple[Cell, ...]:
         tolerance, error = f"scaled <= {tol.get('max_scaled_error')}{share}", t.get("scaled_error_quantile")
     else:
         tolerance, error = "-", None
-    return _row(c["name"], c["precision"], Cell(shown, status=c["status"], note=c.get("reason") or ""), error,
+    return _row(c.name, c.precision, Cell(shown, status=c.status, note=c.reason or ""), error,
                 t.get("max_abs_error"), percent(k.get("top1_agreement")), accuracy, tolerance)
 
 
@@ -207,12 +209,12 @@ def _fallback_section(fb: dict, plug) -> Section:
                    paragraphs=(text,), level=3)
 
 
-def _batch_section(candidates: list[dict], boxes: bool = False) -> Section | None:
+def _batch_section(candidates: list[CandidateRow], boxes: bool = False) -> Section | None:
     """Each candidate at every batch size the artifact serves (pipeline/batching.py), where that check ran."""
-    rows = tuple(_row(c["name"], f"{r['batch_size']} ({', '.join(r['profile'])})",
+    rows = tuple(_row(c.name, f"{r['batch_size']} ({', '.join(r['profile'])})",
                       Cell(r["status"], status=r["status"], note=r.get("reason") or ""), r.get("scaled_error"),
                       r.get("max_abs_error"), percent(r.get("top1_agreement")))
-                 for c in candidates for r in c.get("batch_sizes") or [] if "batch_size" in r)
+                 for c in candidates for r in c.batch_sizes or [] if "batch_size" in r)
     if not rows:
         return None
     last = "boxes: at the main batch size" if boxes else "top-1 agreement"  # a detector's: its head's tensor check
@@ -220,19 +222,19 @@ def _batch_section(candidates: list[dict], boxes: bool = False) -> Section | Non
                                                                   "max abs err", last), rows),))
 
 
-def _conformance_section(candidates: list[dict]) -> Section | None:
+def _conformance_section(candidates: list[CandidateRow]) -> Section | None:
     """Each candidate's conformance (pipeline/evaluation/conformance.py): its rows' worst deviation from the same image
     alone, and the precisions its matrix layers ran in, by the runtime's own account."""
     rows = []
     for c in candidates:
-        section = c.get("conformance") or {}
+        section = c.conformance or {}
         if "rows" not in section:
             continue
         r, p = section["rows"], section["precision"]
         worst = max((a for a in r.get("arrangements", [])), key=lambda a: float(a["deviation"]), default=None)
         where = f" ({worst['arrangement']}, slot {worst['slot']} of {worst['batch_size']})" if worst else ""
         shares = ", ".join(f"{k} {percent(v, '.0f')}" for k, v in (p.get("shares") or {}).items()) or "no account"
-        rows.append(_row(c["name"], Cell(r["status"], status=r["status"], note=r.get("reason") or ""),
+        rows.append(_row(c.name, Cell(r["status"], status=r["status"], note=r.get("reason") or ""),
                          (fmt(float(worst["deviation"]), ".2g") + where) if worst else "-",
                          f"{shares} of {p.get('matrix_layers', 0)} ({p.get('source', '')})",
                          p.get("claimed") or "-", Cell(p["status"], status=p["status"], note=p.get("reason") or "")))
@@ -249,9 +251,10 @@ def verify_sections(payload: dict) -> list[Section]:
     text = (f"Model {payload['model']}. Reference: PyTorch FP32. Inputs: {inputs['samples']} real validation "
             f"images ({inputs['source']}).")
     boxes = payload.get("task") == "detection"  # a detector: matched boxes and mAP (docs/detection.md)
+    candidates = candidates_of(payload)
     table = Table(("candidate", "precision", "status", "scaled err (head)" if boxes else "scaled err", "max abs err",
                    "matched boxes" if boxes else "top-1 agreement", "mAP@0.5:0.95 (ref)" if boxes else "accuracy (ref)",
-                   "tolerance"), tuple(_candidate_row(c) for c in payload["candidates"]))
+                   "tolerance"), tuple(_candidate_row(c) for c in candidates))
     deployable = payload.get("deployable")
     if deployable is not None:
         undecided = payload.get("undecided") or []
@@ -266,10 +269,10 @@ def verify_sections(payload: dict) -> list[Section]:
         sections.append(images)
     stability = stability_sections(payload.get("stability"))
     sections += stability
-    batches = _batch_section(payload["candidates"], boxes)
+    batches = _batch_section(candidates, boxes)
     if batches:
         sections.append(batches)
-    conformance = _conformance_section(payload["candidates"])
+    conformance = _conformance_section(candidates)
     if conformance:
         sections.append(conformance)
     for plug in plugs.ORDER:
@@ -331,26 +334,25 @@ def _stability_sections(s: dict) -> list[Section]:
 # --------------------------------------------------------------------------- benchmark.json
 
 
-def _benchmark_row(r: dict) -> tuple[Cell, ...]:
-    lat = r["latency_ms"]
-    return _row(r["backend"], r["precision"], r["device"], str(r["batch_size"]), fmt(lat["p50"], ".3f"),
-                fmt(lat["p90"], ".3f"), fmt(lat["p99"], ".3f"), fmt(lat["mean"], ".3f"),
-                percent(lat["cv"], ".1f") + (" !" if r["cv_warning"] else ""), fmt(r["throughput_per_s"], ".1f"),
-                percent(r.get("accuracy")), fmt(r.get("vs_eager"), ".2f") + ("x" if r.get("vs_eager") else ""),
-                r["timing"], Cell(r["verify"], status=r["verify"]))
+def _benchmark_row(r: BenchmarkRow) -> tuple[Cell, ...]:
+    lat = r.latency_ms
+    return _row(r.backend, r.precision, r.device, str(r.batch_size), fmt(lat.p50, ".3f"),
+                fmt(lat.p90, ".3f"), fmt(lat.p99, ".3f"), fmt(lat.mean, ".3f"),
+                percent(lat.cv, ".1f") + (" !" if r.cv_warning else ""), fmt(r.throughput_per_s, ".1f"),
+                percent(r.accuracy), fmt(r.vs_eager, ".2f") + ("x" if r.vs_eager else ""),
+                r.timing, Cell(r.verify, status=r.verify))
 
 
-def _precision_rows(results: list[dict]) -> tuple[tuple[Cell, ...], ...]:
-    """One row per backend and timing: batch-1 latency and largest-batch throughput, accuracy and verdict."""
+def _precision_rows(results: list[BenchmarkRow]) -> tuple[tuple[Cell, ...], ...]:
+    """One row per backend and timing kind: batch-1 latency and largest-batch throughput, accuracy and verdict."""
     rows = []
-    for key in dict.fromkeys((r["backend"], r["timing"]) for r in results):
-        mine = sorted((r for r in results if (r["backend"], r["timing"]) == key), key=lambda r: r["batch_size"])
+    for key in dict.fromkeys((r.backend, r.timing_kind) for r in results):
+        mine = sorted((r for r in results if (r.backend, r.timing_kind) == key), key=lambda r: r.batch_size)
         small, large = mine[0], mine[-1]
-        rows.append(_row(small["backend"], small["precision"], small["device"],
-                         f"{fmt(small['latency_ms']['p50'], '.3f')} (b={small['batch_size']})",
-                         f"{fmt(large['throughput_per_s'], '.1f')} (b={large['batch_size']})",
-                         percent(small.get("accuracy")), small["timing"],
-                         Cell(small["verify"], status=small["verify"])))
+        rows.append(_row(small.backend, small.precision, small.device,
+                         f"{fmt(small.latency_ms.p50, '.3f')} (b={small.batch_size})",
+                         f"{fmt(large.throughput_per_s, '.1f')} (b={large.batch_size})",
+                         percent(small.accuracy), small.timing, Cell(small.verify, status=small.verify)))
     return tuple(rows)
 
 
@@ -363,10 +365,11 @@ def benchmark_section(payload: dict) -> Section:
                f"TensorRT {env.get('tensorrt') or 'not installed'}, OpenVINO {env.get('openvino') or 'not installed'}.")
     how = m.get("described") or (f"{m['trials']} trials of at least {m['min_iterations']} runs and "
                                  f"{m['min_duration_s']} s each, after {m['warmup_s']} s of warm-up")
+    typed = rows_of(payload)
     rows = payload.get("rows") or {}
     left = (f" Left out (they cannot change the answer): {', '.join(rows['left_out'])}; {rows['how']} times them "
             "too." if rows.get("left_out") else "")
-    sizes = {r["batch_size"] for r in payload.get("results", [])}
+    sizes = {r.batch_size for r in typed.results}
     if rows.get("throughput_batches") and sizes - set(rows["throughput_batches"]):
         left += (f" Async-throughput rows (OpenVINO) at batch {', '.join(map(str, rows['throughput_batches']))} "
                  "only, the batch whose images/s the summary names; benchmark.rows=all times them at every batch.")
@@ -374,74 +377,73 @@ def benchmark_section(payload: dict) -> Section:
               f"input {payload['input']['shape']} ({payload['input']['data']}). "
               f"A '!' after the cv marks a trial whose coefficient of variation exceeded "
               f"{percent(m.get('cv_warn'), '.0f')}.{left}")
-    skipped = tuple(f"Skipped {s['backend']}" + (f" at batch {s['batch_size']}" if s.get("batch_size") else "")
-                    + f": {s['reason']}" for s in payload.get("skipped", []))
+    skipped = tuple(f"Skipped {s.backend}" + (f" at batch {s.batch_size}" if s.batch_size else "")
+                    + f": {s.reason}" for s in typed.skipped)
     table = Table(("backend", "precision", "device", "batch", "p50 ms", "p90 ms", "p99 ms", "mean ms", "cv",
                    "images/s", "accuracy", "x eager FP32", "timing", "verify"),
-                  tuple(_benchmark_row(r) for r in payload["results"]))
+                  tuple(_benchmark_row(r) for r in typed.results))
     choice = Table(("backend", "precision", "device", "p50 ms (smallest batch)", "images/s (largest batch)",
-                    "accuracy", "timing", "verify"), _precision_rows(payload["results"]))
+                    "accuracy", "timing", "verify"), _precision_rows(typed.results))
     side = ("Every precision side by side (accuracy: verify's, on its real validation images, for the "
             "artifact timed here; a backend that failed verify is not a candidate, however fast).")
-    anchor = trtexec_table(payload)  # trtexec on the same engines, when it was on PATH
-    ov_text, ov_table = benchmark_app_table(payload.get("benchmark_app"))  # benchmark_app on the same IRs
+    anchor = trtexec_table(typed.results)  # trtexec on the same engines, when it was on PATH
+    ov_text, ov_table = benchmark_app_table(typed.benchmark_app)  # benchmark_app on the same IRs
     return Section(f"Benchmark: {payload['model']}", paragraphs=(machine, method, *skipped, side,
                                                                  *((ov_text,) if ov_text else ())),
                    tables=(choice, table, *(t for t in (anchor, ov_table) if t)))
 
 
-def trtexec_table(payload: dict) -> Table | None:
+def trtexec_table(results: list[BenchmarkRow]) -> Table | None:
     """The "trtexec side by side" table, or None without trtexec rows."""
 
     rows = []
-    for r in payload["results"]:
-        t = r.get("trtexec")
+    for r in results:
+        t = r.trtexec
         if t is None:
             continue
-        head = (Cell(r["backend"]), Cell(str(r["batch_size"])), Cell(r["timing"].split(" (")[0]),
-                Cell(fmt(r["latency_ms"]["p50"], ".3f")))
-        if "error" in t:
-            rows.append(head + (Cell("-"),) * 5 + (Cell("error", status=Status.ERROR, note=t["error"]),))
+        head = (Cell(r.backend), Cell(str(r.batch_size)), Cell(r.timing.split(" (")[0]),
+                Cell(fmt(r.latency_ms.p50, ".3f")))
+        if t.error is not None:
+            rows.append(head + (Cell("-"),) * 5 + (Cell("error", status=Status.ERROR, note=t.error),))
             continue
-        if "not_run" in t:  # trtexec of another TensorRT release than the engine's: nothing failed
-            rows.append(head + (Cell("-"),) * 5 + (Cell("not run", status=Status.SKIPPED, note=t["not_run"]),))
+        if t.not_run is not None:  # trtexec of another TensorRT release than the engine's: nothing failed
+            rows.append(head + (Cell("-"),) * 5 + (Cell("not run", status=Status.SKIPPED, note=t.not_run),))
             continue
-        flag = Cell("large difference", status=Status.FAILED) if t["flag"] else Cell(Status.OK, status=Status.PASSED)
-        rows.append(head + tuple(Cell(fmt(t[k], ".3f")) for k in ("p50", "p90", "p99", "mean"))
-                    + (Cell(percent(t["difference"], "+.0f")), flag))
+        flag = Cell("large difference", status=Status.FAILED) if t.flag else Cell(Status.OK, status=Status.PASSED)
+        rows.append(head + tuple(Cell(fmt(v, ".3f")) for v in (t.p50, t.p90, t.p99, t.mean))
+                    + (Cell(percent(t.difference, "+.0f")), flag))
     if not rows:
         return None
     return Table(("backend", "batch", "timing", "ours p50 ms", "trtexec p50 ms", "p90 ms", "p99 ms", "mean ms",
                   "difference", f"flag (> {trtexec.FLAG_RELATIVE:.0%})"), tuple(rows))
 
 
-def benchmark_app_table(section: dict | None) -> tuple[str, Table | None]:
+def benchmark_app_table(section: CrossCheck | None) -> tuple[str, Table | None]:
     """OpenVINO's benchmark_app beside our OpenVINO rows: a paragraph and the table (None when it did not run)."""
     if not section:
         return "", None
-    if "rows" not in section:
-        return f"OpenVINO benchmark_app: skipped: {section.get('skipped')}", None
+    if section.rows is None:
+        return f"OpenVINO benchmark_app: skipped: {section.skipped}", None
     rows = []
-    for r in section["rows"]:
-        head = (Cell(r["backend"]), Cell(str(r["batch_size"])), Cell(r["mode"]))
-        if "error" in r:
-            rows.append(head + (Cell("-"), Cell("-"), Cell("-"), Cell("error", status=Status.ERROR, note=r["error"])))
+    for r in section.rows:
+        head = (Cell(r.backend), Cell(str(r.batch_size)), Cell(r.mode))
+        if r.error is not None:
+            rows.append(head + (Cell("-"), Cell("-"), Cell("-"), Cell("error", status=Status.ERROR, note=r.error)))
             continue
-        latency = r["mode"] == "latency"
-        theirs = r["benchmark_app"]["p50_ms"] if latency else r["benchmark_app"]["throughput_per_s"]
-        if "benchmark_app_per_round" in r:  # interleaved rounds: the median of benchmark_app's rounds
-            theirs = sorted(r["benchmark_app_per_round"])[len(r["benchmark_app_per_round"]) // 2]
+        latency = r.mode == "latency"
+        theirs = (r.benchmark_app or {}).get("p50_ms" if latency else "throughput_per_s")
+        if r.benchmark_app_per_round is not None:  # interleaved rounds: the median of benchmark_app's rounds
+            theirs = sorted(r.benchmark_app_per_round)[len(r.benchmark_app_per_round) // 2]
         shown = (lambda v: f"{v:.3f} ms p50") if latency else (lambda v: f"{v:.1f} images/s")
-        said = r.get("agreement", "far apart" if r["flagged"] else "agree")
+        said = r.said
         flag = Cell(Status.OK, status=Status.PASSED) if said == "agree" else \
             Cell("in doubt" if said == "undecided" else said, status=Status.FAILED)
-        interval = r.get("interval")
-        ratio = f"{r['ratio']:.2f} [{interval['low']:.2f}, {interval['high']:.2f}]" if interval else \
-            fmt(r["ratio"], ".2f")
-        rows.append(head + (Cell(shown(r["ours"])), Cell(shown(theirs)), Cell(ratio), flag))
-    text = (f"OpenVINO benchmark_app beside ours: same IR, shape, precision hint and threads; {section['seconds']} s "
+        interval = r.interval
+        ratio = f"{r.ratio:.2f} [{interval.low:.2f}, {interval.high:.2f}]" if interval else fmt(r.ratio, ".2f")
+        rows.append(head + (Cell(shown(r.ours)), Cell(shown(theirs)), Cell(ratio), flag))
+    text = (f"OpenVINO benchmark_app beside ours: same IR, shape, precision hint and threads; {section.seconds} s "
             f"per run, alternated with our timing of the same row in interleaved rounds; a ratio (95 % interval) "
-            f"outside [{1 / section['flag_ratio']:.2f}, {section['flag_ratio']}] is flagged far apart, one reaching "
+            f"outside [{1 / section.flag_ratio:.2f}, {section.flag_ratio}] is flagged far apart, one reaching "
             "across its edge is in doubt.")
     return text, Table(("backend", "batch", "mode", "ours", "benchmark_app", "ratio", "flag"), tuple(rows))
 

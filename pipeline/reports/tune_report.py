@@ -11,7 +11,7 @@ from pipeline.core.artifacts import TUNE_STABILITY_PLOT, tune_files
 from pipeline.core.run import RunDir, atomic_path, atomic_write, write_json
 from pipeline.core.status import Status
 from pipeline.precision import plugs, sensitivity
-from pipeline.precision.sensitivity import Candidate
+from pipeline.precision.sensitivity import Candidate, MethodRun
 from pipeline.reports import tables
 from pipeline.reports.tables import Cell, Section, Table, fmt
 from pipeline.runtime import interleave
@@ -35,13 +35,13 @@ def _candidate(c: Candidate, chosen: Candidate | None, fronts: dict, precision: 
             "pareto": any(c is f for f in fronts.get(c.calibration, []))}
 
 
-def payload(cfg: Config, t, runs: list[dict], baseline: dict | None, chosen: Candidate | None, why: str,
+def payload(cfg: Config, t, runs: list[MethodRun], baseline: dict | None, chosen: Candidate | None, why: str,
             fronts: dict) -> dict:
     """Everything tune measured, and the choice."""
     plug = t.plug
     precision = plug.name
-    candidates = [_candidate(c, chosen, fronts, precision, baseline) for r in runs for c in r["candidates"]]
-    low_claim = _low_claim(chosen, plug, list(runs[0]["layers"]) if runs else [])
+    candidates = [_candidate(c, chosen, fronts, precision, baseline) for r in runs for c in r.candidates]
+    low_claim = _low_claim(chosen, plug, list(runs[0].layers) if runs else [])
     intervals = {b: r.inverse() for b, r in sensitivity.time_ratio(chosen, baseline, t.batches).items()} \
         if chosen and baseline and not low_claim else {}
     speedup = {str(b): r.estimate for b, r in intervals.items()}
@@ -57,9 +57,9 @@ def payload(cfg: Config, t, runs: list[dict], baseline: dict | None, chosen: Can
                                  "(order shuffled each round); latency: the median of the timed runs; ratios: the "
                                  "geometric mean of the per-round ratios with its 95 % interval")},
         "fp32": {"latency_ms": {str(b): v for b, v in baseline.latency_ms.items()} if baseline else {}},
-        "sensitivity": {r["method"]: [{"layer": s.layer, "op_type": s.op_type, "score": s.score, "alone": s.alone,
-                                       "all_but": s.all_but} for s in r["ranked"]] for r in runs},
-        "all_low": {r["method"]: r["all_low"] for r in runs},
+        "sensitivity": {r.method: [{"layer": s.layer, "op_type": s.op_type, "score": s.score, "alone": s.alone,
+                                    "all_but": s.all_but} for s in r.ranked] for r in runs},
+        "all_low": {r.method: r.all_low for r in runs},
         "candidates": candidates,
         "chosen": None if chosen is None else {**_candidate(chosen, chosen, fronts, precision, baseline), "why": why,
                                                "runtime": chosen.runtime},
@@ -71,7 +71,7 @@ def payload(cfg: Config, t, runs: list[dict], baseline: dict | None, chosen: Can
     method = precision_config.calibration_method(cfg, precision) or plug.methods(cfg)[0]
     out["greedy"] = next((c for c in candidates if c["origin"] == "greedy fallback" and c["calibration"] == method),
                          None)
-    out["summary"] = _summary(out, chosen, [r.layer for r in runs[0]["ranked"]] if runs else [], plug.fallback_file)
+    out["summary"] = _summary(out, chosen, [r.layer for r in runs[0].ranked] if runs else [], plug.fallback_file)
     return out
 
 
@@ -108,13 +108,13 @@ def _held_out_section(p: dict) -> Section | None:
                     f"{words} Verdict images: {held['held_out']['line']}.",), (table,), level=3)
 
 
-def ladder(t, runs: list[dict], ptq_chosen: Candidate | None, qat: Candidate | None, qat_why: str) -> dict:
+def ladder(t, runs: list[MethodRun], ptq_chosen: Candidate | None, qat: Candidate | None, qat_why: str) -> dict:
     """The three rungs side by side: PTQ with every layer in INT8, the best PTQ mix, QAT (each: layers in INT8, the
     gate's numbers, speed on the target); ``qat_why``: why QAT ran or not (``tune.qat``)."""
-    method = ptq_chosen.calibration if ptq_chosen else runs[0]["method"]
-    run = next((r for r in runs if r["method"] == method), runs[0])
-    total = len(run["layers"])
-    all_low = next((c for c in run["candidates"] if not c.high and c.origin != "QAT"), None)
+    method = ptq_chosen.calibration if ptq_chosen else runs[0].method
+    run = next((r for r in runs if r.method == method), runs[0])
+    total = len(run.layers)
+    all_low = next((c for c in run.candidates if not c.high and c.origin != "QAT"), None)
 
     def rung(name: str, c: Candidate | None, int8_layers: int | None, why_not: str = "not run") -> dict:
         if c is None:

@@ -15,16 +15,15 @@ import os
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
-from pydantic import Field
-
-from pipeline.core import artifacts, env, schema
+from pipeline.core import artifacts, env, verify_rows
 from pipeline.core.checks import Check
 from pipeline.core.errors import InputError, PipelineError, first_line
 from pipeline.core.run import RunDir, atomic_write, now, read_json, sha256_file, write_json
 from pipeline.core.status import Status
 from pipeline.core.verdicts import JUDGED, InconclusivePolicy, Verdict, report_standing
+from pipeline.core.verify_rows import CandidateRow, VerifyReport, candidates_of
 from pipeline.precision import plugs
 from pipeline.reports import tables
 from pipeline.reports.tables import fmt, section_keys
@@ -327,28 +326,7 @@ def build_payload(cfg: Config, card, candidates: Sequence[Check], gated: dict, v
         "reference": reference,
         "inputs": {"what": "real validation images", "source": cfg.data.source, "samples": samples,
                    "batch_size": batch_size, "input_shape": ["batch", *card["spec"]["input_size"]]},
-        "candidates": [
-            {
-                "name": c.name,
-                "label": c.label,
-                "precision": c.precision,
-                "artifact": c.artifact,
-                "artifact_sha256": (hashes.get(c.artifact or artifacts.WEIGHTS)
-                                    if c.status in JUDGED else None),
-                "required": c.required,
-                "status": c.status,
-                "reason": c.result.get("reason"),
-                "hint": c.result.get("hint"),
-                "tolerance": c.result.get("tolerance"),
-                "tensor_check": c.result.get("tensor_check"),
-                "task_check": c.result.get("task_check"),
-                "after_fallback": c.result.get("after_fallback", False),
-                "gates": c.gates,
-                **{k: c.result[k] for k in ("log", "log_tail", "workaround", "batch_sizes", "conformance")
-                   if k in c.result},
-            }
-            for c in candidates
-        ],
+        "candidates": [candidate_row(c, hashes).to_json() for c in candidates],
         **{key: section for name in plugs.PLUGS
            for key, section in zip(section_keys(name), gated.get(name) or (None, None), strict=True)},
         "images": images,  # which images the verdict is on, and whether they are held out (pipeline.core.roles)
@@ -359,17 +337,29 @@ def build_payload(cfg: Config, card, candidates: Sequence[Check], gated: dict, v
     })
 
 
+def candidate_row(c: Check, hashes: dict) -> CandidateRow:
+    """verify.json's row of one judged candidate (``hashes``: the sha256 of each file verify read); validated
+    leniently: the check's own values, NaN/Inf written as strings (:func:`_clean`)."""
+    facts = {k: c.result.get(k) for k in ("reason", "hint", "tolerance", "tensor_check", "task_check", "log",
+                                          "log_tail", "workaround", "batch_sizes", "conformance")}
+    return CandidateRow.model_validate(_clean({
+        **facts, "name": c.name, "label": c.label, "precision": c.precision, "artifact": c.artifact,
+        "artifact_sha256": hashes.get(c.artifact or artifacts.WEIGHTS) if c.status in JUDGED else None,
+        "required": c.required, "status": c.status, "after_fallback": c.result.get("after_fallback", False),
+        "gates": c.gates}), strict=False)
+
+
 def markdown(payload: dict) -> str:
     """verify.md: the report's precision-gate rows (``tables.verify_sections``), as Markdown."""
     return tables.markdown(tables.verify_sections(payload), top=3)
 
 
 def junit(payload: dict) -> str:
-    cases = payload["candidates"]
-    failures = sum(1 for c in cases if c["status"] == Status.FAILED)
+    cases = candidates_of(payload)
+    failures = sum(1 for c in cases if c.status == Status.FAILED)
     errors = sum(1 for c in cases
-                 if c["status"] in (Status.ERROR, Status.CRASHED) or (c["required"] and c["status"] == Status.SKIPPED))
-    skipped = sum(1 for c in cases if c["status"] == Status.SKIPPED and not c["required"])
+                 if c.status in (Status.ERROR, Status.CRASHED) or (c.required and c.status == Status.SKIPPED))
+    skipped = sum(1 for c in cases if c.status == Status.SKIPPED and not c.required)
     broken_reference = payload["reference"].get("nonfinite", 0)
     suite = ET.Element("testsuite", name="pipeline.verify", tests=str(len(cases) + bool(broken_reference)),
                        failures=str(failures + bool(broken_reference)), errors=str(errors), skipped=str(skipped),
@@ -379,31 +369,30 @@ def junit(payload: dict) -> str:
         ET.SubElement(case, "failure", type="ReferenceNonFinite",
                       message=f"the trained model gives NaN/Inf logits for {broken_reference} validation images")
     for c in cases:
-        case = ET.SubElement(suite, "testcase", classname=f"verify.{payload['model']}", name=c["name"])
-        t, k, tol = c.get("tensor_check") or {}, c.get("task_check") or {}, c.get("tolerance") or {}
+        case = ET.SubElement(suite, "testcase", classname=f"verify.{payload['model']}", name=c.name)
+        t, k, tol = c.tensor_check or {}, c.task_check or {}, c.tolerance or {}
         numbers = (f"criterion={t.get('criterion')} scaled_error={fmt(t.get('scaled_error_quantile'))} "
                    f"max_scaled_error={tol.get('max_scaled_error')} max_abs_error={fmt(t.get('max_abs_error'))} "
                    f"max_rel_error={fmt(t.get('max_rel_error'))} atol={tol.get('atol')} rtol={tol.get('rtol')} "
                    f"failed_batches={len(t.get('failed_batches', []))}/{t.get('batches')} "
                    f"nonfinite={t.get('nonfinite')} top1_agreement={fmt(k.get('top1_agreement'))} "
-                   f"accuracy_drop={fmt(k.get('accuracy_drop'))} gates={c.get('gates', True)}") if t else ""
-        if c["status"] == Status.FAILED:
+                   f"accuracy_drop={fmt(k.get('accuracy_drop'))} gates={c.gates}") if t else ""
+        if c.status == Status.FAILED:
             el = ET.SubElement(case, "failure", type="PrecisionCheckFailed",  # the reason: a batch size that fails
-                               message=f"{c['name']}: {c['reason']}" if c.get("reason") else
-                               f"{c['name']} outside tolerance: {numbers}")
+                               message=f"{c.name}: {c.reason}" if c.reason else
+                               f"{c.name} outside tolerance: {numbers}")
             el.text = numbers
-        elif c["status"] == Status.ERROR:
-            ET.SubElement(case, "error", message=c.get("reason") or "error", type="CandidateError")
-        elif c["status"] == Status.CRASHED:
-            el = ET.SubElement(case, "error", message=f"crashed: {c.get('reason')} (log: {c.get('log')})",
-                               type="CandidateCrashed")
-            el.text = "\n".join(c.get("log_tail") or [])
-        elif c["status"] == Status.SKIPPED:
-            if c["required"]:
-                ET.SubElement(case, "error", message=f"required but unavailable: {c.get('reason')}",
+        elif c.status == Status.ERROR:
+            ET.SubElement(case, "error", message=c.reason or "error", type="CandidateError")
+        elif c.status == Status.CRASHED:
+            el = ET.SubElement(case, "error", message=f"crashed: {c.reason} (log: {c.log})", type="CandidateCrashed")
+            el.text = "\n".join(c.log_tail or [])
+        elif c.status == Status.SKIPPED:
+            if c.required:
+                ET.SubElement(case, "error", message=f"required but unavailable: {c.reason}",
                               type="BackendUnavailable")
             else:
-                ET.SubElement(case, Status.SKIPPED, message=c.get("reason") or "")
+                ET.SubElement(case, Status.SKIPPED, message=c.reason or "")
         if numbers:
             ET.SubElement(case, "system-out").text = numbers
     ET.indent(suite)
@@ -417,8 +406,8 @@ def write_all(run_dir: RunDir, payload: dict) -> list[Path]:
     if payload.get("stability"):
         from pipeline.reports import stability_report
 
-        limit = next((c["tolerance"].get("max_scaled_error") for c in payload["candidates"]
-                      if c["name"] == plugs.INT8.faithful and c.get("tolerance")), None)
+        limit = next((c.tolerance.get("max_scaled_error") for c in candidates_of(payload)
+                      if c.name == plugs.INT8.faithful and c.tolerance), None)
         plot = [run_dir.file(stability_report.write_plot(run_dir, payload["stability"], artifacts.STABILITY_PLOT,
                                                          limit, f"{payload['model']} INT8"))]
         md += f"\n![calibration stability]({artifacts.STABILITY_PLOT})\n"
@@ -448,8 +437,11 @@ def with_earlier_fallbacks(run_dir: RunDir, hashes: dict, gated: dict) -> dict:
         previous = read_json(run_dir.file(JSON), "verify report") if run_dir.file(JSON).is_file() else {}
     except Exception:  # a damaged report: nothing to carry
         previous = {}
-    judged = {c.get("artifact"): c["artifact_sha256"] for c in previous.get("candidates", [])
-              if isinstance(c, dict) and c.get("artifact_sha256")}  # skipped candidates record none
+    try:
+        judged = {c.artifact: c.artifact_sha256 for c in candidates_of(previous)
+                  if c.artifact_sha256}  # skipped candidates record none
+    except PipelineError:  # damaged rows: nothing to carry
+        previous, judged = {}, {}
 
     def carried(plug) -> dict | None:
         section = previous.get(section_keys(plug.name)[1])
@@ -479,32 +471,13 @@ def artifact_sha256(run_dir: RunDir, name: str) -> str | None:
     return hashlib.sha256(f"{sha256_file(path)} {sha256_file(weights)}".encode()).hexdigest()
 
 
-class _Case(schema.Open):
-    name: str = Field(max_length=200)
-    status: str = Field(max_length=40)
-    artifact_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
-    task_check: dict | None = None
-
-
-class _Reference(schema.Open):
-    weights_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
-
-
-class _Report(schema.Open):
-    """What later stages read back of verify.json (the rest is for people)."""
-
-    candidates: list[_Case] = Field(default_factory=list, max_length=1000)
-    reference: _Reference = _Reference()
-    inconclusive_policy: Literal["pass", "fail"] | None = None
-
-
-def _read_report(run_dir: RunDir) -> _Report | None:
+def _read_report(run_dir: RunDir) -> VerifyReport | None:
     """verify.json as later stages read it; None when it is absent or damaged (verify itself reports damage)."""
     path = run_dir.file(JSON)
     if not path.exists():
         return None
     try:
-        return schema.read_json(path, _Report, "verify report")
+        return verify_rows.read(path)
     except PipelineError:
         return None
 

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from pipeline.core.artifacts import xml_name
+from pipeline.core.benchmark_rows import BenchmarkRow, CrossCheck
 from pipeline.core.run import RunDir
 from pipeline.core.timings import TimingKind
 
@@ -85,46 +86,64 @@ def run_one(exe: str, xml: Path, shape: list[int], mode: str, hint: str, threads
                              + (f": {tail[0][:200]}" if tail else "")}
 
 
-def side_by_side(cfg: Config, run_dir: RunDir, results: list[dict], input_size: list[int], threads: int,
-                 named: list[dict] = (), ours_now: Callable[[dict, float], float] | None = None) -> dict:
+def side_by_side(cfg: Config, run_dir: RunDir, results: list[BenchmarkRow], input_size: list[int], threads: int,
+                 named: list[BenchmarkRow] = (),
+                 ours_now: Callable[[BenchmarkRow, float], float] | None = None) -> CrossCheck:
     """benchmark_app's numbers beside ours for the OpenVINO rows among ``named`` (the rows the summary names:
     two benchmark_app runs instead of two per OpenVINO row, 18 for resnet18), or for every OpenVINO row with
-    ``benchmark.benchmark_app_rows: all``; ``{"skipped": reason}`` when it cannot run."""
+    ``benchmark.benchmark_app_rows: all``; ``skipped`` says why when it cannot run."""
+    skipped = _skipped(cfg, results, named)
+    if skipped:
+        return CrossCheck(skipped=skipped)
+    return CrossCheck.model_validate(_checked(cfg, run_dir, results, input_size, threads, named, ours_now),
+                                     strict=False)
+
+
+def _skipped(cfg: Config, results: list[BenchmarkRow], named: list[BenchmarkRow]) -> str:
+    """Why benchmark_app cannot run beside these rows; "" when it can."""
+    from pipeline.runtime import backends
+
+    ours = [r for r in results if backends.by_name(r.backend).runtime == backends.OV]
+    if not ours:
+        return "no OpenVINO row was measured"
+    summary_only = getattr(cfg.benchmark, "benchmark_app_rows", "all") == "summary"
+    if summary_only and not any(r is n for r in ours for n in named):
+        return "the summary names no OpenVINO row (benchmark.benchmark_app_rows: all checks every OpenVINO row)"
+    if not cfg.benchmark.benchmark_app_s:
+        return "benchmark.benchmark_app_s is 0"
+    if find() is None:
+        return "benchmark_app is not installed (it ships with the openvino wheel)"
+    return ""
+
+
+def _checked(cfg: Config, run_dir: RunDir, results: list[BenchmarkRow], input_size: list[int], threads: int,
+             named: list[BenchmarkRow], ours_now) -> dict:
+    """benchmark.json's ``benchmark_app`` section: each OpenVINO row checked (see :func:`side_by_side`)."""
     from pipeline.runtime import backends, openvino_ir
 
-    seconds = cfg.benchmark.benchmark_app_s
-    ours = [r for r in results if backends.by_name(r["backend"]).runtime == backends.OV]
-    if not ours:
-        return {"skipped": "no OpenVINO row was measured"}
+    seconds, exe = cfg.benchmark.benchmark_app_s, find()
+    ours = [r for r in results if backends.by_name(r.backend).runtime == backends.OV]
     if getattr(cfg.benchmark, "benchmark_app_rows", "all") == "summary":
         ours = [r for r in ours if any(r is n for n in named)]
-        if not ours:
-            return {"skipped": "the summary names no OpenVINO row (benchmark.benchmark_app_rows: all checks every "
-                               "OpenVINO row)"}
-    if not seconds:
-        return {"skipped": "benchmark.benchmark_app_s is 0"}
-    exe = find()
-    if exe is None:
-        return {"skipped": "benchmark_app is not installed (it ships with the openvino wheel)"}
     rows = []
-    for name in dict.fromkeys(r["backend"] for r in ours):
+    for name in dict.fromkeys(r.backend for r in ours):
         precision = backends.by_name(name).precision
         _, _, sidecar = openvino_ir.load(run_dir, precision)  # the same checked file, refused if it changed since
         xml = run_dir.file(xml_name(precision))
-        for row in (r for r in ours if r["backend"] == name):
-            mode = MODES[TimingKind(row["timing_kind"])]
-            shape = [row["batch_size"], *input_size]
+        for row in (r for r in ours if r.backend == name):
+            mode = MODES[row.timing_kind]
+            shape = [row.batch_size, *input_size]
             if ours_now is None:  # our row as the stage timed it, beside one benchmark_app run
                 rows.append(compare(row, mode, run_one(exe, xml, shape, mode, sidecar["hint"], threads, seconds)))
             else:
                 theirs = functools.partial(run_one, exe, xml, shape, mode, sidecar["hint"], threads, seconds)
                 rows.append(interleaved(row, mode, theirs, functools.partial(ours_now, row, seconds)))
-            log.info("benchmark: benchmark_app %-13s b=%-3d %-10s %s", name, row["batch_size"], mode,
+            log.info("benchmark: benchmark_app %-13s b=%-3d %-10s %s", name, row.batch_size, mode,
                      rows[-1].get("error") or rows[-1]["summary"])
     return {"tool": exe, "seconds": seconds, "flag_ratio": FLAG_RATIO, "rows": rows}
 
 
-def interleaved(row: dict, mode: str, theirs: Callable[[], dict], ours: Callable[[], float],
+def interleaved(row: BenchmarkRow, mode: str, theirs: Callable[[], dict], ours: Callable[[], float],
                 rounds: int = ROUNDS) -> dict:
     """Our timing of ``row`` and benchmark_app's, alternated in ``rounds`` rounds (which goes first shuffled each
     round): a load that comes and goes slows both sides of a round alike. The ratio (ours over benchmark_app's, in
@@ -132,13 +151,13 @@ def interleaved(row: dict, mode: str, theirs: Callable[[], dict], ours: Callable
     (:func:`pipeline.core.speed_claims.ratio`); :func:`agreement` reads it."""
     from pipeline.core import speed_claims
 
-    base = {"backend": row["backend"], "batch_size": row["batch_size"], "mode": mode}
+    base = {"backend": row.backend, "batch_size": row.batch_size, "mode": mode}
     mine, their_runs = [], []
-    for order in speed_claims.round_orders(2, rounds, seed=row["batch_size"]):
+    for order in speed_claims.round_orders(2, rounds, seed=row.batch_size):
         for side in order:
             if side == 0:
                 ms = ours()
-                mine.append(ms if mode == "latency" else row["batch_size"] * 1000.0 / ms)
+                mine.append(ms if mode == "latency" else row.batch_size * 1000.0 / ms)
             else:
                 their_runs.append(theirs())
                 if "error" in their_runs[-1]:
@@ -168,16 +187,16 @@ def agreement(ratio) -> str:
     return "undecided"
 
 
-def compare(row: dict, mode: str, theirs: dict) -> dict:
+def compare(row: BenchmarkRow, mode: str, theirs: dict) -> dict:
     """Our row and benchmark_app's run, with the ratio that matters for the mode and a flag when far apart."""
-    base = {"backend": row["backend"], "batch_size": row["batch_size"], "mode": mode}
+    base = {"backend": row.backend, "batch_size": row.batch_size, "mode": mode}
     if "error" in theirs:
         return {**base, "error": theirs["error"]}
     if mode == "latency":
-        ours, their = row["latency_ms"]["p50"], theirs["p50_ms"]
+        ours, their = row.latency_ms.p50, theirs["p50_ms"]
         what = f"p50 {ours:.3f} ms (ours) vs {their:.3f} ms (benchmark_app)"
     else:
-        ours, their = row["throughput_per_s"], theirs["throughput_per_s"]
+        ours, their = row.throughput_per_s, theirs["throughput_per_s"]
         what = f"{ours:.1f} vs {their:.1f} images/s (benchmark_app, {theirs['requests']} requests)"
     ratio = ours / their if their else None
     flagged = ratio is None or not (1 / FLAG_RATIO <= ratio <= FLAG_RATIO)

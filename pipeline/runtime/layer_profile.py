@@ -13,6 +13,7 @@ import logging
 
 import numpy as np
 
+from pipeline.core.benchmark_rows import BenchmarkRow, Profile
 from pipeline.runtime.layer_account import Layer, matrix_shares
 
 log = logging.getLogger("pipeline")
@@ -78,12 +79,13 @@ def _source(layers: list[Layer]) -> str:
     return "the runtime's account of its layers (no times)"
 
 
-def profile_entry(backend: str, precision: str, batch: int, layers: list[dict]) -> dict:
+def profile_entry(backend: str, precision: str, batch: int, layers: list[dict]) -> Profile:
     """One benchmark.json ``profiles`` entry: the backend, the batch, where the numbers come from, the summary and
-    every layer."""
+    every layer (validated leniently: the runtime's own numbers)."""
     records = [Layer(**layer) for layer in layers]
-    return {"backend": backend, "precision": precision, "batch_size": batch, "source": _source(records),
-            "summary": summarise(records), "layers": [x.to_json() for x in records]}
+    return Profile.model_validate({"backend": backend, "precision": precision, "batch_size": batch,
+                                   "source": _source(records), "summary": summarise(records),
+                                   "layers": [x.to_json() for x in records]}, strict=False)
 
 
 def _feed(ctx, images: np.ndarray, batch: int) -> dict:
@@ -91,7 +93,7 @@ def _feed(ctx, images: np.ndarray, batch: int) -> dict:
     return {ctx.spec["input_name"]: np.ascontiguousarray(np.concatenate([images] * reps)[:batch])}
 
 
-def collect(ctx, results: list[dict], images: np.ndarray) -> list[dict]:
+def collect(ctx, results: list[BenchmarkRow], images: np.ndarray) -> list[Profile]:
     """The profile of each backend with CPU rows in ``results`` whose runtime gives an account of its layers, at the
     smallest and the largest batch it was timed at: started again after benchmark's timings (so profiling never
     perturbs them), in its child process where it runs native code. One that cannot start or profile is left out,
@@ -99,9 +101,9 @@ def collect(ctx, results: list[dict], images: np.ndarray) -> list[dict]:
     from pipeline.runtime import backends, isolate
 
     profiles = []
-    for name in dict.fromkeys(r["backend"] for r in results if r["device"] == "cpu"):
-        rows = [r for r in results if r["backend"] == name and r["device"] == "cpu"]
-        batches = sorted({min(r["batch_size"] for r in rows), max(r["batch_size"] for r in rows)})
+    for name in dict.fromkeys(r.backend for r in results if r.device == "cpu"):
+        rows = [r for r in results if r.backend == name and r.device == "cpu"]
+        batches = sorted({min(r.batch_size for r in rows), max(r.batch_size for r in rows)})
         backend, runner = backends.by_name(name), None
         try:
             runner = isolate.runner_for(backend, ctx)
@@ -111,7 +113,7 @@ def collect(ctx, results: list[dict], images: np.ndarray) -> list[dict]:
             for batch in batches:
                 layers = runner.layers(_feed(ctx, images, batch))
                 if layers:
-                    profiles.append(profile_entry(name, rows[0]["precision"], batch, layers))
+                    profiles.append(profile_entry(name, rows[0].precision, batch, layers))
         except Exception as exc:  # a profile is a diagnosis: one that fails does not end the stage
             log.warning("benchmark: no per-layer profile of %s: %s: %s", name, type(exc).__name__, exc)
         finally:
@@ -120,14 +122,15 @@ def collect(ctx, results: list[dict], images: np.ndarray) -> list[dict]:
     return profiles
 
 
-def benchmark_keys(ctx, results: list[dict], images: np.ndarray, threads: int) -> dict:
+def benchmark_keys(ctx, results: list[BenchmarkRow], images: np.ndarray, threads: int) -> dict:
     """benchmark.json's ``profiles`` (:func:`collect`) and ``roofline`` (:func:`pipeline.runtime.roofline.section`
     over the run's FP32 ONNX graph, for ``threads`` cores; None without CPU rows or without model.onnx)."""
     from pipeline.core import artifacts, env
     from pipeline.runtime import roofline
 
     onnx_path = ctx.run_dir.file(artifacts.FP32_ONNX)
-    cpu_rows = [r for r in results if r["device"] == "cpu"]
+    cpu_rows = [r for r in results if r.device == "cpu"]
     roof = roofline.section(onnx_path, cpu_rows, min(threads, env.usable_cores()), env.cpu_flags()) \
         if cpu_rows and onnx_path.exists() else None
-    return {"profiles": collect(ctx, cpu_rows, images), "roofline": roof}
+    return {"profiles": [p.to_json() for p in collect(ctx, cpu_rows, images)],
+            "roofline": roof.to_json() if roof is not None else None}

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.core.benchmark_rows import BenchmarkRow, Roofline, RooflineRow
+
 MATRIX_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 # The ISA flags the peak table reads (recorded in benchmark.json's roofline.machine).
 READ_FLAGS = frozenset({"avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "avx512_fp16", "amx_tile",
@@ -176,28 +178,27 @@ def cpu_identity() -> dict:
 # --------------------------------------------------------------------------- fractions
 
 
-def row_precision(row: dict, table: dict[str, Peak]) -> str:
+def row_precision(row: BenchmarkRow, table: dict[str, Peak]) -> str:
     """The precision a row's peak is taken in: the first word of its precision column, FP32 where that is no
     precision of the table ("mixed")."""
-    word = str(row["precision"]).split()[0]
+    word = str(row.precision).split()[0]
     return word if word in table else "fp32"
 
 
-def fraction(row: dict, macs_per_image: int, table: dict[str, Peak]) -> dict:
+def fraction(row: BenchmarkRow, macs_per_image: int, table: dict[str, Peak]) -> RooflineRow:
     """One benchmark row's achieved rate (``2 * MACs * batch / p50``) and its fraction of its precision's peak."""
     precision = row_precision(row, table)
-    seconds = row["latency_ms"]["p50"] / 1e3
-    achieved = 2 * macs_per_image * row["batch_size"] / seconds / 1e9 if seconds > 0 else None
+    seconds = row.latency_ms.p50 / 1e3
+    achieved = 2 * macs_per_image * row.batch_size / seconds / 1e9 if seconds > 0 else None
     peak = table[precision].gflops
-    return {"backend": row["backend"], "batch_size": row["batch_size"], "timing": row["timing"],
-            "peak_precision": precision, "p50_ms": row["latency_ms"]["p50"], "achieved_gflops": achieved,
-            "peak_gflops": peak,
-            "fraction": achieved / peak if achieved is not None and peak else None,
-            "fraction_of_fp32": achieved / table["fp32"].gflops if achieved is not None and table["fp32"].gflops
-            else None}
+    return RooflineRow(backend=row.backend, batch_size=row.batch_size, timing=row.timing, peak_precision=precision,
+                       p50_ms=row.latency_ms.p50, achieved_gflops=achieved, peak_gflops=peak,
+                       fraction=achieved / peak if achieved is not None and peak else None,
+                       fraction_of_fp32=achieved / table["fp32"].gflops if achieved is not None
+                       and table["fp32"].gflops else None)
 
 
-def section(onnx_path: Path, results: list[dict], cores: int, flags: set[str]) -> dict:
+def section(onnx_path: Path, results: list[BenchmarkRow], cores: int, flags: set[str]) -> Roofline:
     """benchmark.json's ``roofline``: the machine, each precision's peak, the model's MACs per image, and each CPU
     row's fraction of its precision's peak."""
     import onnx
@@ -205,8 +206,9 @@ def section(onnx_path: Path, results: list[dict], cores: int, flags: set[str]) -
     cpu = cpu_identity()
     table = with_clock(peaks(flags, cpu["vendor"], cpu["family"]), cores, cpu["mhz"])
     counted = macs(onnx.load(str(onnx_path), load_external_data=False), 1)  # shapes only: no weights needed
-    rows = [fraction(r, counted["per_image"], table) for r in results if r["device"] == "cpu"]
-    return {"machine": {**cpu, "cores": cores, "flags": sorted(flags & READ_FLAGS)},
-            "peaks": {k: p.to_json() for k, p in table.items()},
-            "macs": {"per_image": counted["per_image"], "source": onnx_path.name, "layers": counted["layers"]},
-            "rows": rows}
+    rows = [fraction(r, counted["per_image"], table) for r in results if r.device == "cpu"]
+    return Roofline.model_validate({
+        "machine": {**cpu, "cores": cores, "flags": sorted(flags & READ_FLAGS)},
+        "peaks": {k: p.to_json() for k, p in table.items()},
+        "macs": {"per_image": counted["per_image"], "source": onnx_path.name, "layers": counted["layers"]},
+        "rows": rows}, strict=False)

@@ -43,6 +43,7 @@ import subprocess
 from pathlib import Path
 
 from pipeline.core.artifacts import TRTEXEC_DIR as DIR
+from pipeline.core.benchmark_rows import BenchmarkRow, TrtexecCheck
 from pipeline.core.run import make_folder
 from pipeline.core.timings import TimingKind
 from pipeline.runtime import timing
@@ -188,16 +189,16 @@ def measure(exe: str, engine: Path, shape: str, kind: TimingKind | str, out_dir:
                                                     if profile.is_file() else {})}
 
 
-def compare(row: dict, theirs: dict) -> dict:
+def compare(row: BenchmarkRow, theirs: dict) -> dict:
     """``theirs`` with the relative difference of the p50s and the flag; logs a flagged or failed one."""
-    where = f"{row['backend']} b={row['batch_size']} {row['timing'].split(' (')[0]}"
+    where = f"{row.backend} b={row.batch_size} {row.timing.split(' (')[0]}"
     if "error" in theirs:
         log.warning("benchmark: trtexec beside %s failed: %s", where, theirs["error"])
         return theirs
     if "not_run" in theirs:
         log.info("benchmark: trtexec beside %s not run: %s", where, theirs["not_run"])
         return theirs
-    ours = row["latency_ms"]["p50"]
+    ours = row.latency_ms.p50
     diff = (ours - theirs["p50"]) / theirs["p50"] if theirs["p50"] > 0 else math.inf
     flagged = abs(diff) > FLAG_RELATIVE
     (log.warning if flagged else log.info)(
@@ -207,24 +208,31 @@ def compare(row: dict, theirs: dict) -> dict:
     return {**theirs, "difference": diff, "flag": flagged}
 
 
-def side_by_side(run_dir, results: list[dict], backend_of, input_name: str, input_size: list[int], method) -> None:
-    """Add ``row["trtexec"]`` to every TensorRT row in ``results`` when trtexec is on PATH (in place)."""
+def side_by_side(run_dir, results: list[BenchmarkRow], backend_of, input_name: str, input_size: list[int],
+                 method) -> list[BenchmarkRow]:
+    """``results``, each TensorRT row with its ``trtexec`` cross-check when trtexec is on PATH."""
     exe = find()
-    rows = [r for r in results if backend_of(r["backend"]).runtime == RUNTIME and _kind(r)]
-    if exe is None or not rows:
-        if rows:
+    checked = [r for r in results if backend_of(r.backend).runtime == RUNTIME and _kind(r)]
+    if exe is None or not checked:
+        if checked:
             log.info("benchmark: trtexec is not on PATH: no side-by-side check of the TensorRT rows")
-        return
+        return results
     out_dir = make_folder(run_dir.file(DIR))
     done: dict = {}
-    for row in rows:
-        backend, batch, kind = backend_of(row["backend"]), row["batch_size"], _kind(row)
+
+    def beside(row: BenchmarkRow) -> BenchmarkRow:
+        if not any(row is r for r in checked):
+            return row
+        backend, batch, kind = backend_of(row.backend), row.batch_size, _kind(row)
         key = (backend.name, batch, kind)
         if key not in done:
             shape = f"{input_name}:" + "x".join(str(d) for d in (batch, *input_size))
             done[key] = measure(exe, run_dir.file(backend.artifact), shape, kind, out_dir,
                                 f"{backend.name}.b{batch}", method, batch, engine_built_by(run_dir, backend.artifact))
-        row["trtexec"] = compare(row, done[key])
+        check = TrtexecCheck.model_validate(compare(row, done[key]), strict=False)
+        return row.model_copy(update={"trtexec": check})
+
+    return [beside(row) for row in results]
 
 
 def engine_built_by(run_dir, engine: str) -> str | None:
@@ -242,6 +250,6 @@ def engine_built_by(run_dir, engine: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _kind(row: dict) -> TimingKind | None:
-    kind = TimingKind(row["timing_kind"]).clock
+def _kind(row: BenchmarkRow) -> TimingKind | None:
+    kind = row.timing_kind.clock
     return kind if kind in KINDS else None

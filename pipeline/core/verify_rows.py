@@ -1,0 +1,77 @@
+"""verify.json's candidate rows as types: :class:`CandidateRow` (one candidate's verdict, with the numbers it was
+judged on) and :class:`VerifyReport` (what later stages read back of the file).
+
+verify makes a row per candidate where it writes its report (:func:`pipeline.reports.verify_report.build_payload`),
+and :meth:`CandidateRow.to_json` is the one serialiser of the ``candidates`` list: the keys of earlier releases, in
+their order (``log``, ``log_tail``, ``workaround``, ``batch_sizes`` and ``conformance`` only where the candidate has
+them). Every reader (the report's verify pages and JUnit, benchmark's verify column and accuracies through
+:mod:`pipeline.reports.verify_report`'s readers, baseline) gets them back through :func:`candidates_of` (a payload
+already read) or :func:`read` (the file): typed and bounded here, once. The checks' own numbers (``tolerance``,
+``tensor_check``, ``task_check``) stay objects: the report lays them out.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, StringConstraints
+
+from pipeline.core import schema
+
+MAX_CANDIDATES = 1000
+OPTIONAL = ("log", "log_tail", "workaround", "batch_sizes", "conformance")  # written only where a candidate has them
+Name = Annotated[str, StringConstraints(max_length=200)]
+Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+Text = Annotated[str, StringConstraints(max_length=1 << 16)]
+
+
+class CandidateRow(schema.Open):
+    """One candidate of verify.json: what was judged (the artifact and its sha256, only where a verdict was reached),
+    the verdict, why, and the numbers it rests on."""
+
+    name: Name
+    label: Text | None = None
+    precision: Text | None = None
+    artifact: Text | None = None
+    artifact_sha256: Sha256 | None = None  # the file the verdict is tied to; None: no verdict reached
+    required: bool = False
+    status: Annotated[str, StringConstraints(max_length=40)]
+    reason: Text | None = None
+    hint: Text | None = None
+    tolerance: dict[str, Any] | None = None
+    tensor_check: dict[str, Any] | None = None
+    task_check: dict[str, Any] | None = None
+    after_fallback: bool = False
+    gates: bool = True  # decides the exit code (verify.gate); False: reported only
+    log: Text | None = None  # a child process's log
+    log_tail: list[Text] | None = None  # a crashed child's last lines
+    workaround: Text | None = None  # a runtime workaround applied
+    batch_sizes: list[dict[str, Any]] | None = None  # the artifact at each batch size it serves
+    conformance: dict[str, Any] | None = None  # row independence and the precisions its layers ran in
+
+    def to_json(self) -> dict[str, Any]:
+        """The row as verify.json holds it: the optional facts only where the candidate has them."""
+        return self.model_dump(exclude={k for k in OPTIONAL if getattr(self, k) is None})
+
+
+class Reference(schema.Open):
+    weights_sha256: Sha256 | None = None
+
+
+class VerifyReport(schema.Open):
+    """What later stages read back of verify.json (the rest is for people)."""
+
+    candidates: Annotated[list[CandidateRow], Field(max_length=MAX_CANDIDATES)]
+    reference: Reference = Reference()
+    inconclusive_policy: Literal["pass", "fail"] | None = None
+
+
+def candidates_of(payload: Any, where: str | Path = "verify.json") -> list[CandidateRow]:
+    """The typed candidate rows of a verify payload already read (verify's own before it writes, the report's)."""
+    return schema.validate(payload, VerifyReport, where, "verify report").candidates
+
+
+def read(path: str | Path) -> VerifyReport:
+    """verify.json at ``path``, typed and bounded (one :class:`~pipeline.core.errors.InputError` when damaged)."""
+    return schema.read_json(path, VerifyReport, "verify report")
