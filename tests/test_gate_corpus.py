@@ -13,6 +13,7 @@ from PIL import Image
 
 from conftest import FAULTS, ROOT, cli
 from pipeline import config
+from pipeline.core.verdicts import counts_as_passed
 
 MARGIN = 2.0
 # The sound run's margin: 1.5x. On a 2-vCPU AMD EPYC (Zen 4) the sound tiny_cnn's int8_exact reached 0.263 of the
@@ -64,7 +65,12 @@ def test_a_sound_model_on_real_digits_stays_well_under_every_default(digits, tmp
         if not c["gates"]:
             continue
         scaled = c["tensor_check"]["scaled_error_quantile"]
-        assert c["status"] == "passed", (name, c["tensor_check"], c["task_check"])
+        # Deployable under the default policy: passed, or inconclusive where a few disagreements on 180 images
+        # decide neither way. On a 2-vCPU AVX2-only AMD EPYC the weights trained differently and int8_exact's
+        # accuracy drop was 1.10 points (2 images) against the 1.00 allowed, lower bound -0.17: inconclusive,
+        # rightly. The tensor check has no such excuse: it must pass, and by the margin below.
+        assert c["tensor_check"]["passed"], (name, c["tensor_check"])
+        assert counts_as_passed(c["status"], "pass"), (name, c["tensor_check"], c["task_check"])
         assert scaled <= _default(c["precision"]) / SOUND_MARGIN, (name, scaled, _default(c["precision"]))
 
 
