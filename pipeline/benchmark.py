@@ -588,10 +588,10 @@ def _headline(results: list[BenchmarkRow], contests: dict[str, Contest] | None =
         latency, images = (contests or {}).get(f"{device}/latency"), (contests or {}).get(f"{device}/throughput")
         parts.append(f"{device}: {_contest_text(latency, 'fastest that passed the gate')} at batch "
                      f"{best.batch_size}: {best.backend} p50 {best.latency_ms.p50:.3f} ms"
-                     f"{_ratio_text(best, results)}{_undecided(best)}{_lead_text(latency)}"
+                     f"{_ratio_text(best)}{_undecided(best)}{_lead_text(latency)}"
                      f"{_doubt(best, crosscheck)}; at "
                      f"batch {top.batch_size}: {top.backend} {top.throughput_per_s:.1f} images/s"
-                     f"{' (async throughput)' if top.is_throughput else ''}{_ratio_text(top, results)}"
+                     f"{' (async throughput)' if top.is_throughput else ''}{_ratio_text(top)}"
                      f"{_undecided(top)}"
                      f"{_lead_text(images)}{_doubt(top, crosscheck)}")
     return "; ".join(parts)
@@ -632,14 +632,13 @@ def _undecided(row: BenchmarkRow) -> str:
         if row.verify == Status.INCONCLUSIVE else ""
 
 
-def _ratio_text(row: BenchmarkRow, results: list[BenchmarkRow] = ()) -> str:
+def _ratio_text(row: BenchmarkRow) -> str:
     """`` (20.70x eager FP32 [19.80, 21.60] by bootstrap, timed apart)``: a headline row's speed-up over eager FP32
-    with its interval (:func:`_vs_eager_interval`)."""
+    with its interval (``vs_eager_interval``, from :func:`add_ratios`)."""
     ratio = row.vs_eager
     if not ratio:
         return ""
-    eager = _eager_of(row, results) if results else None
-    interval = _vs_eager_interval(row, eager) if eager is not None else None
+    interval = row.vs_eager_interval
     band = f" [{interval[0]:.2f}, {interval[1]:.2f}] by bootstrap, timed apart" if interval else " (no interval)"
     return f" ({ratio:.2f}x eager FP32{band})"
 
@@ -653,12 +652,15 @@ def _plot_label(row: BenchmarkRow) -> str:
 def add_ratios(results: list[BenchmarkRow]) -> list[BenchmarkRow]:
     """The rows with ``vs_eager``: each row's images/s over eager FP32's (``torch_fp32``) at the same batch on the
     same device, measured in this run (the same kind of timing where torch_fp32 has it: GPU compute or host
-    latency)."""
-    def ratio(row: BenchmarkRow) -> float | None:
+    latency), and ``vs_eager_interval``, its bootstrap interval."""
+    def ratios(row: BenchmarkRow) -> dict:
         base = _eager_of(row, results)
-        return row.throughput_per_s / base.throughput_per_s if base and base.throughput_per_s else None
+        if not (base and base.throughput_per_s):
+            return {"vs_eager": None, "vs_eager_interval": None}
+        return {"vs_eager": row.throughput_per_s / base.throughput_per_s,
+                "vs_eager_interval": _vs_eager_interval(row, base)}
 
-    return [row.model_copy(update={"vs_eager": ratio(row)}) for row in results]
+    return [row.model_copy(update=ratios(row)) for row in results]
 
 
 def _eager_of(row: BenchmarkRow, results: list[BenchmarkRow]) -> BenchmarkRow | None:
@@ -678,9 +680,11 @@ def _vs_eager_interval(row: BenchmarkRow, eager: BenchmarkRow) -> list[float] | 
     mine, theirs = row.samples_ms, eager.samples_ms
     if not mine or not theirs or row.key == eager.key:
         return None
+    # 1,000 resamples, fewer for rows of many runs (at least 200): a benchmark has tens of rows, each ~0.1 s here
+    resamples = max(200, min(1000, 2_000_000 // max(len(mine), len(theirs))))
     try:
-        _, low, high = bootstrap_median_ratio(np.asarray(mine), np.asarray(theirs), resamples=1000, confidence=0.95,
-                                              seed=0)
+        _, low, high = bootstrap_median_ratio(np.asarray(mine), np.asarray(theirs), resamples=resamples,
+                                              confidence=0.95, seed=0)
     except ValueError:
         return None
     return [low, high]

@@ -3,6 +3,7 @@
 the sanity rule, and the interleaved order; tune's use of them on plain data (the planted FP32-as-INT8 case)."""
 
 import dataclasses
+import json
 import math
 import random
 from types import SimpleNamespace
@@ -369,6 +370,31 @@ def test_the_headlines_speedup_over_eager_comes_with_its_bootstrap_interval():
     ratio, low, high = float(got.split("x")[0]), float(got.split("[")[1].split(",")[0]), \
         float(got.split(", ")[1].split("]")[0])
     assert low <= 20.0 <= high and low < ratio < high and "by bootstrap, timed apart" in line
+
+
+def test_every_rows_speedup_over_eager_carries_its_interval_into_the_table_and_benchmark_json():
+    from pipeline import benchmark
+    from pipeline.core.benchmark_rows import BenchmarkRow
+    from pipeline.reports import tables
+
+    rng = np.random.default_rng(1)
+
+    def row(name, ms, verify="passed"):
+        samples = list(ms * rng.uniform(0.95, 1.05, 200))
+        return benchmark_row(name, 1, float(np.median(samples)), 1000.0 / float(np.mean(samples)), verify=verify,
+                             timing="wall-clock", samples_ms=samples)
+
+    eager, fast, slow = benchmark.add_ratios([row("torch_fp32", 4.0, "reference"), row("openvino_int8", 0.2),
+                                              row("onnxrt_fp32", 8.0)])
+    assert eager.vs_eager == 1.0 and eager.vs_eager_interval is None  # eager over itself: no interval to give
+    assert "vs_eager_interval" not in eager.to_json()  # and none written
+    for r, truth in ((fast, 20.0), (slow, 0.5)):
+        low, high = r.vs_eager_interval
+        assert low <= truth <= high and low < r.vs_eager < high and high / low < 1.2
+        cells = [c.text for c in tables._benchmark_row(r)]
+        assert f"{r.vs_eager:.2f}x [{low:.2f}, {high:.2f}]" in cells
+        assert BenchmarkRow.model_validate(json.loads(json.dumps(r.to_json()))) == r  # written and read back
+    assert "1.00x" in [c.text for c in tables._benchmark_row(eager)]
 
 
 # --------------------------------------------------------------------------- tune's sanity rules on its rounds

@@ -217,3 +217,38 @@ def test_on_a_gpu_tune_times_tensorrt_engines_and_reads_each_layers_precision_fr
         assert quantized <= set(by_origin["all high"]["runtime_not_low"])  # none of them ran in INT8 there
     finally:
         env.tensorrt_status.cache_clear()
+
+
+def test_timings_that_stay_untrustworthy_end_tune_undecided_and_leave_the_fallback_file_as_it_was(
+        trained, tmp_path, monkeypatch, capsys):
+    """The stage's undecided path: the two calibrations' "all INT8" mixes compile to the same kernels, so they must
+    time alike; here the second one's rounds are made 10x slower every time they are timed (a machine too busy to
+    tell mixes apart, made certain). tune times them again RETIMES times, then ends inconclusive: exit 5, tune.json
+    saying why, and int8_fallback.json byte for byte as it was."""
+    from pipeline import tune
+
+    run = _copy(trained(f"{TUNE_MODELS}:mild_then_severe"), tmp_path)
+    fallback = run / "int8_fallback.json"
+    fallback.write_text(json.dumps({"nodes": ["/late/Conv"], "calibration_method": "max"}))
+    listed(run, "int8_fallback.json")  # as an earlier tune wrote it
+    before = fallback.read_bytes()
+    real, attempts = tune.time_in_rounds, []
+
+    def skewed(t, rivals, sessions, seed=0):
+        real(t, rivals, sessions, seed)
+        attempts.append(seed)
+        slow = [c for c in rivals if c.origin == "all INT8" and not c.high][-1]
+        for batch in t.batches:
+            slow.rounds[batch] = [ms * 10 for ms in slow.rounds[batch]]
+            slow.latency_ms[batch] *= 10
+
+    monkeypatch.setattr(tune, "time_in_rounds", skewed)
+    rc = cli("tune", "--run-dir", run, *FAST, "tune.calibration_methods=[max,entropy]", "tune.same_speed=0.5")
+    err = capsys.readouterr().err
+    assert rc == 5, err
+    assert attempts == list(range(1 + tune.RETIMES))  # timed, then timed again RETIMES times
+    assert fallback.read_bytes() == before
+    assert "undecided" in err and "int8_fallback.json is unchanged" in err
+    report = _tune(run)
+    assert report["chosen"] is None or not report["chosen"].get("high")
+    assert "undecided" in json.dumps(report)

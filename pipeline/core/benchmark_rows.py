@@ -38,6 +38,7 @@ Text = Annotated[str, StringConstraints(max_length=4096)]
 Reason = Annotated[str, StringConstraints(max_length=1 << 16)]  # an error's one line, a crash with its log's path
 Millis = Annotated[float, Field(ge=MIN_MS, le=MAX_MS, allow_inf_nan=False)]
 BatchSize = Annotated[int, Field(ge=1, le=MAX_BATCH)]
+Ratio = Annotated[float, Field(gt=0, allow_inf_nan=False)]  # a ratio of two times
 Kind = Annotated[TimingKind, Field(strict=False)]  # its JSON string
 
 
@@ -125,6 +126,8 @@ class BenchmarkRow(schema.Open):
     deployable: bool = False  # may be named "fastest that passed"
     trtexec: TrtexecCheck | None = None  # trtexec on the same engine (pipeline.runtime.trtexec); absent: not run
     vs_eager: float | None = None
+    # vs_eager's 95 % bootstrap interval over the two rows' runs (timed apart); absent where a side has no runs
+    vs_eager_interval: Annotated[list[Ratio], Field(min_length=2, max_length=2)] | None = None
 
     _legacy = model_validator(mode="before")(kind_from_label)
 
@@ -140,7 +143,7 @@ class BenchmarkRow(schema.Open):
 
     def to_json(self) -> dict[str, Any]:
         """The row as benchmark.json holds it (``trtexec`` only where it ran)."""
-        out = self.model_dump(exclude={"trtexec"})
+        out = self.model_dump(exclude={"trtexec"} | (set() if self.vs_eager_interval else {"vs_eager_interval"}))
         if self.trtexec is None:
             return out
         keys = list(out)
