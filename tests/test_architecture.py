@@ -216,7 +216,6 @@ BACKEND_NAME_HOMES = {
                           "emulation_of_its_graph holds the two together",
     "core/config_schema.py": "the default of deploy.serve_candidate: the schema is the bottom layer; deploy refuses a "
                              "serve_candidate it did not deploy",
-    "deploy.py": "its own table of deployable backends, which issue 44 rewrites (this issue leaves deploy.py to it)",
 }
 
 
