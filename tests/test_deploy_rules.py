@@ -352,3 +352,80 @@ def test_a_release_that_loads_a_graph_loads_every_older_one(opset, ir_version):
     for version in deployment.TRITON_ONNXRUNTIME.values():
         if deployment.onnxruntime_loads(version, opset, ir_version):
             assert deployment.onnxruntime_loads(version, max(7, opset - 1), max(3, ir_version - 1))
+
+
+# --------------------------------------------------------------------------- the exact words (mutation run on main)
+
+
+def test_verify_finished_for_a_verify_that_failed_its_gate_and_for_one_that_broke():
+    assert deployment.verify_finished(Status.FAILED, 1, "a" * 64, "a" * 64)  # judged everything, then failed
+    assert not deployment.verify_finished(Status.FAILED, 4, "a" * 64, "a" * 64)  # broke: partial
+    assert not deployment.verify_finished(Status.FAILED, None, "a" * 64, "a" * 64)
+
+
+def test_a_refusal_names_at_most_five_files_of_each_kind_and_says_when_there_are_more():
+    written = {f"m/{i}": "1" * 64 for i in range(6)}
+    five = {f"x{i}": "3" * 64 for i in range(5)}
+    assert deployment.replace_refusal(five, written) == (
+        "it holds files deploy did not write (x0, x1, x2, x3, x4); nothing there is removed: move them, or name "
+        "another folder")
+    assert deployment.replace_refusal({**five, "x5": "3" * 64}, written) == (
+        "it holds files deploy did not write (x0, x1, x2, x3, x4, …); nothing there is removed: move them, or name "
+        "another folder")
+    changed = {f"m/{i}": "9" * 64 for i in range(5)}
+    assert deployment.replace_refusal(changed, written) == (
+        "it holds files changed since deploy wrote them (m/0, m/1, m/2, m/3, m/4); nothing there is removed: move "
+        "them, or name another folder")
+    assert deployment.replace_refusal({**changed, "m/5": "9" * 64, "x0": "3" * 64}, written) == (
+        "it holds files deploy did not write (x0) and files changed since deploy wrote them (m/0, m/1, m/2, m/3, "
+        "m/4, …); nothing there is removed: move them, or name another folder")
+
+
+def test_every_folder_above_a_file_deploy_wrote_is_its_own():
+    written = {"a/b/c/model.onnx": "1" * 64}
+    on_disk = {"a": "dir", "a/b": "dir", "a/b/c": "dir", **written}
+    assert deployment.replace_refusal(on_disk, written) == ""
+    assert "(a/x)" in deployment.replace_refusal({**on_disk, "a/x": "dir"}, written)
+
+
+def test_batching_triton_s_way_up_to_one_is_a_batch_of_one():
+    assert deployment.served_batch_range(max_batch=1, batch_dim=None, served_max=8) == (1, 1)
+    assert deployment.max_batch_size(batch_dim=None, profile_max=None, served_max=32) == 32  # the backend batches
+    assert deployment.max_batch_size(batch_dim=None, profile_max=8, served_max=32, profile_min=2) == 0
+    assert deployment.max_batch_size(batch_dim=None, profile_max=8, served_max=32, profile_min=1) == 8
+
+
+def test_an_fp16_graph_is_served_in_f16_or_named():
+    assert deployment.precision_mismatch("fp16", "f16") == ""
+    assert deployment.precision_mismatch("fp16", "f32") == "the backend runs it in f32, but verify gated it in fp16"
+
+
+def test_the_last_row_of_a_version_table_says_no_to_what_it_cannot_load():
+    assert deployment.onnxruntime_loads("1.20.1", 22, 10) is False  # the table's last row: it knows
+    assert deployment.onnxruntime_loads("1.21.0", 22, 10) is None  # after it: unknown
+    assert deployment.openvino_loads("2024.5.0", [16]) is False
+    assert deployment.openvino_loads("2025.0.0", [16]) is None
+    assert deployment.openvino_loads("2022.3.0", []) is True  # no operation named: any release reads it
+
+
+@pytest.mark.parametrize("args, line", [
+    ((17, 8), "ONNX opset 17, IR 8: Triton 24.04–26.07 (ONNX Runtime 1.17.3 and later)"),
+    ((21, 10), "ONNX opset 21, IR 10: Triton 24.05–26.07 (ONNX Runtime 1.18.0 and later); not 24.04"),
+    ((22, 11), "ONNX opset 22, IR 11: no Triton release in the table; not 24.04–25.02; unknown for 25.03–26.07"),
+])
+def test_the_onnx_release_line_in_full(args, line):
+    assert deployment.describe_onnx_releases(*args) == line
+
+
+@pytest.mark.parametrize("opsets, line", [
+    ([], "OpenVINO IR up to opset1: Triton 24.05–26.08 (OpenVINO 2023.3.0 and later)"),
+    ([14], "OpenVINO IR up to opset14: Triton 24.06–26.08 (OpenVINO 2024.0.0 and later); not 24.05"),
+    ([16], "OpenVINO IR up to opset16: no Triton release in the table; not 24.05–25.01; unknown for 25.02–26.08"),
+])
+def test_the_openvino_release_line_in_full(opsets, line):
+    assert deployment.describe_openvino_releases(opsets) == line
+
+
+def test_a_span_of_two_releases_names_both_ends():
+    assert deployment._span(["24.06", "24.05"]) == "24.05–24.06"
+    assert deployment._span(["24.05"]) == "24.05"

@@ -217,3 +217,74 @@ def test_an_untimed_run_logs_why(caplog):
     with caplog.at_level(logging.WARNING, logger="pipeline"):
         assert tune.time_candidates(FakeTuner(timed=False), []) is None
     assert caplog.messages == ["tune: speed not measured: no target: stand-in"]
+
+
+class SlowGraphTuner(FakeTuner):
+    """A target on which the mixes made from the graphs named in ``slow`` take three times as long: the "all INT8"
+    mixes of two calibrations compile to the same kernels, so such a difference is the machine's, not theirs."""
+
+    def __init__(self, slow=(), same_speed=0.05):
+        super().__init__()
+        self.slow = set(slow)
+        self.cfg.tune.same_speed = same_speed
+
+    @contextmanager
+    def open(self, model, low):
+        with super().open(model, low) as session:
+            if model != self.fp32_model and model[1] in self.slow:
+                session = Session(timers={b: (lambda f=f: 3 * f()) for b, f in session.timers.items()},
+                                  runtime=session.runtime)
+            yield session
+
+
+def _all_int8(calibration: str) -> Candidate:
+    return Candidate([], "all INT8", {"status": Status.PASSED}, calibration=calibration)
+
+
+def _timed(t: FakeTuner, calibrations: list[str], monkeypatch) -> list[int]:
+    """Times one "all INT8" mix per calibration (each from its own graph); the seeds each set of rounds ran with."""
+    seeds, real = [], tune.time_in_rounds
+
+    def recorded(t, rivals, sessions, seed=0):
+        seeds.append(seed)
+        real(t, rivals, sessions, seed)
+
+    monkeypatch.setattr(tune, "time_in_rounds", recorded)
+    tune.time_candidates(t, [_run(c, [_all_int8(c)], f"{c} graph") for c in calibrations])
+    return seeds
+
+
+def test_twins_timed_apart_are_timed_again_each_round_seeded_anew_and_the_log_names_only_the_pair_that_differs(
+        monkeypatch, caplog):
+    import logging
+
+    t = SlowGraphTuner(slow={"entropy graph", "percentile graph"})
+    with caplog.at_level(logging.WARNING, logger="pipeline"):
+        seeds = _timed(t, ["max", "entropy", "percentile"], monkeypatch)
+    assert seeds == list(range(1 + tune.RETIMES))  # timed, then again RETIMES times, each with its own seed
+    assert t.sessions_timed == 1 + tune.RETIMES
+    assert not t.sanity["trustworthy"] and t.sanity["attempts"] == 1 + tune.RETIMES
+    checks = t.sanity["checks"]
+    assert [c["sane"] for c in checks] == [False, True]  # max/entropy apart; entropy/percentile alike
+    assert all(set(c["ratios"]) == {"1", "8"} for c in checks)  # at every timed batch
+    assert caplog.messages == [f"tune: the timings are not trustworthy (attempt {i} of {1 + tune.RETIMES}): "
+                               f"{checks[0]['text']}" for i in range(1, 2 + tune.RETIMES)]
+    assert checks[0]["text"].startswith("all INT8 (entropy) over all INT8 (max): ")
+
+
+def test_twins_that_time_alike_are_timed_once_and_the_band_is_tune_same_speed(monkeypatch):
+    alike = SlowGraphTuner()
+    assert _timed(alike, ["max", "entropy"], monkeypatch) == [0]
+    assert alike.sanity["trustworthy"] and alike.sanity["attempts"] == 1 and len(alike.sanity["checks"]) == 1
+    # three times as slow is within a same-speed band of x6 (tune.same_speed=5): alike, timed once
+    wide = SlowGraphTuner(slow={"entropy graph"}, same_speed=5.0)
+    assert _timed(wide, ["max", "entropy"], monkeypatch) == [0]
+    assert wide.sanity["trustworthy"] and wide.sanity["checks"][0]["sane"]
+    narrow = SlowGraphTuner(slow={"entropy graph"})
+    assert _timed(narrow, ["max", "entropy"], monkeypatch) == list(range(1 + tune.RETIMES))
+
+
+def test_the_speed_baseline_is_an_fp32_deployment_that_passed_with_no_layer_raised():
+    baseline = tune.time_candidates(FakeTuner(), [_run("max", [_cand([], 0.0)], "g")])
+    assert baseline.high == [] and baseline.fp32 == [] and baseline.result == {"status": Status.PASSED}
+    assert baseline.origin == tune.FP32_REFERENCE and baseline.calibration in ("", None)
