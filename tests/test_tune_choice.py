@@ -272,6 +272,18 @@ def test_twins_timed_apart_are_timed_again_each_round_seeded_anew_and_the_log_na
     assert checks[0]["text"].startswith("all INT8 (entropy) over all INT8 (max): ")
 
 
+def test_every_pair_timed_apart_is_named_in_the_retime_log(monkeypatch, caplog):
+    import logging
+
+    t = SlowGraphTuner(slow={"entropy graph"})  # max/entropy and entropy/percentile both apart
+    with caplog.at_level(logging.WARNING, logger="pipeline"):
+        _timed(t, ["max", "entropy", "percentile"], monkeypatch)
+    checks = t.sanity["checks"]
+    assert [c["sane"] for c in checks] == [False, False]
+    assert caplog.messages[-1] == (f"tune: the timings are not trustworthy (attempt {1 + tune.RETIMES} of "
+                                   f"{1 + tune.RETIMES}): {checks[0]['text']}; {checks[1]['text']}")
+
+
 def test_twins_that_time_alike_are_timed_once_and_the_band_is_tune_same_speed(monkeypatch):
     alike = SlowGraphTuner()
     assert _timed(alike, ["max", "entropy"], monkeypatch) == [0]
