@@ -345,6 +345,63 @@ def test_all_on_the_embedded_detection_set(tmp_path, capsys):
     export = json.loads((run / "manifest.json").read_text())["stages"]["export"]["details"]
     assert export["fp16"]["fp32_by_rule"]["nodes"] > 0  # the decode and NMS stay in FP32, and it says so
     assert export["exporter_warnings"] == []  # the static height and width are the design, not a tracer problem
+    verify_md = (run / "verify.md").read_text()
+    assert "| matched boxes | mAP@0.5:0.95 (ref) |" in verify_md and "top-1" not in verify_md  # a detector's columns
+    verify = json.loads((run / "manifest.json").read_text())["stages"]["verify"]
+    assert "verify_boxes.png" in verify["artifacts"]  # drawn, and recorded as verify's
+    assert cli("report", "--run-dir", run) == 0
+    import base64
+    import html as html_mod
+
+    page = (run / "report.html").read_text()
+    title = html_mod.escape("Validation images: the reference's boxes and a candidate's (a detector)")
+    head = f"<figcaption>{title}</figcaption><img alt='{title}' src='data:image/png;base64,"
+    assert head in page, "report.html does not show verify_boxes.png"
+    embedded = page[page.index(head) + len(head):].split("'", 1)[0]
+    assert base64.b64decode(embedded) == (run / "verify_boxes.png").read_bytes()  # the drawing verify wrote
+
+
+def _colour_pixels(path: Path) -> dict[str, int]:
+    """How many pixels of the drawing are the reference's box colour (lime) and the candidate's (red)."""
+    from PIL import Image
+
+    with Image.open(path) as img:
+        rgb = np.asarray(img.convert("RGB")).astype(int)
+    r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
+    return {"lime": int(((g > 200) & (r < 80) & (b < 80)).sum()), "red": int(((r > 200) & (g < 80) & (b < 80)).sum())}
+
+
+@pytest.mark.parametrize(("ref_score", "cand_score"), [(0.29, 0.9), (0.9, 0.29)])  # each side under and over
+def test_verify_boxes_draws_exactly_the_boxes_scored_at_least_the_minimum(tmp_path, ref_score, cand_score):
+    from pipeline.reports import detection_plot
+
+    images = np.zeros((2, 3, 32, 32), np.float32)  # grey once the mean is added back: no colour of its own
+    box = [4.0, 4.0, 24.0, 24.0]
+    reference = np.array([[box + [ref_score, 0.0]]] * 2, np.float32)
+    candidate = np.array([[box + [cand_score, 1.0]]] * 2, np.float32)
+    path = tmp_path / "verify_boxes.png"
+    detection_plot.draw(path, images, np.full((1, 1, 3), 0.5), np.ones((1, 1, 3)), reference, candidate, "int8_exact",
+                        ["a", "b"], 0.3)
+    colours = _colour_pixels(path)
+    assert (colours["lime"] > 0) == (ref_score >= 0.3) and (colours["red"] > 0) == (cand_score >= 0.3), colours
+
+
+def test_verify_boxes_shows_the_first_failed_candidate_else_the_lowest_precision_that_ran():
+    from types import SimpleNamespace as C
+
+    from pipeline.reports import detection_plot
+
+    fp16 = C(name="fp16", gates=True, status=Status.PASSED, precision="fp16")
+    int8 = C(name="int8", gates=True, status=Status.INCONCLUSIVE, precision="int8")
+    bf16_failed = C(name="bf16", gates=True, status=Status.FAILED, precision="bf16")
+    fp16_failed = C(name="fp16b", gates=True, status=Status.FAILED, precision="fp16")
+    report_only = C(name="ort_int8", gates=False, status=Status.FAILED, precision="int8")
+    skipped = C(name="trt_int8", gates=True, status=Status.SKIPPED, precision="int8")
+    assert detection_plot.chosen([fp16, int8]) is int8
+    assert detection_plot.chosen([int8, fp16]) is int8
+    assert detection_plot.chosen([fp16, int8, bf16_failed, fp16_failed]) is bf16_failed
+    assert detection_plot.chosen([report_only, skipped, fp16]) is fp16
+    assert detection_plot.chosen([report_only, skipped]) is None
 
 
 # --------------------------------------------------------------------------- planted faults
