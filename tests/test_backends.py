@@ -287,14 +287,15 @@ def test_the_pytorch_fp32_gpu_row_follows_build_tf32_and_says_so(tf32):
     assert words in backends.label(backends.by_name("torch_fp32"), cfg)
 
 
-def test_the_torch_backends_pass_build_tf32_to_the_runner(monkeypatch):
+@pytest.mark.parametrize("tf32", [False, True])  # both: a row fixed at PyTorch's default (TF32 on) must fail one
+def test_the_torch_backends_pass_build_tf32_to_the_runner(monkeypatch, tf32):
     from pipeline import config
     from pipeline.runtime import runners
 
     made = []
     monkeypatch.setattr(runners, "TorchRunner", lambda model, **kw: made.append(kw) or kw)
-    cfg = config.resolve(overrides=["build.tf32=true"])
+    cfg = config.resolve(overrides=[f"build.tf32={str(tf32).lower()}"])
     ctx = types.SimpleNamespace(gpu=True, cfg=cfg, model=None, spec={"input_name": "x", "output_name": "y",
                                                                      "input_size": [3, 8, 8]})
     backends.by_name("torch_fp32").make(ctx)
-    assert made[0]["tf32"] is True and made[0]["device"] == "cuda"
+    assert made[0]["tf32"] is tf32 and made[0]["device"] == "cuda"
