@@ -14,6 +14,8 @@ import shutil
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import cli
 
@@ -140,3 +142,20 @@ def test_outputs_off_the_reference_fail_the_gate(tmp_path):
     bad = served.check_model(model, lying, images, labels, reference, "logits", 0.95)
     assert ok["verdict"] == "passed" and [c["batch"] for c in ok["checks"]] == [1, 8, 1]
     assert bad["verdict"] == "failed" and "failed verify's fp32 criteria against the FP32 reference" in bad["reason"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(images=st.integers(1, 40), batch=st.integers(1, 32), concurrency=st.integers(1, 8))
+def test_every_image_is_answered_in_order_and_the_largest_batch_is_always_sent(images, batch, concurrency):
+    from pipeline.evaluation import served
+
+    data = np.arange(images * 2, dtype=np.float32).reshape(images, 2)
+    sizes = []
+
+    def send(name, x):
+        sizes.append(len(x))
+        return x.sum(axis=1)  # each image's own answer
+
+    out = served.send_all(send, "m", data, served.Arrangement(f"batch {batch}", batch, concurrency))
+    np.testing.assert_array_equal(out, data.sum(axis=1))
+    assert max(sizes) == batch and all(size <= batch for size in sizes), sizes

@@ -77,7 +77,11 @@ def file_problems(repository: Path, files: dict[str, str]) -> list[str]:
 
 def send_all(send: Send, name: str, images: np.ndarray, arrangement: Arrangement) -> np.ndarray:
     """Every image sent in requests of ``arrangement.batch`` by ``arrangement.concurrency`` clients; the outputs in
-    image order. The first failed request is raised."""
+    image order. The first failed request is raised. Fewer images than one request carries are repeated to fill it
+    and the extra answers dropped: the largest batch is always sent, never only a short one."""
+    if 0 < len(images) < arrangement.batch:
+        filled = np.resize(images, (arrangement.batch, *images.shape[1:]))  # image i again at i + len(images), ...
+        return send_all(send, name, filled, arrangement)[:len(images)]
     starts = list(range(0, len(images), arrangement.batch))
     outputs: list[np.ndarray | None] = [None] * len(starts)
     errors: list[BaseException] = []
