@@ -84,7 +84,7 @@ class Artifact(Strict):
 
     def to_json(self) -> dict[str, Any]:
         rows = None if self.batch_sizes is None else [r.to_json() for r in self.batch_sizes]
-        return {**self.model_dump(exclude={"batch_sizes"}), "batch_sizes": rows}
+        return {**self.model_dump(), "batch_sizes": rows}  # verify's rows, as verify wrote them
 
 
 class LatencyRow(Strict):
@@ -139,9 +139,7 @@ class Meta(Strict):
 
     def to_json(self) -> dict[str, Any]:
         """``baseline.json``'s payload: the one serialiser of the file (the keys and order of release 0.1.0)."""
-        head = self.model_dump(by_alias=True, exclude={"artifacts", "latency"})
-        return {**head, "artifacts": [a.to_json() for a in self.artifacts],
-                "latency": [r.model_dump() for r in self.latency]}
+        return {**self.model_dump(by_alias=True), "artifacts": [a.to_json() for a in self.artifacts]}
 
 
 Made = TypeVar("Made")

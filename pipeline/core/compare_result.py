@@ -249,9 +249,8 @@ class CompareResult(Record):
     def to_json(self) -> dict[str, Any]:
         """compare.json's payload: the one serialiser of the file (NaN and infinities are written as strings by
         :func:`pipeline.reports.verify_report.write_reports`)."""
-        head = self.model_dump(by_alias=True, exclude={"artifacts", "latency", "passed"})
-        return {**head, "artifacts": [a.to_json() for a in self.artifacts],
-                "latency": [r.to_json() for r in self.latency], "passed": self.passed}
+        return {**self.model_dump(by_alias=True),  # the entries in their places, by their own serialisers
+                "artifacts": [a.to_json() for a in self.artifacts], "latency": [r.to_json() for r in self.latency]}
 
 
 def from_json(payload: Any, where: str | Path = "compare.json") -> CompareResult:
