@@ -217,6 +217,7 @@ def test_an_infinite_drift_is_written_as_a_string_and_read_back_as_infinite(comp
     (lambda p: p["latency"][0].update(timing_kind="sundial"), "timing_kind"),
     (lambda p: p.update(artifacts=p["artifacts"] * 20), "artifacts"),
     (lambda p: p["artifacts"][0].update(extra=1), "extra"),
+    (lambda p: p.update(inconclusive_policy="maybe"), "inconclusive_policy"),
 ])
 def test_a_damaged_compare_json_is_one_input_error(compared, tmp_path, edit, problem):
     payload = json.loads(compared.read_text())

@@ -23,6 +23,7 @@ from pipeline.core import schema
 from pipeline.core.benchmark_rows import BatchSize, Kind
 from pipeline.core.bundle_schema import MAX_ARTIFACTS, MAX_CLASSES, MAX_IMAGES, MAX_ROWS, BatchRow, Name
 from pipeline.core.status import Status
+from pipeline.core.verdicts import InconclusivePolicy
 
 SCHEMA = "pipeline.compare/1"
 Text = Annotated[str, StringConstraints(max_length=4096)]
@@ -238,7 +239,7 @@ class CompareResult(Record):
     model: Text
     baseline: BaselineRef
     thresholds: Thresholds
-    inconclusive_policy: Text
+    inconclusive_policy: InconclusivePolicy  # verify.inconclusive, as verify ran with it
     images: Count
     environment: Annotated[list[EnvChange], Field(max_length=64)]
     environment_summary: Reason
