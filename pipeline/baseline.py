@@ -25,7 +25,8 @@ from pathlib import Path
 
 from pipeline.core import artifacts, benchmark_rows, bundle_schema, env, schema, verdicts, verify_rows
 from pipeline.core.benchmark_rows import BenchmarkRow
-from pipeline.core.bundle_schema import Meta
+from pipeline.core.bundle_schema import Artifact, Environment, LatencyRow, Meta, made
+from pipeline.core.compare_result import EnvChange
 from pipeline.core.errors import InputError, UsageError
 from pipeline.core.run import RunDir, atomic_write, confined, now, open_confined, read_json, sha256_file
 from pipeline.core.verify_rows import CandidateRow
@@ -65,17 +66,17 @@ def environment(collected: dict) -> dict:
     }
 
 
-def env_diff(before: dict, after: dict) -> list[dict]:
-    """Every key whose value changed: ``{"what", "baseline", "run"}``; versions printed as "10.13 -> 11.4"."""
-    return [{"what": key, "baseline": before.get(key), "run": after.get(key)}
-            for key in sorted(set(before) | set(after)) if before.get(key) != after.get(key)]
+def env_diff(before: Environment, after: Environment) -> list[EnvChange]:
+    """Every fact whose value changed, by name; versions printed as "10.13 -> 11.4"."""
+    pairs = ((name, getattr(before, name), getattr(after, name)) for name in sorted(Environment.model_fields))
+    return [EnvChange(what=name, baseline=then, run=now_) for name, then, now_ in pairs if then != now_]
 
 
-def describe_env_diff(rows: list[dict]) -> str:
+def describe_env_diff(rows: list[EnvChange]) -> str:
     """One phrase: "tensorrt 10.13 -> 11.4, driver 580 -> 590"; "no change" when empty. The bundle's text is
     shown through :func:`pipeline.core.schema.printable` (no escape sequence, no newline, bounded)."""
-    return ", ".join(f"{r['what']} {schema.printable(r['baseline'] or '(none)', 80)} -> "
-                     f"{schema.printable(r['run'] or '(none)', 80)}" for r in rows) or "no change"
+    return ", ".join(f"{r.what} {schema.printable(r.baseline or '(none)', 80)} -> "
+                     f"{schema.printable(r.run or '(none)', 80)}" for r in rows) or "no change"
 
 
 # --------------------------------------------------------------------------- reading a run
@@ -130,21 +131,21 @@ def latency_rows(run: RunDir, consumer: str) -> list[BenchmarkRow]:
     return [r for r in benchmark_rows.read(path).results if r.samples_ms]
 
 
-def _latency_entries(run: RunDir) -> list[dict]:
-    keep = ("backend", "precision", "device", "batch_size", "timing", "timing_kind", "verify", "samples_ms")
-    rows = [{k: getattr(row, k) for k in keep} for row in latency_rows(run, "baseline")]
+def _latency_entries(run: RunDir) -> list[LatencyRow]:
+    rows = [LatencyRow(backend=r.backend, precision=r.precision, device=r.device, batch_size=r.batch_size,
+                       timing=r.timing, timing_kind=r.timing_kind, verify=r.verify, samples_ms=r.samples_ms)
+            for r in latency_rows(run, "baseline")]
     if not rows:
         raise UsageError(f"{run.path}: benchmark.json has no timed rows: nothing to hold latency to (run "
                          "benchmark with at least one backend)")
     return rows
 
 
-def _artifact_entry(candidate: CandidateRow, verdict: str, top1, labels, classes: list[str]) -> dict:
-    return {"name": candidate.name, "precision": candidate.precision, "artifact": candidate.artifact,
-            "artifact_sha256": candidate.artifact_sha256, "verdict": verdict,
-            "accuracy": float((top1 == labels).mean()),
-            "per_class_accuracy": drift.per_class_accuracy(top1, labels, classes),
-            "batch_sizes": candidate.batch_sizes}
+def _artifact_entry(candidate: CandidateRow, verdict: str, top1, labels, classes: list[str]) -> Artifact:
+    return Artifact(name=candidate.name, precision=candidate.precision, artifact=candidate.artifact,
+                    artifact_sha256=candidate.artifact_sha256, verdict=verdict, accuracy=float((top1 == labels).mean()),
+                    per_class_accuracy=drift.per_class_accuracy(top1, labels, classes),
+                    batch_sizes=candidate.batch_sizes)
 
 
 def _passed_candidates(run: RunDir) -> list[tuple[CandidateRow, str]]:
@@ -175,24 +176,21 @@ def write(run: RunDir, out: Path) -> Path:
         raise InputError(f"{run.file(artifacts.VERIFY_PREDICTIONS)} has no predictions of the reference "
                          f"({predictions.REFERENCE}): re-run verify")
     kept = [(c, v) for c, v in candidates if c.name in preds.top5]
-    meta = {
-        "schema": SCHEMA, "created": now(), "run_dir": str(run.path), "model": card["model"],
-        "classes": classes, "input_size": card["spec"]["input_size"], "model_card": card,
-        "config": config_mod.load_yaml_file(run.file(artifacts.CONFIG)) if run.file(artifacts.CONFIG).is_file()
-        else None,
-        "environment": environment((run.manifest or {}).get("environment") or env.collect()),
-        "images": len(preds.names), "predictions_sha256": "",
-        "artifacts": [_artifact_entry(c, v, preds.top5[c.name].top1, preds.labels, classes) for c, v in kept],
-        "latency": _latency_entries(run),
-    }
     shown = {predictions.REFERENCE, *(c.name for c, _ in kept)}
     data = predictions.to_bytes(predictions.as_arrays(Predictions(
         preds.names, preds.labels, preds.digests, {k: v for k, v in preds.top5.items() if k in shown})))
-    meta["predictions_sha256"] = hashlib.sha256(data).hexdigest()
-    schema.validate(meta, Meta, out / META, "baseline bundle")  # what compare will read back, checked before writing
+    config = config_mod.load_yaml_file(run.file(artifacts.CONFIG)) if run.file(artifacts.CONFIG).is_file() else None
+    facts = environment((run.manifest or {}).get("environment") or env.collect())
+    meta = made(lambda: Meta(  # what compare will read back, checked before writing
+        schema=SCHEMA, created=now(), run_dir=str(run.path), model=card["model"], classes=classes,
+        input_size=card["spec"]["input_size"], model_card=card, config=config, environment=Environment(**facts),
+        images=len(preds.names), predictions_sha256=hashlib.sha256(data).hexdigest(),
+        artifacts=[_artifact_entry(c, v, preds.top5[c.name].top1, preds.labels, classes) for c, v in kept],
+        latency=_latency_entries(run)), out / META)
     folder = _folder(out)
     atomic_write(confined(folder, PREDICTIONS, BUNDLE_FOLDER), data)
-    atomic_write(confined(folder, META, BUNDLE_FOLDER), json.dumps(meta, indent=1, sort_keys=False, default=str) + "\n")
+    atomic_write(confined(folder, META, BUNDLE_FOLDER),
+                 json.dumps(meta.to_json(), indent=1, sort_keys=False, default=str) + "\n")
     return out
 
 

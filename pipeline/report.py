@@ -124,7 +124,7 @@ def sections(run: RunDir, cfg: Config) -> dict:
     if compared is not None:  # the release gate against a baseline bundle (pipeline/compare.py)
         from pipeline.reports import compare_report
 
-        body += _built(artifacts.COMPARE_JSON, compare_report.sections, compared)
+        body += _built(artifacts.COMPARE_JSON, compare_report.payload_sections, compared)
     deployed = _load(run, artifacts.DEPLOY_JSON)
     if deployed is not None:  # the Triton repository and, after --serve, the served numbers (pipeline/deploy.py)
         from pipeline.reports import deploy_report

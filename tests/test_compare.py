@@ -530,9 +530,13 @@ def test_bundle_text_is_shown_printable(bundled, capsys):
 
 @pytest.mark.parametrize("value,shown", [(2.2345, "2.23"), (1e-12 / 3.6, "2.78e-13"), (3.6e12, "3.6e+12"), (1.0, "1")])
 def test_ratios_print_with_three_significant_digits(value, shown):
+    from pipeline.core.compare_result import LatencyComparison
+    from pipeline.core.status import Status
+    from pipeline.core.timings import TimingKind
     from pipeline.reports import compare_report
 
     assert compare_report.ratio(value) == shown
-    reason = compare_report.latency_reason({"baseline_p50_ms": 1e-6, "run_p50_ms": 3.6e6, "ratio": value,
-                                            "ci_low": value, "ci_high": value, "threshold": 3.0})
+    reason = compare_report.latency_reason(LatencyComparison(
+        backend="onnxrt_fp32", batch_size=1, timing=None, timing_kind=TimingKind.CPU_CALL, status=Status.FAILED,
+        baseline_p50_ms=1e-6, run_p50_ms=3.6e6, ratio=value, ci_low=value, ci_high=value, threshold=3.0))
     assert len(reason) < 120, reason

@@ -112,21 +112,21 @@ def test_a_verdict_that_counts_as_passed_with_predictions_is_compared(verdict, p
 
 def test_agreement_passes_at_full_agreement_and_fails_far_below():
     same = np.zeros(48, int)
-    assert drift.agreement(same, same, 0.99, 0.95)["status"] == Status.PASSED
+    assert drift.agreement(same, same, 0.99, 0.95).status == Status.PASSED
     result = drift.agreement(same, same + 1, 0.99, 0.95)
-    assert result["status"] == Status.FAILED and result["value"] == 0.0
+    assert result.status == Status.FAILED and result.value == 0.0
 
 
 def test_one_flip_in_48_images_is_inconclusive_not_failed():
     base, run = np.zeros(48, int), np.zeros(48, int)
     run[0] = 1
     result = drift.agreement(base, run, 0.99, 0.95)
-    assert result["status"] == Status.INCONCLUSIVE and result["value"] == pytest.approx(47 / 48)
+    assert result.status == Status.INCONCLUSIVE and result.value == pytest.approx(47 / 48)
 
 
 def test_a_higher_confidence_widens_the_agreement_bound():
     base, run = np.zeros(48, int), np.r_[np.ones(3, int), np.zeros(45, int)]
-    assert drift.agreement(base, run, 0.99, 0.99)["upper_bound"] > drift.agreement(base, run, 0.99, 0.8)["upper_bound"]
+    assert drift.agreement(base, run, 0.99, 0.99).upper_bound > drift.agreement(base, run, 0.99, 0.8).upper_bound
 
 
 def test_accuracy_change_counts_lost_and_gained_the_right_way_round():
@@ -134,18 +134,18 @@ def test_accuracy_change_counts_lost_and_gained_the_right_way_round():
     base = np.array([0, 1, 0, 1])  # right on images 0, 1
     run = np.array([1, 1, 2, 1])  # right on images 1, 2: lost image 0, gained image 2
     result = drift.accuracy_change(base, run, labels, 0.01, 0.95)
-    assert (result["lost"], result["gained"]) == (1, 1)
-    assert result["baseline_accuracy"] == 0.5 and result["accuracy"] == 0.5 and result["value"] == 0
+    assert (result.lost, result.gained) == (1, 1)
+    assert result.baseline_accuracy == 0.5 and result.accuracy == 0.5 and result.value == 0
     worse = drift.accuracy_change(base, np.array([1, 0, 0, 1]), labels, 0.01, 0.95)
-    assert (worse["lost"], worse["gained"], worse["value"]) == (2, 0, 0.5)
+    assert (worse.lost, worse.gained, worse.value) == (2, 0, 0.5)
 
 
 def test_losing_every_image_fails_the_accuracy_check_and_gaining_them_passes():
     labels = np.zeros(48, int)
     lost = drift.accuracy_change(labels, labels + 1, labels, 0.01, 0.95)
-    assert lost["status"] == Status.FAILED and lost["lost"] == 48
+    assert lost.status == Status.FAILED and lost.lost == 48
     gained = drift.accuracy_change(labels + 1, labels, labels, 0.01, 0.95)
-    assert gained["status"] == Status.PASSED and gained["gained"] == 48 and gained["value"] == -1
+    assert gained.status == Status.PASSED and gained.gained == 48 and gained.value == -1
 
 
 def test_logit_drift_is_the_largest_absolute_change_over_the_scale():
@@ -172,23 +172,23 @@ def test_logit_drift_refuses_other_shapes_and_a_scale_that_is_not_positive(base,
 
 def test_drift_at_the_threshold_passes_and_above_it_fails():
     at = drift.drift_check(np.full(10, 0.05), 0.99, 0.05)
-    assert at["status"] == Status.PASSED and at["value"] == 0.05 and at["threshold"] == 0.05
-    assert drift.drift_check(np.full(10, 0.0500001), 0.99, 0.05)["status"] == Status.FAILED
-    assert drift.drift_check(np.array([np.nan, 0.0]), 0.5, 0.05)["status"] == Status.FAILED
+    assert at.status == Status.PASSED and at.value == 0.05 and at.threshold == 0.05
+    assert drift.drift_check(np.full(10, 0.0500001), 0.99, 0.05).status == Status.FAILED
+    assert drift.drift_check(np.array([np.nan, 0.0]), 0.5, 0.05).status == Status.FAILED
 
 
 def test_drift_is_held_at_the_quantile_image():
     values = np.arange(101) / 100  # 0.00 .. 1.00
     result = drift.drift_check(values, 0.9, 0.89)
-    assert result["value"] == pytest.approx(0.9) and result["status"] == Status.FAILED and result["quantile"] == 0.9
-    assert drift.drift_check(values, 0.5, 0.5)["status"] == Status.PASSED
-    assert (result["p50"], result["p90"], result["p99"], result["max"]) == pytest.approx((0.5, 0.9, 0.99, 1.0))
+    assert result.value == pytest.approx(0.9) and result.status == Status.FAILED and result.quantile == 0.9
+    assert drift.drift_check(values, 0.5, 0.5).status == Status.PASSED
+    assert (result.p50, result.p90, result.p99, result.max) == pytest.approx((0.5, 0.9, 0.99, 1.0))
 
 
 def test_per_class_accuracy_and_its_changes():
     labels, base, run = np.array([0, 0, 1, 1]), np.array([0, 0, 1, 0]), np.array([0, 1, 1, 1])
     assert drift.per_class_accuracy(base, labels, CLASSES) == {"cat": 1.0, "dog": 0.5, "bird": None}
-    assert drift.per_class_changes(base, run, labels, CLASSES) == [
+    assert [c.to_json() for c in drift.per_class_changes(base, run, labels, CLASSES)] == [
         {"class": "cat", "baseline": 1.0, "run": 0.5, "delta": -0.5},
         {"class": "dog", "baseline": 0.5, "run": 1.0, "delta": 0.5}]
 
@@ -196,7 +196,7 @@ def test_per_class_accuracy_and_its_changes():
 def test_flips_name_each_changed_image_with_its_label_and_both_classes():
     out = drift.flips(np.array([0, 1, 2]), np.array([0, 2, 2]), np.array([0, 1, 1]), np.array(["a", "b", "c"]),
                       CLASSES)
-    assert out == [{"image": "b", "label": "dog", "baseline": "dog", "run": "bird"}]
+    assert [f.to_json() for f in out] == [{"image": "b", "label": "dog", "baseline": "dog", "run": "bird"}]
 
 
 def _artifact(base_classes, run_classes, base_logits=None, run_logits=None, labels=None):
@@ -211,27 +211,27 @@ def _artifact(base_classes, run_classes, base_logits=None, run_logits=None, labe
 def test_an_identical_artifact_passes_with_nothing_flipped():
     same = np.tile([0, 1], (48, 1))
     result = _artifact(same, same)
-    assert result["status"] == Status.PASSED and result["flipped"] == [] and drift.failed_checks(result) == []
-    assert result["drift"]["value"] == 0.0 and result["agreement"]["value"] == 1.0
+    assert result.status == Status.PASSED and result.flipped == [] and drift.failed_checks(result) == []
+    assert result.drift.value == 0.0 and result.agreement.value == 1.0
 
 
 def test_only_the_top1_column_decides_flips():
     base, run = np.tile([0, 1], (48, 1)), np.tile([0, 2], (48, 1))
-    assert _artifact(base, run)["status"] == Status.PASSED
+    assert _artifact(base, run).status == Status.PASSED
 
 
 def test_logit_drift_alone_fails_an_artifact():
     same = np.tile([0, 1], (48, 1))
     base_logits = np.tile([2.0, 1.0], (48, 1))
     result = _artifact(same, same, base_logits, base_logits + [0.0, 0.5])
-    assert result["status"] == Status.FAILED and drift.failed_checks(result) == ["drift"]
+    assert result.status == Status.FAILED and drift.failed_checks(result) == ["drift"]
 
 
 def test_every_failed_check_is_named_in_order():
     base, run = np.tile([0, 1], (48, 1)), np.tile([1, 0], (48, 1))
     result = _artifact(base, run, run_logits=np.tile([5.0, 1.0], (48, 1)))
-    assert result["status"] == Status.FAILED and drift.failed_checks(result) == ["agreement", "accuracy", "drift"]
-    assert len(result["flipped"]) == 48 and result["per_class"][0]["delta"] == -1.0
+    assert result.status == Status.FAILED and drift.failed_checks(result) == ["agreement", "accuracy", "drift"]
+    assert len(result.flipped) == 48 and result.per_class[0].delta == -1.0
 
 
 def test_an_inconclusive_check_makes_the_artifact_inconclusive_not_failed():
@@ -239,7 +239,7 @@ def test_an_inconclusive_check_makes_the_artifact_inconclusive_not_failed():
     run[0] = [1, 0]
     labels = np.ones(48, int)  # both wrong on every image but one: no accuracy lost
     result = _artifact(base, run, labels=labels)
-    assert result["agreement"]["status"] == Status.INCONCLUSIVE and result["status"] == Status.INCONCLUSIVE
+    assert result.agreement.status == Status.INCONCLUSIVE and result.status == Status.INCONCLUSIVE
     assert drift.failed_checks(result) == []
 
 
@@ -300,23 +300,23 @@ def test_the_lower_end_of_the_interval_decides_at_the_threshold():
 def test_a_regression_is_failed_with_its_numbers():
     result = drift.latency_check(np.full(30, 1.0), np.full(25, 4.0), max_ratio=3.0, resamples=100, confidence=0.95,
                                  seed=0)
-    assert result == {"status": Status.FAILED, "ratio": 4.0, "ci_low": 4.0, "ci_high": 4.0, "threshold": 3.0,
+    assert result.to_json() == {"status": Status.FAILED, "ratio": 4.0, "ci_low": 4.0, "ci_high": 4.0, "threshold": 3.0,
                       "baseline_p50_ms": 1.0, "run_p50_ms": 4.0, "baseline_samples": 30, "run_samples": 25}
     at = drift.latency_check(np.full(30, 1.0), np.full(30, 3.0), max_ratio=3.0, resamples=100, confidence=0.95, seed=0)
-    assert at["status"] == Status.PASSED
+    assert at.status == Status.PASSED
 
 
 def test_an_interval_that_only_reaches_above_the_threshold_passes():
     base = np.full(41, 1.0)
     run = np.r_[np.full(20, 1.0), np.full(21, 5.0)]  # the median sits on the edge: the interval spans [1, 5]
     result = drift.latency_check(base, run, max_ratio=3.0, resamples=400, confidence=0.95, seed=0)
-    assert result["ci_low"] < 3.0 < result["ci_high"] and result["status"] == Status.PASSED
+    assert result.ci_low < 3.0 < result.ci_high and result.status == Status.PASSED
 
 
 def test_a_speed_up_never_fails():
     result = drift.latency_check(np.full(30, 10.0), np.full(30, 1.0), max_ratio=1.01, resamples=100, confidence=0.95,
                                  seed=0)
-    assert result["ratio"] == 0.1 and result["status"] == Status.PASSED
+    assert result.ratio == 0.1 and result.status == Status.PASSED
 
 
 def _series(samples, backend="onnxrt_fp32", batch=1, kind=TimingKind.CPU_CALL, label="wall-clock"):
@@ -325,17 +325,17 @@ def _series(samples, backend="onnxrt_fp32", batch=1, kind=TimingKind.CPU_CALL, l
 
 def test_a_row_timed_in_the_baseline_and_not_here_is_missing():
     row = drift.latency_row(_series([1.0, 3.0]), None, T, seed=0)
-    assert row["status"] == Status.MISSING and "not in this run's benchmark.json" in row["reason"]
-    assert row["baseline_p50_ms"] == 2.0 and row["run_p50_ms"] is None and row["ratio"] is None
+    assert row.status == Status.MISSING and "not in this run's benchmark.json" in row.reason
+    assert row.baseline_p50_ms == 2.0 and row.run_p50_ms is None and row.ratio is None
 
 
 @pytest.mark.parametrize("base_n, run_n, judged", [(20, 20, True), (19, 30, False), (30, 19, False), (21, 40, True)])
 def test_a_row_is_judged_only_with_min_samples_on_both_sides(base_n, run_n, judged):
     row = drift.latency_row(_series(np.full(base_n, 1.0)), _series(np.full(run_n, 2.0)), T, seed=0)
-    assert (row["status"] == Status.PASSED) is judged
+    assert (row.status == Status.PASSED) is judged
     if not judged:
-        assert row["status"] == Status.SKIPPED and row["ratio"] is None and row["run_p50_ms"] == 2.0
-        assert row["reason"] == f"{min(base_n, run_n)} timed runs, fewer than compare.min_samples (20)"
+        assert row.status == Status.SKIPPED and row.ratio is None and row.run_p50_ms == 2.0
+        assert row.reason == f"{min(base_n, run_n)} timed runs, fewer than compare.min_samples (20)"
 
 
 def test_rows_are_matched_by_backend_batch_and_timing_kind_and_seeded_by_position():
@@ -346,11 +346,11 @@ def test_rows_are_matched_by_backend_batch_and_timing_kind_and_seeded_by_positio
     here = [_series(rng.uniform(1, 2, 30), kind=host, label="host"), _series(rng.uniform(1, 2, 30), batch=4),
             _series(rng.uniform(1, 2, 30), kind=TimingKind.GPU_COMPUTE, label="device")]
     rows = drift.compare_latency(noisy, here, T)
-    assert [r["status"] for r in rows] == [Status.MISSING, Status.PASSED, Status.PASSED]
-    assert [r["timing_kind"] for r in rows] == [TimingKind.CPU_CALL, TimingKind.CPU_CALL, host]
+    assert [r.status for r in rows] == [Status.MISSING, Status.PASSED, Status.PASSED]
+    assert [r.timing_kind for r in rows] == [TimingKind.CPU_CALL, TimingKind.CPU_CALL, host]
     expected = drift.latency_check(noisy[1].samples_ms, here[1].samples_ms, max_ratio=3.0, resamples=200,
                                    confidence=0.95, seed=T.seed + 1)
-    assert rows[1]["ci_low"] == expected["ci_low"] and rows[1]["batch_size"] == 4
+    assert rows[1].ci_low == expected.ci_low and rows[1].batch_size == 4
 
 
 @FAST
@@ -369,9 +369,8 @@ def test_rewording_timing_labels_changes_no_comparison(rows, data):
 
     plain = drift.compare_latency(side([k.value for k, _, _ in rows], 0), side([k.value for k, _, _ in rows], 1), T)
     reworded = drift.compare_latency(side(labels(), 0), side(labels(), 1), T)
-    assert [{k: v for k, v in r.items() if k != "timing"} for r in reworded] == \
-        [{k: v for k, v in r.items() if k != "timing"} for r in plain]
-    assert all(r["status"] != Status.MISSING for r in reworded)
+    assert [r.model_dump(exclude={"timing"}) for r in reworded] == [r.model_dump(exclude={"timing"}) for r in plain]
+    assert all(r.status != Status.MISSING for r in reworded)
 
 
 # --------------------------------------------------------------------------- the gate
@@ -441,7 +440,7 @@ def test_property_logit_drift_is_symmetric_and_the_largest_absolute_change(pair)
 def test_property_drift_fails_exactly_when_the_quantile_image_exceeds_the_maximum(values, quantile, maximum):
     values = np.array(values)
     result = drift.drift_check(values, quantile, maximum)
-    assert (result["status"] == Status.FAILED) == (np.quantile(values, quantile) > maximum)
+    assert (result.status == Status.FAILED) == (np.quantile(values, quantile) > maximum)
 
 
 SAMPLES = st.lists(st.floats(0.01, 100), min_size=1, max_size=40)
@@ -452,8 +451,8 @@ SAMPLES = st.lists(st.floats(0.01, 100), min_size=1, max_size=40)
 def test_property_a_row_fails_exactly_when_its_whole_interval_is_above_the_threshold(base, run, threshold, seed):
     result = drift.latency_check(np.array(base), np.array(run), max_ratio=threshold, resamples=100, confidence=0.9,
                                  seed=seed)
-    assert result["ci_low"] <= result["ci_high"]
-    assert (result["status"] == Status.FAILED) == (result["ci_low"] > threshold)
+    assert result.ci_low <= result.ci_high
+    assert (result.status == Status.FAILED) == (result.ci_low > threshold)
 
 
 @FAST
@@ -461,7 +460,7 @@ def test_property_a_row_fails_exactly_when_its_whole_interval_is_above_the_thres
 def test_property_a_speed_up_never_fails(base, faster, threshold, seed):
     run = np.array(base) * 0 + min(base) * faster  # every run sample at most the fastest baseline sample
     result = drift.latency_check(np.array(base), run, max_ratio=threshold, resamples=100, confidence=0.9, seed=seed)
-    assert result["status"] == Status.PASSED and result["ci_high"] <= 1.0
+    assert result.status == Status.PASSED and result.ci_high <= 1.0
 
 
 @FAST
@@ -469,7 +468,7 @@ def test_property_a_speed_up_never_fails(base, faster, threshold, seed):
 def test_property_every_run_sample_beyond_the_threshold_fails(base, threshold, beyond, seed):
     run = np.full(len(base), max(base) * threshold * beyond)
     result = drift.latency_check(np.array(base), run, max_ratio=threshold, resamples=100, confidence=0.9, seed=seed)
-    assert result["status"] == Status.FAILED
+    assert result.status == Status.FAILED
 
 
 @FAST
@@ -479,7 +478,7 @@ def test_property_latency_is_scale_invariant(base, run, k, seed):
     plain = drift.latency_check(np.array(base), np.array(run), **args)
     scaled = drift.latency_check(np.array(base) * k, np.array(run) * k, **args)
     for key in ("ratio", "ci_low", "ci_high"):
-        assert scaled[key] == pytest.approx(plain[key], rel=1e-9)
+        assert getattr(scaled, key) == pytest.approx(getattr(plain, key), rel=1e-9)
 
 
 @FAST
@@ -490,11 +489,11 @@ def test_property_agreement_bound_is_above_the_rate_and_more_agreement_never_fai
     run = np.r_[np.zeros(agree, int), np.ones(n - agree, int)]
     result = drift.agreement(base, run, 0.9, 0.95)
     # Wilson: 1 - 2e-16 at p = 1
-    assert result["value"] == agree / n and result["upper_bound"] >= result["value"] - 1e-12
+    assert result.value == agree / n and result.upper_bound >= result.value - 1e-12
     if agree < n:
         better = drift.agreement(base, np.r_[np.zeros(agree + 1, int), np.ones(n - agree - 1, int)], 0.9, 0.95)
         severity = {Status.PASSED: 0, Status.INCONCLUSIVE: 1, Status.FAILED: 2}
-        assert severity[better["status"]] <= severity[result["status"]]
+        assert severity[better.status] <= severity[result.status]
 
 
 @FAST
@@ -505,9 +504,9 @@ def test_property_accuracy_drop_bound_is_below_the_drop_and_counts_match_an_orac
     run = np.array([0 if r else 1 for _, r in rights])
     result = drift.accuracy_change(base, run, labels, 0.01, 0.95)
     lost, gained = sum(b and not r for b, r in rights), sum(r and not b for b, r in rights)
-    assert (result["lost"], result["gained"]) == (lost, gained)
-    assert result["value"] == pytest.approx((lost - gained) / len(rights))
-    assert result["lower_bound"] <= result["value"] + 1e-12
+    assert (result.lost, result.gained) == (lost, gained)
+    assert result.value == pytest.approx((lost - gained) / len(rights))
+    assert result.lower_bound <= result.value + 1e-12
 
 
 @st.composite
@@ -526,13 +525,13 @@ def test_property_failed_beats_inconclusive_beats_passed_in_an_artifact(drawn):
     base_top1, run_top1, labels, base_logits, run_logits = drawn
     result = drift.compare_artifact(top5(base_top1[:, None], base_logits), top5(run_top1[:, None], run_logits),
                                     labels, np.array([str(i) for i in range(len(labels))]), CLASSES, 1.0, T)
-    statuses = [result[k]["status"] for k in ("agreement", "accuracy", "drift")]
+    statuses = [check.status for check in (result.agreement, result.accuracy, result.drift)]
     expected = (Status.FAILED if Status.FAILED in statuses else
                 Status.INCONCLUSIVE if Status.INCONCLUSIVE in statuses else Status.PASSED)
-    assert result["status"] == expected
+    assert result.status == expected
     assert drift.failed_checks(result) == [k for k, s in zip(("agreement", "accuracy", "drift"), statuses, strict=True)
                                            if s == Status.FAILED]
-    assert len(result["flipped"]) == int(np.sum(base_top1 != run_top1))
+    assert len(result.flipped) == int(np.sum(base_top1 != run_top1))
 
 
 # ----------------------------------------------------------------------- the exact words and fields (reports read them)
@@ -548,12 +547,14 @@ def test_the_reasons_an_artifact_is_missing_word_for_word():
 
 
 def test_a_missing_row_word_for_word_with_every_field():
-    row = drift.latency_row(_series([1.0, 3.0]), None, T, seed=0)
+    row = drift.latency_row(_series([1.0, 3.0]), None, T, seed=0).to_json()
     assert row == {"backend": "onnxrt_fp32", "batch_size": 1, "timing": "wall-clock", "timing_kind": "cpu_call",
                    "baseline_p50_ms": 2.0, "ratio": None,
                    "ci_low": None, "ci_high": None, "status": Status.MISSING, "run_p50_ms": None,
                    "reason": "timed in the baseline, not in this run's benchmark.json (benchmark.backends or "
                              "batch_sizes changed, or the backend is not available here)"}
+    assert list(row) == ["backend", "batch_size", "timing", "timing_kind", "baseline_p50_ms", "ratio", "ci_low",
+                         "ci_high", "status", "run_p50_ms", "reason"]  # compare.json's order
 
 
 def test_value_errors_say_what_is_wrong():

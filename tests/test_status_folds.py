@@ -84,14 +84,15 @@ def test_a_candidates_verdict_folds_tensor_and_task_checks_in_any_order(monkeypa
 @pytest.mark.parametrize(("first", "second", "third"), list(itertools.product(VERDICTS, repeat=3)))
 def test_a_baseline_comparison_folds_its_three_checks_in_any_order(monkeypatch, first, second, third):
     """compare's per-artifact verdict: agreement, accuracy and logit drift."""
-    monkeypatch.setattr(drift, "agreement", lambda *a: {"status": first})
-    monkeypatch.setattr(drift, "accuracy_change", lambda *a: {"status": second})
-    monkeypatch.setattr(drift, "drift_check", lambda *a: {"status": third})
+    real = _compare_artifact()  # each check's record, its status replaced
+    monkeypatch.setattr(drift, "agreement", lambda *a: real.agreement.model_copy(update={"status": first}))
+    monkeypatch.setattr(drift, "accuracy_change", lambda *a: real.accuracy.model_copy(update={"status": second}))
+    monkeypatch.setattr(drift, "drift_check", lambda *a: real.drift.model_copy(update={"status": third}))
     result = _compare_artifact()
-    assert result["status"] == oracle([first, second, third])
+    assert result.status == oracle([first, second, third])
 
 
-def _compare_artifact() -> dict:
+def _compare_artifact() -> drift.ArtifactDrift:
     top1 = np.array([0, 1, 1])
     side = type("Top5", (), {"top1": top1, "logits": np.array([[2.0, 0.0], [0.0, 2.0], [0.0, 2.0]])})()
     t = type("Thresholds", (), {"min_top1_agreement": 0.9, "max_accuracy_drop": 0.1, "max_logit_drift": 1.0,
@@ -144,10 +145,10 @@ def test_comparisons_accuracy_change_is_the_baselines_accuracy_minus_the_runs(ro
     base, run, labels = (np.array(column) for column in zip(*rows, strict=True))
     result = drift.accuracy_change(base, run, labels, 0.05, 0.95)
     base_acc, run_acc = np.mean(base == labels), np.mean(run == labels)
-    assert result["baseline_accuracy"] == pytest.approx(base_acc) and result["accuracy"] == pytest.approx(run_acc)
-    assert result["value"] == pytest.approx(base_acc - run_acc, abs=1e-12)
-    assert result["lost"] == int(np.sum((base == labels) & (run != labels)))
-    assert result["gained"] == int(np.sum((base != labels) & (run == labels)))
+    assert result.baseline_accuracy == pytest.approx(base_acc) and result.accuracy == pytest.approx(run_acc)
+    assert result.value == pytest.approx(base_acc - run_acc, abs=1e-12)
+    assert result.lost == int(np.sum((base == labels) & (run != labels)))
+    assert result.gained == int(np.sum((base != labels) & (run == labels)))
 
 
 @FAST
@@ -156,7 +157,7 @@ def test_a_latency_ratio_is_the_runs_over_the_baselines(samples, factor):
     """Slower now: a ratio above 1 (a swapped ratio would call a regression a speed-up)."""
     base = np.array(samples)
     result = drift.latency_check(base, base * factor, max_ratio=1.2, resamples=200, confidence=0.95, seed=0)
-    assert result["ratio"] == pytest.approx(factor, rel=1e-9)
-    assert result["status"] == Status.FAILED
+    assert result.ratio == pytest.approx(factor, rel=1e-9)
+    assert result.status == Status.FAILED
     faster = drift.latency_check(base * factor, base, max_ratio=1.2, resamples=200, confidence=0.95, seed=0)
-    assert faster["ratio"] == pytest.approx(1 / factor, rel=1e-9) and faster["status"] == Status.PASSED
+    assert faster.ratio == pytest.approx(1 / factor, rel=1e-9) and faster.status == Status.PASSED

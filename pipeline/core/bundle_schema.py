@@ -14,9 +14,10 @@ without ``timing_kind``) get it from their label here, once (:func:`pipeline.cor
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import Field, StringConstraints, model_validator
+from pydantic import Field, PrivateAttr, StringConstraints, ValidationError, model_validator
 
 from pipeline.core import schema
 from pipeline.core.benchmark_rows import MAX_SAMPLES, BatchSize, Kind, Millis, kind_from_label
@@ -52,10 +53,23 @@ class Environment(Strict):
 
 
 class BatchRow(Open):
-    """verify's row for one batch size an artifact serves; compare shows its size and verdict."""
+    """verify's row for one batch size an artifact serves; compare shows its size and verdict. The bundle keeps it
+    as verify wrote it: :meth:`to_json` gives back its keys in the order it was made with."""
 
     batch_size: BatchSize | None = None
     status: Text
+    _made_with: dict[str, Any] | None = PrivateAttr(default=None)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _keep(cls, data: Any, handler):
+        row = handler(data)
+        if isinstance(data, dict):
+            row._made_with = dict(data)
+        return row
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self._made_with) if self._made_with is not None else self.model_dump()
 
 
 class Artifact(Strict):
@@ -67,6 +81,10 @@ class Artifact(Strict):
     accuracy: Fraction
     per_class_accuracy: dict[Text, Fraction | None]
     batch_sizes: Annotated[list[BatchRow], Field(max_length=64)] | None
+
+    def to_json(self) -> dict[str, Any]:
+        rows = None if self.batch_sizes is None else [r.to_json() for r in self.batch_sizes]
+        return {**self.model_dump(), "batch_sizes": rows}  # verify's rows, as verify wrote them
 
 
 class LatencyRow(Strict):
@@ -87,7 +105,8 @@ class LatencyRow(Strict):
 
 
 class Meta(Strict):
-    """``baseline.json``."""
+    """``baseline.json``: :func:`pipeline.baseline.write` makes it (:func:`made`), :meth:`to_json` writes it, and
+    :func:`read_meta` reads it back."""
 
     schema_: Literal["pipeline.baseline/2"] = Field(alias="schema")
     created: Text
@@ -117,6 +136,23 @@ class Meta(Strict):
         if len(set(keys)) != len(keys):
             raise ValueError("latency: a (backend, batch size, timing kind) row is listed twice")
         return self
+
+    def to_json(self) -> dict[str, Any]:
+        """``baseline.json``'s payload: the one serialiser of the file (the keys and order of release 0.1.0)."""
+        return {**self.model_dump(by_alias=True), "artifacts": [a.to_json() for a in self.artifacts]}
+
+
+Made = TypeVar("Made")
+
+
+def made(make: Callable[[], Made], where, what: str = "baseline bundle") -> Made:
+    """``make()``, a record built by the code that writes it (the bundle, or the environment compare diffs); one that
+    does not validate is one :class:`InputError` naming ``where`` and ``what`` (what compare would read back, checked
+    before writing)."""
+    try:
+        return make()
+    except ValidationError as exc:
+        raise InputError(f"{where}: not a valid {what}: {schema.problem(exc)}") from None
 
 
 class Tagged(Open):

@@ -19,6 +19,8 @@
   the interval instead of failing CI. A row timed in the baseline and not here is missing; a row with fewer
   than ``min_samples`` timed runs on either side is reported, not judged.
 * **the gate** (:func:`gate_passed`): passed unless an artifact or a row failed or is missing.
+
+Each decision returns its record of :mod:`pipeline.core.compare_result` (compare.json's parts).
 """
 
 from __future__ import annotations
@@ -29,27 +31,23 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.core import verdicts
+from pipeline.core.compare_result import (
+    AccuracyChange,
+    Agreement,
+    ArtifactDrift,
+    ClassChange,
+    DriftCheck,
+    Flip,
+    LatencyCheck,
+    LatencyComparison,
+    Thresholds,
+)
 from pipeline.core.schema import printable
 from pipeline.core.status import Status
 from pipeline.core.timings import TimingKind
 from pipeline.precision import gate as criteria
 
 FAILING = frozenset({Status.FAILED, Status.MISSING})
-
-
-@dataclass(frozen=True)
-class Thresholds:
-    """``compare.*`` (without the bundle's path)."""
-
-    min_top1_agreement: float
-    max_accuracy_drop: float
-    max_logit_drift: float
-    drift_quantile: float
-    max_latency_ratio: float
-    min_samples: int
-    confidence: float
-    bootstrap_resamples: int
-    seed: int
 
 
 @dataclass(frozen=True)
@@ -155,21 +153,21 @@ def missing_reason(verdict: str | None, policy: verdicts.InconclusivePolicy, has
 # --------------------------------------------------------------------------- predictions
 
 
-def agreement(base_top1: np.ndarray, run_top1: np.ndarray, minimum: float, confidence: float) -> dict:
+def agreement(base_top1: np.ndarray, run_top1: np.ndarray, minimum: float, confidence: float) -> Agreement:
     """Top-1 agreement with the baseline artifact on the same images: failed only when Wilson's upper bound is
     below ``minimum``."""
     agree = int(np.sum(base_top1 == run_top1))
-    return criteria.agreement_check(agree, len(base_top1), minimum, criteria.z_value(confidence))
+    return Agreement(**criteria.agreement_check(agree, len(base_top1), minimum, criteria.z_value(confidence)))
 
 
 def accuracy_change(base_top1: np.ndarray, run_top1: np.ndarray, labels: np.ndarray, maximum: float,
-                    confidence: float) -> dict:
+                    confidence: float) -> AccuracyChange:
     """The paired accuracy drop (lost: the baseline right and the run wrong; gained: the reverse)."""
     base_right, run_right = base_top1 == labels, run_top1 == labels
     lost, gained = int(np.sum(base_right & ~run_right)), int(np.sum(~base_right & run_right))
     result = criteria.accuracy_drop_check(lost, gained, len(labels), maximum, criteria.z_value(confidence))
-    return {**result, "baseline_accuracy": float(base_right.mean()), "accuracy": float(run_right.mean()),
-            "lost": lost, "gained": gained}
+    return AccuracyChange(**result, baseline_accuracy=float(base_right.mean()), accuracy=float(run_right.mean()),
+                          lost=lost, gained=gained)
 
 
 def logit_drift(base_logits: np.ndarray, run_logits: np.ndarray, scale: float) -> np.ndarray:
@@ -184,16 +182,13 @@ def logit_drift(base_logits: np.ndarray, run_logits: np.ndarray, scale: float) -
     return diff.max(axis=1) / scale
 
 
-def percentiles(values: np.ndarray) -> dict:
-    p50, p90, p99 = np.percentile(values, [50, 90, 99])
-    return {"p50": float(p50), "p90": float(p90), "p99": float(p99), "max": float(np.max(values))}
-
-
-def drift_check(drift: np.ndarray, quantile: float, maximum: float) -> dict:
-    """Failed when the ``quantile`` image's drift exceeds ``maximum`` (a NaN drift fails)."""
+def drift_check(drift: np.ndarray, quantile: float, maximum: float) -> DriftCheck:
+    """Failed when the ``quantile`` image's drift exceeds ``maximum`` (a NaN drift fails); with the drift's p50, p90,
+    p99 and largest value."""
     value = float(np.quantile(drift, quantile))
-    return {"status": Status.PASSED if value <= maximum else Status.FAILED, "value": value, "quantile": quantile,
-            "threshold": maximum, **percentiles(drift)}
+    p50, p90, p99 = np.percentile(drift, [50, 90, 99])
+    return DriftCheck(status=Status.PASSED if value <= maximum else Status.FAILED, value=value, quantile=quantile,
+                      threshold=maximum, p50=float(p50), p90=float(p90), p99=float(p99), max=float(np.max(drift)))
 
 
 def per_class_accuracy(top1: np.ndarray, labels: np.ndarray, classes: Sequence[str]) -> dict[str, float | None]:
@@ -203,39 +198,38 @@ def per_class_accuracy(top1: np.ndarray, labels: np.ndarray, classes: Sequence[s
 
 
 def per_class_changes(base_top1: np.ndarray, run_top1: np.ndarray, labels: np.ndarray,
-                      classes: Sequence[str]) -> list[dict]:
+                      classes: Sequence[str]) -> list[ClassChange]:
     """Per class with images, its accuracy in the baseline and here (the same labels: the same classes have
     images on both sides)."""
     before = per_class_accuracy(base_top1, labels, classes)
     after = per_class_accuracy(run_top1, labels, classes)
-    return [{"class": c, "baseline": before[c], "run": after[c], "delta": after[c] - before[c]}
+    return [ClassChange(class_=c, baseline=before[c], run=after[c], delta=after[c] - before[c])
             for c in classes if before[c] is not None]
 
 
 def flips(base_top1: np.ndarray, run_top1: np.ndarray, labels: np.ndarray, names: np.ndarray,
-          classes: Sequence[str]) -> list[dict]:
+          classes: Sequence[str]) -> list[Flip]:
     """Every image whose top-1 changed: its name, label, and both top-1 classes."""
-    return [{"image": str(names[i]), "label": classes[int(labels[i])], "baseline": classes[int(base_top1[i])],
-             "run": classes[int(run_top1[i])]} for i in np.flatnonzero(base_top1 != run_top1)]
+    return [Flip(image=str(names[i]), label=classes[int(labels[i])], baseline=classes[int(base_top1[i])],
+                 run=classes[int(run_top1[i])]) for i in np.flatnonzero(base_top1 != run_top1)]
 
 
 def compare_artifact(base, run, labels: np.ndarray, names: np.ndarray, classes: Sequence[str], scale: float,
-                     t: Thresholds) -> dict:
+                     t: Thresholds) -> ArtifactDrift:
     """One artifact of the baseline against the same candidate of this run, on the same images: ``base`` and
     ``run`` are its top-5 (:class:`pipeline.evaluation.predictions.Top5`) on each side."""
-    checks = {
-        "agreement": agreement(base.top1, run.top1, t.min_top1_agreement, t.confidence),
-        "accuracy": accuracy_change(base.top1, run.top1, labels, t.max_accuracy_drop, t.confidence),
-        "drift": drift_check(logit_drift(base.logits, run.logits, scale), t.drift_quantile, t.max_logit_drift),
-    }
-    return {"status": verdicts.fold(c["status"] for c in checks.values()), **checks,
-            "flipped": flips(base.top1, run.top1, labels, names, classes),
-            "per_class": per_class_changes(base.top1, run.top1, labels, classes)}
+    agreed = agreement(base.top1, run.top1, t.min_top1_agreement, t.confidence)
+    accuracy = accuracy_change(base.top1, run.top1, labels, t.max_accuracy_drop, t.confidence)
+    drifted = drift_check(logit_drift(base.logits, run.logits, scale), t.drift_quantile, t.max_logit_drift)
+    return ArtifactDrift(status=verdicts.fold(c.status for c in (agreed, accuracy, drifted)), agreement=agreed,
+                         accuracy=accuracy, drift=drifted, flipped=flips(base.top1, run.top1, labels, names, classes),
+                         per_class=per_class_changes(base.top1, run.top1, labels, classes))
 
 
-def failed_checks(result: dict) -> list[str]:
-    """The checks of :func:`compare_artifact` that failed, in order."""
-    return [k for k in ("agreement", "accuracy", "drift") if result[k]["status"] == Status.FAILED]
+def failed_checks(result: ArtifactDrift) -> list[str]:
+    """The checks of :func:`compare_artifact` that failed, in order (named as compare.json names them)."""
+    checks = (("agreement", result.agreement), ("accuracy", result.accuracy), ("drift", result.drift))
+    return [name for name, check in checks if check.status == Status.FAILED]
 
 
 # --------------------------------------------------------------------------- latency
@@ -272,32 +266,37 @@ def latency_status(ci_low: float, max_ratio: float) -> Status:
 
 
 def latency_check(base: np.ndarray, run: np.ndarray, *, max_ratio: float, resamples: int, confidence: float,
-                  seed: int) -> dict:
+                  seed: int) -> LatencyCheck:
     """One row judged: its ratio of medians, its interval and :func:`latency_status`."""
     ratio, low, high = bootstrap_median_ratio(base, run, resamples=resamples, confidence=confidence, seed=seed)
-    return {"status": latency_status(low, max_ratio), "ratio": ratio, "ci_low": low, "ci_high": high,
-            "threshold": max_ratio, "baseline_p50_ms": float(np.median(base)), "run_p50_ms": float(np.median(run)),
-            "baseline_samples": len(base), "run_samples": len(run)}
+    return LatencyCheck(status=latency_status(low, max_ratio), ratio=ratio, ci_low=low, ci_high=high,
+                        threshold=max_ratio, baseline_p50_ms=float(np.median(base)), run_p50_ms=float(np.median(run)),
+                        baseline_samples=len(base), run_samples=len(run))
 
 
-def latency_row(base: LatencySeries, run: LatencySeries | None, t: Thresholds, seed: int) -> dict:
+def latency_row(base: LatencySeries, run: LatencySeries | None, t: Thresholds, seed: int) -> LatencyComparison:
     """One benchmark row of the baseline against the same row here: missing (not timed here), skipped (too few
     timed runs on a side to judge), or judged (:func:`latency_check`)."""
-    head = {"backend": base.backend, "batch_size": base.batch_size, "timing": base.label, "timing_kind": base.kind,
-            "baseline_p50_ms": float(np.median(base.samples_ms)), "ratio": None, "ci_low": None, "ci_high": None}
+    def row(**facts) -> LatencyComparison:
+        return LatencyComparison(backend=base.backend, batch_size=base.batch_size, timing=base.label,
+                                 timing_kind=base.kind, **facts)
+
+    unjudged = {"baseline_p50_ms": float(np.median(base.samples_ms)), "ratio": None, "ci_low": None, "ci_high": None}
     if run is None:
-        return {**head, "status": Status.MISSING, "run_p50_ms": None,
-                "reason": "timed in the baseline, not in this run's benchmark.json (benchmark.backends or "
-                          "batch_sizes changed, or the backend is not available here)"}
+        return row(**unjudged, status=Status.MISSING, run_p50_ms=None,
+                   reason="timed in the baseline, not in this run's benchmark.json (benchmark.backends or "
+                          "batch_sizes changed, or the backend is not available here)")
     fewest = min(len(base.samples_ms), len(run.samples_ms))
     if fewest < t.min_samples:  # a median of a handful of runs says nothing about a regression
-        return {**head, "status": Status.SKIPPED, "run_p50_ms": float(np.median(run.samples_ms)),
-                "reason": f"{fewest} timed runs, fewer than compare.min_samples ({t.min_samples})"}
-    return {**head, **latency_check(base.samples_ms, run.samples_ms, max_ratio=t.max_latency_ratio,
-                                    resamples=t.bootstrap_resamples, confidence=t.confidence, seed=seed)}
+        return row(**unjudged, status=Status.SKIPPED, run_p50_ms=float(np.median(run.samples_ms)),
+                   reason=f"{fewest} timed runs, fewer than compare.min_samples ({t.min_samples})")
+    judged = latency_check(base.samples_ms, run.samples_ms, max_ratio=t.max_latency_ratio,
+                           resamples=t.bootstrap_resamples, confidence=t.confidence, seed=seed)
+    return row(**judged.model_dump())
 
 
-def compare_latency(baseline: Sequence[LatencySeries], run: Sequence[LatencySeries], t: Thresholds) -> list[dict]:
+def compare_latency(baseline: Sequence[LatencySeries], run: Sequence[LatencySeries],
+                    t: Thresholds) -> list[LatencyComparison]:
     """Every row of the baseline, in its order, against the row of the same key here (row ``i`` is bootstrapped
     with seed ``t.seed + i``)."""
     here = {r.key: r for r in run}
