@@ -140,8 +140,8 @@ def test_outputs_off_the_reference_fail_the_gate(tmp_path):
 
     ok = served.check_model(model, honest, images, labels, reference, "logits", 0.95)
     bad = served.check_model(model, lying, images, labels, reference, "logits", 0.95)
-    assert ok["verdict"] == "passed" and [c["batch"] for c in ok["checks"]] == [1, 8, 1]
-    assert bad["verdict"] == "failed" and "failed verify's fp32 criteria against the FP32 reference" in bad["reason"]
+    assert ok.verdict == "passed" and [c.batch for c in ok.checks] == [1, 8, 1]
+    assert bad.verdict == "failed" and "failed verify's fp32 criteria against the FP32 reference" in bad.reason
 
 
 @settings(max_examples=60, deadline=None)
