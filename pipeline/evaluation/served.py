@@ -122,7 +122,7 @@ def check_model(model: Served, send: Send, images: np.ndarray, labels: np.ndarra
     mismatch = deployment.precision_mismatch(model.precision, served_precision)
     if mismatch:
         refusals.append(mismatch)
-    checks = []
+    checks: list[ServedCheck] = []
     if not load_error:
         for arrangement in arrangements(model.max_batch):
             checks.append(_check(model, send, images, labels, reference, output_name, confidence, arrangement))
