@@ -271,3 +271,53 @@ def test_read_is_the_bounded_reader_of_the_file(tmp_path):
     path.write_text("[" * 100_000)
     with pytest.raises(InputError):
         deploy_result.read(path)
+
+
+def test_the_runtime_records_convert_field_for_field():
+    """deploy turns triton_serve's Measurement and Method into Timing and TimingMethod by their fields: the names
+    agree, and the JSON is what asdict wrote before."""
+    from dataclasses import asdict
+
+    from pipeline.core.deploy_result import Timing, TimingMethod
+    from pipeline.runtime import triton_serve
+
+    measured = triton_serve.Measurement("http", 2, 100, 0.5, 0.6, 0.7, 0.9, 0.55, 2000.0, 3, True)
+    assert Timing(**asdict(measured)).to_json() == asdict(measured)
+    assert list(Timing(**asdict(measured)).to_json()) == list(asdict(measured))
+    assert TimingMethod(**asdict(triton_serve.Method())).to_json() == asdict(triton_serve.Method())
+
+
+def test_serve_with_timings_is_written_and_read_back(clone_run, tmp_path, monkeypatch):
+    """deploy --serve through a front end that times (here a stand-in for Triton's): the timing rows and the started
+    server are written as the serve extra's run writes them, read back and laid out."""
+    pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc] (the deploy extra) is not installed")
+    import contextlib
+
+    from pipeline import deploy
+    from pipeline.evaluation import served
+    from pipeline.runtime import triton_serve
+
+    @contextlib.contextmanager
+    def timing_front_end(stock, models, run_dir, log_file):
+        with served.in_process(stock, models, run_dir, log_file) as (send, _, _):
+            yield send, ServerInfo(triton="2.50.0", start_s=1.5, binary="a stand-in"), \
+                lambda name, image, method, concurrency: [
+                    triton_serve.Measurement(where, c, 10, 0.5 * c, 0.6, 0.7, 0.9, 0.55, 100.0, 3, True)
+                    for where in ("in-process", "http") for c in concurrency]
+
+    monkeypatch.setattr(triton_serve, "available", lambda: "")
+    monkeypatch.setattr(deploy, "FRONT_END", timing_front_end)
+    run = clone_run()
+    assert cli("deploy", "--run-dir", run, "--out", tmp_path / "repo", "--serve", "deploy.concurrency=[1,2]") == 0
+    written = json.loads((run / "deploy.json").read_text())
+    serve = written["serve"]
+    assert serve["server"] == {"triton": "2.50.0", "start_s": 1.5, "binary": "a stand-in"}
+    assert list(serve["timings"][0]) == ["where", "concurrency", "requests", "p50_ms", "p90_ms", "p95_ms", "p99_ms",
+                                         "mean_ms", "throughput_per_s", "windows", "stable"]
+    assert [(t["where"], t["concurrency"]) for t in serve["timings"]] == \
+        [("in-process", 1), ("in-process", 2), ("http", 1), ("http", 2)]
+    assert serve["timed"] == "onnxrt_fp32" and list(serve["method"]) == ["warmup_s", "window_s", "stability",
+                                                                          "max_trials"]
+    assert deploy_result.read(run / "deploy.json").to_json() == written
+    assert cli("report", "--run-dir", run) == 0
+    assert "ready 1.5 s after start" in (run / "report.md").read_text()
