@@ -17,7 +17,9 @@ holds exactly what deploy wrote there. Engines are checked against ``deploy.trit
 stock backend's behaviour, Triton (PyTriton) serves it, :mod:`pipeline.evaluation.served` judges what comes back.
 
 ``deploy.json`` in the run directory, written once after every check, records what was written, refused, served and
-measured (the report's serving section). docs/deploy.md explains the layout, the version tables and what runs where.
+measured (the report's serving section): a :class:`pipeline.core.deploy_result.DeployResult`, its parts made here and
+in :mod:`pipeline.evaluation.served` where each is decided, and written by its ``to_json``. docs/deploy.md explains
+the layout, the version tables and what runs where.
 """
 
 from __future__ import annotations

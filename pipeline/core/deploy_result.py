@@ -69,7 +69,7 @@ class ModelEntry(_Part):
     max_batch_size: int
     preferred_batch_sizes: Annotated[list[int], Rows]
     # the four below: absent in a deploy.json written before deploy recorded them (read back empty)
-    parameters: Annotated[dict[str, Text], Field(default_factory=dict, max_length=64)]
+    parameters: dict[str, Text] = Field(default_factory=dict, max_length=64)
     gated_precision: Name | None = None
     runs_in: Text = ""
     loads_in: Text = ""
@@ -125,7 +125,7 @@ class ServedModel(_Part):
     model: Name
     precision: Name | None = None
     served_precision: Name | None = None
-    checks: Annotated[list[ServedCheck], Field(default_factory=list, max_length=MAX_ROWS)]
+    checks: list[ServedCheck] = Field(default_factory=list, max_length=MAX_ROWS)
     verdict: Verdict
     reason: Text = ""
 
