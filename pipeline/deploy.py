@@ -53,10 +53,10 @@ from pipeline.core.deploy_result import (
     Refusal,
     Serve,
     ServedModel,
+    ServedTiming,
+    ServedTimingMethod,
     ServerInfo,
     TensorEntry,
-    Timing,
-    TimingMethod,
     TritonSidecar,
 )
 from pipeline.core.errors import BackendUnavailable, CheckFailed, InputError, UsageError, first_line
@@ -491,14 +491,14 @@ def serve_and_check(cfg: Config, run_dir: RunDir, repository: Path,
                                               served_precision=loaded.precision if loaded else None,
                                               repository=repository))
         timed_name = _timed(cfg, [r for r in results if r.verdict == Status.PASSED])
-        timings = ([Timing(**asdict(t)) for t in timed(timed_name, images[:1], method, cfg.deploy.concurrency)]
+        timings = ([ServedTiming(**asdict(t)) for t in timed(timed_name, images[:1], method, cfg.deploy.concurrency)]
                    if timed_name else [])
     verdict = deployment.serving_verdict([r.verdict for r in results])
     failing = [f"{r.model}: {r.reason}" for r in results if r.verdict != Status.PASSED]
     return Serve(server=server, cpu=env.cpu_model(), cores=env.usable_cores(), images=len(images),
                  reference="the trained FP32 PyTorch model (verify's reference)", models=results + not_here,
                  verdict=verdict, reason="; ".join(failing) or ("" if results else "no model is served here"),
-                 timed=timed_name, method=TimingMethod(**asdict(method)), timings=timings)
+                 timed=timed_name, method=ServedTimingMethod(**asdict(method)), timings=timings)
 
 
 def _reference(model, images: np.ndarray, batch: int) -> np.ndarray:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import copy
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -19,8 +20,8 @@ from pipeline.core.errors import InputError
 PACKAGE = ROOT / "pipeline"
 HOME = PACKAGE / "core" / "deploy_result.py"  # the serialiser: the only module that may read a part by its key
 TYPES = {"DeployResult", "ModelEntry", "TensorEntry", "Refusal", "Compatibility", "Serve", "ServedModel",
-         "ServedCheck", "ServerInfo", "Timing", "TimingMethod", "TritonSidecar", "FilesManifest"}
-SOURCES = {"of", "check_model", "serve_and_check", "_model_entry"}  # calls that return a part (deploy_result.read too)
+         "ServedCheck", "ServerInfo", "ServedTiming", "ServedTimingMethod", "TritonSidecar", "FilesManifest"}
+SOURCES = {"check_model", "serve_and_check", "_model_entry"}  # calls that return a part (and deploy_result.of/read)
 PARTS = {"models", "refused", "compatibility", "serve", "server", "method", "timings", "checks", "inputs", "outputs",
          "tensors", "in_process"}  # a part's attributes that hold parts
 
@@ -28,16 +29,49 @@ PARTS = {"models", "refused", "compatibility", "serve", "server", "method", "tim
 # --------------------------------------------------------------------------- the AST check
 
 
-def _names_a_type(node: ast.AST | None) -> bool:
-    return node is not None and any((isinstance(n, ast.Name) and n.id in TYPES)
-                                    or (isinstance(n, ast.Attribute) and n.attr in TYPES) for n in ast.walk(node))
+@dataclass(frozen=True)
+class Names:
+    """What a module calls the deploy result's types and its module (only what it imports from
+    pipeline/core/deploy_result.py: a ``Timing`` or an ``of`` of another module is not one), and its functions typed
+    to return a part."""
+
+    types: frozenset[str]
+    modules: frozenset[str]
+    makers: frozenset[str] = frozenset()
+
+    def a_type(self, node: ast.AST | None) -> bool:
+        return node is not None and any(
+            (isinstance(n, ast.Name) and n.id in self.types)
+            or (isinstance(n, ast.Attribute) and n.attr in TYPES and isinstance(n.value, ast.Name)
+                and n.value.id in self.modules) for n in ast.walk(node))
+
+    def a_source(self, f: ast.AST) -> bool:
+        """A call of ``f`` gives a part: a type's constructor, the reader, or a function known to make one."""
+        if isinstance(f, ast.Name):
+            return f.id in self.types | self.makers | SOURCES
+        return isinstance(f, ast.Attribute) and (
+            f.attr in SOURCES | self.makers
+            or (isinstance(f.value, ast.Name) and f.value.id in self.modules and f.attr in TYPES | {"of", "read"}))
 
 
-def _gives_parts(node: ast.AST, parts: set[str], makers: set[str]) -> bool:
+def names_of(tree: ast.AST) -> Names:
+    types, modules = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "pipeline.core.deploy_result":
+            types |= {a.asname or a.name for a in node.names if a.name in TYPES}
+        elif isinstance(node, ast.ImportFrom) and node.module == "pipeline.core":
+            modules |= {a.asname or a.name for a in node.names if a.name == "deploy_result"}
+    names = Names(frozenset(types), frozenset(modules))
+    makers = {fn.name for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+              and names.a_type(fn.returns)}
+    return Names(names.types, names.modules, frozenset(makers))
+
+
+def _gives_parts(node: ast.AST, parts: set[str], names: Names) -> bool:
     """Whether ``node``'s value is a part or holds parts: a name known to, an item of one, a part's part, a
-    comprehension or ``next``/``sorted``... of parts, or a call of a function typed (or known) to return one."""
+    comprehension or ``next``/``sorted``... of parts, or a call that makes one."""
     def go(n: ast.AST) -> bool:
-        return _gives_parts(n, parts, makers)
+        return _gives_parts(n, parts, names)
 
     if isinstance(node, ast.Name):
         return node.id in parts
@@ -49,49 +83,47 @@ def _gives_parts(node: ast.AST, parts: set[str], makers: set[str]) -> bool:
         return any(go(e) for e in node.elts)
     if isinstance(node, (ast.ListComp, ast.GeneratorExp, ast.SetComp)):
         return go(node.elt)
-    if isinstance(node, (ast.IfExp, ast.BinOp)):
-        return any(go(n) for n in ((node.body, node.orelse) if isinstance(node, ast.IfExp) else (node.left,
-                                                                                               node.right)))
+    if isinstance(node, ast.IfExp):
+        return go(node.body) or go(node.orelse)
+    if isinstance(node, ast.BinOp):
+        return go(node.left) or go(node.right)
     if isinstance(node, ast.BoolOp):
         return any(go(v) for v in node.values)
     if isinstance(node, ast.Call):
         f = node.func
-        name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
-        return (name in SOURCES | makers or name in TYPES
-                or (name in ("min", "max", "sorted", "next", "list", "tuple") and any(go(a) for a in node.args))
-                or (name == "read" and isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name)
-                    and f.value.id == "deploy_result"))
+        return names.a_source(f) or (isinstance(f, ast.Name) and f.id in ("min", "max", "sorted", "next", "list",
+                                                                          "tuple") and any(go(a) for a in node.args))
     return False
 
 
-def _part_names(fn: ast.AST, makers: set[str]) -> set[str]:
+def _part_names(fn: ast.AST, names: Names) -> set[str]:
     """The names that hold a part in a function: parameters and names annotated with a type, and what is bound
     from them (loops, comprehensions, assignments), followed until nothing new is found."""
     args = fn.args
-    parts = {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs] if _names_a_type(a.annotation)}
+    parts = {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs] if names.a_type(a.annotation)}
     while True:
         before = len(parts)
         for node in ast.walk(fn):
-            if isinstance(node, ast.AnnAssign) and _names_a_type(node.annotation):
+            if isinstance(node, ast.AnnAssign) and names.a_type(node.annotation):
                 parts |= {n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)}
-            elif isinstance(node, (ast.For, ast.comprehension)) and _gives_parts(node.iter, parts, makers):
+            elif isinstance(node, (ast.For, ast.comprehension)) and _gives_parts(node.iter, parts, names):
                 parts |= {n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)}
-            elif isinstance(node, ast.Assign) and _gives_parts(node.value, parts, makers):
+            elif isinstance(node, ast.Assign) and _gives_parts(node.value, parts, names):
                 parts |= {n.id for t in node.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
         if len(parts) == before:
             return parts
 
 
 def key_reads(path: Path) -> list[str]:
-    """``part["key"]`` and ``part.get("key")`` on a name that holds a deploy result's part, in every function."""
+    """``part["key"]`` and ``part.get("key")`` on a value that is or holds a deploy result's part, in every
+    function of ``path``."""
     tree = ast.parse(path.read_text())
-    makers = {fn.name for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
-              and _names_a_type(fn.returns)}
+    names = names_of(tree)
     hits = set()
     for fn in ast.walk(tree):
         if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             continue
-        parts = _part_names(fn, makers)
+        parts = _part_names(fn, names)
         for node in ast.walk(fn):
             on, key = None, None
             if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
@@ -99,7 +131,7 @@ def key_reads(path: Path) -> list[str]:
             elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
                   and node.args and isinstance(node.args[0], ast.Constant)):
                 on, key = node.func.value, node.args[0].value
-            if isinstance(key, str) and on is not None and _gives_parts(on, parts, makers):
+            if isinstance(key, str) and on is not None and _gives_parts(on, parts, names):
                 hits.add(f"{path.relative_to(path.parents[1])}:{node.lineno}: {ast.unparse(node)}")
     return sorted(hits)
 
@@ -115,15 +147,19 @@ def test_the_check_finds_a_key_read_and_follows_the_parts(tmp_path):
     path = tmp_path / "pkg" / "m.py"
     path.parent.mkdir()
     path.write_text(
+        "from pipeline.core import deploy_result\n"
+        "from pipeline.core.deploy_result import DeployResult, Serve\n"
         "def a(result: DeployResult):\n    return result['models']\n"
         "def b(payload: dict):\n    r = deploy_result.of(payload)\n    return [m.get('name') for m in r.models]\n"
         "def c(serve: Serve):\n    for m in serve.models:\n        for c in m.checks:\n            c['status']\n"
         "def d(payload: dict):\n    return [m['name'] for m in payload['models']]\n"  # a raw dict: not followed
         "def e(cfg, model):\n    r = served.check_model(model)\n    return r['verdict'], r.serve.timings[0]['where']\n"
-        "def f(serve: Serve):\n    return serve.in_process.p50_ms, {'a': 1}['a']\n")
-    assert key_reads(path) == ["pkg/m.py:14: r.serve.timings[0]['where']", "pkg/m.py:14: r['verdict']",
-                               "pkg/m.py:2: result['models']", "pkg/m.py:5: m.get('name')",
-                               "pkg/m.py:9: c['status']"]
+        "def f(serve: Serve):\n    return serve.in_process.p50_ms, {'a': 1}['a']\n"
+        "def g(row: deploy_result.ServedTiming):\n    return row['p50_ms']\n"
+        "def h(payload: dict, t: Timing):\n    return tasks.of(payload)['x'], t['y']\n")  # another module's: not ours
+    assert key_reads(path) == ["pkg/m.py:11: c['status']", "pkg/m.py:16: r.serve.timings[0]['where']",
+                               "pkg/m.py:16: r['verdict']", "pkg/m.py:20: row['p50_ms']",
+                               "pkg/m.py:4: result['models']", "pkg/m.py:7: m.get('name')"]
 
 
 def test_the_check_covers_the_modules_that_hold_deploy_results():
@@ -131,10 +167,8 @@ def test_the_check_covers_the_modules_that_hold_deploy_results():
     nothing to follow in a module that went back to dicts)."""
     for name in ("deploy.py", "evaluation/served.py", "reports/deploy_report.py"):
         tree = ast.parse((PACKAGE / name).read_text())
-        makers = {fn.name for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
-                  and _names_a_type(fn.returns)}
         typed = [fn.name for fn in ast.walk(tree)
-                 if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and _part_names(fn, makers)]
+                 if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and _part_names(fn, names_of(tree))]
         assert typed, name
 
 
@@ -274,17 +308,17 @@ def test_read_is_the_bounded_reader_of_the_file(tmp_path):
 
 
 def test_the_runtime_records_convert_field_for_field():
-    """deploy turns triton_serve's Measurement and Method into Timing and TimingMethod by their fields: the names
-    agree, and the JSON is what asdict wrote before."""
+    """deploy turns triton_serve's Measurement and Method into ServedTiming and ServedTimingMethod by their fields:
+    the names agree, and the JSON is what asdict wrote before."""
     from dataclasses import asdict
 
-    from pipeline.core.deploy_result import Timing, TimingMethod
+    from pipeline.core.deploy_result import ServedTiming, ServedTimingMethod
     from pipeline.runtime import triton_serve
 
     measured = triton_serve.Measurement("http", 2, 100, 0.5, 0.6, 0.7, 0.9, 0.55, 2000.0, 3, True)
-    assert Timing(**asdict(measured)).to_json() == asdict(measured)
-    assert list(Timing(**asdict(measured)).to_json()) == list(asdict(measured))
-    assert TimingMethod(**asdict(triton_serve.Method())).to_json() == asdict(triton_serve.Method())
+    assert ServedTiming(**asdict(measured)).to_json() == asdict(measured)
+    assert list(ServedTiming(**asdict(measured)).to_json()) == list(asdict(measured))
+    assert ServedTimingMethod(**asdict(triton_serve.Method())).to_json() == asdict(triton_serve.Method())
 
 
 def test_serve_with_timings_is_written_and_read_back(clone_run, tmp_path, monkeypatch):

@@ -1,8 +1,9 @@
 """deploy.json as types: :class:`DeployResult` (the repository deploy wrote, each :class:`ModelEntry`, each
 :class:`Refusal` and the engines' :class:`Compatibility`) and, after ``deploy --serve``, :class:`Serve` (each
-:class:`ServedModel` with its :class:`ServedCheck` per arrangement, the server, and the client-side :class:`Timing`
-rows); beside them the two files deploy writes into the repository: each model's :class:`TritonSidecar`
-(``pipeline.json``) and the :class:`FilesManifest` (``pipeline.files.json``).
+:class:`ServedModel` with its :class:`ServedCheck` per arrangement, the :class:`ServerInfo`, and the client-side
+:class:`ServedTiming` rows with their :class:`ServedTimingMethod`); beside them the two files deploy writes into the
+repository: each model's :class:`TritonSidecar` (``pipeline.json``) and the :class:`FilesManifest`
+(``pipeline.files.json``).
 
 deploy makes these where it decides (:mod:`pipeline.deploy`: a model entry where the model is written, a refusal
 where it is planned; :mod:`pipeline.evaluation.served`: a check where the outputs are judged), and each type's
@@ -139,7 +140,7 @@ class ServerInfo(_Part):
     binary: Text
 
 
-class TimingMethod(_Part):
+class ServedTimingMethod(_Part):
     """perf_analyzer's method as used (:class:`pipeline.runtime.triton_serve.Method`)."""
 
     warmup_s: float
@@ -148,7 +149,7 @@ class TimingMethod(_Part):
     max_trials: int
 
 
-class Timing(_Part):
+class ServedTiming(_Part):
     """One client-side (or in-process) timing row (:class:`pipeline.runtime.triton_serve.Measurement`)."""
 
     where: Name  # "in-process", "http", "grpc"
@@ -177,11 +178,11 @@ class Serve(_Part):
     verdict: Verdict
     reason: Text
     timed: Name | None = None
-    method: TimingMethod
-    timings: Annotated[list[Timing], Rows]
+    method: ServedTimingMethod
+    timings: Annotated[list[ServedTiming], Rows]
 
     @property
-    def in_process(self) -> Timing | None:
+    def in_process(self) -> ServedTiming | None:
         """The timing row of the stock backend called without the server (the overhead's baseline)."""
         return next((t for t in self.timings if t.where == "in-process"), None)
 
@@ -201,7 +202,8 @@ class DeployResult(_Part):
 
     def to_json(self) -> dict[str, Any]:
         """deploy.json as every release wrote it (``serve`` only after ``--serve``)."""
-        return self.model_dump(exclude_unset=True, by_alias=True, exclude=set() if self.serve else {"serve"})
+        unserved = {"serve"} if self.serve is None else set()
+        return self.model_dump(exclude_unset=True, by_alias=True, exclude=unserved)
 
 
 # --------------------------------------------------------------------------- the files in the repository

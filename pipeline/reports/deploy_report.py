@@ -9,7 +9,7 @@ shown through :func:`pipeline.core.schema.printable`.
 from __future__ import annotations
 
 from pipeline.core import deploy_result
-from pipeline.core.deploy_result import DeployResult, Serve, Timing
+from pipeline.core.deploy_result import DeployResult, Serve, ServedTiming
 from pipeline.core.schema import printable
 from pipeline.core.status import Status
 from pipeline.reports.tables import Cell, Section, Table, fmt
@@ -49,7 +49,7 @@ def _number(value: float | None) -> Cell:
     return Cell(fmt(value) if value is not None else "-")
 
 
-def _timing_row(t: Timing, base: Timing | None) -> tuple[Cell, ...]:
+def _timing_row(t: ServedTiming, base: ServedTiming | None) -> tuple[Cell, ...]:
     return (Cell(WHERE.get(t.where, printable(t.where, 40))), Cell(str(t.concurrency)),
             Cell(fmt(t.p50_ms)), Cell(fmt(t.p90_ms)), Cell(fmt(t.p95_ms)), Cell(fmt(t.p99_ms)),
             Cell(fmt(t.throughput_per_s, ".4g")),
@@ -94,6 +94,6 @@ def sections(payload: dict) -> list[Section]:
     """deploy.json's sections: its payload (read through the bounded reader) typed once here."""
     result = deploy_result.of(payload)
     found = [repository_section(result)]
-    if result.serve:
+    if result.serve is not None:
         found.append(served_section(result.serve))
     return found
