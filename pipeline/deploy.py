@@ -17,7 +17,9 @@ holds exactly what deploy wrote there. Engines are checked against ``deploy.trit
 stock backend's behaviour, Triton (PyTriton) serves it, :mod:`pipeline.evaluation.served` judges what comes back.
 
 ``deploy.json`` in the run directory, written once after every check, records what was written, refused, served and
-measured (the report's serving section). docs/deploy.md explains the layout, the version tables and what runs where.
+measured (the report's serving section): a :class:`pipeline.core.deploy_result.DeployResult`, its parts made here and
+in :mod:`pipeline.evaluation.served` where each is decided, and written by its ``to_json``. docs/deploy.md explains
+the layout, the version tables and what runs where.
 """
 
 from __future__ import annotations
@@ -35,11 +37,28 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from pydantic import Field
 
 from pipeline.core import artifacts as a
 from pipeline.core import benchmark_rows, deployment, env, schema
 from pipeline.core import run as run_files
+from pipeline.core.deploy_result import (
+    FILES_SCHEMA,
+    MAX_ENTRIES,
+    SCHEMA,
+    SIDECAR_SCHEMA,
+    Compatibility,
+    DeployResult,
+    FilesManifest,
+    ModelEntry,
+    Refusal,
+    Serve,
+    ServedModel,
+    ServedTiming,
+    ServedTimingMethod,
+    ServerInfo,
+    TensorEntry,
+    TritonSidecar,
+)
 from pipeline.core.errors import BackendUnavailable, CheckFailed, InputError, UsageError, first_line
 from pipeline.core.run import RunDir, StageRecord, now, sha256_file, write_json
 from pipeline.core.status import Status
@@ -51,9 +70,6 @@ if TYPE_CHECKING:  # annotations only
     from pipeline.core.config_schema import Config
 
 log = logging.getLogger("pipeline")
-
-SIDECAR_SCHEMA = "pipeline.triton/1"
-SCHEMA = "pipeline.deploy/1"
 
 
 @dataclass(frozen=True)
@@ -73,8 +89,6 @@ IR = Format("", "openvino", "model.xml")
 # gating deployment to having one.
 FORMATS = {"tensorrt_plan": PLAN, "onnxruntime": ONNX, "openvino": IR}
 FILES_MANIFEST = "pipeline.files.json"  # the repository root: every file deploy wrote there, with its sha256
-FILES_SCHEMA = "pipeline.files/1"
-MAX_ENTRIES = 100_000  # a folder with more entries than this is no repository deploy wrote
 
 
 @dataclass(frozen=True)
@@ -117,21 +131,19 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, target: str | None
         raise InputError("nothing to deploy: no artifact passed the gate (" + "; ".join(p.refused for p in plans) + ")")
     curves = benchmark_curves(run_dir)
     models = write_repository(cfg, run_dir, chosen, curves, repository)
-    payload = {"schema": SCHEMA, "created": now(), "target": "triton", "repository": str(repository),
-               "models": [_model_entry(m, p, repository) for m, p in models],
-               "refused": [{"candidate": p.name, "verdict": p.verdict, "reason": p.refused}
-                           for p in plans if p.refused],
-               "compatibility": {"tensorrt": tensorrt, "releases": deployment.describe_releases(tensorrt),
-                                 "target_release": cfg.deploy.triton_release, "source": deployment.RELEASES_SOURCE}}
-    if serve:
-        payload["serve"] = serve_and_check(cfg, run_dir, repository, models)
-    write_json(run_dir.file(a.DEPLOY_JSON), payload)  # once, after every check
+    created, entries = now(), [_model_entry(m, p, repository) for m, p in models]
+    compatibility = Compatibility(tensorrt=tensorrt, releases=deployment.describe_releases(tensorrt),
+                                  target_release=cfg.deploy.triton_release, source=deployment.RELEASES_SOURCE)
+    served = serve_and_check(cfg, run_dir, repository, models) if serve else None
+    result = DeployResult(schema=SCHEMA, created=created, target="triton", repository=str(repository),
+                          models=entries, refused=[_refusal(p) for p in plans if p.refused],
+                          compatibility=compatibility, serve=served)
+    write_json(run_dir.file(a.DEPLOY_JSON), result.to_json())  # once, after every check
     record.artifact(a.DEPLOY_JSON)
-    record.details.update(_details(payload))
+    record.details.update(_details(result))
     log.info("deploy: wrote %s: %s", repository, ", ".join(m.name for m, _ in models))
-    if serve and payload["serve"]["verdict"] != Status.PASSED:
-        raise CheckFailed(f"what Triton serves from {repository} does not pass verify's criteria: "
-                          f"{payload['serve']['reason']}")
+    if served is not None and served.verdict != Status.PASSED:
+        raise CheckFailed(f"what Triton serves from {repository} does not pass verify's criteria: {served.reason}")
 
 
 def _repository_path(cfg: Config, run_dir: RunDir, out: str | None) -> Path:
@@ -176,28 +188,25 @@ def on_disk(root: Path) -> dict[str, str]:
     return entries
 
 
-class _FilesManifest(schema.Strict):
-    schema_: str = Field(alias="schema", pattern=f"^{FILES_SCHEMA}$")
-    files: dict[str, str] = Field(max_length=MAX_ENTRIES)
-
-
 def written_files(root: Path) -> dict[str, str] | None:
     """The files manifest deploy left in ``root`` (None: none, or one that is not deploy's)."""
     path = root / FILES_MANIFEST
     if not path.is_file() or path.is_symlink():
         return None
     try:
-        manifest = schema.read_json(path, _FilesManifest, "deploy's files manifest", limit=16 * 2**20)
+        manifest = schema.read_json(path, FilesManifest, "deploy's files manifest", limit=16 * 2**20)
     except InputError:
         return None
     return dict(manifest.files)
 
 
-def _details(payload: dict) -> dict:
-    details = {"repository": payload["repository"], "models": [m["name"] for m in payload["models"]],
-               "refused": [r["candidate"] for r in payload["refused"] if r["verdict"] != Status.SKIPPED]}
-    if "serve" in payload:
-        details["served"] = payload["serve"]["verdict"]
+def _details(result: DeployResult) -> dict:
+    """What the manifest records of deploy: the repository, the models written, the candidates refused (not those
+    verify skipped) and, after ``--serve``, the serving verdict."""
+    details = {"repository": result.repository, "models": [m.name for m in result.models],
+               "refused": [r.candidate for r in result.refused if r.verdict != Status.SKIPPED]}
+    if result.serve is not None:
+        details["served"] = result.serve.verdict
     return details
 
 
@@ -284,8 +293,8 @@ def write_repository(cfg: Config, run_dir: RunDir, chosen: list[Planned], curves
         os.chmod(staging, 0o777 & ~run_files.umask())  # mkdtemp's 0700 would keep the server out
         models = [(_write_model(cfg, run_dir, p, curves, staging / p.name), p) for p in chosen]
         files = {k: v for k, v in on_disk(staging).items() if v not in ("dir", "other")}
-        (staging / FILES_MANIFEST).write_text(json.dumps({"schema": FILES_SCHEMA, "files": files}, indent=2) + "\n",
-                                              encoding="utf-8")
+        manifest = FilesManifest(schema=FILES_SCHEMA, files=files)
+        (staging / FILES_MANIFEST).write_text(json.dumps(manifest.to_json(), indent=2) + "\n", encoding="utf-8")
         _swap(staging, repository)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -325,11 +334,11 @@ def _write_model(cfg: Config, run_dir: RunDir, p: Planned, curves: dict, folder:
     text = triton.to_text(triton.build_config(model))
     (folder / a.TRITON_CONFIG).write_text(text, encoding="utf-8")
     _check_config(folder / a.TRITON_CONFIG, model)
-    sidecar = {"schema": SIDECAR_SCHEMA, "candidate": p.name, "verdict": p.verdict, "verdict_sha256": p.sha256,
-               "artifact": p.backend.artifact, "run": str(run_dir.path.absolute()), "precision": p.backend.precision,
-               "device": p.backend.device, "files": {f"{a.TRITON_VERSION}/{n}": hashlib.sha256(d).hexdigest()
-                                                     for n, d in files.items()}}
-    (folder / a.TRITON_SIDECAR).write_text(json.dumps(sidecar, indent=2) + "\n", encoding="utf-8")
+    sidecar = TritonSidecar(schema=SIDECAR_SCHEMA, candidate=p.name, verdict=p.verdict, verdict_sha256=p.sha256,
+                            artifact=p.backend.artifact, run=str(run_dir.path.absolute()),
+                            precision=p.backend.precision, device=p.backend.device,
+                            files={f"{a.TRITON_VERSION}/{n}": hashlib.sha256(d).hexdigest() for n, d in files.items()})
+    (folder / a.TRITON_SIDECAR).write_text(json.dumps(sidecar.to_json(), indent=2) + "\n", encoding="utf-8")
     return model
 
 
@@ -389,14 +398,22 @@ def served_max_batch(cfg: Config, model: triton.Model) -> int:
                                          profile_max=signature.profile_max)[1]
 
 
-def _model_entry(model: triton.Model, p: Planned, repository: Path) -> dict:
-    return {"name": model.name, "candidate": p.name, "verdict": p.verdict, "verdict_sha256": p.sha256,
-            "platform": model.platform or None, "backend": model.backend or None, "device": p.backend.device,
-            "max_batch_size": model.max_batch_size, "preferred_batch_sizes": list(model.preferred_batch_sizes),
-            "parameters": dict(model.parameters), "gated_precision": p.backend.precision,
-            "runs_in": _runs_in(model, p, repository), "loads_in": _loads_in(model, repository),
-            "inputs": [asdict(t) for t in model.signature.inputs],
-            "outputs": [asdict(t) for t in model.signature.outputs]}
+def _model_entry(model: triton.Model, p: Planned, repository: Path) -> ModelEntry:
+    return ModelEntry(name=model.name, candidate=p.name, verdict=p.verdict, verdict_sha256=p.sha256,
+                      platform=model.platform or None, backend=model.backend or None, device=p.backend.device,
+                      max_batch_size=model.max_batch_size, preferred_batch_sizes=list(model.preferred_batch_sizes),
+                      parameters=dict(model.parameters), gated_precision=p.backend.precision,
+                      runs_in=_runs_in(model, p, repository), loads_in=_loads_in(model, repository),
+                      inputs=[_tensor(t) for t in model.signature.inputs],
+                      outputs=[_tensor(t) for t in model.signature.outputs])
+
+
+def _tensor(t: triton.Tensor) -> TensorEntry:
+    return TensorEntry(name=t.name, dtype=t.dtype, dims=list(t.dims))
+
+
+def _refusal(p: Planned) -> Refusal:
+    return Refusal(candidate=p.name, verdict=p.verdict, reason=p.refused)
 
 
 def _loads_in(model: triton.Model, repository: Path) -> str:
@@ -438,7 +455,8 @@ def _runs_in(model: triton.Model, p: Planned, repository: Path) -> str:
 # --------------------------------------------------------------------------- serving it here
 
 
-def serve_and_check(cfg: Config, run_dir: RunDir, repository: Path, models: list[tuple[triton.Model, Planned]]) -> dict:
+def serve_and_check(cfg: Config, run_dir: RunDir, repository: Path,
+                    models: list[tuple[triton.Model, Planned]]) -> Serve:
     """Serve the repository as written: every model folder read back from disk and executed with its stock backend's
     behaviour (:mod:`pipeline.runtime.triton_stock`) behind Triton; the validation images sent at batch 1, at the
     largest batch and from 8 clients at once; each arrangement judged by verify's criteria for the model's precision
@@ -453,7 +471,7 @@ def serve_and_check(cfg: Config, run_dir: RunDir, repository: Path, models: list
     images, labels = data.labelled_validation_batch(cfg, card, cfg.deploy.serve_samples, spread=True)
     reference = _reference(reference_model, images, cfg.verify.batch_size)
     here = [(m, p) for m, p in models if not m.gpu and m.platform != "tensorrt_plan"]
-    not_here = [{"model": m.name, "verdict": Status.SKIPPED, "reason": "not served on this machine: it needs a GPU"}
+    not_here = [ServedModel(model=m.name, verdict=Status.SKIPPED, reason="not served on this machine: it needs a GPU")
                 for m, _ in models if m.name not in {h.name for h, _ in here}]
     written = written_files(repository) or {}
     method = triton_serve.Method(cfg.deploy.warmup_s, cfg.deploy.window_s, cfg.deploy.stability, cfg.deploy.max_trials)
@@ -472,15 +490,15 @@ def serve_and_check(cfg: Config, run_dir: RunDir, repository: Path, models: list
                                               cfg.verify.confidence, load_error=stock.errors.get(m.name, ""),
                                               served_precision=loaded.precision if loaded else None,
                                               repository=repository))
-        timed_name = _timed(cfg, [r for r in results if r["verdict"] == Status.PASSED])
-        timings = ([asdict(t) for t in timed(timed_name, images[:1], method, cfg.deploy.concurrency)]
+        timed_name = _timed(cfg, [r for r in results if r.verdict == Status.PASSED])
+        timings = ([ServedTiming(**asdict(t)) for t in timed(timed_name, images[:1], method, cfg.deploy.concurrency)]
                    if timed_name else [])
-    verdict = deployment.serving_verdict([r["verdict"] for r in results])
-    failing = [f"{r['model']}: {r['reason']}" for r in results if r["verdict"] != Status.PASSED]
-    return {"server": server, "cpu": env.cpu_model(), "cores": env.usable_cores(), "images": len(images),
-            "reference": "the trained FP32 PyTorch model (verify's reference)", "models": results + not_here,
-            "verdict": verdict, "reason": "; ".join(failing) or ("" if results else "no model is served here"),
-            "timed": timed_name, "method": asdict(method), "timings": timings}
+    verdict = deployment.serving_verdict([r.verdict for r in results])
+    failing = [f"{r.model}: {r.reason}" for r in results if r.verdict != Status.PASSED]
+    return Serve(server=server, cpu=env.cpu_model(), cores=env.usable_cores(), images=len(images),
+                 reference="the trained FP32 PyTorch model (verify's reference)", models=results + not_here,
+                 verdict=verdict, reason="; ".join(failing) or ("" if results else "no model is served here"),
+                 timed=timed_name, method=ServedTimingMethod(**asdict(method)), timings=timings)
 
 
 def _reference(model, images: np.ndarray, batch: int) -> np.ndarray:
@@ -491,9 +509,9 @@ def _reference(model, images: np.ndarray, batch: int) -> np.ndarray:
                                for i in range(0, len(images), batch)])
 
 
-def _timed(cfg: Config, passed: list[dict]) -> str | None:
+def _timed(cfg: Config, passed: list[ServedModel]) -> str | None:
     """The model timed: deploy.serve_candidate when it was served and passed, else the first that passed."""
-    names = [r["model"] for r in passed]
+    names = [r.model for r in passed]
     return cfg.deploy.serve_candidate if cfg.deploy.serve_candidate in names else (names[0] if names else None)
 
 
@@ -506,7 +524,7 @@ def triton_front_end(stock, models: list[triton.Model], run_dir: RunDir, log_fil
 
     bound = [(m, _executor(stock, m.name)) for m in models if m.name in stock.models]
     if not bound:  # nothing loaded: nothing to start
-        yield _refused_send, {"triton": None, "binary": "not started: no model loaded"}, lambda *a: []
+        yield _refused_send, ServerInfo(triton=None, binary="not started: no model loaded"), lambda *a: []
         return
     with _workspace(run_dir) as workspace, triton_serve.served(bound, workspace=workspace,
                                                                log_file=log_file) as server:
@@ -531,9 +549,9 @@ def triton_front_end(stock, models: list[triton.Model], run_dir: RunDir, log_fil
                         method=method))
             return rows
 
-        yield send, {"triton": server.version, "start_s": server.start_s,
-                     "binary": "tritonserver from nvidia-pytriton; each model's executions by its stock backend's "
-                               "behaviour (pipeline/runtime/triton_stock.py)"}, timed
+        yield send, ServerInfo(triton=server.version, start_s=server.start_s,
+                               binary="tritonserver from nvidia-pytriton; each model's executions by its stock "
+                                      "backend's behaviour (pipeline/runtime/triton_stock.py)"), timed
 
 
 def _executor(stock, name: str):

@@ -10,6 +10,7 @@ import json
 import pytest
 
 from conftest import cli
+from pipeline.core import deploy_result
 
 pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc] (the deploy extra, in the test extra) is not "
                     "installed")
@@ -74,6 +75,7 @@ def test_every_config_parses_as_model_config_and_matches_its_artifact(clone_run,
     measured = {r["batch_size"] for r in benchmark if r["backend"] == "onnxrt_fp32"}
     assert set(onnx_fp32.dynamic_batching.preferred_batch_size) <= measured  # from benchmark's curve
     deployed = json.loads((run / "deploy.json").read_text())
+    assert deploy_result.read(run / "deploy.json").to_json() == deployed  # read back and written in the same shape
     refused = {r["candidate"]: r["reason"] for r in deployed["refused"]}
     assert "only precision parameter is HINT_BF16" in refused["openvino_fp32"]  # it would run in bf16 on a BF16 CPU
     runs_in = {m["name"]: m["runs_in"] for m in deployed["models"]}

@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import cli
+from pipeline.core import deploy_result
 
 pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc] (the deploy extra, in the test extra) is not "
                     "installed")
@@ -48,6 +49,7 @@ def test_every_written_model_passes_verify_criteria_at_batch_1_max_batch_and_con
     assert _serve(run, out) == 0
     serve = json.loads((run / "deploy.json").read_text())["serve"]
     assert serve["verdict"] == "passed" and serve["reason"] == ""
+    assert deploy_result.read(run / "deploy.json").serve.to_json() == serve  # read back, written in the same shape
     models = _served(run)
     written = {p.name for p in out.iterdir() if p.is_dir()}
     assert set(models) == written and {"onnxrt_fp32", "onnxrt_fp16_cpu"} <= written
@@ -140,8 +142,8 @@ def test_outputs_off_the_reference_fail_the_gate(tmp_path):
 
     ok = served.check_model(model, honest, images, labels, reference, "logits", 0.95)
     bad = served.check_model(model, lying, images, labels, reference, "logits", 0.95)
-    assert ok["verdict"] == "passed" and [c["batch"] for c in ok["checks"]] == [1, 8, 1]
-    assert bad["verdict"] == "failed" and "failed verify's fp32 criteria against the FP32 reference" in bad["reason"]
+    assert ok.verdict == "passed" and [c.batch for c in ok.checks] == [1, 8, 1]
+    assert bad.verdict == "failed" and "failed verify's fp32 criteria against the FP32 reference" in bad.reason
 
 
 @settings(max_examples=60, deadline=None)

@@ -13,6 +13,7 @@ server refuses to load or answer, fails with that reason.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.core import deployment
+from pipeline.core.deploy_result import ServedCheck, ServedModel, ServerInfo
 from pipeline.core.errors import first_line
 from pipeline.core.run import sha256_file
 from pipeline.core.status import Status
@@ -111,7 +113,7 @@ def send_all(send: Send, name: str, images: np.ndarray, arrangement: Arrangement
 
 def check_model(model: Served, send: Send, images: np.ndarray, labels: np.ndarray, reference: np.ndarray,
                 output_name: str, confidence: float, *, load_error: str = "", served_precision: str | None = None,
-                repository: Path | None = None) -> dict:
+                repository: Path | None = None) -> ServedModel:
     """One model: why it cannot be trusted before anything is sent (its files, its load, its precision), then every
     arrangement's outputs judged by the gate against the FP32 reference."""
     refusals = file_problems(repository, model.files) if repository is not None else []
@@ -120,34 +122,35 @@ def check_model(model: Served, send: Send, images: np.ndarray, labels: np.ndarra
     mismatch = deployment.precision_mismatch(model.precision, served_precision)
     if mismatch:
         refusals.append(mismatch)
-    checks = []
+    checks: list[ServedCheck] = []
     if not load_error:
         for arrangement in arrangements(model.max_batch):
             checks.append(_check(model, send, images, labels, reference, output_name, confidence, arrangement))
-    reasons = refusals + [f"{c['arrangement']}: {c['reason']}" for c in checks if c["status"] != Status.PASSED]
-    verdict = deployment.served_verdict([c["status"] for c in checks], refused=bool(refusals))
-    return {"model": model.name, "precision": model.precision, "served_precision": served_precision,
-            "checks": checks, "verdict": verdict, "reason": "; ".join(reasons)}
+    reasons = refusals + [f"{c.arrangement}: {c.reason}" for c in checks if c.status != Status.PASSED]
+    verdict = deployment.served_verdict([c.status for c in checks], refused=bool(refusals))
+    return ServedModel(model=model.name, precision=model.precision, served_precision=served_precision,
+                       checks=checks, verdict=verdict, reason="; ".join(reasons))
 
 
 def _check(model: Served, send: Send, images: np.ndarray, labels: np.ndarray, reference: np.ndarray,
-           output_name: str, confidence: float, arrangement: Arrangement) -> dict:
+           output_name: str, confidence: float, arrangement: Arrangement) -> ServedCheck:
     from pipeline.precision import gate as criteria
 
-    row = {"arrangement": arrangement.name, "batch": arrangement.batch, "concurrency": arrangement.concurrency}
+    row = functools.partial(ServedCheck, arrangement=arrangement.name, batch=arrangement.batch,
+                            concurrency=arrangement.concurrency)
     try:
         served = send_all(send, model.name, images, arrangement)
     except Exception as exc:  # noqa: BLE001 (the server's answer, whatever its type)
-        return {**row, "status": Status.FAILED, "reason": f"the request failed: {first_line(exc)[:300]}"}
+        return row(status=Status.FAILED, reason=f"the request failed: {first_line(exc)[:300]}")
     result = criteria.judge([{output_name: served}], [{output_name: reference}], labels, model.gate, output_name,
                             confidence)
-    log.info("deploy: served %s, %s: %s", model.name, arrangement.name, result["status"])
-    tensor = result["tensor_check"]
-    return {**row, "status": result["status"], "scaled_error": tensor.get("scaled_error_quantile"),
-            "top1_agreement": result["task_check"].get("top1_agreement"),
-            "reason": "" if result["status"] == Status.PASSED else
-            (f"{result['status']} verify's {model.precision} criteria against the FP32 reference (scaled error "
-             f"{tensor.get('scaled_error_quantile')}, top-1 agreement {result['task_check'].get('top1_agreement')})")}
+    status = result["status"]
+    scaled, agreement = result["tensor_check"].get("scaled_error_quantile"), result["task_check"].get("top1_agreement")
+    log.info("deploy: served %s, %s: %s", model.name, arrangement.name, status)
+    return row(status=status, scaled_error=scaled, top1_agreement=agreement,
+               reason="" if status == Status.PASSED else
+               (f"{status} verify's {model.precision} criteria against the FP32 reference (scaled error "
+                f"{scaled}, top-1 agreement {agreement})"))
 
 
 @contextlib.contextmanager
@@ -155,5 +158,5 @@ def in_process(stock, models, run_dir, log_file):
     """The front end without Triton: requests go straight to the stock backends' scheduler
     (:class:`pipeline.runtime.triton_stock.Repository`), as Triton's core would hand them over. deploy's
     ``FRONT_END`` in the tests that run where the serve extra is not installed; nothing is timed."""
-    yield stock.infer, {"triton": None, "binary": "none: the stock backends' behaviour called in this process"}, \
+    yield stock.infer, ServerInfo(triton=None, binary="none: the stock backends' behaviour called in this process"), \
         (lambda *args: [])
