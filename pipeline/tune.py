@@ -51,7 +51,7 @@ from pipeline.core.status import Status
 from pipeline.evaluation import candidates
 from pipeline.precision import fallback, int8, plugs, qat_rung, sensitivity
 from pipeline.precision.plugs import Precision
-from pipeline.precision.sensitivity import Candidate, MethodRun
+from pipeline.precision.sensitivity import QAT_FACTS, Candidate, Confirmation, GreedyRun, MethodRun, QatRun
 from pipeline.precision.tune_result import (
     GateNumbers,
     HeldOutConfirmation,
@@ -222,8 +222,8 @@ def _greedy(t: Tuner, all_low: onnx.ModelProto, method: str, all_low_cand: Candi
     scratch run folder so nothing of the run changes; its answer judged like every other candidate."""
     failing = all_low_cand.round.failing
     if all_low_cand.passed:  # verify --auto-fallback would move nothing: its answer is the all-low graph
-        return Candidate([], "greedy fallback", {**all_low_cand.result, "greedy_rounds": 0}, calibration=method,
-                         fp32=list(all_low_cand.fp32), round=all_low_cand.round)
+        return Candidate([], "greedy fallback", dict(all_low_cand.result), calibration=method,
+                         fp32=list(all_low_cand.fp32), round=all_low_cand.round, greedy=GreedyRun(None, 0))
     if failing is None:
         return None
     cfg, plug = t.cfg, t.plug
@@ -242,8 +242,7 @@ def _greedy(t: Tuner, all_low: onnx.ModelProto, method: str, all_low_cand: Candi
     high, fp32 = plug.tune_raises(fallback.Raised(**result["raised"]))
     fp32 = list(dict.fromkeys([*t.base_fp32, *fp32]))
     cand = t.judge(t.mix(all_low, high, fp32), high, "greedy fallback", method, fp32)
-    cand.result["greedy_passed"] = result["passed"]
-    cand.result["greedy_rounds"] = len(result["iterations"])
+    cand.greedy = GreedyRun(result["passed"], len(result["iterations"]))
     return cand
 
 
@@ -425,7 +424,7 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, tune: bool = False
     ladder = tune_report.ladder(t, runs, ptq_chosen, qat_cand, qat_why) if plug.trainable else None
     payload = payload.model_copy(update={"stability": stability, "ladder": ladder})
     if chosen is not None and chosen is qat_cand:
-        qat_recipe.write_fallback(run_dir, qat_cand.result["qat"]["source"], "chosen by python -m pipeline tune "
+        qat_recipe.write_fallback(run_dir, qat_cand.qat.source, "chosen by python -m pipeline tune "
                                   "(tune.md): QAT's graph, rebuilt by export from its checkpoint")
         for name in (plug.fallback_file, QAT_CHECKPOINT, QAT_BEST_CHECKPOINT, QAT_METRICS, QAT_CURVE):
             if run_dir.file(name).exists():
@@ -482,8 +481,8 @@ def held_out_confirmation(t: Tuner, chosen: Candidate | None, qat: bool) -> Held
     numbers = GateNumbers.model_validate(sensitivity.summary(exact.result) if exact is not None
                                          and "task_check" in exact.result else {})
     status = Status.PASSED if checked.passed else Status.FAILED
-    search = (chosen.result.get("confirmed") or chosen.result).get("status")
     searched = GateNumbers.model_validate(chosen.result)
+    search = chosen.confirmed.status if chosen.confirmed else searched.status
     calibration = _calibration_images(t)
     others = {f"{t.plug.name} calibration": calibration, "tune search": t.evidence.images}
     parts = t.held_out_evidence.parts
@@ -550,9 +549,7 @@ def _qat_rung(t: Tuner, runs: list[MethodRun], baseline: Candidate | None, ptq: 
             with ExitStack() as stack:
                 sessions = [stack.enter_context(t.target.open(g, low)) for _, g, low in rivals]
                 time_in_rounds(t, [c for c, _, _ in rivals], sessions)
-    cand.result["qat"] = {k: details[k] for k in ("epochs", "seconds_per_epoch", "best_val_acc", "int8_layers",
-                                                   "source", "simulated")}
-    cand.result["int8_layers"] = details["int8_layers"]
+    cand.qat = QatRun(**{k: details[k] for k in QAT_FACTS})
     next((r for r in runs if r.method == method), runs[0]).candidates.append(cand)
     return cand
 
@@ -603,8 +600,7 @@ def _choose(t: Tuner, runs: list[MethodRun], incumbent: Candidate | None = None)
 
     def confirm(pick: Candidate) -> bool:
         checked = t.full(t.converted(pick.high, pick.fp32, pick.calibration))
-        pick.result["confirmed"] = {"status": Status.PASSED if checked.passed else Status.FAILED,
-                                    "candidates": checked.results}
+        pick.confirmed = Confirmation(Status.PASSED if checked.passed else Status.FAILED, checked.results)
         return checked.passed
 
     pick, tried, fastest = sensitivity.confirmed(everything, batches, t.cfg.tune.same_speed, confirm, incumbent)

@@ -77,8 +77,8 @@ def test_a_mix_whose_exported_graph_fails_gives_way_to_the_next():
     t = FakeTuner(sound={("a", "b")})
     chosen, why = tune._choose(t, [_run("max", [fast, slower])])
     assert chosen is slower and "fastest passing mix" in why
-    assert fast.result["confirmed"]["status"] == Status.FAILED
-    assert slower.result["confirmed"]["status"] == Status.PASSED
+    assert fast.confirmed.status == Status.FAILED
+    assert slower.confirmed.status == Status.PASSED
     assert [g[1] for g in t.judged] == [("a",), ("a", "b")]  # each confirmed on the graph export makes
     assert t.judged[0] == ("export's graph", ("a",), (), "max")
 
@@ -143,7 +143,7 @@ def test_an_untimed_choice_says_so(timed):
 def test_the_confirmation_records_its_round():
     pick = _cand(["a"], 2.0)
     tune._choose(FakeTuner(sound={("a",)}), [_run("max", [pick])])
-    assert pick.result["confirmed"] == {"status": Status.PASSED, "candidates": [{"graph": ["a"]}]}
+    assert pick.confirmed.to_json() == {"status": Status.PASSED, "candidates": [{"graph": ["a"]}]}
 
 
 def test_no_passing_mix_at_all_says_just_that():

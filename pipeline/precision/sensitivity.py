@@ -166,6 +166,48 @@ def measure(layers: list[str], op_types: dict, evaluate: Callable[[set], dict], 
 # --------------------------------------------------------------------------- search
 
 
+@dataclass(frozen=True)
+class Confirmation:
+    """The full gate on the graph export will make of a mix (tune confirms the pick on it): passed or failed, and
+    each candidate's status."""
+
+    status: str
+    candidates: object  # the round's results: {candidate: status}
+
+    def to_json(self) -> dict:
+        return {"status": self.status, "candidates": self.candidates}
+
+
+@dataclass(frozen=True)
+class GreedyRun:
+    """How the greedy fallback (``verify --auto-fallback``'s loop) reached its mix: whether its loop passed (None: the
+    all-low graph passed, so it did not run) and the rounds it took."""
+
+    passed: bool | None
+    rounds: int
+
+    def to_json(self) -> dict:
+        return {**({} if self.passed is None else {"greedy_passed": self.passed}), "greedy_rounds": self.rounds}
+
+
+QAT_FACTS = ("epochs", "seconds_per_epoch", "best_val_acc", "int8_layers", "source", "simulated")
+
+
+@dataclass(frozen=True)
+class QatRun:
+    """What QAT's fine-tuning reports of the mix it made (tune's third rung)."""
+
+    epochs: int
+    seconds_per_epoch: float
+    best_val_acc: float
+    int8_layers: int
+    source: dict  # the checkpoint export rebuilds the graph from
+    simulated: object
+
+    def to_json(self) -> dict:
+        return {"qat": {k: getattr(self, k) for k in QAT_FACTS}, "int8_layers": self.int8_layers}
+
+
 @dataclass
 class Candidate:
     """One mix: the layers kept out of INT8, how it was found, its gate result and timings."""
@@ -181,6 +223,16 @@ class Candidate:
     rounds: dict = field(default_factory=dict, repr=False)  # {batch: [ms per interleaved round]}
     session: int = 0  # which set of interleaved rounds timed it (0: none; only rounds of one session pair up)
     kernels: tuple | None = field(default=None, repr=False)  # what the target compiled it to (None: not known)
+    greedy: GreedyRun | None = None  # the greedy fallback's answer: how its loop went
+    confirmed: Confirmation | None = None  # the gate on the graph export makes of it (tune's pick)
+    qat: QatRun | None = None  # QAT's mix: its fine-tuning
+
+    def result_json(self) -> dict:
+        """The gate's result as tune.json holds it: with how the greedy fallback went, the confirmation and QAT's
+        facts after it, where the mix has them."""
+        return {**self.result, **(self.greedy.to_json() if self.greedy else {}),
+                **({"confirmed": self.confirmed.to_json()} if self.confirmed else {}),
+                **(self.qat.to_json() if self.qat else {})}
 
     @property
     def passed(self) -> bool:

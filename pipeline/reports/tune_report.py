@@ -42,7 +42,7 @@ def _row(c: Candidate, chosen: Candidate | None, fronts: dict, precision: str, b
     vs_fp32 = sensitivity.time_ratio(c, baseline, [b for b in c.latency_ms if b in baseline.latency_ms]) \
         if baseline is not None else {}
     return row(origin=c.origin, calibration=c.calibration, high=list(c.high), fp32=list(c.fp32),
-               layers_raised=len(c.high), result=GateNumbers.model_validate(c.result),
+               layers_raised=len(c.high), result=GateNumbers.model_validate(c.result_json()),
                latency_ms={str(b): v for b, v in c.latency_ms.items()},
                time_vs_fp32={str(b): RatioRow.of(r) for b, r in vs_fp32.items()},
                runtime_not_low=layers_not_in(c.runtime, precision), chosen=c is chosen,
@@ -144,7 +144,7 @@ def ladder(t, runs: list[MethodRun], ptq_chosen: Candidate | None, qat: Candidat
         rung("PTQ (every layer INT8)", all_low, total),
         rung("best PTQ mix", ptq_chosen, total - len(ptq_chosen.high) if ptq_chosen else None,
              "none passes the gate"),
-        rung("QAT", qat, qat.result.get("int8_layers") if qat else None)])
+        rung("QAT", qat, qat.qat.int8_layers if qat and qat.qat else None)])
 
 
 def _ladder_table(p: TuneResult) -> Table:
