@@ -130,7 +130,7 @@ class Tuner:
     def mix(self, all_low: onnx.ModelProto, high, fp32=()) -> onnx.ModelProto:
         return self.plug.mix(all_low, self.fp32_model, high, [n for n in fp32 if n not in self.base_fp32])
 
-    def quick(self, model: onnx.ModelProto) -> dict:
+    def quick(self, model: onnx.ModelProto) -> GateNumbers:
         """The gate's criteria on the sensitivity images, run faithfully (the Q/DQ arithmetic, the FP16 rounding)."""
         from pipeline.runtime.runners import collect, faithful_runner
 
@@ -146,11 +146,11 @@ class Tuner:
         checked = self.full(model)
         exact = next((c for c in checked.checks if c.name == self.plug.faithful), None)
         result = sensitivity.summary(exact.result) if exact is not None and "task_check" in exact.result else {}
-        result.update({"status": Status.PASSED if checked.passed else Status.FAILED, "candidates": checked.results})
+        status = Status.PASSED if checked.passed else Status.FAILED
+        result.update({"status": status, "candidates": checked.results})
         cand = Candidate(list(high), origin, result, calibration=method, fp32=list(fp32 or self.base_fp32))
         cand.round = checked
-        log.info("tune: %s %s (%d layers %s): %s", method, origin, len(cand.high), self.plug.raised_to,
-                 result["status"])
+        log.info("tune: %s %s (%d layers %s): %s", method, origin, len(cand.high), self.plug.raised_to, status)
         return cand
 
 
@@ -187,7 +187,7 @@ def tune_method(t: Tuner, method: str) -> MethodRun:
     layers = sensitivity.low_layers(t.fp32_model, t.plug.node_precisions(t.fp32_model, all_low), t.plug)
     ops = {n.name: n.op_type for n in t.fp32_model.graph.node}
     with phase(t, f"sensitivity ({method})", 2 * len(layers) + 1) as bar:
-        def quick(high) -> dict:
+        def quick(high) -> GateNumbers:
             bar.update(1)
             return t.quick(t.mix(all_low, high))
 

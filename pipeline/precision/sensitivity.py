@@ -33,6 +33,7 @@ from pipeline.core import speed_claims
 from pipeline.core.speed_claims import Ratio
 from pipeline.precision import gate as criteria
 from pipeline.precision.int8 import DQ, Q
+from pipeline.precision.tune_result import GateNumbers
 
 log = logging.getLogger("pipeline")
 
@@ -115,9 +116,10 @@ def _prune(graph: onnx.GraphProto) -> None:
 
 
 def metrics(outputs: list[dict], reference: list[dict], labels: np.ndarray, gate: dict, output_name: str,
-            confidence: float) -> dict:
+            confidence: float) -> GateNumbers:
     """The gate's verdict on one set of outputs (:func:`pipeline.gate.judge`), with the numbers a table shows."""
-    return summary(criteria.judge(outputs, reference, labels, gate, output_name, confidence))
+    return GateNumbers.model_validate(summary(criteria.judge(outputs, reference, labels, gate, output_name,
+                                                             confidence)))
 
 
 def summary(result: dict) -> dict:
@@ -136,21 +138,22 @@ def summary(result: dict) -> dict:
 class Sensitivity:
     layer: str
     op_type: str
-    alone: dict  # only this layer in INT8
-    all_but: dict  # every layer in INT8 but this one
+    alone: GateNumbers  # only this layer in INT8
+    all_but: GateNumbers  # every layer in INT8 but this one
     score: float = 0.0
 
 
-def score(alone: dict, all_but: dict, all_low: dict) -> float:
+def score(alone: GateNumbers, all_but: GateNumbers, all_low: GateNumbers) -> float:
     """The error the layer causes alone plus what raising it alone recovers from the all-INT8 graph (scaled units;
     a non-finite error counts as very large)."""
     def finite(x) -> float:
         return 1e9 if x is None or not np.isfinite(x) else float(x)
 
-    return finite(alone["scaled_error"]) + max(0.0, finite(all_low["scaled_error"]) - finite(all_but["scaled_error"]))
+    return finite(alone.scaled_error) + max(0.0, finite(all_low.scaled_error) - finite(all_but.scaled_error))
 
 
-def measure(layers: list[str], op_types: dict, evaluate: Callable[[set], dict], all_low: dict) -> list[Sensitivity]:
+def measure(layers: list[str], op_types: dict, evaluate: Callable[[set], GateNumbers],
+            all_low: GateNumbers) -> list[Sensitivity]:
     """Each layer's sensitivity, ranked (most sensitive first; ties in graph order). ``evaluate(high)`` judges
     the mix with the layers ``high`` out of INT8."""
     rows = []
@@ -251,7 +254,7 @@ class MethodRun:
 
     method: str
     layers: list[str]
-    all_low: dict
+    all_low: GateNumbers  # the quick metrics of the graph with every unit low
     ranked: list[Sensitivity]
     candidates: list[Candidate]
     graph: object = field(repr=False)
