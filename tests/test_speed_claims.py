@@ -281,21 +281,20 @@ def test_a_mix_the_target_runs_with_no_int8_layer_gets_no_int8_speedup(runtime, 
 
 
 def test_a_speedup_whose_interval_holds_the_minimum_is_undecided_not_passed():
-    from pipeline.precision import tune_result
     from pipeline.reports import tune_report
+    from test_tune_result import made
 
     p = {"precision": "int8", "chosen": {"runtime": {"/a/Conv": "u8"}}, "batches": [1], "same_speed": 0.05,
          "speedup_vs_fp32": {"1": 1.1}, "int8_dot_product": True,
          "speedup_interval_vs_fp32": {"1": {"estimate": 1.1, "low": 0.7, "high": 1.6, "rounds": 15}}}
-    typed = tune_result.result_of
-    assert tune_report.speed_failure(typed(p), 1.0) == ""
+    assert tune_report.speed_failure(made(**p), 1.0) == ""
     assert "the speed gate is undecided: the speed-up over FP32 is x1.10 [0.70, 1.60]" in \
-        tune_report.speed_in_doubt(typed(p), 1.0)
+        tune_report.speed_in_doubt(made(**p), 1.0)
     decided = {**p, "speedup_interval_vs_fp32": {"1": {"estimate": 1.1, "low": 1.0, "high": 1.2, "rounds": 15}}}
-    assert tune_report.speed_in_doubt(typed(decided), 1.0) == ""
-    assert tune_report.speed_failure(typed(decided), 1.0) == ""
+    assert tune_report.speed_in_doubt(made(**decided), 1.0) == ""
+    assert tune_report.speed_failure(made(**decided), 1.0) == ""
     below = {**p, "speedup_interval_vs_fp32": {"1": {"estimate": 0.8, "low": 0.7, "high": 0.9, "rounds": 15}}}
-    assert "x0.80 [0.70, 0.90] at batch 1, below tune.min_speedup 1" in tune_report.speed_failure(typed(below), 1.0)
+    assert "x0.80 [0.70, 0.90] at batch 1, below tune.min_speedup 1" in tune_report.speed_failure(made(**below), 1.0)
 
 
 # --------------------------------------------------------------------------- benchmark: the headline and benchmark_app

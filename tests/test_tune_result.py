@@ -25,6 +25,18 @@ PARTS = {"chosen", "candidates", "greedy", "sensitivity", "all_low", "result", "
          "speedup_interval_vs_fp32", "ladder", "rungs", "samples", "timing", "fp32"}  # typed attributes of a part
 
 
+# What every tune.json holds (a test of one rule overrides what it is about).
+MINIMAL = {"model": "m", "raised": "out of INT8", "target": "OpenVINO CPU", "speed_not_measured": None, "cpu": "cpu",
+           "batches": [1, 8], "samples": {"sensitivity": 4, "gate": 8}, "timing": {"statistic": "interleaved"},
+           "fp32": {"latency_ms": {}}, "sensitivity": {}, "candidates": [], "chosen": None, "speedup_vs_fp32": {},
+           "seconds": {}, "summary": ""}
+
+
+def made(**fields) -> tune_result.TuneResult:
+    """A tune result with ``fields`` and otherwise :data:`MINIMAL`, read as the report reads tune.json."""
+    return tune_result.result_of({**MINIMAL, **fields})
+
+
 # --------------------------------------------------------------------------- the AST check
 
 
@@ -150,19 +162,30 @@ def test_a_tune_json_written_before_the_types_is_read_and_written_back_byte_for_
 
 
 def test_a_payload_is_written_in_the_order_it_was_made():
-    untimed = tune_result.result_of({"sanity": {}, "candidates": [{"origin": "top-1", "result": {
-        "status": "passed", "candidates": {"int8_exact": "passed"}, "greedy_rounds": 0}}]})
+    untimed = made(sanity={}, candidates=[{"origin": "top-1", "result": {
+        "status": "passed", "candidates": {"int8_exact": "passed"}, "greedy_rounds": 0}}])
     out = untimed.to_json()
     assert out["sanity"] == {} and untimed.sanity is None
     assert list(out["candidates"][0]["result"]) == ["status", "candidates", "greedy_rounds"]
     assert "held_out_confirmation" not in out and "ladder" not in out and "stability" not in out
 
 
-@pytest.mark.parametrize("damage", [{"candidates": "all of them"}, {"batches": [1, "8"]},
+@pytest.mark.parametrize("damage", [{"candidates": "all of them"}, {"batches": [1, "8"]}, {"summary": None},
                                     {"chosen": {"runtime": {"/a/Conv": 8}}}, {"sanity": {"checks": [{"pair": 1}]}},
                                     {"candidates": [{"origin": "x"}] * (tune_result.MAX_ROWS + 1)}])
 def test_a_damaged_tune_json_is_one_input_error(tmp_path, damage):
+    """A wrong type, a list too long or a key the report reads missing: one line, exit 2 (never a blank report)."""
     path = tmp_path / "tune.json"
     path.write_text(json.dumps({**json.loads(WRITTEN.read_text()), **damage}))
     with pytest.raises(InputError, match="tune.json: not a valid tune report"):
+        tune_result.read(path)
+
+
+@pytest.mark.parametrize("key", ["summary", "candidates", "chosen", "timing", "batches"])
+def test_a_tune_json_without_a_key_the_report_reads_is_one_input_error(tmp_path, key):
+    payload = json.loads(WRITTEN.read_text())
+    del payload[key]
+    path = tmp_path / "tune.json"
+    path.write_text(json.dumps(payload))
+    with pytest.raises(InputError, match=f"{key}: field required"):
         tune_result.read(path)

@@ -278,16 +278,16 @@ def test_the_speed_gate_boundary_and_nan():
 
 
 def test_speed_failure_names_the_worst_batch_and_the_layers():
-    from pipeline.precision.tune_result import result_of
     from pipeline.reports import tune_report
+    from test_tune_result import made
 
     payload = {"precision": "int8", "chosen": {"runtime": {"/a/Conv": "u8", "/b/Conv": "f32", "/fc/Gemm": "f32"}},
                "speedup_vs_fp32": {"1": 0.9, "8": 0.7}, "int8_dot_product": True}
-    line = tune_report.speed_failure(result_of(payload), 1.0)
+    line = tune_report.speed_failure(made(**payload), 1.0)
     assert "x0.70 (no interval) at batch 8, below" in line and "2 of 3 layers run in FP32" in line
     assert "VNNI" not in line
-    assert tune_report.speed_failure(result_of({**payload, "chosen": None}), 1.0) == ""
-    assert tune_report.speed_failure(result_of({**payload, "speedup_vs_fp32": {}}), 1.0) == ""  # nothing timed
+    assert tune_report.speed_failure(made(**{**payload, "chosen": None}), 1.0) == ""
+    assert tune_report.speed_failure(made(**{**payload, "speedup_vs_fp32": {}}), 1.0) == ""  # nothing timed
 
 
 # --------------------------------------------------------------------------- the mix by graph surgery
@@ -559,16 +559,16 @@ def test_a_slower_challenger_never_wins_where_a_faster_one_did_not(incumbent, pi
 
 
 def test_speed_gate_message_says_when_the_cpu_has_no_int8_dot_product():
-    from pipeline.precision.tune_result import result_of
     from pipeline.reports import tune_report
+    from test_tune_result import made
 
     payload = {"chosen": {"runtime": {"/a/Conv": "u8", "/b/Conv": "f32", "/fc/Gemm": "f32"}},
                "speedup_vs_fp32": {"1": 0.9, "8": 1.4}, "int8_dot_product": False}
-    line = tune_report.speed_failure(result_of(payload), 1.2)
+    line = tune_report.speed_failure(made(**payload), 1.2)
     assert line.startswith("INT8 is no faster than FP32 here: 2 of 3 layers run in FP32 (/b/Conv, /fc/Gemm)")
     assert "no VNNI/AMX" in line and "x0.90 (no interval) at batch 1" in line
-    assert tune_report.speed_failure(result_of(payload), None) == ""  # off
-    assert tune_report.speed_failure(result_of({**payload, "speedup_vs_fp32": {"1": 1.3, "8": 1.4}}), 1.2) == ""
+    assert tune_report.speed_failure(made(**payload), None) == ""  # off
+    assert tune_report.speed_failure(made(**{**payload, "speedup_vs_fp32": {"1": 1.3, "8": 1.4}}), 1.2) == ""
 
 
 def test_the_incumbent_rule_defaults_to_five_percent_and_confirmation_passes_the_margin_on():

@@ -230,8 +230,8 @@ class Ladder(schema.Open):
 
 
 class Samples(schema.Open):
-    sensitivity: int = 0  # images the sensitivity is measured on
-    gate: int = 0  # images every mix is judged on
+    sensitivity: int  # images the sensitivity is measured on
+    gate: int  # images every mix is judged on
 
 
 class Timing(schema.Open):
@@ -242,42 +242,42 @@ class Timing(schema.Open):
     trials: int = 0
     min_iterations: int = 0
     rounds: int = 0
-    statistic: Text = ""
+    statistic: Text
 
 
 class Fp32(schema.Open):
-    latency_ms: dict[str, Number] = {}  # the FP32 deployment, timed in the same rounds
+    latency_ms: dict[str, Number]  # the FP32 deployment, timed in the same rounds
 
 
 class TuneResult(schema.Open):
     """Everything one tune measured, and the choice: tune.json (INT8) or tune.<precision>.json."""
 
     schema_: Text = Field(SCHEMA, alias="schema")
-    model: Text = ""
+    model: Text
     precision: Text = "int8"
-    raised: Text = ""  # how the plug says a layer is raised ("out of INT8")
-    target: Text = ""
-    speed_not_measured: Text | None = None
-    cpu: Text = ""
+    raised: Text  # how the plug says a layer is raised ("out of INT8")
+    target: Text
+    speed_not_measured: Text | None  # why not (None: measured)
+    cpu: Text
     int8_dot_product: bool = True
     cpu_flags_simulated: Text | None = None
-    batches: Annotated[list[int], Field(max_length=64)] = []
-    samples: Samples = Samples()
-    timing: Timing = Timing()
-    fp32: Fp32 = Fp32()
-    sensitivity: dict[str, _rows(SensitivityRow)] = {}
+    batches: Annotated[list[int], Field(max_length=64)]
+    samples: Samples
+    timing: Timing
+    fp32: Fp32
+    sensitivity: dict[str, _rows(SensitivityRow)]
     all_low: dict[str, GateNumbers] = {}
-    candidates: _rows(MixRow) = []
-    chosen: ChosenRow | None = None
-    speedup_vs_fp32: dict[str, Number] = {}
+    candidates: _rows(MixRow)
+    chosen: ChosenRow | None  # None: no mix passed
+    speedup_vs_fp32: dict[str, Number]
     speedup_interval_vs_fp32: dict[str, RatioRow] = {}
     no_speedup_claimed: Text = ""
     same_speed: Number = 0.05
     sanity: Sanity | None = None  # None: nothing timed (the file holds {})
     undecided: Text = ""
-    seconds: dict[str, Number] = {}
+    seconds: dict[str, Number]
     greedy: MixRow | None = None
-    summary: Text = ""
+    summary: Text
     held_out_confirmation: HeldOutConfirmation | None = None
     stability: dict[str, Any] | None = None  # pipeline.evaluation.certificate's record
     ladder: Ladder | None = None

@@ -84,7 +84,8 @@ def payload(cfg: Config, t, runs: list[MethodRun], baseline: Candidate | None, c
         no_speedup_claimed=low_claim, same_speed=cfg.tune.same_speed, sanity=t.sanity,
         undecided=why if chosen is None and why.startswith("undecided") else "",
         seconds={k: round(v, 2) for k, v in t.seconds.items()},
-        greedy=next((c for c in candidates if c.origin == "greedy fallback" and c.calibration == method), None))
+        greedy=next((c for c in candidates if c.origin == "greedy fallback" and c.calibration == method), None),
+        summary="")  # said of the result itself, below
     layers = [r.layer for r in runs[0].ranked] if runs else []
     return out.model_copy(update={"summary": _summary(out, chosen, layers, plug.fallback_file)})
 
