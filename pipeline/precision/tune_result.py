@@ -28,7 +28,7 @@ SCHEMA = "pipeline.tune/2"
 MAX_ROWS = 4096  # mixes, layers, sanity pairs: a network of thousands of layers is not what tune searches
 Text = Annotated[str, StringConstraints(max_length=1 << 16)]
 Number = int | float  # as measured: an int stays an int in the file
-Layers = Annotated[list[Text], Field(max_length=1 << 16)]
+Texts = Annotated[list[Text], Field(max_length=1 << 16)]  # node names, roles, reasons
 
 
 def _rows(kind):
@@ -79,13 +79,13 @@ class MixRow(schema.Open):
 
     origin: Text = ""
     calibration: Text = ""
-    high: Layers = []
-    fp32: Layers = []
+    high: Texts = []
+    fp32: Texts = []
     layers_raised: int = 0
     result: GateNumbers = GateNumbers()
     latency_ms: dict[str, Number] = {}
     time_vs_fp32: dict[str, RatioRow] = {}
-    runtime_not_low: Layers = []
+    runtime_not_low: Texts = []
     chosen: bool = False
     pareto: bool = False
 
@@ -155,10 +155,10 @@ class VerdictImages(schema.Open):
 
     status: Text
     held_out: bool
-    reasons: Layers = []
+    reasons: Texts = []
     overlaps: dict[str, int] = {}
-    checked: Layers = []
-    not_run: Layers = []
+    checked: Texts = []
+    not_run: Texts = []
     line: Text = ""
 
     def to_json(self) -> dict[str, Any]:
