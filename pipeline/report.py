@@ -117,9 +117,10 @@ def sections(run: RunDir, cfg: Config) -> dict:
         name = artifacts.tune_files(precision)[0]
         tuned = _load(run, name)
         if tuned is not None:
+            from pipeline.precision import tune_result
             from pipeline.reports import tune_report
 
-            body += _built(name, tune_report.sections, tuned)
+            body += _built(name, tune_report.sections, tune_result.result_of(tuned, name))
     compared = _load(run, artifacts.COMPARE_JSON)
     if compared is not None:  # the release gate against a baseline bundle (pipeline/compare.py)
         from pipeline.reports import compare_report

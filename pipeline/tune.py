@@ -30,8 +30,9 @@ import logging
 import tempfile
 import time
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import onnx
 
@@ -50,7 +51,15 @@ from pipeline.core.status import Status
 from pipeline.evaluation import candidates
 from pipeline.precision import fallback, int8, plugs, qat_rung, sensitivity
 from pipeline.precision.plugs import Precision
-from pipeline.precision.sensitivity import Candidate, MethodRun
+from pipeline.precision.sensitivity import QAT_FACTS, Candidate, Confirmation, GreedyRun, MethodRun, QatRun
+from pipeline.precision.tune_result import (
+    GateNumbers,
+    HeldOutConfirmation,
+    RatioRow,
+    Sanity,
+    SanityCheck,
+    VerdictImages,
+)
 from pipeline.reports import tune_report
 from pipeline.runtime import interleave, openvino_speed, tensorrt_engine
 from pipeline.runtime.backends import Context
@@ -106,7 +115,7 @@ class Tuner:
         self.batches = sorted({1, max(cfg.benchmark.batch_sizes)})
         self.target = speed_target(self)
         self.seconds: dict[str, float] = {}
-        self.sanity: dict = {}  # the sanity rules on the rounds (time_candidates)
+        self.sanity: Sanity | None = None  # the sanity rules on the rounds (time_candidates; None: untimed)
         self.sessions_timed = 0  # sets of interleaved rounds so far (a candidate's session: which one timed it)
 
     def converted(self, high=(), fp32=(), method: str = "") -> onnx.ModelProto:
@@ -121,7 +130,7 @@ class Tuner:
     def mix(self, all_low: onnx.ModelProto, high, fp32=()) -> onnx.ModelProto:
         return self.plug.mix(all_low, self.fp32_model, high, [n for n in fp32 if n not in self.base_fp32])
 
-    def quick(self, model: onnx.ModelProto) -> dict:
+    def quick(self, model: onnx.ModelProto) -> GateNumbers:
         """The gate's criteria on the sensitivity images, run faithfully (the Q/DQ arithmetic, the FP16 rounding)."""
         from pipeline.runtime.runners import collect, faithful_runner
 
@@ -137,11 +146,11 @@ class Tuner:
         checked = self.full(model)
         exact = next((c for c in checked.checks if c.name == self.plug.faithful), None)
         result = sensitivity.summary(exact.result) if exact is not None and "task_check" in exact.result else {}
-        result.update({"status": Status.PASSED if checked.passed else Status.FAILED, "candidates": checked.results})
+        status = Status.PASSED if checked.passed else Status.FAILED
+        result.update({"status": status, "candidates": checked.results})
         cand = Candidate(list(high), origin, result, calibration=method, fp32=list(fp32 or self.base_fp32))
         cand.round = checked
-        log.info("tune: %s %s (%d layers %s): %s", method, origin, len(cand.high), self.plug.raised_to,
-                 result["status"])
+        log.info("tune: %s %s (%d layers %s): %s", method, origin, len(cand.high), self.plug.raised_to, status)
         return cand
 
 
@@ -178,7 +187,7 @@ def tune_method(t: Tuner, method: str) -> MethodRun:
     layers = sensitivity.low_layers(t.fp32_model, t.plug.node_precisions(t.fp32_model, all_low), t.plug)
     ops = {n.name: n.op_type for n in t.fp32_model.graph.node}
     with phase(t, f"sensitivity ({method})", 2 * len(layers) + 1) as bar:
-        def quick(high) -> dict:
+        def quick(high) -> GateNumbers:
             bar.update(1)
             return t.quick(t.mix(all_low, high))
 
@@ -213,8 +222,8 @@ def _greedy(t: Tuner, all_low: onnx.ModelProto, method: str, all_low_cand: Candi
     scratch run folder so nothing of the run changes; its answer judged like every other candidate."""
     failing = all_low_cand.round.failing
     if all_low_cand.passed:  # verify --auto-fallback would move nothing: its answer is the all-low graph
-        return Candidate([], "greedy fallback", {**all_low_cand.result, "greedy_rounds": 0}, calibration=method,
-                         fp32=list(all_low_cand.fp32), round=all_low_cand.round)
+        return Candidate([], "greedy fallback", dict(all_low_cand.result), calibration=method,
+                         fp32=list(all_low_cand.fp32), round=all_low_cand.round, greedy=GreedyRun(None, 0))
     if failing is None:
         return None
     cfg, plug = t.cfg, t.plug
@@ -233,30 +242,39 @@ def _greedy(t: Tuner, all_low: onnx.ModelProto, method: str, all_low_cand: Candi
     high, fp32 = plug.tune_raises(fallback.Raised(**result["raised"]))
     fp32 = list(dict.fromkeys([*t.base_fp32, *fp32]))
     cand = t.judge(t.mix(all_low, high, fp32), high, "greedy fallback", method, fp32)
-    cand.result["greedy_passed"] = result["passed"]
-    cand.result["greedy_rounds"] = len(result["iterations"])
+    cand.greedy = GreedyRun(result["passed"], len(result["iterations"]))
     return cand
 
 
 # --------------------------------------------------------------------------- speed
 
 
-def speed_target(t: Tuner) -> dict:
+@dataclass(frozen=True)
+class SpeedTarget:
+    """Where tune times the mixes: its name, ``open(model, low)`` (None: no target here) and why not."""
+
+    name: str
+    open: Callable | None = None
+    reason: str | None = None
+
+
+def speed_target(t: Tuner) -> SpeedTarget:
     """Where the mixes are timed: a strongly typed TensorRT engine where TensorRT and a GPU are here; else the CPU
     where the plug has a CPU target (INT8: the OpenVINO CPU plugin); a low float graph has no faster CPU target
     (``open`` None, and ``reason``). ``open(model, low)`` is a context manager that yields an open
     :class:`~pipeline.runtime.openvino_speed.Session` (a timer per batch, the runtime precisions)."""
     trt_ok, trt_reason = tensorrt_engine.availability()
     if trt_ok:
-        return {"name": "TensorRT (strongly typed engine)", "open": _tensorrt_session(t)}
+        return SpeedTarget("TensorRT (strongly typed engine)", _tensorrt_session(t))
     if t.plug.cpu_target:
         threads = t.cfg.benchmark.threads or env.usable_cores()
-        return {"name": "OpenVINO CPU (f32 hint, LATENCY)", "open": lambda model, low: openvino_speed.openvino_session(
-            model, _images(t), t.batches, threads, int8_graph=low)}
-    return {"name": "none", "open": None,
-            "reason": f"no {t.plug.label} deployment target here: an {t.plug.label} graph runs faster only as a "
-                      f"TensorRT engine on a GPU ({trt_reason}); CPU runtimes run its nodes through FP32 kernels. The "
-                      f"mix is chosen on the gate alone: the passing mix with the fewest layers {t.plug.raised_to}"}
+        return SpeedTarget("OpenVINO CPU (f32 hint, LATENCY)", lambda model, low: openvino_speed.openvino_session(
+            model, _images(t), t.batches, threads, int8_graph=low))
+    return SpeedTarget("none", None,
+                       f"no {t.plug.label} deployment target here: an {t.plug.label} graph runs faster only as a "
+                       f"TensorRT engine on a GPU ({trt_reason}); CPU runtimes run its nodes through FP32 kernels. "
+                       f"The mix is chosen on the gate alone: the passing mix with the fewest layers "
+                       f"{t.plug.raised_to}")
 
 
 def _tensorrt_session(t: Tuner):
@@ -276,29 +294,28 @@ def time_candidates(t: Tuner, runs: list[MethodRun]) -> Candidate | None:
     (:func:`time_in_rounds`), the sanity rules checked (:func:`speed_sanity`) and the rounds timed again up to
     :data:`RETIMES` times while they fail; returns the FP32 deployment as a candidate of the same rounds (None: no
     target here). ``t.sanity`` keeps what the rules found."""
-    if t.target["open"] is None:
-        log.warning("tune: speed not measured: %s", t.target["reason"])
+    if t.target.open is None:
+        log.warning("tune: speed not measured: %s", t.target.reason)
         return None
     timed = [c for r in runs for c in r.candidates]
     distinct = list({c.key(): c for c in timed}.values())
     baseline = Candidate([], FP32_REFERENCE, {"status": Status.PASSED})
     graphs = {r.method: r.graph for r in runs}
-    with phase(t, f"speed, {t.target['name']}", len(distinct) + 1) as bar, ExitStack() as stack:
-        sessions = [stack.enter_context(t.target["open"](t.fp32_model, False))]
+    with phase(t, f"speed, {t.target.name}", len(distinct) + 1) as bar, ExitStack() as stack:
+        sessions = [stack.enter_context(t.target.open(t.fp32_model, False))]
         bar.update(1)
         for cand in distinct:
-            sessions.append(stack.enter_context(t.target["open"](t.mix(graphs[cand.calibration], cand.high,
+            sessions.append(stack.enter_context(t.target.open(t.mix(graphs[cand.calibration], cand.high,
                                                                            cand.fp32), True)))
             bar.update(1)
         rivals = [baseline, *distinct]
         for attempt in range(1 + RETIMES):
             time_in_rounds(t, rivals, sessions, seed=attempt)
-            t.sanity = speed_sanity(rivals, t.batches, t.cfg.tune.same_speed, t.plug.label)
-            t.sanity["attempts"] = attempt + 1
-            if t.sanity["trustworthy"]:
+            t.sanity = speed_sanity(rivals, t.batches, t.cfg.tune.same_speed, t.plug.label, attempt + 1)
+            if t.sanity.trustworthy:
                 break
             log.warning("tune: the timings are not trustworthy (attempt %d of %d): %s", attempt + 1, 1 + RETIMES,
-                        "; ".join(c["text"] for c in t.sanity["checks"] if not c["sane"]))
+                        "; ".join(c.text for c in t.sanity.failed()))
     for cand in timed:  # a mix found twice (the greedy fallback's answer is often a top-k) shares its timing
         same = next(c for c in distinct if c.key() == cand.key())
         cand.latency_ms, cand.rounds, cand.session, cand.runtime, cand.kernels = same.latency_ms, same.rounds, \
@@ -321,13 +338,14 @@ def time_in_rounds(t: Tuner, rivals: list[Candidate], sessions: list, seed: int 
         cand.session, cand.runtime, cand.kernels = t.sessions_timed, session.runtime, session.kernels
 
 
-def speed_sanity(rivals: list[Candidate], batches: list[int], same_speed: float, label: str) -> dict:
+def speed_sanity(rivals: list[Candidate], batches: list[int], same_speed: float, label: str,
+                 attempts: int = 1) -> Sanity:
     """The sanity rules on one set of rounds: pairs that the target compiles to the same kernels must time alike
     (:func:`pipeline.core.speed_claims.sane`): the "all low" mixes of every calibration method (the same graph
     with other scales), and the FP32 deployment and each calibration's "all high" mix (no matrix layer left in the
     low precision) where the target's compiled graphs show the same kernels (``Candidate.kernels``: a Q/DQ pair left
     on a pooling layer, say, makes "all high" another network, and that pair is listed as not checked, with why).
-    ``trustworthy``: every checked pair timed alike."""
+    ``trustworthy``: every checked pair timed alike; ``attempts``: the sets of rounds timed so far."""
     reference = next(c for c in rivals if c.origin == FP32_REFERENCE)
     all_high = [c for c in rivals if c.origin == "all high"]
     all_low = [c for c in rivals if c.origin == f"all {label}" and not c.high]
@@ -339,18 +357,17 @@ def speed_sanity(rivals: list[Candidate], batches: list[int], same_speed: float,
         what = f"{b.origin} ({b.calibration}) over {a.origin}{f' ({a.calibration})' if a.calibration else ''}"
         ratios = sensitivity.time_ratio(b, a, batches)
         timed = ", ".join(f"{r.text()} at batch {k}" for k, r in ratios.items())
+        rows = {str(k): RatioRow.of(r) for k, r in ratios.items()}
         if not twins:
-            checks.append({"pair": [a.origin, f"{b.origin} {b.calibration}"], "checked": False, "sane": True,
-                           "ratios": {str(k): r.to_json() for k, r in ratios.items()},
-                           "text": f"{what}: {timed}; not checked: the target compiles them to different kernels "
-                                   f"({_kernel_difference(a.kernels, b.kernels)})"})
+            checks.append(SanityCheck(pair=[a.origin, f"{b.origin} {b.calibration}"], checked=False, sane=True,
+                                      ratios=rows, text=f"{what}: {timed}; not checked: the target compiles them to "
+                                      f"different kernels ({_kernel_difference(a.kernels, b.kernels)})"))
             continue
         sane = speed_claims.sane(ratios, same_speed)
-        checks.append({"pair": [f"{a.origin} {a.calibration}".strip(), f"{b.origin} {b.calibration}"],
-                       "checked": True, "sane": sane, "ratios": {str(k): r.to_json() for k, r in ratios.items()},
-                       "text": f"{what}: {timed}"
-                               + ("" if sane else " (they compile to the same kernels: they must time alike)")})
-    return {"checks": checks, "trustworthy": all(c["sane"] for c in checks)}
+        checks.append(SanityCheck(pair=[f"{a.origin} {a.calibration}".strip(), f"{b.origin} {b.calibration}"],
+                                  checked=True, sane=sane, ratios=rows, text=f"{what}: {timed}" + (
+                                      "" if sane else " (they compile to the same kernels: they must time alike)")))
+    return Sanity(checks=checks, trustworthy=all(c.sane for c in checks), attempts=attempts)
 
 
 def _kernel_difference(a: tuple | None, b: tuple | None) -> str:
@@ -383,7 +400,7 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, tune: bool = False
     incumbent = _incumbent(t, runs)
     baseline = time_candidates(t, runs)
     fronts = {r.method: sensitivity.pareto(r.candidates, t.batches[0]) for r in runs}
-    if t.sanity and not t.sanity["trustworthy"]:
+    if t.sanity and not t.sanity.trustworthy:
         _undecided(t, runs, baseline, fronts, record)
     with phase(t, "confirm (export's graph)"):
         chosen, why = _choose(t, runs, incumbent)
@@ -395,7 +412,7 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, tune: bool = False
         tune_report.speed_failure(payload, None if no_speed_gate else cfg.tune.min_speedup),
         low_layers=max(len(r.layers) for r in runs), missing=qat_missing)
     qat_cand = _qat_rung(t, runs, baseline, chosen) if wanted else None
-    chosen, why = qat_rung.with_qat(chosen, why, qat_cand, t.batches if t.target["open"] is not None else [],
+    chosen, why = qat_rung.with_qat(chosen, why, qat_cand, t.batches if t.target.open is not None else [],
                                     cfg.tune.same_speed)
     with phase(t, "held-out confirmation"):
         held = held_out_confirmation(t, chosen, chosen is not None and chosen is qat_cand)
@@ -403,12 +420,11 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, tune: bool = False
         stability = _certificate(t, chosen, chosen is not None and chosen is qat_cand)
     t.seconds["total"] = time.perf_counter() - start
     payload = tune_report.with_held_out(tune_report.payload(cfg, t, runs, baseline, chosen, why, fronts), held)
-    if stability is not None:
-        payload["stability"] = stability
-    if plug.trainable:  # PTQ, best mix and QAT side by side: a precision QAT cannot make (FP16, BF16) has no ladder
-        payload["ladder"] = tune_report.ladder(t, runs, ptq_chosen, qat_cand, qat_why)
+    # PTQ, best mix and QAT side by side: a precision QAT cannot make (FP16, BF16) has no ladder
+    ladder = tune_report.ladder(t, runs, ptq_chosen, qat_cand, qat_why) if plug.trainable else None
+    payload = payload.model_copy(update={"stability": stability, "ladder": ladder})
     if chosen is not None and chosen is qat_cand:
-        qat_recipe.write_fallback(run_dir, qat_cand.result["qat"]["source"], "chosen by python -m pipeline tune "
+        qat_recipe.write_fallback(run_dir, qat_cand.qat.source, "chosen by python -m pipeline tune "
                                   "(tune.md): QAT's graph, rebuilt by export from its checkpoint")
         for name in (plug.fallback_file, QAT_CHECKPOINT, QAT_BEST_CHECKPOINT, QAT_METRICS, QAT_CURVE):
             if run_dir.file(name).exists():
@@ -431,14 +447,14 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, tune: bool = False
     doubt = tune_report.speed_in_doubt(payload, None if no_speed_gate else cfg.tune.min_speedup)
     if doubt:
         raise Inconclusive(doubt)
-    log.info("tune: %s", payload["summary"])
+    log.info("tune: %s", payload.summary)
 
 
 def _undecided(t: Tuner, runs: list[MethodRun], baseline: Candidate | None, fronts: dict, record: StageRecord) -> None:
     """The sanity rules failed on every timing: the report says so and names the pairs, the fallback file is left
     as it was, and the stage ends inconclusive (exit 5), as a gate that cannot decide does."""
-    failed = "; ".join(c["text"] for c in t.sanity["checks"] if not c["sane"])
-    why = (f"undecided: the timings are not trustworthy after {t.sanity['attempts']} sets of interleaved rounds "
+    failed = "; ".join(c.text for c in t.sanity.failed())
+    why = (f"undecided: the timings are not trustworthy after {t.sanity.attempts} sets of interleaved rounds "
            f"({failed}); the machine is too busy to tell the mixes apart")
     payload = tune_report.payload(t.cfg, t, runs, baseline, None, why, fronts)
     for path in tune_report.write_all(t.run_dir, payload):
@@ -451,32 +467,36 @@ def _undecided(t: Tuner, runs: list[MethodRun], baseline: Candidate | None, fron
 # --------------------------------------------------------------------------- the held-out confirmation
 
 
-def held_out_confirmation(t: Tuner, chosen: Candidate | None, qat: bool) -> dict:
+def held_out_confirmation(t: Tuner, chosen: Candidate | None, qat: bool) -> HeldOutConfirmation:
     """The chosen mix, converted as export will, judged by the full gate on the verdict images: those no search here
     chose on. It changes no choice (choosing again on them would make them a search set too); it says whether the
     search's verdict holds on held-out images, and where it does not, the report shows the difference."""
     if chosen is None:
-        return {"ran": False, "why_not": "no mix passed the search"}
+        return HeldOutConfirmation(ran=False, why_not="no mix passed the search")
     if qat:
-        return {"ran": False, "why_not": "QAT's graph: verify judges it on the verdict images"}
+        return HeldOutConfirmation(ran=False, why_not="QAT's graph: verify judges it on the verdict images")
     checked = candidates.recheck_round(t.plug, t.cfg, t.ctx, t.held_out_evidence,
                                        t.converted(chosen.high, chosen.fp32, chosen.calibration))
     exact = next((c for c in checked.checks if c.name == t.plug.faithful), None)
-    numbers = sensitivity.summary(exact.result) if exact is not None and "task_check" in exact.result else {}
+    numbers = GateNumbers.model_validate(sensitivity.summary(exact.result) if exact is not None
+                                         and "task_check" in exact.result else {})
     status = Status.PASSED if checked.passed else Status.FAILED
-    search = (chosen.result.get("confirmed") or chosen.result).get("status")
+    searched = GateNumbers.model_validate(chosen.result)
+    search = chosen.confirmed.status if chosen.confirmed else searched.status
     calibration = _calibration_images(t)
     others = {f"{t.plug.name} calibration": calibration, "tune search": t.evidence.images}
     parts = t.held_out_evidence.parts
     held = roles.held_out_status(t.held_out_evidence.images, others, parts.split, parts.reason)
-    result = {"ran": True, "status": status, "search_status": search, "agrees": status == search,
-              "images": len(t.held_out_evidence.labels), "search_images": len(t.evidence.labels),
-              "held_out": held.to_json(), "candidates": checked.results,
-              "search": {k: chosen.result.get(k) for k in ("scaled_error", "top1_agreement", "accuracy_drop")},
-              **{k: numbers.get(k) for k in ("scaled_error", "top1_agreement", "accuracy_drop")}}
-    (log.info if result["agrees"] else log.warning)(
-        "tune: held-out confirmation on %d verdict images: %s (search: %s)%s; %s", result["images"], status, search,
-        "" if result["agrees"] else ": the search's verdict does not hold on held-out images (tune.md)", held.line())
+    result = HeldOutConfirmation(
+        ran=True, status=status, search_status=search, agrees=status == search,
+        images=len(t.held_out_evidence.labels), search_images=len(t.evidence.labels),
+        held_out=VerdictImages(**held.to_json()), candidates=checked.results,
+        search=GateNumbers(scaled_error=searched.scaled_error, top1_agreement=searched.top1_agreement,
+                           accuracy_drop=searched.accuracy_drop),
+        scaled_error=numbers.scaled_error, top1_agreement=numbers.top1_agreement, accuracy_drop=numbers.accuracy_drop)
+    (log.info if result.agrees else log.warning)(
+        "tune: held-out confirmation on %d verdict images: %s (search: %s)%s; %s", result.images, status, search,
+        "" if result.agrees else ": the search's verdict does not hold on held-out images (tune.md)", held.line())
     return result
 
 
@@ -521,17 +541,15 @@ def _qat_rung(t: Tuner, runs: list[MethodRun], baseline: Candidate | None, ptq: 
             t.run_dir.file(SCRATCH).unlink(missing_ok=True)
     with phase(t, "QAT (gate, speed)"):
         cand = t.judge(graph, [], "QAT", method, t.base_fp32)
-        if t.target["open"] is not None:  # in rounds with the FP32 deployment and the best PTQ mix, to compare
+        if t.target.open is not None:  # in rounds with the FP32 deployment and the best PTQ mix, to compare
             rivals = [(baseline, t.fp32_model, False), (cand, graph, True)]
             if ptq is not None:
                 ptq_graph = t.mix(next(r.graph for r in runs if r.method == ptq.calibration), ptq.high, ptq.fp32)
                 rivals.append((ptq, ptq_graph, True))
             with ExitStack() as stack:
-                sessions = [stack.enter_context(t.target["open"](g, low)) for _, g, low in rivals]
+                sessions = [stack.enter_context(t.target.open(g, low)) for _, g, low in rivals]
                 time_in_rounds(t, [c for c, _, _ in rivals], sessions)
-    cand.result["qat"] = {k: details[k] for k in ("epochs", "seconds_per_epoch", "best_val_acc", "int8_layers",
-                                                   "source", "simulated")}
-    cand.result["int8_layers"] = details["int8_layers"]
+    cand.qat = QatRun(**{k: details[k] for k in QAT_FACTS})
     next((r for r in runs if r.method == method), runs[0]).candidates.append(cand)
     return cand
 
@@ -578,12 +596,11 @@ def _choose(t: Tuner, runs: list[MethodRun], incumbent: Candidate | None = None)
     conversion with those layers raised); a mix whose real graph fails gives way to the next. The ``incumbent`` (the
     fallback file's mix) stays unless the fastest is better beyond the noise (:func:`sensitivity.keep_or_replace`)."""
     everything = [c for r in runs for c in r.candidates]
-    batches = t.batches if t.target["open"] is not None else []  # untimed: the fewest layers raised wins
+    batches = t.batches if t.target.open is not None else []  # untimed: the fewest layers raised wins
 
     def confirm(pick: Candidate) -> bool:
         checked = t.full(t.converted(pick.high, pick.fp32, pick.calibration))
-        pick.result["confirmed"] = {"status": Status.PASSED if checked.passed else Status.FAILED,
-                                    "candidates": checked.results}
+        pick.confirmed = Confirmation(Status.PASSED if checked.passed else Status.FAILED, checked.results)
         return checked.passed
 
     pick, tried, fastest = sensitivity.confirmed(everything, batches, t.cfg.tune.same_speed, confirm, incumbent)
@@ -604,7 +621,7 @@ def _why(t: Tuner, pick: Candidate, runs: list[MethodRun], batches: list[int]) -
     rest = f" (the {', '.join(others)} calibration's mixes judged and timed alike)" if others else ""
     if not batches:
         return (f"the passing mix with the fewest layers {t.plug.raised_to} (speed not measured: "
-                f"{t.target['reason'].split(':')[0]}), {pick.calibration}{rest}")
+                f"{t.target.reason.split(':')[0]}), {pick.calibration}{rest}")
     lat = ", ".join(f"{pick.latency_ms[b]:.3f} ms at batch {b}" for b in batches)
     return (f"the fastest passing mix as far as the noise allows ({lat}): no passing mix beats it in interleaved "
             f"rounds (faster beyond the 95 % interval at one batch, faster or within tune.same_speed at the other); "

@@ -63,10 +63,11 @@ def test_a_repeated_calibration_method_is_refused_before_any_work(tmp_path, caps
 def test_tunes_summary_counts_only_its_layers_and_names_the_other_nodes():
     from pipeline.precision.sensitivity import Candidate
     from pipeline.reports import tune_report
+    from test_tune_result import made
 
     assert tune_report.raised_layers(["conv2", "pool", "flatten", "conv2"], ["conv1", "conv2"]) == (1, 2)
     chosen = Candidate(["conv1", "conv2", "pool"], "greedy fallback", calibration="max")
-    p = {"precision": "int8", "raised": "out of INT8", "speedup_vs_fp32": {}, "no_speedup_claimed": ""}
+    p = made(precision="int8", raised="out of INT8", speedup_vs_fp32={}, no_speedup_claimed="")
     assert tune_report._summary(p, chosen, ["conv1", "conv2"], "int8_fallback.json").startswith(
         "INT8: 2 of 2 layers and 1 other node out of INT8 (max)")
     chosen.high = ["conv2"]

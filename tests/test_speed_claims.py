@@ -229,9 +229,10 @@ def test_speedup_text_gives_the_interval():
 
 def _tuner(batches=(1, 8)):
     from pipeline.precision import plugs
+    from pipeline.tune import SpeedTarget
 
     return SimpleNamespace(plug=plugs.PLUGS["int8"], batches=list(batches), sens_labels=[0] * 4,
-                           evidence=SimpleNamespace(labels=[0] * 8), target={"name": "OpenVINO CPU"},
+                           evidence=SimpleNamespace(labels=[0] * 8), target=SpeedTarget("OpenVINO CPU"),
                            timing=SimpleNamespace(warmup_s=0, min_duration_s=0.1, trials=1, min_iterations=3),
                            seconds={}, sanity={})
 
@@ -268,12 +269,12 @@ def test_a_mix_the_target_runs_with_no_int8_layer_gets_no_int8_speedup(runtime, 
     runs = [MethodRun("max", layers, {}, ranked, [mix], None)]
     p = tune_report.payload(_config(), _tuner(), runs, fp32, mix, "why", {})
     if claimed:
-        assert p["speedup_vs_fp32"]["1"] == pytest.approx(2.08) and "x2.08 [2.08, 2.08] at batch 1" in p["summary"]
+        assert p.speedup_vs_fp32["1"] == pytest.approx(2.08) and "x2.08 [2.08, 2.08] at batch 1" in p.summary
         assert tune_report.speed_failure(p, 1.0) == ""
         return
-    assert p["speedup_vs_fp32"] == {} and p["speedup_interval_vs_fp32"] == {}
-    assert "x2.08" not in p["summary"] and "INT8:" not in p["summary"]
-    assert p["summary"].startswith("no INT8 layer: the target runs none of the 3 layers in INT8")
+    assert p.speedup_vs_fp32 == {} and p.speedup_interval_vs_fp32 == {}
+    assert "x2.08" not in p.summary and "INT8:" not in p.summary
+    assert p.summary.startswith("no INT8 layer: the target runs none of the 3 layers in INT8")
     failure = tune_report.speed_failure(p, 1.0)
     assert "INT8 is no faster than FP32 here: 3 of 3 layers run in FP32" in failure and "no INT8 speed-up" in failure
     assert tune_report.speed_failure(p, None) == ""  # --no-speed-gate: reported, not gated
@@ -281,17 +282,19 @@ def test_a_mix_the_target_runs_with_no_int8_layer_gets_no_int8_speedup(runtime, 
 
 def test_a_speedup_whose_interval_holds_the_minimum_is_undecided_not_passed():
     from pipeline.reports import tune_report
+    from test_tune_result import made
 
     p = {"precision": "int8", "chosen": {"runtime": {"/a/Conv": "u8"}}, "batches": [1], "same_speed": 0.05,
          "speedup_vs_fp32": {"1": 1.1}, "int8_dot_product": True,
          "speedup_interval_vs_fp32": {"1": {"estimate": 1.1, "low": 0.7, "high": 1.6, "rounds": 15}}}
-    assert tune_report.speed_failure(p, 1.0) == ""
+    assert tune_report.speed_failure(made(**p), 1.0) == ""
     assert "the speed gate is undecided: the speed-up over FP32 is x1.10 [0.70, 1.60]" in \
-        tune_report.speed_in_doubt(p, 1.0)
+        tune_report.speed_in_doubt(made(**p), 1.0)
     decided = {**p, "speedup_interval_vs_fp32": {"1": {"estimate": 1.1, "low": 1.0, "high": 1.2, "rounds": 15}}}
-    assert tune_report.speed_in_doubt(decided, 1.0) == "" and tune_report.speed_failure(decided, 1.0) == ""
+    assert tune_report.speed_in_doubt(made(**decided), 1.0) == ""
+    assert tune_report.speed_failure(made(**decided), 1.0) == ""
     below = {**p, "speedup_interval_vs_fp32": {"1": {"estimate": 0.8, "low": 0.7, "high": 0.9, "rounds": 15}}}
-    assert "x0.80 [0.70, 0.90] at batch 1, below tune.min_speedup 1" in tune_report.speed_failure(below, 1.0)
+    assert "x0.80 [0.70, 0.90] at batch 1, below tune.min_speedup 1" in tune_report.speed_failure(made(**below), 1.0)
 
 
 # --------------------------------------------------------------------------- benchmark: the headline and benchmark_app
@@ -418,16 +421,16 @@ def test_twins_that_time_apart_make_the_timings_untrustworthy_and_other_networks
     low_entropy = _rival("all INT8", "entropy", list(0.5 * drift))
     apart = _rival("all high", "max", list(1.3 * drift))  # "faster" FP32: the machine invented a difference
     got = speed_sanity([fp32, low_max, low_entropy, apart], [1], 0.05, "INT8")
-    assert not got["trustworthy"]
-    assert [c["sane"] for c in got["checks"]] == [False, True] and all(c["checked"] for c in got["checks"])
+    assert not got.trustworthy
+    assert [c.sane for c in got.checks] == [False, True] and all(c.checked for c in got.checks)
     assert "all high (max) over FP32 reference: 1.30 [1.30, 1.30] at batch 1 (they compile to the same kernels" in \
-        got["checks"][0]["text"]
+        got.checks[0].text
     # The same timings, but the target runs "all high" with another kernel (a Q/DQ left on the pool): not twins.
     other = _rival("all high", "max", list(1.3 * drift), kernels=(("Reduce", "i8", "jit_avx512_i8"), 1))
     got = speed_sanity([fp32, low_max, low_entropy, other], [1], 0.05, "INT8")
-    assert got["trustworthy"] and not got["checks"][0]["checked"]
+    assert got.trustworthy and not got.checks[0].checked
     assert "not checked: the target compiles them to different kernels (+ Reduce/i8/jit_avx512_i8 x1; - " \
-           "Convolution/f32/brgconv x1)" in got["checks"][0]["text"]
+           "Convolution/f32/brgconv x1)" in got.checks[0].text
     # Wide noise that holds 1 invented no difference: undecided twins keep the timings trustworthy.
     noisy = _rival("all high", "max", list(drift * np.random.default_rng(2).uniform(0.5, 2, 15)))
-    assert speed_sanity([fp32, noisy], [1], 0.05, "INT8")["trustworthy"]
+    assert speed_sanity([fp32, noisy], [1], 0.05, "INT8").trustworthy

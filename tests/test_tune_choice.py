@@ -41,14 +41,14 @@ class FakeTuner(SimpleNamespace):
     returns: the rounds are exact and the same every run (nothing is left to the machine's clock)."""
 
     def __init__(self, sound=(), timed=True):
-        target = {"name": "stand-in target", "open": self.open} if timed else \
-            {"name": "none", "open": None, "reason": "no target: stand-in"}
+        target = tune.SpeedTarget("stand-in target", self.open) if timed else \
+            tune.SpeedTarget("none", None, "no target: stand-in")
         super().__init__(batches=[1, 8], seconds={}, fp32_model="fp32 model", judged=[], opened=[], closed=0,
                          cfg=SimpleNamespace(tune=SimpleNamespace(same_speed=0.05)),
                          plug=SimpleNamespace(label="INT8", raised_to="out of INT8",
                                               fallback_file="int8_fallback.json"),
                          timing=SimpleNamespace(warmup_s=0.0, min_duration_s=0.0, trials=1, min_iterations=1),
-                         sanity={}, sessions_timed=0, target=target)
+                         sanity=None, sessions_timed=0, target=target)
         self.sound = set(sound)
 
     def converted(self, high, fp32, method):
@@ -77,8 +77,8 @@ def test_a_mix_whose_exported_graph_fails_gives_way_to_the_next():
     t = FakeTuner(sound={("a", "b")})
     chosen, why = tune._choose(t, [_run("max", [fast, slower])])
     assert chosen is slower and "fastest passing mix" in why
-    assert fast.result["confirmed"]["status"] == Status.FAILED
-    assert slower.result["confirmed"]["status"] == Status.PASSED
+    assert fast.confirmed.status == Status.FAILED
+    assert slower.confirmed.status == Status.PASSED
     assert [g[1] for g in t.judged] == [("a",), ("a", "b")]  # each confirmed on the graph export makes
     assert t.judged[0] == ("export's graph", ("a",), (), "max")
 
@@ -113,7 +113,7 @@ def test_the_speed_baseline_is_the_fp32_model_and_each_mix_is_timed_once():
     assert sensitivity.speedups(baseline.latency_ms, top1.latency_ms) == {1: 10 / 6, 8: 40 / 24}
     ratios = sensitivity.time_ratio(top1, baseline, t.batches)
     assert all(r.rounds == len(top1.rounds[b]) > 1 and r.estimate == pytest.approx(0.6) for b, r in ratios.items())
-    assert t.sanity["trustworthy"] and t.sanity["attempts"] == 1
+    assert t.sanity.trustworthy and t.sanity.attempts == 1
 
 
 def test_each_calibrations_mix_is_made_from_its_own_graph():
@@ -129,7 +129,7 @@ def test_nothing_is_timed_without_a_target(caplog):
     cand = _cand([], 0.0)
     cand.latency_ms = {}
     assert tune.time_candidates(t, [_run("max", [cand], "g")]) is None
-    assert t.opened == [] and cand.latency_ms == {} and t.sessions_timed == 0 and t.sanity == {}
+    assert t.opened == [] and cand.latency_ms == {} and t.sessions_timed == 0 and t.sanity is None
 
 
 @pytest.mark.parametrize("timed", [True, False])
@@ -143,7 +143,7 @@ def test_an_untimed_choice_says_so(timed):
 def test_the_confirmation_records_its_round():
     pick = _cand(["a"], 2.0)
     tune._choose(FakeTuner(sound={("a",)}), [_run("max", [pick])])
-    assert pick.result["confirmed"] == {"status": Status.PASSED, "candidates": [{"graph": ["a"]}]}
+    assert pick.confirmed.to_json() == {"status": Status.PASSED, "candidates": [{"graph": ["a"]}]}
 
 
 def test_no_passing_mix_at_all_says_just_that():
@@ -263,13 +263,13 @@ def test_twins_timed_apart_are_timed_again_each_round_seeded_anew_and_the_log_na
         seeds = _timed(t, ["max", "entropy", "percentile"], monkeypatch)
     assert seeds == list(range(1 + tune.RETIMES))  # timed, then again RETIMES times, each with its own seed
     assert t.sessions_timed == 1 + tune.RETIMES
-    assert not t.sanity["trustworthy"] and t.sanity["attempts"] == 1 + tune.RETIMES
-    checks = t.sanity["checks"]
-    assert [c["sane"] for c in checks] == [False, True]  # max/entropy apart; entropy/percentile alike
-    assert all(set(c["ratios"]) == {"1", "8"} for c in checks)  # at every timed batch
+    assert not t.sanity.trustworthy and t.sanity.attempts == 1 + tune.RETIMES
+    checks = t.sanity.checks
+    assert [c.sane for c in checks] == [False, True]  # max/entropy apart; entropy/percentile alike
+    assert all(set(c.ratios) == {"1", "8"} for c in checks)  # at every timed batch
     assert caplog.messages == [f"tune: the timings are not trustworthy (attempt {i} of {1 + tune.RETIMES}): "
-                               f"{checks[0]['text']}" for i in range(1, 2 + tune.RETIMES)]
-    assert checks[0]["text"].startswith("all INT8 (entropy) over all INT8 (max): ")
+                               f"{checks[0].text}" for i in range(1, 2 + tune.RETIMES)]
+    assert checks[0].text.startswith("all INT8 (entropy) over all INT8 (max): ")
 
 
 def test_every_pair_timed_apart_is_named_in_the_retime_log(monkeypatch, caplog):
@@ -278,20 +278,20 @@ def test_every_pair_timed_apart_is_named_in_the_retime_log(monkeypatch, caplog):
     t = SlowGraphTuner(slow={"entropy graph"})  # max/entropy and entropy/percentile both apart
     with caplog.at_level(logging.WARNING, logger="pipeline"):
         _timed(t, ["max", "entropy", "percentile"], monkeypatch)
-    checks = t.sanity["checks"]
-    assert [c["sane"] for c in checks] == [False, False]
+    checks = t.sanity.checks
+    assert [c.sane for c in checks] == [False, False]
     assert caplog.messages[-1] == (f"tune: the timings are not trustworthy (attempt {1 + tune.RETIMES} of "
-                                   f"{1 + tune.RETIMES}): {checks[0]['text']}; {checks[1]['text']}")
+                                   f"{1 + tune.RETIMES}): {checks[0].text}; {checks[1].text}")
 
 
 def test_twins_that_time_alike_are_timed_once_and_the_band_is_tune_same_speed(monkeypatch):
     alike = SlowGraphTuner()
     assert _timed(alike, ["max", "entropy"], monkeypatch) == [0]
-    assert alike.sanity["trustworthy"] and alike.sanity["attempts"] == 1 and len(alike.sanity["checks"]) == 1
+    assert alike.sanity.trustworthy and alike.sanity.attempts == 1 and len(alike.sanity.checks) == 1
     # three times as slow is within a same-speed band of x6 (tune.same_speed=5): alike, timed once
     wide = SlowGraphTuner(slow={"entropy graph"}, same_speed=5.0)
     assert _timed(wide, ["max", "entropy"], monkeypatch) == [0]
-    assert wide.sanity["trustworthy"] and wide.sanity["checks"][0]["sane"]
+    assert wide.sanity.trustworthy and wide.sanity.checks[0].sane
     narrow = SlowGraphTuner(slow={"entropy graph"})
     assert _timed(narrow, ["max", "entropy"], monkeypatch) == list(range(1 + tune.RETIMES))
 

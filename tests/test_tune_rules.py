@@ -16,6 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from pipeline.precision import plugs, qat_rung, sensitivity
 from pipeline.precision.sensitivity import Candidate
+from pipeline.precision.tune_result import GateNumbers
 
 FAST = settings(max_examples=120, deadline=None)
 
@@ -35,23 +36,27 @@ mixes = st.lists(st.builds(lambda high, ok, a, b, drop, err: cand(high, "passed"
 # --------------------------------------------------------------------------- sensitivity
 
 
+def _n(scaled_error) -> GateNumbers:
+    return GateNumbers(scaled_error=scaled_error)
+
+
 def test_score_is_the_error_alone_plus_what_raising_it_recovers():
-    assert sensitivity.score({"scaled_error": 0.3}, {"scaled_error": 0.5}, {"scaled_error": 0.9}) == pytest.approx(0.7)
-    assert sensitivity.score({"scaled_error": 0.3}, {"scaled_error": 1.2}, {"scaled_error": 0.9}) == pytest.approx(0.3)
-    assert sensitivity.score({"scaled_error": None}, {"scaled_error": 0.0}, {"scaled_error": 0.0}) == 1e9
-    assert sensitivity.score({"scaled_error": math.inf}, {"scaled_error": 0.0}, {"scaled_error": 0.0}) == 1e9
-    assert sensitivity.score({"scaled_error": 0.1}, {"scaled_error": math.nan}, {"scaled_error": 0.5}) == \
+    assert sensitivity.score(_n(0.3), _n(0.5), _n(0.9)) == pytest.approx(0.7)
+    assert sensitivity.score(_n(0.3), _n(1.2), _n(0.9)) == pytest.approx(0.3)
+    assert sensitivity.score(_n(None), _n(0.0), _n(0.0)) == 1e9
+    assert sensitivity.score(_n(math.inf), _n(0.0), _n(0.0)) == 1e9
+    assert sensitivity.score(_n(0.1), _n(math.nan), _n(0.5)) == \
         pytest.approx(0.1)  # a non-finite all-but error is "very large": it recovers nothing
 
 
 @FAST
 @given(st.floats(0, 5), st.floats(0, 5), st.floats(0, 5), st.floats(0, 1))
 def test_score_grows_with_the_error_alone_and_with_what_raising_recovers(alone, all_but, all_low, more):
-    base = sensitivity.score({"scaled_error": alone}, {"scaled_error": all_but}, {"scaled_error": all_low})
-    assert sensitivity.score({"scaled_error": alone + more}, {"scaled_error": all_but},
-                             {"scaled_error": all_low}) >= base
-    assert sensitivity.score({"scaled_error": alone}, {"scaled_error": max(0.0, all_but - more)},
-                             {"scaled_error": all_low}) >= base
+    base = sensitivity.score(_n(alone), _n(all_but), _n(all_low))
+    assert sensitivity.score(_n(alone + more), _n(all_but),
+                             _n(all_low)) >= base
+    assert sensitivity.score(_n(alone), _n(max(0.0, all_but - more)),
+                             _n(all_low)) >= base
     assert base >= alone
 
 
@@ -60,15 +65,15 @@ def test_measure_judges_each_layer_alone_and_all_but_and_ranks_most_sensitive_fi
     errors = {"a": 0.1, "b": 0.4, "c": 0.1}
     calls = []
 
-    def evaluate(high: set) -> dict:
+    def evaluate(high: set) -> GateNumbers:
         calls.append(frozenset(high))
         low = set(layers) - high
-        return {"scaled_error": sum(errors[x] for x in low)}
+        return _n(sum(errors[x] for x in low))
 
-    ranked = sensitivity.measure(layers, {"a": "Conv", "b": "Gemm"}, evaluate, {"scaled_error": 0.6})
+    ranked = sensitivity.measure(layers, {"a": "Conv", "b": "Gemm"}, evaluate, _n(0.6))
     assert [r.layer for r in ranked] == ["b", "a", "c"]  # a and c tie: graph order
     assert ranked[0].op_type == "Gemm" and ranked[2].op_type == ""
-    assert ranked[0].alone == {"scaled_error": 0.4} and ranked[0].all_but == {"scaled_error": 0.2}
+    assert ranked[0].alone.scaled_error == 0.4 and ranked[0].all_but.scaled_error == 0.2
     assert ranked[0].score == pytest.approx(0.4 + 0.4)
     assert set(calls) == {frozenset({"b", "c"}), frozenset({"a"}), frozenset({"a", "c"}), frozenset({"b"}),
                           frozenset({"a", "b"}), frozenset({"c"})}
@@ -274,14 +279,15 @@ def test_the_speed_gate_boundary_and_nan():
 
 def test_speed_failure_names_the_worst_batch_and_the_layers():
     from pipeline.reports import tune_report
+    from test_tune_result import made
 
     payload = {"precision": "int8", "chosen": {"runtime": {"/a/Conv": "u8", "/b/Conv": "f32", "/fc/Gemm": "f32"}},
                "speedup_vs_fp32": {"1": 0.9, "8": 0.7}, "int8_dot_product": True}
-    line = tune_report.speed_failure(payload, 1.0)
+    line = tune_report.speed_failure(made(**payload), 1.0)
     assert "x0.70 (no interval) at batch 8, below" in line and "2 of 3 layers run in FP32" in line
     assert "VNNI" not in line
-    assert tune_report.speed_failure({**payload, "chosen": None}, 1.0) == ""
-    assert tune_report.speed_failure({**payload, "speedup_vs_fp32": {}}, 1.0) == ""  # nothing timed
+    assert tune_report.speed_failure(made(**{**payload, "chosen": None}), 1.0) == ""
+    assert tune_report.speed_failure(made(**{**payload, "speedup_vs_fp32": {}}), 1.0) == ""  # nothing timed
 
 
 # --------------------------------------------------------------------------- the mix by graph surgery
@@ -403,9 +409,9 @@ def test_metrics_judge_one_set_of_outputs_as_the_gate_does():
     gate = {"criterion": "scaled", "max_scaled_error": 0.1, "error_quantile": 1.0, "atol": 0.0, "rtol": 0.0,
             "check_error_stat": "elemwise", "min_top1_agreement": 1.0, "max_accuracy_drop": 0.0}
     same = sensitivity.metrics([{"y": ref}], [{"y": ref}], np.array([0, 1]), gate, "y", 0.95)
-    assert same["status"] == "passed" and same["scaled_error"] == 0.0 and same["top1_agreement"] == 1.0
+    assert same.status == "passed" and same.scaled_error == 0.0 and same.top1_agreement == 1.0
     flipped = sensitivity.metrics([{"y": ref[::-1]}], [{"y": ref}], np.array([0, 1]), gate, "y", 0.5)
-    assert flipped["status"] == "failed" and flipped["accuracy_drop"] == 1.0 and flipped["mean_kl"] > 0
+    assert flipped.status == "failed" and flipped.accuracy_drop == 1.0 and flipped.mean_kl > 0
 
 
 def test_unquantize_keeps_the_type_of_the_scale_and_reads_past_plain_inputs():
@@ -554,14 +560,15 @@ def test_a_slower_challenger_never_wins_where_a_faster_one_did_not(incumbent, pi
 
 def test_speed_gate_message_says_when_the_cpu_has_no_int8_dot_product():
     from pipeline.reports import tune_report
+    from test_tune_result import made
 
     payload = {"chosen": {"runtime": {"/a/Conv": "u8", "/b/Conv": "f32", "/fc/Gemm": "f32"}},
                "speedup_vs_fp32": {"1": 0.9, "8": 1.4}, "int8_dot_product": False}
-    line = tune_report.speed_failure(payload, 1.2)
+    line = tune_report.speed_failure(made(**payload), 1.2)
     assert line.startswith("INT8 is no faster than FP32 here: 2 of 3 layers run in FP32 (/b/Conv, /fc/Gemm)")
     assert "no VNNI/AMX" in line and "x0.90 (no interval) at batch 1" in line
-    assert tune_report.speed_failure(payload, None) == ""  # off
-    assert tune_report.speed_failure({**payload, "speedup_vs_fp32": {"1": 1.3, "8": 1.4}}, 1.2) == ""
+    assert tune_report.speed_failure(made(**payload), None) == ""  # off
+    assert tune_report.speed_failure(made(**{**payload, "speedup_vs_fp32": {"1": 1.3, "8": 1.4}}), 1.2) == ""
 
 
 def test_the_incumbent_rule_defaults_to_five_percent_and_confirmation_passes_the_margin_on():

@@ -33,6 +33,7 @@ from pipeline.core import speed_claims
 from pipeline.core.speed_claims import Ratio
 from pipeline.precision import gate as criteria
 from pipeline.precision.int8 import DQ, Q
+from pipeline.precision.tune_result import GateNumbers
 
 log = logging.getLogger("pipeline")
 
@@ -115,9 +116,10 @@ def _prune(graph: onnx.GraphProto) -> None:
 
 
 def metrics(outputs: list[dict], reference: list[dict], labels: np.ndarray, gate: dict, output_name: str,
-            confidence: float) -> dict:
+            confidence: float) -> GateNumbers:
     """The gate's verdict on one set of outputs (:func:`pipeline.gate.judge`), with the numbers a table shows."""
-    return summary(criteria.judge(outputs, reference, labels, gate, output_name, confidence))
+    return GateNumbers.model_validate(summary(criteria.judge(outputs, reference, labels, gate, output_name,
+                                                             confidence)))
 
 
 def summary(result: dict) -> dict:
@@ -136,21 +138,22 @@ def summary(result: dict) -> dict:
 class Sensitivity:
     layer: str
     op_type: str
-    alone: dict  # only this layer in INT8
-    all_but: dict  # every layer in INT8 but this one
+    alone: GateNumbers  # only this layer in INT8
+    all_but: GateNumbers  # every layer in INT8 but this one
     score: float = 0.0
 
 
-def score(alone: dict, all_but: dict, all_low: dict) -> float:
+def score(alone: GateNumbers, all_but: GateNumbers, all_low: GateNumbers) -> float:
     """The error the layer causes alone plus what raising it alone recovers from the all-INT8 graph (scaled units;
     a non-finite error counts as very large)."""
     def finite(x) -> float:
         return 1e9 if x is None or not np.isfinite(x) else float(x)
 
-    return finite(alone["scaled_error"]) + max(0.0, finite(all_low["scaled_error"]) - finite(all_but["scaled_error"]))
+    return finite(alone.scaled_error) + max(0.0, finite(all_low.scaled_error) - finite(all_but.scaled_error))
 
 
-def measure(layers: list[str], op_types: dict, evaluate: Callable[[set], dict], all_low: dict) -> list[Sensitivity]:
+def measure(layers: list[str], op_types: dict, evaluate: Callable[[set], GateNumbers],
+            all_low: GateNumbers) -> list[Sensitivity]:
     """Each layer's sensitivity, ranked (most sensitive first; ties in graph order). ``evaluate(high)`` judges
     the mix with the layers ``high`` out of INT8."""
     rows = []
@@ -164,6 +167,48 @@ def measure(layers: list[str], op_types: dict, evaluate: Callable[[set], dict], 
 
 
 # --------------------------------------------------------------------------- search
+
+
+@dataclass(frozen=True)
+class Confirmation:
+    """The full gate on the graph export will make of a mix (tune confirms the pick on it): passed or failed, and
+    each candidate's status."""
+
+    status: str
+    candidates: object  # the round's results: {candidate: status}
+
+    def to_json(self) -> dict:
+        return {"status": self.status, "candidates": self.candidates}
+
+
+@dataclass(frozen=True)
+class GreedyRun:
+    """How the greedy fallback (``verify --auto-fallback``'s loop) reached its mix: whether its loop passed (None: the
+    all-low graph passed, so it did not run) and the rounds it took."""
+
+    passed: bool | None
+    rounds: int
+
+    def to_json(self) -> dict:
+        return {**({} if self.passed is None else {"greedy_passed": self.passed}), "greedy_rounds": self.rounds}
+
+
+QAT_FACTS = ("epochs", "seconds_per_epoch", "best_val_acc", "int8_layers", "source", "simulated")
+
+
+@dataclass(frozen=True)
+class QatRun:
+    """What QAT's fine-tuning reports of the mix it made (tune's third rung)."""
+
+    epochs: int
+    seconds_per_epoch: float
+    best_val_acc: float
+    int8_layers: int
+    source: dict  # the checkpoint export rebuilds the graph from
+    simulated: object
+
+    def to_json(self) -> dict:
+        return {"qat": {k: getattr(self, k) for k in QAT_FACTS}, "int8_layers": self.int8_layers}
 
 
 @dataclass
@@ -181,6 +226,16 @@ class Candidate:
     rounds: dict = field(default_factory=dict, repr=False)  # {batch: [ms per interleaved round]}
     session: int = 0  # which set of interleaved rounds timed it (0: none; only rounds of one session pair up)
     kernels: tuple | None = field(default=None, repr=False)  # what the target compiled it to (None: not known)
+    greedy: GreedyRun | None = None  # the greedy fallback's answer: how its loop went
+    confirmed: Confirmation | None = None  # the gate on the graph export makes of it (tune's pick)
+    qat: QatRun | None = None  # QAT's mix: its fine-tuning
+
+    def result_json(self) -> dict:
+        """The gate's result as tune.json holds it: with how the greedy fallback went, the confirmation and QAT's
+        facts after it, where the mix has them."""
+        return {**self.result, **(self.greedy.to_json() if self.greedy else {}),
+                **({"confirmed": self.confirmed.to_json()} if self.confirmed else {}),
+                **(self.qat.to_json() if self.qat else {})}
 
     @property
     def passed(self) -> bool:
@@ -199,7 +254,7 @@ class MethodRun:
 
     method: str
     layers: list[str]
-    all_low: dict
+    all_low: GateNumbers  # the quick metrics of the graph with every unit low
     ranked: list[Sensitivity]
     candidates: list[Candidate]
     graph: object = field(repr=False)
