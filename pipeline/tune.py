@@ -136,7 +136,7 @@ class Tuner:
     def judge(self, model: onnx.ModelProto, high, origin: str, method: str, fp32=()) -> Candidate:
         checked = self.full(model)
         exact = next((c for c in checked.checks if c.name == self.plug.faithful), None)
-        result = sensitivity.summary(exact.result) if exact is not None and "task_check" in exact.result else {}
+        result = sensitivity.summary(exact.judgement) if exact is not None and exact.judgement else {}
         result.update({"status": Status.PASSED if checked.passed else Status.FAILED, "candidates": checked.results})
         cand = Candidate(list(high), origin, result, calibration=method, fp32=list(fp32 or self.base_fp32))
         cand.round = checked
@@ -462,7 +462,7 @@ def held_out_confirmation(t: Tuner, chosen: Candidate | None, qat: bool) -> dict
     checked = candidates.recheck_round(t.plug, t.cfg, t.ctx, t.held_out_evidence,
                                        t.converted(chosen.high, chosen.fp32, chosen.calibration))
     exact = next((c for c in checked.checks if c.name == t.plug.faithful), None)
-    numbers = sensitivity.summary(exact.result) if exact is not None and "task_check" in exact.result else {}
+    numbers = sensitivity.summary(exact.judgement) if exact is not None and exact.judgement else {}
     status = Status.PASSED if checked.passed else Status.FAILED
     search = (chosen.result.get("confirmed") or chosen.result).get("status")
     calibration = _calibration_images(t)

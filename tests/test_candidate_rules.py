@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from pipeline import config as config_mod
+from pipeline.core.check_results import TensorCheck
 from pipeline.core.errors import InputError
 from pipeline.core.status import Status
 from pipeline.evaluation import candidates
@@ -78,18 +79,18 @@ def test_runs_graph_follows_the_table():
 
 def test_localisation_limit_and_batch_come_from_the_candidates_own_result():
     gate = {"criterion": "scaled", "max_scaled_error": 0.5, "atol": 0.1, "rtol": 0.1}
-    chk = check("int8_exact", {"tolerance": gate, "tensor_check": {"criterion": "scaled", "scaled_error_quantile": 0.4,
-                                                                   "worst_image": 20}})
+    tensor = TensorCheck(passed=False, criterion="scaled", statistic="q1", scaled_error_quantile=0.4, worst_image=20)
+    chk = check("int8_exact", {"tolerance": gate, "tensor_check": tensor})
     assert candidates.localization_rule(chk).max_scaled_error == pytest.approx(0.2)
-    chk.result["tensor_check"]["scaled_error_quantile"] = None
+    chk.result["tensor_check"] = tensor.model_copy(update={"scaled_error_quantile": None})
     assert candidates.localization_rule(chk).max_scaled_error == 0.5
-    absolute = check("int8_exact", {"tolerance": {**gate, "criterion": "absolute"},
-                                    "tensor_check": {"scaled_error_quantile": 0.01}})
+    absolute = check("int8_exact", {"tolerance": {**gate, "criterion": "absolute"}, "tensor_check": TensorCheck(
+        passed=False, criterion="absolute", statistic="elemwise", scaled_error_quantile=0.01)})
     assert candidates.localization_rule(absolute).criterion == "absolute"
     assert candidates.localization_rule(absolute).max_scaled_error == 0.5
     feeds = [{"x": np.full((8, 1), i)} for i in range(4)]
     evidence = candidates.Evidence(feeds, [], np.zeros(32), "y")
-    chk.result["tensor_check"]["worst_image"] = 20
+    chk.result["tensor_check"] = tensor.model_copy(update={"worst_image": 20})
     assert candidates.worst_batch(chk, evidence)["x"][0, 0] == 2
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from pipeline.core.check_results import Judgement, TaskCheck, TensorCheck
+
 if TYPE_CHECKING:  # annotations only: the bottom layer does not import NumPy at start-up
     import numpy as np
 
@@ -67,6 +69,22 @@ class Check:
     @property
     def status(self) -> str:
         return self.result.get("status", "")
+
+    @property
+    def tensor_check(self) -> TensorCheck | None:
+        """The gate's tensor check (None: not judged)."""
+        return self.result.get("tensor_check")
+
+    @property
+    def task_check(self) -> TaskCheck | None:
+        """The gate's task check (None: not judged)."""
+        return self.result.get("task_check")
+
+    @property
+    def judgement(self) -> Judgement | None:
+        """Both checks, with the candidate's status now (None: not judged)."""
+        t, k = self.tensor_check, self.task_check
+        return None if t is None or k is None else Judgement(t, k, self.status)
 
     @property
     def after_fallback(self) -> bool:

@@ -102,22 +102,20 @@ def _judged(run: dict, evidence, gate: dict, size: int, count: int) -> dict:
     if getattr(evidence, "detection", None) is not None:  # a detector: its head's tensor check (boxes: main size)
         return _judged_head(outputs, reference, evidence, gate, len(labels))
     judged = criteria.judge(outputs, reference, labels, gate, evidence.output_name, evidence.confidence)
-    tensor, task = judged["tensor_check"], judged["task_check"]
-    return {"status": judged["status"], "images": len(labels), "batches": len(outputs),
-            "max_abs_error": tensor["max_abs_error"], "scaled_error": tensor.get("scaled_error_quantile"),
-            "top1_agreement": task["top1_agreement"], "tensor_passed": tensor["passed"], "task_status": task["status"]}
+    tensor, task = judged.tensor_check, judged.task_check
+    return {"status": judged.status, "images": len(labels), "batches": len(outputs),
+            "max_abs_error": tensor.max_abs_error, "scaled_error": tensor.scaled_error_quantile,
+            "top1_agreement": task.top1_agreement, "tensor_passed": tensor.passed, "task_status": task.status}
 
 
 def _judged_head(outputs: list[dict], reference: list[dict], evidence, gate: dict, images: int) -> dict:
     name = evidence.output_name
     ref = np.concatenate([r[name] for r in reference]).astype(np.float64)
     cand = np.concatenate([o[name] for o in outputs]).astype(np.float64)
-    tensor = criteria.absolute_check(outputs, reference, gate, name) if gate["criterion"] == "absolute" else \
-        criteria.scaled_check(ref, cand, gate)
-    tensor.update(criteria.error_statistics(ref, cand, gate["error_quantile"]))
-    return {"status": Status.PASSED if tensor["passed"] else Status.FAILED, "images": images, "batches": len(outputs),
-            "max_abs_error": tensor["max_abs_error"], "scaled_error": tensor.get("scaled_error_quantile"),
-            "top1_agreement": None, "tensor_passed": tensor["passed"], "task_status": None}
+    tensor = criteria.tensor_check(outputs, reference, ref, cand, gate, name)
+    return {"status": Status.PASSED if tensor.passed else Status.FAILED, "images": images, "batches": len(outputs),
+            "max_abs_error": tensor.max_abs_error, "scaled_error": tensor.scaled_error_quantile,
+            "top1_agreement": None, "tensor_passed": tensor.passed, "task_status": None}
 
 
 def candidate_rows(chk, cfg: Config, evidence, gate: dict) -> list[dict]:

@@ -141,13 +141,13 @@ def _check(model: Served, send: Send, images: np.ndarray, labels: np.ndarray, re
         return {**row, "status": Status.FAILED, "reason": f"the request failed: {first_line(exc)[:300]}"}
     result = criteria.judge([{output_name: served}], [{output_name: reference}], labels, model.gate, output_name,
                             confidence)
-    log.info("deploy: served %s, %s: %s", model.name, arrangement.name, result["status"])
-    tensor = result["tensor_check"]
-    return {**row, "status": result["status"], "scaled_error": tensor.get("scaled_error_quantile"),
-            "top1_agreement": result["task_check"].get("top1_agreement"),
-            "reason": "" if result["status"] == Status.PASSED else
-            (f"{result['status']} verify's {model.precision} criteria against the FP32 reference (scaled error "
-             f"{tensor.get('scaled_error_quantile')}, top-1 agreement {result['task_check'].get('top1_agreement')})")}
+    log.info("deploy: served %s, %s: %s", model.name, arrangement.name, result.status)
+    tensor, task = result.tensor_check, result.task_check
+    return {**row, "status": result.status, "scaled_error": tensor.scaled_error_quantile,
+            "top1_agreement": task.top1_agreement,
+            "reason": "" if result.status == Status.PASSED else
+            (f"{result.status} verify's {model.precision} criteria against the FP32 reference (scaled error "
+             f"{tensor.scaled_error_quantile}, top-1 agreement {task.top1_agreement})")}
 
 
 @contextlib.contextmanager

@@ -155,19 +155,19 @@ def environment_section(environment: dict) -> Section:
 
 
 def _candidate_row(c: CandidateRow) -> tuple[Cell, ...]:
-    t, k, tol = c.tensor_check or {}, c.task_check or {}, c.tolerance or {}
+    t, k, tol = c.tensor_check, c.task_check, c.tolerance or {}
     shown = c.status + (" (required)" if c.required and c.status == Status.SKIPPED else "")
     shown += "" if c.gates else " (reported only)"
-    accuracy = (f"{percent(k['accuracy'])} ({percent(k['reference_accuracy'])})" if k else "-")
+    accuracy = f"{percent(k.accuracy)} ({percent(k.reference_accuracy)})" if k is not None else "-"
     if tol.get("criterion") == "absolute":
         tolerance, error = f"atol {tol.get('atol')}, rtol {tol.get('rtol')}, {tol.get('check_error_stat')}", "-"
     elif tol:
         share = "" if tol.get("error_quantile", 1) >= 1 else f" at q{100 * tol['error_quantile']:g}"
-        tolerance, error = f"scaled <= {tol.get('max_scaled_error')}{share}", t.get("scaled_error_quantile")
+        tolerance, error = f"scaled <= {tol.get('max_scaled_error')}{share}", t and t.scaled_error_quantile
     else:
         tolerance, error = "-", None
     return _row(c.name, c.precision, Cell(shown, status=c.status, note=c.reason or ""), error,
-                t.get("max_abs_error"), percent(k.get("top1_agreement")), accuracy, tolerance)
+                t and t.max_abs_error, percent(k and k.top1_agreement), accuracy, tolerance)
 
 
 def _localization_section(loc: dict, title: str = "Localisation") -> Section:

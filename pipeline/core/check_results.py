@@ -1,0 +1,154 @@
+"""A candidate's own numbers as types: the gate's :class:`TensorCheck` and :class:`TaskCheck` (its two criteria, each
+task criterion a :class:`Bound`) and :class:`Judgement` (both, and the status they fold to).
+
+The gate makes them where it measures (:func:`pipeline.precision.gate.judge`,
+:func:`pipeline.precision.detection_gate.judge`); verify carries them on each candidate's result and writes them into
+verify.json's row through :meth:`TensorCheck.to_json` / :meth:`TaskCheck.to_json`, the one serialiser of each: the
+keys of earlier releases, in their order (a scaled and an absolute tensor check, a classifier's and a detector's task
+check each keep their own). verify.json is read back through :mod:`pipeline.core.verify_rows`, whose rows hold these
+same types, typed and bounded once; the reports lay them out by attribute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import Field
+
+from pipeline.core import schema
+from pipeline.core.status import Status
+
+NonFinite = Literal["inf", "-inf", "nan"]  # a non-finite number as verify.json writes it (verify_report._clean)
+Number = int | float | NonFinite
+
+
+def _moved(out: dict[str, Any], keys: tuple[str, ...], after: str) -> dict[str, Any]:
+    """``out`` with ``keys`` (those it has) moved to follow ``after``, in that order; the rest as they were."""
+    moved = {k: out[k] for k in keys if k in out}
+    rest = [(k, v) for k, v in out.items() if k not in moved]
+    cut = next((i + 1 for i, (k, _) in enumerate(rest) if k == after), len(rest))
+    return {**dict(rest[:cut]), **moved, **dict(rest[cut:])}
+
+
+class Bound(schema.Open):
+    """One task criterion decided by a one-sided confidence bound (:func:`pipeline.precision.gate.agreement_check`:
+    an ``upper_bound``; the drops: a ``lower_bound``, a detector's with its bootstrap's ``resamples``)."""
+
+    status: str = Field(max_length=40)
+    value: Number
+    upper_bound: Number | None = None
+    lower_bound: Number | None = None
+    threshold: Number
+    resamples: int | None = None
+    more_images: int | None = None  # images still needed to decide (None: no practical number)
+
+    def to_json(self) -> dict[str, Any]:
+        """The criterion as verify.json holds it: the keys it was made with."""
+        return self.model_dump(exclude_unset=True)
+
+
+class TensorCheck(schema.Open):
+    """The tensor check of one output over every image (:func:`pipeline.precision.gate.scaled_check`, or
+    :func:`~pipeline.precision.gate.absolute_check`: Polygraphy's atol AND rtol per batch), with the error statistics
+    of every element. Only the keys it was made with are written."""
+
+    passed: bool
+    criterion: str = Field(max_length=40)
+    statistic: str = Field(max_length=200)
+    mismatch_fraction: Number | None = None
+    scale: Number | None = None  # scaled: the reference's logit scale
+    scaled_error: Number | None = None  # the worst image's
+    scaled_error_quantile: Number | None = None  # the statistic held to the threshold
+    error_quantile: Number | None = None
+    threshold: Number | None = None
+    images_over: int | None = None
+    worst_image: int | None = None
+    nonfinite: int | None = None
+    max_prob_error: Number | None = None
+    mean_kl: Number | None = None
+    batches: int | None = None
+    failed_batches: list[int] | None = None  # absolute: the batches over tolerance
+    max_abs_error: Number | None = None
+    mean_abs_error: Number | None = None
+    median_abs_error: Number | None = None
+    quantile_abs_error: Number | None = None
+    max_rel_error: Number | None = None
+    mean_rel_error: Number | None = None
+    median_rel_error: Number | None = None
+    quantile_rel_error: Number | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The check as verify.json holds it; an absolute check with its batches before its mismatch share."""
+        out = self.model_dump(exclude_unset=True)
+        if self.criterion == "absolute":
+            return _moved(out, ("batches", "failed_batches", "nonfinite"), after="statistic")
+        return out
+
+
+# A detector's task check writes its own numbers first, then (after its bounds) the classifier's names of them.
+SHARED_NAMES = ("top1_agreement", "accuracy", "reference_accuracy", "accuracy_drop")
+
+
+class TaskCheck(schema.Open):
+    """The task check: top-1 agreement with the reference and the accuracy drop against the labels, each a
+    :class:`Bound` (:func:`pipeline.precision.gate.task_check`); a detector's (``task: detection``,
+    :func:`pipeline.precision.detection_gate.task_check`) matched boxes and mAP drop, with the classifier's names
+    of the same numbers for the tables every task shares."""
+
+    status: str = Field(max_length=40)
+    passed: bool
+    task: str | None = Field(default=None, max_length=40)  # None: a classifier
+    samples: int
+    confidence: Number
+    top1_agreement: Number | None = None  # a detector's: its matched share
+    reference_accuracy: Number | None = None  # a detector's: the reference's mAP@0.5:0.95
+    accuracy: Number | None = None  # a detector's: its mAP@0.5:0.95
+    accuracy_drop: Number | None = None
+    disagreements: int | None = None
+    near_ties: int | None = None
+    tie_margin: Number | None = None
+    matched_share: Number | None = None
+    matched_boxes: int | None = None
+    boxes: int | None = None
+    reference_boxes: int | None = None
+    candidate_boxes: int | None = None
+    reference_map: Number | None = None
+    map: Number | None = None
+    reference_map50: Number | None = None
+    map50: Number | None = None
+    map_drop: Number | None = None
+    match_iou: Number | None = None
+    min_score: Number | None = None
+    agreement: Bound
+    drop: Bound
+    more_images: int | None = None
+
+    @property
+    def detection(self) -> bool:
+        return self.task == "detection"
+
+    @property
+    def decided(self) -> int:
+        """The images agreement was counted over: those that are not near-ties."""
+        return self.samples - (self.near_ties or 0)
+
+    def to_json(self) -> dict[str, Any]:
+        """The check as verify.json holds it (a detector's in its own order)."""
+        out = {**self.model_dump(exclude_unset=True), "agreement": self.agreement.to_json(),
+               "drop": self.drop.to_json()}
+        return _moved(out, SHARED_NAMES, after="drop") if self.detection else out
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """Both checks of one candidate (:func:`pipeline.precision.gate.judge`): failed when either fails, inconclusive
+    when the tensor check passes and the task check cannot decide, else passed."""
+
+    tensor_check: TensorCheck
+    task_check: TaskCheck
+    status: str
+
+    @property
+    def passed(self) -> bool:
+        return self.status == Status.PASSED
