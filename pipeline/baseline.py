@@ -144,7 +144,7 @@ def _artifact_entry(candidate: CandidateRow, verdict: str, top1, labels, classes
             "artifact_sha256": candidate.artifact_sha256, "verdict": verdict,
             "accuracy": float((top1 == labels).mean()),
             "per_class_accuracy": drift.per_class_accuracy(top1, labels, classes),
-            "batch_sizes": candidate.batch_sizes}
+            "batch_sizes": None if candidate.batch_sizes is None else [r.to_json() for r in candidate.batch_sizes]}
 
 
 def _passed_candidates(run: RunDir) -> list[tuple[CandidateRow, str]]:

@@ -13,17 +13,28 @@ import pytest
 
 from conftest import ROOT
 from pipeline.core import verify_rows
-from pipeline.core.check_results import Bound, Judgement, TaskCheck, TensorCheck
+from pipeline.core.check_results import (
+    BatchSizeRow,
+    Bound,
+    ClaimCheck,
+    Judgement,
+    RowsCheck,
+    TaskCheck,
+    TensorCheck,
+)
 from pipeline.core.errors import InputError
 
 PACKAGE = ROOT / "pipeline"
 RELEASE = ROOT / "tests" / "data" / "release_0.1.0" / "run" / "verify.json"
 HOME = PACKAGE / "core" / "check_results.py"  # the serialisers: the only module that may read one by its key
-TYPES = {"TensorCheck", "TaskCheck", "Bound", "Judgement"}
+TYPES = {"TensorCheck", "TaskCheck", "Bound", "Judgement", "BatchSizeRow", "Arrangement", "RowsCheck", "ClaimCheck",
+         "Conformance"}
 # What holds one: these attributes of a check, a row or a judgement, and these calls (the gate's makers).
-ATTRIBUTES = {"tensor_check", "task_check", "agreement", "drop", "judgement"}
+ATTRIBUTES = {"tensor_check", "task_check", "agreement", "drop", "judgement", "conformance", "rows", "precision",
+              "worst", "batch_sizes", "arrangements"}
 MAKERS = {"judge", "compare", "tensor_check", "scaled_check", "absolute_check", "task_check", "agreement_check",
-          "accuracy_drop_check", "map_drop_check", "matched_check"}
+          "accuracy_drop_check", "map_drop_check", "matched_check", "row_result", "precision_result",
+          "candidate_rows", "BatchSizeRow", "RowsCheck", "ClaimCheck", "Conformance"}
 
 
 # --------------------------------------------------------------------------- the AST check
@@ -63,6 +74,8 @@ def _held(fn: ast.AST) -> set[str]:
         for node in ast.walk(fn):
             if isinstance(node, ast.AnnAssign) and _names_a_type(node.annotation) and isinstance(node.target, ast.Name):
                 held.add(node.target.id)
+            elif isinstance(node, (ast.For, ast.comprehension)) and _gives_check(node.iter, held):
+                held |= {n.id for n in ast.walk(node.target) if isinstance(n, ast.Name)}
             elif isinstance(node, ast.Assign):
                 for target in node.targets:
                     both = isinstance(target, ast.Tuple) and isinstance(node.value, ast.Tuple)
@@ -105,10 +118,11 @@ def test_the_check_finds_a_key_read_on_a_check_and_leaves_dicts(tmp_path):
         "def c(x):\n    result = criteria.judge(x)\n    return result['status']\n"
         "def d(row):\n    t, n = row.tensor_check, row.name\n    return t['criterion'], n['first']\n"
         "def e(k: TaskCheck):\n    a = k.agreement\n    return a['value'], k.agreement.value\n"
-        "def f(payload: dict):\n    return payload['tensor_check'], {'a': 1}['a']\n")  # a raw dict: not followed
+        "def f(payload: dict):\n    return payload['tensor_check'], {'a': 1}['a']\n"  # a raw dict: not followed
+        "def g(c):\n    return [r['status'] for r in c.batch_sizes or []]\n")
     assert check_key_reads(path) == ["pkg/m.py:10: t['criterion']", "pkg/m.py:13: a['value']",
-                                     "pkg/m.py:2: t['passed']", "pkg/m.py:4: chk.tensor_check.get('scale')",
-                                     "pkg/m.py:7: result['status']"]
+                                     "pkg/m.py:17: r['status']", "pkg/m.py:2: t['passed']",
+                                     "pkg/m.py:4: chk.tensor_check.get('scale')", "pkg/m.py:7: result['status']"]
 
 
 def test_the_check_covers_the_readers_it_claims_to():
@@ -136,6 +150,10 @@ def test_release_0_1_0_checks_read_typed_and_write_back_in_the_same_shape():
             assert written == old[key] and list(written) == list(old[key])
         if row.task_check is not None:
             assert isinstance(row.task_check.agreement, Bound) and row.task_check.agreement.status == "passed"
+        assert json.dumps(json.loads(json.dumps(row.to_json()))) == json.dumps(old)  # every key, nested, in order
+        assert all(isinstance(r, BatchSizeRow) for r in row.batch_sizes or [])
+        if row.conformance is not None and row.conformance.rows is not None:
+            assert isinstance(row.conformance.rows, RowsCheck) and isinstance(row.conformance.precision, ClaimCheck)
 
 
 def test_an_absolute_check_and_a_detectors_task_check_keep_their_own_order():

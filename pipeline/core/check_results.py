@@ -1,5 +1,8 @@
 """A candidate's own numbers as types: the gate's :class:`TensorCheck` and :class:`TaskCheck` (its two criteria, each
-task criterion a :class:`Bound`) and :class:`Judgement` (both, and the status they fold to).
+task criterion a :class:`Bound`) and :class:`Judgement` (both, and the status they fold to); the candidate at each
+batch size it serves (:class:`BatchSizeRow`, :mod:`pipeline.evaluation.batching`) and its :class:`Conformance` (row
+independence, :class:`RowsCheck`; the precision its matrix layers ran in, :class:`ClaimCheck`:
+:mod:`pipeline.evaluation.conformance`).
 
 The gate makes them where it measures (:func:`pipeline.precision.gate.judge`,
 :func:`pipeline.precision.detection_gate.judge`); verify carries them on each candidate's result and writes them into
@@ -31,7 +34,14 @@ def _moved(out: dict[str, Any], keys: tuple[str, ...], after: str) -> dict[str, 
     return {**dict(rest[:cut]), **moved, **dict(rest[cut:])}
 
 
-class Bound(schema.Open):
+class Measured(schema.Open):
+    """A check's record: written with the keys it was made with (an absent key is one it never had)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(exclude_unset=True)
+
+
+class Bound(Measured):
     """One task criterion decided by a one-sided confidence bound (:func:`pipeline.precision.gate.agreement_check`:
     an ``upper_bound``; the drops: a ``lower_bound``, a detector's with its bootstrap's ``resamples``)."""
 
@@ -43,12 +53,8 @@ class Bound(schema.Open):
     resamples: int | None = None
     more_images: int | None = None  # images still needed to decide (None: no practical number)
 
-    def to_json(self) -> dict[str, Any]:
-        """The criterion as verify.json holds it: the keys it was made with."""
-        return self.model_dump(exclude_unset=True)
 
-
-class TensorCheck(schema.Open):
+class TensorCheck(Measured):
     """The tensor check of one output over every image (:func:`pipeline.precision.gate.scaled_check`, or
     :func:`~pipeline.precision.gate.absolute_check`: Polygraphy's atol AND rtol per batch), with the error statistics
     of every element. Only the keys it was made with are written."""
@@ -90,7 +96,7 @@ class TensorCheck(schema.Open):
 SHARED_NAMES = ("top1_agreement", "accuracy", "reference_accuracy", "accuracy_drop")
 
 
-class TaskCheck(schema.Open):
+class TaskCheck(Measured):
     """The task check: top-1 agreement with the reference and the accuracy drop against the labels, each a
     :class:`Bound` (:func:`pipeline.precision.gate.task_check`); a detector's (``task: detection``,
     :func:`pipeline.precision.detection_gate.task_check`) matched boxes and mAP drop, with the classifier's names
@@ -152,3 +158,84 @@ class Judgement:
     @property
     def passed(self) -> bool:
         return self.status == Status.PASSED
+
+
+class BatchSizeRow(Measured):
+    """The candidate at one batch size it serves (:func:`pipeline.evaluation.batching.candidate_rows`): judged there
+    (``images``, its numbers), the main check's row, or why it did not run there; a candidate's only row without a
+    ``batch_size`` says why none was checked (after a fallback, a runner that died)."""
+
+    batch_size: int | None = None
+    profile: list[str] | None = None  # the build keys that name it (build.min_batch, ...)
+    status: str = Field(max_length=40)
+    reason: str | None = None
+    images: int | None = None
+    batches: int | None = None
+    max_abs_error: Number | None = None
+    scaled_error: Number | None = None
+    top1_agreement: Number | None = None  # None: a detector's (its head's tensor check only)
+    tensor_passed: bool | None = None
+    task_status: str | None = Field(default=None, max_length=40)
+
+    @property
+    def judged(self) -> bool:
+        """Judged at this batch size (else it did not run there, or it is the main check's row)."""
+        return self.images is not None
+
+
+class Arrangement(Measured):
+    """The worst row of one arrangement (:class:`pipeline.evaluation.conformance.RowFinding`)."""
+
+    arrangement: str = Field(max_length=40)
+    batch_size: int
+    slot: int
+    image: int
+    deviation: Number  # max |row - base| over the base row's largest |logit|; inf for a non-finite row
+
+
+class RowsCheck(Measured):
+    """Row independence (:func:`pipeline.evaluation.conformance.row_result`): each arrangement's worst row against the
+    base, or why it could not run (``status`` error and ``reason``)."""
+
+    status: str = Field(max_length=40)
+    base: str | None = None
+    tolerance: Number | None = None
+    arrangements: list[Arrangement] | None = None
+    skipped: dict[str, str] | None = None  # why an arrangement did not run
+    reason: str | None = None
+
+    @property
+    def worst(self) -> Arrangement | None:
+        """The arrangement with the largest deviation (a non-finite one counts as the largest)."""
+        return max(self.arrangements or [], key=lambda a: float(a.deviation), default=None)
+
+
+class ClaimCheck(Measured):
+    """The precision manifest (:func:`pipeline.evaluation.conformance.precision_result`): the runtime's account of the
+    precision each matrix layer ran in, as shares, and the verdict on the candidate's claim."""
+
+    status: str = Field(max_length=40)
+    claimed: str | None = None
+    source: str | None = None  # "runtime", or "graph, emulated"
+    matrix_layers: int | None = None
+    shares: dict[str, Number] | None = None
+    graph_share: Number | None = None
+    required: Number | None = None
+    layers: list[dict[str, Any]] | None = None  # pipeline.runtime.layer_account.Layer records
+    reason: str | None = None
+
+
+class Conformance(Measured):
+    """A candidate's conformance section: its :class:`RowsCheck` and :class:`ClaimCheck`, or (``status`` skipped)
+    why it was not checked."""
+
+    status: str | None = Field(default=None, max_length=40)
+    reason: str | None = None
+    rows: RowsCheck | None = None
+    precision: ClaimCheck | None = None
+
+    @property
+    def failing(self) -> list[str]:
+        """The reasons of the parts that failed."""
+        return [part.reason or "" for part in (self.rows, self.precision)
+                if part is not None and part.status == Status.FAILED]

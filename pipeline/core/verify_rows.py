@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, StringConstraints
 
 from pipeline.core import schema
-from pipeline.core.check_results import TaskCheck, TensorCheck
+from pipeline.core.check_results import BatchSizeRow, Conformance, TaskCheck, TensorCheck
 
 MAX_CANDIDATES = 1000
 OPTIONAL = ("log", "log_tail", "workaround", "batch_sizes", "conformance")  # written only where a candidate has them
@@ -49,14 +49,16 @@ class CandidateRow(schema.Open):
     log: Text | None = None  # a child process's log
     log_tail: list[Text] | None = None  # a crashed child's last lines
     workaround: Text | None = None  # a runtime workaround applied
-    batch_sizes: list[dict[str, Any]] | None = None  # the artifact at each batch size it serves
-    conformance: dict[str, Any] | None = None  # row independence and the precisions its layers ran in
+    batch_sizes: Annotated[list[BatchSizeRow], Field(max_length=64)] | None = None  # at each batch size it serves
+    conformance: Conformance | None = None  # row independence and the precisions its layers ran in
 
     def to_json(self) -> dict[str, Any]:
         """The row as verify.json holds it: the optional facts only where the candidate has them."""
         out = self.model_dump(exclude={k for k in OPTIONAL if getattr(self, k) is None})
-        return {**out, "tensor_check": None if self.tensor_check is None else self.tensor_check.to_json(),
-                "task_check": None if self.task_check is None else self.task_check.to_json()}
+        typed = {"tensor_check": self.tensor_check, "task_check": self.task_check, "conformance": self.conformance}
+        written = {k: None if v is None else v.to_json() for k, v in typed.items() if k in out}
+        rows = {"batch_sizes": [r.to_json() for r in self.batch_sizes]} if self.batch_sizes is not None else {}
+        return {**out, **written, **rows}
 
 
 class Reference(schema.Open):

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.core import artifacts, env, verify_rows
-from pipeline.core.check_results import Bound, TaskCheck, TensorCheck
+from pipeline.core.check_results import Bound, Measured, TaskCheck, TensorCheck
 from pipeline.core.checks import Check
 from pipeline.core.errors import InputError, PipelineError, first_line
 from pipeline.core.run import RunDir, atomic_write, now, read_json, sha256_file, write_json
@@ -229,10 +229,10 @@ def log_batch_sizes(checks: Sequence[Check]) -> None:
     """One line per candidate checked at the other served batch sizes; a warning naming each that failed there."""
     for chk in checks:
         rows = chk.result.get("batch_sizes") or []
-        if not any("batch_size" in r for r in rows):
+        if not any(r.batch_size is not None for r in rows):
             continue
-        log.info("verify: %-17s batch sizes %s", chk.name, ", ".join(f"{r['batch_size']}: {r['status']}" for r in rows))
-        if any(r["status"] == Status.FAILED for r in rows):
+        log.info("verify: %-17s batch sizes %s", chk.name, ", ".join(f"{r.batch_size}: {r.status}" for r in rows))
+        if any(r.status == Status.FAILED for r in rows):
             log.warning("verify: %s: %s", chk.name, chk.result["reason"])
 
 
@@ -240,17 +240,17 @@ def log_conformance(checks: Sequence[Check]) -> None:
     """One line per candidate with a conformance section: its rows' worst deviation and the shares of its matrix
     layers per precision, as the runtime gave them; a warning naming each that failed there."""
     for chk in checks:
-        section = chk.result.get("conformance") or {}
-        rows, precision = section.get("rows") or {}, section.get("precision") or {}
-        if not rows and not precision:
+        section = chk.result.get("conformance")
+        rows, precision = (section.rows, section.precision) if section is not None else (None, None)
+        if rows is None and precision is None:
             continue
-        worst = max((a["deviation"] for a in rows.get("arrangements", [])), default=None)
-        shares = ", ".join(f"{p} {100 * v:.0f}%" for p, v in (precision.get("shares") or {}).items()) or "no account"
+        worst = max((a.deviation for a in (rows.arrangements if rows else None) or []), default=None)
+        shares = ", ".join(f"{p} {100 * v:.0f}%" for p, v in ((precision.shares if precision else None) or {}).items())
         log.info("verify: %-17s rows %s (worst %s); matrix layers ran in: %s; claim %s", chk.name,
-                 rows.get("status"), "-" if worst is None else f"{worst:.2g}", shares, precision.get("status"))
-        for part in (rows, precision):
-            if part.get("status") == Status.FAILED:
-                log.warning("verify: %s: %s", chk.name, part.get("reason", ""))
+                 rows and rows.status, "-" if worst is None else f"{worst:.2g}", shares or "no account",
+                 precision and precision.status)
+        for part in (p for p in (rows, precision) if p is not None and p.status == Status.FAILED):
+            log.warning("verify: %s: %s", chk.name, part.reason or "")
 
 
 def log_check(chk: Check) -> None:
@@ -296,7 +296,7 @@ def _clean(value):
     their own serialiser."""
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
-    if isinstance(value, (TensorCheck, TaskCheck)):
+    if isinstance(value, Measured):
         return _clean(value.to_json())
     if isinstance(value, dict):
         return {k: _clean(v) for k, v in value.items()}
