@@ -28,13 +28,13 @@ PACKAGE = ROOT / "pipeline"
 RELEASE = ROOT / "tests" / "data" / "release_0.1.0" / "run" / "verify.json"
 HOME = PACKAGE / "core" / "check_results.py"  # the serialisers: the only module that may read one by its key
 TYPES = {"TensorCheck", "TaskCheck", "Bound", "Judgement", "BatchSizeRow", "Arrangement", "RowsCheck", "ClaimCheck",
-         "Conformance"}
+         "Conformance", "CandidateResult"}
 # What holds one: these attributes of a check, a row or a judgement, and these calls (the gate's makers).
 ATTRIBUTES = {"tensor_check", "task_check", "agreement", "drop", "judgement", "conformance", "rows", "precision",
               "worst", "batch_sizes", "arrangements"}
 MAKERS = {"judge", "compare", "tensor_check", "scaled_check", "absolute_check", "task_check", "agreement_check",
           "accuracy_drop_check", "map_drop_check", "matched_check", "row_result", "precision_result",
-          "candidate_rows", "BatchSizeRow", "RowsCheck", "ClaimCheck", "Conformance"}
+          "candidate_rows", "BatchSizeRow", "RowsCheck", "ClaimCheck", "Conformance", "CandidateResult", "crashed"}
 
 
 # --------------------------------------------------------------------------- the AST check

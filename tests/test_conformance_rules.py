@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pipeline.core.check_results import CandidateResult
 from pipeline.core.status import Status
 from pipeline.evaluation import conformance, conformance_runs
 from pipeline.evaluation.conformance import RowFinding, judge_claim, judge_rows
@@ -250,9 +251,7 @@ def test_precision_result_of_an_emulation_is_its_graph():
 
 def _check(status=Status.PASSED, runs=None, after_fallback=False, claims=None, deploys=True):
     backend = SimpleNamespace(claims=claims, deploys=deploys, graph=None, candidate="c")
-    result = {"status": status, "passed": status == Status.PASSED}
-    if after_fallback:
-        result["after_fallback"] = True
+    result = CandidateResult(status=status, passed=status == Status.PASSED, after_fallback=after_fallback)
     return SimpleNamespace(backend=backend, name="c", precision="fp32", result=result, status=status,
                            after_fallback=after_fallback, conformance_runs=runs if runs is not None else {})
 
@@ -275,43 +274,44 @@ def _runs(mix: float, layers=None):
 def test_a_mixing_candidate_that_passed_its_output_check_fails_here(status):
     chk = _check(status, _runs(1e-2))
     conformance.verify_conformance(_verify_cfg(), [chk], _gate_for)
-    assert chk.result["status"] == Status.FAILED and chk.result["passed"] is False
-    assert chk.result["reason"].startswith("row independence: image") and chk.result["hint"] == \
+    assert chk.result.status == Status.FAILED and chk.result.passed is False
+    assert chk.result.reason.startswith("row independence: image") and chk.result.hint == \
         conformance.CONFORMANCE_HINT
-    assert chk.result["conformance"].rows.tolerance == 1e-4
+    assert chk.result.conformance.rows.tolerance == 1e-4
 
 
 def test_a_sound_candidate_keeps_its_verdict_and_gets_its_section():
     chk = _check(Status.PASSED, _runs(0.0))
     conformance.verify_conformance(_verify_cfg(), [chk], _gate_for)
-    assert chk.result["status"] == Status.PASSED and "reason" not in chk.result
-    assert chk.result["conformance"].rows.status == Status.PASSED
-    assert chk.result["conformance"].precision.status == Status.SKIPPED  # FP32 claims nothing
+    assert chk.result.status == Status.PASSED and chk.result.reason is None
+    assert chk.result.conformance.rows.status == Status.PASSED
+    assert chk.result.conformance.precision.status == Status.SKIPPED  # FP32 claims nothing
 
 
 def test_a_false_claim_fails_the_candidate_and_both_reasons_are_kept():
     fp32 = layer_account.Layer("conv", "Convolution", "fp32", True).to_json()
     chk = _check(Status.PASSED, _runs(1e-2, {"layers": [fp32]}), claims="int8")
     conformance.verify_conformance(_verify_cfg(), [chk], _gate_for)
-    assert chk.result["status"] == Status.FAILED
-    assert "row independence" in chk.result["reason"] and "; claims int8 but runs 0%" in chk.result["reason"]
+    assert chk.result.status == Status.FAILED
+    assert "row independence" in chk.result.reason and "; claims int8 but runs 0%" in chk.result.reason
 
 
 @pytest.mark.parametrize("status", [Status.FAILED, Status.ERROR, Status.CRASHED])
 def test_a_candidate_that_did_not_pass_keeps_its_verdict_and_still_gets_its_section(status):
     chk = _check(status, _runs(1e-2))
-    before = dict(chk.result)
+    before = chk.result.model_dump()
     conformance.verify_conformance(_verify_cfg(), [chk], _gate_for)
-    section = chk.result.pop("conformance")
-    assert chk.result == before and section.rows.status == Status.FAILED
+    section = chk.result.conformance
+    assert chk.result.model_copy(update={"conformance": None}).model_dump() == before
+    assert section.rows.status == Status.FAILED
 
 
 def test_after_a_fallback_or_without_runs_the_section_is_skipped_with_the_reason():
     replaced, unrun = _check(Status.PASSED, _runs(1e-2), after_fallback=True), _check(Status.SKIPPED, {})
     conformance.verify_conformance(_verify_cfg(), [replaced, unrun], _gate_for)
-    assert replaced.result["status"] == Status.PASSED and unrun.result["status"] == Status.SKIPPED
-    assert replaced.result["conformance"].to_json() == {"status": Status.SKIPPED, "reason": conformance.AFTER_FALLBACK}
-    assert unrun.result["conformance"].to_json() == {"status": Status.SKIPPED, "reason": conformance.NOT_RUN}
+    assert replaced.result.status == Status.PASSED and unrun.result.status == Status.SKIPPED
+    assert replaced.result.conformance.to_json() == {"status": Status.SKIPPED, "reason": conformance.AFTER_FALLBACK}
+    assert unrun.result.conformance.to_json() == {"status": Status.SKIPPED, "reason": conformance.NOT_RUN}
 
 
 def test_rows_are_copied_from_a_runner_that_reuses_its_output_buffer():
@@ -331,7 +331,7 @@ def test_rows_are_copied_from_a_runner_that_reuses_its_output_buffer():
 def test_conformance_off_touches_nothing():
     chk = _check(Status.PASSED, _runs(1e-2))
     conformance.verify_conformance(_verify_cfg(on=False), [chk], _gate_for)
-    assert "conformance" not in chk.result and chk.result["status"] == Status.PASSED
+    assert chk.result.conformance is None and chk.result.status == Status.PASSED
 
 
 def test_the_plan_takes_the_first_full_batch_and_the_largest_logit_image_as_companion():
@@ -354,7 +354,7 @@ def test_the_log_names_each_failed_part_even_of_a_candidate_that_failed_before(c
     from pipeline.reports import verify_report
 
     chk = _check(Status.FAILED, _runs(1e-2))  # failed by its output check: no "reason" key of its own
-    chk.result.pop("reason", None)
+    chk.result = chk.result.model_copy(update={"reason": None})
     conformance.verify_conformance(_verify_cfg(), [chk], _gate_for)
     with caplog.at_level("INFO", logger="pipeline"):
         verify_report.log_conformance([chk])

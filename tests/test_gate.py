@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from pipeline.core.check_results import CandidateResult
 from pipeline.evaluation import candidates
 from pipeline.precision import gate as criteria
 
@@ -224,7 +225,8 @@ def test_int8_localisation_names_the_first_node_over_the_rule_not_the_worst():
 def _check(name: str, status: str, *, gates: bool = True, required: bool = False):
     from pipeline.runtime import backends
 
-    return candidates.Check(backends.by_name(name), name, required, result={"status": status}, gates=gates)
+    return candidates.Check(backends.by_name(name), name, required, result=CandidateResult(status=status),
+                            gates=gates)
 
 
 def test_verdict_a_required_candidate_that_was_skipped_fails_the_gate():
@@ -266,8 +268,8 @@ def test_an_undecided_gate_under_inconclusive_fail_is_exit_5_and_says_how_many_i
     cand = ref.copy()
     cand[:7] = [[1.0, 2.0]]  # 249 of 256 agree: 97.3 % against 98 %
     chk = _check("int8_exact", "inconclusive")
-    chk.result = {"status": "inconclusive", "task_check": criteria.task_check(
-        ref, cand, np.zeros(256, int), scaled_gate(min_top1_agreement=0.98, max_accuracy_drop=1.0), 0.95)}
+    chk.result = CandidateResult(status="inconclusive", task_check=criteria.task_check(
+        ref, cand, np.zeros(256, int), scaled_gate(min_top1_agreement=0.98, max_accuracy_drop=1.0), 0.95))
     verdict = candidates.verdict([chk], "fail")
     with pytest.raises(Inconclusive, match="about 750 more validation images would decide it") as caught:
         verify._raise_for(verdict, None, False, False)

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import ROOT
 from pipeline.core import verify_rows
-from pipeline.core.check_results import TensorCheck
+from pipeline.core.check_results import CandidateResult, TensorCheck
 from pipeline.core.checks import Check
 from pipeline.core.errors import InputError
 from pipeline.core.status import Status
@@ -31,7 +31,7 @@ def test_release_0_1_0_candidates_read_and_write_back_in_the_same_shape():
 
 def _check(status: Status, **result) -> Check:
     backend = SimpleNamespace(candidate="onnxrt_fp32", precision="fp32", artifact="model.onnx")
-    return Check(backend, "ONNX Runtime FP32", required=False, result={"status": status, **result})
+    return Check(backend, "ONNX Runtime FP32", required=False, result=CandidateResult(status=status, **result))
 
 
 def test_verify_writes_a_row_with_the_keys_it_always_wrote():

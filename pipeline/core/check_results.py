@@ -239,3 +239,24 @@ class Conformance(Measured):
         """The reasons of the parts that failed."""
         return [part.reason or "" for part in (self.rows, self.precision)
                 if part is not None and part.status == Status.FAILED]
+
+
+class CandidateResult(schema.Open):
+    """What verify found of one candidate (:func:`pipeline.evaluation.candidates.check`): its status and why, the
+    gate's checks and thresholds, how it ran (a child's log, a runtime workaround), and the checks after it (batch
+    sizes, conformance). A later finding replaces it with a copy (``model_copy(update=...)``); verify.json's row is
+    made from it (:func:`pipeline.reports.verify_report.candidate_row`)."""
+
+    status: str = Field(default="", max_length=40)  # "": not run yet
+    passed: bool | None = None
+    reason: str | None = None
+    hint: str | None = None  # what to do about a failure no fallback can fix
+    tolerance: dict[str, Any] | None = None  # the thresholds it was judged by (candidates.gate_for)
+    tensor_check: TensorCheck | None = None
+    task_check: TaskCheck | None = None
+    after_fallback: bool = False  # the replacement graph's result (or an artifact of the replaced one: skipped)
+    log: str | None = None  # its child process's log
+    log_tail: list[str] | None = None  # a crashed child's last lines
+    workaround: str | None = None  # a runtime workaround applied
+    batch_sizes: list[BatchSizeRow] | None = None
+    conformance: Conformance | None = None

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from pipeline.core.check_results import Judgement, TaskCheck, TensorCheck
+from pipeline.core.check_results import CandidateResult, Judgement, TaskCheck, TensorCheck
 
 if TYPE_CHECKING:  # annotations only: the bottom layer does not import NumPy at start-up
     import numpy as np
@@ -49,7 +49,7 @@ class Check:
     label: str
     required: bool
     reason: str = ""
-    result: dict = field(default_factory=dict)
+    result: CandidateResult = field(default_factory=CandidateResult)
     gates: bool = True  # its verdict decides the exit code (verify.gate); else it is run and reported only
     batch_runs: dict = field(default_factory=dict)  # outputs at the other served batch sizes (evaluation.batching)
     conformance_runs: dict = field(default_factory=dict)  # row arrangements, runtime layers (evaluation.conformance)
@@ -68,17 +68,17 @@ class Check:
 
     @property
     def status(self) -> str:
-        return self.result.get("status", "")
+        return self.result.status
 
     @property
     def tensor_check(self) -> TensorCheck | None:
         """The gate's tensor check (None: not judged)."""
-        return self.result.get("tensor_check")
+        return self.result.tensor_check
 
     @property
     def task_check(self) -> TaskCheck | None:
         """The gate's task check (None: not judged)."""
-        return self.result.get("task_check")
+        return self.result.task_check
 
     @property
     def judgement(self) -> Judgement | None:
@@ -88,7 +88,7 @@ class Check:
 
     @property
     def after_fallback(self) -> bool:
-        return bool(self.result.get("after_fallback"))
+        return self.result.after_fallback
 
 
 @dataclass

@@ -157,14 +157,12 @@ def verify_batch_sizes(cfg: Config, checks, evidence, gate_for) -> None:
     for chk in checks:
         if chk.status not in RECHECKED:
             continue
-        if chk.result.get("after_fallback"):  # ctx still holds the graph the fallback replaced
-            chk.result["batch_sizes"] = [BatchSizeRow(status=Status.SKIPPED, reason=AFTER_FALLBACK)]
-            continue
-        if "error" in chk.batch_runs:  # the runner died after the main check: say so, keep the verdict
-            chk.result["batch_sizes"] = [BatchSizeRow(status=Status.ERROR, reason=chk.batch_runs["error"])]
-            continue
-        rows = candidate_rows(chk, cfg, evidence, gate_for(cfg, chk.name, chk.precision))
-        chk.result["batch_sizes"] = rows
+        if chk.result.after_fallback:  # ctx still holds the graph the fallback replaced
+            rows = [BatchSizeRow(status=Status.SKIPPED, reason=AFTER_FALLBACK)]
+        elif "error" in chk.batch_runs:  # the runner died after the main check: say so, keep the verdict
+            rows = [BatchSizeRow(status=Status.ERROR, reason=chk.batch_runs["error"])]
+        else:
+            rows = candidate_rows(chk, cfg, evidence, gate_for(cfg, chk.name, chk.precision))
         failing = [r for r in rows if r.status == Status.FAILED]
-        if failing:
-            chk.result.update(status=Status.FAILED, passed=False, reason=describe(failing), hint=BATCH_HINT)
+        failed = {"status": Status.FAILED, "passed": False, "reason": describe(failing), "hint": BATCH_HINT}
+        chk.result = chk.result.model_copy(update={"batch_sizes": rows, **(failed if failing else {})})

@@ -14,7 +14,7 @@ import numpy as np
 
 from pipeline.core import data, precision_config, roles, tasks, verdicts
 from pipeline.core.artifacts import CALIBRATION_IMAGES, SEARCH_IMAGES
-from pipeline.core.check_results import Judgement
+from pipeline.core.check_results import CandidateResult, Judgement
 from pipeline.core.checks import Check, Evidence  # noqa: F401  (re-exported: the evaluation's vocabulary)
 from pipeline.core.errors import InputError, disk_full, first_line
 from pipeline.core.run import RunDir, read_json
@@ -75,19 +75,20 @@ def compare(outputs: list[dict], reference: list[dict], labels: np.ndarray, gate
 
 
 def check(chk: Check, cfg: Config, ctx: Context, evidence: Evidence,
-          batch_feeds: dict[int, list[dict]] | None = None, rows: conformance.RowPlan | None = None) -> dict:
+          batch_feeds: dict[int, list[dict]] | None = None,
+          rows: conformance.RowPlan | None = None) -> CandidateResult:
     """Run one candidate on the evidence and judge it; sets and returns ``chk.result``. With ``batch_feeds``
     (:func:`pipeline.evaluation.batching.feeds_by_size`) the same runner also runs them, for the batch-size check;
     with ``rows`` (:func:`pipeline.evaluation.conformance.plan`), the conformance checks' runs."""
     gate = gate_for(cfg, chk.name, chk.precision)
-    chk.result = {**_judge(chk, ctx, evidence, gate, batch_feeds or {}, rows), "tolerance": gate}
+    chk.result = _judge(chk, ctx, evidence, gate, batch_feeds or {}, rows).model_copy(update={"tolerance": gate})
     return chk.result
 
 
 def _judge(chk: Check, ctx: Context, evidence: Evidence, gate: dict, batch_feeds: dict,
-           rows: conformance.RowPlan | None = None) -> dict:
+           rows: conformance.RowPlan | None = None) -> CandidateResult:
     if chk.reason:
-        return {"status": Status.SKIPPED, "reason": chk.reason}
+        return CandidateResult(status=Status.SKIPPED, reason=chk.reason)
     try:
         runner = isolate.runner_for(chk.backend, ctx)  # native runtimes: in a child process (pipeline.runtime.isolate)
         with runner:
@@ -102,10 +103,10 @@ def _judge(chk: Check, ctx: Context, evidence: Evidence, gate: dict, batch_feeds
     except Exception as exc:  # a candidate that cannot run is an "error" row, not a dead stage
         if disk_full(exc):  # but a full disk ends the stage, with the documented message
             raise disk_full(exc) from None
-        return {"status": Status.ERROR, "reason": verify_report.error_reason(exc)}
+        return CandidateResult(status=Status.ERROR, reason=verify_report.error_reason(exc))
     problem = _output_problem(chk, outputs, evidence)
     if problem:
-        return {"status": Status.ERROR, "reason": problem}
+        return CandidateResult(status=Status.ERROR, reason=problem)
     evidence.outputs[chk.name] = outputs  # the last judged outputs (after a fallback: the replacement's)
     if getattr(evidence, "detection", None) is not None:  # the task plug: boxes (pipeline.precision.detection_gate)
         d = evidence.detection
@@ -113,8 +114,8 @@ def _judge(chk: Check, ctx: Context, evidence: Evidence, gate: dict, batch_feeds
                                       d["detections"], d["classes"], d["rules"], evidence.confidence)
     else:
         judged = compare(outputs, evidence.reference, evidence.labels, gate, evidence.output_name, evidence.confidence)
-    return {"tensor_check": judged.tensor_check, "task_check": judged.task_check, "passed": judged.passed,
-            "status": judged.status, **verify_report.runtime_facts(runner)}  # its child's log, a runtime workaround
+    return CandidateResult(tensor_check=judged.tensor_check, task_check=judged.task_check, passed=judged.passed,
+                           status=judged.status, **verify_report.runtime_facts(runner))  # its log, a workaround
 
 
 def _batch_runs(runner, chk: Check, ctx: Context, batch_feeds: dict) -> dict:
@@ -271,7 +272,7 @@ def localize_candidate(cfg: Config, plug: Precision, fp32_model, model, evidence
 def localization_rule(chk: Check) -> criteria.TensorRule:
     """The gate's rule per tensor, tightened to the candidate's own output error
     (:func:`pipeline.precision.gate.localization_limit`)."""
-    rule = criteria.TensorRule.of(chk.result["tolerance"])
+    rule = criteria.TensorRule.of(chk.result.tolerance)
     if rule.criterion != "scaled":
         return rule
     observed = chk.tensor_check.scaled_error_quantile if chk.tensor_check is not None else None

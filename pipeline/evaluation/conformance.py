@@ -225,18 +225,18 @@ def verify_conformance(cfg: Config, checks, gate_for) -> None:
         return
     for chk in checks:
         if chk.after_fallback or not chk.conformance_runs:
-            chk.result["conformance"] = Conformance(status=Status.SKIPPED, reason=AFTER_FALLBACK
-                                                    if chk.after_fallback else NOT_RUN)
+            skipped = Conformance(status=Status.SKIPPED, reason=AFTER_FALLBACK if chk.after_fallback else NOT_RUN)
+            chk.result = chk.result.model_copy(update={"conformance": skipped})
             continue
         tolerance = gate_for(cfg, chk.name, chk.precision)["max_row_deviation"]
         runs = chk.conformance_runs
         section = Conformance(rows=row_result(runs["rows"], tolerance),
                               precision=precision_result(chk.backend.claims, chk.backend.deploys, runs,
                                                          cfg.verify.min_precision_share))
-        chk.result["conformance"] = section
         failing = section.failing
-        if failing and chk.status in (Status.PASSED, Status.INCONCLUSIVE):  # a failed one keeps its own reason
-            chk.result.update(status=Status.FAILED, passed=False, reason="; ".join(failing), hint=CONFORMANCE_HINT)
+        failed = {"status": Status.FAILED, "passed": False, "reason": "; ".join(failing), "hint": CONFORMANCE_HINT}
+        fails = failing and chk.status in (Status.PASSED, Status.INCONCLUSIVE)  # a failed one keeps its own reason
+        chk.result = chk.result.model_copy(update={"conformance": section, **(failed if fails else {})})
 
 
 def precision_result(claimed: str | None, deploys: bool, runs: dict, min_share: float) -> ClaimCheck:

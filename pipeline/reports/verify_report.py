@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.core import artifacts, env, verify_rows
-from pipeline.core.check_results import Bound, Measured, TaskCheck, TensorCheck
+from pipeline.core.check_results import Bound, CandidateResult, Measured, TaskCheck, TensorCheck
 from pipeline.core.checks import Check
 from pipeline.core.errors import InputError, PipelineError, first_line
 from pipeline.core.run import RunDir, atomic_write, now, read_json, sha256_file, write_json
@@ -80,9 +80,9 @@ def error_reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"
 
 
-def crashed(exc) -> dict:
-    """A candidate whose child process died (:class:`pipeline.runtime.isolate.Crashed`): the verify.json result."""
-    return {"status": Status.CRASHED, "reason": str(exc), "log": exc.log, "log_tail": exc.tail}
+def crashed(exc) -> CandidateResult:
+    """A candidate whose child process died (:class:`pipeline.runtime.isolate.Crashed`): its result."""
+    return CandidateResult(status=Status.CRASHED, reason=str(exc), log=exc.log, log_tail=list(exc.tail))
 
 
 def runtime_facts(runner) -> dict:
@@ -95,8 +95,8 @@ def runtime_facts(runner) -> dict:
 
 def runtime_details(checks: Sequence[Check]) -> dict:
     """The manifest's record of runtime workarounds and crashes (with the log to read)."""
-    details = {"workarounds": {c.name: c.result["workaround"] for c in checks if c.result.get("workaround")}}
-    crashed = {c.name: f"{c.result['reason']} (log: {c.result['log']})" for c in checks if c.status == Status.CRASHED}
+    details = {"workarounds": {c.name: c.result.workaround for c in checks if c.result.workaround}}
+    crashed = {c.name: f"{c.result.reason} (log: {c.result.log})" for c in checks if c.status == Status.CRASHED}
     if crashed:
         details["crashed"] = crashed
     return details
@@ -171,7 +171,7 @@ def describe_failure(chk: Check, gate: dict) -> str:
     t, k = chk.tensor_check, chk.task_check
     parts = [describe_tensor(t, gate)] if t is not None and not t.passed else []
     parts += describe_task(k) if k is not None else []
-    return ", ".join(parts) or chk.result.get("reason", "")
+    return ", ".join(parts) or chk.result.reason or ""
 
 
 def more_images(task: TaskCheck) -> str:
@@ -192,7 +192,7 @@ def failure_message(verdict: Verdict[Check], localization: dict | None, export_b
     failed = verdict.failed
     first = failed[0]
     text = (f"{len(failed)} of {verdict.ran} candidates failed ({', '.join(c.name for c in failed)}); "
-            f"{first.name}: {describe_failure(first, first.result['tolerance'])}")
+            f"{first.name}: {describe_failure(first, first.result.tolerance)}")
     if export_broken:
         text += f"; the FP32 export itself disagrees with PyTorch, so every ONNX candidate inherits the error: " \
                 f"{EXPORT_FIX}"
@@ -200,26 +200,26 @@ def failure_message(verdict: Verdict[Check], localization: dict | None, export_b
         node = localization["first_divergent"]
         plug = plugs.by_name(first.backend.graph) if first.backend.graph else None
         text += f"; {plug.divergent if plug else 'first node'} over tolerance: {node['name']} ({node['op_type']})"
-    if first.result.get("hint") and first.backend.graph:
-        text += f"; {first.result['hint']}"
+    if first.result.hint and first.backend.graph:
+        text += f"; {first.result.hint}"
     if suggest_fallback and not export_broken and first.backend.graph:
         text += f"; `verify --auto-fallback` can {plugs.by_name(first.backend.graph).offer}"
     return text + "; details in verify.md"
 
 
 def missing_required_message(missing: Sequence[Check]) -> str:
-    return "required candidate(s) could not run: " + "; ".join(f"{c.name}: {c.result['reason']}" for c in missing)
+    return "required candidate(s) could not run: " + "; ".join(f"{c.name}: {c.result.reason}" for c in missing)
 
 
 def errors_message(errors: Sequence[Check]) -> str:
     return "candidate(s) failed to run: " + "; ".join(
-        f"{c.name}: crashed: {c.result['reason']} (log: {c.result['log']})" if c.status == Status.CRASHED
-        else f"{c.name}: {c.result['reason']}" for c in errors)
+        f"{c.name}: crashed: {c.result.reason} (log: {c.result.log})" if c.status == Status.CRASHED
+        else f"{c.name}: {c.result.reason}" for c in errors)
 
 
 def fallback_errors(rechecked: Sequence[Check]) -> str:
     return "stopped: no candidate failed to localise, but " + "; ".join(
-        f"{c.name}: {c.result.get('reason')}" for c in rechecked if c.status == Status.ERROR)
+        f"{c.name}: {c.result.reason}" for c in rechecked if c.status == Status.ERROR)
 
 
 # --------------------------------------------------------------------------- log lines
@@ -228,19 +228,19 @@ def fallback_errors(rechecked: Sequence[Check]) -> str:
 def log_batch_sizes(checks: Sequence[Check]) -> None:
     """One line per candidate checked at the other served batch sizes; a warning naming each that failed there."""
     for chk in checks:
-        rows = chk.result.get("batch_sizes") or []
+        rows = chk.result.batch_sizes or []
         if not any(r.batch_size is not None for r in rows):
             continue
         log.info("verify: %-17s batch sizes %s", chk.name, ", ".join(f"{r.batch_size}: {r.status}" for r in rows))
         if any(r.status == Status.FAILED for r in rows):
-            log.warning("verify: %s: %s", chk.name, chk.result["reason"])
+            log.warning("verify: %s: %s", chk.name, chk.result.reason)
 
 
 def log_conformance(checks: Sequence[Check]) -> None:
     """One line per candidate with a conformance section: its rows' worst deviation and the shares of its matrix
     layers per precision, as the runtime gave them; a warning naming each that failed there."""
     for chk in checks:
-        section = chk.result.get("conformance")
+        section = chk.result.conformance
         rows, precision = (section.rows, section.precision) if section is not None else (None, None)
         if rows is None and precision is None:
             continue
@@ -255,26 +255,26 @@ def log_conformance(checks: Sequence[Check]) -> None:
 
 def log_check(chk: Check) -> None:
     r = chk.result
-    if r["status"] == Status.SKIPPED:
-        log.info("verify: %-17s skipped: %s", chk.name, r["reason"])
-    elif r["status"] == Status.ERROR:
-        log.warning("verify: %-17s error: %s", chk.name, r["reason"])
-    elif r["status"] == Status.CRASHED:
-        log.warning("verify: %-17s crashed: %s; last lines of %s:\n  %s", chk.name, r["reason"], r["log"],
-                    "\n  ".join(r["log_tail"]) or "(empty)")
+    if r.status == Status.SKIPPED:
+        log.info("verify: %-17s skipped: %s", chk.name, r.reason)
+    elif r.status == Status.ERROR:
+        log.warning("verify: %-17s error: %s", chk.name, r.reason)
+    elif r.status == Status.CRASHED:
+        log.warning("verify: %-17s crashed: %s; last lines of %s:\n  %s", chk.name, r.reason, r.log,
+                    "\n  ".join(r.log_tail or []) or "(empty)")
     else:
         t, k = chk.tensor_check, chk.task_check
         error = f"scaled {t.scaled_error_quantile:.3g}" if t.criterion == "scaled" else f"max rel {t.max_rel_error:.3g}"
         if k.detection:
             log.info("verify: %-17s %-12s max abs %.3g  %s  matched boxes %.2f%% (%d of %d)  mAP %.2f%% (ref %.2f%%)%s",
-                     chk.name, r["status"], t.max_abs_error, error, 100 * k.matched_share, k.matched_boxes,
+                     chk.name, r.status, t.max_abs_error, error, 100 * k.matched_share, k.matched_boxes,
                      k.boxes, 100 * k.map, 100 * k.reference_map,
                      "" if chk.gates else "  (reported only: not in verify.gate)")
         else:
             log.info("verify: %-17s %-12s max abs %.3g  %s  top-1 agreement %.2f%%  acc %.2f%% (ref %.2f%%)%s",
-                     chk.name, r["status"], t.max_abs_error, error, 100 * k.top1_agreement, 100 * k.accuracy,
+                     chk.name, r.status, t.max_abs_error, error, 100 * k.top1_agreement, 100 * k.accuracy,
                      100 * k.reference_accuracy, "" if chk.gates else "  (reported only: not in verify.gate)")
-        if r["status"] == Status.INCONCLUSIVE:
+        if r.status == Status.INCONCLUSIVE:
             log.warning("verify: %s inconclusive: %s; %s", chk.name, ", ".join(describe_task(k)), more_images(k))
 
 
@@ -341,13 +341,15 @@ def build_payload(cfg: Config, card, candidates: Sequence[Check], gated: dict, v
 def candidate_row(c: Check, hashes: dict) -> CandidateRow:
     """verify.json's row of one judged candidate (``hashes``: the sha256 of each file verify read); validated
     leniently: the check's own values, NaN/Inf written as strings (:func:`_clean`)."""
-    facts = {k: c.result.get(k) for k in ("reason", "hint", "tolerance", "tensor_check", "task_check", "log",
-                                          "log_tail", "workaround", "batch_sizes", "conformance")}
+    r = c.result
     return CandidateRow.model_validate(_clean({
-        **facts, "name": c.name, "label": c.label, "precision": c.precision, "artifact": c.artifact,
+        "reason": r.reason, "hint": r.hint, "tolerance": r.tolerance, "tensor_check": r.tensor_check,
+        "task_check": r.task_check, "log": r.log, "log_tail": r.log_tail, "workaround": r.workaround,
+        "batch_sizes": r.batch_sizes, "conformance": r.conformance, "name": c.name, "label": c.label,
+        "precision": c.precision, "artifact": c.artifact,
         "artifact_sha256": hashes.get(c.artifact or artifacts.WEIGHTS) if c.status in JUDGED else None,
-        "required": c.required, "status": c.status, "after_fallback": c.result.get("after_fallback", False),
-        "gates": c.gates}), strict=False)
+        "required": c.required, "status": c.status, "after_fallback": r.after_fallback, "gates": c.gates}),
+        strict=False)
 
 
 def markdown(payload: dict) -> str:
