@@ -25,7 +25,7 @@ from pathlib import Path
 
 from pipeline.core import artifacts, benchmark_rows, bundle_schema, env, schema, verdicts, verify_rows
 from pipeline.core.benchmark_rows import BenchmarkRow
-from pipeline.core.bundle_schema import Artifact, Environment, LatencyRow, Meta, made
+from pipeline.core.bundle_schema import Artifact, BatchRow, Environment, LatencyRow, Meta, made
 from pipeline.core.compare_result import EnvChange
 from pipeline.core.errors import InputError, UsageError
 from pipeline.core.run import RunDir, atomic_write, confined, now, open_confined, read_json, sha256_file
@@ -142,10 +142,11 @@ def _latency_entries(run: RunDir) -> list[LatencyRow]:
 
 
 def _artifact_entry(candidate: CandidateRow, verdict: str, top1, labels, classes: list[str]) -> Artifact:
+    batch_sizes = None if candidate.batch_sizes is None else [BatchRow.model_validate(r.to_json())
+                                                              for r in candidate.batch_sizes]
     return Artifact(name=candidate.name, precision=candidate.precision, artifact=candidate.artifact,
                     artifact_sha256=candidate.artifact_sha256, verdict=verdict, accuracy=float((top1 == labels).mean()),
-                    per_class_accuracy=drift.per_class_accuracy(top1, labels, classes),
-                    batch_sizes=candidate.batch_sizes)
+                    per_class_accuracy=drift.per_class_accuracy(top1, labels, classes), batch_sizes=batch_sizes)
 
 
 def _passed_candidates(run: RunDir) -> list[tuple[CandidateRow, str]]:

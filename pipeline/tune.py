@@ -145,7 +145,7 @@ class Tuner:
     def judge(self, model: onnx.ModelProto, high, origin: str, method: str, fp32=()) -> Candidate:
         checked = self.full(model)
         exact = next((c for c in checked.checks if c.name == self.plug.faithful), None)
-        result = sensitivity.summary(exact.result) if exact is not None and "task_check" in exact.result else {}
+        result = sensitivity.summary(exact.judgement) if exact is not None and exact.judgement else {}
         status = Status.PASSED if checked.passed else Status.FAILED
         result.update({"status": status, "candidates": checked.results})
         cand = Candidate(list(high), origin, result, calibration=method, fp32=list(fp32 or self.base_fp32))
@@ -478,8 +478,8 @@ def held_out_confirmation(t: Tuner, chosen: Candidate | None, qat: bool) -> Held
     checked = candidates.recheck_round(t.plug, t.cfg, t.ctx, t.held_out_evidence,
                                        t.converted(chosen.high, chosen.fp32, chosen.calibration))
     exact = next((c for c in checked.checks if c.name == t.plug.faithful), None)
-    numbers = GateNumbers.model_validate(sensitivity.summary(exact.result) if exact is not None
-                                         and "task_check" in exact.result else {})
+    numbers = GateNumbers.model_validate(sensitivity.summary(exact.judgement) if exact is not None
+                                         and exact.judgement else {})
     status = Status.PASSED if checked.passed else Status.FAILED
     searched = GateNumbers.model_validate(chosen.result)
     search = chosen.confirmed.status if chosen.confirmed else searched.status

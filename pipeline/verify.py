@@ -29,6 +29,7 @@ import onnx
 
 from pipeline.core import boxes, modeling, onnx_io, provenance, verdicts
 from pipeline.core.artifacts import FP32_ONNX, VERIFY_BOXES, WEIGHTS
+from pipeline.core.check_results import CandidateResult
 from pipeline.core.errors import BackendUnavailable, CheckFailed, Inconclusive, StageFailed
 from pipeline.core.records import Learning
 from pipeline.core.run import RunDir, StageRecord, sha256_file
@@ -96,10 +97,10 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, auto_fallback: boo
     broken = [c for c in checks if c.backend.checks_export and c.status == Status.FAILED]
     export_broken = bool(broken)
     for chk in broken:
-        chk.result["hint"] = verify_report.EXPORT_BROKEN_HINT
+        chk.result = chk.result.model_copy(update={"hint": verify_report.EXPORT_BROKEN_HINT})
         log.warning(verify_report.EXPORT_BROKEN_LOG)
     for chk in (c for c in checks if c.backend.no_fallback_hint and c.status == Status.FAILED):
-        chk.result["hint"] = chk.backend.no_fallback_hint  # no fallback file reaches its kernels
+        chk.result = chk.result.model_copy(update={"hint": chk.backend.no_fallback_hint})  # no fallback file helps
     gated = {} if export_broken else {
         plug.name: _precision_gate(plug, cfg, run_dir, card, ctx, fp32_model, evidence, checks, hashes,
                                    auto_fallback=auto_fallback)
@@ -130,7 +131,7 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, auto_fallback: boo
     record.details.update(quality)
     failing_first = verdict.failed[0] if verdict.failed else None
     shown_loc = (gated.get(failing_first.backend.graph) or (None, None))[0] if failing_first is not None else None
-    fixable = any(c.backend.graph and not c.result.get("hint") for c in verdict.failed)
+    fixable = any(c.backend.graph and not c.result.hint for c in verdict.failed)
     _raise_for(verdict, shown_loc, export_broken, suggest_fallback=fixable and not auto_fallback)
     log.info("verify: passed (%s); deployable: %s; %s", ", ".join(f"{c.name} {c.status}" for c in checks),
              ", ".join(verdict.deployable) or "none",
@@ -160,8 +161,8 @@ def _stability(cfg: Config, run_dir: RunDir, card: dict, evidence: Evidence, fp3
     if cert["fails_gate"]:
         for chk in checks:
             if chk.gates and candidates.runs_graph(chk, plug) and chk.status == Status.PASSED:
-                chk.result = {**chk.result, "status": Status.FAILED,
-                              "reason": f"calibration stability: {'; '.join(cert['reasons'])}"}
+                chk.result = chk.result.model_copy(update={
+                    "status": Status.FAILED, "reason": f"calibration stability: {'; '.join(cert['reasons'])}"})
     return result
 
 
@@ -244,8 +245,8 @@ def _refuse_broken_reference(cfg: Config, card, run_dir: RunDir, record: StageRe
     fault is the training's, not the export's. The reports say so; the gate fails (exit 1)."""
     reason = verify_report.reference_nonfinite_reason(nonfinite, len(evidence.labels))
     for chk in checks:
-        chk.result = {"status": Status.SKIPPED, "reason": reason,
-                      "tolerance": candidates.gate_for(cfg, chk.name, chk.precision)}
+        chk.result = CandidateResult(status=Status.SKIPPED, reason=reason,
+                                     tolerance=candidates.gate_for(cfg, chk.name, chk.precision))
         verify_report.log_check(chk)
     payload = verify_report.build_payload(cfg, card, checks, {}, Verdict(passed=False), len(evidence.labels),
                                           cfg.verify.batch_size, hashes=hashes, reference_nonfinite=nonfinite)
@@ -287,7 +288,7 @@ def _precision_gate(plug: Precision, cfg: Config, run_dir: RunDir, card, ctx: Co
         return None, None
     if any(c.name == plug.faithful and c.status == Status.PASSED for c in checks):
         for chk in failing:  # the graph itself is sound: a runtime's kernels compute it differently
-            chk.result["hint"] = verify_report.kernels_hint(plug)
+            chk.result = chk.result.model_copy(update={"hint": verify_report.kernels_hint(plug)})
         return None, None
     model = ctx.graph(plug.name)
     loc = candidates.localize_candidate(cfg, plug, fp32_model, model, evidence, failing[0], run_dir) \
@@ -317,7 +318,7 @@ def _commit(plug: Precision, checks: list[Check], rechecked: list[Check]) -> Non
     by_name = {c.name: c for c in rechecked}
     for chk in checks:
         if chk.name in by_name:
-            chk.result = {**by_name[chk.name].result, "after_fallback": True}
+            chk.result = by_name[chk.name].result.model_copy(update={"after_fallback": True})
         elif candidates.runs_graph(chk, plug) and chk.status != Status.SKIPPED:
-            chk.result = {"status": Status.SKIPPED, "reason": verify_report.stale_artifact(plug),
-                          "after_fallback": True, "tolerance": chk.result.get("tolerance")}
+            chk.result = CandidateResult(status=Status.SKIPPED, reason=verify_report.stale_artifact(plug),
+                                         after_fallback=True, tolerance=chk.result.tolerance)

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from pipeline.core.check_results import BatchSizeRow, CandidateResult
 from pipeline.core.status import Status
 from pipeline.evaluation import batching
 from pipeline.runtime.isolate import Crashed
@@ -49,12 +50,12 @@ class Chk:
     name: str = "openvino_fp32"
     precision: str = "fp32"
     artifact: str | None = "openvino/fp32.xml"
-    result: dict = field(default_factory=lambda: {"status": Status.PASSED})
+    result: CandidateResult = field(default_factory=lambda: CandidateResult(status=Status.PASSED))
     batch_runs: dict = field(default_factory=dict)
 
     @property
     def status(self) -> str:
-        return self.result.get("status", "")
+        return self.result.status
 
 
 def evidence(n=32, batch=8, seed=0):
@@ -142,7 +143,7 @@ def check_candidate(runner: Runner, chk: Chk | None = None, config=None):
 def test_a_sound_runner_passes_at_every_size_and_the_rows_say_so():
     _, w = evidence()
     chk = check_candidate(Runner(w))
-    rows = chk.result["batch_sizes"]
+    rows = [r.to_json() for r in chk.result.batch_sizes]  # as verify.json holds them
     assert [r["batch_size"] for r in rows] == [1, 8, 16] and chk.status == Status.PASSED
     assert rows[1] == {"batch_size": 8, "profile": ["build.opt_batch"], "status": Status.PASSED,
                        "reason": "verify.batch_size: the main check"}
@@ -156,7 +157,7 @@ def test_a_sound_runner_passes_at_every_size_and_the_rows_say_so():
 
 def test_a_runner_that_mixes_rows_is_measured_in_the_rows():
     _, w = evidence()
-    rows = check_candidate(Runner(w, mixes=0.5)).result["batch_sizes"]
+    rows = [r.to_json() for r in check_candidate(Runner(w, mixes=0.5)).result.batch_sizes]
     assert rows[0]["max_abs_error"] > 0.01 and rows[0]["scaled_error"] > 0.01 and not rows[0]["tensor_passed"]
     assert rows[0]["task_status"] in (Status.FAILED, Status.INCONCLUSIVE, Status.PASSED)
 
@@ -171,81 +172,84 @@ def test_every_candidate_is_considered_whatever_the_one_before_it():
     ev, w = evidence()
     config = cfg(samples=20)
     feeds = batching.feeds_by_size(config, ev.feeds)
-    skipped = Chk(result={"status": Status.SKIPPED})
-    refit = Chk(result={"status": Status.PASSED, "after_fallback": True})
+    skipped = Chk(result=CandidateResult(status=Status.SKIPPED))
+    refit = Chk(result=CandidateResult(status=Status.PASSED, after_fallback=True))
     dead = Chk(batch_runs={"error": "child died"})
     mixing = Chk()
     mixing.batch_runs = batching.run_sizes(Runner(w, mixes=0.5), mixing, config, feeds)
     batching.verify_batch_sizes(config, [skipped, refit, dead, mixing], ev, gate_for)
-    assert mixing.status == Status.FAILED and refit.result["batch_sizes"][0]["status"] == Status.SKIPPED
-    assert dead.result["batch_sizes"][0]["status"] == Status.ERROR and "batch_sizes" not in skipped.result
+    assert mixing.status == Status.FAILED and refit.result.batch_sizes[0].status == Status.SKIPPED
+    assert dead.result.batch_sizes[0].status == Status.ERROR and skipped.result.batch_sizes is None
 
 
 def test_rows_that_mix_the_batch_fail_the_candidate_and_name_the_size():
     _, w = evidence()
     chk = check_candidate(Runner(w, mixes=0.5))
-    assert chk.status == Status.FAILED and chk.result["passed"] is False
-    assert chk.result["reason"].startswith("the output depends on the batch size: fails at batch 1 (build.min_batch)")
-    assert "batch 16 (build.max_batch)" in chk.result["reason"]
-    assert chk.result["hint"] == batching.BATCH_HINT
-    failed = [r["batch_size"] for r in chk.result["batch_sizes"] if r["status"] == Status.FAILED]
+    assert chk.status == Status.FAILED and chk.result.passed is False
+    assert chk.result.reason.startswith("the output depends on the batch size: fails at batch 1 (build.min_batch)")
+    assert "batch 16 (build.max_batch)" in chk.result.reason
+    assert chk.result.hint == batching.BATCH_HINT
+    failed = [r.batch_size for r in chk.result.batch_sizes if r.status == Status.FAILED]
     assert failed == [1, 16]
 
 
 def test_a_size_that_cannot_run_fails_the_candidate_and_one_refused_does_not():
     _, w = evidence()
     chk = check_candidate(Runner(w, fails_at={16}))
-    assert chk.status == Status.FAILED and "cannot run at batch 16" in chk.result["reason"]
+    assert chk.status == Status.FAILED and "cannot run at batch 16" in chk.result.reason
     refused = check_candidate(Runner(w, refuse={16: "static profile"}))
     assert refused.status == Status.PASSED
-    assert refused.result["batch_sizes"][2] == {"batch_size": 16, "profile": ["build.max_batch"],
+    assert refused.result.batch_sizes[2].to_json() == {"batch_size": 16, "profile": ["build.max_batch"],
                                                 "status": Status.SKIPPED, "reason": "static profile"}
 
 
 @pytest.mark.parametrize("status", [Status.FAILED, Status.SKIPPED, Status.ERROR, Status.CRASHED])
 def test_only_passed_and_inconclusive_candidates_are_checked_at_other_sizes(status):
     _, w = evidence()
-    chk = check_candidate(Runner(w, mixes=0.5), Chk(result={"status": status}))
-    assert chk.status == status and "batch_sizes" not in chk.result
+    chk = check_candidate(Runner(w, mixes=0.5), Chk(result=CandidateResult(status=status)))
+    assert chk.status == status and chk.result.batch_sizes is None
 
 
 def test_an_inconclusive_candidate_is_checked_and_can_fail():
     _, w = evidence()
-    chk = check_candidate(Runner(w, mixes=0.5), Chk(result={"status": Status.INCONCLUSIVE}))
+    chk = check_candidate(Runner(w, mixes=0.5), Chk(result=CandidateResult(status=Status.INCONCLUSIVE)))
     assert chk.status == Status.FAILED
 
 
 def test_after_a_fallback_and_after_a_dead_runner_the_row_says_why_and_the_verdict_stands():
     _, w = evidence()
-    chk = check_candidate(Runner(w, mixes=0.5), Chk(result={"status": Status.PASSED, "after_fallback": True}))
+    chk = check_candidate(Runner(w, mixes=0.5), Chk(result=CandidateResult(status=Status.PASSED, after_fallback=True)))
     assert chk.status == Status.PASSED
-    assert chk.result["batch_sizes"] == [{"status": Status.SKIPPED, "reason": batching.AFTER_FALLBACK}]
+    assert [r.to_json() for r in chk.result.batch_sizes] == [{"status": Status.SKIPPED,
+                                                                 "reason": batching.AFTER_FALLBACK}]
     ev, _ = evidence()
     dead = Chk(batch_runs={"error": "child died"})
     batching.verify_batch_sizes(cfg(), [dead], ev, gate_for)
     assert dead.status == Status.PASSED
-    assert dead.result["batch_sizes"] == [{"status": Status.ERROR, "reason": "child died"}]
+    assert [r.to_json() for r in dead.result.batch_sizes] == [{"status": Status.ERROR, "reason": "child died"}]
 
 
 def test_the_check_is_off_with_no_samples():
     ev, w = evidence()
     chk = Chk()
     batching.verify_batch_sizes(cfg(samples=0), [chk], ev, gate_for)
-    assert "batch_sizes" not in chk.result
+    assert chk.result.batch_sizes is None
 
 
 def test_a_size_that_was_not_run_is_a_skipped_row():
     ev, _ = evidence()
     rows = batching.candidate_rows(Chk(), cfg(), ev, GATE)
-    assert rows[0] == {"batch_size": 1, "profile": ["build.min_batch"], "status": Status.SKIPPED, "reason": "not run"}
+    assert rows[0].to_json() == {"batch_size": 1, "profile": ["build.min_batch"], "status": Status.SKIPPED,
+                                 "reason": "not run"}
 
 
 def test_describe_words_each_failing_size():
-    rows = [{"batch_size": 16, "profile": ["build.max_batch", "build.opt_batch"], "reason": "cannot run"},
-            {"batch_size": 1, "profile": ["build.min_batch", "build.opt_batch"], "scaled_error": 0.25,
-             "max_abs_error": 1.0, "top1_agreement": 0.625},
-            {"batch_size": 4, "profile": ["build.max_batch"], "scaled_error": None, "max_abs_error": 0.5,
-             "top1_agreement": 0.5}]
+    rows = [BatchSizeRow(batch_size=16, profile=["build.max_batch", "build.opt_batch"], status=Status.FAILED,
+                         reason="cannot run"),
+            BatchSizeRow(batch_size=1, profile=["build.min_batch", "build.opt_batch"], status=Status.FAILED, images=8,
+                         scaled_error=0.25, max_abs_error=1.0, top1_agreement=0.625),
+            BatchSizeRow(batch_size=4, profile=["build.max_batch"], status=Status.FAILED, images=8, scaled_error=None,
+                         max_abs_error=0.5, top1_agreement=0.5)]
     assert batching.describe(rows) == (
         "the output depends on the batch size: fails at batch 16 (build.max_batch, build.opt_batch): cannot run; "
         "batch 1 (build.min_batch, build.opt_batch): scaled error 0.25, top-1 agreement 62.5%; batch 4 "

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from pipeline import config as config_mod
+from pipeline.core.check_results import CandidateResult, TensorCheck
 from pipeline.core.errors import InputError
 from pipeline.core.status import Status
 from pipeline.evaluation import candidates
@@ -22,7 +23,7 @@ def cfg(**overrides):
 
 
 def check(name: str, result: dict | None = None) -> candidates.Check:
-    return candidates.Check(backends.by_name(name), name, False, result=dict(result or {}))
+    return candidates.Check(backends.by_name(name), name, False, result=CandidateResult(**(result or {})))
 
 
 def test_a_candidates_own_thresholds_override_its_precisions_and_null_keeps_them():
@@ -78,18 +79,19 @@ def test_runs_graph_follows_the_table():
 
 def test_localisation_limit_and_batch_come_from_the_candidates_own_result():
     gate = {"criterion": "scaled", "max_scaled_error": 0.5, "atol": 0.1, "rtol": 0.1}
-    chk = check("int8_exact", {"tolerance": gate, "tensor_check": {"criterion": "scaled", "scaled_error_quantile": 0.4,
-                                                                   "worst_image": 20}})
+    tensor = TensorCheck(passed=False, criterion="scaled", statistic="q1", scaled_error_quantile=0.4, worst_image=20)
+    chk = check("int8_exact", {"tolerance": gate, "tensor_check": tensor})
     assert candidates.localization_rule(chk).max_scaled_error == pytest.approx(0.2)
-    chk.result["tensor_check"]["scaled_error_quantile"] = None
+    unmeasured = tensor.model_copy(update={"scaled_error_quantile": None})
+    chk.result = chk.result.model_copy(update={"tensor_check": unmeasured})
     assert candidates.localization_rule(chk).max_scaled_error == 0.5
-    absolute = check("int8_exact", {"tolerance": {**gate, "criterion": "absolute"},
-                                    "tensor_check": {"scaled_error_quantile": 0.01}})
+    absolute = check("int8_exact", {"tolerance": {**gate, "criterion": "absolute"}, "tensor_check": TensorCheck(
+        passed=False, criterion="absolute", statistic="elemwise", scaled_error_quantile=0.01)})
     assert candidates.localization_rule(absolute).criterion == "absolute"
     assert candidates.localization_rule(absolute).max_scaled_error == 0.5
     feeds = [{"x": np.full((8, 1), i)} for i in range(4)]
     evidence = candidates.Evidence(feeds, [], np.zeros(32), "y")
-    chk.result["tensor_check"]["worst_image"] = 20
+    chk.result = chk.result.model_copy(update={"tensor_check": tensor.model_copy(update={"worst_image": 20})})
     assert candidates.worst_batch(chk, evidence)["x"][0, 0] == 2
 
 
@@ -137,15 +139,15 @@ def judged(monkeypatch):
 def test_a_candidate_that_cannot_run_is_skipped_errored_or_crashed_and_never_judged(judged):
     from pipeline.runtime.isolate import Crashed
 
-    assert judged(FakeRunner(), reason="no GPU")[0] == {"status": Status.SKIPPED, "reason": "no GPU"}
-    assert judged(FakeRunner(error=RuntimeError("bad graph")))[0]["status"] == Status.ERROR
-    assert judged(FakeRunner(error=Crashed("killed by SIGSEGV", "loading", "l.log", [])))[0]["status"] == Status.CRASHED
+    assert judged(FakeRunner(), reason="no GPU")[0] == CandidateResult(status=Status.SKIPPED, reason="no GPU")
+    assert judged(FakeRunner(error=RuntimeError("bad graph")))[0].status == Status.ERROR
+    assert judged(FakeRunner(error=Crashed("killed by SIGSEGV", "loading", "l.log", [])))[0].status == Status.CRASHED
     with pytest.raises(InputError):
         judged(FakeRunner(error=InputError("corrupt artifact")))
     result, evidence = judged(FakeRunner(outputs=np.eye(4)))
-    assert result["status"] == Status.PASSED and "onnxrt_fp32" in evidence.outputs
+    assert result.status == Status.PASSED and "onnxrt_fp32" in evidence.outputs
     wrong, evidence = judged(FakeRunner(outputs=np.eye(4)[::-1] * 5))
-    assert wrong["status"] == Status.FAILED and "onnxrt_fp32" in evidence.outputs
+    assert wrong.status == Status.FAILED and "onnxrt_fp32" in evidence.outputs
 
 
 def test_sample_count():

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pipeline.core.check_results import CandidateResult
 from pipeline.core.status import Status
 from pipeline.evaluation import conformance, conformance_runs
 from pipeline.evaluation.conformance import RowFinding, judge_claim, judge_rows
@@ -46,7 +47,7 @@ def _plan(n=8, seed=0):
 
 
 def _result(runner, plan, tolerance=1e-6, static=False):
-    return conformance.row_result(conformance_runs.run_rows(runner, plan, static), tolerance)
+    return conformance.row_result(conformance_runs.run_rows(runner, plan, static), tolerance).to_json()
 
 
 @pytest.mark.parametrize("n", [1, 2, 5, 8])
@@ -124,7 +125,7 @@ def test_a_runner_that_raises_is_an_error_row_not_a_dead_stage():
     runner = Runner(w)
     runner.infer = lambda feed: 1 / 0
     runs = conformance_runs.safely("row-independence check", lambda: conformance_runs.run_rows(runner, plan, False))
-    result = conformance.row_result(runs, 1e-4)
+    result = conformance.row_result(runs, 1e-4).to_json()
     assert result["status"] == Status.ERROR and "ZeroDivisionError" in result["reason"]
 
 
@@ -210,7 +211,7 @@ def test_precision_result_uses_the_runtime_account_of_a_deployment():
 
     def result(layers, graph=None):
         runs = {"layers": layers, **({"graph": graph} if graph is not None else {})}
-        return conformance.precision_result("int8", True, runs, 0.5)
+        return conformance.precision_result("int8", True, runs, 0.5).to_json()
 
     failed = result({"layers": [fp32, fp32, i8, relu]})
     assert failed["status"] == Status.FAILED and failed["required"] == 0.5 and failed["graph_share"] == 1.0
@@ -230,26 +231,27 @@ def test_precision_result_uses_the_runtime_account_of_a_deployment():
 
 
 def test_precision_result_of_an_emulation_is_its_graph():
+    def judged(claimed, deploys, runs):
+        return conformance.precision_result(claimed, deploys, runs, 0.5).to_json()
+
     fp16 = layer_account.Layer("c", "Conv", "fp16", True).to_json()
     fp32 = layer_account.Layer("g", "Gemm", "fp32", True).to_json()
     runs = {"layers": [], "graph": {"share": 0.5, "layers": [fp16, fp32]}}
-    result = conformance.precision_result("fp16", False, runs, 0.5)
+    result = judged("fp16", False, runs)
     assert result["source"] == "graph, emulated" and result["shares"] == {"fp16": 0.5, "fp32": 0.5}
     assert result["status"] == Status.PASSED and result["graph_share"] == 0.5 and result["matrix_layers"] == 2
-    none = conformance.precision_result("fp16", False, {"layers": [], "graph": {"share": 0.0, "layers": [fp32]}}, 0.5)
+    none = judged("fp16", False, {"layers": [], "graph": {"share": 0.0, "layers": [fp32]}})
     assert none["status"] == Status.FAILED and "puts no matrix layer in fp16" in none["reason"]
-    no_graph = conformance.precision_result("fp16", False, {"layers": []}, 0.5)  # an emulation whose graph was not read
+    no_graph = judged("fp16", False, {"layers": []})  # an emulation whose graph was not read
     assert no_graph["status"] == Status.SKIPPED and no_graph["graph_share"] == 1.0 and no_graph["layers"] == []
-    no_account = conformance.precision_result("int8", True, {"layers": [], "graph": {"share": 1.0, "layers": []}}, 0.5)
+    no_account = judged("int8", True, {"layers": [], "graph": {"share": 1.0, "layers": []}})
     assert no_account["status"] == Status.SKIPPED and no_account["shares"] == {}  # a runner without layers()
-    unclaimed = conformance.precision_result(None, True, {"layers": {"layers": [fp32]}}, 0.5)
+    unclaimed = judged(None, True, {"layers": {"layers": [fp32]}})
     assert unclaimed["status"] == Status.SKIPPED and unclaimed["claimed"] is None and unclaimed["required"] == 0.0
 
 def _check(status=Status.PASSED, runs=None, after_fallback=False, claims=None, deploys=True):
     backend = SimpleNamespace(claims=claims, deploys=deploys, graph=None, candidate="c")
-    result = {"status": status, "passed": status == Status.PASSED}
-    if after_fallback:
-        result["after_fallback"] = True
+    result = CandidateResult(status=status, passed=status == Status.PASSED, after_fallback=after_fallback)
     return SimpleNamespace(backend=backend, name="c", precision="fp32", result=result, status=status,
                            after_fallback=after_fallback, conformance_runs=runs if runs is not None else {})
 
@@ -272,43 +274,44 @@ def _runs(mix: float, layers=None):
 def test_a_mixing_candidate_that_passed_its_output_check_fails_here(status):
     chk = _check(status, _runs(1e-2))
     conformance.verify_conformance(_verify_cfg(), [chk], _gate_for)
-    assert chk.result["status"] == Status.FAILED and chk.result["passed"] is False
-    assert chk.result["reason"].startswith("row independence: image") and chk.result["hint"] == \
+    assert chk.result.status == Status.FAILED and chk.result.passed is False
+    assert chk.result.reason.startswith("row independence: image") and chk.result.hint == \
         conformance.CONFORMANCE_HINT
-    assert chk.result["conformance"]["rows"]["tolerance"] == 1e-4
+    assert chk.result.conformance.rows.tolerance == 1e-4
 
 
 def test_a_sound_candidate_keeps_its_verdict_and_gets_its_section():
     chk = _check(Status.PASSED, _runs(0.0))
     conformance.verify_conformance(_verify_cfg(), [chk], _gate_for)
-    assert chk.result["status"] == Status.PASSED and "reason" not in chk.result
-    assert chk.result["conformance"]["rows"]["status"] == Status.PASSED
-    assert chk.result["conformance"]["precision"]["status"] == Status.SKIPPED  # FP32 claims nothing
+    assert chk.result.status == Status.PASSED and chk.result.reason is None
+    assert chk.result.conformance.rows.status == Status.PASSED
+    assert chk.result.conformance.precision.status == Status.SKIPPED  # FP32 claims nothing
 
 
 def test_a_false_claim_fails_the_candidate_and_both_reasons_are_kept():
     fp32 = layer_account.Layer("conv", "Convolution", "fp32", True).to_json()
     chk = _check(Status.PASSED, _runs(1e-2, {"layers": [fp32]}), claims="int8")
     conformance.verify_conformance(_verify_cfg(), [chk], _gate_for)
-    assert chk.result["status"] == Status.FAILED
-    assert "row independence" in chk.result["reason"] and "; claims int8 but runs 0%" in chk.result["reason"]
+    assert chk.result.status == Status.FAILED
+    assert "row independence" in chk.result.reason and "; claims int8 but runs 0%" in chk.result.reason
 
 
 @pytest.mark.parametrize("status", [Status.FAILED, Status.ERROR, Status.CRASHED])
 def test_a_candidate_that_did_not_pass_keeps_its_verdict_and_still_gets_its_section(status):
     chk = _check(status, _runs(1e-2))
-    before = dict(chk.result)
+    before = chk.result.model_dump()
     conformance.verify_conformance(_verify_cfg(), [chk], _gate_for)
-    section = chk.result.pop("conformance")
-    assert chk.result == before and section["rows"]["status"] == Status.FAILED
+    section = chk.result.conformance
+    assert chk.result.model_copy(update={"conformance": None}).model_dump() == before
+    assert section.rows.status == Status.FAILED
 
 
 def test_after_a_fallback_or_without_runs_the_section_is_skipped_with_the_reason():
     replaced, unrun = _check(Status.PASSED, _runs(1e-2), after_fallback=True), _check(Status.SKIPPED, {})
     conformance.verify_conformance(_verify_cfg(), [replaced, unrun], _gate_for)
-    assert replaced.result["status"] == Status.PASSED and unrun.result["status"] == Status.SKIPPED
-    assert replaced.result["conformance"] == {"status": Status.SKIPPED, "reason": conformance.AFTER_FALLBACK}
-    assert unrun.result["conformance"] == {"status": Status.SKIPPED, "reason": conformance.NOT_RUN}
+    assert replaced.result.status == Status.PASSED and unrun.result.status == Status.SKIPPED
+    assert replaced.result.conformance.to_json() == {"status": Status.SKIPPED, "reason": conformance.AFTER_FALLBACK}
+    assert unrun.result.conformance.to_json() == {"status": Status.SKIPPED, "reason": conformance.NOT_RUN}
 
 
 def test_rows_are_copied_from_a_runner_that_reuses_its_output_buffer():
@@ -328,7 +331,7 @@ def test_rows_are_copied_from_a_runner_that_reuses_its_output_buffer():
 def test_conformance_off_touches_nothing():
     chk = _check(Status.PASSED, _runs(1e-2))
     conformance.verify_conformance(_verify_cfg(on=False), [chk], _gate_for)
-    assert "conformance" not in chk.result and chk.result["status"] == Status.PASSED
+    assert chk.result.conformance is None and chk.result.status == Status.PASSED
 
 
 def test_the_plan_takes_the_first_full_batch_and_the_largest_logit_image_as_companion():
@@ -351,7 +354,7 @@ def test_the_log_names_each_failed_part_even_of_a_candidate_that_failed_before(c
     from pipeline.reports import verify_report
 
     chk = _check(Status.FAILED, _runs(1e-2))  # failed by its output check: no "reason" key of its own
-    chk.result.pop("reason", None)
+    chk.result = chk.result.model_copy(update={"reason": None})
     conformance.verify_conformance(_verify_cfg(), [chk], _gate_for)
     with caplog.at_level("INFO", logger="pipeline"):
         verify_report.log_conformance([chk])
@@ -408,11 +411,11 @@ def test_the_row_result_words_the_worst_row():
     moved = base + np.array([[0, 0], [0, 1.0]])
     runs = {"runs": {"alone": (base, np.zeros(2, int), 1), "companions": (moved, np.array([0, 1]), 2)},
             "skipped": {"reversed": "no"}}
-    result = conformance.row_result(runs, 0.1)
+    result = conformance.row_result(runs, 0.1).to_json()
     assert result == {"status": Status.FAILED, "base": "alone", "tolerance": 0.1, "skipped": {"reversed": "no"},
                       "arrangements": [{"arrangement": "companions", "batch_size": 2, "slot": 1, "image": 1,
                                         "deviation": 0.5}],
                       "reason": "row independence: image 1 in slot 1 of a batch of 2 (companions) differs from the "
                                 "same image alone by 0.5 of its logit scale (max_row_deviation 0.1)"}
-    assert "reason" not in conformance.row_result(runs, 0.5)
-    assert conformance.row_result({"error": "x"}, 0.1) == {"status": Status.ERROR, "reason": "x"}
+    assert "reason" not in conformance.row_result(runs, 0.5).to_json()
+    assert conformance.row_result({"error": "x"}, 0.1).to_json() == {"status": Status.ERROR, "reason": "x"}

@@ -99,7 +99,7 @@ def test_map_is_pycocotools(case):
 def test_the_same_boxes_pass_and_agree_fully(case):
     dets, truths, classes = case
     result = detection_gate.task_check(dets, [d.copy() for d in dets], truths, classes, RULES, 0.95)
-    assert result["status"] == Status.PASSED and result["map_drop"] == 0 and result["matched_share"] == 1.0
+    assert result.status == Status.PASSED and result.map_drop == 0 and result.matched_share == 1.0
 
 
 @settings(max_examples=30, deadline=None)
@@ -116,7 +116,7 @@ def test_boxes_moved_past_the_match_iou_are_unmatched(case):
     assert agree.matched == 0 and agree.boxes == 2 * same.boxes
     result = detection_gate.task_check(dets, moved, truths, classes, RULES, 0.95)
     if same.boxes >= 12:  # enough boxes for the bound to show it
-        assert result["agreement"]["status"] == Status.FAILED
+        assert result.agreement.status == Status.FAILED
 
 
 @settings(max_examples=30, deadline=None)
@@ -136,9 +136,9 @@ def test_boxes_of_another_class_are_unmatched(case):
 def test_map_drop_decisions(drop, resampled, maximum, confidence):
     r = detection_gate.map_drop_check(drop, np.array(resampled), maximum, confidence)
     lower = np.quantile(resampled, 1 - confidence)
-    assert r["status"] == (Status.PASSED if drop <= maximum else Status.FAILED if lower > maximum
+    assert r.status == (Status.PASSED if drop <= maximum else Status.FAILED if lower > maximum
                            else Status.INCONCLUSIVE)
-    assert detection_gate.map_drop_check(float("nan"), np.array(resampled), maximum, confidence)["status"] == \
+    assert detection_gate.map_drop_check(float("nan"), np.array(resampled), maximum, confidence).status == \
         Status.FAILED
 
 
@@ -148,11 +148,11 @@ def test_matched_share_fails_only_when_its_bound_shows_it(matched, extra, minimu
     agree = boxes.BoxAgreement(matched, matched + extra, matched + extra, matched)
     r = detection_gate.matched_check(agree, minimum, 0.95)
     if agree.share >= minimum:
-        assert r["status"] == Status.PASSED
-    elif r["status"] == Status.FAILED:
-        assert r["upper_bound"] < minimum
+        assert r.status == Status.PASSED
+    elif r.status == Status.FAILED:
+        assert r.upper_bound < minimum
     else:
-        assert r["status"] == Status.INCONCLUSIVE and r["upper_bound"] >= minimum
+        assert r.status == Status.INCONCLUSIVE and r.upper_bound >= minimum
 
 
 def test_a_classifiers_card_and_task_are_as_before():

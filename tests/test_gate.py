@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 
+from pipeline.core.check_results import CandidateResult
 from pipeline.evaluation import candidates
 from pipeline.precision import gate as criteria
 
@@ -35,9 +36,9 @@ def test_a_scaled_error_exactly_at_the_threshold_passes_and_one_ulp_over_fails()
     ref = np.array([[0.0, 2.0], [2.0, 0.0]])  # scale 1.0 exactly
     threshold = 0.25
     at = ref + np.array([[0.0, threshold], [0.0, 0.0]])
-    assert judge(ref, at, max_scaled_error=threshold)["tensor_check"]["passed"]
-    assert not judge(ref, at, max_scaled_error=np.nextafter(threshold, 0))["tensor_check"]["passed"]
-    assert judge(ref, at, max_scaled_error=np.nextafter(threshold, 1))["tensor_check"]["passed"]
+    assert judge(ref, at, max_scaled_error=threshold).tensor_check.passed
+    assert not judge(ref, at, max_scaled_error=np.nextafter(threshold, 0)).tensor_check.passed
+    assert judge(ref, at, max_scaled_error=np.nextafter(threshold, 1)).tensor_check.passed
 
 
 def test_a_confident_model_with_proportional_errors_passes_like_an_unconfident_one():
@@ -46,17 +47,17 @@ def test_a_confident_model_with_proportional_errors_passes_like_an_unconfident_o
     noise = 0.01 * rng.normal(size=(64, 10))
     for scale in (1.0, 1000.0):  # the same relative error at two logit scales: the same verdict and statistic
         result = judge(ref * scale, (ref + noise) * scale, max_scaled_error=0.05)
-        assert result["tensor_check"]["passed"]
-        assert result["tensor_check"]["scaled_error"] == pytest.approx(judge(ref, ref + noise)["tensor_check"][
-            "scaled_error"], rel=1e-4)
+        assert result.tensor_check.passed
+        assert result.tensor_check.scaled_error == pytest.approx(judge(ref, ref + noise).tensor_check.scaled_error,
+                                                                 rel=1e-4)
 
 
 def test_the_scale_is_the_references_not_the_candidates():
     ref = np.array([[0.0, 1.0], [1.0, 0.0]])  # scale 0.5
     cand = ref * 100.0  # a candidate with a huge spread: scaled by itself its error would look small
     result = judge(ref, cand, max_scaled_error=1.0)
-    assert result["tensor_check"]["scale"] == pytest.approx(0.5)
-    assert not result["tensor_check"]["passed"]
+    assert result.tensor_check.scale == pytest.approx(0.5)
+    assert not result.tensor_check.passed
 
 
 @pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
@@ -65,8 +66,8 @@ def test_nan_or_inf_in_the_candidate_fails_whatever_the_threshold(value):
     cand = ref.copy()
     cand[0, 0] = value
     result = judge(ref, cand, max_scaled_error=1e30)
-    assert not result["tensor_check"]["passed"] and result["status"] == "failed"
-    assert result["tensor_check"]["nonfinite"] == 1
+    assert not result.tensor_check.passed and result.status == "failed"
+    assert result.tensor_check.nonfinite == 1
 
 
 @pytest.mark.parametrize("value", [np.nan, np.inf])
@@ -74,7 +75,7 @@ def test_nan_or_inf_in_the_reference_fails_the_image(value):
     ref = np.array([[0.0, 1.0], [1.0, 0.0], [0.0, 2.0]])
     ref[1, 1] = value
     result = judge(ref, np.nan_to_num(ref, posinf=0), max_scaled_error=1e30)
-    assert not result["tensor_check"]["passed"]
+    assert not result.tensor_check.passed
 
 
 def test_the_quantile_holds_the_worst_images_not_the_best():
@@ -82,9 +83,9 @@ def test_the_quantile_holds_the_worst_images_not_the_best():
     ref = rng.normal(size=(100, 10))
     cand = ref.copy()
     cand[:5] += 5.0  # 5 % of the images are far off
-    assert not judge(ref, cand, max_scaled_error=0.5, error_quantile=0.99)["tensor_check"]["passed"]
-    assert judge(ref, cand, max_scaled_error=0.5, error_quantile=0.95)["tensor_check"]["passed"]
-    assert not judge(ref, cand, max_scaled_error=0.5, error_quantile=1.0)["tensor_check"]["passed"]
+    assert not judge(ref, cand, max_scaled_error=0.5, error_quantile=0.99).tensor_check.passed
+    assert judge(ref, cand, max_scaled_error=0.5, error_quantile=0.95).tensor_check.passed
+    assert not judge(ref, cand, max_scaled_error=0.5, error_quantile=1.0).tensor_check.passed
 
 
 def test_image_quantile_takes_a_real_image_from_the_top():
@@ -98,10 +99,10 @@ def test_absolute_criterion_keeps_polygraphy_semantics_and_its_rtol():
     ref, labels = [{"y": np.array([[8.0, 0.5, 0.001]], np.float32)}], np.array([0])
     gate = scaled_gate(criterion="absolute", atol=0.02, rtol=0.02)
     ok = criteria.judge([{"y": np.array([[8.1, 0.5, 0.005]], np.float32)}], ref, labels, gate, "y", 0.95)
-    assert ok["tensor_check"]["passed"]  # 8.1: abs 0.1 but rel 0.0125 <= rtol
+    assert ok.tensor_check.passed  # 8.1: abs 0.1 but rel 0.0125 <= rtol
     rtol_as_atol = criteria.judge([{"y": np.array([[8.1, 0.5, 0.005]], np.float32)}], ref, labels,
                                   scaled_gate(criterion="absolute", atol=0.02, rtol=0.0125 * 0.99), "y", 0.95)
-    assert not rtol_as_atol["tensor_check"]["passed"]
+    assert not rtol_as_atol.tensor_check.passed
 
 
 # --------------------------------------------------------------------------- task check: confidence bounds
@@ -114,16 +115,16 @@ def test_wilson_interval_matches_the_textbook_values():
 
 
 def test_agreement_exactly_at_the_minimum_passes():
-    assert criteria.agreement_check(99, 100, 0.99, 1.645)["status"] == "passed"
-    assert criteria.agreement_check(98, 100, np.nextafter(0.98, 0), 1.645)["status"] == "passed"
+    assert criteria.agreement_check(99, 100, 0.99, 1.645).status == "passed"
+    assert criteria.agreement_check(98, 100, np.nextafter(0.98, 0), 1.645).status == "passed"
     below = criteria.agreement_check(98, 100, np.nextafter(0.98, 1), 1.645)
-    assert below["status"] == "inconclusive"
+    assert below.status == "inconclusive"
 
 
 def test_agreement_fails_only_when_the_sample_shows_it():
-    assert criteria.agreement_check(249, 256, 0.98, 1.645)["status"] == "inconclusive"  # 97.3 %: within noise
-    assert criteria.agreement_check(2490, 2560, 0.98, 1.645)["status"] == "failed"  # the same rate, 10x images
-    assert criteria.agreement_check(27, 100, 0.98, 1.645)["status"] == "failed"
+    assert criteria.agreement_check(249, 256, 0.98, 1.645).status == "inconclusive"  # 97.3 %: within noise
+    assert criteria.agreement_check(2490, 2560, 0.98, 1.645).status == "failed"  # the same rate, 10x images
+    assert criteria.agreement_check(27, 100, 0.98, 1.645).status == "failed"
 
 
 def test_task_check_names_the_images_needed_or_says_none_would_do():
@@ -132,26 +133,26 @@ def test_task_check_names_the_images_needed_or_says_none_would_do():
     cand[:2] = [[1.0, 2.0]]  # 98 of 100 agree
     labels = np.zeros(100, int)
     task = criteria.task_check(ref, cand, labels, scaled_gate(min_top1_agreement=0.99, max_accuracy_drop=1.0), 0.95)
-    assert task["status"] == "inconclusive" and task["more_images"] > 0
+    assert task.status == "inconclusive" and task.more_images > 0
     close = criteria.task_check(ref, cand, labels, scaled_gate(min_top1_agreement=np.nextafter(0.98, 1),
                                                                max_accuracy_drop=1.0), 0.95)
-    assert close["status"] == "inconclusive" and close["more_images"] is None
+    assert close.status == "inconclusive" and close.more_images is None
 
 
 def test_more_images_named_for_an_inconclusive_agreement_would_decide_it():
     result = criteria.agreement_check(249, 256, 0.98, 1.645)
-    n = 256 + result["more_images"]
+    n = 256 + result.more_images
     assert criteria.wilson(round(249 / 256 * n), n, 1.645)[1] < 0.98
     n -= 1
     assert criteria.wilson(round(249 / 256 * n), n, 1.645)[1] >= 0.98
 
 
 def test_accuracy_drop_boundary_and_paired_bound():
-    assert criteria.accuracy_drop_check(1, 0, 100, 0.01, 1.645)["status"] == "passed"  # exactly 1 point
-    assert criteria.accuracy_drop_check(2, 0, 100, 0.01, 1.645)["status"] == "inconclusive"
-    assert criteria.accuracy_drop_check(30, 0, 100, 0.01, 1.645)["status"] == "failed"
+    assert criteria.accuracy_drop_check(1, 0, 100, 0.01, 1.645).status == "passed"  # exactly 1 point
+    assert criteria.accuracy_drop_check(2, 0, 100, 0.01, 1.645).status == "inconclusive"
+    assert criteria.accuracy_drop_check(30, 0, 100, 0.01, 1.645).status == "failed"
     # Gains offset losses: 10 lost, 9 gained is a 1-point drop.
-    assert criteria.accuracy_drop_check(10, 9, 100, 0.01, 1.645)["status"] == "passed"
+    assert criteria.accuracy_drop_check(10, 9, 100, 0.01, 1.645).status == "passed"
 
 
 def test_nan_logits_never_win_the_top1():
@@ -160,13 +161,13 @@ def test_nan_logits_never_win_the_top1():
     assert list(criteria.top1(cand)) == [1, 1]
     task = criteria.task_check(ref, cand, np.array([0, 1]), scaled_gate(min_top1_agreement=0.0,
                                                                          max_accuracy_drop=1.0), 0.95)
-    assert task["disagreements"] == 1
+    assert task.disagreements == 1
 
 
 def test_a_failed_tensor_check_fails_even_when_the_task_passes():
     ref = np.array([[0.0, 1.0], [1.0, 0.0]])
     result = judge(ref, ref + np.array([[0.0, 0.4], [0.0, 0.0]]), max_scaled_error=0.1)
-    assert result["task_check"]["status"] == "passed" and result["status"] == "failed"
+    assert result.task_check.status == "passed" and result.status == "failed"
 
 
 def test_rule_of_a_tensor_flags_the_first_layer_over_scale():
@@ -224,7 +225,8 @@ def test_int8_localisation_names_the_first_node_over_the_rule_not_the_worst():
 def _check(name: str, status: str, *, gates: bool = True, required: bool = False):
     from pipeline.runtime import backends
 
-    return candidates.Check(backends.by_name(name), name, required, result={"status": status}, gates=gates)
+    return candidates.Check(backends.by_name(name), name, required, result=CandidateResult(status=status),
+                            gates=gates)
 
 
 def test_verdict_a_required_candidate_that_was_skipped_fails_the_gate():
@@ -254,8 +256,8 @@ def test_a_nan_image_fails_even_when_the_quantile_leaves_the_worst_images_out():
     cand = ref.copy()
     cand[7, 3] = np.nan
     result = judge(ref, cand, max_scaled_error=0.5, error_quantile=0.95)
-    assert result["tensor_check"]["scaled_error_quantile"] == 0.0  # the quantile alone would pass it
-    assert not result["tensor_check"]["passed"] and result["status"] == "failed"
+    assert result.tensor_check.scaled_error_quantile == 0.0  # the quantile alone would pass it
+    assert not result.tensor_check.passed and result.status == "failed"
 
 
 def test_an_undecided_gate_under_inconclusive_fail_is_exit_5_and_says_how_many_images():
@@ -266,8 +268,8 @@ def test_an_undecided_gate_under_inconclusive_fail_is_exit_5_and_says_how_many_i
     cand = ref.copy()
     cand[:7] = [[1.0, 2.0]]  # 249 of 256 agree: 97.3 % against 98 %
     chk = _check("int8_exact", "inconclusive")
-    chk.result = {"status": "inconclusive", "task_check": criteria.task_check(
-        ref, cand, np.zeros(256, int), scaled_gate(min_top1_agreement=0.98, max_accuracy_drop=1.0), 0.95)}
+    chk.result = CandidateResult(status="inconclusive", task_check=criteria.task_check(
+        ref, cand, np.zeros(256, int), scaled_gate(min_top1_agreement=0.98, max_accuracy_drop=1.0), 0.95))
     verdict = candidates.verdict([chk], "fail")
     with pytest.raises(Inconclusive, match="about 750 more validation images would decide it") as caught:
         verify._raise_for(verdict, None, False, False)
@@ -282,9 +284,9 @@ def test_flips_on_near_ties_within_the_tolerated_error_do_not_count_but_decided_
     labels = ref.argmax(1)
     labels[:10] = 2  # both classes of a near-tie are wrong here: the accuracy is the same either way
     result = judge(ref, cand, labels, max_scaled_error=0.05)
-    assert result["tensor_check"]["passed"] and result["task_check"]["near_ties"] == 10
-    assert result["task_check"]["top1_agreement"] == 0.9 and result["task_check"]["agreement"]["value"] == 1.0
-    assert result["status"] == "passed"
+    assert result.tensor_check.passed and result.task_check.near_ties == 10
+    assert result.task_check.top1_agreement == 0.9 and result.task_check.agreement.value == 1.0
+    assert result.status == "passed"
     cand[10:20] = [0.0, 1.0, 0.0]  # ten decided images flip: the tensor check and the task check both fail them
     flipped = criteria.task_check(ref, cand, labels, scaled_gate(), 0.95, tie_margin=0.1)
-    assert flipped["agreement"]["value"] == pytest.approx(80 / 90) and flipped["status"] == "failed"
+    assert flipped.agreement.value == pytest.approx(80 / 90) and flipped.status == "failed"

@@ -7,6 +7,7 @@ gained swapped, ``any`` turned into ``all``, a boundary moved by one, a verdict 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -15,6 +16,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
+from pipeline.core.check_results import TensorCheck
 from pipeline.precision import gate as criteria
 
 FAST = settings(max_examples=60, deadline=None)
@@ -109,9 +111,9 @@ def test_the_tensor_check_is_scale_free(ref, size, k, seed):
     cand = ref + np.random.default_rng(seed).normal(size=ref.shape) * size
     gate = scaled_gate(max_scaled_error=0.3)
     a, b = criteria.scaled_check(ref, cand, gate), criteria.scaled_check(k * ref, k * cand, gate)
-    assert a["passed"] == b["passed"]
-    assert a["scaled_error_quantile"] == pytest.approx(b["scaled_error_quantile"], rel=1e-6)
-    assert a["images_over"] == b["images_over"]
+    assert a.passed == b.passed
+    assert a.scaled_error_quantile == pytest.approx(b.scaled_error_quantile, rel=1e-6)
+    assert a.images_over == b.images_over
 
 
 @FAST
@@ -120,9 +122,9 @@ def test_more_error_never_passes_where_less_failed(ref, q, seed, limit):
     delta = np.random.default_rng(seed).normal(size=ref.shape)
     gate = scaled_gate(max_scaled_error=limit, error_quantile=max(q, 0.01))
     small, large = criteria.scaled_check(ref, ref + 0.1 * delta, gate), criteria.scaled_check(ref, ref + delta, gate)
-    assert small["scaled_error_quantile"] <= large["scaled_error_quantile"] + 1e-12
-    assert not (large["passed"] and not small["passed"])
-    assert large["images_over"] >= small["images_over"]
+    assert small.scaled_error_quantile <= large.scaled_error_quantile + 1e-12
+    assert not (large.passed and not small.passed)
+    assert large.images_over >= small.images_over
 
 
 @FAST
@@ -146,14 +148,14 @@ def test_scaled_check_boundary_counts_and_worst_image():
     cand[2, 1] += 0.5
     cand[1, 0] -= 0.25
     at = criteria.scaled_check(ref, cand, scaled_gate(max_scaled_error=0.5))
-    assert at["passed"] and at["images_over"] == 0 and at["mismatch_fraction"] == 0.0 and at["worst_image"] == 2
-    assert at["scaled_error"] == pytest.approx(0.5) and at["scale"] == pytest.approx(1.0)
-    assert at["threshold"] == 0.5 and at["nonfinite"] == 0 and at["criterion"] == "scaled"
+    assert at.passed and at.images_over == 0 and at.mismatch_fraction == 0.0 and at.worst_image == 2
+    assert at.scaled_error == pytest.approx(0.5) and at.scale == pytest.approx(1.0)
+    assert at.threshold == 0.5 and at.nonfinite == 0 and at.criterion == "scaled"
     over = criteria.scaled_check(ref, cand, scaled_gate(max_scaled_error=0.3))
-    assert not over["passed"] and over["images_over"] == 1 and over["mismatch_fraction"] == 0.25
+    assert not over.passed and over.images_over == 1 and over.mismatch_fraction == 0.25
     q = criteria.scaled_check(ref, cand, scaled_gate(max_scaled_error=0.3, error_quantile=0.5))
-    assert q["passed"] and q["scaled_error_quantile"] == pytest.approx(0.0) and q["error_quantile"] == 0.5
-    assert q["images_over"] == 1  # the quantile passes it; the image is still counted over
+    assert q.passed and q.scaled_error_quantile == pytest.approx(0.0) and q.error_quantile == 0.5
+    assert q.images_over == 1  # the quantile passes it; the image is still counted over
 
 
 @pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
@@ -162,7 +164,7 @@ def test_a_non_finite_candidate_value_fails_and_is_counted(value):
     cand = ref.copy()
     cand[1, 1] = value
     result = criteria.scaled_check(ref, cand, scaled_gate(max_scaled_error=1e9, error_quantile=0.5))
-    assert not result["passed"] and result["nonfinite"] == 1 and result["worst_image"] == 1
+    assert not result.passed and result.nonfinite == 1 and result.worst_image == 1
 
 
 def test_probability_errors_match_softmax_by_hand():
@@ -266,12 +268,15 @@ def test_localization_limit_is_the_smaller_of_the_gate_and_half_the_observed_err
 
 
 def test_the_worst_batch_holds_the_worst_image_or_the_first_failing_batch():
-    assert criteria.worst_batch_index({"criterion": "scaled", "worst_image": 37}, 16) == 2
-    assert criteria.worst_batch_index({"criterion": "scaled", "worst_image": 15}, 16) == 0
-    assert criteria.worst_batch_index({"criterion": "scaled", "worst_image": 16}, 16) == 1
-    assert criteria.worst_batch_index({"criterion": "absolute", "failed_batches": [3, 1]}, 16) == 3
-    assert criteria.worst_batch_index({"criterion": "absolute", "failed_batches": []}, 16) == 0
-    assert criteria.worst_batch_index({}, 16) == 0
+    def tensor(criterion, **numbers):
+        return TensorCheck(passed=False, criterion=criterion, statistic="-", **numbers)
+
+    assert criteria.worst_batch_index(tensor("scaled", worst_image=37), 16) == 2
+    assert criteria.worst_batch_index(tensor("scaled", worst_image=15), 16) == 0
+    assert criteria.worst_batch_index(tensor("scaled", worst_image=16), 16) == 1
+    assert criteria.worst_batch_index(tensor("absolute", failed_batches=[3, 1]), 16) == 3
+    assert criteria.worst_batch_index(tensor("absolute", failed_batches=[]), 16) == 0
+    assert criteria.worst_batch_index(None, 16) == 0
 
 
 # --------------------------------------------------------------------------- bounds and the task check
@@ -326,11 +331,11 @@ def test_agreement_status_matches_the_oracle_and_is_monotone(agree, n, minimum):
     agree = min(agree, n)
     z = criteria.z_value(0.95)
     result = criteria.agreement_check(agree, n, minimum, z)
-    assert result["status"] == oracle_agreement(agree, n, minimum, z)
-    assert result["value"] == (agree / n if n else 1.0) and result["threshold"] == minimum
+    assert result.status == oracle_agreement(agree, n, minimum, z)
+    assert result.value == (agree / n if n else 1.0) and result.threshold == minimum
     if agree < n:  # one more agreeing image never makes it worse
-        better = criteria.agreement_check(agree + 1, n, minimum, z)["status"]
-        assert SEVERITY[better] <= SEVERITY[result["status"]]
+        better = criteria.agreement_check(agree + 1, n, minimum, z).status
+        assert SEVERITY[better] <= SEVERITY[result.status]
 
 
 SEVERITY = {"passed": 0, "inconclusive": 1, "failed": 2}
@@ -343,30 +348,30 @@ def test_accuracy_drop_is_lost_minus_gained_and_bounded_below(lost, gained, extr
     assume(n > 0)
     z = criteria.z_value(0.95)
     result = criteria.accuracy_drop_check(lost, gained, n, maximum, z)
-    assert result["value"] == pytest.approx((lost - gained) / n)
-    assert result["lower_bound"] <= result["value"] + 1e-12
+    assert result.value == pytest.approx((lost - gained) / n)
+    assert result.lower_bound <= result.value + 1e-12
     swapped = criteria.accuracy_drop_check(gained, lost, n, maximum, z)
-    assert swapped["value"] == pytest.approx(-result["value"])
-    if result["value"] <= maximum:
-        assert result["status"] == "passed"
-    elif result["lower_bound"] > maximum:
-        assert result["status"] == "failed"
+    assert swapped.value == pytest.approx(-result.value)
+    if result.value <= maximum:
+        assert result.status == "passed"
+    elif result.lower_bound > maximum:
+        assert result.status == "failed"
     else:
-        assert result["status"] == "inconclusive"
+        assert result.status == "inconclusive"
     if gained:  # one gained image turned lost never makes it better
-        worse = criteria.accuracy_drop_check(lost + 1, gained - 1, n, maximum, z)["status"]
-        assert SEVERITY[worse] >= SEVERITY[result["status"]]
+        worse = criteria.accuracy_drop_check(lost + 1, gained - 1, n, maximum, z).status
+        assert SEVERITY[worse] >= SEVERITY[result.status]
 
 
 def test_accuracy_drop_bound_by_hand_and_without_discordant_pairs():
     z = criteria.z_value(0.95)
     result = criteria.accuracy_drop_check(30, 2, 100, 0.05, z)
     low = criteria.wilson(30, 32, z)[0]
-    assert result["lower_bound"] == pytest.approx(32 / 100 * (2 * low - 1))
-    assert result["status"] == "failed" and result["more_images"] == 0
+    assert result.lower_bound == pytest.approx(32 / 100 * (2 * low - 1))
+    assert result.status == "failed" and result.more_images == 0
     none = criteria.accuracy_drop_check(0, 0, 100, 0.0, z)
-    assert none["status"] == "passed" and none["lower_bound"] == 0.0 and none["value"] == 0.0
-    assert criteria.accuracy_drop_check(0, 0, 0, 0.0, z)["value"] == 0.0
+    assert none.status == "passed" and none.lower_bound == 0.0 and none.value == 0.0
+    assert criteria.accuracy_drop_check(0, 0, 0, 0.0, z).value == 0.0
 
 
 @FAST
@@ -375,21 +380,21 @@ def test_more_images_named_would_decide_the_agreement(agree, n, minimum):
     agree = min(agree, n)
     z = criteria.z_value(0.95)
     result = criteria.agreement_check(agree, n, minimum, z)
-    if result["status"] != "inconclusive":
-        assert result["more_images"] == 0
-    elif result["more_images"] is not None:
-        m = n + result["more_images"]
-        assert result["more_images"] > 0
+    if result.status != "inconclusive":
+        assert result.more_images == 0
+    elif result.more_images is not None:
+        m = n + result.more_images
+        assert result.more_images > 0
         assert criteria.wilson(round(agree / n * m), m, z)[1] < minimum
 
 
 def test_more_images_is_the_fewest_that_decide():
     z = criteria.z_value(0.95)
     result = criteria.agreement_check(249, 256, 0.98, z)
-    m = 256 + result["more_images"]
+    m = 256 + result.more_images
     assert criteria.wilson(round(249 / 256 * m), m, z)[1] < 0.98
     assert criteria.wilson(round(249 / 256 * (m - 1)), m - 1, z)[1] >= 0.98
-    assert criteria.agreement_check(98, 100, 0.98, z)["more_images"] == 0
+    assert criteria.agreement_check(98, 100, 0.98, z).more_images == 0
 
 
 def test_top1_and_margins():
@@ -405,16 +410,16 @@ def test_task_check_counts_agreement_on_decided_images_and_the_drop_on_all():
     labels = np.array([0, 0, 1, 1])
     gate = scaled_gate(min_top1_agreement=0.5, max_accuracy_drop=0.5)
     result = criteria.task_check(ref, cand, labels, gate, 0.95, tie_margin=0.5)
-    assert result["near_ties"] == 1 and result["agreement"]["value"] == pytest.approx(2 / 3)
-    assert result["top1_agreement"] == 0.5 and result["disagreements"] == 2
-    assert result["reference_accuracy"] == 0.75 and result["accuracy"] == 0.75 and result["accuracy_drop"] == 0.0
-    assert result["drop"]["value"] == 0.0 and result["samples"] == 4 and result["confidence"] == 0.95
-    assert result["status"] == "passed" and result["passed"] and result["tie_margin"] == 0.5
-    assert result["more_images"] == 0
+    assert result.near_ties == 1 and result.agreement.value == pytest.approx(2 / 3)
+    assert result.top1_agreement == 0.5 and result.disagreements == 2
+    assert result.reference_accuracy == 0.75 and result.accuracy == 0.75 and result.accuracy_drop == 0.0
+    assert result.drop.value == 0.0 and result.samples == 4 and result.confidence == 0.95
+    assert result.status == "passed" and result.passed and result.tie_margin == 0.5
+    assert result.more_images == 0
     strict = criteria.task_check(ref, cand, labels, scaled_gate(min_top1_agreement=0.9), 0.95, tie_margin=0.5)
-    assert strict["status"] == "inconclusive" and not strict["passed"]
+    assert strict.status == "inconclusive" and not strict.passed
     empty = criteria.task_check(np.zeros((0, 2)), np.zeros((0, 2)), np.zeros(0, int), gate, 0.95)
-    assert empty["top1_agreement"] == 1.0 and empty["accuracy"] == 0.0 and empty["reference_accuracy"] == 0.0
+    assert empty.top1_agreement == 1.0 and empty.accuracy == 0.0 and empty.reference_accuracy == 0.0
 
 
 @FAST
@@ -426,12 +431,12 @@ def test_the_verdict_is_scale_free_near_ties_included(ref, k, seed):
     labels = rng.integers(0, ref.shape[1], len(ref))
     gate = scaled_gate(max_scaled_error=0.2, min_top1_agreement=0.8, max_accuracy_drop=0.2)
     a = criteria.judge([{"y": ref}], [{"y": ref}], labels, gate, "y", 0.95)  # the reference against itself
-    assert a["status"] == "passed"
+    assert a.status == "passed"
     one = criteria.judge([{"y": cand}], [{"y": ref}], labels, gate, "y", 0.95)
     other = criteria.judge([{"y": k * cand}], [{"y": k * ref}], labels, gate, "y", 0.95)
-    assert one["status"] == other["status"]
-    assert one["task_check"]["near_ties"] == other["task_check"]["near_ties"]
-    assert one["task_check"]["tie_margin"] == pytest.approx(other["task_check"]["tie_margin"] / k)
+    assert one.status == other.status
+    assert one.task_check.near_ties == other.task_check.near_ties
+    assert one.task_check.tie_margin == pytest.approx(other.task_check.tie_margin / k)
 
 
 def test_judge_folds_tensor_and_task_failed_beats_inconclusive_beats_passed():
@@ -442,17 +447,17 @@ def test_judge_folds_tensor_and_task_failed_beats_inconclusive_beats_passed():
             "rtol": 10.0}
     labels = np.zeros(256, int)
     result = criteria.judge([{"y": undecided}], [{"y": ref}], labels, gate, "y", 0.95)
-    assert result["task_check"]["status"] == "inconclusive" and result["tensor_check"]["passed"]
-    assert result["status"] == "inconclusive" and result["passed"] is False
+    assert result.task_check.status == "inconclusive" and result.tensor_check.passed
+    assert result.status == "inconclusive" and result.passed is False
     tensor_fails = criteria.judge([{"y": undecided}], [{"y": ref}], labels, {**gate, "atol": 0.1, "rtol": 0.1}, "y",
                                   0.95)
-    assert tensor_fails["status"] == "failed" and not tensor_fails["passed"]
+    assert tensor_fails.status == "failed" and not tensor_fails.passed
     task_fails = criteria.judge([{"y": undecided}], [{"y": ref}], labels, {**gate, "min_top1_agreement": 1.0,
                                                                           "max_accuracy_drop": 0.0}, "y", 0.95)
-    assert task_fails["tensor_check"]["passed"] and task_fails["status"] == "failed"
+    assert task_fails.tensor_check.passed and task_fails.status == "failed"
     clean = criteria.judge([{"y": ref}], [{"y": ref}], labels, scaled_gate(), "y", 0.95)
-    assert clean["status"] == "passed" and clean["passed"] is True
-    assert clean["tensor_check"]["batches"] == 1 and clean["tensor_check"]["failed_batches"] == []
+    assert clean.status == "passed" and clean.passed is True
+    assert clean.tensor_check.batches == 1 and clean.tensor_check.failed_batches == []
 
 
 def test_judge_uses_the_tolerated_error_in_logit_units_as_the_tie_margin():
@@ -460,11 +465,11 @@ def test_judge_uses_the_tolerated_error_in_logit_units_as_the_tie_margin():
     gate = scaled_gate(max_scaled_error=0.05)
     result = criteria.judge([{"y": ref}], [{"y": ref}], np.array([0, 1, 2, 0]), gate, "y", 0.95)
     scale = criteria.logit_scale(ref)
-    assert result["task_check"]["tie_margin"] == pytest.approx(2 * 0.05 * scale)
-    assert result["task_check"]["near_ties"] == 1
+    assert result.task_check.tie_margin == pytest.approx(2 * 0.05 * scale)
+    assert result.task_check.near_ties == 1
     absolute = criteria.judge([{"y": ref}], [{"y": ref}], np.array([0, 1, 2, 0]), {**gate, "criterion": "absolute"},
                               "y", 0.95)
-    assert absolute["task_check"]["tie_margin"] == 0.0 and absolute["tensor_check"]["criterion"] == "absolute"
+    assert absolute.task_check.tie_margin == 0.0 and absolute.tensor_check.criterion == "absolute"
 
 
 def test_absolute_check_batches_and_nonfinite():
@@ -472,12 +477,12 @@ def test_absolute_check_batches_and_nonfinite():
     cand = [{"y": np.array([[1.0, 2.0]])}, {"y": np.array([[1.5, 2.0]])}]
     gate = {**scaled_gate(), "criterion": "absolute", "atol": 0.1, "rtol": 0.1}
     result = criteria.absolute_check(cand, ref, gate, "y")
-    assert not result["passed"] and result["failed_batches"] == [1] and result["batches"] == 2
-    assert result["mismatch_fraction"] == 0.25
+    assert not result.passed and result.failed_batches == [1] and result.batches == 2
+    assert result.mismatch_fraction == 0.25
     loose = criteria.absolute_check(cand, ref, {**gate, "atol": 1.0}, "y")
-    assert loose["passed"] and loose["failed_batches"] == [] and loose["nonfinite"] == 0
+    assert loose.passed and loose.failed_batches == [] and loose.nonfinite == 0
     bad = [{"y": np.array([[1.0, np.inf]])}, {"y": np.array([[1.0, 2.0]])}]
-    assert not criteria.absolute_check(bad, ref, {**gate, "atol": 1e9}, "y")["passed"]
+    assert not criteria.absolute_check(bad, ref, {**gate, "atol": 1e9}, "y").passed
 
 
 # --------------------------------------------------------------------------- the contract with the reports
@@ -486,28 +491,30 @@ def test_absolute_check_batches_and_nonfinite():
 def test_every_check_returns_exactly_the_fields_the_reports_read():
     ref = np.array([[0.0, 2.0], [1.0, 0.0]])
     scaled = criteria.scaled_check(ref, ref, scaled_gate())
-    assert set(scaled) == {"passed", "criterion", "statistic", "mismatch_fraction", "scale", "scaled_error",
+    assert set(scaled.to_json()) == {"passed", "criterion", "statistic", "mismatch_fraction", "scale", "scaled_error",
                            "scaled_error_quantile", "error_quantile", "threshold", "images_over", "worst_image",
                            "nonfinite", "max_prob_error", "mean_kl"}
-    assert scaled["statistic"] == "q1 of per-image scaled error"
+    assert scaled.statistic == "q1 of per-image scaled error"
     absolute = criteria.absolute_check([{"y": ref}], [{"y": ref}], {**scaled_gate(), "criterion": "absolute"}, "y")
-    assert set(absolute) == {"passed", "criterion", "statistic", "batches", "failed_batches", "nonfinite",
+    assert set(absolute.to_json()) == {"passed", "criterion", "statistic", "batches", "failed_batches", "nonfinite",
                              "mismatch_fraction"}
-    assert absolute["statistic"] == "elemwise" and absolute["criterion"] == "absolute"
+    assert absolute.statistic == "elemwise" and absolute.criterion == "absolute"
     z = criteria.z_value(0.95)
-    assert set(criteria.agreement_check(9, 10, 0.95, z)) == {"status", "value", "upper_bound", "threshold",
+    assert set(criteria.agreement_check(9, 10, 0.95, z).to_json()) == {"status", "value", "upper_bound", "threshold",
                                                               "more_images"}
     drop = criteria.accuracy_drop_check(3, 1, 10, 0.05, z)
-    assert set(drop) == {"status", "value", "lower_bound", "threshold", "more_images"} and drop["threshold"] == 0.05
+    assert set(drop.to_json()) == {"status", "value", "lower_bound", "threshold", "more_images"}
+    assert drop.threshold == 0.05
     task = criteria.task_check(ref, ref, np.array([1, 0]), scaled_gate(), 0.95)
-    assert set(task) == {"status", "passed", "samples", "confidence", "top1_agreement", "reference_accuracy",
+    assert set(task.to_json()) == {"status", "passed", "samples", "confidence", "top1_agreement", "reference_accuracy",
                          "accuracy", "accuracy_drop", "disagreements", "near_ties", "tie_margin", "agreement", "drop",
                          "more_images"}
     stats = criteria.error_statistics(ref, ref, 0.5)
     assert set(stats) == {f"{s}_{k}_error" for s in ("max", "mean", "median", "quantile") for k in ("abs", "rel")}
     judged = criteria.judge([{"y": ref}], [{"y": ref}], np.array([1, 0]), scaled_gate(), "y", 0.95)
-    assert set(judged) == {"tensor_check", "task_check", "passed", "status"}
-    assert set(stats) <= set(judged["tensor_check"]) and {"batches", "failed_batches"} <= set(judged["tensor_check"])
+    assert {f.name for f in dataclasses.fields(judged)} == {"tensor_check", "task_check", "status"} and judged.passed
+    tensor = judged.tensor_check.to_json()
+    assert set(stats) <= set(tensor) and {"batches", "failed_batches"} <= set(tensor)
 
 
 def test_describe_says_each_rule():
@@ -542,18 +549,18 @@ def test_every_statistic_is_computed_in_float64_whatever_the_input_type(fn):
 def test_empty_and_non_finite_inputs_give_defined_values_without_a_warning():
     empty = np.zeros((0, 3))
     check = criteria.scaled_check(empty, empty, scaled_gate())
-    assert check["mismatch_fraction"] == 0.0 and check["worst_image"] == 0 and check["scaled_error"] == 0.0
-    assert check["passed"] and check["images_over"] == 0
+    assert check.mismatch_fraction == 0.0 and check.worst_image == 0 and check.scaled_error == 0.0
+    assert check.passed and check.images_over == 0
     for rule in (criteria.TensorRule("scaled", 0.1, 0, 0), criteria.TensorRule("absolute", 0, 0.1, 0.1)):
         stats = rule.errors(empty, empty)
         assert stats["mismatch_fraction"] == 0.0 and stats["exceeds"] is False and stats["scaled_error"] == 0.0
     assert criteria.TensorRule("scaled", 0.1, 0, 0).errors(np.float64(1.0), np.float64(2.0))["scaled_error"] == 0.0
     nan = np.array([[np.nan, 1.0], [np.inf, 0.0]])
-    assert criteria.scaled_check(nan, nan, scaled_gate())["nonfinite"] == 2
+    assert criteria.scaled_check(nan, nan, scaled_gate()).nonfinite == 2
     assert criteria.TensorRule("absolute", 0, 0.1, 0.1).errors(nan, nan)["exceeds"]
     assert criteria.elementwise_mismatch(np.zeros(2), np.array([0.0, np.nan]), 0.1, 0.1).tolist() == [False, True]
     assert criteria.absolute_check([{"y": nan}], [{"y": nan}], {**scaled_gate(), "criterion": "absolute"},
-                                   "y")["passed"] is False
+                                   "y").passed is False
     assert math.isnan(criteria.error_statistics(empty, empty, 0.5)["mean_abs_error"])
     assert criteria.error_statistics(empty, empty, 0.5)["max_abs_error"] == math.inf
     stats = criteria.error_statistics(np.array([0.0, 1.0]), np.array([0.5, 1.0]), 0.5)
@@ -563,18 +570,18 @@ def test_empty_and_non_finite_inputs_give_defined_values_without_a_warning():
 def test_absolute_check_of_no_image_has_no_mismatch():
     empty = np.zeros((0, 3))  # Polygraphy warns on the empty statistics itself; the gate's own numbers are defined
     absolute = criteria.absolute_check([{"y": empty}], [{"y": empty}], {**scaled_gate(), "criterion": "absolute"}, "y")
-    assert absolute["mismatch_fraction"] == 0.0 and absolute["passed"]
+    assert absolute.mismatch_fraction == 0.0 and absolute.passed
 
 
 def test_the_scaled_check_reports_the_softmax_and_the_scale():
     ref = np.array([[0.0, 2.0], [2.0, 0.0]])
     cand = ref + np.array([[0.1, -0.1], [0.0, 0.0]])
     check = criteria.scaled_check(ref, cand, scaled_gate())
-    assert check["mean_kl"] == pytest.approx(criteria.probability_errors(ref, cand)["mean_kl"]) and check["mean_kl"] > 0
-    assert check["max_prob_error"] > 0
+    assert check.mean_kl == pytest.approx(criteria.probability_errors(ref, cand)["mean_kl"]) and check.mean_kl > 0
+    assert check.max_prob_error > 0
     judged = criteria.judge([{"y": cand}], [{"y": ref}], np.array([1, 0]), scaled_gate(), "y", 0.95)
-    assert judged["tensor_check"]["max_abs_error"] == pytest.approx(0.1)
-    assert judged["tensor_check"]["mean_abs_error"] == pytest.approx(0.05)
+    assert judged.tensor_check.max_abs_error == pytest.approx(0.1)
+    assert judged.tensor_check.mean_abs_error == pytest.approx(0.05)
 
 
 def test_tensor_rule_statistics_use_both_sides():
@@ -596,25 +603,25 @@ def test_a_margin_equal_to_the_tie_margin_is_a_near_tie():
     ref = np.array([[1.0, 0.5], [3.0, 0.0], [0.0, 3.0], [0.0, 3.0]])
     cand = np.array([[0.5, 1.0], [0.0, 3.0], [3.0, 0.0], [0.0, 3.0]])
     result = criteria.task_check(ref, cand, np.array([0, 0, 1, 1]), scaled_gate(), 0.95, tie_margin=0.5)
-    assert result["near_ties"] == 1 and result["disagreements"] == 3 and result["agreement"]["value"] == 1 / 3
+    assert result.near_ties == 1 and result.disagreements == 3 and result.agreement.value == 1 / 3
 
 
 def test_bounds_exactly_at_the_threshold_do_not_decide():
     z = criteria.z_value(0.95)
     upper = criteria.wilson(90, 100, z)[1]
-    assert criteria.agreement_check(90, 100, upper, z)["status"] == "inconclusive"  # not below it: not shown
-    assert criteria.agreement_check(90, 100, upper + 1e-9, z)["status"] == "failed"
-    low = criteria.accuracy_drop_check(30, 2, 100, 0.0, z)["lower_bound"]
-    assert criteria.accuracy_drop_check(30, 2, 100, low, z)["status"] == "inconclusive"  # not above it
-    assert criteria.accuracy_drop_check(30, 2, 100, low - 1e-9, z)["status"] == "failed"
+    assert criteria.agreement_check(90, 100, upper, z).status == "inconclusive"  # not below it: not shown
+    assert criteria.agreement_check(90, 100, upper + 1e-9, z).status == "failed"
+    low = criteria.accuracy_drop_check(30, 2, 100, 0.0, z).lower_bound
+    assert criteria.accuracy_drop_check(30, 2, 100, low, z).status == "inconclusive"  # not above it
+    assert criteria.accuracy_drop_check(30, 2, 100, low - 1e-9, z).status == "failed"
 
 
 def test_a_passed_drop_needs_no_more_images_and_an_undecided_one_names_enough():
     z = criteria.z_value(0.95)
-    assert criteria.accuracy_drop_check(3, 1, 100, 0.05, z)["more_images"] == 0
+    assert criteria.accuracy_drop_check(3, 1, 100, 0.05, z).more_images == 0
     undecided = criteria.accuracy_drop_check(6, 1, 100, 0.03, z)
-    assert undecided["status"] == "inconclusive" and undecided["more_images"] > 0
-    m = 100 + undecided["more_images"]
+    assert undecided.status == "inconclusive" and undecided.more_images > 0
+    m = 100 + undecided.more_images
     wl = criteria.wilson(round(6 * m / 100), round(7 * m / 100), z)[0]
     assert round(7 * m / 100) / m * (2 * wl - 1) > 0.03
     m -= 1
@@ -633,24 +640,24 @@ def test_absolute_check_applies_the_statistic_and_the_per_output_tolerances():
     ref = np.array([[1.0, 100.0]])
     cand = np.array([[1.5, 100.2]])  # element 0: abs 0.5, rel 0.5; element 1: abs 0.2, rel 0.002
     gate = {**scaled_gate(), "criterion": "absolute", "atol": 0.3, "rtol": 0.01}
-    assert not criteria.absolute_check([{"y": cand}], [{"y": ref}], gate, "y")["passed"]  # element 0 fails both
+    assert not criteria.absolute_check([{"y": cand}], [{"y": ref}], gate, "y").passed  # element 0 fails both
     loose = {**gate, "atol": 0.3, "rtol": 1.0}
-    assert criteria.absolute_check([{"y": cand}], [{"y": ref}], loose, "y")["passed"]
+    assert criteria.absolute_check([{"y": cand}], [{"y": ref}], loose, "y").passed
     by_max = {**gate, "atol": 0.4, "rtol": 0.1, "check_error_stat": "max"}  # max abs 0.5 > 0.4 and max rel 0.5 > 0.1
-    assert not criteria.absolute_check([{"y": cand}], [{"y": ref}], by_max, "y")["passed"]
+    assert not criteria.absolute_check([{"y": cand}], [{"y": ref}], by_max, "y").passed
     assert criteria.absolute_check([{"y": cand}], [{"y": ref}],
-                                   {**by_max, "check_error_stat": "elemwise", "atol": 0.45}, "y")["passed"] is False
+                                   {**by_max, "check_error_stat": "elemwise", "atol": 0.45}, "y").passed is False
     median = {**gate, "atol": 0.3, "rtol": 0.1, "check_error_stat": "quantile", "error_quantile": 0.0}
-    assert criteria.absolute_check([{"y": cand}], [{"y": ref}], median, "y")["passed"]  # the smallest error
-    assert not criteria.absolute_check([{"y": cand}], [{"y": ref}], {**median, "error_quantile": 1.0}, "y")["passed"]
+    assert criteria.absolute_check([{"y": cand}], [{"y": ref}], median, "y").passed  # the smallest error
+    assert not criteria.absolute_check([{"y": cand}], [{"y": ref}], {**median, "error_quantile": 1.0}, "y").passed
     per_output = {**gate, "atol": {"y": 0.1, "": 10.0}, "rtol": {"y": 0.001, "": 10.0}}
-    assert criteria.absolute_check([{"y": cand}], [{"y": ref}], per_output, "y")["mismatch_fraction"] == 1.0
+    assert criteria.absolute_check([{"y": cand}], [{"y": ref}], per_output, "y").mismatch_fraction == 1.0
     own_atol = {**gate, "atol": {"y": 0.3, "": 10.0}, "rtol": 0.001}  # element 1 (abs 0.2) is within y's own atol
-    assert criteria.absolute_check([{"y": cand}], [{"y": ref}], own_atol, "y")["mismatch_fraction"] == 0.5
+    assert criteria.absolute_check([{"y": cand}], [{"y": ref}], own_atol, "y").mismatch_fraction == 0.5
     own_rtol = {**gate, "atol": 0.1, "rtol": {"y": 0.01, "": 10.0}}  # element 1 (rel 0.002) within y's own rtol
-    assert criteria.absolute_check([{"y": cand}], [{"y": ref}], own_rtol, "y")["mismatch_fraction"] == 0.5
+    assert criteria.absolute_check([{"y": cand}], [{"y": ref}], own_rtol, "y").mismatch_fraction == 0.5
     defaults = {**gate, "atol": {"other": 10.0}, "rtol": {"other": 10.0}}  # neither names y: Polygraphy's 1e-5
-    assert criteria.absolute_check([{"y": cand}], [{"y": ref}], defaults, "y")["mismatch_fraction"] == 1.0
+    assert criteria.absolute_check([{"y": cand}], [{"y": ref}], defaults, "y").mismatch_fraction == 1.0
 
 
 def test_elementwise_relative_error_divides_by_the_reference_and_eps_only_at_zero():
@@ -659,5 +666,6 @@ def test_elementwise_relative_error_divides_by_the_reference_and_eps_only_at_zer
 
 
 def test_worst_batch_index_defaults():
-    assert criteria.worst_batch_index({"criterion": "scaled"}, 1) == 0
-    assert criteria.worst_batch_index({"criterion": "scaled", "worst_image": 3}, 1) == 3
+    scaled = TensorCheck(passed=True, criterion="scaled", statistic="-")
+    assert criteria.worst_batch_index(scaled, 1) == 0
+    assert criteria.worst_batch_index(scaled.model_copy(update={"worst_image": 3}), 1) == 3

@@ -7,6 +7,7 @@ without building anything (what TensorRT would compute is not checked).
 import numpy as np
 
 from pipeline import config
+from pipeline.core.check_results import CandidateResult
 from pipeline.core.run import RunDir
 from pipeline.evaluation import candidates
 from pipeline.precision import plugs
@@ -66,8 +67,8 @@ def test_verify_passes_the_build_config_and_cache_to_tensorrt_localisation(tmp_p
     monkeypatch.setattr(localize, "localize_tensorrt", fake_localize_tensorrt)
     run = RunDir(tmp_path / "runs" / "r")
     chk = candidates.Check(backends.by_name("tensorrt_fp16"), "TensorRT", False,
-                       result={"tolerance": {"criterion": "scaled", "max_scaled_error": 0.05, "atol": 1e-3,
-                                             "rtol": 1e-3}})
+                       result=CandidateResult(tolerance={"criterion": "scaled", "max_scaled_error": 0.05,
+                                                         "atol": 1e-3, "rtol": 1e-3}))
     evidence = candidates.Evidence([{"input": np.zeros((1, 3, 8, 8), np.float32)}], [], np.zeros(1), "logits")
     result = candidates.localize_candidate(cfg, plugs.FP16, None, None, evidence, chk, run)
     assert result["candidate"] == "tensorrt_fp16"

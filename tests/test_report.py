@@ -94,8 +94,11 @@ def test_report_with_a_key_missing_says_so_in_one_line(clone_run, capsys, name, 
 
 def failing_payload() -> dict:
     """A verify.json of a failed gate with localisation and a fallback (what the tiny run does not produce)."""
-    tensor = {"criterion": "scaled", "scaled_error_quantile": 0.5, "max_abs_error": 0.25}
-    task = {"top1_agreement": 0.97, "accuracy": 0.8, "reference_accuracy": 0.81}
+    tensor = {"passed": False, "criterion": "scaled", "statistic": "q1 of per-image scaled error",
+              "scaled_error_quantile": 0.5, "max_abs_error": 0.25}
+    bound = {"status": "passed", "value": 0.0, "threshold": 0.01, "more_images": 0}
+    task = {"status": "passed", "passed": True, "samples": 32, "confidence": 0.95, "top1_agreement": 0.97,
+            "accuracy": 0.8, "reference_accuracy": 0.81, "agreement": bound, "drop": bound}
     return {
         "passed": False, "model": "m<x>", "inputs": {"samples": 32, "source": "synthetic"},
         "candidates": [{"name": "fp16_emulation", "precision": "fp16", "status": "failed", "required": False,

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from pipeline.core import verdicts
+from pipeline.core.check_results import Bound, TaskCheck, TensorCheck
 from pipeline.core.status import Status
 from pipeline.evaluation import drift
 from pipeline.precision import gate as criteria
@@ -53,8 +54,8 @@ def test_the_shared_fold_is_the_worst_verdict_in_any_order(pair):
 PAIRS = list(itertools.product(VERDICTS, repeat=2))  # every pair, so both orders of each
 
 
-def _sub_check(status: Status) -> dict:
-    return {"status": status, "value": 0.0, "more_images": 0 if status != Status.INCONCLUSIVE else 10}
+def _sub_check(status: Status) -> Bound:
+    return Bound(status=status, value=0.0, threshold=0.0, more_images=0 if status != Status.INCONCLUSIVE else 10)
 
 
 @pytest.mark.parametrize(("agreement", "drop"), PAIRS)
@@ -64,21 +65,23 @@ def test_the_task_check_folds_agreement_and_drop_in_any_order(monkeypatch, agree
     ref = np.array([[2.0, 0.0], [0.0, 2.0]])
     result = criteria.task_check(ref, ref, np.array([0, 1]), {"min_top1_agreement": 0.9, "max_accuracy_drop": 0.1},
                                  0.95)
-    assert result["status"] == oracle([agreement, drop])
-    assert result["passed"] is (result["status"] == Status.PASSED)
+    assert result.status == oracle([agreement, drop])
+    assert result.passed is (result.status == Status.PASSED)
 
 
 @pytest.mark.parametrize(("tensor", "task"), PAIRS)
 def test_a_candidates_verdict_folds_tensor_and_task_checks_in_any_order(monkeypatch, tensor, task):
     """The tensor check is pass/fail; an inconclusive one (none today) must not pass either."""
-    monkeypatch.setattr(criteria, "scaled_check", lambda *a: {"criterion": "scaled", "scale": 1.0,
-                                                              "passed": tensor == Status.PASSED})
-    monkeypatch.setattr(criteria, "task_check", lambda *a, **k: {"status": task})
+    monkeypatch.setattr(criteria, "scaled_check", lambda *a, **k: TensorCheck(
+        criterion="scaled", statistic="-", scale=1.0, passed=tensor == Status.PASSED))
+    monkeypatch.setattr(criteria, "task_check", lambda *a, **k: TaskCheck(
+        status=task, passed=task == Status.PASSED, samples=2, confidence=0.95, agreement=_sub_check(task),
+        drop=_sub_check(task)))
     gate = {"criterion": "scaled", "error_quantile": 1.0, "max_scaled_error": 0.1}
     y = np.zeros((2, 3))
     result = criteria.judge([{"y": y}], [{"y": y}], np.array([0, 1]), gate, "y", 0.95)
     expected = oracle([Status.PASSED if tensor == Status.PASSED else Status.FAILED, task])
-    assert result["status"] == expected and result["passed"] is (expected == Status.PASSED)
+    assert result.status == expected and result.passed is (expected == Status.PASSED)
 
 
 @pytest.mark.parametrize(("first", "second", "third"), list(itertools.product(VERDICTS, repeat=3)))
@@ -119,14 +122,14 @@ def test_the_accuracy_drop_is_the_references_accuracy_minus_the_candidates(case)
     result = criteria.task_check(ref, cand, labels, gate, 0.95)
     ref_acc = np.mean(ref.argmax(1) == labels)  # ties: argmax and top1 pick the first, NaN is not drawn
     cand_acc = np.mean(cand.argmax(1) == labels)
-    assert result["reference_accuracy"] == pytest.approx(ref_acc)
-    assert result["accuracy"] == pytest.approx(cand_acc)
-    assert result["accuracy_drop"] == pytest.approx(ref_acc - cand_acc, abs=1e-12)
-    assert result["drop"]["value"] == pytest.approx(ref_acc - cand_acc, abs=1e-12)
+    assert result.reference_accuracy == pytest.approx(ref_acc)
+    assert result.accuracy == pytest.approx(cand_acc)
+    assert result.accuracy_drop == pytest.approx(ref_acc - cand_acc, abs=1e-12)
+    assert result.drop.value == pytest.approx(ref_acc - cand_acc, abs=1e-12)
     # Worse than the threshold: never passed. Counted in images, not in float accuracies (0.35 - 0.3 is not 0.05).
     lost_minus_gained = int((ref.argmax(1) == labels).sum()) - int((cand.argmax(1) == labels).sum())
     if lost_minus_gained > 0.05 * len(labels):
-        assert result["drop"]["status"] != Status.PASSED
+        assert result.drop.status != Status.PASSED
 
 
 @FAST
@@ -134,9 +137,9 @@ def test_the_accuracy_drop_is_the_references_accuracy_minus_the_candidates(case)
 def test_the_drop_check_is_signed_lost_minus_gained(lost, gained, same):
     n = lost + gained + same
     result = criteria.accuracy_drop_check(lost, gained, n, 0.05, criteria.z_value(0.95))
-    assert result["value"] == pytest.approx((lost - gained) / n if n else 0.0)
+    assert result.value == pytest.approx((lost - gained) / n if n else 0.0)
     if gained >= lost:  # the candidate is at least as accurate: it never fails on accuracy
-        assert result["status"] == Status.PASSED
+        assert result.status == Status.PASSED
 
 
 @FAST

@@ -14,6 +14,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
+from pipeline.core.check_results import Bound, Judgement, TaskCheck, TensorCheck
 from pipeline.precision import plugs, qat_rung, sensitivity
 from pipeline.precision.sensitivity import Candidate
 from pipeline.precision.tune_result import GateNumbers
@@ -356,13 +357,17 @@ def test_low_layers_are_the_units_of_each_precision_in_graph_order():
 
 
 def test_summary_keeps_the_numbers_tune_shows():
-    result = {"status": "passed", "tensor_check": {"scaled_error_quantile": 0.2, "scaled_error": 0.3,
-                                                   "max_abs_error": 0.5, "quantile_abs_error": 0.4, "mean_kl": 0.01},
-              "task_check": {"top1_agreement": 0.99, "accuracy_drop": 0.002}}
+    tensor = TensorCheck(passed=True, criterion="scaled", statistic="-", scaled_error_quantile=0.2, scaled_error=0.3,
+                         max_abs_error=0.5, quantile_abs_error=0.4, mean_kl=0.01)
+    bound = Bound(status="passed", value=0.0, threshold=0.0)
+    task = TaskCheck(status="passed", passed=True, samples=1, confidence=0.95, top1_agreement=0.99,
+                     accuracy_drop=0.002, agreement=bound, drop=bound)
+    result = Judgement(tensor, task, "passed")
     assert sensitivity.summary(result) == {"status": "passed", "scaled_error": 0.2, "max_abs_error": 0.5,
                                            "quantile_abs_error": 0.4, "top1_agreement": 0.99,
                                            "accuracy_drop": 0.002, "mean_kl": 0.01}
-    no_quantile = {**result, "tensor_check": {"scaled_error": 0.3}}
+    no_quantile = Judgement(TensorCheck(passed=True, criterion="scaled", statistic="-", scaled_error=0.3), task,
+                            "passed")
     assert sensitivity.summary(no_quantile)["scaled_error"] == 0.3
 
 

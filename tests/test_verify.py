@@ -199,31 +199,30 @@ def test_elementwise_and_rule():
     labels = np.array([0])
     # 8.1: abs 0.1 > atol but rel 0.0125 <= rtol -> ok; 0.001 -> 0.005: rel 4 but abs 0.004 -> ok.
     ok = candidates.compare(outputs([[8.1, 0.5, 0.005]]), ref, labels, gate(), "logits")
-    assert ok["tensor_check"]["passed"]
+    assert ok.tensor_check.passed
     # 0.5 -> 0.375: abs 0.125 and rel 0.25 both exceed -> fails.
     bad = candidates.compare(outputs([[8.0, 0.375, 0.001]]), ref, labels, gate(), "logits")
-    assert not bad["tensor_check"]["passed"] and not bad["passed"]
+    assert not bad.tensor_check.passed and not bad.passed
 
 
 def test_nan_or_inf_in_candidate_always_fails():
     ref = outputs([[1.0, 2.0]])
     for value in (np.nan, np.inf):
         result = candidates.compare(outputs([[1.0, value]]), ref, np.array([1]), gate(atol=1e9, rtol=1e9), "logits")
-        assert not result["passed"] and result["tensor_check"]["nonfinite"] == 1
+        assert not result.passed and result.tensor_check.nonfinite == 1
 
 
 def test_statistics_and_per_output_tolerances():
     ref = outputs([[1.0, 1.0, 1.0, 1.0]])
     cand = outputs([[1.0, 1.0, 1.0, 1.5]])  # one large error, small mean
     labels = np.array([0])
-    assert not candidates.compare(cand, ref, labels, gate(check_error_stat="max", atol=0.1, rtol=0.1), "logits")[
-        "tensor_check"]["passed"]
-    assert candidates.compare(cand, ref, labels, gate(check_error_stat="mean", atol=0.2, rtol=0.2), "logits")[
-        "tensor_check"]["passed"]
-    assert candidates.compare(cand, ref, labels, gate(check_error_stat="median", atol=0.01, rtol=0.01), "logits")[
-        "tensor_check"]["passed"]
-    assert candidates.compare(cand, ref, labels, gate(atol={"": 0.01, "logits": 0.6}, rtol=0.01), "logits")[
-        "tensor_check"]["passed"]
+    def passes(**rule) -> bool:
+        return candidates.compare(cand, ref, labels, gate(**rule), "logits").tensor_check.passed
+
+    assert not passes(check_error_stat="max", atol=0.1, rtol=0.1)
+    assert passes(check_error_stat="mean", atol=0.2, rtol=0.2)
+    assert passes(check_error_stat="median", atol=0.01, rtol=0.01)
+    assert passes(atol={"": 0.01, "logits": 0.6}, rtol=0.01)
 
 
 def test_task_check_top1_agreement_and_accuracy():
@@ -232,11 +231,11 @@ def test_task_check_top1_agreement_and_accuracy():
     labels = np.array([0, 1, 0, 1])
     result = candidates.compare(cand, ref, labels, gate(atol=10, rtol=10, min_top1_agreement=0.7,
                                                         max_accuracy_drop=0.3), "logits")
-    task = result["task_check"]
-    assert task["top1_agreement"] == 0.75 and task["reference_accuracy"] == 1.0 and task["accuracy"] == 0.75
-    assert result["passed"]
+    task = result.task_check
+    assert task.top1_agreement == 0.75 and task.reference_accuracy == 1.0 and task.accuracy == 0.75
+    assert result.passed
     strict = candidates.compare(cand, ref, labels, gate(atol=10, rtol=10), "logits")
-    assert strict["tensor_check"]["passed"] and not strict["passed"]  # both checks must pass
+    assert strict.tensor_check.passed and not strict.passed  # both checks must pass
 
 
 def test_candidate_tolerance_overrides_precision_default():
@@ -339,10 +338,10 @@ def test_mismatch_fraction_uses_the_per_output_tolerance():
     ref = outputs([[1.0, 1.0, 1.0, 1.0]])
     cand = outputs([[1.0, 1.0, 1.0, 1.5]])
     result = candidates.compare(cand, ref, np.array([0]), gate(atol={"": 0.01, "logits": 0.6}, rtol=0.01), "logits")
-    assert result["tensor_check"]["passed"]
-    assert result["tensor_check"]["mismatch_fraction"] == 0.0  # the element Polygraphy let pass is no mismatch
+    assert result.tensor_check.passed
+    assert result.tensor_check.mismatch_fraction == 0.0  # the element Polygraphy let pass is no mismatch
     strict = candidates.compare(cand, ref, np.array([0]), gate(atol={"": 0.6, "logits": 0.01}, rtol=0.01), "logits")
-    assert not strict["tensor_check"]["passed"] and strict["tensor_check"]["mismatch_fraction"] == 0.25
+    assert not strict.tensor_check.passed and strict.tensor_check.mismatch_fraction == 0.25
 
 
 def test_fallback_stops_cleanly_when_a_recheck_errors_but_none_fails(trained, tmp_path, monkeypatch, capsys):

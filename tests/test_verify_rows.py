@@ -11,6 +11,7 @@ import pytest
 
 from conftest import ROOT
 from pipeline.core import verify_rows
+from pipeline.core.check_results import CandidateResult, TensorCheck
 from pipeline.core.checks import Check
 from pipeline.core.errors import InputError
 from pipeline.core.status import Status
@@ -30,19 +31,21 @@ def test_release_0_1_0_candidates_read_and_write_back_in_the_same_shape():
 
 def _check(status: Status, **result) -> Check:
     backend = SimpleNamespace(candidate="onnxrt_fp32", precision="fp32", artifact="model.onnx")
-    return Check(backend, "ONNX Runtime FP32", required=False, result={"status": status, **result})
+    return Check(backend, "ONNX Runtime FP32", required=False, result=CandidateResult(status=status, **result))
 
 
 def test_verify_writes_a_row_with_the_keys_it_always_wrote():
     """The optional facts only where the check has them; a verdict's sha256 only where a verdict was reached;
     NaN written as a string (JSON has none)."""
     sha = "a" * 64
-    passed = verify_report.candidate_row(_check(Status.PASSED, tensor_check={"max_abs_error": float("nan")},
-                                                workaround="set KMP_AFFINITY"), {"model.onnx": sha}).to_json()
+    tensor = TensorCheck(passed=True, criterion="scaled", statistic="q1", max_abs_error=float("nan"))
+    passed = verify_report.candidate_row(_check(Status.PASSED, tensor_check=tensor, workaround="set KMP_AFFINITY"),
+                                         {"model.onnx": sha}).to_json()
     assert list(passed) == ["name", "label", "precision", "artifact", "artifact_sha256", "required", "status",
                             "reason", "hint", "tolerance", "tensor_check", "task_check", "after_fallback", "gates",
                             "workaround"]
-    assert passed["artifact_sha256"] == sha and passed["tensor_check"] == {"max_abs_error": "nan"}
+    assert passed["artifact_sha256"] == sha and passed["tensor_check"] == {
+        "passed": True, "criterion": "scaled", "statistic": "q1", "max_abs_error": "nan"}
     skipped = verify_report.candidate_row(_check(Status.SKIPPED, reason="no GPU"), {"model.onnx": sha}).to_json()
     assert skipped["artifact_sha256"] is None and skipped["reason"] == "no GPU" and "workaround" not in skipped
 

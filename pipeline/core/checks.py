@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from pipeline.core.check_results import CandidateResult, Judgement, TaskCheck, TensorCheck
+
 if TYPE_CHECKING:  # annotations only: the bottom layer does not import NumPy at start-up
     import numpy as np
 
@@ -47,7 +49,7 @@ class Check:
     label: str
     required: bool
     reason: str = ""
-    result: dict = field(default_factory=dict)
+    result: CandidateResult = field(default_factory=CandidateResult)
     gates: bool = True  # its verdict decides the exit code (verify.gate); else it is run and reported only
     batch_runs: dict = field(default_factory=dict)  # outputs at the other served batch sizes (evaluation.batching)
     conformance_runs: dict = field(default_factory=dict)  # row arrangements, runtime layers (evaluation.conformance)
@@ -66,11 +68,27 @@ class Check:
 
     @property
     def status(self) -> str:
-        return self.result.get("status", "")
+        return self.result.status
+
+    @property
+    def tensor_check(self) -> TensorCheck | None:
+        """The gate's tensor check (None: not judged)."""
+        return self.result.tensor_check
+
+    @property
+    def task_check(self) -> TaskCheck | None:
+        """The gate's task check (None: not judged)."""
+        return self.result.task_check
+
+    @property
+    def judgement(self) -> Judgement | None:
+        """Both checks, with the candidate's status now (None: not judged)."""
+        t, k = self.tensor_check, self.task_check
+        return None if t is None or k is None else Judgement(t, k, self.status)
 
     @property
     def after_fallback(self) -> bool:
-        return bool(self.result.get("after_fallback"))
+        return self.result.after_fallback
 
 
 @dataclass

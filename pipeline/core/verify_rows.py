@@ -6,8 +6,9 @@ and :meth:`CandidateRow.to_json` is the one serialiser of the ``candidates`` lis
 their order (``log``, ``log_tail``, ``workaround``, ``batch_sizes`` and ``conformance`` only where the candidate has
 them). Every reader (the report's verify pages and JUnit, benchmark's verify column and accuracies through
 :mod:`pipeline.reports.verify_report`'s readers, baseline) gets them back through :func:`candidates_of` (a payload
-already read) or :func:`read` (the file): typed and bounded here, once. The checks' own numbers (``tolerance``,
-``tensor_check``, ``task_check``) stay objects: the report lays them out.
+already read) or :func:`read` (the file): typed and bounded here, once. The gate's own numbers are their types
+(:class:`~pipeline.core.check_results.TensorCheck`, :class:`~pipeline.core.check_results.TaskCheck`), each written by
+its own serialiser; the report lays them out by attribute.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, StringConstraints
 
 from pipeline.core import schema
+from pipeline.core.check_results import BatchSizeRow, Conformance, TaskCheck, TensorCheck
 
 MAX_CANDIDATES = 1000
 OPTIONAL = ("log", "log_tail", "workaround", "batch_sizes", "conformance")  # written only where a candidate has them
@@ -40,19 +42,23 @@ class CandidateRow(schema.Open):
     reason: Text | None = None
     hint: Text | None = None
     tolerance: dict[str, Any] | None = None
-    tensor_check: dict[str, Any] | None = None
-    task_check: dict[str, Any] | None = None
+    tensor_check: TensorCheck | None = None
+    task_check: TaskCheck | None = None
     after_fallback: bool = False
     gates: bool = True  # decides the exit code (verify.gate); False: reported only
     log: Text | None = None  # a child process's log
     log_tail: list[Text] | None = None  # a crashed child's last lines
     workaround: Text | None = None  # a runtime workaround applied
-    batch_sizes: list[dict[str, Any]] | None = None  # the artifact at each batch size it serves
-    conformance: dict[str, Any] | None = None  # row independence and the precisions its layers ran in
+    batch_sizes: Annotated[list[BatchSizeRow], Field(max_length=64)] | None = None  # at each batch size it serves
+    conformance: Conformance | None = None  # row independence and the precisions its layers ran in
 
     def to_json(self) -> dict[str, Any]:
         """The row as verify.json holds it: the optional facts only where the candidate has them."""
-        return self.model_dump(exclude={k for k in OPTIONAL if getattr(self, k) is None})
+        out = self.model_dump(exclude={k for k in OPTIONAL if getattr(self, k) is None})
+        typed = {"tensor_check": self.tensor_check, "task_check": self.task_check, "conformance": self.conformance}
+        written = {k: None if v is None else v.to_json() for k, v in typed.items() if k in out}
+        rows = {"batch_sizes": [r.to_json() for r in self.batch_sizes]} if self.batch_sizes is not None else {}
+        return {**out, **written, **rows}
 
 
 class Reference(schema.Open):

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from pipeline.core.check_results import BatchSizeRow
 from pipeline.core.errors import first_line
 from pipeline.core.status import Status
 from pipeline.precision import gate as criteria
@@ -93,7 +94,8 @@ def _run_size(runner, size: int, batches: list[dict]) -> dict:
 
 
 def _judged(run: dict, evidence, gate: dict, size: int, count: int) -> dict:
-    """One batch size's outputs judged by the candidate's gate against the same images' reference outputs."""
+    """One batch size's outputs judged by the candidate's gate against the same images' reference outputs: the
+    numbers of its row (or why it did not run there)."""
     if "outputs" not in run:
         return run
     outputs = run["outputs"]
@@ -102,25 +104,23 @@ def _judged(run: dict, evidence, gate: dict, size: int, count: int) -> dict:
     if getattr(evidence, "detection", None) is not None:  # a detector: its head's tensor check (boxes: main size)
         return _judged_head(outputs, reference, evidence, gate, len(labels))
     judged = criteria.judge(outputs, reference, labels, gate, evidence.output_name, evidence.confidence)
-    tensor, task = judged["tensor_check"], judged["task_check"]
-    return {"status": judged["status"], "images": len(labels), "batches": len(outputs),
-            "max_abs_error": tensor["max_abs_error"], "scaled_error": tensor.get("scaled_error_quantile"),
-            "top1_agreement": task["top1_agreement"], "tensor_passed": tensor["passed"], "task_status": task["status"]}
+    tensor, task = judged.tensor_check, judged.task_check
+    return {"status": judged.status, "images": len(labels), "batches": len(outputs),
+            "max_abs_error": tensor.max_abs_error, "scaled_error": tensor.scaled_error_quantile,
+            "top1_agreement": task.top1_agreement, "tensor_passed": tensor.passed, "task_status": task.status}
 
 
 def _judged_head(outputs: list[dict], reference: list[dict], evidence, gate: dict, images: int) -> dict:
     name = evidence.output_name
     ref = np.concatenate([r[name] for r in reference]).astype(np.float64)
     cand = np.concatenate([o[name] for o in outputs]).astype(np.float64)
-    tensor = criteria.absolute_check(outputs, reference, gate, name) if gate["criterion"] == "absolute" else \
-        criteria.scaled_check(ref, cand, gate)
-    tensor.update(criteria.error_statistics(ref, cand, gate["error_quantile"]))
-    return {"status": Status.PASSED if tensor["passed"] else Status.FAILED, "images": images, "batches": len(outputs),
-            "max_abs_error": tensor["max_abs_error"], "scaled_error": tensor.get("scaled_error_quantile"),
-            "top1_agreement": None, "tensor_passed": tensor["passed"], "task_status": None}
+    tensor = criteria.tensor_check(outputs, reference, ref, cand, gate, name)
+    return {"status": Status.PASSED if tensor.passed else Status.FAILED, "images": images, "batches": len(outputs),
+            "max_abs_error": tensor.max_abs_error, "scaled_error": tensor.scaled_error_quantile,
+            "top1_agreement": None, "tensor_passed": tensor.passed, "task_status": None}
 
 
-def candidate_rows(chk, cfg: Config, evidence, gate: dict) -> list[dict]:
+def candidate_rows(chk, cfg: Config, evidence, gate: dict) -> list[BatchSizeRow]:
     """The rows of one candidate, one per served batch size; ``verify.batch_size`` is the main check's row."""
     rows = []
     for size, keys in served_batches(cfg).items():
@@ -129,21 +129,22 @@ def candidate_rows(chk, cfg: Config, evidence, gate: dict) -> list[dict]:
         else:
             run = chk.batch_runs.get(size, {"status": Status.SKIPPED, "reason": "not run"})
             row = _judged(run, evidence, gate, size, cfg.verify.batch_check_samples)
-        rows.append({"batch_size": size, "profile": keys, **row})
+        rows.append(BatchSizeRow(batch_size=size, profile=keys, **row))
     return rows
 
 
-def describe(rows: list[dict]) -> str:
+def describe(rows: list[BatchSizeRow]) -> str:
     """The failing batch sizes, in one phrase: "differs at batch 1 (build.min_batch): top-1 agreement 62.5%, ..."."""
     parts = []
     for r in rows:
-        if "top1_agreement" not in r:  # it did not run there: its reason
-            parts.append(f"batch {r['batch_size']} ({', '.join(r['profile'])}): {r['reason']}")
+        where = f"batch {r.batch_size} ({', '.join(r.profile or [])})"
+        if not r.judged:  # it did not run there: its reason
+            parts.append(f"{where}: {r.reason}")
             continue
-        error = f"scaled error {r['scaled_error']:.3g}" if r.get("scaled_error") is not None else \
-            f"max abs error {r['max_abs_error']:.3g}"
-        parts.append(f"batch {r['batch_size']} ({', '.join(r['profile'])}): {error}" + (
-            f", top-1 agreement {100 * r['top1_agreement']:.1f}%" if r["top1_agreement"] is not None else ""))
+        error = f"scaled error {r.scaled_error:.3g}" if r.scaled_error is not None else \
+            f"max abs error {r.max_abs_error:.3g}"
+        parts.append(f"{where}: {error}" + (
+            f", top-1 agreement {100 * r.top1_agreement:.1f}%" if r.top1_agreement is not None else ""))
     return "the output depends on the batch size: fails at " + "; ".join(parts)
 
 
@@ -156,14 +157,12 @@ def verify_batch_sizes(cfg: Config, checks, evidence, gate_for) -> None:
     for chk in checks:
         if chk.status not in RECHECKED:
             continue
-        if chk.result.get("after_fallback"):  # ctx still holds the graph the fallback replaced
-            chk.result["batch_sizes"] = [{"status": Status.SKIPPED, "reason": AFTER_FALLBACK}]
-            continue
-        if "error" in chk.batch_runs:  # the runner died after the main check: say so, keep the verdict
-            chk.result["batch_sizes"] = [{"status": Status.ERROR, "reason": chk.batch_runs["error"]}]
-            continue
-        rows = candidate_rows(chk, cfg, evidence, gate_for(cfg, chk.name, chk.precision))
-        chk.result["batch_sizes"] = rows
-        failing = [r for r in rows if r["status"] == Status.FAILED]
-        if failing:
-            chk.result.update(status=Status.FAILED, passed=False, reason=describe(failing), hint=BATCH_HINT)
+        if chk.result.after_fallback:  # ctx still holds the graph the fallback replaced
+            rows = [BatchSizeRow(status=Status.SKIPPED, reason=AFTER_FALLBACK)]
+        elif "error" in chk.batch_runs:  # the runner died after the main check: say so, keep the verdict
+            rows = [BatchSizeRow(status=Status.ERROR, reason=chk.batch_runs["error"])]
+        else:
+            rows = candidate_rows(chk, cfg, evidence, gate_for(cfg, chk.name, chk.precision))
+        failing = [r for r in rows if r.status == Status.FAILED]
+        failed = {"status": Status.FAILED, "passed": False, "reason": describe(failing), "hint": BATCH_HINT}
+        chk.result = chk.result.model_copy(update={"batch_sizes": rows, **(failed if failing else {})})

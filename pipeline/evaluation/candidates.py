@@ -14,6 +14,7 @@ import numpy as np
 
 from pipeline.core import data, precision_config, roles, tasks, verdicts
 from pipeline.core.artifacts import CALIBRATION_IMAGES, SEARCH_IMAGES
+from pipeline.core.check_results import CandidateResult, Judgement
 from pipeline.core.checks import Check, Evidence  # noqa: F401  (re-exported: the evaluation's vocabulary)
 from pipeline.core.errors import InputError, disk_full, first_line
 from pipeline.core.run import RunDir, read_json
@@ -68,25 +69,26 @@ def gates(cfg: Config, backend: Backend) -> bool:
 
 
 def compare(outputs: list[dict], reference: list[dict], labels: np.ndarray, gate: dict, output_name: str,
-            confidence: float = 0.95) -> dict:
+            confidence: float = 0.95) -> Judgement:
     """The tensor check and the task check of one candidate (:func:`pipeline.precision.gate.judge`)."""
     return criteria.judge(outputs, reference, labels, gate, output_name, confidence)
 
 
 def check(chk: Check, cfg: Config, ctx: Context, evidence: Evidence,
-          batch_feeds: dict[int, list[dict]] | None = None, rows: conformance.RowPlan | None = None) -> dict:
+          batch_feeds: dict[int, list[dict]] | None = None,
+          rows: conformance.RowPlan | None = None) -> CandidateResult:
     """Run one candidate on the evidence and judge it; sets and returns ``chk.result``. With ``batch_feeds``
     (:func:`pipeline.evaluation.batching.feeds_by_size`) the same runner also runs them, for the batch-size check;
     with ``rows`` (:func:`pipeline.evaluation.conformance.plan`), the conformance checks' runs."""
     gate = gate_for(cfg, chk.name, chk.precision)
-    chk.result = {**_judge(chk, ctx, evidence, gate, batch_feeds or {}, rows), "tolerance": gate}
+    chk.result = _judge(chk, ctx, evidence, gate, batch_feeds or {}, rows).model_copy(update={"tolerance": gate})
     return chk.result
 
 
 def _judge(chk: Check, ctx: Context, evidence: Evidence, gate: dict, batch_feeds: dict,
-           rows: conformance.RowPlan | None = None) -> dict:
+           rows: conformance.RowPlan | None = None) -> CandidateResult:
     if chk.reason:
-        return {"status": Status.SKIPPED, "reason": chk.reason}
+        return CandidateResult(status=Status.SKIPPED, reason=chk.reason)
     try:
         runner = isolate.runner_for(chk.backend, ctx)  # native runtimes: in a child process (pipeline.runtime.isolate)
         with runner:
@@ -101,18 +103,19 @@ def _judge(chk: Check, ctx: Context, evidence: Evidence, gate: dict, batch_feeds
     except Exception as exc:  # a candidate that cannot run is an "error" row, not a dead stage
         if disk_full(exc):  # but a full disk ends the stage, with the documented message
             raise disk_full(exc) from None
-        return {"status": Status.ERROR, "reason": verify_report.error_reason(exc)}
+        return CandidateResult(status=Status.ERROR, reason=verify_report.error_reason(exc))
     problem = _output_problem(chk, outputs, evidence)
     if problem:
-        return {"status": Status.ERROR, "reason": problem}
+        return CandidateResult(status=Status.ERROR, reason=problem)
     evidence.outputs[chk.name] = outputs  # the last judged outputs (after a fallback: the replacement's)
     if getattr(evidence, "detection", None) is not None:  # the task plug: boxes (pipeline.precision.detection_gate)
         d = evidence.detection
-        result = detection_gate.judge(outputs, evidence.reference, evidence.labels, gate, evidence.output_name,
+        judged = detection_gate.judge(outputs, evidence.reference, evidence.labels, gate, evidence.output_name,
                                       d["detections"], d["classes"], d["rules"], evidence.confidence)
-        return {**result, **verify_report.runtime_facts(runner)}
-    result = compare(outputs, evidence.reference, evidence.labels, gate, evidence.output_name, evidence.confidence)
-    return {**result, **verify_report.runtime_facts(runner)}  # its child's log, a runtime workaround
+    else:
+        judged = compare(outputs, evidence.reference, evidence.labels, gate, evidence.output_name, evidence.confidence)
+    return CandidateResult(tensor_check=judged.tensor_check, task_check=judged.task_check, passed=judged.passed,
+                           status=judged.status, **verify_report.runtime_facts(runner))  # its log, a workaround
 
 
 def _batch_runs(runner, chk: Check, ctx: Context, batch_feeds: dict) -> dict:
@@ -226,7 +229,7 @@ def sample_count(cfg: Config, spec: dict) -> int:
 def worst_batch(chk: Check, evidence: Evidence) -> dict:
     """The batch with the candidate's worst image (scaled criterion), or its first failing batch (absolute)."""
     size = len(next(iter(evidence.feeds[0].values())))
-    return evidence.feeds[criteria.worst_batch_index(chk.result.get("tensor_check", {}), size)]
+    return evidence.feeds[criteria.worst_batch_index(chk.tensor_check, size)]
 
 
 def runs_graph(chk: Check, plug: Precision) -> bool:
@@ -269,10 +272,10 @@ def localize_candidate(cfg: Config, plug: Precision, fp32_model, model, evidence
 def localization_rule(chk: Check) -> criteria.TensorRule:
     """The gate's rule per tensor, tightened to the candidate's own output error
     (:func:`pipeline.precision.gate.localization_limit`)."""
-    rule = criteria.TensorRule.of(chk.result["tolerance"])
+    rule = criteria.TensorRule.of(chk.result.tolerance)
     if rule.criterion != "scaled":
         return rule
-    observed = chk.result.get("tensor_check", {}).get("scaled_error_quantile")
+    observed = chk.tensor_check.scaled_error_quantile if chk.tensor_check is not None else None
     return dataclasses.replace(rule, max_scaled_error=criteria.localization_limit(rule.max_scaled_error, observed))
 
 

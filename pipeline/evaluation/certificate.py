@@ -78,10 +78,10 @@ def certify(cfg: Config, run_dir: RunDir, card: dict, plug, evidence: Evidence, 
         numbers = sensitivity.summary(result)
         rows.append({"draw": number, "deployed": number == 0, "images": len(indices) if number else
                      len(deployed_set.indices), "split": "train" if number else deployed_set.split,
-                     "status": result["status"], **{k: numbers.get(k) for k in STATISTICS}})
+                     "status": result.status, **{k: numbers.get(k) for k in STATISTICS}})
         scales.append(quantizer_scales(model))
         log.info("stability: draw %d of %d: %s (scaled error %.3g)", number + 1, len(draws.indices),
-                 result["status"], numbers.get("scaled_error") or float("nan"))
+                 result.status, numbers.get("scaled_error") or float("nan"))
     return payload(draws, rows, scales, gate.get("min_pass_share"), cfg.verify.inconclusive, size,
                    len(evidence.labels), time.perf_counter() - start)
 

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from pipeline.core.check_results import Arrangement, ClaimCheck, Conformance, RowsCheck
 from pipeline.core.status import Status
 
 if TYPE_CHECKING:  # annotations only
@@ -191,19 +192,20 @@ def findings(runs: dict) -> tuple[str, list[RowFinding]]:
     return base_name, found
 
 
-def row_result(runs: dict, tolerance: float) -> dict:
+def row_result(runs: dict, tolerance: float) -> RowsCheck:
     """verify.json's ``conformance.rows`` of one candidate."""
     if "error" in runs:
-        return {"status": Status.ERROR, "reason": runs["error"]}
+        return RowsCheck(status=Status.ERROR, reason=runs["error"])
     base, found = findings(runs["runs"])
     verdict = judge_rows(found, tolerance)
-    result = {"status": verdict.status, "base": base, "tolerance": tolerance,
-              "arrangements": [vars(f) for f in found], "skipped": runs["skipped"]}
+    result = RowsCheck(status=verdict.status, base=base, tolerance=tolerance,
+                       arrangements=[Arrangement(**vars(f)) for f in found], skipped=runs["skipped"])
     if verdict.status == Status.FAILED and verdict.worst is not None:
         w = verdict.worst
-        result["reason"] = (f"row independence: image {w.image} in slot {w.slot} of a batch of {w.batch_size} "
-                            f"({w.arrangement}) differs from the same image {base} by {w.deviation:.3g} of its "
-                            f"logit scale (max_row_deviation {tolerance:g})")
+        return result.model_copy(update={"reason": (
+            f"row independence: image {w.image} in slot {w.slot} of a batch of {w.batch_size} ({w.arrangement}) "
+            f"differs from the same image {base} by {w.deviation:.3g} of its logit scale (max_row_deviation "
+            f"{tolerance:g})")})
     return result
 
 
@@ -223,21 +225,21 @@ def verify_conformance(cfg: Config, checks, gate_for) -> None:
         return
     for chk in checks:
         if chk.after_fallback or not chk.conformance_runs:
-            chk.result["conformance"] = {"status": Status.SKIPPED, "reason": AFTER_FALLBACK
-                                         if chk.after_fallback else NOT_RUN}
+            skipped = Conformance(status=Status.SKIPPED, reason=AFTER_FALLBACK if chk.after_fallback else NOT_RUN)
+            chk.result = chk.result.model_copy(update={"conformance": skipped})
             continue
         tolerance = gate_for(cfg, chk.name, chk.precision)["max_row_deviation"]
         runs = chk.conformance_runs
-        section = {"rows": row_result(runs["rows"], tolerance),
-                   "precision": precision_result(chk.backend.claims, chk.backend.deploys, runs,
-                                                 cfg.verify.min_precision_share)}
-        chk.result["conformance"] = section
-        failing = [part["reason"] for part in section.values() if part["status"] == Status.FAILED]
-        if failing and chk.status in (Status.PASSED, Status.INCONCLUSIVE):  # a failed one keeps its own reason
-            chk.result.update(status=Status.FAILED, passed=False, reason="; ".join(failing), hint=CONFORMANCE_HINT)
+        section = Conformance(rows=row_result(runs["rows"], tolerance),
+                              precision=precision_result(chk.backend.claims, chk.backend.deploys, runs,
+                                                         cfg.verify.min_precision_share))
+        failing = section.failing
+        failed = {"status": Status.FAILED, "passed": False, "reason": "; ".join(failing), "hint": CONFORMANCE_HINT}
+        fails = failing and chk.status in (Status.PASSED, Status.INCONCLUSIVE)  # a failed one keeps its own reason
+        chk.result = chk.result.model_copy(update={"conformance": section, **(failed if fails else {})})
 
 
-def precision_result(claimed: str | None, deploys: bool, runs: dict, min_share: float) -> dict:
+def precision_result(claimed: str | None, deploys: bool, runs: dict, min_share: float) -> ClaimCheck:
     """verify.json's ``conformance.precision``: the runtime's account (an emulation: its graph's), the shares of the
     matrix layers per precision, and the claim's verdict. ``runs``: :func:`pipeline.evaluation.conformance_runs.run`'s
     ``layers`` (``{"layers": [...]}`` or ``{"error": ...}``) and ``graph`` (the graph's share and layers)."""
@@ -245,7 +247,7 @@ def precision_result(claimed: str | None, deploys: bool, runs: dict, min_share: 
 
     layers, graph = runs.get("layers") or {}, runs.get("graph") or {"share": 1.0, "layers": []}
     if "error" in layers or "error" in graph:
-        return {"status": Status.ERROR, "reason": layers.get("error") or graph["error"]}
+        return ClaimCheck(status=Status.ERROR, reason=layers.get("error") or graph["error"])
     # an emulation computes its graph's decisions by rounding on FP32 kernels: its graph is its account
     source, records = ("runtime", layers.get("layers", [])) if deploys else ("graph, emulated", graph["layers"])
     records = [Layer(**layer) for layer in records]
@@ -253,9 +255,7 @@ def precision_result(claimed: str | None, deploys: bool, runs: dict, min_share: 
     runtime_share = shares.get(claimed, 0.0) if records and claimed else None
     no_matrix = bool(records) and not shares  # the runtime ran layers, none a matrix layer: nothing to hold
     verdict = judge_claim(claimed, runtime_share, None if no_matrix else graph["share"], min_share)
-    result = {"status": verdict.status, "claimed": claimed, "source": source,
-              "matrix_layers": sum(1 for r in records if r.matrix), "shares": shares, "graph_share": graph["share"],
-              "required": verdict.required, "layers": [r.to_json() for r in records]}
-    if verdict.reason:
-        result["reason"] = verdict.reason
-    return result
+    result = ClaimCheck(status=verdict.status, claimed=claimed, source=source,
+                        matrix_layers=sum(1 for r in records if r.matrix), shares=shares, graph_share=graph["share"],
+                        required=verdict.required, layers=[r.to_json() for r in records])
+    return result.model_copy(update={"reason": verdict.reason}) if verdict.reason else result

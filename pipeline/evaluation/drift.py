@@ -157,7 +157,7 @@ def agreement(base_top1: np.ndarray, run_top1: np.ndarray, minimum: float, confi
     """Top-1 agreement with the baseline artifact on the same images: failed only when Wilson's upper bound is
     below ``minimum``."""
     agree = int(np.sum(base_top1 == run_top1))
-    return Agreement(**criteria.agreement_check(agree, len(base_top1), minimum, criteria.z_value(confidence)))
+    return Agreement(**criteria.agreement_check(agree, len(base_top1), minimum, criteria.z_value(confidence)).to_json())
 
 
 def accuracy_change(base_top1: np.ndarray, run_top1: np.ndarray, labels: np.ndarray, maximum: float,
@@ -165,7 +165,7 @@ def accuracy_change(base_top1: np.ndarray, run_top1: np.ndarray, labels: np.ndar
     """The paired accuracy drop (lost: the baseline right and the run wrong; gained: the reverse)."""
     base_right, run_right = base_top1 == labels, run_top1 == labels
     lost, gained = int(np.sum(base_right & ~run_right)), int(np.sum(~base_right & run_right))
-    result = criteria.accuracy_drop_check(lost, gained, len(labels), maximum, criteria.z_value(confidence))
+    result = criteria.accuracy_drop_check(lost, gained, len(labels), maximum, criteria.z_value(confidence)).to_json()
     return AccuracyChange(**result, baseline_accuracy=float(base_right.mean()), accuracy=float(run_right.mean()),
                           lost=lost, gained=gained)
 

@@ -144,12 +144,11 @@ def _check(model: Served, send: Send, images: np.ndarray, labels: np.ndarray, re
         return row(status=Status.FAILED, reason=f"the request failed: {first_line(exc)[:300]}")
     result = criteria.judge([{output_name: served}], [{output_name: reference}], labels, model.gate, output_name,
                             confidence)
-    status = result["status"]
-    scaled, agreement = result["tensor_check"].get("scaled_error_quantile"), result["task_check"].get("top1_agreement")
-    log.info("deploy: served %s, %s: %s", model.name, arrangement.name, status)
-    return row(status=status, scaled_error=scaled, top1_agreement=agreement,
-               reason="" if status == Status.PASSED else
-               (f"{status} verify's {model.precision} criteria against the FP32 reference (scaled error "
+    log.info("deploy: served %s, %s: %s", model.name, arrangement.name, result.status)
+    scaled, agreement = result.tensor_check.scaled_error_quantile, result.task_check.top1_agreement
+    return row(status=result.status, scaled_error=scaled, top1_agreement=agreement,
+               reason="" if result.status == Status.PASSED else
+               (f"{result.status} verify's {model.precision} criteria against the FP32 reference (scaled error "
                 f"{scaled}, top-1 agreement {agreement})"))
 
 

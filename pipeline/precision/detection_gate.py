@@ -18,13 +18,14 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.core import boxes
+from pipeline.core.check_results import Bound, Judgement, TaskCheck
 from pipeline.core.status import Status
 from pipeline.precision import gate
 
 PASSED, FAILED, INCONCLUSIVE = Status.PASSED, Status.FAILED, Status.INCONCLUSIVE
 
 
-def map_drop_check(drop: float, resampled: np.ndarray, maximum: float, confidence: float) -> dict:
+def map_drop_check(drop: float, resampled: np.ndarray, maximum: float, confidence: float) -> Bound:
     """The mAP drop ``drop`` against ``maximum``: passed when within it, failed when the bootstrap's lower bound
     (the ``1 - confidence`` quantile of ``resampled``) exceeds it, else inconclusive."""
     finite = np.asarray(resampled, np.float64)
@@ -38,17 +39,17 @@ def map_drop_check(drop: float, resampled: np.ndarray, maximum: float, confidenc
         status = FAILED
     else:
         status = INCONCLUSIVE
-    return {"status": status, "value": float(drop), "lower_bound": lower, "threshold": maximum,
-            "resamples": int(finite.size), "more_images": 0 if status != INCONCLUSIVE else None}
+    return Bound(status=status, value=float(drop), lower_bound=lower, threshold=maximum, resamples=int(finite.size),
+                 more_images=0 if status != INCONCLUSIVE else None)
 
 
-def matched_check(agreement: boxes.BoxAgreement, minimum: float, confidence: float) -> dict:
+def matched_check(agreement: boxes.BoxAgreement, minimum: float, confidence: float) -> Bound:
     """The share of matched boxes, Wilson-bounded: the top-1 agreement rule over boxes."""
     return gate.agreement_check(agreement.matched, agreement.boxes, minimum, gate.z_value(confidence))
 
 
 def task_check(ref_dets: list[np.ndarray], cand_dets: list[np.ndarray], truths: list[np.ndarray], classes: int,
-               rules: dict, confidence: float, seed: int = 0) -> dict:
+               rules: dict, confidence: float, seed: int = 0) -> TaskCheck:
     """Matched boxes and mAP drop of one candidate; failed when either fails, inconclusive when one cannot
     decide, else passed. ``rules``: verify.detection (match_iou, min_score, min_matched_share, max_map_drop,
     bootstrap)."""
@@ -59,34 +60,27 @@ def task_check(ref_dets: list[np.ndarray], cand_dets: list[np.ndarray], truths: 
     ref_map, cand_map = boxes.map_of(ref_m), boxes.map_of(cand_m)
     drops = boxes.bootstrap_map_drop(ref_m, cand_m, rules["bootstrap"], seed)
     drop = map_drop_check(ref_map["map"] - cand_map["map"], drops, rules["max_map_drop"], confidence)
-    statuses = {matched["status"], drop["status"]}
+    statuses = {matched.status, drop.status}
     status = FAILED if FAILED in statuses else INCONCLUSIVE if INCONCLUSIVE in statuses else PASSED
-    return {"status": status, "passed": status == PASSED, "task": "detection", "samples": len(truths),
-            "confidence": confidence, "matched_share": agree.share, "matched_boxes": agree.matched,
-            "boxes": agree.boxes, "reference_boxes": agree.reference_boxes, "candidate_boxes": agree.candidate_boxes,
-            "reference_map": ref_map["map"], "map": cand_map["map"], "reference_map50": ref_map["map50"],
-            "map50": cand_map["map50"], "map_drop": drop["value"], "match_iou": rules["match_iou"],
-            "min_score": rules["min_score"], "agreement": matched, "drop": drop,
-            # the classifier's keys, for the tables every task shares (their headers say boxes and mAP)
-            "top1_agreement": agree.share, "accuracy": cand_map["map"], "reference_accuracy": ref_map["map"],
-            "accuracy_drop": drop["value"],
-            "more_images": 0 if status != INCONCLUSIVE else None}
+    return TaskCheck(status=status, passed=status == PASSED, task="detection", samples=len(truths),
+                     confidence=confidence, matched_share=agree.share, matched_boxes=agree.matched, boxes=agree.boxes,
+                     reference_boxes=agree.reference_boxes, candidate_boxes=agree.candidate_boxes,
+                     reference_map=ref_map["map"], map=cand_map["map"], reference_map50=ref_map["map50"],
+                     map50=cand_map["map50"], map_drop=drop.value, match_iou=rules["match_iou"],
+                     min_score=rules["min_score"], agreement=matched, drop=drop,
+                     # the classifier's names, for the tables every task shares (their headers say boxes and mAP)
+                     top1_agreement=agree.share, accuracy=cand_map["map"], reference_accuracy=ref_map["map"],
+                     accuracy_drop=drop.value, more_images=0 if status != INCONCLUSIVE else None)
 
 
 def judge(outputs: list[dict], reference: list[dict], labels: np.ndarray, gate_rules: dict, output_name: str,
-          detections_name: str, classes: int, rules: dict, confidence: float) -> dict:
+          detections_name: str, classes: int, rules: dict, confidence: float) -> Judgement:
     """Both checks of one detector candidate: the tensor check on ``output_name`` (the raw head), the task check on
     ``detections_name``; the status rule of :func:`pipeline.precision.gate.judge`."""
     cand = np.concatenate([o[output_name] for o in outputs]).astype(np.float64)
     ref = np.concatenate([r[output_name] for r in reference]).astype(np.float64)
-    if gate_rules["criterion"] == "absolute":
-        tensor = gate.absolute_check(outputs, reference, gate_rules, output_name)
-    else:
-        tensor = gate.scaled_check(ref, cand, gate_rules)
-        tensor.update({"batches": len(outputs), "failed_batches": []})
-    tensor.update(gate.error_statistics(ref, cand, gate_rules["error_quantile"]))
+    tensor = gate.tensor_check(outputs, reference, ref, cand, gate_rules, output_name)
     ref_dets = list(np.concatenate([r[detections_name] for r in reference]))
     cand_dets = list(np.concatenate([o[detections_name] for o in outputs]))
     task = task_check(ref_dets, cand_dets, list(labels), classes, rules, confidence)
-    status = FAILED if not tensor["passed"] or task["status"] == FAILED else task["status"]
-    return {"tensor_check": tensor, "task_check": task, "passed": status == PASSED, "status": status}
+    return Judgement(tensor, task, FAILED if not tensor.passed or task.status == FAILED else task.status)

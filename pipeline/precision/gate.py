@@ -29,6 +29,7 @@ from statistics import NormalDist
 
 import numpy as np
 
+from pipeline.core.check_results import Bound, Judgement, TaskCheck, TensorCheck
 from pipeline.core.status import Status
 from pipeline.core.verdicts import fold
 
@@ -84,28 +85,30 @@ def probability_errors(ref: np.ndarray, cand: np.ndarray) -> dict:
     return {"max_prob_error": float(np.abs(pc - pr).max()), "mean_kl": float((pr * (log_pr - log_pc)).sum(1).mean())}
 
 
-def scaled_check(ref: np.ndarray, cand: np.ndarray, gate: dict) -> dict:
-    """The scaled tensor check of one output over every image (``ref``, ``cand``: [images, ...])."""
+def scaled_check(ref: np.ndarray, cand: np.ndarray, gate: dict, **more) -> TensorCheck:
+    """The scaled tensor check of one output over every image (``ref``, ``cand``: [images, ...]); ``more``: what the
+    caller measured beside it (the batches, :func:`error_statistics`)."""
     scale = logit_scale(ref)
     errors = scaled_errors(ref, cand)
     statistic = image_quantile(errors, gate["error_quantile"])
     nonfinite = int((~np.isfinite(np.asarray(cand, np.float64))).sum())
     passed = bool(statistic <= gate["max_scaled_error"]) and nonfinite == 0  # NaN compares False: fails
-    return {"passed": passed, "criterion": "scaled",
-            "statistic": f"q{gate['error_quantile']:g} of per-image scaled error",
-            "mismatch_fraction": float((~(errors <= gate["max_scaled_error"])).mean()) if errors.size else 0.0,
-            "scale": scale, "scaled_error": float(errors.max(initial=0)),
-            "scaled_error_quantile": statistic, "error_quantile": gate["error_quantile"],
-            "threshold": gate["max_scaled_error"], "images_over": int((~(errors <= gate["max_scaled_error"])).sum()),
-            "worst_image": int(np.argmax(errors)) if errors.size else 0,  # no NaN: scaled_errors makes it inf
-            "nonfinite": nonfinite, **probability_errors(ref, cand)}
+    return TensorCheck(
+        passed=passed, criterion="scaled", statistic=f"q{gate['error_quantile']:g} of per-image scaled error",
+        mismatch_fraction=float((~(errors <= gate["max_scaled_error"])).mean()) if errors.size else 0.0,
+        scale=scale, scaled_error=float(errors.max(initial=0)), scaled_error_quantile=statistic,
+        error_quantile=gate["error_quantile"], threshold=gate["max_scaled_error"],
+        images_over=int((~(errors <= gate["max_scaled_error"])).sum()),
+        worst_image=int(np.argmax(errors)) if errors.size else 0,  # no NaN: scaled_errors makes it inf
+        nonfinite=nonfinite, **probability_errors(ref, cand), **more)
 
 
 # --------------------------------------------------------------------------- tensor check: absolute (Polygraphy)
 
 
-def absolute_check(outputs: list[dict], reference: list[dict], gate: dict, output_name: str) -> dict:
-    """Polygraphy's ``SimpleCompareFunc`` per batch (atol AND rtol, relative to the reference; NaN fails)."""
+def absolute_check(outputs: list[dict], reference: list[dict], gate: dict, output_name: str, **stats) -> TensorCheck:
+    """Polygraphy's ``SimpleCompareFunc`` per batch (atol AND rtol, relative to the reference; NaN fails);
+    ``stats``: :func:`error_statistics`."""
     from polygraphy.comparator import Comparator, RunResults, SimpleCompareFunc
 
     results = RunResults()
@@ -122,9 +125,10 @@ def absolute_check(outputs: list[dict], reference: list[dict], gate: dict, outpu
     atol = output_tolerance(gate["atol"], output_name, DEFAULT_TOLERANCE)
     rtol = output_tolerance(gate["rtol"], output_name, DEFAULT_TOLERANCE)
     nonfinite = int((~np.isfinite(cand)).sum())
-    return {"passed": not failed and nonfinite == 0, "criterion": "absolute", "statistic": gate["check_error_stat"],
-            "batches": len(per_batch), "failed_batches": failed, "nonfinite": nonfinite,
-            "mismatch_fraction": float(elementwise_mismatch(ref, cand, atol, rtol).mean()) if cand.size else 0.0}
+    return TensorCheck(
+        passed=not failed and nonfinite == 0, criterion="absolute", statistic=gate["check_error_stat"],
+        batches=len(per_batch), failed_batches=failed, nonfinite=nonfinite,
+        mismatch_fraction=float(elementwise_mismatch(ref, cand, atol, rtol).mean()) if cand.size else 0.0, **stats)
 
 
 # Polygraphy's SimpleCompareFunc defaults, for an output that a per-output tolerance dict does not name.
@@ -228,12 +232,14 @@ def localization_limit(max_scaled_error: float, observed: float | None) -> float
     return min(max_scaled_error, observed / 2)
 
 
-def worst_batch_index(tensor_check: dict, batch_size: int) -> int:
+def worst_batch_index(tensor_check: TensorCheck | None, batch_size: int) -> int:
     """The batch that holds a candidate's worst image (scaled criterion), or its first failing batch (absolute);
-    localisation runs on that batch."""
-    if tensor_check.get("criterion") == "scaled":
-        return int(tensor_check.get("worst_image", 0)) // batch_size
-    return int((tensor_check.get("failed_batches") or [0])[0])
+    localisation runs on that batch (none measured: the first)."""
+    if tensor_check is None:
+        return 0
+    if tensor_check.criterion == "scaled":
+        return int(tensor_check.worst_image or 0) // batch_size
+    return int((tensor_check.failed_batches or [0])[0])
 
 
 # --------------------------------------------------------------------------- task check with confidence bounds
@@ -269,7 +275,7 @@ def _more_images(n: int, decided, limit: int = 1 << 24) -> int | None:
     return None
 
 
-def agreement_check(agree: int, n: int, minimum: float, z: float) -> dict:
+def agreement_check(agree: int, n: int, minimum: float, z: float) -> Bound:
     """Top-1 agreement: failed only when Wilson's upper bound is below ``minimum`` (no image: nothing to judge)."""
     rate = agree / n if n else 1.0
     upper = wilson(agree, n, z)[1]
@@ -280,10 +286,10 @@ def agreement_check(agree: int, n: int, minimum: float, z: float) -> dict:
     else:
         status = INCONCLUSIVE
         needed = _more_images(n, lambda m: wilson(round(rate * m), m, z)[1] < minimum)
-    return {"status": status, "value": rate, "upper_bound": upper, "threshold": minimum, "more_images": needed}
+    return Bound(status=status, value=rate, upper_bound=upper, threshold=minimum, more_images=needed)
 
 
-def accuracy_drop_check(lost: int, gained: int, n: int, maximum: float, z: float) -> dict:
+def accuracy_drop_check(lost: int, gained: int, n: int, maximum: float, z: float) -> Bound:
     """The accuracy drop ``(lost - gained) / n`` over paired images (lost: the reference right and the candidate
     wrong; gained: the reverse). Failed only when its lower bound exceeds ``maximum``: Wilson's lower bound on the
     share of lost among the discordant pairs, McNemar's conditioning."""
@@ -303,7 +309,7 @@ def accuracy_drop_check(lost: int, gained: int, n: int, maximum: float, z: float
     else:
         status = INCONCLUSIVE
         needed = _more_images(n, lambda m: lower(round(lost * m / n), round(discordant * m / n), m) > maximum)
-    return {"status": status, "value": drop, "lower_bound": bound, "threshold": maximum, "more_images": needed}
+    return Bound(status=status, value=drop, lower_bound=bound, threshold=maximum, more_images=needed)
 
 
 def top1(logits: np.ndarray) -> np.ndarray:
@@ -318,7 +324,7 @@ def top1_margins(ref: np.ndarray) -> np.ndarray:
 
 
 def task_check(ref: np.ndarray, cand: np.ndarray, labels: np.ndarray, gate: dict, confidence: float,
-               tie_margin: float = 0.0) -> dict:
+               tie_margin: float = 0.0) -> TaskCheck:
     """Top-1 agreement with the reference and accuracy against the labels, each with its confidence bound.
 
     Agreement is counted over the *decided* images: those whose reference margin (top logit minus second) exceeds
@@ -334,14 +340,14 @@ def task_check(ref: np.ndarray, cand: np.ndarray, labels: np.ndarray, gate: dict
                                 gate["min_top1_agreement"], z)
     drop = accuracy_drop_check(int((ref_right & ~cand_right).sum()), int((~ref_right & cand_right).sum()), n,
                                gate["max_accuracy_drop"], z)
-    status = fold((agreement["status"], drop["status"]))  # failed over inconclusive over passed
-    return {"status": status, "passed": status == PASSED, "samples": n, "confidence": confidence,
-            "top1_agreement": float((ref_top1 == cand_top1).mean()) if n else 1.0,
-            "reference_accuracy": float(ref_right.mean()) if n else 0.0,
-            "accuracy": float(cand_right.mean()) if n else 0.0, "accuracy_drop": drop["value"],
-            "disagreements": int((ref_top1 != cand_top1).sum()), "near_ties": int((~decided).sum()),
-            "tie_margin": tie_margin, "agreement": agreement, "drop": drop,
-            "more_images": _most(agreement["more_images"], drop["more_images"], status)}
+    status = fold((agreement.status, drop.status))  # failed over inconclusive over passed
+    return TaskCheck(status=status, passed=status == PASSED, samples=n, confidence=confidence,
+                     top1_agreement=float((ref_top1 == cand_top1).mean()) if n else 1.0,
+                     reference_accuracy=float(ref_right.mean()) if n else 0.0,
+                     accuracy=float(cand_right.mean()) if n else 0.0, accuracy_drop=drop.value,
+                     disagreements=int((ref_top1 != cand_top1).sum()), near_ties=int((~decided).sum()),
+                     tie_margin=tie_margin, agreement=agreement, drop=drop,
+                     more_images=_most(agreement.more_images, drop.more_images, status))
 
 
 def _most(a: int | None, b: int | None, status: str) -> int | None:
@@ -355,18 +361,21 @@ def _most(a: int | None, b: int | None, status: str) -> int | None:
 
 
 def judge(outputs: list[dict], reference: list[dict], labels: np.ndarray, gate: dict, output_name: str,
-          confidence: float) -> dict:
+          confidence: float) -> Judgement:
     """Both checks of one candidate; ``status`` is failed when either fails, inconclusive when the tensor check
     passes and the task check cannot decide, else passed."""
     cand = np.concatenate([o[output_name] for o in outputs]).astype(np.float64)
     ref = np.concatenate([r[output_name] for r in reference]).astype(np.float64)
-    if gate["criterion"] == "absolute":
-        tensor = absolute_check(outputs, reference, gate, output_name)
-    else:
-        tensor = scaled_check(ref, cand, gate)
-        tensor.update({"batches": len(outputs), "failed_batches": []})
-    tensor.update(error_statistics(ref, cand, gate["error_quantile"]))
-    tie = 2 * gate["max_scaled_error"] * tensor["scale"] if tensor["criterion"] == "scaled" else 0.0
+    tensor = tensor_check(outputs, reference, ref, cand, gate, output_name)
+    tie = 2 * gate["max_scaled_error"] * tensor.scale if tensor.criterion == "scaled" else 0.0
     task = task_check(ref, cand, labels, gate, confidence, tie_margin=tie)
-    status = fold((PASSED if tensor["passed"] else FAILED, task["status"]))
-    return {"tensor_check": tensor, "task_check": task, "passed": status == PASSED, "status": status}
+    return Judgement(tensor, task, fold((PASSED if tensor.passed else FAILED, task.status)))
+
+
+def tensor_check(outputs: list[dict], reference: list[dict], ref: np.ndarray, cand: np.ndarray, gate: dict,
+                 output_name: str) -> TensorCheck:
+    """The tensor check of ``gate``'s criterion over every batch, with every element's error statistics."""
+    stats = error_statistics(ref, cand, gate["error_quantile"])
+    if gate["criterion"] == "absolute":
+        return absolute_check(outputs, reference, gate, output_name, **stats)
+    return scaled_check(ref, cand, gate, batches=len(outputs), failed_batches=[], **stats)

@@ -30,6 +30,7 @@ import onnx
 from onnx import numpy_helper
 
 from pipeline.core import speed_claims
+from pipeline.core.check_results import Judgement
 from pipeline.core.speed_claims import Ratio
 from pipeline.precision import gate as criteria
 from pipeline.precision.int8 import DQ, Q
@@ -122,13 +123,13 @@ def metrics(outputs: list[dict], reference: list[dict], labels: np.ndarray, gate
                                                              confidence)))
 
 
-def summary(result: dict) -> dict:
+def summary(result: Judgement) -> dict:
     """The numbers of one judged candidate (a :func:`pipeline.gate.judge` result) that tune's tables show."""
-    tensor, task = result["tensor_check"], result["task_check"]
-    return {"status": result["status"], "scaled_error": tensor.get("scaled_error_quantile", tensor.get("scaled_error")),
-            "max_abs_error": tensor.get("max_abs_error"), "quantile_abs_error": tensor.get("quantile_abs_error"),
-            "top1_agreement": task["top1_agreement"], "accuracy_drop": task["accuracy_drop"],
-            "mean_kl": tensor.get("mean_kl")}
+    tensor, task = result.tensor_check, result.task_check
+    scaled = tensor.scaled_error if tensor.scaled_error_quantile is None else tensor.scaled_error_quantile
+    return {"status": result.status, "scaled_error": scaled, "max_abs_error": tensor.max_abs_error,
+            "quantile_abs_error": tensor.quantile_abs_error, "top1_agreement": task.top1_agreement,
+            "accuracy_drop": task.accuracy_drop, "mean_kl": tensor.mean_kl}
 
 
 # --------------------------------------------------------------------------- sensitivity

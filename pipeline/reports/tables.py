@@ -155,19 +155,19 @@ def environment_section(environment: dict) -> Section:
 
 
 def _candidate_row(c: CandidateRow) -> tuple[Cell, ...]:
-    t, k, tol = c.tensor_check or {}, c.task_check or {}, c.tolerance or {}
+    t, k, tol = c.tensor_check, c.task_check, c.tolerance or {}
     shown = c.status + (" (required)" if c.required and c.status == Status.SKIPPED else "")
     shown += "" if c.gates else " (reported only)"
-    accuracy = (f"{percent(k['accuracy'])} ({percent(k['reference_accuracy'])})" if k else "-")
+    accuracy = f"{percent(k.accuracy)} ({percent(k.reference_accuracy)})" if k is not None else "-"
     if tol.get("criterion") == "absolute":
         tolerance, error = f"atol {tol.get('atol')}, rtol {tol.get('rtol')}, {tol.get('check_error_stat')}", "-"
     elif tol:
         share = "" if tol.get("error_quantile", 1) >= 1 else f" at q{100 * tol['error_quantile']:g}"
-        tolerance, error = f"scaled <= {tol.get('max_scaled_error')}{share}", t.get("scaled_error_quantile")
+        tolerance, error = f"scaled <= {tol.get('max_scaled_error')}{share}", t and t.scaled_error_quantile
     else:
         tolerance, error = "-", None
     return _row(c.name, c.precision, Cell(shown, status=c.status, note=c.reason or ""), error,
-                t.get("max_abs_error"), percent(k.get("top1_agreement")), accuracy, tolerance)
+                t and t.max_abs_error, percent(k and k.top1_agreement), accuracy, tolerance)
 
 
 def _localization_section(loc: dict, title: str = "Localisation") -> Section:
@@ -211,10 +211,10 @@ def _fallback_section(fb: dict, plug) -> Section:
 
 def _batch_section(candidates: list[CandidateRow], boxes: bool = False) -> Section | None:
     """Each candidate at every batch size the artifact serves (pipeline/batching.py), where that check ran."""
-    rows = tuple(_row(c.name, f"{r['batch_size']} ({', '.join(r['profile'])})",
-                      Cell(r["status"], status=r["status"], note=r.get("reason") or ""), r.get("scaled_error"),
-                      r.get("max_abs_error"), percent(r.get("top1_agreement")))
-                 for c in candidates for r in c.batch_sizes or [] if "batch_size" in r)
+    rows = tuple(_row(c.name, f"{r.batch_size} ({', '.join(r.profile or [])})",
+                      Cell(r.status, status=r.status, note=r.reason or ""), r.scaled_error,
+                      r.max_abs_error, percent(r.top1_agreement))
+                 for c in candidates for r in c.batch_sizes or [] if r.batch_size is not None)
     if not rows:
         return None
     last = "boxes: at the main batch size" if boxes else "top-1 agreement"  # a detector's: its head's tensor check
@@ -227,17 +227,16 @@ def _conformance_section(candidates: list[CandidateRow]) -> Section | None:
     alone, and the precisions its matrix layers ran in, by the runtime's own account."""
     rows = []
     for c in candidates:
-        section = c.conformance or {}
-        if "rows" not in section:
+        r, p = (c.conformance.rows, c.conformance.precision) if c.conformance is not None else (None, None)
+        if r is None or p is None:
             continue
-        r, p = section["rows"], section["precision"]
-        worst = max((a for a in r.get("arrangements", [])), key=lambda a: float(a["deviation"]), default=None)
-        where = f" ({worst['arrangement']}, slot {worst['slot']} of {worst['batch_size']})" if worst else ""
-        shares = ", ".join(f"{k} {percent(v, '.0f')}" for k, v in (p.get("shares") or {}).items()) or "no account"
-        rows.append(_row(c.name, Cell(r["status"], status=r["status"], note=r.get("reason") or ""),
-                         (fmt(float(worst["deviation"]), ".2g") + where) if worst else "-",
-                         f"{shares} of {p.get('matrix_layers', 0)} ({p.get('source', '')})",
-                         p.get("claimed") or "-", Cell(p["status"], status=p["status"], note=p.get("reason") or "")))
+        worst = r.worst
+        where = f" ({worst.arrangement}, slot {worst.slot} of {worst.batch_size})" if worst else ""
+        shares = ", ".join(f"{k} {percent(v, '.0f')}" for k, v in (p.shares or {}).items()) or "no account"
+        rows.append(_row(c.name, Cell(r.status, status=r.status, note=r.reason or ""),
+                         (fmt(float(worst.deviation), ".2g") + where) if worst else "-",
+                         f"{shares} of {p.matrix_layers or 0} ({p.source or ''})",
+                         p.claimed or "-", Cell(p.status, status=p.status, note=p.reason or "")))
     if not rows:
         return None
     return Section("Conformance: row independence and the precision each matrix layer ran in", level=3,

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.core import artifacts, env, verify_rows
+from pipeline.core.check_results import Bound, CandidateResult, Measured, TaskCheck, TensorCheck
 from pipeline.core.checks import Check
 from pipeline.core.errors import InputError, PipelineError, first_line
 from pipeline.core.run import RunDir, atomic_write, now, read_json, sha256_file, write_json
@@ -79,9 +80,9 @@ def error_reason(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"
 
 
-def crashed(exc) -> dict:
-    """A candidate whose child process died (:class:`pipeline.runtime.isolate.Crashed`): the verify.json result."""
-    return {"status": Status.CRASHED, "reason": str(exc), "log": exc.log, "log_tail": exc.tail}
+def crashed(exc) -> CandidateResult:
+    """A candidate whose child process died (:class:`pipeline.runtime.isolate.Crashed`): its result."""
+    return CandidateResult(status=Status.CRASHED, reason=str(exc), log=exc.log, log_tail=list(exc.tail))
 
 
 def runtime_facts(runner) -> dict:
@@ -94,8 +95,8 @@ def runtime_facts(runner) -> dict:
 
 def runtime_details(checks: Sequence[Check]) -> dict:
     """The manifest's record of runtime workarounds and crashes (with the log to read)."""
-    details = {"workarounds": {c.name: c.result["workaround"] for c in checks if c.result.get("workaround")}}
-    crashed = {c.name: f"{c.result['reason']} (log: {c.result['log']})" for c in checks if c.status == Status.CRASHED}
+    details = {"workarounds": {c.name: c.result.workaround for c in checks if c.result.workaround}}
+    crashed = {c.name: f"{c.result.reason} (log: {c.result.log})" for c in checks if c.status == Status.CRASHED}
     if crashed:
         details["crashed"] = crashed
     return details
@@ -122,60 +123,59 @@ def reference_nonfinite_message(nonfinite: int, samples: int) -> str:
             "Re-train (e.g. lower train.lr, or train.amp=off), then re-run export and verify")
 
 
-def describe_tensor(t: dict, gate: dict) -> str:
+def describe_tensor(t: TensorCheck, gate: dict) -> str:
     """The tensor check's numbers against its threshold, in the criterion's own terms."""
-    nonfinite = f", {t['nonfinite']} non-finite values" if t.get("nonfinite") else ""
-    if t.get("criterion") == "absolute":
-        return (f"max abs error {t['max_abs_error']:.4g}, max rel error {t['max_rel_error']:.4g} (atol {gate['atol']}, "
-                f"rtol {gate['rtol']}, {t['statistic']}) in {len(t['failed_batches'])}/{t['batches']} batches"
+    nonfinite = f", {t.nonfinite} non-finite values" if t.nonfinite else ""
+    if t.criterion == "absolute":
+        return (f"max abs error {t.max_abs_error:.4g}, max rel error {t.max_rel_error:.4g} (atol {gate['atol']}, "
+                f"rtol {gate['rtol']}, {t.statistic}) in {len(t.failed_batches or [])}/{t.batches} batches"
                 + nonfinite)
     which = "worst image" if gate["error_quantile"] >= 1 else f"{100 * gate['error_quantile']:g}th-percentile image"
-    return (f"scaled error {t['scaled_error_quantile']:.4g} at the {which} (max {gate['max_scaled_error']:g} of the "
-            f"reference's logit scale {t['scale']:.3g}; {t['images_over']} images over; max abs error "
-            f"{t['max_abs_error']:.4g})" + nonfinite)
+    return (f"scaled error {t.scaled_error_quantile:.4g} at the {which} (max {gate['max_scaled_error']:g} of the "
+            f"reference's logit scale {t.scale:.3g}; {t.images_over} images over; max abs error "
+            f"{t.max_abs_error:.4g})" + nonfinite)
 
 
-def describe_task(k: dict) -> list[str]:
+def describe_task(k: TaskCheck) -> list[str]:
     """The task criteria that failed or could not be decided, with the bound that decided them."""
-    parts, a, d = [], k["agreement"], k["drop"]
-    if k.get("task") == "detection":
+    parts, a, d = [], k.agreement, k.drop
+    if k.detection:
         return _describe_boxes(k, a, d)
-    if a["status"] != Status.PASSED:
-        decided = k["samples"] - k.get("near_ties", 0)
-        parts.append(f"top-1 agreement {100 * a['value']:.2f}% (min {100 * a['threshold']:.2f}%; upper bound "
-                     f"{100 * a['upper_bound']:.2f}% at {100 * k['confidence']:g}% confidence, over the {decided} "
-                     f"of {k['samples']} images that are not near-ties)")
-    if d["status"] != Status.PASSED:
-        parts.append(f"accuracy drop {100 * d['value']:.2f} points (max {100 * d['threshold']:.2f}; lower bound "
-                     f"{100 * d['lower_bound']:.2f} at {100 * k['confidence']:g}% confidence)")
+    if a.status != Status.PASSED:
+        parts.append(f"top-1 agreement {100 * a.value:.2f}% (min {100 * a.threshold:.2f}%; upper bound "
+                     f"{100 * a.upper_bound:.2f}% at {100 * k.confidence:g}% confidence, over the {k.decided} "
+                     f"of {k.samples} images that are not near-ties)")
+    if d.status != Status.PASSED:
+        parts.append(f"accuracy drop {100 * d.value:.2f} points (max {100 * d.threshold:.2f}; lower bound "
+                     f"{100 * d.lower_bound:.2f} at {100 * k.confidence:g}% confidence)")
     return parts
 
 
-def _describe_boxes(k: dict, a: dict, d: dict) -> list[str]:
+def _describe_boxes(k: TaskCheck, a: Bound, d: Bound) -> list[str]:
     """A detector's task criteria that failed or could not be decided (pipeline.precision.detection_gate)."""
     parts = []
-    if a["status"] != Status.PASSED:
-        parts.append(f"matched boxes {100 * a['value']:.2f}% ({k['matched_boxes']} of {k['boxes']} boxes scored >= "
-                     f"{k['min_score']:g}, same class, IoU >= {k['match_iou']:g}; min {100 * a['threshold']:.2f}%; "
-                     f"upper bound {100 * a['upper_bound']:.2f}% at {100 * k['confidence']:g}% confidence)")
-    if d["status"] != Status.PASSED:
-        parts.append(f"mAP@0.5:0.95 drop {100 * d['value']:.2f} points ({100 * k['reference_map']:.1f}% -> "
-                     f"{100 * k['map']:.1f}%; max {100 * d['threshold']:.2f}; bootstrap lower bound "
-                     f"{100 * d['lower_bound']:.2f} at {100 * k['confidence']:g}% confidence over {k['samples']} "
+    if a.status != Status.PASSED:
+        parts.append(f"matched boxes {100 * a.value:.2f}% ({k.matched_boxes} of {k.boxes} boxes scored >= "
+                     f"{k.min_score:g}, same class, IoU >= {k.match_iou:g}; min {100 * a.threshold:.2f}%; "
+                     f"upper bound {100 * a.upper_bound:.2f}% at {100 * k.confidence:g}% confidence)")
+    if d.status != Status.PASSED:
+        parts.append(f"mAP@0.5:0.95 drop {100 * d.value:.2f} points ({100 * k.reference_map:.1f}% -> "
+                     f"{100 * k.map:.1f}%; max {100 * d.threshold:.2f}; bootstrap lower bound "
+                     f"{100 * d.lower_bound:.2f} at {100 * k.confidence:g}% confidence over {k.samples} "
                      "images)")
     return parts
 
 
-def describe_failure(result: dict, gate: dict) -> str:
+def describe_failure(chk: Check, gate: dict) -> str:
     """The failing criteria only, with their numbers and thresholds."""
-    t, k = result.get("tensor_check", {}), result.get("task_check", {})
-    parts = [describe_tensor(t, gate)] if t and not t["passed"] else []
-    parts += describe_task(k) if k else []
-    return ", ".join(parts) or result.get("reason", "")
+    t, k = chk.tensor_check, chk.task_check
+    parts = [describe_tensor(t, gate)] if t is not None and not t.passed else []
+    parts += describe_task(k) if k is not None else []
+    return ", ".join(parts) or chk.result.reason or ""
 
 
-def more_images(task: dict) -> str:
-    needed = task.get("more_images")
+def more_images(task: TaskCheck) -> str:
+    needed = task.more_images
     if needed is None:
         return "the observed value is too close to the threshold for any practical number of images to decide it"
     return f"about {needed} more validation images would decide it"
@@ -183,8 +183,7 @@ def more_images(task: dict) -> str:
 
 def inconclusive_message(undecided: Sequence[Check]) -> str:
     return ("the gate could not decide with the images it had (verify.inconclusive=fail): " + "; ".join(
-        f"{c.name}: {', '.join(describe_task(c.result['task_check']))}: {more_images(c.result['task_check'])}"
-        for c in undecided)
+        f"{c.name}: {', '.join(describe_task(c.task_check))}: {more_images(c.task_check)}" for c in undecided)
         + " (raise verify.max_samples, or add validation images)")
 
 
@@ -193,7 +192,7 @@ def failure_message(verdict: Verdict[Check], localization: dict | None, export_b
     failed = verdict.failed
     first = failed[0]
     text = (f"{len(failed)} of {verdict.ran} candidates failed ({', '.join(c.name for c in failed)}); "
-            f"{first.name}: {describe_failure(first.result, first.result['tolerance'])}")
+            f"{first.name}: {describe_failure(first, first.result.tolerance)}")
     if export_broken:
         text += f"; the FP32 export itself disagrees with PyTorch, so every ONNX candidate inherits the error: " \
                 f"{EXPORT_FIX}"
@@ -201,26 +200,26 @@ def failure_message(verdict: Verdict[Check], localization: dict | None, export_b
         node = localization["first_divergent"]
         plug = plugs.by_name(first.backend.graph) if first.backend.graph else None
         text += f"; {plug.divergent if plug else 'first node'} over tolerance: {node['name']} ({node['op_type']})"
-    if first.result.get("hint") and first.backend.graph:
-        text += f"; {first.result['hint']}"
+    if first.result.hint and first.backend.graph:
+        text += f"; {first.result.hint}"
     if suggest_fallback and not export_broken and first.backend.graph:
         text += f"; `verify --auto-fallback` can {plugs.by_name(first.backend.graph).offer}"
     return text + "; details in verify.md"
 
 
 def missing_required_message(missing: Sequence[Check]) -> str:
-    return "required candidate(s) could not run: " + "; ".join(f"{c.name}: {c.result['reason']}" for c in missing)
+    return "required candidate(s) could not run: " + "; ".join(f"{c.name}: {c.result.reason}" for c in missing)
 
 
 def errors_message(errors: Sequence[Check]) -> str:
     return "candidate(s) failed to run: " + "; ".join(
-        f"{c.name}: crashed: {c.result['reason']} (log: {c.result['log']})" if c.status == Status.CRASHED
-        else f"{c.name}: {c.result['reason']}" for c in errors)
+        f"{c.name}: crashed: {c.result.reason} (log: {c.result.log})" if c.status == Status.CRASHED
+        else f"{c.name}: {c.result.reason}" for c in errors)
 
 
 def fallback_errors(rechecked: Sequence[Check]) -> str:
     return "stopped: no candidate failed to localise, but " + "; ".join(
-        f"{c.name}: {c.result.get('reason')}" for c in rechecked if c.status == Status.ERROR)
+        f"{c.name}: {c.result.reason}" for c in rechecked if c.status == Status.ERROR)
 
 
 # --------------------------------------------------------------------------- log lines
@@ -229,54 +228,53 @@ def fallback_errors(rechecked: Sequence[Check]) -> str:
 def log_batch_sizes(checks: Sequence[Check]) -> None:
     """One line per candidate checked at the other served batch sizes; a warning naming each that failed there."""
     for chk in checks:
-        rows = chk.result.get("batch_sizes") or []
-        if not any("batch_size" in r for r in rows):
+        rows = chk.result.batch_sizes or []
+        if not any(r.batch_size is not None for r in rows):
             continue
-        log.info("verify: %-17s batch sizes %s", chk.name, ", ".join(f"{r['batch_size']}: {r['status']}" for r in rows))
-        if any(r["status"] == Status.FAILED for r in rows):
-            log.warning("verify: %s: %s", chk.name, chk.result["reason"])
+        log.info("verify: %-17s batch sizes %s", chk.name, ", ".join(f"{r.batch_size}: {r.status}" for r in rows))
+        if any(r.status == Status.FAILED for r in rows):
+            log.warning("verify: %s: %s", chk.name, chk.result.reason)
 
 
 def log_conformance(checks: Sequence[Check]) -> None:
     """One line per candidate with a conformance section: its rows' worst deviation and the shares of its matrix
     layers per precision, as the runtime gave them; a warning naming each that failed there."""
     for chk in checks:
-        section = chk.result.get("conformance") or {}
-        rows, precision = section.get("rows") or {}, section.get("precision") or {}
-        if not rows and not precision:
+        section = chk.result.conformance
+        rows, precision = (section.rows, section.precision) if section is not None else (None, None)
+        if rows is None and precision is None:
             continue
-        worst = max((a["deviation"] for a in rows.get("arrangements", [])), default=None)
-        shares = ", ".join(f"{p} {100 * v:.0f}%" for p, v in (precision.get("shares") or {}).items()) or "no account"
+        worst = max((a.deviation for a in (rows.arrangements if rows else None) or []), default=None)
+        shares = ", ".join(f"{p} {100 * v:.0f}%" for p, v in ((precision.shares if precision else None) or {}).items())
         log.info("verify: %-17s rows %s (worst %s); matrix layers ran in: %s; claim %s", chk.name,
-                 rows.get("status"), "-" if worst is None else f"{worst:.2g}", shares, precision.get("status"))
-        for part in (rows, precision):
-            if part.get("status") == Status.FAILED:
-                log.warning("verify: %s: %s", chk.name, part.get("reason", ""))
+                 rows and rows.status, "-" if worst is None else f"{worst:.2g}", shares or "no account",
+                 precision and precision.status)
+        for part in (p for p in (rows, precision) if p is not None and p.status == Status.FAILED):
+            log.warning("verify: %s: %s", chk.name, part.reason or "")
 
 
 def log_check(chk: Check) -> None:
     r = chk.result
-    if r["status"] == Status.SKIPPED:
-        log.info("verify: %-17s skipped: %s", chk.name, r["reason"])
-    elif r["status"] == Status.ERROR:
-        log.warning("verify: %-17s error: %s", chk.name, r["reason"])
-    elif r["status"] == Status.CRASHED:
-        log.warning("verify: %-17s crashed: %s; last lines of %s:\n  %s", chk.name, r["reason"], r["log"],
-                    "\n  ".join(r["log_tail"]) or "(empty)")
+    if r.status == Status.SKIPPED:
+        log.info("verify: %-17s skipped: %s", chk.name, r.reason)
+    elif r.status == Status.ERROR:
+        log.warning("verify: %-17s error: %s", chk.name, r.reason)
+    elif r.status == Status.CRASHED:
+        log.warning("verify: %-17s crashed: %s; last lines of %s:\n  %s", chk.name, r.reason, r.log,
+                    "\n  ".join(r.log_tail or []) or "(empty)")
     else:
-        t, k = r["tensor_check"], r["task_check"]
-        error = (f"scaled {t['scaled_error_quantile']:.3g}" if t.get("criterion") == "scaled"
-                 else f"max rel {t['max_rel_error']:.3g}")
-        if k.get("task") == "detection":
+        t, k = chk.tensor_check, chk.task_check
+        error = f"scaled {t.scaled_error_quantile:.3g}" if t.criterion == "scaled" else f"max rel {t.max_rel_error:.3g}"
+        if k.detection:
             log.info("verify: %-17s %-12s max abs %.3g  %s  matched boxes %.2f%% (%d of %d)  mAP %.2f%% (ref %.2f%%)%s",
-                     chk.name, r["status"], t["max_abs_error"], error, 100 * k["matched_share"], k["matched_boxes"],
-                     k["boxes"], 100 * k["map"], 100 * k["reference_map"],
+                     chk.name, r.status, t.max_abs_error, error, 100 * k.matched_share, k.matched_boxes,
+                     k.boxes, 100 * k.map, 100 * k.reference_map,
                      "" if chk.gates else "  (reported only: not in verify.gate)")
         else:
             log.info("verify: %-17s %-12s max abs %.3g  %s  top-1 agreement %.2f%%  acc %.2f%% (ref %.2f%%)%s",
-                     chk.name, r["status"], t["max_abs_error"], error, 100 * k["top1_agreement"], 100 * k["accuracy"],
-                     100 * k["reference_accuracy"], "" if chk.gates else "  (reported only: not in verify.gate)")
-        if r["status"] == Status.INCONCLUSIVE:
+                     chk.name, r.status, t.max_abs_error, error, 100 * k.top1_agreement, 100 * k.accuracy,
+                     100 * k.reference_accuracy, "" if chk.gates else "  (reported only: not in verify.gate)")
+        if r.status == Status.INCONCLUSIVE:
             log.warning("verify: %s inconclusive: %s; %s", chk.name, ", ".join(describe_task(k)), more_images(k))
 
 
@@ -294,9 +292,12 @@ def log_localization(result: dict) -> None:
 
 
 def _clean(value):
-    """JSON has no NaN/Inf: write them as strings so the report stays valid JSON."""
+    """JSON has no NaN/Inf: write them as strings so the report stays valid JSON; a check's typed numbers through
+    their own serialiser."""
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
+    if isinstance(value, Measured):
+        return _clean(value.to_json())
     if isinstance(value, dict):
         return {k: _clean(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -340,13 +341,15 @@ def build_payload(cfg: Config, card, candidates: Sequence[Check], gated: dict, v
 def candidate_row(c: Check, hashes: dict) -> CandidateRow:
     """verify.json's row of one judged candidate (``hashes``: the sha256 of each file verify read); validated
     leniently: the check's own values, NaN/Inf written as strings (:func:`_clean`)."""
-    facts = {k: c.result.get(k) for k in ("reason", "hint", "tolerance", "tensor_check", "task_check", "log",
-                                          "log_tail", "workaround", "batch_sizes", "conformance")}
+    r = c.result
     return CandidateRow.model_validate(_clean({
-        **facts, "name": c.name, "label": c.label, "precision": c.precision, "artifact": c.artifact,
+        "reason": r.reason, "hint": r.hint, "tolerance": r.tolerance, "tensor_check": r.tensor_check,
+        "task_check": r.task_check, "log": r.log, "log_tail": r.log_tail, "workaround": r.workaround,
+        "batch_sizes": r.batch_sizes, "conformance": r.conformance, "name": c.name, "label": c.label,
+        "precision": c.precision, "artifact": c.artifact,
         "artifact_sha256": hashes.get(c.artifact or artifacts.WEIGHTS) if c.status in JUDGED else None,
-        "required": c.required, "status": c.status, "after_fallback": c.result.get("after_fallback", False),
-        "gates": c.gates}), strict=False)
+        "required": c.required, "status": c.status, "after_fallback": r.after_fallback, "gates": c.gates}),
+        strict=False)
 
 
 def markdown(payload: dict) -> str:
@@ -370,13 +373,7 @@ def junit(payload: dict) -> str:
                       message=f"the trained model gives NaN/Inf logits for {broken_reference} validation images")
     for c in cases:
         case = ET.SubElement(suite, "testcase", classname=f"verify.{payload['model']}", name=c.name)
-        t, k, tol = c.tensor_check or {}, c.task_check or {}, c.tolerance or {}
-        numbers = (f"criterion={t.get('criterion')} scaled_error={fmt(t.get('scaled_error_quantile'))} "
-                   f"max_scaled_error={tol.get('max_scaled_error')} max_abs_error={fmt(t.get('max_abs_error'))} "
-                   f"max_rel_error={fmt(t.get('max_rel_error'))} atol={tol.get('atol')} rtol={tol.get('rtol')} "
-                   f"failed_batches={len(t.get('failed_batches', []))}/{t.get('batches')} "
-                   f"nonfinite={t.get('nonfinite')} top1_agreement={fmt(k.get('top1_agreement'))} "
-                   f"accuracy_drop={fmt(k.get('accuracy_drop'))} gates={c.gates}") if t else ""
+        numbers = _junit_numbers(c)
         if c.status == Status.FAILED:
             el = ET.SubElement(case, "failure", type="PrecisionCheckFailed",  # the reason: a batch size that fails
                                message=f"{c.name}: {c.reason}" if c.reason else
@@ -397,6 +394,20 @@ def junit(payload: dict) -> str:
             ET.SubElement(case, "system-out").text = numbers
     ET.indent(suite)
     return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suite, encoding="unicode") + "\n"
+
+
+def _junit_numbers(c: CandidateRow) -> str:
+    """A judged candidate's numbers against its tolerance, for JUnit ("": not judged)."""
+    t, tol = c.tensor_check, c.tolerance or {}
+    if t is None:
+        return ""
+    k = c.task_check
+    return (f"criterion={t.criterion} scaled_error={fmt(t.scaled_error_quantile)} "
+            f"max_scaled_error={tol.get('max_scaled_error')} max_abs_error={fmt(t.max_abs_error)} "
+            f"max_rel_error={fmt(t.max_rel_error)} atol={tol.get('atol')} rtol={tol.get('rtol')} "
+            f"failed_batches={len(t.failed_batches or [])}/{t.batches} "
+            f"nonfinite={t.nonfinite} top1_agreement={fmt(k.top1_agreement if k else None)} "
+            f"accuracy_drop={fmt(k.accuracy_drop if k else None)} gates={c.gates}")
 
 
 def write_all(run_dir: RunDir, payload: dict) -> list[Path]:
@@ -544,10 +555,10 @@ def read_accuracies(run_dir: RunDir) -> dict:
     report = _read_report(run_dir)
     if not verdicts or report is None:
         return {}
-    tasks = {c.name: c.task_check or {} for c in report.candidates}
-    accuracies = {name: task.get("accuracy") for name, task in tasks.items()
-                  if verdicts.get(name) in JUDGED and task.get("accuracy") is not None}
-    reference = next((t.get("reference_accuracy") for n, t in tasks.items() if n in accuracies), None)
+    tasks = {c.name: c.task_check for c in report.candidates if c.task_check is not None}
+    accuracies = {name: task.accuracy for name, task in tasks.items()
+                  if verdicts.get(name) in JUDGED and task.accuracy is not None}
+    reference = next((t.reference_accuracy for n, t in tasks.items() if n in accuracies), None)
     if reference is not None:
         accuracies["reference"] = reference
     return accuracies
