@@ -237,17 +237,16 @@ def side_by_side(run_dir, results: list[BenchmarkRow], backend_of, input_name: s
 
 def engine_built_by(run_dir, engine: str) -> str | None:
     """The TensorRT version the engine's sidecar records (None when it cannot be read: then trtexec is not run)."""
+    from pipeline.core import engine_sidecar
     from pipeline.core.errors import InputError
-    from pipeline.core.run import read_sidecar
     from pipeline.runtime import tensorrt_engine
 
     try:
-        sidecar = read_sidecar(run_dir.file(tensorrt_engine.target_of(engine).sidecar), engine, what="engine",
-                               schema=tensorrt_engine.SIDECAR_SCHEMA, author_key="built_by", rebuild="rebuild it")
+        sidecar = engine_sidecar.read(run_dir.file(tensorrt_engine.target_of(engine).sidecar), engine,
+                                      rebuild="rebuild it")
     except (InputError, ValueError):
         return None
-    value = sidecar.get("tensorrt")
-    return value if isinstance(value, str) else None
+    return sidecar.platform.tensorrt
 
 
 def _kind(row: BenchmarkRow) -> TimingKind | None:
