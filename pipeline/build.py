@@ -102,13 +102,14 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord) -> None:
 def build_engine(cfg: Config, run_dir: RunDir, t: Target, onnx_path: Path, spec: dict,
                  platform: dict) -> EngineSidecar:
     """Build one strongly typed engine from ``onnx_path``; write it and its sidecar; return the sidecar."""
-    shapes = tensorrt_engine.profile_shapes(cfg.build, spec["input_size"])
+    shapes = tensorrt_engine.profile_shapes(cfg.build, spec["input_size"])  # Polygraphy's profile, and the sidecar's
+    profile = ProfileShapes.model_validate({"input": spec["input_name"], **shapes})
     cache = tensorrt_engine.timing_cache_path(cfg, run_dir, platform)
     cache.parent.mkdir(parents=True, exist_ok=True)
     loader = tensorrt_engine.engine_loader(onnx_path, input_name=spec["input_name"], shapes=shapes, build_cfg=cfg.build,
                            timing_cache=cache)
     log.info("build: %s -> %s (strongly typed, profile %s/%s/%s, optimization level %d, tf32 %s)", onnx_path.name,
-             t.engine, shapes["min"][0], shapes["opt"][0], shapes["max"][0], cfg.build.optimization_level,
+             t.engine, profile.min[0], profile.opt[0], profile.max[0], cfg.build.optimization_level,
              cfg.build.tf32)
     start = time.perf_counter()
     with tensorrt_engine.tensorrt_log(run_dir.file(build_log(t.precision))) as errors:
@@ -130,7 +131,7 @@ def build_engine(cfg: Config, run_dir: RunDir, t: Target, onnx_path: Path, spec:
         onnx_sha256=sha256_file(onnx_path),
         precision_label=built_precision(run_dir, t, onnx_path),
         platform=Platform.model_validate(platform),
-        profile=ProfileShapes.model_validate({"input": spec["input_name"], **shapes}),
+        profile=profile,
         flags=BuildFlags(strongly_typed=True, precision_flags=[], tf32=cfg.build.tf32,
                          builder_optimization_level=cfg.build.optimization_level),
         timing_cache=str(cache),
