@@ -229,7 +229,8 @@ def engine_section(run, target, out: Path) -> dict:
     model = onnx.load(str(run.file(sidecar.onnx or target.onnx)), load_external_data=False)
     profile, name, out_name = sidecar.profile, model.graph.input[0].name, model.graph.output[0].name
     dtype = onnx.helper.tensor_dtype_to_np_dtype(model.graph.input[0].type.tensor_type.elem_type)
-    runner = runners.TensorrtRunner(engine_bytes, sidecar, name=f"tensorrt_{target.precision}", input_name=name,
+    runner = runners.TensorrtRunner(engine_bytes, profile, note=sidecar.precision_label or "",
+                                    name=f"tensorrt_{target.precision}", input_name=name,
                                     output_name=out_name)
     started = time.perf_counter()
     with runner:

@@ -43,7 +43,7 @@ from polygraphy.common import TensorMetadata
 from polygraphy.logger import G_LOGGER
 
 from pipeline.core import env
-from pipeline.core.errors import InputError, first_line
+from pipeline.core.errors import first_line
 from pipeline.core.timings import Timing, TimingKind
 from pipeline.runtime import folding, stopping
 from pipeline.runtime.stopping import StopRule
@@ -54,7 +54,7 @@ G_LOGGER.module_severity = G_LOGGER.ERROR
 if TYPE_CHECKING:  # type-checked against tensorrt-stubs (tests/test_typecheck.py); never imported at run time
     import tensorrt as trt
 
-    from pipeline.core.engine_sidecar import EngineSidecar
+    from pipeline.core.engine_sidecar import ProfileShapes
 
 CPU_WALL_CLOCK = Timing(TimingKind.CPU_CALL, "wall-clock, synchronous CPU call")
 QUEUED_AHEAD = "CUDA events, one inference queued ahead"  # how every "GPU compute" row is timed
@@ -684,15 +684,13 @@ class TensorrtRunner(Timed, TrtRunner):
 
     context: Any  # Polygraphy's execution context
 
-    def __init__(self, engine_bytes: bytes, sidecar: EngineSidecar, *, name: str, input_name: str,
+    def __init__(self, engine_bytes: bytes, profile: ProfileShapes, *, note: str = "", name: str, input_name: str,
                  output_name: str, cuda_graphs: bool = False, onnx_path: Path | None = None):
         from polygraphy.backend.trt import EngineFromBytes
 
         super().__init__(EngineFromBytes(engine_bytes), name=name)
-        if sidecar.profile is None:
-            raise InputError(f"{sidecar.engine}'s sidecar records no optimization profile; re-run build")
-        self.profile = sidecar.profile
-        self.note = sidecar.precision_label or ""
+        self.profile = profile  # the engine's one optimization profile (its sidecar's, or a tune candidate's)
+        self.note = note
         self.input_name, self.output_name, self.cuda_graphs = input_name, output_name, cuda_graphs
         self.onnx_path = onnx_path  # the graph it was built from: the inspector's layers are matched to its nodes
 
