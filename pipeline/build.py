@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline import __version__
-from pipeline.core import precision_config
+from pipeline.core import engine_sidecar, precision_config
 from pipeline.core.artifacts import FP32_ONNX, MODEL_CARD, build_log
+from pipeline.core.engine_sidecar import BuildFlags, EngineSidecar, Platform, ProfileShapes
 from pipeline.core.errors import BackendUnavailable, InputError, StageFailed
 from pipeline.core.run import RunDir, StageRecord, atomic_write, now, read_json, sha256_file, write_json
 from pipeline.runtime import openvino_ir, tensorrt_engine
@@ -90,8 +91,7 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord) -> None:
             log.info("build: %s engine skipped: %s", t.precision, why)
             continue
         sidecar = build_engine(cfg, run_dir, t, onnx_path, spec, platform)
-        engines[t.precision] = {k: sidecar[k] for k in ("engine", "precision", "onnx", "profile", "flags",
-                                                          "timing_cache", "log", "build_seconds")}
+        engines[t.precision] = sidecar.summary()
         record.artifact(t.engine)
         record.artifact(t.sidecar)
     record.details.update({"engines": engines, "skipped": skipped, **platform})
@@ -99,15 +99,17 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord) -> None:
         record.skip("no engine to build: " + "; ".join(f"{p}: {why}" for p, why in skipped.items()))
 
 
-def build_engine(cfg: Config, run_dir: RunDir, t: Target, onnx_path: Path, spec: dict, platform: dict) -> dict:
+def build_engine(cfg: Config, run_dir: RunDir, t: Target, onnx_path: Path, spec: dict,
+                 platform: dict) -> EngineSidecar:
     """Build one strongly typed engine from ``onnx_path``; write it and its sidecar; return the sidecar."""
-    shapes = tensorrt_engine.profile_shapes(cfg.build, spec["input_size"])
+    shapes = tensorrt_engine.profile_shapes(cfg.build, spec["input_size"])  # Polygraphy's profile, and the sidecar's
+    profile = ProfileShapes.model_validate({"input": spec["input_name"], **shapes})
     cache = tensorrt_engine.timing_cache_path(cfg, run_dir, platform)
     cache.parent.mkdir(parents=True, exist_ok=True)
     loader = tensorrt_engine.engine_loader(onnx_path, input_name=spec["input_name"], shapes=shapes, build_cfg=cfg.build,
                            timing_cache=cache)
     log.info("build: %s -> %s (strongly typed, profile %s/%s/%s, optimization level %d, tf32 %s)", onnx_path.name,
-             t.engine, shapes["min"][0], shapes["opt"][0], shapes["max"][0], cfg.build.optimization_level,
+             t.engine, profile.min[0], profile.opt[0], profile.max[0], cfg.build.optimization_level,
              cfg.build.tf32)
     start = time.perf_counter()
     with tensorrt_engine.tensorrt_log(run_dir.file(build_log(t.precision))) as errors:
@@ -119,27 +121,27 @@ def build_engine(cfg: Config, run_dir: RunDir, t: Target, onnx_path: Path, spec:
                               f"{build_log(t.precision)})") from None
     seconds = time.perf_counter() - start
     atomic_write(run_dir.file(t.engine), engine_bytes)
-    sidecar = {
-        "schema": tensorrt_engine.SIDECAR_SCHEMA,
-        "built_by": f"pipeline {__version__}",
-        "engine": t.engine,
-        "sha256": sha256_file(run_dir.file(t.engine)),
-        "bytes": len(engine_bytes),
-        "onnx": onnx_path.name,
-        "onnx_sha256": sha256_file(onnx_path),
-        "precision": built_precision(run_dir, t, onnx_path),
-        **platform,
-        "profile": {"input": spec["input_name"], **shapes},
-        "flags": {"strongly_typed": True, "precision_flags": [], "tf32": cfg.build.tf32,
-                  "builder_optimization_level": cfg.build.optimization_level},
-        "timing_cache": str(cache),
-        "log": build_log(t.precision),  # not a manifest artifact: logs/ is not a plain file name
-        "build_seconds": round(seconds, 2),
-        "built_at": now(),
-    }
-    write_json(run_dir.file(t.sidecar), sidecar)
+    sidecar = EngineSidecar(
+        schema_id=tensorrt_engine.SIDECAR_SCHEMA,
+        built_by=f"pipeline {__version__}",
+        engine=t.engine,
+        sha256=sha256_file(run_dir.file(t.engine)),
+        size=len(engine_bytes),
+        onnx=onnx_path.name,
+        onnx_sha256=sha256_file(onnx_path),
+        precision_label=built_precision(run_dir, t, onnx_path),
+        platform=Platform.model_validate(platform),
+        profile=profile,
+        flags=BuildFlags(strongly_typed=True, precision_flags=[], tf32=cfg.build.tf32,
+                         builder_optimization_level=cfg.build.optimization_level),
+        timing_cache=str(cache),
+        log=build_log(t.precision),  # not a manifest artifact: logs/ is not a plain file name
+        build_seconds=round(seconds, 2),
+        built_at=now(),
+    )
+    write_json(run_dir.file(t.sidecar), sidecar.to_json())
     log.info("build: %s %.1f MiB in %.1f s on %s (TensorRT %s)", t.engine, len(engine_bytes) / 2**20, seconds,
-             platform["gpu"], platform["tensorrt"])
+             sidecar.platform.gpu, sidecar.platform.tensorrt)
     return sidecar
 
 
@@ -166,7 +168,7 @@ def _remove_stale(run_dir: RunDir, t: Target, onnx_path: Path | None) -> None:
 
 def _sidecar_matches_onnx(run_dir: RunDir, t: Target, onnx_path: Path) -> bool:
     try:
-        sidecar = read_json(run_dir.file(t.sidecar), "engine sidecar")
-        return sidecar.get("onnx_sha256") == sha256_file(onnx_path)
-    except (FileNotFoundError, InputError):
+        sidecar = engine_sidecar.read(run_dir.file(t.sidecar), t.engine, rebuild="rebuild it")
+    except InputError:
         return False
+    return sidecar.onnx_sha256 == sha256_file(onnx_path)

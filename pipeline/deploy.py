@@ -261,7 +261,7 @@ def _engine_tensorrt(run_dir: RunDir, p: Planned) -> str:
     from pipeline.runtime import tensorrt_engine
 
     _, sidecar = tensorrt_engine.load_engine_bytes(run_dir, engine=p.backend.artifact)
-    return str(sidecar.get("tensorrt"))
+    return str(sidecar.platform.tensorrt)
 
 
 def benchmark_curves(run_dir: RunDir) -> dict[str, list[tuple[int, float]]]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import html
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -99,7 +100,17 @@ def _verify_sections(run: RunDir, verify) -> list:
         f"shown: re-run {WRITTEN_BY[artifacts.VERIFY_JSON]}.",))]
 
 
-def sections(run: RunDir, cfg: Config) -> dict:
+@dataclass(frozen=True)
+class Sections:
+    """Everything the run report shows, gathered once for both renderings (HTML and Markdown)."""
+
+    model: str  # the title
+    body: list[tables.Section]  # each stage's sections, in the order the stages run
+    plots: list[tuple[str, str]]  # (file name, title) of each plot the run has
+    tail: list[tables.Section]  # the configuration and the environment
+
+
+def sections(run: RunDir, cfg: Config) -> Sections:
     """Everything the report shows, gathered once for both renderings: the rows, the plots, the title."""
     manifest = run.manifest
     verify, bench = _load(run, artifacts.VERIFY_JSON), _load(run, artifacts.BENCHMARK_JSON)
@@ -131,13 +142,12 @@ def sections(run: RunDir, cfg: Config) -> dict:
         from pipeline.reports import deploy_report
 
         body += _built(artifacts.DEPLOY_JSON, deploy_report.sections, deployed)
-    return {
-        "model": manifest.get("model", cfg.model.name),
-        "body": [section for section in body if section is not None],
-        "plots": [(name, title) for name, title in PLOTS if run.file(name).exists()],
-        "tail": [tables.Section("Configuration", preformatted=config_yaml),
-                 _built(artifacts.MANIFEST, tables.environment_section, manifest.get("environment") or {})],
-    }
+    tail = [tables.Section("Configuration", preformatted=config_yaml),
+            _built(artifacts.MANIFEST, tables.environment_section, manifest.get("environment") or {})]
+    return Sections(model=manifest.get("model", cfg.model.name),
+                    body=[section for section in body if section is not None],
+                    plots=[(name, title) for name, title in PLOTS if run.file(name).exists()],
+                    tail=tail)
 
 
 def _html_head(model: str) -> str:
@@ -183,21 +193,21 @@ def recorded_png(run: RunDir, name: str) -> tuple[bytes | None, str]:
 
 def render_html(run: RunDir, cfg: Config) -> str:
     s = sections(run, cfg)
-    parts = [f"<h1>Run report: {_esc(s['model'])}</h1>",
+    parts = [f"<h1>Run report: {_esc(s.model)}</h1>",
              f"<p class='muted'>{_esc(run.path.resolve())} &middot; written {_esc(now())}</p>",
-             *(tables.html(section) for section in s["body"]),
-             _html_plots(run, s["plots"]),
-             *(tables.html(section) for section in s["tail"])]
+             *(tables.html(section) for section in s.body),
+             _html_plots(run, s.plots),
+             *(tables.html(section) for section in s.tail)]
     body = "\n".join(p for p in parts if p)
-    return f"{_html_head(s['model'])}\n<body>\n{body}\n{LOAD_CHECK}</body></html>\n"
+    return f"{_html_head(s.model)}\n<body>\n{body}\n{LOAD_CHECK}</body></html>\n"
 
 
 def render_markdown(run: RunDir, cfg: Config) -> str:
     s = sections(run, cfg)
-    lines = [f"# Run report: {tables.md_escape(s['model'])}", "", tables.markdown(s["body"])]
-    if s["plots"]:
-        lines += ["## Plots", "", *(f"![{title}]({name})\n" for name, title in s["plots"])]
-    lines.append(tables.markdown(s["tail"]))
+    lines = [f"# Run report: {tables.md_escape(s.model)}", "", tables.markdown(s.body)]
+    if s.plots:
+        lines += ["## Plots", "", *(f"![{title}]({name})\n" for name, title in s.plots)]
+    lines.append(tables.markdown(s.tail))
     return "\n".join(lines).rstrip("\n") + "\n"
 
 

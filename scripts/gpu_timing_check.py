@@ -35,9 +35,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+if TYPE_CHECKING:  # annotations only
+    from pipeline.core.engine_sidecar import ProfileShapes
 
 REPLAYS = 100  # K: the launches between one pair of events of the reference timing (b)
 TINY_METHOD = dict(warmup_s=0.2, min_iterations=50, min_duration_s=0.5, trials=2, cv_warn=0.025)
@@ -222,27 +226,28 @@ def engine_section(run, target, out: Path) -> dict:
     from pipeline.runtime import runners, tensorrt_engine
 
     engine_bytes, sidecar = tensorrt_engine.load_engine_bytes(run, engine=target.engine)
-    model = onnx.load(str(run.file(sidecar["onnx"])), load_external_data=False)
-    profile, name, out_name = sidecar["profile"], model.graph.input[0].name, model.graph.output[0].name
+    model = onnx.load(str(run.file(sidecar.onnx or target.onnx)), load_external_data=False)
+    profile, name, out_name = sidecar.profile, model.graph.input[0].name, model.graph.output[0].name
     dtype = onnx.helper.tensor_dtype_to_np_dtype(model.graph.input[0].type.tensor_type.elem_type)
-    runner = runners.TensorrtRunner(engine_bytes, sidecar, name=f"tensorrt_{target.precision}", input_name=name,
+    runner = runners.TensorrtRunner(engine_bytes, profile, note=sidecar.precision_label or "",
+                                    name=f"tensorrt_{target.precision}", input_name=name,
                                     output_name=out_name)
     started = time.perf_counter()
     with runner:
-        inspected = inspector_section(runner.engine, model, {name: profile["opt"]},
+        inspected = inspector_section(runner.engine, model, {name: profile.opt},
                                       Path(f"{out}.inspector.{target.precision}.json"), target.precision)
-        batches = {b: batch_section(runner, run, target, name, out_name, [b, *profile["min"][1:]], dtype,
-                                    sidecar.get("tensorrt"))
+        batches = {b: batch_section(runner, run, target, name, out_name, [b, *profile.min[1:]], dtype,
+                                    sidecar.platform.tensorrt)
                    for b in check_batches(profile)}
     checks = inspected.pop("checks") + [c for section in batches.values() for c in section.pop("checks")]
-    return {"engine": target.engine, "tensorrt": sidecar.get("tensorrt"), "precision": sidecar.get("precision"),
+    return {"engine": target.engine, "tensorrt": sidecar.platform.tensorrt, "precision": sidecar.precision_label,
             "inspector": inspected, "batches": batches, "checks": checks,
             "seconds": round(time.perf_counter() - started, 1)}
 
 
-def check_batches(profile: dict) -> list[int]:
+def check_batches(profile: ProfileShapes) -> list[int]:
     """Batch 1 (or the profile's smallest) and min(8, the profile's largest)."""
-    low, high = profile["min"][0], profile["max"][0]
+    low, high = profile.min[0], profile.max[0]
     return sorted({max(1, low), max(low, min(8, high))})
 
 
@@ -313,9 +318,9 @@ def trtexec_compute(run, target, input_name: str, shape: list[int], graphs: bool
     kind = TimingKind.GPU_COMPUTE if graphs else trtexec.NO_GRAPHS
     result = trtexec.measure(exe, run.file(target.engine), f"{input_name}:" + "x".join(map(str, shape)), kind, out,
                              f"gpu_check.{target.precision}.b{shape[0]}", method(), shape[0], built_by)
-    if "not_run" in result:
-        return f"not run: {result['not_run']}"
-    return result.get("p50", f"error: {result.get('error')}")
+    if result.not_run is not None:
+        return f"not run: {result.not_run}"
+    return result.p50 if result.p50 is not None else f"error: {result.error}"
 
 
 # --------------------------------------------------------------------------- CPU-safe parts, the report

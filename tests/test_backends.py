@@ -228,12 +228,14 @@ def test_tensorrt_int8_runner_loads_its_own_checked_engine(tmp_path, monkeypatch
     sha = hashlib.sha256(b"int8 engine").hexdigest()
     sidecar = {"schema": tensorrt_engine.SIDECAR_SCHEMA, "built_by": "pipeline 0.1.0", "engine": "model.int8.engine",
                "sha256": sha, "onnx": "model.int8.onnx", "onnx_sha256": sha256_file(tmp_path / "model.int8.onnx"),
-               "precision": "int8 (strongly typed from model.int8.onnx)", "profile": {}, **platform}
+               "precision": "int8 (strongly typed from model.int8.onnx)",
+               "profile": {"input": "x", "min": [1, 3], "opt": [1, 3], "max": [1, 3]}, **platform}
     (tmp_path / "model.int8.engine.json").write_text(json.dumps(sidecar))
     ctx = int8_context(tmp_path)
     ctx.run_dir.manifest["stages"]["build"] = {"status": "ok", "artifacts": {"model.int8.engine": {"sha256": sha}}}
     data, seen, kwargs = backends.by_name("tensorrt_int8").make(ctx)
-    assert data == b"int8 engine" and seen["precision"].startswith("int8") and kwargs["name"] == "tensorrt_int8"
+    assert data == b"int8 engine" and seen.min == [1, 3] and kwargs["note"].startswith("int8")
+    assert kwargs["name"] == "tensorrt_int8"
     assert exposed == [1]
     (tmp_path / "model.int8.onnx").write_bytes(b"re-quantized graph")
     with pytest.raises(InputError, match="model.int8.engine was built from another model.int8.onnx"):

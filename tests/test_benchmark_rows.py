@@ -247,9 +247,13 @@ def test_a_cross_check_row_is_written_with_the_keys_it_was_made_with():
     from pipeline.runtime import benchmark_app
 
     row = benchmark_row("openvino_int8", 1, 0.3)
-    made = [benchmark_app.interleaved(row, "latency", lambda: {"p50_ms": 0.31, "requests": 1}, lambda: 0.3, rounds=3),
-            benchmark_app.compare(row, "latency", {"p50_ms": 0.9, "requests": 1}),
-            benchmark_app.compare(row, "latency", {"error": "benchmark_app did not finish"})]
+    def app_run(p50_ms: float) -> benchmark_app.AppRun:
+        return benchmark_app.AppRun(p50_ms=p50_ms, mean_ms=p50_ms, throughput_per_s=1000 / p50_ms, iterations=10,
+                                    requests=1, api="sync", command="benchmark_app -m model.xml")
+
+    made = [benchmark_app.interleaved(row, "latency", lambda: app_run(0.31), lambda: 0.3, rounds=3),
+            benchmark_app.compare(row, "latency", app_run(0.9)),
+            benchmark_app.compare(row, "latency", benchmark_app.AppFailed("benchmark_app did not finish"))]
     for got in made:
         written = CrossCheckRow.model_validate(json.loads(json.dumps(got))).to_json()
         assert written == json.loads(json.dumps(got)) and list(written) == list(got)

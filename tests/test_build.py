@@ -7,6 +7,7 @@ import pytest
 from pipeline import build, config
 from pipeline.core import artifacts
 from pipeline.core.artifacts import timing_cache_name
+from pipeline.core.engine_sidecar import BuildFlags
 from pipeline.core.run import RunDir
 from pipeline.runtime import tensorrt_engine
 
@@ -131,7 +132,7 @@ def fake_engine(tmp_path, **sidecar_changes):
 
 def test_engine_with_matching_sidecar_loads(tmp_path):
     data, sidecar = tensorrt_engine.load_engine_bytes(fake_engine(tmp_path), platform=PLATFORM)
-    assert data == b"serialized engine bytes" and sidecar["gpu"] == "NVIDIA H200"
+    assert data == b"serialized engine bytes" and sidecar.platform.gpu == "NVIDIA H200"
 
 
 @pytest.mark.parametrize("change, message", [
@@ -241,10 +242,11 @@ def test_build_makes_one_engine_per_precision_from_its_graph(clone_bf16_run, fak
                                          ("int8", tensorrt_engine.INT8_ENGINE, tensorrt_engine.INT8_ONNX)):
         data, sidecar = tensorrt_engine.load_engine_bytes(RunDir(run), platform=PLATFORM, engine=engine)
         assert data == b"engine from " + (run / onnx_name).read_bytes()[:16]
-        assert sidecar["onnx"] == onnx_name and sidecar["precision"] == engines[precision]["precision"]
-        assert sidecar["flags"] == {"strongly_typed": True, "precision_flags": [], "tf32": False,
-                                    "builder_optimization_level": 3}
-        assert sidecar["timing_cache"].endswith("trt_timing.11.4.0.NVIDIA_H200.sm90.cache")
+        assert sidecar.onnx == onnx_name and sidecar.precision_label == engines[precision]["precision"]
+        assert sidecar.flags == BuildFlags(strongly_typed=True, precision_flags=[], tf32=False,
+                                           builder_optimization_level=3)
+        assert sidecar.timing_cache.endswith("trt_timing.11.4.0.NVIDIA_H200.sm90.cache")
+        assert sidecar.to_json() == json.loads((run / tensorrt_engine.target_of(engine).sidecar).read_text())
 
 
 @pytest.mark.parametrize("overrides, reason", [

@@ -584,7 +584,7 @@ def _engine(tmp_path: Path, **changes) -> Path:
 def test_engine_refused_without_a_matching_sidecar(tmp_path, tamper, fragment):
     engine = _engine(tmp_path)
     assert tensorrt_engine.check_sidecar(engine, engine.read_bytes(), tmp_path / tensorrt_engine.SIDECAR,
-                                         PLATFORM)["gpu"] == "NVIDIA H200"
+                                         PLATFORM).platform.gpu == "NVIDIA H200"
     tamper(tmp_path)
     with pytest.raises(InputError, match="rebuild it with `python -m pipeline build --run-dir") as info:
         tensorrt_engine.check_sidecar(engine, engine.read_bytes(), tmp_path / tensorrt_engine.SIDECAR, PLATFORM)
@@ -596,7 +596,7 @@ def test_engine_checked_on_exactly_the_bytes_that_are_loaded(tmp_path):
 
     _engine(tmp_path)
     data, sidecar = tensorrt_engine.load_engine_bytes(RunDir(tmp_path), platform=PLATFORM)
-    assert data == b"\x00serialized engine\x00" and sidecar["tensorrt"] == "10.13.0"
+    assert data == b"\x00serialized engine\x00" and sidecar.platform.tensorrt == "10.13.0"
     (tmp_path / tensorrt_engine.SIDECAR).write_text("{corrupt")
     with pytest.raises(InputError, match="engine sidecar is unreadable or corrupt"):
         tensorrt_engine.load_engine_bytes(RunDir(tmp_path), platform=PLATFORM)

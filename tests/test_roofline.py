@@ -28,8 +28,8 @@ def test_macs_of_a_tiny_graph_by_hand():
     dw = 4 * 4 * 4 * (1 * 3 * 3)  # stride 2: 4x4 outputs per channel, one input channel each
     fc = 5 * 64
     counted = roofline.macs(tiny_graph(), batch=3)
-    assert [(x["name"], x["macs"]) for x in counted["layers"]] == [("conv0", 3 * conv0), ("dw", 3 * dw), ("fc", 3 * fc)]
-    assert counted["per_image"] == conv0 + dw + fc and counted["total"] == 3 * (conv0 + dw + fc)
+    assert [(x.name, x.macs) for x in counted.layers] == [("conv0", 3 * conv0), ("dw", 3 * dw), ("fc", 3 * fc)]
+    assert counted.per_image == conv0 + dw + fc and counted.total == 3 * (conv0 + dw + fc)
 
 
 def test_a_matmul_and_a_transposed_gemm_count_m_n_k():

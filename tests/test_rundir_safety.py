@@ -312,5 +312,5 @@ def test_engine_replaced_after_a_recorded_build_is_refused(tmp_path):
     run.manifest["stages"]["build"]["status"] = "ok"
     assert tensorrt_engine.load_engine_bytes(run, platform=PLATFORM)[0] == b"\x00planted engine\x00"
     run.save_manifest()
-    assert tensorrt_engine.load_engine_bytes(RunDir(tmp_path), platform=PLATFORM)[1]["gpu"] == "NVIDIA H200"
+    assert tensorrt_engine.load_engine_bytes(RunDir(tmp_path), platform=PLATFORM)[1].platform.gpu == "NVIDIA H200"
 

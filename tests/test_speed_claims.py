@@ -321,9 +321,11 @@ def test_benchmark_app_alternates_with_our_timing_and_pairs_the_rounds():
         calls.append("ours")
         return 0.3 * next(load)
 
-    def theirs() -> dict:
+    def theirs() -> benchmark_app.AppRun:
         calls.append("theirs")
-        return {"p50_ms": 0.3 * next(load), "requests": 1}
+        ms = 0.3 * next(load)
+        return benchmark_app.AppRun(p50_ms=ms, mean_ms=ms, throughput_per_s=1000 / ms, iterations=10, requests=1,
+                                    api="sync")
 
     row = benchmark_row("openvino_int8", 1, 0.3)
     got = benchmark_app.interleaved(row, "latency", theirs, ours, rounds=3)

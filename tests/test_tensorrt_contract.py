@@ -19,6 +19,7 @@ import pytest
 import fake_tensorrt
 from conftest import cli
 from pipeline.core import env
+from pipeline.core.engine_sidecar import ProfileShapes
 from pipeline.runtime import backends, runners, tensorrt_engine
 
 # Every contract test (build, verify, benchmark over the fake bindings) in both modes of the fake: TensorRT 10.13 and
@@ -218,6 +219,12 @@ def test_fake_calls_a_builder_error_is_the_failure_message(fake_trt, clone_run, 
            "(precision flags ['BF16'] are not allowed on a strongly typed network)" in err
 
 
+def profile_of(batches: tuple[int, int, int], *size: int) -> ProfileShapes:
+    """An engine's profile for a runner made by hand: min/opt/max batch of ``size``."""
+    low, opt, high = batches
+    return ProfileShapes(input="x", min=[low, *size], opt=[opt, *size], max=[high, *size])
+
+
 def relu_engine_bytes() -> bytes:
     """A one-node fake engine (x -> Relu -> y, batch 1..4)."""
     from onnx import TensorProto, helper
@@ -244,7 +251,7 @@ def test_a_tensorrt_runner_made_directly_loads_the_cuda13_wheel_s_libcudart(fake
         monkeypatch.setattr(pcuda, "_find_cuda_lib_dirs",
                             lambda: [d for d in search() if not d.startswith(("/usr/", "/lib"))])
     wheel = Path(fake_tensorrt.pip_cuda13_site()) / "nvidia" / "cu13" / "lib" / "libcudart.so.13"
-    runner = runners.TensorrtRunner(relu_engine_bytes(), {"profile": {"min": [1, 3], "opt": [2, 3], "max": [4, 3]}},
+    runner = runners.TensorrtRunner(relu_engine_bytes(), profile_of((1, 2, 4), 3),
                                     name="tensorrt_fp16", input_name="x", output_name="y")
     with runner:
         out = runners.to_numpy(runner.infer({"x": np.array([[-1.0, 2.0, -3.0]], np.float32)})["y"])

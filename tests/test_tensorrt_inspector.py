@@ -74,13 +74,15 @@ BERT = [f"/encoder/layers.2/mha/attn/{p}/MatMul" for p in ("mha_prob/key", "mha_
     ("a_b/MatMul_myl0_1", ["a.b/MatMul", "a_b/MatMul"], set()),  # two nodes spelled alike: neither
 ])
 def test_layer_nodes_from_real_layer_names(name, graph, nodes):
-    assert inspector.layer_nodes({"Name": name, "Metadata": ""}, inspector.NodeNames.of(graph)) == nodes
+    record = inspector.InspectedLayer.of({"Name": name, "Metadata": ""})
+    assert inspector.layer_nodes(record, inspector.NodeNames.of(graph)) == nodes
 
 
 def test_layer_nodes_from_the_metadata():
     layer = {"Name": "_gemm_mha_v2_myl0_17", "Metadata": "[ONNX Layer: /a/MatMul]\x1e[ONNX Layer: /a/Softmax]"
                                                           "[ONNX Layer: /a/MatMul_1]"}
-    assert inspector.layer_nodes(layer, inspector.NodeNames.of([])) == {"/a/MatMul", "/a/Softmax", "/a/MatMul_1"}
+    assert inspector.layer_nodes(inspector.InspectedLayer.of(layer), inspector.NodeNames.of([])) == \
+        {"/a/MatMul", "/a/Softmax", "/a/MatMul_1"}
 
 
 def tensor(datatype: str) -> dict:

@@ -15,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import ROOT, benchmark_row
+from pipeline.core.benchmark_rows import TrtexecCheck
 from pipeline.runtime import trtexec
 from test_tensorrt_contract import bench, built_run, fake_trt  # noqa: F401  (fixtures)
 
@@ -149,8 +150,8 @@ def test_the_fake_trtexec_refuses_an_engine_of_another_release(built_run, tmp_pa
 @pytest.mark.parametrize("ours, flagged", [(1.2, False), (0.8, False), (1.3, True), (0.7, True)])
 def test_a_difference_above_the_threshold_is_flagged(ours, flagged):
     row = benchmark_row("tensorrt_fp16", 1, ours, timing="GPU compute (CUDA events)", timing_kind="gpu_compute")
-    result = trtexec.compare(row, {"p50": 1.0, "metric": "computeMs"})
-    assert result["flag"] is flagged and result["difference"] == pytest.approx(ours - 1.0)
+    result = trtexec.compare(row, TrtexecCheck(p50=1.0, metric="computeMs"))
+    assert result.flag is flagged and result.difference == pytest.approx(ours - 1.0)
 
 
 def test_read_times_takes_the_field_of_every_record_in_either_format(tmp_path):

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import BF16_ON, FAULTS, ROOT, TINY, cli, listed
 from pipeline import config, verify
-from pipeline.core import artifacts
+from pipeline.core import artifacts, engine_sidecar
 from pipeline.evaluation import candidates
 from pipeline.reports import verify_report
 from pipeline.runtime import tensorrt_engine
@@ -395,8 +395,11 @@ def test_fallback_loads_the_engine_once_and_marks_it_stale(trained, tmp_path, mo
     fake_tensorrt(monkeypatch)
     (run / tensorrt_engine.FP16_ENGINE).write_bytes(b"engine")
     listed(run, tensorrt_engine.FP16_ENGINE)  # where build writes it
-    sidecar = {"onnx": "model.fp16.onnx", "onnx_sha256": sha256_file(run / "model.fp16.onnx"), "precision": "fp16",
-               "profile": {"min": [1], "max": [64]}}
+    sidecar = engine_sidecar.from_json({
+        "schema": tensorrt_engine.SIDECAR_SCHEMA, "built_by": "pipeline test", "engine": tensorrt_engine.FP16_ENGINE,
+        "sha256": sha256_file(run / tensorrt_engine.FP16_ENGINE), "onnx": "model.fp16.onnx",
+        "onnx_sha256": sha256_file(run / "model.fp16.onnx"), "precision": "fp16",
+        "profile": {"input": "input", "min": [1], "opt": [1], "max": [64]}}, "test")
     loads = []
     monkeypatch.setattr(tensorrt_engine, "load_engine_bytes",
                         lambda run_dir, platform=None, engine=None: loads.append(1) or (b"engine", sidecar))

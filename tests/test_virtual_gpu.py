@@ -24,7 +24,7 @@ import pytest
 import fake_tensorrt
 import virtual_cuda as vc
 from pipeline.runtime import runners
-from test_tensorrt_contract import bench, built_run, fake_trt  # noqa: F401  (fixtures)
+from test_tensorrt_contract import bench, built_run, fake_trt, profile_of  # noqa: F401  (fixtures)
 
 
 def expected_ms(run, batch: int) -> dict:
@@ -113,7 +113,7 @@ def test_virtual_gpu_rejects_an_input_of_another_dtype_on_every_tensorrt_path(fa
     engine = tiny_engine(onnx.TensorProto.FLOAT16)
     with pytest.raises(runners.TensorrtCallFailed, match="'x' is float32 but the engine expects float16"):
         runners.GraphedEngine(engine, input_name="x", output_name="y_out", host=HOST)
-    runner = runners.TensorrtRunner(b"", {"profile": {"min": [1], "max": [4]}}, name="t", input_name="x",
+    runner = runners.TensorrtRunner(b"", profile_of((1, 4, 4)), name="t", input_name="x",
                                     output_name="y_out")
     runner._engine_or_context = engine
     with runner:
@@ -131,7 +131,7 @@ def test_virtual_gpu_rejects_an_input_of_another_dtype_on_every_tensorrt_path(fa
 def test_virtual_gpu_tensorrt_runtime_warnings_reach_the_runner_s_log(fake_trt, capsys):  # noqa: F811
     """TensorRT's runtime WARNINGs go through Polygraphy's logger to stdout, the child process's log file."""
     fake_trt.fail["warning"] = "Using default stream in enqueueV3() may lead to performance issues"
-    runner = runners.TensorrtRunner(b"", {"profile": {"min": [1], "max": [4]}}, name="t", input_name="x",
+    runner = runners.TensorrtRunner(b"", profile_of((1, 4, 4)), name="t", input_name="x",
                                     output_name="y_out")
     runner._engine_or_context = tiny_engine()
     with runner:

@@ -334,11 +334,14 @@ def _tensorrt(precision: str, name: str) -> Callable[[Context], object]:
         from pipeline.runtime.runners import TensorrtRunner
 
         engine_bytes, sidecar = tensorrt_engine.load_engine_bytes(ctx.run_dir, engine=engine)
-        source = ctx.run_dir.file(sidecar.get("onnx") or tensorrt_engine.target_of(engine).onnx)
-        if source.exists() and sidecar.get("onnx_sha256") != sha256_file(source):
-            raise InputError(f"{engine} was built from another {sidecar.get('onnx')}; re-run build")
+        source = ctx.run_dir.file(sidecar.onnx or tensorrt_engine.target_of(engine).onnx)
+        if source.exists() and sidecar.onnx_sha256 != sha256_file(source):
+            raise InputError(f"{engine} was built from another {sidecar.onnx}; re-run build")
         env.expose_libcudart()  # before Polygraphy's CUDA wrapper looks for it
-        return TensorrtRunner(engine_bytes, sidecar, name=name, input_name=ctx.spec["input_name"],
+        if sidecar.profile is None:
+            raise InputError(f"{engine}'s sidecar records no optimization profile; re-run build")
+        return TensorrtRunner(engine_bytes, sidecar.profile, note=sidecar.precision_label or "", name=name,
+                              input_name=ctx.spec["input_name"],
                               output_name=ctx.spec["output_name"], cuda_graphs=ctx.cfg.benchmark.cuda_graphs,
                               onnx_path=source)
 

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -58,16 +59,49 @@ def command(exe: str, xml: Path, shape: list[int], mode: str, seconds: float, co
             "-json_stats", "-report_folder", str(folder)]
 
 
-def parse(report: dict) -> dict:
+@dataclass(frozen=True)
+class AppRun:
+    """One benchmark_app run's numbers, parsed once from its ``benchmark_report.json`` (:func:`parse`), and the
+    command that ran it; written into benchmark.json (a cross-check row's ``benchmark_app``) by :meth:`to_json`."""
+
+    p50_ms: float  # median latency
+    mean_ms: float
+    throughput_per_s: float  # images/s
+    iterations: int
+    requests: int  # parallel infer requests
+    api: str | None
+    command: str = ""
+
+    def measure(self, mode: str) -> float:
+        """What the mode compares: the p50 (ms) for ``latency``, images/s for ``throughput``."""
+        return self.p50_ms if mode == "latency" else self.throughput_per_s
+
+    def to_json(self) -> dict:
+        return {"p50_ms": self.p50_ms, "mean_ms": self.mean_ms, "throughput_per_s": self.throughput_per_s,
+                "iterations": self.iterations, "requests": self.requests, "api": self.api, "command": self.command}
+
+
+@dataclass(frozen=True)
+class AppFailed:
+    """A benchmark_app run that gave no report: why, in one line."""
+
+    error: str
+
+
+def parse(report: dict) -> AppRun:
     """The numbers of a ``benchmark_report.json``: median latency (ms), mean, throughput (images/s), requests."""
     results, setup = report["execution_results"], report.get("configuration_setup", {})
-    return {"p50_ms": float(results["latency (ms)"]), "mean_ms": float(results["avg latency"]),
-            "throughput_per_s": float(results["throughput"]), "iterations": int(results["total number of iterations"]),
-            "requests": int(setup.get("number of parallel infer requests", 0) or 0), "api": setup.get("API")}
+    api = setup.get("API")
+    return AppRun(p50_ms=float(results["latency (ms)"]), mean_ms=float(results["avg latency"]),
+                  throughput_per_s=float(results["throughput"]),
+                  iterations=int(results["total number of iterations"]),
+                  requests=int(setup.get("number of parallel infer requests", 0) or 0),
+                  api=api if isinstance(api, str) else None)
 
 
-def run_one(exe: str, xml: Path, shape: list[int], mode: str, hint: str, threads: int, seconds: float) -> dict:
-    """One benchmark_app run; its numbers, or ``{"error": one line}``."""
+def run_one(exe: str, xml: Path, shape: list[int], mode: str, hint: str, threads: int,
+            seconds: float) -> AppRun | AppFailed:
+    """One benchmark_app run; its numbers, or why it gave none (one line)."""
     with tempfile.TemporaryDirectory(prefix="pipeline-benchmark-app-") as tmp:
         folder = Path(tmp)
         config = folder / "config.json"
@@ -77,13 +111,13 @@ def run_one(exe: str, xml: Path, shape: list[int], mode: str, hint: str, threads
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=120 + 4 * seconds)
         except (OSError, subprocess.TimeoutExpired) as exc:
-            return {"error": f"benchmark_app did not finish: {type(exc).__name__}: {exc}"}
+            return AppFailed(f"benchmark_app did not finish: {type(exc).__name__}: {exc}")
         try:
-            return {**parse(json.loads((folder / "benchmark_report.json").read_text())), "command": " ".join(cmd)}
-        except (OSError, ValueError, KeyError) as exc:
+            return replace(parse(json.loads((folder / "benchmark_report.json").read_text())), command=" ".join(cmd))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             tail = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()][-1:]
-            return {"error": f"benchmark_app (exit {done.returncode}) gave no report ({type(exc).__name__})"
-                             + (f": {tail[0][:200]}" if tail else "")}
+            return AppFailed(f"benchmark_app (exit {done.returncode}) gave no report ({type(exc).__name__})"
+                             + (f": {tail[0][:200]}" if tail else ""))
 
 
 def side_by_side(cfg: Config, run_dir: RunDir, results: list[BenchmarkRow], input_size: list[int], threads: int,
@@ -143,7 +177,7 @@ def _checked(cfg: Config, run_dir: RunDir, results: list[BenchmarkRow], input_si
     return {"tool": exe, "seconds": seconds, "flag_ratio": FLAG_RATIO, "rows": rows}
 
 
-def interleaved(row: BenchmarkRow, mode: str, theirs: Callable[[], dict], ours: Callable[[], float],
+def interleaved(row: BenchmarkRow, mode: str, theirs: Callable[[], AppRun | AppFailed], ours: Callable[[], float],
                 rounds: int = ROUNDS) -> dict:
     """Our timing of ``row`` and benchmark_app's, alternated in ``rounds`` rounds (which goes first shuffled each
     round): a load that comes and goes slows both sides of a round alike. The ratio (ours over benchmark_app's, in
@@ -152,25 +186,27 @@ def interleaved(row: BenchmarkRow, mode: str, theirs: Callable[[], dict], ours: 
     from pipeline.core import speed_claims
 
     base = {"backend": row.backend, "batch_size": row.batch_size, "mode": mode}
-    mine, their_runs = [], []
+    mine: list[float] = []
+    their_runs: list[AppRun] = []
     for order in speed_claims.round_orders(2, rounds, seed=row.batch_size):
         for side in order:
             if side == 0:
                 ms = ours()
                 mine.append(ms if mode == "latency" else row.batch_size * 1000.0 / ms)
             else:
-                their_runs.append(theirs())
-                if "error" in their_runs[-1]:
-                    return {**base, "error": their_runs[-1]["error"]}
-    key = "p50_ms" if mode == "latency" else "throughput_per_s"
-    ratio = speed_claims.ratio(mine, [t[key] for t in their_runs])
+                run = theirs()
+                if isinstance(run, AppFailed):
+                    return {**base, "error": run.error}
+                their_runs.append(run)
+    their_measures = [t.measure(mode) for t in their_runs]
+    ratio = speed_claims.ratio(mine, their_measures)
     said = agreement(ratio)
-    ours_mid, theirs_mid = float(np.median(mine)), float(np.median([t[key] for t in their_runs]))
+    ours_mid, theirs_mid = float(np.median(mine)), float(np.median(their_measures))
     what = (f"p50 {ours_mid:.3f} ms (ours) vs {theirs_mid:.3f} ms (benchmark_app)" if mode == "latency" else
-            f"{ours_mid:.1f} vs {theirs_mid:.1f} images/s (benchmark_app, {their_runs[-1]['requests']} requests)")
-    return {**base, "ours": ours_mid, "benchmark_app": their_runs[-1], "rounds": rounds, "ratio": ratio.estimate,
-            "interval": ratio.to_json(), "agreement": said, "flagged": said != "agree",
-            "ours_per_round": mine, "benchmark_app_per_round": [t[key] for t in their_runs],
+            f"{ours_mid:.1f} vs {theirs_mid:.1f} images/s (benchmark_app, {their_runs[-1].requests} requests)")
+    return {**base, "ours": ours_mid, "benchmark_app": their_runs[-1].to_json(), "rounds": rounds,
+            "ratio": ratio.estimate, "interval": ratio.to_json(), "agreement": said, "flagged": said != "agree",
+            "ours_per_round": mine, "benchmark_app_per_round": their_measures,
             "summary": f"{what}, medians of {rounds} interleaved rounds; ratio {ratio.text()}"
                        + {"agree": "", "far apart": "  FLAGGED: far apart",
                           "undecided": "  IN DOUBT: the rounds disagree too much to tell"}[said]}
@@ -187,18 +223,19 @@ def agreement(ratio) -> str:
     return "undecided"
 
 
-def compare(row: BenchmarkRow, mode: str, theirs: dict) -> dict:
+def compare(row: BenchmarkRow, mode: str, theirs: AppRun | AppFailed) -> dict:
     """Our row and benchmark_app's run, with the ratio that matters for the mode and a flag when far apart."""
     base = {"backend": row.backend, "batch_size": row.batch_size, "mode": mode}
-    if "error" in theirs:
-        return {**base, "error": theirs["error"]}
+    if isinstance(theirs, AppFailed):
+        return {**base, "error": theirs.error}
+    their = theirs.measure(mode)
     if mode == "latency":
-        ours, their = row.latency_ms.p50, theirs["p50_ms"]
+        ours = row.latency_ms.p50
         what = f"p50 {ours:.3f} ms (ours) vs {their:.3f} ms (benchmark_app)"
     else:
-        ours, their = row.throughput_per_s, theirs["throughput_per_s"]
-        what = f"{ours:.1f} vs {their:.1f} images/s (benchmark_app, {theirs['requests']} requests)"
+        ours = row.throughput_per_s
+        what = f"{ours:.1f} vs {their:.1f} images/s (benchmark_app, {theirs.requests} requests)"
     ratio = ours / their if their else None
     flagged = ratio is None or not (1 / FLAG_RATIO <= ratio <= FLAG_RATIO)
-    return {**base, "ours": ours, "benchmark_app": theirs, "ratio": ratio, "flagged": flagged,
+    return {**base, "ours": ours, "benchmark_app": theirs.to_json(), "ratio": ratio, "flagged": flagged,
             "summary": what + (f"; ratio {ratio:.2f}" if ratio else "") + ("  FLAGGED: far apart" if flagged else "")}

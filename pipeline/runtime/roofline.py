@@ -75,7 +75,30 @@ def node_macs(op: str, inputs: list[list[int] | None], output: list[int] | None,
     return 0
 
 
-def macs(model, batch: int = 1) -> dict:
+@dataclass(frozen=True)
+class LayerMacs:
+    """One matrix node's multiply-accumulates (benchmark.json's ``roofline.macs.layers`` entry)."""
+
+    name: str
+    op: str
+    macs: int
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class MacCount:
+    """The graph's multiply-accumulates at one batch size: in all, per image, and each matrix node's in graph
+    order."""
+
+    batch_size: int
+    total: int
+    per_image: int
+    layers: list[LayerMacs]
+
+
+def macs(model, batch: int = 1) -> MacCount:
     """The graph's multiply-accumulates at ``batch``: ``total`` and ``per_image``, and each matrix node's
     (``layers``: name, op, macs), in graph order."""
     shapes = _shapes(model, batch)
@@ -85,9 +108,9 @@ def macs(model, batch: int = 1) -> dict:
             continue
         attrs = {a.name: a.i for a in node.attribute if a.type == a.INT}
         count = node_macs(node.op_type, [shapes.get(i) for i in node.input], shapes.get(node.output[0]), attrs)
-        layers.append({"name": node.name, "op": node.op_type, "macs": count})
-    total = sum(layer["macs"] for layer in layers)
-    return {"batch_size": batch, "total": total, "per_image": total // batch, "layers": layers}
+        layers.append(LayerMacs(node.name, node.op_type, count))
+    total = sum(layer.macs for layer in layers)
+    return MacCount(batch_size=batch, total=total, per_image=total // batch, layers=layers)
 
 
 # --------------------------------------------------------------------------- the CPU's peak
@@ -156,7 +179,22 @@ def with_clock(table: dict[str, Peak], cores: int, mhz: float) -> dict[str, Peak
             for k, p in table.items()}
 
 
-def cpu_identity() -> dict:
+@dataclass(frozen=True)
+class CpuIdentity:
+    """The CPU as ``/proc/cpuinfo`` and cpufreq name it (benchmark.json's ``roofline.machine``, less cores and
+    flags)."""
+
+    vendor: str
+    family: int
+    model_name: str
+    mhz: float
+    mhz_source: str
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def cpu_identity() -> CpuIdentity:
     """Vendor, family and clock from ``/proc/cpuinfo`` and cpufreq: the clock is cpufreq's maximum where the kernel
     exposes it, else /proc/cpuinfo's "cpu MHz" (a virtual machine reports its nominal clock there; boost may be
     higher, which would make the fractions below too high by up to that ratio)."""
@@ -171,8 +209,8 @@ def cpu_identity() -> dict:
     maximum = Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq")
     if maximum.exists():
         mhz, source = int(maximum.read_text().strip()) / 1e3, "cpufreq cpuinfo_max_freq"
-    return {"vendor": fields.get("vendor_id", ""), "family": int(fields.get("cpu family") or 0),
-            "model_name": fields.get("model name", ""), "mhz": mhz, "mhz_source": source}
+    return CpuIdentity(vendor=fields.get("vendor_id", ""), family=int(fields.get("cpu family") or 0),
+                       model_name=fields.get("model name", ""), mhz=mhz, mhz_source=source)
 
 
 # --------------------------------------------------------------------------- fractions
@@ -204,11 +242,12 @@ def section(onnx_path: Path, results: list[BenchmarkRow], cores: int, flags: set
     import onnx
 
     cpu = cpu_identity()
-    table = with_clock(peaks(flags, cpu["vendor"], cpu["family"]), cores, cpu["mhz"])
+    table = with_clock(peaks(flags, cpu.vendor, cpu.family), cores, cpu.mhz)
     counted = macs(onnx.load(str(onnx_path), load_external_data=False), 1)  # shapes only: no weights needed
-    rows = [fraction(r, counted["per_image"], table) for r in results if r.device == "cpu"]
+    rows = [fraction(r, counted.per_image, table) for r in results if r.device == "cpu"]
     return Roofline.model_validate({
-        "machine": {**cpu, "cores": cores, "flags": sorted(flags & READ_FLAGS)},
+        "machine": {**cpu.to_json(), "cores": cores, "flags": sorted(flags & READ_FLAGS)},
         "peaks": {k: p.to_json() for k, p in table.items()},
-        "macs": {"per_image": counted["per_image"], "source": onnx_path.name, "layers": counted["layers"]},
+        "macs": {"per_image": counted.per_image, "source": onnx_path.name,
+                 "layers": [layer.to_json() for layer in counted.layers]},
         "rows": rows}, strict=False)

@@ -54,6 +54,8 @@ G_LOGGER.module_severity = G_LOGGER.ERROR
 if TYPE_CHECKING:  # type-checked against tensorrt-stubs (tests/test_typecheck.py); never imported at run time
     import tensorrt as trt
 
+    from pipeline.core.engine_sidecar import ProfileShapes
+
 CPU_WALL_CLOCK = Timing(TimingKind.CPU_CALL, "wall-clock, synchronous CPU call")
 QUEUED_AHEAD = "CUDA events, one inference queued ahead"  # how every "GPU compute" row is timed
 Timers = list[tuple[Timing, Callable[[], float]]]
@@ -682,13 +684,13 @@ class TensorrtRunner(Timed, TrtRunner):
 
     context: Any  # Polygraphy's execution context
 
-    def __init__(self, engine_bytes: bytes, sidecar: dict, *, name: str, input_name: str, output_name: str,
-                 cuda_graphs: bool = False, onnx_path: Path | None = None):
+    def __init__(self, engine_bytes: bytes, profile: ProfileShapes, *, note: str = "", name: str, input_name: str,
+                 output_name: str, cuda_graphs: bool = False, onnx_path: Path | None = None):
         from polygraphy.backend.trt import EngineFromBytes
 
         super().__init__(EngineFromBytes(engine_bytes), name=name)
-        self.profile = sidecar["profile"]
-        self.note = sidecar.get("precision", "")
+        self.profile = profile  # the engine's one optimization profile (its sidecar's, or a tune candidate's)
+        self.note = note
         self.input_name, self.output_name, self.cuda_graphs = input_name, output_name, cuda_graphs
         self.onnx_path = onnx_path  # the graph it was built from: the inspector's layers are matched to its nodes
 
@@ -718,7 +720,7 @@ class TensorrtRunner(Timed, TrtRunner):
             raise
 
     def batch_reason(self, batch: int) -> str:
-        low, high = self.profile["min"][0], self.profile["max"][0]
+        low, high = self.profile.min[0], self.profile.max[0]
         return "" if low <= batch <= high else f"batch {batch} outside the engine's profile [{low}, {high}]"
 
     def infer(self, feed_dict, check_inputs=True, *args, **kwargs):

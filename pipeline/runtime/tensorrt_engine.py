@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pipeline.core import engine_sidecar as sidecars
 from pipeline.core import env
 from pipeline.core.artifacts import (  # noqa: F401
     FP16_ENGINE,
@@ -32,8 +33,9 @@ from pipeline.core.artifacts import (  # noqa: F401
 
 # The engines' file names, as the tests and the fakes of TensorRT read them from here.
 from pipeline.core.artifacts import FP16_ENGINE_SIDECAR as SIDECAR  # noqa: F401
+from pipeline.core.engine_sidecar import EngineSidecar, Platform
 from pipeline.core.errors import InputError
-from pipeline.core.run import RunDir, read_sidecar
+from pipeline.core.run import RunDir
 from pipeline.precision import PRECISIONS
 
 if TYPE_CHECKING:  # annotations only
@@ -41,7 +43,7 @@ if TYPE_CHECKING:  # annotations only
 
 log = logging.getLogger("pipeline")
 
-SIDECAR_SCHEMA = "pipeline.engine/1"
+SIDECAR_SCHEMA = sidecars.SCHEMA
 
 
 @dataclass(frozen=True)
@@ -194,27 +196,28 @@ def current_platform() -> dict:
             "compute_capability": gpu.get("compute_capability")}
 
 
-def check_sidecar(engine_path: Path, engine_bytes: bytes, sidecar_path: Path, platform: dict) -> dict:
+def check_sidecar(engine_path: Path, engine_bytes: bytes, sidecar_path: Path, platform: dict) -> EngineSidecar:
     """Every condition under which an engine may be deserialized; raises InputError otherwise."""
     rebuild = f"rebuild it with `python -m pipeline build --run-dir {engine_path.parent}`"
-    sidecar = read_sidecar(sidecar_path, engine_path.name, what="engine", schema=SIDECAR_SCHEMA, author_key="built_by",
-                           rebuild=rebuild, why=" (an engine is executable code)")
-    if sidecar.get("engine") != engine_path.name:
-        raise InputError(f"{sidecar_path.name} describes {sidecar.get('engine')}, not {engine_path.name}; refusing to "
+    sidecar = sidecars.read(sidecar_path, engine_path.name, rebuild=rebuild, why=" (an engine is executable code)")
+    if sidecar.engine != engine_path.name:
+        raise InputError(f"{sidecar_path.name} describes {sidecar.engine}, not {engine_path.name}; refusing to "
                          f"load it; {rebuild}")
     actual = hashlib.sha256(engine_bytes).hexdigest()
-    if actual != sidecar.get("sha256"):
+    if actual != sidecar.sha256:
         raise InputError(f"{engine_path.name} does not match its sidecar (sha256 {actual[:12]}..., recorded "
-                         f"{str(sidecar.get('sha256'))[:12]}...): the file was changed after the build; {rebuild}")
-    for key, what in (("tensorrt", "TensorRT version"), ("gpu", "GPU"), ("compute_capability", "compute capability")):
-        if sidecar.get(key) != platform.get(key):
-            raise InputError(f"{engine_path.name} was built for {what} {sidecar.get(key)}, but this machine has "
-                             f"{platform.get(key)}; engines only run where they were built: {rebuild}")
+                         f"{sidecar.sha256[:12]}...): the file was changed after the build; {rebuild}")
+    built, here = sidecar.platform, Platform.model_validate(platform)
+    for what, theirs, ours in (("TensorRT version", built.tensorrt, here.tensorrt), ("GPU", built.gpu, here.gpu),
+                               ("compute capability", built.compute_capability, here.compute_capability)):
+        if theirs != ours:
+            raise InputError(f"{engine_path.name} was built for {what} {theirs}, but this machine has "
+                             f"{ours}; engines only run where they were built: {rebuild}")
     return sidecar
 
 
 def load_engine_bytes(run_dir: RunDir, platform: dict | None = None, *,
-                      engine: str = FP16_ENGINE) -> tuple[bytes, dict]:
+                      engine: str = FP16_ENGINE) -> tuple[bytes, EngineSidecar]:
     """The bytes of ``engine`` (``model.fp16.engine`` or ``model.int8.engine``), after :func:`check_sidecar`
     passed on exactly those bytes and :func:`check_recorded` found them in the manifest.
 

@@ -71,12 +71,37 @@ class Reading:
         return [name for name, precision in self.precisions.items() if precision == UNKNOWN]
 
 
-def layers_of(info: dict) -> list[dict]:
-    """The layer records of the inspector's JSON; ValueError when it names the layers only (no data types)."""
+@dataclass(frozen=True)
+class InspectedLayer:
+    """One layer record of the inspector's JSON, parsed once (:meth:`of`): its ``Name``, ``LayerType``,
+    ``Metadata`` (each "" where absent or not text) and the data type of its first input (:func:`tensor_precision`;
+    ``unknown`` without inputs)."""
+
+    name: str
+    layer_type: str
+    metadata: str
+    input_precision: str
+
+    @classmethod
+    def of(cls, record: dict) -> InspectedLayer:
+        inputs = record.get("Inputs")
+        first = inputs[0] if isinstance(inputs, list) and inputs and isinstance(inputs[0], dict) else None
+        return cls(name=_text(record.get("Name")), layer_type=_text(record.get("LayerType")),
+                   metadata=_text(record.get("Metadata")),
+                   input_precision=tensor_precision(first) if first is not None else UNKNOWN)
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def layers_of(info: dict) -> list[InspectedLayer]:
+    """The layer records of the inspector's JSON, parsed; ValueError when it names the layers only (no data
+    types)."""
     layers = info.get("Layers") or []
     if not layers or not all(isinstance(layer, dict) for layer in layers):
         raise ValueError("the engine inspector reports layer names only")
-    return layers
+    return [InspectedLayer.of(layer) for layer in layers]
 
 
 def read(info: dict, node_names: list[str], matrix_nodes: list[str]) -> Reading:
@@ -87,20 +112,19 @@ def read(info: dict, node_names: list[str], matrix_nodes: list[str]) -> Reading:
     for layer in layers_of(info):
         if not computes(layer):
             continue
-        precision = tensor_precision(layer["Inputs"][0]) if layer.get("Inputs") else UNKNOWN
         for node in layer_nodes(layer, names):
-            executed.setdefault(node, precision)
+            executed.setdefault(node, layer.input_precision)
     return Reading({node: executed.get(node, UNKNOWN) for node in matrix_nodes})
 
 
-def computes(layer: dict) -> bool:
+def computes(layer: InspectedLayer) -> bool:
     """Whether a layer computes graph nodes of its own: not a copy, constant or shape call, not a ForeignNode."""
-    return layer.get("LayerType") not in SKIPPED_TYPES and not is_foreign(layer)
+    return layer.layer_type not in SKIPPED_TYPES and not is_foreign(layer)
 
 
-def is_foreign(layer: dict) -> bool:
+def is_foreign(layer: InspectedLayer) -> bool:
     """A Myelin region as one layer: ``{ForeignNode[first...last]}``, LayerType ``Myelin``."""
-    return layer.get("LayerType") == "Myelin" or bool(FOREIGN_NODE.match(layer.get("Name", "")))
+    return layer.layer_type == "Myelin" or bool(FOREIGN_NODE.match(layer.name))
 
 
 @dataclass(frozen=True)
@@ -123,11 +147,11 @@ def myelin_spelling(name: str) -> str:
     return re.sub(r"[^0-9A-Za-z_/]", "_", name)
 
 
-def layer_nodes(layer: dict, names: NodeNames) -> set[str]:
+def layer_nodes(layer: InspectedLayer, names: NodeNames) -> set[str]:
     """The ONNX nodes a layer stands for: its Metadata's "[ONNX Layer: name]" entries and the parts of its name that
     are nodes of the graph, exactly or in Myelin's spelling."""
-    found = set(_ONNX_LAYER.findall(layer.get("Metadata") or ""))
-    for part in _NAME_SEPARATORS.split(layer.get("Name", "")):
+    found = set(_ONNX_LAYER.findall(layer.metadata))
+    for part in _NAME_SEPARATORS.split(layer.name):
         found |= _name_part_nodes(part.strip(), names)
     return found - {""}
 

@@ -36,6 +36,7 @@ def tensorrt_session(model: onnx.ModelProto, images: np.ndarray, batches: list[i
     inspector says each matrix layer ran in. The same shape as
     :func:`pipeline.runtime.openvino_speed.openvino_session`'s; open while timed (interleaved rounds)."""
     from pipeline.core import env
+    from pipeline.core.engine_sidecar import ProfileShapes
     from pipeline.runtime.runners import BoundEngine, GraphedEngine, TensorrtRunner, check_dtypes
 
     input_name, output_name = model.graph.input[0].name, model.graph.output[0].name
@@ -44,10 +45,11 @@ def tensorrt_session(model: onnx.ModelProto, images: np.ndarray, batches: list[i
                                 timing_cache=timing_cache, log_path=log_path)
     dtype = onnx.helper.tensor_dtype_to_np_dtype(model.graph.input[0].type.tensor_type.elem_type)
     env.expose_libcudart()  # before Polygraphy's CUDA wrapper looks for it
-    runner = TensorrtRunner(engine_bytes, {"profile": shapes, "precision": "a tune candidate"}, name="tune",
+    profile = ProfileShapes.model_validate({"input": input_name, **shapes})
+    runner = TensorrtRunner(engine_bytes, profile, note="a tune candidate", name="tune",
                             input_name=input_name, output_name=output_name, cuda_graphs=cuda_graphs)
     with runner:
-        runtime = runtime_precisions(runner.engine, model, {input_name: shapes["opt"]})
+        runtime = runtime_precisions(runner.engine, model, {input_name: profile.opt})
         bound = {}  # one execution context per batch, all open at once (the rounds alternate between them)
         try:
             for batch in batches:

@@ -159,10 +159,17 @@ def run_once(cmd: list[str], log_path: Path) -> str:
 
 
 def measure(exe: str, engine: Path, shape: str, kind: TimingKind | str, out_dir: Path, stem: str, method,
-            batch: int, built_by: str | None) -> dict:
+            batch: int, built_by: str | None) -> TrtexecCheck:
     """One trtexec run of one kind (a key of :data:`KINDS`, or :data:`NO_GRAPHS`) on an engine built by TensorRT
-    ``built_by`` (its sidecar's ``tensorrt``): its statistics, ``{"error": ...}`` when it failed, or
-    ``{"not_run": ...}`` when trtexec is another TensorRT release (:func:`release_mismatch`): no error of the row."""
+    ``built_by`` (its sidecar's ``tensorrt``), parsed once into a :class:`TrtexecCheck`: its statistics, an ``error``
+    when it failed, or why it was ``not_run`` when trtexec is another TensorRT release (:func:`release_mismatch`): no
+    error of the row."""
+    return TrtexecCheck.model_validate(_measured(exe, engine, shape, kind, out_dir, stem, method, batch, built_by),
+                                       strict=False)
+
+
+def _measured(exe: str, engine: Path, shape: str, kind: TimingKind | str, out_dir: Path, stem: str, method,
+              batch: int, built_by: str | None) -> dict:
     name, field = {**KINDS, NO_GRAPHS: ("compute-nographs", "computeMs")}[kind]
     found = version(exe)
     if found is None:
@@ -189,23 +196,23 @@ def measure(exe: str, engine: Path, shape: str, kind: TimingKind | str, out_dir:
                                                     if profile.is_file() else {})}
 
 
-def compare(row: BenchmarkRow, theirs: dict) -> dict:
+def compare(row: BenchmarkRow, theirs: TrtexecCheck) -> TrtexecCheck:
     """``theirs`` with the relative difference of the p50s and the flag; logs a flagged or failed one."""
     where = f"{row.backend} b={row.batch_size} {row.timing.split(' (')[0]}"
-    if "error" in theirs:
-        log.warning("benchmark: trtexec beside %s failed: %s", where, theirs["error"])
+    if theirs.error is not None:
+        log.warning("benchmark: trtexec beside %s failed: %s", where, theirs.error)
         return theirs
-    if "not_run" in theirs:
-        log.info("benchmark: trtexec beside %s not run: %s", where, theirs["not_run"])
+    if theirs.not_run is not None:
+        log.info("benchmark: trtexec beside %s not run: %s", where, theirs.not_run)
         return theirs
-    ours = row.latency_ms.p50
-    diff = (ours - theirs["p50"]) / theirs["p50"] if theirs["p50"] > 0 else math.inf
+    ours, p50 = row.latency_ms.p50, theirs.p50 or 0.0
+    diff = (ours - p50) / p50 if p50 > 0 else math.inf
     flagged = abs(diff) > FLAG_RELATIVE
     (log.warning if flagged else log.info)(
-        "benchmark: %s: ours p50 %.3f ms, trtexec %s p50 %.3f ms (%+.0f%%)%s", where, ours, theirs["metric"],
-        theirs["p50"], 100 * diff, f": large difference (> {FLAG_RELATIVE:.0%}), see docs/benchmark.md"
+        "benchmark: %s: ours p50 %.3f ms, trtexec %s p50 %.3f ms (%+.0f%%)%s", where, ours, theirs.metric,
+        p50, 100 * diff, f": large difference (> {FLAG_RELATIVE:.0%}), see docs/benchmark.md"
         if flagged else "")
-    return {**theirs, "difference": diff, "flag": flagged}
+    return theirs.model_copy(update={"difference": diff, "flag": flagged})
 
 
 def side_by_side(run_dir, results: list[BenchmarkRow], backend_of, input_name: str, input_size: list[int],
@@ -218,7 +225,7 @@ def side_by_side(run_dir, results: list[BenchmarkRow], backend_of, input_name: s
             log.info("benchmark: trtexec is not on PATH: no side-by-side check of the TensorRT rows")
         return results
     out_dir = make_folder(run_dir.file(DIR))
-    done: dict = {}
+    done: dict[tuple, TrtexecCheck] = {}
 
     def beside(row: BenchmarkRow) -> BenchmarkRow:
         if not any(row is r for r in checked):
@@ -229,25 +236,23 @@ def side_by_side(run_dir, results: list[BenchmarkRow], backend_of, input_name: s
             shape = f"{input_name}:" + "x".join(str(d) for d in (batch, *input_size))
             done[key] = measure(exe, run_dir.file(backend.artifact), shape, kind, out_dir,
                                 f"{backend.name}.b{batch}", method, batch, engine_built_by(run_dir, backend.artifact))
-        check = TrtexecCheck.model_validate(compare(row, done[key]), strict=False)
-        return row.model_copy(update={"trtexec": check})
+        return row.model_copy(update={"trtexec": compare(row, done[key])})
 
     return [beside(row) for row in results]
 
 
 def engine_built_by(run_dir, engine: str) -> str | None:
     """The TensorRT version the engine's sidecar records (None when it cannot be read: then trtexec is not run)."""
+    from pipeline.core import engine_sidecar
     from pipeline.core.errors import InputError
-    from pipeline.core.run import read_sidecar
     from pipeline.runtime import tensorrt_engine
 
     try:
-        sidecar = read_sidecar(run_dir.file(tensorrt_engine.target_of(engine).sidecar), engine, what="engine",
-                               schema=tensorrt_engine.SIDECAR_SCHEMA, author_key="built_by", rebuild="rebuild it")
+        sidecar = engine_sidecar.read(run_dir.file(tensorrt_engine.target_of(engine).sidecar), engine,
+                                      rebuild="rebuild it")
     except (InputError, ValueError):
         return None
-    value = sidecar.get("tensorrt")
-    return value if isinstance(value, str) else None
+    return sidecar.platform.tensorrt
 
 
 def _kind(row: BenchmarkRow) -> TimingKind | None:
