@@ -225,8 +225,8 @@ def _check_verify_finished(run_dir: RunDir) -> None:
     """verify.json must be the file a finished verify wrote: one that ended ok, or failed its gate (exit 1: every
     verdict was reached, and a failed one is refused here); not one edited or left by a verify that broke off."""
     path = run_dir.require(a.VERIFY_JSON, "verify", "deploy")
-    entry = run_dir.stage_entry("verify") or {}
-    if not deployment.verify_finished(entry.get("status"), entry.get("exit_code"),
+    entry = run_dir.stage_entry("verify")
+    if entry is None or not deployment.verify_finished(entry.status, entry.exit_code,
                                       run_dir.recorded_artifacts("verify").get(a.VERIFY_JSON), sha256_file(path)):
         raise InputError(f"{a.VERIFY_JSON} is not the report of a verify that finished here (its sha256 differs from "
                          "the manifest's, or verify broke off): re-run verify")

@@ -15,10 +15,12 @@ PACKAGE = ROOT / "pipeline"
 TYPES = {
     "MachineFacts": "doctor.py", "Gpu": "doctor.py", "Driver": "doctor.py", "OnnxRuntime": "doctor.py",
     "Threads": "doctor.py", "Cpu": "doctor.py",
+    "StageEntry": "core/manifest.py", "Artifact": "core/manifest.py",
 }
 # Calls that return one of the types (besides a function annotated to return one, and the types themselves), as
 # ``module.function``; a bare call matches the function's name.
-MAKERS = {"doctor.gather", "doctor.onnxruntime_facts", "doctor.nvml_driver"}
+MAKERS = {"doctor.gather", "doctor.onnxruntime_facts", "doctor.nvml_driver",
+          "stage_entry", "stages.run_stage", "manifest.entries"}
 
 
 def _maker(f: ast.AST, makers: set[str]) -> bool:
@@ -54,6 +56,7 @@ def _typed(node: ast.AST, names: set[str], makers: set[str]) -> bool:
         name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
         return (_maker(f, makers) or (isinstance(f, ast.Name) and f.id in TYPES)
                 or (name == "replace" and any(_typed(a, names, makers) for a in node.args[:1]))
+                or (name in ("values", "items", "get") and _typed(f.value, names, makers))
                 or (name in ("next", "min", "max", "sorted", "list", "tuple")
                     and any(_typed(a, names, makers) for a in node.args)))
     return False
@@ -122,13 +125,16 @@ def test_the_check_finds_a_key_read_and_follows_the_records(tmp_path):
         "def b():\n    facts = gather()\n    ort = facts.onnxruntime\n    return ort.get('cuda')\n"
         "def c(facts: 'MachineFacts'):\n    return [p for p in facts.cpu['isa']]\n"
         "def d(raw: dict):\n    return raw['torch']\n"  # a dict that never was a record: not followed
-        "def e(facts: MachineFacts):\n    return facts.gpu.name, {'a': 1}['a']\n")
-    assert key_reads(path) == ["m.py:2: facts['torch']", "m.py:6: ort.get('cuda')", "m.py:8: facts.cpu['isa']"]
+        "def e(facts: MachineFacts):\n    return facts.gpu.name, {'a': 1}['a']\n"
+        "def f(run):\n    entry = run.stage_entry('train')\n    return entry.get('status'), entry.status\n"
+        "def g(manifest: dict):\n    return [e['ended'] for e in entries(manifest).values()]\n")
+    assert key_reads(path) == ["m.py:15: entry.get('status')", "m.py:17: e['ended']", "m.py:2: facts['torch']",
+                               "m.py:6: ort.get('cuda')", "m.py:8: facts.cpu['isa']"]
 
 
 def test_the_check_sees_the_records_in_the_modules_that_use_them():
     """Each reader types its records (the check would find nothing to follow in one that went back to dicts)."""
-    for name in ("doctor.py",):
+    for name in ("doctor.py", "stages.py", "core/run.py", "reports/tables.py", "cli.py"):
         tree = ast.parse((PACKAGE / name).read_text())
         makers = MAKERS | {fn.name for fn in ast.walk(tree) if isinstance(fn, ast.FunctionDef)
                            and _names_a_type(fn.returns)}

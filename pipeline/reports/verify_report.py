@@ -517,8 +517,8 @@ def standing(run_dir: RunDir) -> str | None:
     path = run_dir.file(JSON)
     if not path.is_file():
         return None
-    entry = run_dir.stage_entry("verify") or {}
-    return report_standing(entry.get("status"), entry.get("exit_code"),
+    entry = run_dir.stage_entry("verify")
+    return report_standing(entry.status if entry else None, entry.exit_code if entry else None,
                            run_dir.recorded_artifacts("verify").get(JSON), sha256_file(path))
 
 
