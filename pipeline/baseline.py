@@ -23,11 +23,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.core import artifacts, benchmark_rows, bundle_schema, env, schema, verdicts, verify_rows
+from pipeline.core import artifacts, benchmark_rows, bundle_schema, env, model_card, schema, verdicts, verify_rows
 from pipeline.core.benchmark_rows import BenchmarkRow
 from pipeline.core.bundle_schema import Meta
 from pipeline.core.errors import InputError, UsageError
-from pipeline.core.run import RunDir, atomic_write, confined, now, open_confined, read_json, sha256_file
+from pipeline.core.run import RunDir, atomic_write, confined, now, open_confined, sha256_file
 from pipeline.core.verify_rows import CandidateRow
 from pipeline.evaluation import drift, predictions
 from pipeline.evaluation.predictions import Predictions
@@ -166,8 +166,8 @@ def write(run: RunDir, out: Path) -> Path:
     """The bundle of ``run`` in the folder ``out`` (created; an existing bundle there is replaced)."""
     from pipeline import config as config_mod
 
-    card = read_json(run.require(artifacts.MODEL_CARD, "train", "baseline"), "model card")
-    classes = list(card["classes"])
+    card = model_card.read(run.require(artifacts.MODEL_CARD, "train", "baseline"))
+    classes = list(card.classes or [])
     candidates = _passed_candidates(run)
     preds = run_predictions(run, "baseline", [predictions.REFERENCE, *(c.name for c, _ in candidates)],
                             len(classes))
@@ -176,8 +176,8 @@ def write(run: RunDir, out: Path) -> Path:
                          f"({predictions.REFERENCE}): re-run verify")
     kept = [(c, v) for c, v in candidates if c.name in preds.top5]
     meta = {
-        "schema": SCHEMA, "created": now(), "run_dir": str(run.path), "model": card["model"],
-        "classes": classes, "input_size": card["spec"]["input_size"], "model_card": card,
+        "schema": SCHEMA, "created": now(), "run_dir": str(run.path), "model": card.model,
+        "classes": classes, "input_size": card.spec.input_size, "model_card": card.to_json(),
         "config": config_mod.load_yaml_file(run.file(artifacts.CONFIG)) if run.file(artifacts.CONFIG).is_file()
         else None,
         "environment": environment((run.manifest or {}).get("environment") or env.collect()),

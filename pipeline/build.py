@@ -71,7 +71,9 @@ def _no_onnx_reason(cfg: Config, run_dir: RunDir, t: Target) -> str:
 
 
 def run(cfg: Config, run_dir: RunDir, record: StageRecord) -> None:
-    spec = read_json(run_dir.require(MODEL_CARD, "train", "build"), "model card")["spec"]
+    from pipeline.core import model_card
+
+    spec = model_card.read(run_dir.require(MODEL_CARD, "train", "build")).spec
     planned = plan(cfg, run_dir)
     check_required(cfg)
     record.details["openvino"] = openvino_ir.write_all(cfg, run_dir, record)  # the CPU IR, with TensorRT or without
@@ -101,10 +103,10 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord) -> None:
 
 def build_engine(cfg: Config, run_dir: RunDir, t: Target, onnx_path: Path, spec: dict, platform: dict) -> dict:
     """Build one strongly typed engine from ``onnx_path``; write it and its sidecar; return the sidecar."""
-    shapes = tensorrt_engine.profile_shapes(cfg.build, spec["input_size"])
+    shapes = tensorrt_engine.profile_shapes(cfg.build, spec.input_size)
     cache = tensorrt_engine.timing_cache_path(cfg, run_dir, platform)
     cache.parent.mkdir(parents=True, exist_ok=True)
-    loader = tensorrt_engine.engine_loader(onnx_path, input_name=spec["input_name"], shapes=shapes, build_cfg=cfg.build,
+    loader = tensorrt_engine.engine_loader(onnx_path, input_name=spec.input_name, shapes=shapes, build_cfg=cfg.build,
                            timing_cache=cache)
     log.info("build: %s -> %s (strongly typed, profile %s/%s/%s, optimization level %d, tf32 %s)", onnx_path.name,
              t.engine, shapes["min"][0], shapes["opt"][0], shapes["max"][0], cfg.build.optimization_level,
@@ -129,7 +131,7 @@ def build_engine(cfg: Config, run_dir: RunDir, t: Target, onnx_path: Path, spec:
         "onnx_sha256": sha256_file(onnx_path),
         "precision": built_precision(run_dir, t, onnx_path),
         **platform,
-        "profile": {"input": spec["input_name"], **shapes},
+        "profile": {"input": spec.input_name, **shapes},
         "flags": {"strongly_typed": True, "precision_flags": [], "tf32": cfg.build.tf32,
                   "builder_optimization_level": cfg.build.optimization_level},
         "timing_cache": str(cache),

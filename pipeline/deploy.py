@@ -449,7 +449,7 @@ def serve_and_check(cfg: Config, run_dir: RunDir, repository: Path, models: list
     from pipeline.runtime import triton_serve, triton_stock
 
     reference_model, card = modeling.load_trained(cfg, run_dir, "deploy")
-    spec = card["spec"]
+    spec = card.spec
     images, labels = data.labelled_validation_batch(cfg, card, cfg.deploy.serve_samples, spread=True)
     reference = _reference(reference_model, images, cfg.verify.batch_size)
     here = [(m, p) for m, p in models if not m.gpu and m.platform != "tensorrt_plan"]
@@ -468,7 +468,7 @@ def serve_and_check(cfg: Config, run_dir: RunDir, repository: Path, models: list
                                   {k: v for k, v in written.items() if k.startswith(f"{m.name}/")},
                                   served_max_batch(cfg, m))
             loaded = stock.models.get(m.name)
-            results.append(served.check_model(model, send, images, labels, reference, spec["output_name"],
+            results.append(served.check_model(model, send, images, labels, reference, spec.output_name,
                                               cfg.verify.confidence, load_error=stock.errors.get(m.name, ""),
                                               served_precision=loaded.precision if loaded else None,
                                               repository=repository))

@@ -1,5 +1,6 @@
 """Issue 47's typed records beyond the result rows: the doctor's :class:`~pipeline.doctor.MachineFacts`, the model
-card (:mod:`pipeline.core.model_card`) and the manifest's stage entries (:mod:`pipeline.core.manifest`). Each is made
+card (:class:`~pipeline.core.model_card.ModelCard`) and the manifest's stage entries
+(:class:`~pipeline.core.manifest.StageEntry`). Each is made
 by the code that knows it and read by attribute everywhere else: a ``["key"]`` subscript or ``.get("key")`` on one,
 outside the module that serialises it, is what this AST check finds."""
 
@@ -16,11 +17,13 @@ TYPES = {
     "MachineFacts": "doctor.py", "Gpu": "doctor.py", "Driver": "doctor.py", "OnnxRuntime": "doctor.py",
     "Threads": "doctor.py", "Cpu": "doctor.py",
     "StageEntry": "core/manifest.py", "Artifact": "core/manifest.py",
+    "ModelCard": "core/model_card.py", "CardSpec": "core/model_card.py",
 }
 # Calls that return one of the types (besides a function annotated to return one, and the types themselves), as
 # ``module.function``; a bare call matches the function's name.
 MAKERS = {"doctor.gather", "doctor.onnxruntime_facts", "doctor.nvml_driver",
-          "stage_entry", "stages.run_stage", "manifest.entries"}
+          "stage_entry", "stages.run_stage", "manifest.entries",
+          "modeling.read_card", "modeling.load_trained", "model_card.read"}
 
 
 def _maker(f: ast.AST, makers: set[str]) -> bool:
@@ -127,14 +130,21 @@ def test_the_check_finds_a_key_read_and_follows_the_records(tmp_path):
         "def d(raw: dict):\n    return raw['torch']\n"  # a dict that never was a record: not followed
         "def e(facts: MachineFacts):\n    return facts.gpu.name, {'a': 1}['a']\n"
         "def f(run):\n    entry = run.stage_entry('train')\n    return entry.get('status'), entry.status\n"
-        "def g(manifest: dict):\n    return [e['ended'] for e in entries(manifest).values()]\n")
-    assert key_reads(path) == ["m.py:15: entry.get('status')", "m.py:17: e['ended']", "m.py:2: facts['torch']",
-                               "m.py:6: ort.get('cuda')", "m.py:8: facts.cpu['isa']"]
+        "def g(manifest: dict):\n    return [e['ended'] for e in entries(manifest).values()]\n"
+        "def h(cfg, run):\n    model, card = modeling.load_trained(cfg, run, 'x')\n    spec = card.spec\n"
+        "    return card['classes'], spec['input_size'], card.spec.get('mean')\n")
+    assert key_reads(path) == sorted(["m.py:2: facts['torch']", "m.py:6: ort.get('cuda')", "m.py:8: facts.cpu['isa']",
+                                      "m.py:15: entry.get('status')", "m.py:17: e['ended']",
+                                      "m.py:21: card['classes']", "m.py:21: spec['input_size']",
+                                      "m.py:21: card.spec.get('mean')"])
 
 
 def test_the_check_sees_the_records_in_the_modules_that_use_them():
     """Each reader types its records (the check would find nothing to follow in one that went back to dicts)."""
-    for name in ("doctor.py", "stages.py", "core/run.py", "reports/tables.py", "cli.py"):
+    for name in ("doctor.py", "stages.py", "core/run.py", "reports/tables.py", "cli.py", "core/data.py",
+                 "core/modeling.py", "export.py", "verify.py", "benchmark.py", "tune.py", "build.py", "compare.py",
+                 "baseline.py", "deploy.py", "evaluation/candidates.py", "training/qat_recipe.py",
+                 "precision/convert.py", "core/onnx_io.py", "reports/verify_report.py"):
         tree = ast.parse((PACKAGE / name).read_text())
         makers = MAKERS | {fn.name for fn in ast.walk(tree) if isinstance(fn, ast.FunctionDef)
                            and _names_a_type(fn.returns)}

@@ -322,10 +322,10 @@ def build_payload(cfg: Config, card, candidates: Sequence[Check], gated: dict, v
         "undecided": verdict.undecided,  # deployable only because the task check's bound could not decide
         "inconclusive_policy": cfg.verify.inconclusive,  # what an inconclusive verdict counted as (verify.inconclusive)
         "model": cfg.model.name,
-        **({"task": card["spec"]["task"]} if card["spec"].get("task", "classification") != "classification" else {}),
+        **({"task": card.spec.task} if card.spec.task != "classification" else {}),
         "reference": reference,
         "inputs": {"what": "real validation images", "source": cfg.data.source, "samples": samples,
-                   "batch_size": batch_size, "input_shape": ["batch", *card["spec"]["input_size"]]},
+                   "batch_size": batch_size, "input_shape": ["batch", *card.spec.input_size]},
         "candidates": [candidate_row(c, hashes).to_json() for c in candidates],
         **{key: section for name in plugs.PLUGS
            for key, section in zip(section_keys(name), gated.get(name) or (None, None), strict=True)},
