@@ -1,6 +1,7 @@
 """Issue 47's typed records beyond the result rows: the doctor's :class:`~pipeline.doctor.MachineFacts`, the model
 card (:class:`~pipeline.core.model_card.ModelCard`) and the manifest's stage entries
-(:class:`~pipeline.core.manifest.StageEntry`). Each is made
+(:class:`~pipeline.core.manifest.StageEntry`) and the isolated child's messages
+(:mod:`pipeline.runtime.isolate_messages`). Each is made
 by the code that knows it and read by attribute everywhere else: a ``["key"]`` subscript or ``.get("key")`` on one,
 outside the module that serialises it, is what this AST check finds."""
 
@@ -18,6 +19,8 @@ TYPES = {
     "Threads": "doctor.py", "Cpu": "doctor.py",
     "StageEntry": "core/manifest.py", "Artifact": "core/manifest.py",
     "ModelCard": "core/model_card.py", "CardSpec": "core/model_card.py",
+    **{name: "runtime/isolate_messages.py" for name in ("Job", "BackendRef", "Request", "Message", "Answer",
+                                                        "RemoteError")},
 }
 # Calls that return one of the types (besides a function annotated to return one, and the types themselves), as
 # ``module.function``; a bare call matches the function's name.
@@ -144,7 +147,7 @@ def test_the_check_sees_the_records_in_the_modules_that_use_them():
     for name in ("doctor.py", "stages.py", "core/run.py", "reports/tables.py", "cli.py", "core/data.py",
                  "core/modeling.py", "export.py", "verify.py", "benchmark.py", "tune.py", "build.py", "compare.py",
                  "baseline.py", "deploy.py", "evaluation/candidates.py", "training/qat_recipe.py",
-                 "precision/convert.py", "core/onnx_io.py", "reports/verify_report.py"):
+                 "precision/convert.py", "core/onnx_io.py", "reports/verify_report.py", "runtime/isolate.py"):
         tree = ast.parse((PACKAGE / name).read_text())
         makers = MAKERS | {fn.name for fn in ast.walk(tree) if isinstance(fn, ast.FunctionDef)
                            and _names_a_type(fn.returns)}
