@@ -23,12 +23,12 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.core import artifacts, benchmark_rows, bundle_schema, env, schema, verdicts, verify_rows
+from pipeline.core import artifacts, benchmark_rows, bundle_schema, env, model_card, schema, verdicts, verify_rows
 from pipeline.core.benchmark_rows import BenchmarkRow
 from pipeline.core.bundle_schema import Artifact, BatchRow, Environment, LatencyRow, Meta, made
 from pipeline.core.compare_result import EnvChange
 from pipeline.core.errors import InputError, UsageError
-from pipeline.core.run import RunDir, atomic_write, confined, now, open_confined, read_json, sha256_file
+from pipeline.core.run import RunDir, atomic_write, confined, now, open_confined, sha256_file
 from pipeline.core.verify_rows import CandidateRow
 from pipeline.evaluation import drift, predictions
 from pipeline.evaluation.predictions import Predictions
@@ -168,8 +168,8 @@ def write(run: RunDir, out: Path) -> Path:
     """The bundle of ``run`` in the folder ``out`` (created; an existing bundle there is replaced)."""
     from pipeline import config as config_mod
 
-    card = read_json(run.require(artifacts.MODEL_CARD, "train", "baseline"), "model card")
-    classes = list(card["classes"])
+    card = model_card.read(run.require(artifacts.MODEL_CARD, "train", "baseline"))
+    classes = list(card.classes or [])
     candidates = _passed_candidates(run)
     preds = run_predictions(run, "baseline", [predictions.REFERENCE, *(c.name for c, _ in candidates)],
                             len(classes))
@@ -183,8 +183,8 @@ def write(run: RunDir, out: Path) -> Path:
     config = config_mod.load_yaml_file(run.file(artifacts.CONFIG)) if run.file(artifacts.CONFIG).is_file() else None
     facts = environment((run.manifest or {}).get("environment") or env.collect())
     meta = made(lambda: Meta(  # what compare will read back, checked before writing
-        schema=SCHEMA, created=now(), run_dir=str(run.path), model=card["model"], classes=classes,
-        input_size=card["spec"]["input_size"], model_card=card, config=config, environment=Environment(**facts),
+        schema=SCHEMA, created=now(), run_dir=str(run.path), model=card.model, classes=classes,
+        input_size=card.spec.input_size, model_card=card.to_json(), config=config, environment=Environment(**facts),
         images=len(preds.names), predictions_sha256=hashlib.sha256(data).hexdigest(),
         artifacts=[_artifact_entry(c, v, preds.top5[c.name].top1, preds.labels, classes) for c, v in kept],
         latency=_latency_entries(run)), out / META)

@@ -234,17 +234,17 @@ def torch_threads(threads: int):
 def _run(cfg: Config, run_dir: RunDir, record: StageRecord, threads: int, profile: bool) -> None:
     bc = cfg.benchmark
     model, card = modeling.load_trained(cfg, run_dir, "benchmark")
-    spec = card["spec"]
-    check_batch_sizes(bc.batch_sizes, spec["input_size"], env.memory_bytes())
+    spec = card.spec
+    check_batch_sizes(bc.batch_sizes, spec.input_size, env.memory_bytes())
     images, _ = data.validation_batch(cfg, card, max(bc.batch_sizes))
     method = method_of(cfg)
     log.info("benchmark: batch sizes %s, %d threads, %s", bc.batch_sizes, threads, describe_method(method))
     _log_unused(cfg)
     rows = choose_rows(cfg)
     _log_rows(rows)
-    ctx = Context(cfg, run_dir, "benchmark", spec, model=model, threads=threads, gpu=env.cuda_status()[0])
+    ctx = Context(cfg, run_dir, "benchmark", spec.to_json(), model=model, threads=threads, gpu=env.cuda_status()[0])
     results, skipped = _time_all(ctx, rows, images, method)
-    results = trtexec.side_by_side(run_dir, results, backends.by_name, spec["input_name"], spec["input_size"], method)
+    results = trtexec.side_by_side(run_dir, results, backends.by_name, spec.input_name, spec.input_size, method)
     results = add_ratios(results)
     _warn_noisy(cfg, results)
     payload = _payload(cfg, spec, threads, results, skipped)
@@ -253,7 +253,7 @@ def _run(cfg: Config, run_dir: RunDir, record: StageRecord, threads: int, profil
     named = [row for pair in headline_rows(results).values() if pair for row in pair]
     with Retimer(ctx, images, method) as retimer:
         held = contests(results, retimer, cfg.tune.same_speed)
-        crosscheck = benchmark_app.side_by_side(cfg, run_dir, results, spec["input_size"], threads, named,
+        crosscheck = benchmark_app.side_by_side(cfg, run_dir, results, spec.input_size, threads, named,
                                                 retimer.block)
     payload["contests"] = {key: contest.to_json() for key, contest in held.items()}
     payload["benchmark_app"] = crosscheck.to_json()
@@ -538,7 +538,7 @@ def _payload(cfg: Config, spec: dict, threads: int, results: list[BenchmarkRow],
         "schema": SCHEMA,
         "created": now(),
         "model": cfg.model.name,
-        "input": {"shape": ["batch", *spec["input_size"]], "dtype": "float32", "data": "real validation images",
+        "input": {"shape": ["batch", *spec.input_size], "dtype": "float32", "data": "real validation images",
                   "dynamic_batch": cfg.export.dynamic_batch},
         "method": {"kind": bc.method, "warmup_s": bc.warmup_s, "min_iterations": bc.min_iterations,
                    "min_duration_s": bc.min_duration_s, "trials": bc.trials, "min_runs": bc.min_runs,

@@ -29,12 +29,13 @@ from pipeline.core import engine_sidecar, precision_config
 from pipeline.core.artifacts import FP32_ONNX, MODEL_CARD, build_log
 from pipeline.core.engine_sidecar import BuildFlags, EngineSidecar, Platform, ProfileShapes
 from pipeline.core.errors import BackendUnavailable, InputError, StageFailed
-from pipeline.core.run import RunDir, StageRecord, atomic_write, now, read_json, sha256_file, write_json
+from pipeline.core.run import RunDir, StageRecord, atomic_write, now, sha256_file, write_json
 from pipeline.runtime import openvino_ir, tensorrt_engine
 from pipeline.runtime.tensorrt_engine import Target
 
 if TYPE_CHECKING:  # annotations only
     from pipeline.core.config_schema import Config
+    from pipeline.core.model_card import CardSpec
 
 log = logging.getLogger("pipeline")
 
@@ -72,7 +73,9 @@ def _no_onnx_reason(cfg: Config, run_dir: RunDir, t: Target) -> str:
 
 
 def run(cfg: Config, run_dir: RunDir, record: StageRecord) -> None:
-    spec = read_json(run_dir.require(MODEL_CARD, "train", "build"), "model card")["spec"]
+    from pipeline.core import model_card
+
+    spec = model_card.read(run_dir.require(MODEL_CARD, "train", "build")).spec
     planned = plan(cfg, run_dir)
     check_required(cfg)
     record.details["openvino"] = openvino_ir.write_all(cfg, run_dir, record)  # the CPU IR, with TensorRT or without
@@ -99,14 +102,14 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord) -> None:
         record.skip("no engine to build: " + "; ".join(f"{p}: {why}" for p, why in skipped.items()))
 
 
-def build_engine(cfg: Config, run_dir: RunDir, t: Target, onnx_path: Path, spec: dict,
+def build_engine(cfg: Config, run_dir: RunDir, t: Target, onnx_path: Path, spec: CardSpec,
                  platform: dict) -> EngineSidecar:
     """Build one strongly typed engine from ``onnx_path``; write it and its sidecar; return the sidecar."""
-    shapes = tensorrt_engine.profile_shapes(cfg.build, spec["input_size"])  # Polygraphy's profile, and the sidecar's
-    profile = ProfileShapes.model_validate({"input": spec["input_name"], **shapes})
+    shapes = tensorrt_engine.profile_shapes(cfg.build, spec.input_size)  # Polygraphy's profile, and the sidecar's
+    profile = ProfileShapes.model_validate({"input": spec.input_name, **shapes})
     cache = tensorrt_engine.timing_cache_path(cfg, run_dir, platform)
     cache.parent.mkdir(parents=True, exist_ok=True)
-    loader = tensorrt_engine.engine_loader(onnx_path, input_name=spec["input_name"], shapes=shapes, build_cfg=cfg.build,
+    loader = tensorrt_engine.engine_loader(onnx_path, input_name=spec.input_name, shapes=shapes, build_cfg=cfg.build,
                            timing_cache=cache)
     log.info("build: %s -> %s (strongly typed, profile %s/%s/%s, optimization level %d, tf32 %s)", onnx_path.name,
              t.engine, profile.min[0], profile.opt[0], profile.max[0], cfg.build.optimization_level,

@@ -30,6 +30,7 @@ from pipeline.core.errors import (
     exit_code,
     interrupt_requested,
 )
+from pipeline.core.manifest import StageEntry
 from pipeline.stages import ORDER, STAGES
 
 log = logging.getLogger("pipeline")
@@ -309,10 +310,9 @@ def cmd_bench_train(args) -> int:
     return 0
 
 
-def _print_stage_line(name: str, entry: dict) -> None:
-    status = entry.get("status")
-    extra = f": {entry['reason']}" if entry.get("reason") else ""
-    log.info("%s: %s%s (%.1f s)", name, status, extra, entry.get("duration_s", 0.0))
+def _print_stage_line(name: str, entry: StageEntry) -> None:
+    extra = f": {entry.reason}" if entry.reason else ""
+    log.info("%s: %s%s (%.1f s)", name, entry.status, extra, entry.duration_s or 0.0)
 
 
 COMMANDS = {

@@ -27,7 +27,7 @@ from pipeline.core.benchmark_rows import BenchmarkRow
 from pipeline.core.bundle_schema import Environment, made
 from pipeline.core.compare_result import SCHEMA, ArtifactComparison, BaselineRef, CompareResult, LatencyComparison
 from pipeline.core.errors import CheckFailed, InputError, UsageError
-from pipeline.core.run import RunDir, StageRecord, now, read_json
+from pipeline.core.run import RunDir, StageRecord, now
 from pipeline.core.schema import printable
 from pipeline.core.status import Status
 from pipeline.evaluation import drift
@@ -103,14 +103,17 @@ def _bundle_path(cfg: Config, baseline: str | None) -> Path:
 
 def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, baseline: str | None = None) -> None:
     base = bundles.read(_bundle_path(cfg, baseline))
-    card = read_json(run_dir.require(artifacts.MODEL_CARD, "train", "compare"), "model card")
+    from pipeline.core import model_card
+
+    card = model_card.read(run_dir.require(artifacts.MODEL_CARD, "train", "compare"))
+    classes = card.classes or []
     verdicts, policy = bundles.run_verdicts(run_dir, "compare")
     judged = [a.name for a in base.meta.artifacts  # only these have predictions worth loading
               if drift.missing_reason(verdicts.get(a.name), policy, has_predictions=True) is None]
-    current = bundles.run_predictions(run_dir, "compare", judged, len(card["classes"]))
+    current = bundles.run_predictions(run_dir, "compare", judged, len(classes))
     meta = base.meta
     refused = drift.incompatibility(_image_set(meta.model, meta.classes, meta.input_size, base.predictions),
-                                    _image_set(card["model"], card["classes"], card["spec"]["input_size"], current))
+                                    _image_set(card.model, classes, card.spec.input_size, current))
     if refused:
         raise InputError(refused)
     facts = bundles.environment((run_dir.manifest or {}).get("environment") or {})

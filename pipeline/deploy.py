@@ -234,8 +234,8 @@ def _check_verify_finished(run_dir: RunDir) -> None:
     """verify.json must be the file a finished verify wrote: one that ended ok, or failed its gate (exit 1: every
     verdict was reached, and a failed one is refused here); not one edited or left by a verify that broke off."""
     path = run_dir.require(a.VERIFY_JSON, "verify", "deploy")
-    entry = run_dir.stage_entry("verify") or {}
-    if not deployment.verify_finished(entry.get("status"), entry.get("exit_code"),
+    entry = run_dir.stage_entry("verify")
+    if entry is None or not deployment.verify_finished(entry.status, entry.exit_code,
                                       run_dir.recorded_artifacts("verify").get(a.VERIFY_JSON), sha256_file(path)):
         raise InputError(f"{a.VERIFY_JSON} is not the report of a verify that finished here (its sha256 differs from "
                          "the manifest's, or verify broke off): re-run verify")
@@ -467,7 +467,7 @@ def serve_and_check(cfg: Config, run_dir: RunDir, repository: Path,
     from pipeline.runtime import triton_serve, triton_stock
 
     reference_model, card = modeling.load_trained(cfg, run_dir, "deploy")
-    spec = card["spec"]
+    spec = card.spec
     images, labels = data.labelled_validation_batch(cfg, card, cfg.deploy.serve_samples, spread=True)
     reference = _reference(reference_model, images, cfg.verify.batch_size)
     here = [(m, p) for m, p in models if not m.gpu and m.platform != "tensorrt_plan"]
@@ -486,7 +486,7 @@ def serve_and_check(cfg: Config, run_dir: RunDir, repository: Path,
                                   {k: v for k, v in written.items() if k.startswith(f"{m.name}/")},
                                   served_max_batch(cfg, m))
             loaded = stock.models.get(m.name)
-            results.append(served.check_model(model, send, images, labels, reference, spec["output_name"],
+            results.append(served.check_model(model, send, images, labels, reference, spec.output_name,
                                               cfg.verify.confidence, load_error=stock.errors.get(m.name, ""),
                                               served_precision=loaded.precision if loaded else None,
                                               repository=repository))

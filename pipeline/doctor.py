@@ -1,6 +1,6 @@
 """``python -m pipeline doctor``: the software stack, one line per part, and every mismatch with its fix.
 
-The checks are pure functions of a facts dict (:func:`gather` reads this machine), so tests can
+The checks are pure functions of a :class:`MachineFacts` (:func:`gather` reads this machine), so tests can
 feed them any stack, such as a CUDA 12 ONNX Runtime beside a CUDA 13 torch. ``all`` logs the problems
 :func:`problems` finds before it starts. verify and benchmark decide availability per backend themselves
 (the table's ``unavailable`` checks), so a runtime that cannot run here is "skipped: <reason>" there.
@@ -29,6 +29,82 @@ NOT_USED_PROVIDERS = ("TensorrtExecutionProvider",)
 # What nvidia-modelopt 0.47's torch side imports beyond its own requirements (modelopt.torch.utils.dataset_utils:
 # requests; modelopt.torch.opt.plugins.huggingface: huggingface_hub): the `qat` extra in pyproject.toml.
 QAT_MODULES = ("requests", "huggingface_hub")
+
+
+@dataclass(frozen=True)
+class Driver:
+    """The NVIDIA driver as NVML reports it: its version and the newest CUDA it runs ("12.8")."""
+
+    version: str
+    cuda: str
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """The GPU torch sees (:func:`pipeline.core.env.gpu_info`)."""
+
+    name: str
+    compute_capability: str
+    driver: str | None = None  # nvidia-smi's driver version; None when it cannot be asked
+
+    @classmethod
+    def of(cls, info: dict | None) -> Gpu | None:
+        """The GPU of :func:`pipeline.core.env.gpu_info`'s record (None: no GPU)."""
+        if info is None:
+            return None
+        return cls(info["name"], info["compute_capability"], info.get("driver"))
+
+
+@dataclass(frozen=True)
+class OnnxRuntime:
+    """ONNX Runtime's build and providers (``version`` None: not installed)."""
+
+    version: str | None = None
+    package: str = "onnxruntime"
+    cuda: str | None = None  # the CUDA its GPU build was made for
+    listed: tuple[str, ...] = ()  # the providers it lists
+    loads: tuple[str, ...] = ()  # those that really load here
+    conflict: str | None = None  # two ONNX Runtime packages installed side by side, with the fix
+
+
+@dataclass(frozen=True)
+class Threads:
+    torch: int
+    omp_num_threads: str | None  # OMP_NUM_THREADS; None: unset
+
+
+@dataclass(frozen=True)
+class Cpu:
+    model: str
+    cores: int
+    isa: tuple[str, ...]  # the ISA flags the tool cares about (env.ISA_FLAGS)
+    simulated: str | None = None  # PIPELINE_CPU_FLAGS when it stands in for the real flags
+
+
+@dataclass(frozen=True)
+class MachineFacts:
+    """This machine's stack, as :func:`gather` reads it; the checks below are pure functions of it, so tests feed
+    them any stack."""
+
+    python: str
+    torch: str
+    torch_cuda: str | None  # torch's CUDA build; None: CPU-only
+    gpu: Gpu | None  # None: no usable CUDA GPU, and gpu_reason says why
+    gpu_reason: str
+    onnxruntime: OnnxRuntime
+    tensorrt: str | None  # None: not installed or not importable, and tensorrt_reason says why
+    tensorrt_reason: str
+    tensorrt_cuda: int | None  # the CUDA major of the one TensorRT build installed
+    libcudart: str | None
+    polygraphy: str | None
+    modelopt: str | None
+    openvino: str | None
+    threads: Threads
+    cpu: Cpu
+    tensorrt_builds: tuple[int, ...] = ()  # the CUDA majors of every TensorRT build installed
+    driver: Driver | None = None
+    qat_missing: tuple[str, ...] | None = None  # the qat stage's imports that are missing; None: not looked
+    openvino_capabilities: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -67,9 +143,9 @@ def tensorrt_cuda_major() -> int | None:
     return majors[0] if len(majors) == 1 else None
 
 
-def nvml_driver() -> dict | None:
+def nvml_driver() -> Driver | None:
     """The NVIDIA driver as NVML reports it (works where CUDA itself cannot start, e.g. a driver too old for
-    torch's CUDA): ``{"version": "570.86.15", "cuda": "12.8"}``; None without a driver or NVML."""
+    torch's CUDA): ``Driver("570.86.15", "12.8")``; None without a driver or NVML."""
     try:
         import pynvml  # nvidia-ml-py, a dependency of torch's CUDA builds
     except ImportError:
@@ -81,8 +157,8 @@ def nvml_driver() -> dict | None:
     try:
         version = pynvml.nvmlSystemGetDriverVersion()
         cuda = int(pynvml.nvmlSystemGetCudaDriverVersion())  # 12080 for 12.8: the newest CUDA the driver runs
-        return {"version": version.decode() if isinstance(version, bytes) else str(version),
-                "cuda": f"{cuda // 1000}.{cuda % 1000 // 10}"}
+        return Driver(version.decode() if isinstance(version, bytes) else str(version),
+                      f"{cuda // 1000}.{cuda % 1000 // 10}")
     except Exception:
         return None
     finally:
@@ -90,15 +166,15 @@ def nvml_driver() -> dict | None:
             pynvml.nvmlShutdown()
 
 
-def driver_problem(facts: dict) -> str | None:
+def driver_problem(facts: MachineFacts) -> str | None:
     """Why torch's CUDA cannot run on this driver (too old for its CUDA major), in one line; None otherwise."""
-    driver, torch_major = facts.get("driver"), major(facts.get("torch_cuda"))
-    if not driver or not torch_major or major(driver.get("cuda")) is None or major(driver["cuda"]) >= torch_major:
+    driver, torch_major = facts.driver, major(facts.torch_cuda)
+    if not driver or not torch_major or major(driver.cuda) is None or major(driver.cuda) >= torch_major:
         return None
     minimum = DRIVER_MIN.get(torch_major, "a newer one")
-    return (f"the NVIDIA driver {driver['version']} runs CUDA up to {driver['cuda']}, but torch {facts.get('torch')} "
-            f"is a CUDA {facts['torch_cuda']} build (driver >= {minimum}): update the driver, or take the CUDA "
-            f"{major(driver['cuda'])} route (docs/export-and-build.md)")
+    return (f"the NVIDIA driver {driver.version} runs CUDA up to {driver.cuda}, but torch {facts.torch} "
+            f"is a CUDA {facts.torch_cuda} build (driver >= {minimum}): update the driver, or take the CUDA "
+            f"{major(driver.cuda)} route (docs/export-and-build.md)")
 
 
 def find_libcudart() -> str | None:
@@ -140,73 +216,73 @@ def provider_loads(provider: str) -> tuple[bool, str]:
     return True, ""
 
 
-def onnxruntime_facts(gpu: bool) -> dict:
+def onnxruntime_facts(gpu: bool) -> OnnxRuntime:
     """ONNX Runtime's build and providers; GPU providers are load-tested only where a GPU is visible."""
     try:
         import onnxruntime as ort
         from onnxruntime.capi import build_and_package_info as build_info
     except ImportError:
-        return {"version": None}
-    listed = ort.get_available_providers()
-    return {
-        "version": ort.__version__,
-        "package": getattr(build_info, "package_name", "onnxruntime"),
-        "cuda": getattr(build_info, "cuda_version", None) or None,
-        "listed": listed,
-        "loads": [p for p in listed if p == "CPUExecutionProvider"
-                  or (p not in NOT_USED_PROVIDERS and (gpu or p not in GPU_PROVIDERS) and provider_loads(p)[0])],
-        "conflict": env.onnxruntime_conflict(),
-    }
+        return OnnxRuntime()
+    listed = tuple(ort.get_available_providers())
+    return OnnxRuntime(
+        version=ort.__version__,
+        package=getattr(build_info, "package_name", "onnxruntime"),
+        cuda=getattr(build_info, "cuda_version", None) or None,
+        listed=listed,
+        loads=tuple(p for p in listed if p == "CPUExecutionProvider"
+                    or (p not in NOT_USED_PROVIDERS and (gpu or p not in GPU_PROVIDERS) and provider_loads(p)[0])),
+        conflict=env.onnxruntime_conflict(),
+    )
 
 
-def gather() -> dict:
+def gather() -> MachineFacts:
     """This machine's stack. Imports torch and ONNX Runtime; TensorRT only if installed."""
     import torch
 
     trt, trt_reason = env.tensorrt_status()
     gpu_ok, gpu_reason = env.cuda_status()
     flags = env.cpu_flags()
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torch_cuda": torch.version.cuda,
-        "gpu": env.gpu_info() if gpu_ok else None,
-        "gpu_reason": gpu_reason,
-        "onnxruntime": onnxruntime_facts(gpu_ok),
-        "tensorrt": getattr(trt, "__version__", None),
-        "tensorrt_reason": trt_reason,
-        "tensorrt_cuda": tensorrt_cuda_major(),
-        "tensorrt_builds": tensorrt_cuda_majors(),
-        "driver": nvml_driver(),
-        "libcudart": find_libcudart(),
-        "polygraphy": env.package_version("polygraphy"),
-        "modelopt": env.package_version("nvidia-modelopt"),
-        "qat_missing": qat_missing(),
-        "openvino": env.package_version("openvino"),
-        "openvino_capabilities": _openvino_capabilities(),
-        "threads": {"torch": torch.get_num_threads(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")},
-        "cpu": {"model": env.cpu_model(), "cores": env.usable_cores(),
-                "isa": [f for f in env.ISA_FLAGS if f in flags], "simulated": env.cpu_flags_simulated()},
-    }
+    return MachineFacts(
+        python=platform.python_version(),
+        torch=torch.__version__,
+        torch_cuda=torch.version.cuda,
+        gpu=Gpu.of(env.gpu_info()) if gpu_ok else None,
+        gpu_reason=gpu_reason,
+        onnxruntime=onnxruntime_facts(gpu_ok),
+        tensorrt=getattr(trt, "__version__", None),
+        tensorrt_reason=trt_reason,
+        tensorrt_cuda=tensorrt_cuda_major(),
+        tensorrt_builds=tuple(tensorrt_cuda_majors()),
+        driver=nvml_driver(),
+        libcudart=find_libcudart(),
+        polygraphy=env.package_version("polygraphy"),
+        modelopt=env.package_version("nvidia-modelopt"),
+        qat_missing=tuple(qat_missing()),
+        openvino=env.package_version("openvino"),
+        openvino_capabilities=tuple(_openvino_capabilities()),
+        threads=Threads(torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")),
+        cpu=Cpu(env.cpu_model(), env.usable_cores(), tuple(f for f in env.ISA_FLAGS if f in flags),
+                env.cpu_flags_simulated()),
+    )
 
 
 # --------------------------------------------------------------------------- checks
 
 
-def cuda_mismatches(facts: dict) -> list[Problem]:
+def cuda_mismatches(facts: MachineFacts) -> list[Problem]:
     """Parts built for another CUDA major than torch's, each with the fix. Empty when torch is CPU-only."""
-    torch_major = major(facts.get("torch_cuda"))
+    torch_major = major(facts.torch_cuda)
     problems = []
-    ort = facts.get("onnxruntime") or {}
-    if ort.get("conflict"):
-        problems.append(Problem("onnxruntime", ort["conflict"]))
-    ort_major = major(ort.get("cuda"))
+    ort = facts.onnxruntime
+    if ort.conflict:
+        problems.append(Problem("onnxruntime", ort.conflict))
+    ort_major = major(ort.cuda)
     if torch_major and ort_major and ort_major != torch_major:
         fix = ("install onnxruntime-gpu>=1.31 or the CUDA 12 torch" if torch_major >= 13 else
                "install onnxruntime-gpu 1.24.x (a CUDA 12 build) or the CUDA 13 torch")
-        problems.append(Problem("onnxruntime", f"{ort.get('package')} {ort.get('version')} is a CUDA {ort_major} "
-                                               f"build; torch uses CUDA {facts['torch_cuda']}: {fix}"))
-    builds = facts.get("tensorrt_builds") or []
+        problems.append(Problem("onnxruntime", f"{ort.package} {ort.version} is a CUDA {ort_major} "
+                                               f"build; torch uses CUDA {facts.torch_cuda}: {fix}"))
+    builds = facts.tensorrt_builds
     if len(builds) > 1:
         names = ", ".join(f"tensorrt_cu{b}" for b in builds)
         keep = torch_major if torch_major in builds else builds[-1]
@@ -215,38 +291,38 @@ def cuda_mismatches(facts: dict) -> list[Problem]:
                                             + " ".join(f"tensorrt-cu{b} tensorrt-cu{b}-libs tensorrt-cu{b}-bindings"
                                                        for b in builds)
                                             + f", then pip install \"tensorrt-cu{keep}>=10.12\" (one build)"))
-    trt_major = facts.get("tensorrt_cuda")
+    trt_major = facts.tensorrt_cuda
     if torch_major and trt_major and trt_major != torch_major:
-        problems.append(Problem("tensorrt", f"TensorRT {facts.get('tensorrt')} is built for CUDA {trt_major}; torch "
-                                            f"uses CUDA {facts['torch_cuda']}: install tensorrt-cu{torch_major} "
+        problems.append(Problem("tensorrt", f"TensorRT {facts.tensorrt} is built for CUDA {trt_major}; torch "
+                                            f"uses CUDA {facts.torch_cuda}: install tensorrt-cu{torch_major} "
                                             f"or the CUDA {trt_major} torch"))
     return problems
 
 
-def problems(facts: dict) -> list[Problem]:
+def problems(facts: MachineFacts) -> list[Problem]:
     """Every mismatch on this stack: CUDA majors, providers that are listed but do not load, libcudart."""
     found = cuda_mismatches(facts)
     driver = driver_problem(facts)
-    if driver and not facts.get("gpu"):
+    if driver and not facts.gpu:
         found.insert(0, Problem("driver", driver))
-    ort = facts.get("onnxruntime") or {}
-    if facts.get("gpu"):
-        for provider in (p for p in ort.get("listed", []) if p in GPU_PROVIDERS and p not in ort.get("loads", [])):
+    ort = facts.onnxruntime
+    if facts.gpu:
+        for provider in (p for p in ort.listed if p in GPU_PROVIDERS and p not in ort.loads):
             found.append(Problem("onnxruntime", f"{provider} is listed but does not load on this GPU: "
                                                 f"{provider_loads(provider)[1]}"))
-    if facts.get("tensorrt") and not facts.get("libcudart"):
+    if facts.tensorrt and not facts.libcudart:
         found.append(Problem("tensorrt", "libcudart is not found (Polygraphy's TensorRT runner needs it): install "
                                          "the CUDA runtime wheel (nvidia-cuda-runtime) or add its lib folder to "
                                          "LD_LIBRARY_PATH"))
     return found
 
 
-def requirement_problem(facts: dict, required: str) -> str | None:
+def requirement_problem(facts: MachineFacts, required: str) -> str | None:
     """Why ``--require cuda|tensorrt`` cannot be met here, in one line; None when it can."""
-    if not facts.get("gpu"):
-        return f"--require {required}: {driver_problem(facts) or facts.get('gpu_reason') or 'no CUDA GPU'}"
-    if required == "tensorrt" and not facts.get("tensorrt"):
-        return f"--require tensorrt: {facts.get('tensorrt_reason')}"
+    if not facts.gpu:
+        return f"--require {required}: {driver_problem(facts) or facts.gpu_reason or 'no CUDA GPU'}"
+    if required == "tensorrt" and not facts.tensorrt:
+        return f"--require tensorrt: {facts.tensorrt_reason}"
     blocking = [p for p in problems(facts) if required == "cuda" or p.part == "tensorrt"]
     if blocking:
         return f"--require {required}: {blocking[0].message}"
@@ -256,44 +332,46 @@ def requirement_problem(facts: dict, required: str) -> str | None:
 # --------------------------------------------------------------------------- report
 
 
-def lines(facts: dict) -> list[str]:
+def lines(facts: MachineFacts) -> list[str]:
     """The stack, one line per part."""
-    ort = facts["onnxruntime"]
-    gpu = facts.get("gpu")
-    cpu = facts["cpu"]
-    ort_line = "not installed"
-    if ort.get("version"):
-        ort_line = (f"{ort['package']} {ort['version']}" + (f" (CUDA {ort['cuda']} build)" if ort.get("cuda") else "")
-                    + f"; lists {', '.join(ort['listed'])}; loads {', '.join(ort['loads'])}"
-                  + "".join(f" ({p} not used: TensorRT runs through Polygraphy)"
-                            for p in NOT_USED_PROVIDERS if p in ort["listed"]))
+    gpu, cpu = facts.gpu, facts.cpu
     return [
-        f"python       {facts['python']}",
-        f"torch        {facts['torch']} ({'CUDA ' + facts['torch_cuda'] if facts['torch_cuda'] else 'CPU-only build'})",
-        "gpu          " + (f"{gpu['name']} (compute {gpu['compute_capability']}), driver {gpu.get('driver') or '?'}"
-                           if gpu else f"none: {driver_problem(facts) or facts['gpu_reason']}"),
-        f"onnxruntime  {ort_line}",
-        "tensorrt     " + (f"{facts['tensorrt']} (CUDA {facts['tensorrt_cuda'] or '?'} build)" if facts["tensorrt"]
-                           else f"none: {facts['tensorrt_reason']}"),
-        f"triton       {deployment.describe_releases(facts['tensorrt'])} (deploy --target triton; docs/deploy.md)",
+        f"python       {facts.python}",
+        f"torch        {facts.torch} ({'CUDA ' + facts.torch_cuda if facts.torch_cuda else 'CPU-only build'})",
+        "gpu          " + (f"{gpu.name} (compute {gpu.compute_capability}), driver {gpu.driver or '?'}"
+                           if gpu else f"none: {driver_problem(facts) or facts.gpu_reason}"),
+        f"onnxruntime  {_onnxruntime_words(facts.onnxruntime)}",
+        "tensorrt     " + (f"{facts.tensorrt} (CUDA {facts.tensorrt_cuda or '?'} build)" if facts.tensorrt
+                           else f"none: {facts.tensorrt_reason}"),
+        f"triton       {deployment.describe_releases(facts.tensorrt)} (deploy --target triton; docs/deploy.md)",
         f"triton-onnx  {_onnx_releases()}",
         "triton-ir    OpenVINO IRs: per model in deploy.json (`loads_in`: the IR's opsets against each release's "
         "OpenVINO; docs/deploy.md)",
-        "libcudart    " + (f"found at {facts['libcudart']}" if facts["libcudart"] else
+        "libcudart    " + (f"found at {facts.libcudart}" if facts.libcudart else
                            "not found: searched LD_LIBRARY_PATH, site-packages nvidia/cu13/lib and "
                            "nvidia/cuda_runtime/lib, /usr/local/cuda"),
-        f"polygraphy   {facts['polygraphy'] or 'not installed'}",
-        f"modelopt     {facts['modelopt'] or 'not installed'}" + _qat_words(facts),
-        f"openvino     {facts['openvino'] or 'not installed'}"
-        + (f"; CPU plugin capabilities {' '.join(facts.get('openvino_capabilities') or []) or 'unknown'}"
-           if facts["openvino"] else ""),
+        f"polygraphy   {facts.polygraphy or 'not installed'}",
+        f"modelopt     {facts.modelopt or 'not installed'}" + _qat_words(facts),
+        f"openvino     {facts.openvino or 'not installed'}"
+        + (f"; CPU plugin capabilities {' '.join(facts.openvino_capabilities) or 'unknown'}"
+           if facts.openvino else ""),
         *cpu_precision_lines(facts),
-        f"threads      torch {facts['threads']['torch']}, "
-        f"OMP_NUM_THREADS={facts['threads']['OMP_NUM_THREADS'] or 'unset'}",
-        f"cpu          {cpu['model']}, {cpu['cores']} cores; {' '.join(cpu['isa']) or 'no AVX2'}"
-        + (f" (simulated by {env.CPU_FLAGS_ENV})" if cpu.get("simulated") is not None else ""),
+        f"threads      torch {facts.threads.torch}, "
+        f"OMP_NUM_THREADS={facts.threads.omp_num_threads or 'unset'}",
+        f"cpu          {cpu.model}, {cpu.cores} cores; {' '.join(cpu.isa) or 'no AVX2'}"
+        + (f" (simulated by {env.CPU_FLAGS_ENV})" if cpu.simulated is not None else ""),
         "pycuda       not needed (Polygraphy brings its own CUDA wrapper; TensorRT's samples use cuda-python)",
     ]
+
+
+def _onnxruntime_words(ort: OnnxRuntime) -> str:
+    """ONNX Runtime's line: its build, the providers it lists and those that load."""
+    if not ort.version:
+        return "not installed"
+    return (f"{ort.package} {ort.version}" + (f" (CUDA {ort.cuda} build)" if ort.cuda else "")
+            + f"; lists {', '.join(ort.listed)}; loads {', '.join(ort.loads)}"
+            + "".join(f" ({p} not used: TensorRT runs through Polygraphy)"
+                      for p in NOT_USED_PROVIDERS if p in ort.listed))
 
 
 def _onnx_releases() -> str:
@@ -319,9 +397,9 @@ def qat_missing() -> list[str]:
     return [m for m in QAT_MODULES if importlib.util.find_spec(m) is None]
 
 
-def _qat_words(facts: dict) -> str:
-    missing = facts.get("qat_missing")
-    if missing is None or not facts.get("modelopt"):
+def _qat_words(facts: MachineFacts) -> str:
+    missing = facts.qat_missing
+    if missing is None or not facts.modelopt:
         return ""
     if not missing:
         return "; PyTorch quantization (qat) importable"
@@ -337,10 +415,10 @@ def _openvino_capabilities() -> list[str]:
         return []
 
 
-def cpu_precision_lines(facts: dict) -> list[str]:
+def cpu_precision_lines(facts: MachineFacts) -> list[str]:
     """The CPU's bf16 and int8 units, from its flags (``PIPELINE_CPU_FLAGS`` when simulated) and OpenVINO's view."""
-    isa, caps = set(facts["cpu"]["isa"]), facts.get("openvino_capabilities") or []
-    ov = (lambda cap: f"; OpenVINO {'lists' if cap in caps else 'does not list'} {cap}") if facts.get("openvino") \
+    isa, caps = set(facts.cpu.isa), facts.openvino_capabilities
+    ov = (lambda cap: f"; OpenVINO {'lists' if cap in caps else 'does not list'} {cap}") if facts.openvino \
         else (lambda cap: "")
     bf16 = sorted(isa & env.BF16_FLAGS)
     int8 = sorted(isa & env.INT8_DOT_FLAGS)

@@ -28,6 +28,7 @@ from pipeline.training import qat_recipe
 
 if TYPE_CHECKING:  # annotations only
     from pipeline.core.config_schema import Config
+    from pipeline.core.model_card import ModelCard
 
 log = logging.getLogger("pipeline")
 
@@ -53,13 +54,13 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord) -> None:
     for plug in plugs.ORDER:
         run_dir.file(plug.graph).unlink(missing_ok=True)
     run_dir.file(CALIBRATION_IMAGES).unlink(missing_ok=True)
-    spec = card["spec"]
+    spec = card.spec
     ec = cfg.export
     examples, _ = validation_batch(cfg, card, 2)
     path = run_dir.file(FP32_ONNX)
     log.info("export: %s -> %s (opset %d, %s exporter)", cfg.model.name, FP32_ONNX, ec.opset, ec.exporter)
     tracer_warnings = export_onnx(model, torch.from_numpy(examples), path, opset=ec.opset, exporter=ec.exporter,
-                                  input_name=spec["input_name"], output_name=spec["output_name"],
+                                  input_name=spec.input_name, output_name=spec.output_name,
                                   dynamic_batch=ec.dynamic_batch, weights_sha256=weights_sha256,
                                   extra_outputs=tasks.of(spec).extra_outputs,
                                   accept_trace_warnings=ec.accept_trace_warnings,
@@ -75,8 +76,8 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord) -> None:
         "onnx": onnx.__version__,
         "opset": ec.opset,
         "dynamic_batch": ec.dynamic_batch,
-        "input": {"name": spec["input_name"], "shape": onnx_io.input_shape(exported, spec["input_name"])},
-        "output": spec["output_name"],
+        "input": {"name": spec.input_name, "shape": onnx_io.input_shape(exported, spec.input_name)},
+        "output": spec.output_name,
         "nodes": len(exported.graph.node),
         "checker": "onnx.checker.check_model(full_check=True) passed",
         "exporter_warnings": [w.text for w in tracer_warnings],
@@ -88,7 +89,7 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord) -> None:
         export_graph(cfg, run_dir, card, record, exported, plug)
 
 
-def export_graph(cfg: Config, run_dir: RunDir, card: dict, record: StageRecord, exported: onnx.ModelProto,
+def export_graph(cfg: Config, run_dir: RunDir, card: ModelCard, record: StageRecord, exported: onnx.ModelProto,
                  plug) -> None:
     """``model.<precision>.onnx`` when ``export.<precision>.enabled``; without ModelOpt, "skipped: <reason>" in the
     record. The fallback file's raises are kept higher, its names checked against ``model.onnx``."""

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.core import artifacts as a
-from pipeline.core import env, manifest, records
+from pipeline.core import env, records
 from pipeline.core.errors import BackendUnavailable, InputError, UsageError
-from pipeline.core.manifest import STAGE_ORDER
+from pipeline.core.manifest import STAGE_ORDER, StageEntry
 from pipeline.core.run import RunDir, atomic_write, refuse_foreign, sha256_file
 from pipeline.core.status import Status
 from pipeline.precision import PRECISIONS
@@ -121,24 +121,23 @@ class Stage:
                 cfg = cfg.model_copy(update={section: part})
         return cfg
 
-    def line(self, entry: dict) -> str:
+    def line(self, entry: StageEntry) -> str:
         """Its note in the end-of-run summary: its own summary of the details, else the skip or failure reason."""
-        status = entry.get("status")
         # A failed check (exit 1: verify's gate) finished its work, so its summary stands; otherwise the
         # details of a stage that did not finish are partial, and its error is the note.
-        finished = manifest.finished(entry)
-        if status in (Status.FAILED, Status.INTERRUPTED) and not finished:
-            return " ".join(str(entry.get("error") or "see the error above").split())
+        finished = entry.finished
+        if entry.status in (Status.FAILED, Status.INTERRUPTED) and not finished:
+            return " ".join(str(entry.error or "see the error above").split())
         if self.summary and finished:
             try:
                 if records.from_entry(records.kind_of(self.name), entry) is not None:
                     return self.summary(entry)
             except InputError as exc:  # a damaged manifest: said on its line, never instead of the run's own error
                 return str(exc)
-        return entry.get("reason") or ""
+        return entry.reason or ""
 
 
-def _train_summary(entry: dict) -> str:
+def _train_summary(entry: StageEntry) -> str:
     train = records.from_entry(records.TrainRecord, entry) or records.TrainRecord()
     boxes = train.learning is not None and train.learning.task == "detection"  # the val "acc" is a detector's mAP
     line = (f"best val {'mAP@0.5:0.95' if boxes else 'acc'} {100 * (train.best_val_acc or 0):.1f}% after "
@@ -148,14 +147,14 @@ def _train_summary(entry: dict) -> str:
         line += (f"; precise BN {100 * precise.best_epoch_val_acc_before:.1f}% -> "
                  f"{100 * (precise.best_epoch_val_acc_after or 0):.1f}%")
     learning = train.learning
-    if learning is not None and entry.get("status") == Status.FAILED:  # the learning check failed (exit 1): its line
-        line += f"; {entry.get('error')}"
+    if learning is not None and entry.status == Status.FAILED:  # the learning check failed (exit 1): its line
+        line += f"; {entry.error}"
     elif learning is not None:
         line += f"; {'learned' if learning.learned else learning.line}"
     return line
 
 
-def _export_summary(entry: dict) -> str:
+def _export_summary(entry: StageEntry) -> str:
     export = records.from_entry(records.ExportRecord, entry) or records.ExportRecord()
     graphs = {p: export.graph(p) for p in PRECISIONS}
     shares = [f"{p.upper()} {100 * g.fraction:.1f}%" for p, g in graphs.items() if g and g.fraction is not None]
@@ -166,7 +165,7 @@ def _export_summary(entry: dict) -> str:
                                                          "in that precision" if shares else "") + accepted
 
 
-def _verify_summary(entry: dict) -> str:
+def _verify_summary(entry: StageEntry) -> str:
     verify = records.from_entry(records.VerifyRecord, entry) or records.VerifyRecord()
     rows = ", ".join(f"{c}: {s}" for c, s in verify.candidates.items())
     undecided = verify.undecided
@@ -184,11 +183,11 @@ def _verify_summary(entry: dict) -> str:
     return f"{reference_words(verify.reference_accuracy, verify.reference_learned, verify.reference_task)}; {line}"
 
 
-def _benchmark_summary(entry: dict) -> str:
+def _benchmark_summary(entry: StageEntry) -> str:
     return (records.from_entry(records.BenchmarkRecord, entry) or records.BenchmarkRecord()).headline
 
 
-def _tune_summary(entry: dict) -> str:
+def _tune_summary(entry: StageEntry) -> str:
     return f"tuned artifact: {(records.from_entry(records.TuneRecord, entry) or records.TuneRecord()).summary}"
 
 
@@ -203,20 +202,20 @@ def _tune_not_read(cfg: Config) -> tuple[str, ...]:
     return tuple(a.fallback_file(p) for p in PRECISIONS if p not in read)
 
 
-def _qat_summary(entry: dict) -> str:
+def _qat_summary(entry: StageEntry) -> str:
     q = records.from_entry(records.QATRecord, entry) or records.QATRecord()
     return (f"{q.epochs} epochs, {q.seconds_per_epoch} s per epoch, best val acc {100 * (q.best_val_acc or 0):.1f}% "
             f"fake-quantized; {q.int8_layers} matrix layers in INT8 ({100 * (q.int8_fraction or 0):.1f}%)")
 
 
-def _deploy_summary(entry: dict) -> str:
+def _deploy_summary(entry: StageEntry) -> str:
     deploy = records.from_entry(records.DeployRecord, entry) or records.DeployRecord()
     refused = f"; refused: {', '.join(deploy.refused)}" if deploy.refused else ""
     served = f"; served as written and gated against the FP32 reference: {deploy.served}" if deploy.served else ""
     return f"{deploy.repository}: {', '.join(deploy.models)}{refused}{served}"
 
 
-def _compare_summary(entry: dict) -> str:
+def _compare_summary(entry: StageEntry) -> str:
     compare = records.from_entry(records.CompareRecord, entry) or records.CompareRecord()
     rows = ", ".join(f"{name}: {status}" for name, status in compare.artifacts.items())
     slower = compare.latency_regressions
@@ -361,7 +360,7 @@ def _compare_in_all(cfg: Config, run: RunDir, force: set[str]) -> None:
     if fresh:
         check_requirements(stage, cfg)
         run.this_invocation[stage.name] = "unchanged"
-        log.info("%s: unchanged since %s, skipped", stage.name, run.stage_entry(stage.name).get("ended"))
+        log.info("%s: unchanged since %s, skipped", stage.name, run.stage_entry(stage.name).ended)
         return
     log.debug("%s: %s", stage.name, why)
     run.this_invocation[stage.name] = "ran"
@@ -507,13 +506,17 @@ def fingerprint(stage: Stage, cfg: Config, run: RunDir, options: dict | None = N
         "hardware": stage.hardware(),
         # Each execution of a stage gets a new run id, so downstream stages re-run after it even
         # when it reproduced byte-identical outputs.
-        "upstream_runs": {name: (run.stage_entry(name) or {}).get("run_id") for name in stage.after},
+        "upstream_runs": {name: _run_id(run.stage_entry(name)) for name in stage.after},
     }
     if "data" in stage.config_keys:  # the data's content, not only its config: a new class folder re-trains
         payload["data"] = _data_summary(cfg, run)
     if stage.reads is not None:
         payload.update(stage.reads(stage, cfg, run, options))
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _run_id(entry: StageEntry | None) -> str | None:
+    return entry.run_id if entry is not None else None
 
 
 def _data_summary(cfg: Config, run: RunDir) -> dict:
@@ -533,11 +536,11 @@ def _data_summary(cfg: Config, run: RunDir) -> dict:
 def up_to_date(stage: Stage, cfg: Config, run: RunDir) -> tuple[bool, str]:
     """Whether ``stage`` can be skipped: same fingerprint, finished, outputs still intact."""
     entry = run.stage_entry(stage.name)
-    if not entry or entry.get("status") not in (Status.OK, Status.SKIPPED):
-        return False, "not run yet" if not entry else f"last run {entry.get('status')}"
-    if entry.get("fingerprint") != fingerprint(stage, cfg, run):
+    if not entry or not entry.ended_normally:
+        return False, "not run yet" if not entry else f"last run {entry.status}"
+    if entry.fingerprint != fingerprint(stage, cfg, run):
         return False, "inputs changed"
-    if stage.checks_require and not set(cfg.require) <= set(entry.get("require", ())):
+    if stage.checks_require and not set(cfg.require) <= set(entry.require):
         return False, "it has not checked every required backend yet"
     for name, sha256 in run.recorded_artifacts(stage.name).items():
         path = run.file(name)
@@ -611,11 +614,11 @@ def retrain_notice(cfg: Config, run: RunDir, force: set[str]) -> str | None:
     """The line ``all`` prints before it replaces trained weights without ``--force train``; None if it won't."""
     stage = STAGES["train"]
     entry = run.stage_entry(stage.name)
-    if stage.name in force or not entry or entry.get("status") != Status.OK or not run.file(a.WEIGHTS).is_file():
+    if stage.name in force or not entry or entry.status != Status.OK or not run.file(a.WEIGHTS).is_file():
         return None
     if up_to_date(stage, cfg, run)[0]:
         return None
-    changes = _changes(entry.get("config") or {}, _sections(stage, cfg)) if "config" in entry else []
+    changes = _changes(entry.config or {}, _sections(stage, cfg)) if "config" in entry.model_fields_set else []
     if changes:
         shown = ", ".join(changes[:3]) + (f", and {len(changes) - 3} more" if len(changes) > 3 else "")
         why = f"the model/data/train config changed since train ran ({shown})"
@@ -649,7 +652,7 @@ def check_requirements(stage: Stage, cfg: Config) -> None:
     current_stage.reset(token)
 
 
-def run_stage(name: str, cfg: Config, run: RunDir, **options) -> dict:
+def run_stage(name: str, cfg: Config, run: RunDir, **options) -> StageEntry:
     """Run one stage with manifest bookkeeping; returns its manifest entry."""
     stage = STAGES[name]
     options = stage.options_for(cfg, options)
@@ -657,9 +660,8 @@ def run_stage(name: str, cfg: Config, run: RunDir, **options) -> dict:
     check_requirements(stage, cfg)
     token = current_stage.set(name)
     with run.stage(name, fingerprint(stage, cfg, run, options)) as record:
-        record.entry["run_id"] = uuid.uuid4().hex
-        record.entry["require"] = sorted(cfg.require)
-        record.entry["config"] = _sections(stage, cfg)  # what it ran with: `all` names a change before re-training
+        # what it ran with: `all` names a change before re-training
+        record.update(run_id=uuid.uuid4().hex, require=sorted(cfg.require), config=_sections(stage, cfg))
         stage.function(cfg, run, record, **options)
     current_stage.reset(token)  # left set on failure, so the CLI can name the stage that failed
     save_config(run)  # its artifacts were made with this config
@@ -687,8 +689,7 @@ def _follow_replacement(name: str, cfg: Config, run: RunDir) -> None:
     if built or any(sha256_file(run.file(a)) != h for a, h in judged.items()):
         run_stage(name, cfg, run)  # judge what is on disk now (a rebuilt engine included)
     else:
-        run.stage_entry(name)["fingerprint"] = fingerprint(STAGES[name], cfg, run)
-        run.save_manifest()
+        run.refingerprint(name, fingerprint(STAGES[name], cfg, run))
 
 
 def run_worker(name: str, cfg: Config, run_dir: str | Path, **options) -> None:
@@ -699,7 +700,8 @@ def run_worker(name: str, cfg: Config, run_dir: str | Path, **options) -> None:
     stage = STAGES[name]
     run = RunDir(run_dir)
     current_stage.set(name)
-    stage.function(cfg, run, StageRecord(run, name, {}), **stage.options_for(cfg, options))
+    stage.function(cfg, run, StageRecord(run, name, StageEntry(status=Status.RUNNING), stored=False),
+                   **stage.options_for(cfg, options))
 
 
 def run_stages(cfg: Config, run: RunDir, *, force: set[str] | None = None, options: dict | None = None) -> dict:
@@ -723,7 +725,7 @@ def run_stages(cfg: Config, run: RunDir, *, force: set[str] | None = None, optio
                 check_requirements(stage, cfg)
                 entry = run.stage_entry(name)
                 run.this_invocation[name] = "unchanged"
-                log.info("%s: unchanged since %s, skipped (--force %s re-runs it)", name, entry.get("ended"), name)
+                log.info("%s: unchanged since %s, skipped (--force %s re-runs it)", name, entry.ended, name)
                 continue
             log.debug("%s: %s", name, why)
         run.this_invocation[name] = "ran"
@@ -734,6 +736,7 @@ def run_stages(cfg: Config, run: RunDir, *, force: set[str] | None = None, optio
 
 
 NOT_CONFIGURED = "not configured"
+NOT_RUN = StageEntry(status="not run")  # the summary's row of a stage without an entry
 
 
 def _joining(*, before: str | None) -> list[Stage]:
@@ -777,15 +780,16 @@ def summary(run: RunDir) -> str:
     lines = [f"\nrun directory: {run.path}"]
     done = run.this_invocation
     for name in summary_order():
-        entry = run.stage_entry(name) or {}
-        if name not in ORDER and not entry:  # tune, compare: only where they ran
+        entry = run.stage_entry(name)
+        if name not in ORDER and entry is None:  # tune, compare: only where they ran
             continue
-        line = f"  {name:<10} {entry.get('status', 'not run'):<12} {STAGES[name].line(entry)}"
+        shown = entry or NOT_RUN
+        line = f"  {name:<10} {shown.status:<12} {STAGES[name].line(shown)}"
         if done is not None and done.get(name) == NOT_CONFIGURED:  # not part of this result: said, not shown
             line = f"  {name:<10} {'not run':<12} {STAGES[name].joins_all.off_note}: the {name} that ended " \
-                   f"{entry.get('ended')} ({entry.get('status')}) is not part of this result"
+                   f"{shown.ended} ({entry.status if entry else None}) is not part of this result"
         elif done is not None and name not in done and entry:  # not reached now: an earlier run's row
-            line = f"  {name:<10} {'earlier':<12} (not run now; an earlier run ended {entry.get('ended')}: " \
-                   f"{entry.get('status')})"
+            line = f"  {name:<10} {'earlier':<12} (not run now; an earlier run ended {entry.ended}: " \
+                   f"{entry.status})"
         lines.append(line)
     return "\n".join(lines)

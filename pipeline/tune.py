@@ -98,7 +98,7 @@ class Tuner:
     def __init__(self, cfg: Config, run_dir: RunDir, plug: Precision):
         self.cfg, self.run_dir, self.plug = cfg, run_dir, plug
         self.model, self.card = modeling.load_trained(cfg, run_dir, "tune")
-        self.spec = self.card["spec"]
+        self.spec = self.card.spec
         self.fp32_model = onnx_io.load(run_dir.require(FP32_ONNX, "export", "tune"))
         # The search (sensitivity, every candidate, the choice's confirmation) judges on the validation split's search
         # part; the chosen mix is judged once more on the verdict part, which nothing here chose on (core.roles).
@@ -107,7 +107,7 @@ class Tuner:
         self.gate = candidates.gate_for(cfg, plug.faithful, plug.name)
         # What other precisions' fallbacks keep in FP32 stays in FP32 in every mix (export applies it here too).
         self.base_fp32 = fallback.inherited_fp32(run_dir, plug, self.fp32_model)
-        self.ctx = Context(cfg, run_dir, "tune", self.spec, model=self.model, isolate=False)
+        self.ctx = Context(cfg, run_dir, "tune", self.spec.to_json(), model=self.model, isolate=False)
         n = min(cfg.tune.sensitivity_samples, len(self.evidence.labels))
         self.sens_feeds, self.sens_ref = _first_images(self.evidence, n)
         self.sens_labels = self.evidence.labels[:n]
@@ -135,7 +135,7 @@ class Tuner:
         from pipeline.runtime.runners import collect, faithful_runner
 
         outputs = collect(faithful_runner(self.plug, model, self.cfg.verify.emulation), self.sens_feeds)
-        return sensitivity.metrics(outputs, self.sens_ref, self.sens_labels, self.gate, self.spec["output_name"],
+        return sensitivity.metrics(outputs, self.sens_ref, self.sens_labels, self.gate, self.spec.output_name,
                                    self.evidence.confidence)
 
     def full(self, model: onnx.ModelProto) -> fallback.Round:
@@ -286,7 +286,7 @@ def _tensorrt_session(t: Tuner):
 
 
 def _images(t: Tuner):
-    return t.evidence.feeds[0][t.spec["input_name"]]
+    return t.evidence.feeds[0][t.spec.input_name]
 
 
 def time_candidates(t: Tuner, runs: list[MethodRun]) -> Candidate | None:

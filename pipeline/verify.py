@@ -45,6 +45,7 @@ from pipeline.runtime.backends import Context
 
 if TYPE_CHECKING:  # annotations only
     from pipeline.core.config_schema import Config
+    from pipeline.core.model_card import CardSpec, ModelCard
 
 log = logging.getLogger("pipeline")
 
@@ -52,7 +53,7 @@ log = logging.getLogger("pipeline")
 # --------------------------------------------------------------------------- the stage
 
 
-def _load_graphs(cfg: Config, run_dir: RunDir, spec: dict, hashes: dict) -> tuple[onnx.ModelProto, dict]:
+def _load_graphs(cfg: Config, run_dir: RunDir, spec: CardSpec, hashes: dict) -> tuple[onnx.ModelProto, dict]:
     """``model.onnx`` and every lower-precision graph present, each checked against the model card; ``hashes`` gets
     the sha256 of each file as it is read. A graph the config says export writes (``export.<precision>.enabled``)
     must be there: its candidates skipped for want of it would let the gate pass without checking it at all."""
@@ -78,13 +79,13 @@ def _load_graphs(cfg: Config, run_dir: RunDir, spec: dict, hashes: dict) -> tupl
 
 def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, auto_fallback: bool = False) -> None:
     model, card = modeling.load_trained(cfg, run_dir, "verify")
-    spec = card["spec"]
+    spec = card.spec
     hashes = {WEIGHTS: sha256_file(run_dir.file(WEIGHTS))}  # what each verdict is about (benchmark checks them)
     fp32_model, graphs = _load_graphs(cfg, run_dir, spec, hashes)
     provenance.check_graphs(hashes[WEIGHTS], {FP32_ONNX: fp32_model, **{plugs.by_name(name).graph: graph
                                                                           for name, graph in graphs.items()}})
     evidence = candidates.evidence(cfg, card, model)
-    ctx = Context(cfg, run_dir, "verify", spec, model=model, under_test=graphs)
+    ctx = Context(cfg, run_dir, "verify", spec.to_json(), model=model, under_test=graphs)
     checks = candidates.plan(cfg, ctx)
     nonfinite = _nonfinite(evidence)
     if nonfinite:
@@ -139,7 +140,7 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, auto_fallback: boo
                                            quality.get("reference_task")))
 
 
-def _stability(cfg: Config, run_dir: RunDir, card: dict, evidence: Evidence, fp32_model, checks: list[Check]):
+def _stability(cfg: Config, run_dir: RunDir, card: ModelCard, evidence: Evidence, fp32_model, checks: list[Check]):
     """The calibration stability certificate of ``model.int8.onnx`` (``export.int8.stability.in_verify``), on the
     verdict images; where ``verify.int8.min_pass_share`` finds its pass a lucky draw, every passing gating candidate
     of the INT8 graph fails, saying why. None where it does not run."""
@@ -188,7 +189,7 @@ def _reference_quality(run_dir: RunDir, evidence: Evidence) -> dict:
     return {**quality, "reference_task": "detection"} if getattr(evidence, "detection", None) is not None else quality
 
 
-def _draw_boxes(run_dir: RunDir, record: StageRecord, card: dict, checks: list[Check], evidence: Evidence) -> None:
+def _draw_boxes(run_dir: RunDir, record: StageRecord, card: ModelCard, checks: list[Check], evidence: Evidence) -> None:
     """A detector's first validation images with the reference's boxes and a candidate's (report.html shows it)."""
     from pipeline.reports import detection_plot
 
@@ -199,9 +200,9 @@ def _draw_boxes(run_dir: RunDir, record: StageRecord, card: dict, checks: list[C
     images = np.concatenate([f[next(iter(f))] for f in evidence.feeds])
     reference = np.concatenate([r[name] for r in evidence.reference])
     candidate = np.concatenate([o[name] for o in evidence.outputs[chk.name]])
-    spec = card["spec"]
-    detection_plot.draw(run_dir.file(VERIFY_BOXES), images, np.reshape(spec["mean"], (1, 1, -1)),
-                        np.reshape(spec["std"], (1, 1, -1)), reference, candidate, chk.name, card.get("classes", []),
+    spec = card.spec
+    detection_plot.draw(run_dir.file(VERIFY_BOXES), images, np.reshape(spec.mean, (1, 1, -1)),
+                        np.reshape(spec.std, (1, 1, -1)), reference, candidate, chk.name, card.classes or [],
                         evidence.detection["rules"]["min_score"])
     record.artifact(VERIFY_BOXES)
 

@@ -232,7 +232,8 @@ def test_tensorrt_int8_runner_loads_its_own_checked_engine(tmp_path, monkeypatch
                "profile": {"input": "x", "min": [1, 3], "opt": [1, 3], "max": [1, 3]}, **platform}
     (tmp_path / "model.int8.engine.json").write_text(json.dumps(sidecar))
     ctx = int8_context(tmp_path)
-    ctx.run_dir.manifest["stages"]["build"] = {"status": "ok", "artifacts": {"model.int8.engine": {"sha256": sha}}}
+    ctx.run_dir.manifest["stages"]["build"] = {"status": "ok",
+                                               "artifacts": {"model.int8.engine": {"sha256": sha, "bytes": 11}}}
     data, seen, kwargs = backends.by_name("tensorrt_int8").make(ctx)
     assert data == b"int8 engine" and seen.min == [1, 3] and kwargs["note"].startswith("int8")
     assert kwargs["name"] == "tensorrt_int8"

@@ -151,8 +151,8 @@ def test_a_candidate_that_cannot_run_is_skipped_errored_or_crashed_and_never_jud
 
 
 def test_sample_count():
-    spec = {"input_size": [3, 32, 32]}
-    assert candidates.sample_count(cfg(**{"verify.samples": 7}), spec) == 7
-    assert candidates.sample_count(cfg(**{"verify.max_samples": 50}), spec) == 50
-    huge = {"input_size": [3, 4096, 4096]}
+    size = [3, 32, 32]
+    assert candidates.sample_count(cfg(**{"verify.samples": 7}), size) == 7
+    assert candidates.sample_count(cfg(**{"verify.max_samples": 50}), size) == 50
+    huge = [3, 4096, 4096]
     assert candidates.sample_count(cfg(), huge) == max(1, candidates.IMAGE_BYTES_BUDGET // (4 * 3 * 4096 * 4096))

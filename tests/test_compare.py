@@ -495,15 +495,15 @@ def test_compare_in_all_is_unchanged_when_nothing_it_reads_changed(bundled, caps
     run, bundle = bundled
     setting = f"compare.baseline={bundle}"
     assert cli("all", "--run-dir", run, setting) == 0
-    first = RunDir(run).stage_entry("compare")["run_id"]
+    first = RunDir(run).stage_entry("compare").run_id
     capsys.readouterr()
     assert cli("all", "--run-dir", run, setting) == 0
-    assert RunDir(run).stage_entry("compare")["run_id"] == first
+    assert RunDir(run).stage_entry("compare").run_id == first
     out, err = capsys.readouterr()
     assert "compare: unchanged since" in err and "compare    ok" in out
     _edit(bundle, _set("environment.tensorrt", "10.13.0"))
     assert cli("all", "--run-dir", run, setting) == 0
-    assert RunDir(run).stage_entry("compare")["run_id"] != first
+    assert RunDir(run).stage_entry("compare").run_id != first
     capsys.readouterr()
     assert cli("all", "--run-dir", run, "compare.baseline=null") == 0
     row = next(line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("compare"))

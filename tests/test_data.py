@@ -17,6 +17,7 @@ from conftest import run_cli
 from pipeline import config
 from pipeline.core import data as data_mod
 from pipeline.core.errors import DataError
+from pipeline.core.model_card import CardSpec, ModelCard
 
 MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
 
@@ -94,7 +95,8 @@ def test_fetch_items_gives_the_same_batch_with_or_without_getitems():
 
 def test_validation_batch_is_the_first_validation_images():
     cfg = config.resolve(overrides=["data.num_classes=4", "data.samples_per_class=10", "data.image_size=16"])
-    card = {"spec": {"input_size": [3, 16, 16], "mean": list(MEAN), "std": list(STD)}}
+    card = ModelCard(spec=CardSpec(input_size=[3, 16, 16], num_classes=4, mean=list(MEAN), std=list(STD),
+                                   input_name="input", output_name="logits"))
     images, labels = data_mod.validation_batch(cfg, card, 3, offset=2)
     val = load(num_classes=4, samples_per_class=10).val
     assert images.dtype == np.float32 and images.shape == (3, 3, 16, 16)

@@ -2,32 +2,35 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from pipeline import doctor
+from pipeline.doctor import Cpu, Driver, Gpu, MachineFacts, OnnxRuntime, Threads
 
 # What `onnxruntime.get_available_providers()` returns for an onnxruntime-gpu wheel (1.24 and 1.31 alike): the
 # TensorRT provider is compiled into every one of them and listed whether or not a matching TensorRT is installed.
-REAL_GPU_WHEEL_PROVIDERS = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
+REAL_GPU_WHEEL_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider")
 
 
-def stack(**changes) -> dict:
+def stack(**changes) -> MachineFacts:
     """A coherent CUDA 13 GPU stack; ``changes`` replace parts of it."""
-    facts = {
-        "python": "3.12.3", "torch": "2.13.0+cu130", "torch_cuda": "13.0",
-        "gpu": {"name": "NVIDIA H200", "compute_capability": "9.0", "driver": "580.65"}, "gpu_reason": "",
-        "onnxruntime": {"version": "1.31.0", "package": "onnxruntime-gpu", "cuda": "13.0",
-                        # every onnxruntime-gpu wheel lists the TensorRT provider (TensorRT, CUDA, CPU), loadable or not
-                        "listed": REAL_GPU_WHEEL_PROVIDERS,
-                        "loads": ["CUDAExecutionProvider", "CPUExecutionProvider"], "conflict": None},
-        "tensorrt": "11.1.0", "tensorrt_reason": "", "tensorrt_cuda": 13,
-        "libcudart": "/x/nvidia/cu13/lib/libcudart.so.13",
-        "polygraphy": "0.53.6", "modelopt": "0.47.0", "openvino": None,
-        "threads": {"torch": 8, "OMP_NUM_THREADS": None},
-        "cpu": {"model": "Test CPU", "cores": 8, "isa": ["avx2"], "simulated": None},
-    }
-    facts.update(changes)
-    return facts
+    facts = MachineFacts(
+        python="3.12.3", torch="2.13.0+cu130", torch_cuda="13.0",
+        gpu=Gpu(name="NVIDIA H200", compute_capability="9.0", driver="580.65"), gpu_reason="",
+        onnxruntime=OnnxRuntime(version="1.31.0", package="onnxruntime-gpu", cuda="13.0",
+                                # every onnxruntime-gpu wheel lists the TensorRT provider (TensorRT, CUDA, CPU),
+                                # loadable or not
+                                listed=REAL_GPU_WHEEL_PROVIDERS,
+                                loads=("CUDAExecutionProvider", "CPUExecutionProvider"), conflict=None),
+        tensorrt="11.1.0", tensorrt_reason="", tensorrt_cuda=13,
+        libcudart="/x/nvidia/cu13/lib/libcudart.so.13",
+        polygraphy="0.53.6", modelopt="0.47.0", openvino=None,
+        threads=Threads(torch=8, omp_num_threads=None),
+        cpu=Cpu(model="Test CPU", cores=8, isa=("avx2",), simulated=None),
+    )
+    return replace(facts, **changes)
 
 
 def test_a_coherent_cuda13_stack_has_no_problems_and_meets_both_requirements():
@@ -39,7 +42,7 @@ def test_a_coherent_cuda13_stack_has_no_problems_and_meets_both_requirements():
 
 
 def test_a_cuda12_onnxruntime_beside_a_cuda13_torch_is_named_with_the_fix():
-    ort = {**stack()["onnxruntime"], "version": "1.24.4", "cuda": "12.8"}
+    ort = replace(stack().onnxruntime, version="1.24.4", cuda="12.8")
     facts = stack(onnxruntime=ort)
     (problem,) = doctor.problems(facts)
     assert problem.message == ("onnxruntime-gpu 1.24.4 is a CUDA 12 build; torch uses CUDA 13.0: "
@@ -59,7 +62,7 @@ def test_tensorrt_for_another_cuda_major_and_a_missing_libcudart():
 
 def test_a_listed_provider_that_does_not_load_on_a_gpu_is_a_problem(monkeypatch):
     monkeypatch.setattr(doctor, "provider_loads", lambda p: (False, "libcublasLt.so.13: cannot open"))
-    ort = {**stack()["onnxruntime"], "loads": ["CPUExecutionProvider"]}
+    ort = replace(stack().onnxruntime, loads=("CPUExecutionProvider",))
     (problem,) = doctor.problems(stack(onnxruntime=ort))
     assert "CUDAExecutionProvider is listed but does not load on this GPU: libcublasLt" in problem.message
 
@@ -77,9 +80,9 @@ def test_the_tensorrt_provider_that_does_not_load_is_no_mismatch_on_a_coherent_s
     11.4. The provider cannot load, the tool never uses it (TensorRT runs through Polygraphy): no mismatch, and
     --require cuda / tensorrt are met."""
     facts = stack(torch="2.13.0+cu128", torch_cuda="12.8", tensorrt="11.4.0", tensorrt_cuda=12,
-                  onnxruntime={"version": "1.24.4", "package": "onnxruntime-gpu", "cuda": "12.8",
-                               "listed": REAL_GPU_WHEEL_PROVIDERS,
-                               "loads": ["CUDAExecutionProvider", "CPUExecutionProvider"], "conflict": None})
+                  onnxruntime=OnnxRuntime(version="1.24.4", package="onnxruntime-gpu", cuda="12.8",
+                                          listed=REAL_GPU_WHEEL_PROVIDERS,
+                                          loads=("CUDAExecutionProvider", "CPUExecutionProvider"), conflict=None))
     assert doctor.problems(facts) == []
     assert doctor.requirement_problem(facts, "cuda") is None
     assert "TensorrtExecutionProvider not used" in next(x for x in doctor.lines(facts) if x.startswith("onnxruntime"))
@@ -95,7 +98,7 @@ def test_doctor_never_load_tests_the_tensorrt_provider(monkeypatch):
     monkeypatch.setattr(doctor, "provider_loads", lambda p: tried.append(p) or (p != "TensorrtExecutionProvider", ""))
     for gpu in (True, False):
         facts = doctor.onnxruntime_facts(gpu)
-        assert "TensorrtExecutionProvider" in facts["listed"] and "TensorrtExecutionProvider" not in facts["loads"]
+        assert "TensorrtExecutionProvider" in facts.listed and "TensorrtExecutionProvider" not in facts.loads
     assert tried == ["CUDAExecutionProvider"]
 
 
@@ -106,8 +109,8 @@ def test_major(version, expected):
 
 def test_gather_reads_this_machine():
     facts = doctor.gather()
-    assert facts["python"] and facts["torch"]
-    assert "CPUExecutionProvider" in facts["onnxruntime"]["loads"]
+    assert facts.python and facts.torch
+    assert "CPUExecutionProvider" in facts.onnxruntime.loads
     assert doctor.provider_loads("CPUExecutionProvider") == (True, "")
     assert doctor.provider_loads("NoSuchExecutionProvider")[0] is False
 
@@ -132,7 +135,7 @@ def test_doctor_require_exits_3_with_one_line_where_it_is_missing(capsys, monkey
 
 
 def test_two_tensorrt_builds_are_a_mismatch_with_the_fix():
-    facts = stack(tensorrt_cuda=None, tensorrt_builds=[12, 13])
+    facts = stack(tensorrt_cuda=None, tensorrt_builds=(12, 13))
     (problem,) = doctor.problems(facts)
     assert problem.part == "tensorrt" and problem.message.startswith("2 TensorRT builds are installed "
                                                                      "(tensorrt_cu12, tensorrt_cu13)")
@@ -156,13 +159,13 @@ def test_tensorrt_builds_are_read_from_every_installed_distribution(monkeypatch)
 
 def test_a_driver_older_than_torch_s_cuda_is_named_as_the_cause():
     facts = stack(gpu=None, gpu_reason="no CUDA GPU visible (torch.cuda.is_available() is False)",
-                  driver={"version": "570.86.15", "cuda": "12.8"})
+                  driver=Driver(version="570.86.15", cuda="12.8"))
     message = ("the NVIDIA driver 570.86.15 runs CUDA up to 12.8, but torch 2.13.0+cu130 is a CUDA 13.0 build "
                "(driver >= 580.65.06): update the driver, or take the CUDA 12 route (docs/export-and-build.md)")
     assert doctor.problems(facts)[0] == doctor.Problem("driver", message)
     assert doctor.requirement_problem(facts, "cuda") == f"--require cuda: {message}"
     assert f"gpu          none: {message}" in doctor.lines(facts)
-    new_enough = stack(gpu=None, gpu_reason="no CUDA GPU visible", driver={"version": "580.65.06", "cuda": "13.0"})
+    new_enough = stack(gpu=None, gpu_reason="no CUDA GPU visible", driver=Driver(version="580.65.06", cuda="13.0"))
     assert doctor.requirement_problem(new_enough, "cuda") == "--require cuda: no CUDA GPU visible"
 
 
@@ -173,7 +176,7 @@ def test_nvml_driver_reads_nvml(monkeypatch):
     fake = SimpleNamespace(nvmlInit=lambda: None, nvmlShutdown=lambda: None,
                            nvmlSystemGetDriverVersion=lambda: "570.86.15", nvmlSystemGetCudaDriverVersion=lambda: 12080)
     monkeypatch.setitem(sys.modules, "pynvml", fake)
-    assert doctor.nvml_driver() == {"version": "570.86.15", "cuda": "12.8"}
+    assert doctor.nvml_driver() == Driver(version="570.86.15", cuda="12.8")
 
     def no_driver():
         raise RuntimeError("NVML Shared Library Not Found")
@@ -184,7 +187,7 @@ def test_nvml_driver_reads_nvml(monkeypatch):
 
 def test_doctor_names_the_triton_release_of_the_tensorrt_here():
     """deploy --target triton: which NGC Triton container runs engines built with this TensorRT (issue 36)."""
-    facts = {**doctor.gather(), "tensorrt": "10.8.0.43"}
+    facts = replace(doctor.gather(), tensorrt="10.8.0.43")
     line = next(line for line in doctor.lines(facts) if line.startswith("triton"))
     assert "Triton release 25.02, 25.01" in line and "nvcr.io/nvidia/tritonserver:25.02-py3" in line
-    assert "no TensorRT here" in next(x for x in doctor.lines({**facts, "tensorrt": None}) if x.startswith("triton"))
+    assert "no TensorRT here" in next(x for x in doctor.lines(replace(facts, tensorrt=None)) if x.startswith("triton"))

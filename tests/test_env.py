@@ -1,5 +1,6 @@
 """The environment the pipeline records, and the install rules it relies on."""
 
+import dataclasses
 import os
 import sys
 
@@ -144,6 +145,6 @@ def test_doctor_shows_where_libcudart_was_found(cu13_wheel, capsys):
 def test_doctor_says_what_it_searched_when_libcudart_is_absent(monkeypatch):
     from pipeline import doctor
 
-    facts = {**doctor.gather(), "libcudart": None}
+    facts = dataclasses.replace(doctor.gather(), libcudart=None)
     line = next(line for line in doctor.lines(facts) if line.startswith("libcudart"))
     assert line.split(None, 1)[1].startswith("not found: searched LD_LIBRARY_PATH, site-packages nvidia/cu13/lib")

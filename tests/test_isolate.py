@@ -352,7 +352,7 @@ def test_feeds_in_one_request_are_answered_each_as_alone(clone_run, monkeypatch)
     feeds = [{"input": rng.normal(size=(n, 3, 16, 16)).astype(np.float32)} for n in (1, 3, 1, 2)]
     requests = []
     send = isolate.Isolated._send
-    monkeypatch.setattr(isolate.Isolated, "_send", lambda self, proc, r: (requests.append(r["op"]),
+    monkeypatch.setattr(isolate.Isolated, "_send", lambda self, proc, r: (requests.append(r.op),
                                                                        send(self, proc, r)))
     with isolate.Isolated(backends.by_name("onnxrt_fp32"), _tiny_ctx(run)) as runner:
         together = runners.infer_all(runner, feeds)

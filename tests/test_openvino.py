@@ -284,16 +284,17 @@ def test_headline_names_the_fastest_passing_artifact_per_device_at_batch_1_and_t
 
 
 def test_doctor_shows_openvino_and_the_cpus_bf16_and_int8_units():
+    from pipeline.doctor import Cpu
     from test_doctor import stack
 
-    amx = stack(openvino="2026.4.1", openvino_capabilities=["FP32", "BF16", "INT8"],
-                cpu={"model": "Xeon", "cores": 2, "isa": ["avx2", "avx512_bf16", "amx_bf16", "amx_int8",
-                                                            "avx512_vnni"], "simulated": None})
+    amx = stack(openvino="2026.4.1", openvino_capabilities=("FP32", "BF16", "INT8"),
+                cpu=Cpu(model="Xeon", cores=2, isa=("avx2", "avx512_bf16", "amx_bf16", "amx_int8", "avx512_vnni"),
+                        simulated=None))
     lines = doctor.lines(amx)
     assert any(line.startswith("openvino     2026.4.1; CPU plugin capabilities FP32 BF16 INT8") for line in lines)
     assert "cpu bf16     native (amx_bf16 avx512_bf16); OpenVINO lists BF16" in lines
     assert "cpu int8     VNNI/AMX (amx_int8 avx512_vnni); OpenVINO lists INT8" in lines
-    avx2 = stack(openvino="2026.4.1", openvino_capabilities=["FP32", "INT8"])
+    avx2 = stack(openvino="2026.4.1", openvino_capabilities=("FP32", "INT8"))
     bf16 = next(line for line in doctor.lines(avx2) if line.startswith("cpu bf16"))
     assert bf16.startswith("cpu bf16     none:") and "does not list BF16" in bf16
 

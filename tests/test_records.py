@@ -10,6 +10,7 @@ import pytest
 
 from pipeline.core import records
 from pipeline.core.errors import InputError
+from pipeline.core.manifest import StageEntry
 from pipeline.core.records import BuildRecord, ExportRecord, TrainRecord, VerifyRecord
 from pipeline.core.run import RunDir
 from pipeline.core.status import Status
@@ -103,5 +104,5 @@ def test_every_stage_with_a_summary_has_a_record_kind():
 def test_a_damaged_record_is_said_on_its_summary_line():
     from pipeline import stages
 
-    line = stages.STAGES["verify"].line({"status": "ok", "details": {"candidates": {"ort": 1}}})
+    line = stages.STAGES["verify"].line(StageEntry(status="ok", details={"candidates": {"ort": 1}}))
     assert line.startswith("manifest.json is damaged: stages.verify.details.candidates.ort")

@@ -170,6 +170,5 @@ def test_a_full_disk_in_the_child_comes_back_as_the_same_oserror():
     from pipeline.core.errors import disk_full
     from pipeline.runtime import isolate
 
-    exc = isolate._remote_error({"type": "OSError", "message": "[Errno 28] No space left on device",
-                                 "errno": errno.ENOSPC})
+    exc = isolate._remote_error(isolate.RemoteError("OSError", "[Errno 28] No space left on device", errno.ENOSPC))
     assert isinstance(exc, OSError) and exc.errno == errno.ENOSPC and disk_full(exc) is not None

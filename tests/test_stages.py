@@ -127,7 +127,7 @@ def test_a_stage_in_the_table_is_a_command_with_its_options_and_summary(tmp_path
 
     monkeypatch.setitem(stages.STAGES, "probe", stages.Stage(
         "probe", run, ("model",), (), (), help="say hello",
-        options=(stages.Option("--shout", "say it loudly"),), summary=lambda entry: entry["details"]["said"]))
+        options=(stages.Option("--shout", "say it loudly"),), summary=lambda entry: entry.details["said"]))
 
     with pytest.raises(SystemExit):
         cli("probe", "--help")
@@ -135,7 +135,7 @@ def test_a_stage_in_the_table_is_a_command_with_its_options_and_summary(tmp_path
     assert cli("probe", "--model", "tiny_cnn", "--run-dir", tmp_path, "--shout") == 0
     assert calls == [True]
     entry = RunDir(tmp_path).stage_entry("probe")
-    assert entry["status"] == "ok" and stages.STAGES["probe"].line(entry) == "HELLO"
+    assert entry.status == "ok" and stages.STAGES["probe"].line(entry) == "HELLO"
     assert (tmp_path / artifacts.CONFIG).is_file()  # the same open run as every stage
 
 

@@ -194,10 +194,8 @@ def test_train_is_not_up_to_date_after_a_class_is_added(folder_run, tmp_path):
     run = base / "run"
     cfg = run_cfg(run, f"data.path={base / 'images'}")
     # The copied run's fingerprint was taken on the module's folder; re-take it on the copy's.
-    entry = RunDir(run).stage_entry("train")
-    entry["fingerprint"] = stages.fingerprint(stages.STAGES["train"], cfg, RunDir(run))
     rd = RunDir(run)
-    rd.manifest["stages"]["train"] = entry
+    rd.refingerprint("train", stages.fingerprint(stages.STAGES["train"], cfg, RunDir(run)))
     assert stages.up_to_date(stages.STAGES["train"], cfg, rd) == (True, "")
     _folder(base / "images", classes=("bird",), per_class=8)
     assert stages.up_to_date(stages.STAGES["train"], cfg, rd) == (False, "inputs changed")

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from pipeline.core.config_schema import Config, DataConfig
+    from pipeline.core.model_card import ModelCard
 
 log = logging.getLogger("pipeline")
 
@@ -66,14 +67,12 @@ def fetch_items(dataset: Dataset, indices: list[int]):
     return [dataset[i] for i in indices]
 
 
-def validation_batch(cfg: Config, card: dict, count: int, offset: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def validation_batch(cfg: Config, card: ModelCard, count: int, offset: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """``count`` real validation images (float32) and labels, deterministic: the first ones of the split.
 
     ``card`` is the run's model card: its spec gives the image size and the normalisation.
     """
-    spec = card["spec"]
-    splits = load(cfg.data, image_size=spec["input_size"][1], mean=spec["mean"], std=spec["std"],
-                  task=spec.get("task", "classification"))
+    splits = card_splits(cfg, card)
     n = min(count, len(splits.val) - offset)
     x, y = collate(fetch_items(splits.val, list(range(offset, offset + n))))
     return x.numpy().astype("float32"), y.numpy()
@@ -758,9 +757,9 @@ def _write_digests(cache: Path, root: Path, files: dict[str, list]) -> None:
     write_json(cache, {"schema": DIGESTS_SCHEMA, "root": str(root), "files": files})
 
 
-def check_classes(card: dict, classes: list[str]) -> None:
+def check_classes(card: ModelCard, classes: list[str]) -> None:
     """The data's classes must be the ones the model was trained on (the model card's), in the same order."""
-    trained = card.get("classes")
+    trained = card.classes
     if trained is None or list(trained) == list(classes):
         return
     added = [c for c in classes if c not in trained]
@@ -790,14 +789,13 @@ def _image_set(role: str, split: str, indices: list[int], images: np.ndarray) ->
     return roles.ImageSet(role, split, tuple(indices), tuple(roles.image_hash(img.tobytes()) for img in images))
 
 
-def card_splits(cfg: Config, card: dict) -> DataSplits:
+def card_splits(cfg: Config, card: ModelCard) -> DataSplits:
     """The configured data set as the run's model card reads it: its image size, normalisation and task."""
-    spec = card["spec"]
-    return load(cfg.data, image_size=spec["input_size"][1], mean=spec["mean"], std=spec["std"],
-                task=spec.get("task", "classification"))
+    spec = card.spec
+    return load(cfg.data, image_size=spec.image_size, mean=spec.mean, std=spec.std, task=spec.task)
 
 
-def calibration_batch(cfg: Config, card: dict, count: int) -> tuple[np.ndarray, roles.ImageSet]:
+def calibration_batch(cfg: Config, card: ModelCard, count: int) -> tuple[np.ndarray, roles.ImageSet]:
     """``count`` calibration images (float32), evenly spaced over the split ``export.calibration_split`` names:
     the training split by default, which no verdict judges on (``validation``: the first validation images, the old
     way, which verify then reports as not held out)."""
@@ -813,18 +811,18 @@ def calibration_batch(cfg: Config, card: dict, count: int) -> tuple[np.ndarray, 
     return images, _image_set(roles.CALIBRATION, split, indices, images)
 
 
-def training_images(cfg: Config, card: dict, indices: list[int]) -> np.ndarray:
+def training_images(cfg: Config, card: ModelCard, indices: list[int]) -> np.ndarray:
     """The training split's images at ``indices`` (float32): a calibration draw of the stability certificate."""
     splits = card_splits(cfg, card)
     x, _ = collate(fetch_items(splits.train, list(indices)))
     return x.numpy().astype("float32")
 
 
-def training_size(cfg: Config, card: dict) -> int:
+def training_size(cfg: Config, card: ModelCard) -> int:
     return len(card_splits(cfg, card).train)
 
 
-def role_batch(cfg: Config, card: dict, role: str, count: int, *, names: list[str] | None = None,
+def role_batch(cfg: Config, card: ModelCard, role: str, count: int, *, names: list[str] | None = None,
                record: list | None = None) -> tuple[np.ndarray, np.ndarray]:
     """:func:`labelled_validation_batch` over one part of the validation split: ``role`` is ``search`` (tune's
     sensitivity and candidate search) or ``verdict`` (verify, tune's held-out confirmation). ``record``, when given,
@@ -842,16 +840,14 @@ def role_batch(cfg: Config, card: dict, role: str, count: int, *, names: list[st
     return images, y.numpy()
 
 
-def labelled_validation_batch(cfg: Config, card: dict, count: int, *, spread: bool = False,
+def labelled_validation_batch(cfg: Config, card: ModelCard, count: int, *, spread: bool = False,
                               names: list[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """:func:`validation_batch` for a consumer that judges with the labels: refuses data whose classes
     differ from the model card's (a 2-class model against 3-class labels judges nothing). ``spread``: when
     ``count`` is below the split's size, images evenly spaced over the split (an image folder's split is
     ordered by class, so its first images would be the first classes only). ``names``, when given, receives
     each image's name: its file (relative to data.path) for an image folder, else ``val[<index>]``."""
-    spec = card["spec"]
-    splits = load(cfg.data, image_size=spec["input_size"][1], mean=spec["mean"], std=spec["std"],
-                  task=spec.get("task", "classification"))
+    splits = card_splits(cfg, card)
     check_classes(card, splits.classes)
     n = min(count, len(splits.val))
     indices = list(range(n))

@@ -160,7 +160,7 @@ def precision_mismatch(gated: str, served: str | None) -> str:
 def verify_finished(status: str | None, exit_code: int | None, recorded_sha256: str | None, sha256: str) -> bool:
     """Whether verify.json is the report of a verify that finished: the stage ended ok, or failed its gate (exit 1:
     every verdict was reached), and the file is the one it recorded (``recorded_sha256``, the manifest's)."""
-    return manifest.finished({"status": status, "exit_code": exit_code}) and recorded_sha256 == sha256
+    return manifest.finished(status, exit_code) and recorded_sha256 == sha256
 
 
 # --------------------------------------------------------------------------- which folder deploy may replace

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -10,11 +9,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from pipeline.core import tasks
+from pipeline.core import model_card, tasks
 from pipeline.core.artifacts import MODEL_CARD, WEIGHTS
 from pipeline.core.errors import InputError, UsageError, first_line
+from pipeline.core.model_card import ModelCard
 from pipeline.core.registry import models
-from pipeline.core.run import RunDir, read_json, write_json
+from pipeline.core.run import RunDir, write_json
 
 if TYPE_CHECKING:  # annotations only
     from pipeline.core.config_schema import Config
@@ -43,8 +43,8 @@ def _create(cfg: Config, *, num_classes: int | None, size: int | None) -> tuple[
         raise UsageError(str(exc)) from None
 
 
-def _another_model(run_dir, card: dict, cfg: Config) -> str:
-    return (f"{run_dir} holds a trained {card.get('model')!r}, but the config asks for {cfg.model.name!r}; "
+def _another_model(run_dir, model: str | None, cfg: Config) -> str:
+    return (f"{run_dir} holds a trained {model!r}, but the config asks for {cfg.model.name!r}; "
             "re-run train or use another --run-dir")
 
 
@@ -55,9 +55,9 @@ def check_card_first(cfg: Config, run_dir) -> None:
     path = Path(run_dir) / MODEL_CARD
     if path.is_symlink() or not path.is_file():
         return
-    card = read_json(path, "model card", keys=CARD_KEYS)
-    if isinstance(card, dict) and card.get("model") != cfg.model.name:
-        raise InputError(_another_model(run_dir, card, cfg))
+    trained = model_card.model_name(path)
+    if trained is not model_card.NOT_A_CARD and trained != cfg.model.name:
+        raise InputError(_another_model(run_dir, trained, cfg))
 
 
 def check_model_name(cfg: Config) -> None:
@@ -88,7 +88,7 @@ def build(cfg: Config, num_classes: int, size: int) -> tuple[nn.Module, models.M
     module, spec = _create(cfg, num_classes=num_classes, size=size)
     mean, std = normalisation(cfg, spec)
     spec = spec.with_overrides(mean=mean, std=std, num_classes=num_classes, input_size=(len(mean), size, size))
-    problem = _spec_problem(spec.to_dict())
+    problem = model_card._problem(spec.to_dict())
     if problem:
         raise UsageError(f"model {cfg.model.name!r}: {problem}")
     module.eval()
@@ -241,67 +241,25 @@ def _another_head(state: dict, extra: list[str], head_keys: set[str]) -> bool:
     return set(extra) <= {f"{prefix}.weight", f"{prefix}.bias"} and weight is not None and weight.ndim == 2
 
 
-# Every top-level key of the model card train writes (training/trainer.py): a card with another is not this tool's.
-CARD_KEYS = frozenset({"model", "spec", "classes", "weights", "weights_epoch", "val_acc", "input", "output"})
+def write_card(run: RunDir, card: ModelCard) -> None:
+    write_json(run.file(MODEL_CARD), card.to_json())
 
 
-def write_card(run: RunDir, card: dict) -> None:
-    unknown = set(card) - CARD_KEYS
-    if unknown:  # a new key is added to CARD_KEYS too, or the next reader refuses the card
-        raise ValueError(f"the model card has keys its readers refuse: {sorted(unknown)}")
-    write_json(run.file(MODEL_CARD), card)
+def read_card(run: RunDir, consumer: str) -> ModelCard:
+    """The run's model card, typed and checked (:func:`pipeline.core.model_card.read`)."""
+    return model_card.read(run.require(MODEL_CARD, "train", consumer))
 
 
-def read_card(run: RunDir, consumer: str) -> dict:
-    path = run.require(MODEL_CARD, "train", consumer)
-    card = read_json(path, "model card", keys=CARD_KEYS)
-    if not isinstance(card, dict) or not isinstance(card.get("spec"), dict):
-        raise InputError(f"{path} is not a pipeline model card; re-run train")
-    problem = _spec_problem(card["spec"])
-    if problem:
-        raise InputError(f"{path} is not a valid model card ({problem}); re-run train")
-    return card
-
-
-def _spec_problem(spec: dict) -> str | None:
-    """What is wrong with a model card's spec (it sizes tensors, so it is checked before use), or None."""
-    def count(v, lo, hi):
-        return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
-
-    size = spec.get("input_size")
-    if not (isinstance(size, (list, tuple)) and len(size) == 3 and all(count(d, 1, 4096) for d in size)):
-        return f"spec.input_size {size!r} is not [channels, height, width] of sizes 1..4096"
-    if spec.get("task", "classification") not in tasks.TASKS:
-        return f"spec.task {spec.get('task')!r} is not one of {sorted(tasks.TASKS)}"
-    if not count(spec.get("num_classes"), 1, 1_000_000):
-        return f"spec.num_classes {spec.get('num_classes')!r} is not a positive class count"
-    for key in ("input_name", "output_name"):
-        if not isinstance(spec.get(key), str) or not spec.get(key):
-            return f"spec.{key} {spec.get(key)!r} is not a tensor name"
-    if spec["input_name"] == spec["output_name"]:
-        return f"spec.input_name and spec.output_name are both {spec['input_name']!r}"
-    for key in ("mean", "std"):
-        values = spec.get(key)
-        if not (isinstance(values, (list, tuple)) and len(values) == size[0]
-                and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-                        for v in values)):
-            return f"spec.{key} {values!r} is not {size[0]} finite numbers"
-        if key == "std" and min(values) <= 0:
-            return f"spec.std {values!r} has a value <= 0"
-    return None
-
-
-def load_trained(cfg: Config, run: RunDir, consumer: str) -> tuple[nn.Module, dict]:
+def load_trained(cfg: Config, run: RunDir, consumer: str) -> tuple[nn.Module, ModelCard]:
     """The trained FP32 model (eval mode, CPU) and its model card."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     card = read_card(run, consumer)
     weights = run.require(WEIGHTS, "train", consumer)
-    spec = card["spec"]
-    if card.get("model") != cfg.model.name:
-        raise InputError(_another_model(run.path, card, cfg))
-    module, _ = build(cfg, spec["num_classes"], spec["input_size"][1])
+    if card.model != cfg.model.name:
+        raise InputError(_another_model(run.path, card.model, cfg))
+    module, _ = build(cfg, card.spec.num_classes, card.spec.image_size)
     try:
         state = load_file(str(weights))
     except (SafetensorError, OSError, ValueError) as exc:

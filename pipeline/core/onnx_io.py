@@ -5,11 +5,15 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import onnx
 
 from pipeline.core import tasks
 from pipeline.core.errors import InputError, first_line
+
+if TYPE_CHECKING:  # annotations only
+    from pipeline.core.model_card import CardSpec
 
 
 def _read(path: Path, what: str = "ONNX model", producer: str = "export") -> onnx.ModelProto:
@@ -133,34 +137,35 @@ def output_shape(model: onnx.ModelProto, name: str) -> list[int | str | None]:
     return _shape(model.graph.output, name)
 
 
-def check_matches_spec(model: onnx.ModelProto, path: Path, spec: dict) -> None:
+def check_matches_spec(model: onnx.ModelProto, path: Path, spec: CardSpec) -> None:
     """The ONNX file's input and output must be what the model card says (names; input channels, height and
     width; output ``[batch, num_classes]``), else one InputError ending "re-run export"."""
     inputs, outputs = io_names(model)
-    if inputs != [spec["input_name"]]:
-        raise InputError(f"{path} has inputs {inputs}, but the model card expects [{spec['input_name']!r}]; "
+    if inputs != [spec.input_name]:
+        raise InputError(f"{path} has inputs {inputs}, but the model card expects [{spec.input_name!r}]; "
                          "re-run export")
-    shape = input_shape(model, spec["input_name"])
-    expected = list(spec["input_size"])
+    shape = input_shape(model, spec.input_name)
+    expected = list(spec.input_size)
     if len(shape) != 4 or [d for d in shape[1:]] != expected:
-        raise InputError(f"{path} input {spec['input_name']!r} has shape {shape}, but the model expects "
+        raise InputError(f"{path} input {spec.input_name!r} has shape {shape}, but the model expects "
                          f"[batch, {', '.join(map(str, expected))}]; re-run export")
     task = tasks.of(spec)
-    if outputs != task.outputs(spec):
-        raise InputError(f"{path} has outputs {outputs}, but the model card expects {task.outputs(spec)}; "
+    wanted = [spec.output_name, *task.extra_outputs]
+    if outputs != wanted:
+        raise InputError(f"{path} has outputs {outputs}, but the model card expects {wanted}; "
                          "re-run export")
     if task.name != tasks.CLASSIFICATION:  # a detector's head: [batch, classes + 4, h, w]
-        out = output_shape(model, spec["output_name"])
-        if out and (len(out) != 4 or (isinstance(out[1], int) and out[1] != spec["num_classes"] + 4)):
-            raise InputError(f"{path} output {spec['output_name']!r} has shape {out}, but the model card expects "
-                             f"[batch, {spec['num_classes']} + 4, height, width]; re-run export")
+        out = output_shape(model, spec.output_name)
+        if out and (len(out) != 4 or (isinstance(out[1], int) and out[1] != spec.num_classes + 4)):
+            raise InputError(f"{path} output {spec.output_name!r} has shape {out}, but the model card expects "
+                             f"[batch, {spec.num_classes} + 4, height, width]; re-run export")
         return
     # Checked here, before anything runs: a graph from another run (other classes) otherwise ends in a
     # NumPy broadcast error deep inside the comparison.
-    out = output_shape(model, spec["output_name"])
-    classes = spec["num_classes"]
+    out = output_shape(model, spec.output_name)
+    classes = spec.num_classes
     if out and (len(out) != 2 or (isinstance(out[1], int) and out[1] != classes)):  # []: no static shape
-        raise InputError(f"{path} output {spec['output_name']!r} has shape {out}, but the model card expects "
+        raise InputError(f"{path} output {spec.output_name!r} has shape {out}, but the model card expects "
                          f"[batch, {classes}] (logits for {classes} classes); the file is from another model or "
                          "run: re-run export")
 

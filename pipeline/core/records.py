@@ -48,8 +48,12 @@ def _validated(kind: type[schema.Open], data: Any, where: str, key: str):
 
 
 def from_entry(kind: type[Record], entry: Any, where: str = MANIFEST) -> Record | None:
-    """The record of a manifest stage entry; None when there is no entry or it recorded no details."""
-    details = entry.get("details") if isinstance(entry, dict) else None
+    """The record of a manifest stage entry (typed, :meth:`pipeline.core.run.RunDir.stage_entry`; or a dict as
+    read); None when there is no entry or it recorded no details."""
+    from pipeline.core.manifest import StageEntry
+
+    details = entry.details if isinstance(entry, StageEntry) else entry.get("details") if isinstance(entry, dict) \
+        else None
     if details is None or details == {}:
         return None
     return kind.parse(details, where)

@@ -51,6 +51,7 @@ def open_confined(path: str | Path):
 
 if TYPE_CHECKING:  # annotations only; pydantic is imported where a record is read: `--help` stays light
     from pipeline.core.config_schema import Config
+    from pipeline.core.manifest import Artifact, StageEntry
     from pipeline.core.records import BuildRecord, ExportRecord, StageDetails, TrainRecord, VerifyRecord
 
     Record = TypeVar("Record", bound=StageDetails)
@@ -388,7 +389,8 @@ def _temporary(name: str) -> bool:
 
 
 def owned_names(manifest: dict) -> frozenset[str]:
-    """The top-level names a run's manifest says this tool wrote: its ledger and every stage's artifacts."""
+    """The top-level names a run's manifest says this tool wrote: its ledger and every stage's artifacts (only the
+    names are read, of any manifest: a claim is refused before a damaged one is read)."""
     names = {str(name) for name in manifest.get(LEDGER) or ()}
     for entry in (manifest.get("stages") or {}).values():
         names |= {str(name).split("/")[0] for name in (entry.get("artifacts") or {} if isinstance(entry, dict)
@@ -452,42 +454,49 @@ def make_folder(path: str | Path) -> Path:
     return path
 
 
-def _digest(path: Path) -> dict:
-    return {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+def _digest(path: Path) -> Artifact:
+    from pipeline.core.manifest import Artifact
+
+    return Artifact(sha256=sha256_file(path), bytes=path.stat().st_size)
 
 
 class StageRecord:
-    """What a stage reports about itself while it runs; saved into the manifest."""
+    """What a stage reports about itself while it runs: its :class:`~pipeline.core.manifest.StageEntry`, each change
+    a new entry, put into the manifest (:meth:`StageEntry.to_json`) at once. ``details`` is the stage's own dict,
+    which it fills while it runs (typed on read by :mod:`pipeline.core.records`)."""
 
-    def __init__(self, run: "RunDir", name: str, entry: dict):
+    def __init__(self, run: "RunDir", name: str, entry: StageEntry, *, stored: bool = True):
         self.run = run
         self.name = name
         self.entry = entry
+        self.details: dict = entry.details
+        self.stored = stored  # False: a torchrun rank > 0, whose entry rank 0 keeps
+        self._store()
 
-    @property
-    def details(self) -> dict:
-        return self.entry.setdefault("details", {})
+    def _store(self) -> None:
+        if self.stored:
+            self.run.manifest["stages"][self.name] = self.entry.to_json()
+
+    def update(self, **fields) -> None:
+        """The entry with ``fields`` changed (the status, the run id, how it ended), put into the manifest."""
+        self.entry = self.entry.model_copy(update=fields)
+        self._store()
 
     def artifact(self, filename: str) -> Path:
         """Record a file this stage wrote and return its path; hashed now and again when the stage ends."""
         path = self.run.file(filename)
-        self.entry.setdefault("artifacts", {})[filename] = _digest(path)
+        self.update(artifacts={**self.entry.artifacts, filename: _digest(path)})
         return path
 
     def rehash(self) -> None:
         """Hash every recorded artifact as it is on disk when the stage ends: a later step of the stage (or a
         library) that touched a file after it was recorded cannot leave the manifest describing another file."""
-        for name in list(self.entry.get("artifacts", {})):
-            path = self.run.file(name)
-            if path.is_file():
-                self.entry["artifacts"][name] = _digest(path)
-            else:
-                del self.entry["artifacts"][name]
+        self.update(artifacts={name: _digest(self.run.file(name)) for name in self.entry.artifacts
+                               if self.run.file(name).is_file()})
 
     def skip(self, reason: str) -> None:
         """Mark the stage ``skipped`` with the exact reason (it still ends normally)."""
-        self.entry["status"] = Status.SKIPPED
-        self.entry["reason"] = reason
+        self.update(status=Status.SKIPPED, reason=reason)
 
 
 NAME_ROOM = 64  # bytes a file the tool writes adds below the run directory (openvino/.ir.<random>/int8...onnx)
@@ -575,19 +584,28 @@ class RunDir:
         self.manifest[LEDGER] = sorted({*self.manifest.get(LEDGER, ()), name})
         self.save_manifest()
 
-    def stage_entry(self, name: str) -> dict | None:
-        return self.manifest["stages"].get(name)
+    def stage_entry(self, name: str) -> StageEntry | None:
+        """``name``'s manifest entry, typed (None: the stage has not run); a damaged one is one InputError."""
+        from pipeline.core.manifest import StageEntry
+
+        return StageEntry.of(self.manifest["stages"].get(name), self.path / MANIFEST)
+
+    def refingerprint(self, name: str, fingerprint: str) -> None:
+        """Record that stage ``name``'s outputs stand for the inputs with ``fingerprint`` (saved at once)."""
+        entry = self.stage_entry(name)
+        self.manifest["stages"][name] = entry.model_copy(update={"fingerprint": fingerprint}).to_json()
+        self.save_manifest()
 
     def recorded_artifacts(self, stage: str) -> dict[str, str]:
         """Every artifact ``stage`` recorded, with its sha256, however the stage ended; empty when it has not run."""
-        artifacts = (self.stage_entry(stage) or {}).get("artifacts") or {}
-        return {name: info["sha256"] for name, info in artifacts.items()}
+        entry = self.stage_entry(stage)
+        return {name: info.sha256 for name, info in entry.artifacts.items()} if entry is not None else {}
 
     def recorded_sha256(self, stage: str, name: str) -> str | None:
         """The sha256 that ``stage`` recorded for artifact ``name`` when it ended normally (ok, or skipped
         with what it did write: build writes the OpenVINO IR and skips the engines on a CPU); else None."""
-        entry = self.stage_entry(stage) or {}
-        if entry.get("status") not in (Status.OK, Status.SKIPPED):
+        entry = self.stage_entry(stage)
+        if entry is None or not entry.ended_normally:
             return None
         return self.recorded_artifacts(stage).get(name)
 
@@ -714,23 +732,22 @@ class RunDir:
     @contextlib.contextmanager
     def stage(self, name: str, fingerprint: str | None = None) -> Iterator[StageRecord]:
         """Bookkeeping around one stage: running -> ok / skipped / failed / interrupted."""
-        for previous in [*(self.stage_entry(name) or {}).get("artifacts", {}), LOGS]:
+        previous_entry = self.stage_entry(name)
+        for previous in [*(previous_entry.artifacts if previous_entry is not None else ()), LOGS]:
             self.file(previous)  # refused before anything runs when one was replaced by a link
         kept = owned_names(self.manifest)  # the entry below drops its last run's artifacts: the ledger keeps them
         if not kept <= set(self.manifest.get(LEDGER, ())):
             self.manifest[LEDGER] = sorted(kept | set(self.manifest.get(LEDGER, ())))
-        entry = {"status": Status.RUNNING, "started": now(), "fingerprint": fingerprint, "artifacts": {}, "details": {}}
-        self.manifest["stages"][name] = entry
+        from pipeline.core.manifest import StageEntry
+
+        record = StageRecord(self, name, StageEntry(status=Status.RUNNING, started=now(), fingerprint=fingerprint,
+                                                    artifacts={}, details={}))
         self.save_manifest()
-        record = StageRecord(self, name, entry)
         start = time.perf_counter()
 
         def finish(status: str, **extra) -> None:
-            entry.update(extra)
-            if entry["status"] == Status.RUNNING or status != Status.OK:
-                entry["status"] = status
-            entry["ended"] = now()
-            entry["duration_s"] = round(time.perf_counter() - start, 3)
+            ended = status if record.entry.status == Status.RUNNING or status != Status.OK else record.entry.status
+            record.update(**extra, status=ended, ended=now(), duration_s=round(time.perf_counter() - start, 3))
             if status == Status.OK:
                 self.save_manifest()
                 return

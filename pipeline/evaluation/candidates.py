@@ -32,6 +32,7 @@ from pipeline.runtime.runners import Answered, TorchRunner, collect, infer_all
 
 if TYPE_CHECKING:  # annotations only
     from pipeline.core.config_schema import Config
+    from pipeline.core.model_card import ModelCard
 
 log = logging.getLogger("pipeline")
 
@@ -148,23 +149,23 @@ def verdict(checks: list[Check], inconclusive: verdicts.InconclusivePolicy = "pa
     return verdicts.verdict(checks, inconclusive)
 
 
-def evidence(cfg: Config, card: dict, model, role: str = roles.VERDICT) -> Evidence:
+def evidence(cfg: Config, card: ModelCard, model, role: str = roles.VERDICT) -> Evidence:
     """The images of ``role`` (:mod:`pipeline.core.roles`: ``verdict`` for verify and tune's confirmation, ``search``
     for tune's search), their labels, and the reference's outputs on them."""
-    spec = card["spec"]
+    spec = card.spec
     names: list[str] = []
     record: list = []
-    images, labels = data.role_batch(cfg, card, role, sample_count(cfg, spec), names=names, record=record)
+    images, labels = data.role_batch(cfg, card, role, sample_count(cfg, spec.input_size), names=names, record=record)
     bs = cfg.verify.batch_size
-    feeds = [{spec["input_name"]: images[i : i + bs]} for i in range(0, len(images), bs)]
+    feeds = [{spec.input_name: images[i : i + bs]} for i in range(0, len(images), bs)]
     log.info("%s: %d validation images (%s) in %d batches; reference %s", "verify" if role == roles.VERDICT else "tune",
              len(images), role, len(feeds), REFERENCE)
-    ref_runner = TorchRunner(model, name=REFERENCE, input_name=spec["input_name"], output_name=spec["output_name"],
-                             input_shape=tuple(spec["input_size"]))
+    ref_runner = TorchRunner(model, name=REFERENCE, input_name=spec.input_name, output_name=spec.output_name,
+                             input_shape=tuple(spec.input_size))
     task = tasks.of(spec)
     detection = None if task.name == tasks.CLASSIFICATION else {
-        "detections": tasks.DETECTIONS, "classes": spec["num_classes"], "rules": cfg.verify.detection.model_dump()}
-    return Evidence(feeds, collect(ref_runner, feeds), labels, spec["output_name"], cfg.verify.confidence, names,
+        "detections": tasks.DETECTIONS, "classes": spec.num_classes, "rules": cfg.verify.detection.model_dump()}
+    return Evidence(feeds, collect(ref_runner, feeds), labels, spec.output_name, cfg.verify.confidence, names,
                     detection=detection, images=record[0], parts=record[1])
 
 
@@ -217,12 +218,12 @@ def _image_set(entry) -> roles.ImageSet | None:
 IMAGE_BYTES_BUDGET = 256 << 20  # the images verify holds (and hands to each child process), at most
 
 
-def sample_count(cfg: Config, spec: dict) -> int:
+def sample_count(cfg: Config, input_size: list[int]) -> int:
     """``verify.samples``, or every validation image up to ``verify.max_samples`` and a memory budget (256 MiB of
     float32 images: 1,000 at 32x32 and 224x224 alike would be 12 MiB and 602 MiB)."""
     if cfg.verify.samples is not None:
         return cfg.verify.samples
-    per_image = 4 * int(np.prod(spec["input_size"]))
+    per_image = 4 * int(np.prod(input_size))
     return max(1, min(cfg.verify.max_samples, IMAGE_BYTES_BUDGET // per_image))
 
 

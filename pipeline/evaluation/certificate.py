@@ -22,6 +22,7 @@ from pipeline.precision import gate as criteria
 
 if TYPE_CHECKING:  # annotations only
     from pipeline.core.config_schema import Config
+    from pipeline.core.model_card import ModelCard
 
 log = logging.getLogger("pipeline")
 
@@ -46,7 +47,7 @@ def quantizer_scales(model: onnx.ModelProto) -> dict[str, tuple[str, float]]:
     return out
 
 
-def certify(cfg: Config, run_dir: RunDir, card: dict, plug, evidence: Evidence, raised: fallback.Raised,
+def certify(cfg: Config, run_dir: RunDir, card: ModelCard, plug, evidence: Evidence, raised: fallback.Raised,
             method: str, gate: dict, deployed_model: onnx.ModelProto | None = None) -> dict:
     """The certificate of the INT8 mix ``raised`` calibrated with ``method``: K draws, each judged on ``evidence``.
     Draw 0 is the deployed calibration (``deployed_model`` where given: the artifact itself)."""

@@ -19,11 +19,12 @@ from pipeline.precision import fallback, fp16, int8
 
 if TYPE_CHECKING:  # annotations only
     from pipeline.core.config_schema import Config
+    from pipeline.core.model_card import ModelCard
 
 log = logging.getLogger("pipeline")
 
 
-def _calibration_images(cfg: Config, card: dict, count: int, run_dir: RunDir | None = None, precision: str = "",
+def _calibration_images(cfg: Config, card: ModelCard, count: int, run_dir: RunDir | None = None, precision: str = "",
                         artifact: bool = False):
     """:func:`pipeline.core.data.calibration_batch` (the training split's images by default, never the verdict's),
     imported here: it needs torch, and the verify child that builds an emulation graph from this module's plugs must
@@ -74,8 +75,8 @@ def _by_rule_report(report: dict, nodes: list[str]) -> None:
         log.info("export: %d nodes of the decode and NMS kept in FP32 by rule", len(nodes))
 
 
-def quantize_int8(cfg: Config, run_dir: RunDir, card: dict, out_of_int8: list[str], plug, out_name: str = INT8_ONNX,
-                  fp32_nodes: list[str] = (), calibration_method: str | None = None) -> dict:
+def quantize_int8(cfg: Config, run_dir: RunDir, card: ModelCard, out_of_int8: list[str], plug,
+                  out_name: str = INT8_ONNX, fp32_nodes: list[str] = (), calibration_method: str | None = None) -> dict:
     """ModelOpt INT8 PTQ of ``model.onnx`` into ``out_name``, calibrated on real images of the training split; the
     fallback's nodes left out of INT8, and its FP32 nodes kept in FP32 in the FP16 regions. The calibration
     method: ``calibration_method``, else the one tune chose (``plug``'s fallback file), else the config's."""
@@ -89,7 +90,7 @@ def quantize_int8(cfg: Config, run_dir: RunDir, card: dict, out_of_int8: list[st
     return report
 
 
-def quantize_images(run_dir: RunDir, card: dict, images: np.ndarray, ic, out_of_int8: list[str],
+def quantize_images(run_dir: RunDir, card: ModelCard, images: np.ndarray, ic, out_of_int8: list[str],
                     fp32_nodes: list[str], out_name: str) -> dict:
     """ModelOpt INT8 PTQ of ``model.onnx`` calibrated on ``images`` into ``out_name`` (stamped, checked); its report.
     export's graph and the stability certificate's draws (:mod:`pipeline.evaluation.certificate`) come from here."""
@@ -102,7 +103,7 @@ def quantize_images(run_dir: RunDir, card: dict, images: np.ndarray, ic, out_of_
     with scratch_folder(run_dir.file(FP32_ONNX)) as scratch:
         fp32_copy, quantized = scratch / FP32_ONNX, scratch / out_name
         source = provenance.source_weights(onnx.load(str(fp32_copy), load_external_data=False))
-        report = int8.quantize(fp32_copy, images, card["spec"]["input_name"], ic, quantized, out_of_int8,
+        report = int8.quantize(fp32_copy, images, card.spec.input_name, ic, quantized, out_of_int8,
                                list(fp32_nodes))
         provenance.stamp_file(quantized, source or "")
         onnx_io.check(quantized)
@@ -111,7 +112,7 @@ def quantize_images(run_dir: RunDir, card: dict, images: np.ndarray, ic, out_of_
     return report
 
 
-def convert_float(cfg: Config, run_dir: RunDir, card: dict, plug, fp32_nodes: list[str], out_name: str) -> dict:
+def convert_float(cfg: Config, run_dir: RunDir, card: ModelCard, plug, fp32_nodes: list[str], out_name: str) -> dict:
     """AutoCast ``model.onnx`` into ``out_name`` in ``plug``'s low float type (its section ``export.<name>``),
     calibrated on real images of the training split, ``fp32_nodes`` kept in FP32 (the automatic fallback's)."""
     fc = precision_config.export_section(cfg, plug.name)
@@ -122,7 +123,7 @@ def convert_float(cfg: Config, run_dir: RunDir, card: dict, plug, fp32_nodes: li
         images, _ = _calibration_images(cfg, card, fc.calibration_samples, run_dir, plug.name, out_name == plug.graph)
         with atomic_path(calib_path) as tmp:
             with open(tmp, "wb") as f:
-                np.savez(f, **{card["spec"]["input_name"]: images})
+                np.savez(f, **{card.spec.input_name: images})
     elif out_name == plug.graph:
         record_calibration(run_dir, plug.name, None)
     with scratch_folder(run_dir.file(FP32_ONNX), *([calib_path] if fc.range_rule else [])) as scratch:

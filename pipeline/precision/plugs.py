@@ -27,6 +27,7 @@ from pipeline.precision.fallback import FloatFallbackFile, Int8FallbackFile, Rai
 
 if TYPE_CHECKING:  # annotations only
     from pipeline.core.config_schema import Config
+    from pipeline.core.model_card import ModelCard
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,7 @@ class Precision:
         """The ways tune makes the all-low graph (calibration methods; AutoCast's one)."""
         raise NotImplementedError
 
-    def write(self, cfg: Config, run_dir, card: dict, raised: Raised, out_name: str | None = None,
+    def write(self, cfg: Config, run_dir, card: ModelCard, raised: Raised, out_name: str | None = None,
               method: str | None = None) -> dict:
         """Export's conversion of ``model.onnx`` into ``out_name`` (default: the run's graph) with ``raised`` kept
         higher; returns its precision report."""

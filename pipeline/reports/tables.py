@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from pipeline.core import records
 from pipeline.core.benchmark_rows import BenchmarkRow, CrossCheck, rows_of
-from pipeline.core.manifest import STAGE_ORDER
+from pipeline.core.manifest import STAGE_ORDER, entries
 from pipeline.core.status import Status
 from pipeline.core.verify_rows import CandidateRow, candidates_of
 from pipeline.precision import plugs
@@ -70,11 +70,12 @@ def _row(*cells) -> tuple[Cell, ...]:
 def stage_section(manifest: dict) -> Section:
     """One row per stage of ``STAGE_ORDER``: status, time, and the reason or error."""
     rows = []
+    stage_entries = entries(manifest)
     for name in STAGE_ORDER:
-        entry = manifest.get("stages", {}).get(name) or {}
-        status = entry.get("status", "not run")
-        time = fmt(entry.get("duration_s"), ".1f") + " s" if entry.get("duration_s") is not None else "-"
-        rows.append(_row(name, Cell(status, status=status), time, entry.get("reason") or entry.get("error") or ""))
+        entry = stage_entries.get(name)
+        status = entry.status if entry else "not run"
+        time = fmt(entry.duration_s, ".1f") + " s" if entry and entry.duration_s is not None else "-"
+        rows.append(_row(name, Cell(status, status=status), time, (entry and (entry.reason or entry.error)) or ""))
     return Section("Stages", tables=(Table(("stage", "status", "time", "note"), tuple(rows)),))
 
 

@@ -323,10 +323,10 @@ def build_payload(cfg: Config, card, candidates: Sequence[Check], gated: dict, v
         "undecided": verdict.undecided,  # deployable only because the task check's bound could not decide
         "inconclusive_policy": cfg.verify.inconclusive,  # what an inconclusive verdict counted as (verify.inconclusive)
         "model": cfg.model.name,
-        **({"task": card["spec"]["task"]} if card["spec"].get("task", "classification") != "classification" else {}),
+        **({"task": card.spec.task} if card.spec.task != "classification" else {}),
         "reference": reference,
         "inputs": {"what": "real validation images", "source": cfg.data.source, "samples": samples,
-                   "batch_size": batch_size, "input_shape": ["batch", *card["spec"]["input_size"]]},
+                   "batch_size": batch_size, "input_shape": ["batch", *card.spec.input_size]},
         "candidates": [candidate_row(c, hashes).to_json() for c in candidates],
         **{key: section for name in plugs.PLUGS
            for key, section in zip(section_keys(name), gated.get(name) or (None, None), strict=True)},
@@ -528,8 +528,8 @@ def standing(run_dir: RunDir) -> str | None:
     path = run_dir.file(JSON)
     if not path.is_file():
         return None
-    entry = run_dir.stage_entry("verify") or {}
-    return report_standing(entry.get("status"), entry.get("exit_code"),
+    entry = run_dir.stage_entry("verify")
+    return report_standing(entry.status if entry else None, entry.exit_code if entry else None,
                            run_dir.recorded_artifacts("verify").get(JSON), sha256_file(path))
 
 

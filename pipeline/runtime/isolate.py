@@ -35,7 +35,6 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import asdict
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -46,6 +45,20 @@ from pipeline.core import artifacts, errors
 from pipeline.core.errors import first_line
 from pipeline.core.timings import Timing, TimingKind
 from pipeline.runtime import zygote
+from pipeline.runtime.isolate_messages import (
+    BATCH_REASON,
+    INFER,
+    INFER_EACH,
+    LAYERS,
+    STOP,
+    TIME,
+    Answer,
+    BackendRef,
+    Job,
+    Message,
+    RemoteError,
+    Request,
+)
 from pipeline.runtime.runners import Method, Timed, measure_or_error, to_numpy
 
 JOB = "job.json"
@@ -67,15 +80,15 @@ class ChildError(RuntimeError):
     """A Python exception the child raised; the subclass carries its type's name (see :func:`_remote_error`)."""
 
 
-def _remote_error(error: dict) -> Exception:
+def _remote_error(error: RemoteError) -> Exception:
     """The child's exception, as the same pipeline error, or a :class:`ChildError` named like the original."""
-    if error.get("errno") in errors.DISK_FULL_ERRNOS:  # the child's disk is full: the same OSError here
-        return OSError(error["errno"], error["message"])
-    cls = getattr(errors, error["type"], None)
+    if error.errno in errors.DISK_FULL_ERRNOS:  # the child's disk is full: the same OSError here
+        return OSError(error.errno, error.message)
+    cls = getattr(errors, error.type, None)
     if isinstance(cls, type) and issubclass(cls, errors.PipelineError) and cls is not errors.ConfigError:
-        return cls(error["message"])
+        return cls(error.message)
     # A class of the same name keeps messages such as "RuntimeError: ..." (verify's error rows) unchanged.
-    return type(error["type"], (ChildError,), {})(error["message"])
+    return type(error.type, (ChildError,), {})(error.message)
 
 
 def how_it_ended(returncode: int) -> str:
@@ -132,7 +145,7 @@ class Isolated(Timed, BaseRunner):
         except BaseException:
             self._end(kill=True)
             raise
-        self.note, self.precision, self.workaround = info["note"], info["precision"], info["workaround"]
+        self.note, self.precision, self.workaround = info.note, info.precision, info.workaround
 
     def _start(self, log_file):
         """The child: forked from this process's fork server (:mod:`pipeline.runtime.zygote`), or a new interpreter
@@ -155,8 +168,9 @@ class Isolated(Timed, BaseRunner):
             if proc is not None and proc.poll() is None:
                 if not kill:
                     try:
-                        self._send(proc, {"op": "stop"})
-                        self.torch_imported = self._read(proc).get("ok", {}).get("torch_imported")
+                        self._send(proc, Request(STOP))
+                        answer = self._read(proc).ok
+                        self.torch_imported = answer.torch_imported if answer is not None else None
                     except (OSError, ValueError, Crashed):
                         kill = True
                 if kill:
@@ -176,22 +190,18 @@ class Isolated(Timed, BaseRunner):
         if graph in ctx.under_test:
             under_test[graph] = f"{graph}.onnx"
             (self.folder / under_test[graph]).write_bytes(ctx.under_test[graph].SerializeToString())
-        job = {
-            "backend": {"name": self.backend.name, "module": make.__module__,
-                        "file": getattr(module, "__file__", None)},
-            "run_dir": str(Path(ctx.run_dir.path).resolve()),
-            "stage": ctx.stage, "spec": ctx.spec, "threads": ctx.threads, "gpu": ctx.gpu,
-            "config": ctx.cfg.to_dict(), "under_test": under_test,
-        }
-        (self.folder / JOB).write_text(json.dumps(job), encoding="utf-8")
+        job = Job(BackendRef(self.backend.name, make.__module__, getattr(module, "__file__", None)),
+                  str(Path(ctx.run_dir.path).resolve()), ctx.stage, ctx.spec, ctx.threads, ctx.gpu, ctx.cfg.to_dict(),
+                  under_test)
+        (self.folder / JOB).write_text(json.dumps(job.to_json()), encoding="utf-8")
 
     # ------------------------------------------------------------------ requests
 
-    def _send(self, proc, request: dict) -> None:
-        proc.stdin.write((json.dumps(request) + "\n").encode())
+    def _send(self, proc, request: Request) -> None:
+        proc.stdin.write((json.dumps(request.to_json()) + "\n").encode())
         proc.stdin.flush()
 
-    def _read(self, proc, deadline_s: float | None = None) -> dict:
+    def _read(self, proc, deadline_s: float | None = None) -> Message:
         """The next reply; phases on the way are remembered; the end of the stream means the child died.
 
         A child that gives no reply within ``deadline_s`` (stopped, or a runtime that deadlocked) is killed,
@@ -204,9 +214,9 @@ class Isolated(Timed, BaseRunner):
         timer.start()
         try:
             for line in proc.stdout:
-                message = json.loads(line)
-                if "phase" in message:
-                    self.phase = message["phase"]
+                message = Message.of(json.loads(line))
+                if message.phase is not None:
+                    self.phase = message.phase
                     continue
                 return message
         finally:
@@ -217,35 +227,34 @@ class Isolated(Timed, BaseRunner):
         how = f"no answer in {deadline_s:.0f} s" if fired.is_set() else how_it_ended(code)
         raise Crashed(how, self.phase, self.log, log_tail(self.ctx.run_dir.file(self.log)))
 
-    def deadline(self, request: dict | None, batch: int = 0) -> float:
+    def deadline(self, request: Request | None, batch: int = 0) -> float:
         """Seconds the child gets to answer ``request`` (None: starting its runner): ``isolate.timeout_s``, the
         floor, plus the work it was given: a minute to start; a quarter second per image; a timing's own length."""
         isolate = getattr(self.ctx.cfg, "isolate", None)
         floor = float(getattr(isolate, "timeout_s", DEFAULT_TIMEOUT_S))
         if request is None:
             return floor + STARTUP_S
-        if request["op"] != "time":
+        if request.op != TIME:
             return floor + batch * SECONDS_PER_IMAGE
-        m = request["method"]
-        if m.get("kind") == "adaptive":  # the floor of runs, then at most the time cap
-            timed = m.get("max_row_s", 0) + m.get("min_runs", 1) * batch * SECONDS_PER_IMAGE
+        m = request.method
+        if m.kind == "adaptive":  # the floor of runs, then at most the time cap
+            timed = m.max_row_s + m.min_runs * batch * SECONDS_PER_IMAGE
         else:
-            timed = m.get("trials", 1) * (m.get("min_duration_s", 0) + m.get("min_iterations", 1) * batch *
-                                          SECONDS_PER_IMAGE)
-        return floor + 4 * (m.get("warmup_s", 0) + timed)
+            timed = m.trials * (m.min_duration_s + m.min_iterations * batch * SECONDS_PER_IMAGE)
+        return floor + 4 * (m.warmup_s + timed)
 
-    def _reply(self, deadline_s: float | None = None) -> dict:
+    def _reply(self, deadline_s: float | None = None) -> Answer:
         proc = self.proc
         try:
             message = self._read(proc, deadline_s)
         except BaseException:
             self._end(kill=True)  # a dead or interrupted child: nothing more to ask it
             raise
-        if "error" in message:
-            raise _remote_error(message["error"])
-        return message["ok"]
+        if message.error is not None:
+            raise _remote_error(message.error)
+        return message.ok
 
-    def _call(self, request: dict, arrays: dict | None = None, images: int | None = None) -> dict:
+    def _call(self, request: Request, arrays: dict | None = None, images: int | None = None) -> Answer:
         if self.proc is None:
             raise RuntimeError(f"{self.name}: the child process has ended")
         if arrays is not None:
@@ -260,8 +269,8 @@ class Isolated(Timed, BaseRunner):
 
     def infer_impl(self, feed_dict):
         self.calls += 1
-        info = self._call({"op": "infer", "call": self.calls}, feed_dict)
-        self.inference_time = info["inference_time"]
+        info = self._call(Request(INFER, call=self.calls), feed_dict)
+        self.inference_time = info.inference_time
         return _load(self.folder / "out.npz")
 
     def infer_each(self, feeds: list[dict]) -> list[OrderedDict]:
@@ -269,7 +278,7 @@ class Isolated(Timed, BaseRunner):
         first, self.calls = self.calls + 1, self.calls + len(feeds)
         arrays = {f"{i}/{name}": np.asarray(value) for i, feed in enumerate(feeds) for name, value in feed.items()}
         images = sum(len(next(iter(feed.values()))) for feed in feeds)
-        self._call({"op": "infer_each", "call": first, "feeds": len(feeds)}, arrays, images)
+        self._call(Request(INFER_EACH, call=first, feeds=len(feeds)), arrays, images)
         return _split(_load(self.folder / "out.npz"), len(feeds))
 
     def infer(self, feed_dict, check_inputs=True):
@@ -277,15 +286,15 @@ class Isolated(Timed, BaseRunner):
         return super().infer(feed_dict, check_inputs=False)
 
     def batch_reason(self, batch: int) -> str:
-        return self._call({"op": "batch_reason", "batch": batch})["reason"]
+        return self._call(Request(BATCH_REASON, batch=batch)).reason
 
     def layers(self, feed: dict) -> list[dict]:
         """The child runner's account of the layers it ran on ``feed`` (``[]`` when its runtime gives none)."""
-        return self._call({"op": "layers"}, feed)["layers"]
+        return self._call(Request(LAYERS), feed).layers
 
     def measurements(self, feed: dict, method: Method) -> list[tuple[Timing, dict]]:
-        info = self._call({"op": "time", "method": asdict(method)}, feed)
-        return [(Timing(TimingKind(kind), label), m) for kind, label, m in info["timings"]]
+        info = self._call(Request(TIME, method=method), feed)
+        return [(Timing(TimingKind(kind), label), m) for kind, label, m in info.timings]
 
     def timers(self, feed: dict, throughput: bool = True):
         raise NotImplementedError("an isolated runner times in its child: use measurements(feed, method)")
@@ -338,26 +347,25 @@ class _Child:
     def __init__(self, folder: Path, channel):
         self.folder, self.channel = folder, channel
 
-    def send(self, **message) -> None:
-        self.channel.write(json.dumps(message) + "\n")
+    def send(self, message: Message) -> None:
+        self.channel.write(json.dumps(message.to_json()) + "\n")
         self.channel.flush()
 
     def phase(self, text: str) -> None:
         print(f"[pipeline.runtime.isolate] {text}", file=sys.stderr, flush=True)  # the log's tail, if it crashes next
-        self.send(phase=text)
+        self.send(Message(phase=text))
 
     def error(self, exc: BaseException) -> None:
         import traceback
 
         traceback.print_exc(file=sys.stderr)
-        text = first_line(exc)
-        self.send(error={"type": type(exc).__name__, "message": text, "errno": getattr(exc, "errno", None)})
+        self.send(Message(error=RemoteError(type(exc).__name__, first_line(exc), getattr(exc, "errno", None))))
 
     def serve(self, requests) -> int:
-        job = json.loads((self.folder / JOB).read_text(encoding="utf-8"))
+        job = Job.of(json.loads((self.folder / JOB).read_text(encoding="utf-8")))
         self.phase("loading the backend table")
         try:
-            backend = find_backend(job["backend"])
+            backend = find_backend(job.backend)
             ctx = _context(job, self.folder)
             self.phase(f"creating the {backend.runtime} session")
             runner = backend.make(ctx)
@@ -365,60 +373,61 @@ class _Child:
         except Exception as exc:
             self.error(exc)
             return 1
-        self.send(ok={"note": getattr(runner, "note", "") or "", "precision": getattr(runner, "precision", None),
-                      "workaround": getattr(runner, "workaround", "") or ""})
+        self.send(Message(ok=Answer(note=getattr(runner, "note", "") or "",
+                                    precision=getattr(runner, "precision", None),
+                                    workaround=getattr(runner, "workaround", "") or "")))
         try:
             for line in requests:
-                request = json.loads(line)
-                if request["op"] == "stop":
+                request = Request.of(json.loads(line))
+                if request.op == STOP:
                     break
                 try:
-                    self.send(ok=getattr(self, "do_" + request["op"])(runner, request))
+                    self.send(Message(ok=getattr(self, "do_" + request.op)(runner, request)))
                 except Exception as exc:
                     self.error(exc)
         finally:
             self.phase("releasing the runner")
             runner.deactivate()
-        self.send(ok={"torch_imported": "torch" in sys.modules})
+        self.send(Message(ok=Answer(torch_imported="torch" in sys.modules)))
         return 0
 
-    def do_infer(self, runner, request: dict) -> dict:
+    def do_infer(self, runner, request: Request) -> Answer:
         feed = _load(self.folder / "in.npz")
-        self.phase(f"running inference on batch {request['call']}")
+        self.phase(f"running inference on batch {request.call}")
         outputs = runner.infer(feed)
-        self.phase(f"writing the outputs of batch {request['call']}")
+        self.phase(f"writing the outputs of batch {request.call}")
         _save(self.folder / "out.npz", {k: to_numpy(v) for k, v in outputs.items()})
-        return {"inference_time": runner.inference_time}
+        return Answer(inference_time=runner.inference_time)
 
-    def do_infer_each(self, runner, request: dict) -> dict:
-        feeds = _split(_load(self.folder / "in.npz"), request["feeds"])
+    def do_infer_each(self, runner, request: Request) -> Answer:
+        feeds = _split(_load(self.folder / "in.npz"), request.feeds)
         outputs = {}
         for i, feed in enumerate(feeds):
-            self.phase(f"running inference on batch {request['call'] + i}")
+            self.phase(f"running inference on batch {request.call + i}")
             outputs.update((f"{i}/{k}", np.array(to_numpy(v))) for k, v in runner.infer(feed).items())  # a copy
-        self.phase(f"writing the outputs of batches {request['call']}-{request['call'] + len(feeds) - 1}")
+        self.phase(f"writing the outputs of batches {request.call}-{request.call + len(feeds) - 1}")
         _save(self.folder / "out.npz", outputs)
-        return {}
+        return Answer()
 
-    def do_layers(self, runner, request: dict) -> dict:
+    def do_layers(self, runner, request: Request) -> Answer:
         feed = _load(self.folder / "in.npz")
         self.phase("reading the runtime's account of its layers")
-        return {"layers": runner.layers(feed) if hasattr(runner, "layers") else []}
+        return Answer(layers=runner.layers(feed) if hasattr(runner, "layers") else [])
 
-    def do_batch_reason(self, runner, request: dict) -> dict:
-        return {"reason": runner.batch_reason(request["batch"])}
+    def do_batch_reason(self, runner, request: Request) -> Answer:
+        return Answer(reason=runner.batch_reason(request.batch))
 
-    def do_time(self, runner, request: dict) -> dict:
+    def do_time(self, runner, request: Request) -> Answer:
         feed = _load(self.folder / "in.npz")
         batch = len(next(iter(feed.values())))
-        method = Method(**request["method"])
+        method = request.method
         self.phase(f"preparing to time batch {batch}")
         timings = []
         for timing, run_once in runner.timers(feed, throughput=method.throughput):
             self.phase(f"timing batch {batch} ({timing.label})")
             # one failed timing is its own row
             timings.append((timing.kind, timing.label, measure_or_error(run_once, method)))
-        return {"timings": timings}
+        return Answer(timings=timings)
 
 
 def runner_for(backend, ctx):
@@ -429,21 +438,21 @@ def runner_for(backend, ctx):
     return backend.make(ctx)
 
 
-def find_backend(where: dict):
-    """The table entry named ``where["name"]`` in the module that defines its ``make`` (``pipeline.runtime.backends``,
+def find_backend(where: BackendRef):
+    """The table entry named ``where.name`` in the module that defines its ``make`` (``pipeline.runtime.backends``,
     or a module loaded from its file: a backend a test or a user adds to the table)."""
     import importlib
     import importlib.util
 
     from pipeline.runtime import backends
 
-    name, module_name = where["name"], where["module"]
+    name, module_name = where.name, where.module
     try:
         module = importlib.import_module(module_name)
     except ImportError:
-        if not where.get("file"):
+        if not where.file:
             raise
-        spec = importlib.util.spec_from_file_location(module_name, where["file"])
+        spec = importlib.util.spec_from_file_location(module_name, where.file)
         module = importlib.util.module_from_spec(spec)
         sys.modules[module_name] = module
         spec.loader.exec_module(module)
@@ -453,18 +462,18 @@ def find_backend(where: dict):
     raise KeyError(f"no backend {name!r} in {module_name}.TABLE")
 
 
-def _context(job: dict, folder: Path):
+def _context(job: Job, folder: Path):
     from pipeline.core import onnx_io
     from pipeline.core.run import RunDir
     from pipeline.runtime.backends import Context
 
     under_test = {precision: onnx_io.load(folder / name, f"{precision.upper()} ONNX model")
-                  for precision, name in job["under_test"].items()}
+                  for precision, name in job.under_test.items()}
     # The parent validated the config; read-only attribute access is all a runner needs, and skipping
     # pydantic (import and validation) saves a tenth of a second of every child's start.
-    cfg = json.loads(json.dumps(job["config"]), object_hook=lambda d: SimpleNamespace(**d))
-    return Context(cfg, RunDir(job["run_dir"], create=False), job["stage"], job["spec"],
-                   threads=job["threads"], gpu=job["gpu"], under_test=under_test, isolate=False)
+    cfg = json.loads(json.dumps(job.config), object_hook=lambda d: SimpleNamespace(**d))
+    return Context(cfg, RunDir(job.run_dir, create=False), job.stage, job.spec,
+                   threads=job.threads, gpu=job.gpu, under_test=under_test, isolate=False)
 
 
 def main(argv: list[str] | None = None) -> int:

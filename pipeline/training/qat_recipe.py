@@ -47,6 +47,7 @@ from pipeline.training.trainer import Trainer
 
 if TYPE_CHECKING:  # annotations only
     from pipeline.core.config_schema import Config
+    from pipeline.core.model_card import ModelCard
 
 log = logging.getLogger("pipeline")
 
@@ -146,7 +147,7 @@ def check(cfg: Config) -> None:
             raise BackendUnavailable(f"qat needs ModelOpt: {reason}")
 
 
-def _template(cfg: Config, run_dir: RunDir, card: dict, fp32_nodes: list[str]) -> tuple[onnx.ModelProto, dict]:
+def _template(cfg: Config, run_dir: RunDir, card: ModelCard, fp32_nodes: list[str]) -> tuple[onnx.ModelProto, dict]:
     """PTQ's graph with every layer in INT8 (the FP16 fallback's FP32 nodes kept), and its precision report."""
     try:
         report = PLUG.write(cfg, run_dir, card, Raised(fp32=list(fp32_nodes)), out_name=TEMPLATE)
@@ -185,8 +186,8 @@ def fine_tune(cfg: Config, run_dir: RunDir, *, resume: bool = False, out_name: s
              "no module to simulate them in)", cfg.model.name, cfg.qat.epochs, cfg.qat.lr, amp_note,
              len(simulated["inputs"]), len(simulated["weights"]), len(simulated["not_simulated"]))
     source = sha256_file(run_dir.file(a.WEIGHTS))
-    trainer = QATTrainer(qat_config(cfg), run_dir, model, teacher, _CardSpec(card["spec"]), splits, device, amp_dtype,
-                         source)
+    trainer = QATTrainer(qat_config(cfg), run_dir, model, teacher, _CardSpec(card.spec.to_json()), splits, device,
+                         amp_dtype, source)
     facts = trainer.train(resume=resume, profile=False)
     model.to("cpu").eval()
     report = export_int8(cfg, run_dir, card, model, template, fp32_nodes, out_name)
@@ -200,13 +201,13 @@ def fine_tune(cfg: Config, run_dir: RunDir, *, resume: bool = False, out_name: s
     return details
 
 
-def _quantize(cfg: Config, card: dict, model, template: onnx.ModelProto) -> dict:
+def _quantize(cfg: Config, card: ModelCard, model, template: onnx.ModelProto) -> dict:
     """ModelOpt's quantizers where ``template`` (PTQ's graph) quantizes, calibrated on export's images first."""
     calib, _ = calibration_batch(cfg, card, cfg.export.int8.calibration_samples)
     return qat.quantize_model(model, qat.placement(template), lambda m: m(torch.from_numpy(calib)))
 
 
-def rebuild(cfg: Config, run_dir: RunDir, card: dict, source: QATSource, out_name: str = a.INT8_ONNX) -> dict:
+def rebuild(cfg: Config, run_dir: RunDir, card: ModelCard, source: QATSource, out_name: str = a.INT8_ONNX) -> dict:
     """``out_name`` from QAT's checkpoint (no training): what export does when the fallback file says ``method: qat``.
     A checkpoint that is missing, changed, or made from other trained weights is an :class:`InputError`."""
     check(cfg)
@@ -233,11 +234,11 @@ def rebuild(cfg: Config, run_dir: RunDir, card: dict, source: QATSource, out_nam
     return report
 
 
-def export_int8(cfg: Config, run_dir: RunDir, card: dict, model, template: onnx.ModelProto,
+def export_int8(cfg: Config, run_dir: RunDir, card: ModelCard, model, template: onnx.ModelProto,
                 fp32_nodes: list[str], out_name: str = a.INT8_ONNX) -> dict:
     """The fine-tuned weights (quantizers off) exported like ``model.onnx``, quantized by export's PTQ, with the
     template's activation ranges: ``model.int8.onnx``, stamped with the trained weights; returns its report."""
-    spec, ec = card["spec"], cfg.export
+    spec, ec = card.spec, cfg.export
     ic = cfg.export.int8.model_copy(update={"calibration_method": fallback.calibration_method(run_dir, PLUG) or
                                             cfg.export.int8.calibration_method})
     images, image_set = calibration_batch(cfg, card, ic.calibration_samples)
@@ -250,10 +251,10 @@ def export_int8(cfg: Config, run_dir: RunDir, card: dict, model, template: onnx.
         fp32_path, quantized = Path(scratch) / "model.qat.fp32.onnx", Path(scratch) / a.INT8_ONNX
         with qat.quantizers_off(model):
             export_onnx(model, torch.from_numpy(images[:2]), fp32_path, opset=ec.opset, exporter=ec.exporter,
-                        input_name=spec["input_name"], output_name=spec["output_name"],
+                        input_name=spec.input_name, output_name=spec.output_name,
                         dynamic_batch=ec.dynamic_batch, weights_sha256=weights_sha256,
                         accept_trace_warnings=ec.accept_trace_warnings)
-        report = int8.quantize(fp32_path, np.ascontiguousarray(images), spec["input_name"], ic, quantized, [],
+        report = int8.quantize(fp32_path, np.ascontiguousarray(images), spec.input_name, ic, quantized, [],
                                list(fp32_nodes))
         graph = onnx.load(str(quantized))
         copied, total = qat.transfer_ranges(template, graph)

@@ -31,6 +31,7 @@ from pipeline.core import data as data_mod
 from pipeline.core import modeling
 from pipeline.core.artifacts import BEST_CHECKPOINT, CHECKPOINT, CURVE, METRICS, TENSORBOARD, TRACE
 from pipeline.core.errors import InputError, StageFailed, UsageError, check_interrupt, first_line
+from pipeline.core.model_card import ModelCard
 from pipeline.core.run import RunDir, atomic_path
 from pipeline.training import batchnorm, learning
 from pipeline.training import detection as detection_training
@@ -593,16 +594,7 @@ def _write_outputs(run_dir: RunDir, source: Path, cfg: Config, spec, splits) -> 
         # give the same weights a different sha256 in every run (and every graph stamped with it, downstream).
         about = json.dumps({"epoch": state["epoch"], "model": cfg.model.name}, sort_keys=True)
         save_file(weights, str(tmp), metadata={"pipeline": about})
-    modeling.write_card(run_dir, {
-        "model": cfg.model.name,
-        "spec": spec.to_dict(),
-        "classes": splits.classes,
-        "weights": modeling.WEIGHTS,
-        "weights_epoch": state["epoch"],
-        "val_acc": state["best_acc"],
-        "input": {"name": spec.input_name, "shape": ["batch", *spec.input_size], "dtype": "float32",
-                  "layout": "NCHW", "normalisation": {"mean": list(spec.mean), "std": list(spec.std)}},
-        "output": {"name": spec.output_name, "shape": ["batch", spec.num_classes], "meaning": "logits"},
-    })
+    modeling.write_card(run_dir, ModelCard.trained(cfg.model.name, spec, splits.classes, modeling.WEIGHTS,
+                                                   state["epoch"], state["best_acc"]))
 
 
