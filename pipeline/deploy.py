@@ -474,7 +474,8 @@ def serve_and_check(cfg: Config, run_dir: RunDir, repository: Path,
     not_here = [ServedModel(model=m.name, verdict=Status.SKIPPED, reason="not served on this machine: it needs a GPU")
                 for m, _ in models if m.name not in {h.name for h, _ in here}]
     written = written_files(repository) or {}
-    method = triton_serve.Method(cfg.deploy.warmup_s, cfg.deploy.window_s, cfg.deploy.stability, cfg.deploy.max_trials)
+    method = triton_serve.PerfWindows(cfg.deploy.warmup_s, cfg.deploy.window_s, cfg.deploy.stability,
+                                      cfg.deploy.max_trials)
     log_file = run_dir.file(a.child_log("deploy", "tritonserver"))
     log_file.parent.mkdir(exist_ok=True)
     with triton_stock.Repository(repository, [m.name for m, _ in here],

@@ -308,7 +308,7 @@ def test_read_is_the_bounded_reader_of_the_file(tmp_path):
 
 
 def test_the_runtime_records_convert_field_for_field():
-    """deploy turns triton_serve's Measurement and Method into ServedTiming and ServedTimingMethod by their fields:
+    """deploy turns triton_serve's Measurement and PerfWindows into ServedTiming and ServedTimingMethod by their fields:
     the names agree, and the JSON is what asdict wrote before."""
     from dataclasses import asdict
 
@@ -318,7 +318,7 @@ def test_the_runtime_records_convert_field_for_field():
     measured = triton_serve.Measurement("http", 2, 100, 0.5, 0.6, 0.7, 0.9, 0.55, 2000.0, 3, True)
     assert ServedTiming(**asdict(measured)).to_json() == asdict(measured)
     assert list(ServedTiming(**asdict(measured)).to_json()) == list(asdict(measured))
-    assert ServedTimingMethod(**asdict(triton_serve.Method())).to_json() == asdict(triton_serve.Method())
+    assert ServedTimingMethod(**asdict(triton_serve.PerfWindows())).to_json() == asdict(triton_serve.PerfWindows())
 
 
 def test_serve_with_timings_is_written_and_read_back(clone_run, tmp_path, monkeypatch):

@@ -141,7 +141,7 @@ class ServerInfo(_Part):
 
 
 class ServedTimingMethod(_Part):
-    """perf_analyzer's method as used (:class:`pipeline.runtime.triton_serve.Method`)."""
+    """perf_analyzer's method as used (:class:`pipeline.runtime.triton_serve.PerfWindows`)."""
 
     warmup_s: float
     window_s: float

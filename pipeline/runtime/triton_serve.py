@@ -223,7 +223,7 @@ def _run_threads(work: Callable[[], None], count: int) -> None:
 
 
 @dataclass(frozen=True)
-class Method:
+class PerfWindows:
     """perf_analyzer's measurement settings: ``warmup_s`` before measuring, windows of ``window_s``, stable when three
     consecutive windows' throughput and average latency are within ``stability`` (a fraction) of their mean, at most
     ``max_trials`` windows."""
@@ -264,7 +264,7 @@ def stable(windows: Sequence[tuple[float, float]], stability: float) -> bool:
 
 
 def measure(make_send: Callable[[], tuple[Callable[[], None], Callable[[], None]]], *, where: str, concurrency: int,
-            method: Method) -> Measurement:
+            method: PerfWindows) -> Measurement:
     """Closed-loop timing: ``concurrency`` workers, each with its own ``(send, close) = make_send()``, sending back to
     back; latencies are taken by the client around each request."""
     done: list[tuple[float, float]] = []  # (end time, latency s) of every completed request
