@@ -13,7 +13,7 @@ if TYPE_CHECKING:  # annotations only: the bottom layer does not import NumPy at
     import numpy as np
 
 
-class Candidate(Protocol):
+class CheckedBackend(Protocol):
     """What a check reads of its backend table entry (``pipeline.runtime.backends.Backend``)."""
 
     @property
@@ -45,7 +45,7 @@ class Candidate(Protocol):
 class Check:
     """One candidate of one verify run: its table entry, why it cannot run ("" if it can), its result."""
 
-    backend: Candidate
+    backend: CheckedBackend
     label: str
     required: bool
     reason: str = ""
