@@ -33,6 +33,7 @@ from pipeline.core.check_results import CandidateResult
 from pipeline.core.errors import BackendUnavailable, CheckFailed, Inconclusive, StageFailed
 from pipeline.core.records import Learning
 from pipeline.core.run import RunDir, StageRecord, sha256_file
+from pipeline.core.stability_record import StabilityCertificate
 from pipeline.core.status import Status
 from pipeline.core.verdicts import Outcome, Verdict
 from pipeline.evaluation import batching, candidates, conformance, predictions
@@ -139,7 +140,8 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, auto_fallback: boo
                                            quality.get("reference_task")))
 
 
-def _stability(cfg: Config, run_dir: RunDir, card: dict, evidence: Evidence, fp32_model, checks: list[Check]):
+def _stability(cfg: Config, run_dir: RunDir, card: dict, evidence: Evidence, fp32_model,
+               checks: list[Check]) -> StabilityCertificate | None:
     """The calibration stability certificate of ``model.int8.onnx`` (``export.int8.stability.in_verify``), on the
     verdict images; where ``verify.int8.min_pass_share`` finds its pass a lucky draw, every passing gating candidate
     of the INT8 graph fails, saying why. None where it does not run."""
@@ -156,13 +158,13 @@ def _stability(cfg: Config, run_dir: RunDir, card: dict, evidence: Evidence, fp3
     gate = candidates.gate_for(cfg, plug.faithful, plug.name)
     result = certificate.certify(cfg, run_dir, card, plug, evidence, raised, method, gate,
                                  deployed_model=onnx_io.load(run_dir.file(plug.graph)))
-    cert = result["certificate"]
-    (log.info if cert["status"] == Status.CERTIFIED else log.warning)("verify: calibration stability: %s", cert["line"])
-    if cert["fails_gate"]:
+    cert = result.certificate
+    (log.info if cert.status == Status.CERTIFIED else log.warning)("verify: calibration stability: %s", cert.line)
+    if cert.fails_gate:
         for chk in checks:
             if chk.gates and candidates.runs_graph(chk, plug) and chk.status == Status.PASSED:
                 chk.result = chk.result.model_copy(update={
-                    "status": Status.FAILED, "reason": f"calibration stability: {'; '.join(cert['reasons'])}"})
+                    "status": Status.FAILED, "reason": f"calibration stability: {'; '.join(cert.reasons)}"})
     return result
 
 
