@@ -27,10 +27,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx
 
-from pipeline.core import boxes, modeling, onnx_io, provenance, verdicts
+from pipeline.core import boxes, modeling, onnx_io, provenance, roles, verdicts
 from pipeline.core.artifacts import FP32_ONNX, VERIFY_BOXES, WEIGHTS
 from pipeline.core.check_results import CandidateResult
 from pipeline.core.errors import BackendUnavailable, CheckFailed, Inconclusive, StageFailed
+from pipeline.core.images_record import ImageSetRecord, ImagesRecord, ValidationSplit, VerdictImages
 from pipeline.core.records import Learning
 from pipeline.core.run import RunDir, StageRecord, sha256_file
 from pipeline.core.stability_record import StabilityCertificate
@@ -168,13 +169,13 @@ def _stability(cfg: Config, run_dir: RunDir, card: dict, evidence: Evidence, fp3
     return result
 
 
-def held_out_section(evidence: Evidence, held) -> dict:
+def held_out_section(evidence: Evidence, held: roles.HeldOut) -> ImagesRecord:
     """verify.json's ``images``: the verdict images (split, indices, content hashes), the validation split's cut, and
     whether the verdict is held out from calibration and tune's search (:func:`pipeline.core.roles.held_out_status`)."""
     parts = evidence.parts
-    return {"verdict": evidence.images.to_json(), "held_out": held.to_json(),
-            "validation_split": {"cut": parts.split, "search_part": len(parts.search),
-                                 "verdict_part": len(parts.verdict), "reason": parts.reason}}
+    return ImagesRecord(verdict=ImageSetRecord(**evidence.images.to_json()), held_out=VerdictImages(**held.to_json()),
+                        validation_split=ValidationSplit(cut=parts.split, search_part=len(parts.search),
+                                                         verdict_part=len(parts.verdict), reason=parts.reason))
 
 
 def _reference_quality(run_dir: RunDir, evidence: Evidence) -> dict:

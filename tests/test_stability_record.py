@@ -1,7 +1,8 @@
-"""The calibration stability certificate's record as types (:mod:`pipeline.core.stability_record`): made where the
-draws are judged, written by one serialiser in the shape earlier releases wrote (verify.json's and tune.json's
-``stability``), read back typed and bounded, and read by attribute everywhere else. The AST check here fails on a
-``["key"]`` or ``.get("key")`` on one of them outside its serialiser."""
+"""The calibration stability certificate's record as types (:mod:`pipeline.core.stability_record`) and verify.json's
+held-out images record (:mod:`pipeline.core.images_record`): made where the draws are judged and the images checked,
+written by one serialiser in the shape earlier releases wrote (verify.json's and tune.json's ``stability``,
+verify.json's ``images``), read back typed and bounded, and read by attribute everywhere else. The AST check here
+fails on a ``["key"]`` or ``.get("key")`` on one of them outside its serialiser."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from conftest import ROOT
 from pipeline.core import verify_rows
 from pipeline.core.errors import InputError
+from pipeline.core.images_record import ImagesRecord, VerdictImages
 from pipeline.core.stability_record import DrawRow, KindSpread, SpreadRow, StabilityCertificate
 from pipeline.evaluation import certificate
 from pipeline.precision import stability, tune_result
@@ -21,12 +23,15 @@ from pipeline.precision import stability, tune_result
 PACKAGE = ROOT / "pipeline"
 TUNE = ROOT / "tests" / "data" / "tune.json"  # written by tune before the certificate was typed (issue 47)
 RELEASE = ROOT / "tests" / "data" / "release_0.1.0" / "run" / "verify.json"
-HOME = PACKAGE / "core" / "stability_record.py"  # the serialisers: the only module that may read one by its key
+# the serialisers: the only modules that may read one by its key
+HOMES = {PACKAGE / "core" / "stability_record.py", PACKAGE / "core" / "images_record.py"}
 TYPES = {"StabilityCertificate", "CertificateOutcome", "DrawRow", "SpreadRow", "GateSpread", "ScaleSpread",
-         "KindSpread", "QuantizerSpread"}
-# What holds one: these attributes of a result, a report or a certificate, and these calls (the makers, the readers).
-ATTRIBUTES = {"stability", "certificate", "gate_spread", "scale_spread", "activation", "weight", "quantizers"}
-MAKERS = {"certify", "payload", "report_of", "result_of", "_outcome", "_gate_spread", "_kind_spread", *TYPES}
+         "KindSpread", "QuantizerSpread", "ImagesRecord", "ImageSetRecord", "VerdictImages", "ValidationSplit"}
+# What holds one: these attributes of a result, a report or a record, and these calls (the makers, the readers).
+ATTRIBUTES = {"stability", "certificate", "gate_spread", "scale_spread", "activation", "weight", "quantizers",
+              "validation_split", "held_out"}
+MAKERS = {"certify", "payload", "report_of", "result_of", "_outcome", "_gate_spread", "_kind_spread",
+          "held_out_section", *TYPES}
 
 
 # --------------------------------------------------------------------------- the AST check
@@ -97,7 +102,7 @@ def key_reads(path: Path) -> list[str]:
 
 
 def test_no_stability_certificate_is_read_by_its_key_outside_its_serialiser():
-    files = [p for p in sorted(PACKAGE.rglob("*.py")) if p != HOME]
+    files = [p for p in sorted(PACKAGE.rglob("*.py")) if p not in HOMES]
     assert [hit for p in files for hit in key_reads(p)] == []
 
 
@@ -111,9 +116,11 @@ def test_the_check_finds_a_key_read_on_a_certificate_and_leaves_dicts(tmp_path):
         "def d(s: StabilityCertificate):\n    cert, n = s.certificate, s.seconds\n    return cert['line'], n['x']\n"
         "def e(s: StabilityCertificate):\n    return [r['status'] for r in s.draws]\n"
         "def f(payload: dict):\n    return payload['stability'], {'a': 1}['a']\n"  # a raw dict: not followed
-        "def g(s: StabilityCertificate):\n    act = s.scale_spread.activation\n    return act.get('worst')\n")
+        "def g(s: StabilityCertificate):\n    act = s.scale_spread.activation\n    return act.get('worst')\n"
+        "def h(images: ImagesRecord | None):\n    return images.held_out['line'], images.get('verdict')\n")
     assert key_reads(path) == ["pkg/m.py:10: cert['line']", "pkg/m.py:12: r['status']",
-                               "pkg/m.py:17: act.get('worst')", "pkg/m.py:2: s['draws']",
+                               "pkg/m.py:17: act.get('worst')", "pkg/m.py:19: images.get('verdict')",
+                               "pkg/m.py:19: images.held_out['line']", "pkg/m.py:2: s['draws']",
                                "pkg/m.py:4: p.stability.get('limit')", "pkg/m.py:7: result['certificate']"]
 
 
@@ -173,6 +180,29 @@ def test_the_certificate_is_made_in_the_old_shape():
     assert out["quantizers"][0] == {"tensor": "x", "kind": "activation",
                                     **stability.Spread(1.0, 2.0, 1.5).to_json()}
     assert out["seconds"] == 1.23
+
+
+def test_verifys_images_record_reads_typed_and_writes_back_in_the_same_shape():
+    images = {"verdict": {"role": "verdict", "split": "val", "count": 2, "indices": [3, 7],
+                          "sha256_16": ["0123456789abcdef", "fedcba9876543210"]},
+              "held_out": {"status": "held out", "held_out": True, "reasons": [], "overlaps": {},
+                           "checked": ["int8 calibration"], "not_run": ["tune search"],
+                           "line": "held out: no verdict image is among the images of int8 calibration"},
+              "validation_split": {"cut": True, "search_part": 30, "verdict_part": 30, "reason": ""}}
+    record = verify_rows.report_of({**json.loads(RELEASE.read_text()), "images": images}).images
+    assert isinstance(record, ImagesRecord) and isinstance(record.held_out, VerdictImages)
+    assert record.verdict.count == 2 and record.held_out.held_out and record.validation_split.verdict_part == 30
+    assert _old_shape(record.to_json()) == _old_shape(images)
+
+
+@pytest.mark.parametrize("damage", [{"held_out": {"status": "held out", "held_out": "yes"}},
+                                    {"verdict": {"role": "verdict", "split": "val", "indices": [-1]}},
+                                    {"validation_split": {"cut": "no"}}])
+def test_a_damaged_images_record_is_one_input_error(tmp_path, damage):
+    path = tmp_path / "verify.json"
+    path.write_text(json.dumps({**json.loads(RELEASE.read_text()), "images": damage}))
+    with pytest.raises(InputError, match="verify report"):
+        verify_rows.read(path)
 
 
 @pytest.mark.parametrize("damage", [{"draws": "three"}, {"certificate": {"status": "certified"}},

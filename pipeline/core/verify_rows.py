@@ -20,6 +20,7 @@ from pydantic import Field, StringConstraints
 
 from pipeline.core import schema
 from pipeline.core.check_results import BatchSizeRow, Conformance, TaskCheck, TensorCheck
+from pipeline.core.images_record import ImagesRecord
 from pipeline.core.stability_record import StabilityCertificate
 
 MAX_CANDIDATES = 1000
@@ -72,6 +73,7 @@ class VerifyReport(schema.Open):
     candidates: Annotated[list[CandidateRow], Field(max_length=MAX_CANDIDATES)]
     reference: Reference = Reference()
     inconclusive_policy: Literal["pass", "fail"] | None = None
+    images: ImagesRecord | None = None  # the verdict's images and whether they are held out
     stability: StabilityCertificate | None = None  # the calibration stability certificate, where it ran
 
 

@@ -23,6 +23,7 @@ from typing import Annotated, Any
 from pydantic import Field, StringConstraints, field_validator
 
 from pipeline.core import schema
+from pipeline.core.images_record import VerdictImages
 from pipeline.core.speed_claims import Ratio
 from pipeline.core.stability_record import StabilityCertificate
 
@@ -150,21 +151,6 @@ class Sanity(schema.Open):
     def to_json(self) -> dict[str, Any]:
         return {"checks": [c.to_json() for c in self.checks], "trustworthy": self.trustworthy,
                 "attempts": self.attempts}
-
-
-class VerdictImages(schema.Open):
-    """Whether the verdict images are held out (:meth:`pipeline.core.roles.HeldOut.to_json`)."""
-
-    status: Text
-    held_out: bool
-    reasons: Texts = []
-    overlaps: dict[str, int] = {}
-    checked: Texts = []
-    not_run: Texts = []
-    line: Text = ""
-
-    def to_json(self) -> dict[str, Any]:
-        return self.model_dump()
 
 
 class HeldOutConfirmation(schema.Open):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from pipeline.core import records
 from pipeline.core.benchmark_rows import BenchmarkRow, CrossCheck, rows_of
+from pipeline.core.images_record import ImagesRecord, ValidationSplit
 from pipeline.core.manifest import STAGE_ORDER
 from pipeline.core.stability_record import SpreadRow, StabilityCertificate
 from pipeline.core.status import Status
@@ -265,7 +266,7 @@ def verify_sections(payload: dict) -> list[Section]:
                  "only' do not decide the exit code (verify.gate).")
     sections = [Section("Precision gate", status=Status.PASSED if payload["passed"] else Status.FAILED,
                         paragraphs=(text,), tables=(table,))]
-    images = _images_section(payload.get("images"))
+    images = _images_section(report.images)
     if images:
         sections.append(images)
     sections += stability_sections(report.stability)
@@ -284,18 +285,22 @@ def verify_sections(payload: dict) -> list[Section]:
     return sections
 
 
-def _images_section(images: dict | None) -> Section | None:
+def _images_section(images: ImagesRecord | None) -> Section | None:
     """Whether the verdict's images are held out from calibration and tune's search (pipeline.core.roles)."""
-    if not isinstance(images, dict) or not isinstance(images.get("held_out"), dict):
+    held = images.held_out if images is not None else None
+    if images is None or held is None:
         return None
-    held = images["held_out"]
-    split = images.get("validation_split") or {}
-    verdict = images.get("verdict") or {}
-    text = (f"Verdict images: {verdict.get('count', '?')} of the validation split's verdict part "
-            f"({split.get('verdict_part', '?')} images; {split.get('search_part', '?')} kept for tune's search"
-            f"{'' if split.get('cut') else ', the same images: the split was not cut'}). {held.get('line', '')}.")
-    return Section("Held-out images", status="held out" if held.get("held_out") else "not held out", paragraphs=(text,),
+    split, verdict = images.validation_split or ValidationSplit(), images.verdict
+    count = verdict.count if verdict is not None and verdict.count is not None else "?"
+    text = (f"Verdict images: {count} of the validation split's verdict part "
+            f"({_or_unknown(split.verdict_part)} images; {_or_unknown(split.search_part)} kept for tune's search"
+            f"{'' if split.cut else ', the same images: the split was not cut'}). {held.line}.")
+    return Section("Held-out images", status="held out" if held.held_out else "not held out", paragraphs=(text,),
                    level=3)
+
+
+def _or_unknown(value: int | None) -> int | str:
+    return "?" if value is None else value
 
 
 def stability_sections(stability: StabilityCertificate | None) -> list[Section]:

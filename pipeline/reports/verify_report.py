@@ -21,6 +21,7 @@ from pipeline.core import artifacts, env, verify_rows
 from pipeline.core.check_results import Bound, CandidateResult, Measured, TaskCheck, TensorCheck
 from pipeline.core.checks import Check
 from pipeline.core.errors import InputError, PipelineError, first_line
+from pipeline.core.images_record import ImagesRecord
 from pipeline.core.run import RunDir, atomic_write, now, read_json, sha256_file, write_json
 from pipeline.core.stability_record import StabilityCertificate
 from pipeline.core.status import Status
@@ -307,7 +308,7 @@ def _clean(value):
 
 
 def build_payload(cfg: Config, card, candidates: Sequence[Check], gated: dict, verdict: Verdict[Check], samples: int,
-                  batch_size: int, *, hashes: dict, reference_nonfinite: int = 0, images: dict | None = None,
+                  batch_size: int, *, hashes: dict, reference_nonfinite: int = 0, images: ImagesRecord | None = None,
                   stability: StabilityCertificate | None = None) -> dict:
     """verify.json. ``hashes`` maps each artifact verify read to its sha256: the reference records its
     weights', each candidate that reached a verdict the file it judged (benchmark shows a verdict only
