@@ -47,6 +47,7 @@ from pipeline.core.artifacts import (
 )
 from pipeline.core.errors import BackendUnavailable, CheckFailed, Inconclusive, UsageError
 from pipeline.core.run import RunDir, StageRecord, write_json
+from pipeline.core.stability_record import StabilityCertificate
 from pipeline.core.status import Status
 from pipeline.evaluation import candidates
 from pipeline.precision import fallback, int8, plugs, qat_rung, sensitivity
@@ -500,7 +501,7 @@ def held_out_confirmation(t: Tuner, chosen: Candidate | None, qat: bool) -> Held
     return result
 
 
-def _certificate(t: Tuner, chosen: Candidate | None, qat: bool) -> dict | None:
+def _certificate(t: Tuner, chosen: Candidate | None, qat: bool) -> StabilityCertificate | None:
     """The calibration stability certificate of the chosen INT8 mix (``export.int8.stability.in_tune``), on the
     verdict images (:mod:`pipeline.evaluation.certificate`); None where it does not apply."""
     if chosen is None or qat or t.plug.name != "int8" or not t.cfg.export.int8.stability.in_tune:
@@ -509,9 +510,9 @@ def _certificate(t: Tuner, chosen: Candidate | None, qat: bool) -> dict | None:
 
     result = certificate.certify(t.cfg, t.run_dir, t.card, t.plug, t.held_out_evidence,
                                  t.plug.as_raised(chosen.high, chosen.fp32), chosen.calibration, t.gate)
-    result["limit"] = t.gate.get("max_scaled_error")
-    cert = result["certificate"]
-    (log.info if cert["status"] == Status.CERTIFIED else log.warning)("tune: calibration stability: %s", cert["line"])
+    result = result.model_copy(update={"limit": t.gate.get("max_scaled_error")})  # the plot's line
+    cert = result.certificate
+    (log.info if cert.status == Status.CERTIFIED else log.warning)("tune: calibration stability: %s", cert.line)
     return result
 
 

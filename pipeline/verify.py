@@ -27,12 +27,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 import onnx
 
-from pipeline.core import boxes, modeling, onnx_io, provenance, verdicts
+from pipeline.core import boxes, modeling, onnx_io, provenance, roles, verdicts
 from pipeline.core.artifacts import FP32_ONNX, VERIFY_BOXES, WEIGHTS
 from pipeline.core.check_results import CandidateResult
 from pipeline.core.errors import BackendUnavailable, CheckFailed, Inconclusive, StageFailed
+from pipeline.core.images_record import ImageSetRecord, ImagesRecord, ValidationSplit, VerdictImages
 from pipeline.core.records import Learning
 from pipeline.core.run import RunDir, StageRecord, sha256_file
+from pipeline.core.stability_record import StabilityCertificate
 from pipeline.core.status import Status
 from pipeline.core.verdicts import Outcome, Verdict
 from pipeline.evaluation import batching, candidates, conformance, predictions
@@ -140,7 +142,8 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, auto_fallback: boo
                                            quality.get("reference_task")))
 
 
-def _stability(cfg: Config, run_dir: RunDir, card: ModelCard, evidence: Evidence, fp32_model, checks: list[Check]):
+def _stability(cfg: Config, run_dir: RunDir, card: ModelCard, evidence: Evidence, fp32_model,
+               checks: list[Check]) -> StabilityCertificate | None:
     """The calibration stability certificate of ``model.int8.onnx`` (``export.int8.stability.in_verify``), on the
     verdict images; where ``verify.int8.min_pass_share`` finds its pass a lucky draw, every passing gating candidate
     of the INT8 graph fails, saying why. None where it does not run."""
@@ -157,23 +160,23 @@ def _stability(cfg: Config, run_dir: RunDir, card: ModelCard, evidence: Evidence
     gate = candidates.gate_for(cfg, plug.faithful, plug.name)
     result = certificate.certify(cfg, run_dir, card, plug, evidence, raised, method, gate,
                                  deployed_model=onnx_io.load(run_dir.file(plug.graph)))
-    cert = result["certificate"]
-    (log.info if cert["status"] == Status.CERTIFIED else log.warning)("verify: calibration stability: %s", cert["line"])
-    if cert["fails_gate"]:
+    cert = result.certificate
+    (log.info if cert.status == Status.CERTIFIED else log.warning)("verify: calibration stability: %s", cert.line)
+    if cert.fails_gate:
         for chk in checks:
             if chk.gates and candidates.runs_graph(chk, plug) and chk.status == Status.PASSED:
                 chk.result = chk.result.model_copy(update={
-                    "status": Status.FAILED, "reason": f"calibration stability: {'; '.join(cert['reasons'])}"})
+                    "status": Status.FAILED, "reason": f"calibration stability: {'; '.join(cert.reasons)}"})
     return result
 
 
-def held_out_section(evidence: Evidence, held) -> dict:
+def held_out_section(evidence: Evidence, held: roles.HeldOut) -> ImagesRecord:
     """verify.json's ``images``: the verdict images (split, indices, content hashes), the validation split's cut, and
     whether the verdict is held out from calibration and tune's search (:func:`pipeline.core.roles.held_out_status`)."""
     parts = evidence.parts
-    return {"verdict": evidence.images.to_json(), "held_out": held.to_json(),
-            "validation_split": {"cut": parts.split, "search_part": len(parts.search),
-                                 "verdict_part": len(parts.verdict), "reason": parts.reason}}
+    return ImagesRecord(verdict=ImageSetRecord(**evidence.images.to_json()), held_out=VerdictImages(**held.to_json()),
+                        validation_split=ValidationSplit(cut=parts.split, search_part=len(parts.search),
+                                                         verdict_part=len(parts.verdict), reason=parts.reason))
 
 
 def _reference_quality(run_dir: RunDir, evidence: Evidence) -> dict:

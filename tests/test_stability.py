@@ -135,7 +135,7 @@ def test_a_lucky_pass_fails_the_gate_under_the_policy(trained, tmp_path, monkeyp
     real = certificate.payload
 
     def planted(draws, rows, *args):
-        rows = [dict(r, status="passed" if r["draw"] == 0 else "failed") for r in rows]
+        rows = [r.model_copy(update={"status": "passed" if r.draw == 0 else "failed"}) for r in rows]
         return real(draws, rows, *args)
 
     monkeypatch.setattr(certificate, "payload", planted)

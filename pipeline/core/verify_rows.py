@@ -20,6 +20,8 @@ from pydantic import Field, StringConstraints
 
 from pipeline.core import schema
 from pipeline.core.check_results import BatchSizeRow, Conformance, TaskCheck, TensorCheck
+from pipeline.core.images_record import ImagesRecord
+from pipeline.core.stability_record import StabilityCertificate
 
 MAX_CANDIDATES = 1000
 OPTIONAL = ("log", "log_tail", "workaround", "batch_sizes", "conformance")  # written only where a candidate has them
@@ -71,11 +73,18 @@ class VerifyReport(schema.Open):
     candidates: Annotated[list[CandidateRow], Field(max_length=MAX_CANDIDATES)]
     reference: Reference = Reference()
     inconclusive_policy: Literal["pass", "fail"] | None = None
+    images: ImagesRecord | None = None  # the verdict's images and whether they are held out
+    stability: StabilityCertificate | None = None  # the calibration stability certificate, where it ran
+
+
+def report_of(payload: Any, where: str | Path = "verify.json") -> VerifyReport:
+    """What the report reads of a verify payload already read, typed and bounded once."""
+    return schema.validate(payload, VerifyReport, where, "verify report")
 
 
 def candidates_of(payload: Any, where: str | Path = "verify.json") -> list[CandidateRow]:
     """The typed candidate rows of a verify payload already read (verify's own before it writes, the report's)."""
-    return schema.validate(payload, VerifyReport, where, "verify report").candidates
+    return report_of(payload, where).candidates
 
 
 def read(path: str | Path) -> VerifyReport:

@@ -17,6 +17,16 @@ from onnx import numpy_helper
 from pipeline.core import data
 from pipeline.core.checks import Evidence
 from pipeline.core.run import RunDir
+from pipeline.core.stability_record import (
+    CertificateOutcome,
+    DrawRow,
+    GateSpread,
+    KindSpread,
+    QuantizerSpread,
+    ScaleSpread,
+    SpreadRow,
+    StabilityCertificate,
+)
 from pipeline.precision import convert, fallback, sensitivity, stability
 from pipeline.precision import gate as criteria
 
@@ -48,7 +58,7 @@ def quantizer_scales(model: onnx.ModelProto) -> dict[str, tuple[str, float]]:
 
 
 def certify(cfg: Config, run_dir: RunDir, card: ModelCard, plug, evidence: Evidence, raised: fallback.Raised,
-            method: str, gate: dict, deployed_model: onnx.ModelProto | None = None) -> dict:
+            method: str, gate: dict, deployed_model: onnx.ModelProto | None = None) -> StabilityCertificate:
     """The certificate of the INT8 mix ``raised`` calibrated with ``method``: K draws, each judged on ``evidence``.
     Draw 0 is the deployed calibration (``deployed_model`` where given: the artifact itself)."""
     from pipeline.runtime.runners import collect, faithful_runner
@@ -77,35 +87,50 @@ def certify(cfg: Config, run_dir: RunDir, card: ModelCard, plug, evidence: Evide
         result = criteria.judge(outputs, evidence.reference, evidence.labels, gate, evidence.output_name,
                                 evidence.confidence)
         numbers = sensitivity.summary(result)
-        rows.append({"draw": number, "deployed": number == 0, "images": len(indices) if number else
-                     len(deployed_set.indices), "split": "train" if number else deployed_set.split,
-                     "status": result.status, **{k: numbers.get(k) for k in STATISTICS}})
+        rows.append(DrawRow(draw=number, deployed=number == 0,
+                            images=len(indices) if number else len(deployed_set.indices),
+                            split="train" if number else deployed_set.split, status=result.status,
+                            **{k: numbers.get(k) for k in STATISTICS}))
         scales.append(quantizer_scales(model))
         log.info("stability: draw %d of %d: %s (scaled error %.3g)", number + 1, len(draws.indices),
-                 result.status, numbers.get("scaled_error") or float("nan"))
+                 result.status, rows[-1].scaled_error or float("nan"))
     return payload(draws, rows, scales, gate.get("min_pass_share"), cfg.verify.inconclusive, size,
                    len(evidence.labels), time.perf_counter() - start)
 
 
-def payload(draws: stability.Draws, rows: list[dict], scales: list[dict], min_pass_share: float | None,
-            inconclusive: str, size: int, images: int, seconds: float) -> dict:
+def payload(draws: stability.Draws, rows: list[DrawRow], scales: list[dict], min_pass_share: float | None,
+            inconclusive: str, size: int, images: int, seconds: float) -> StabilityCertificate:
     """The certificate's record (verify.json's and tune.json's ``stability``)."""
-    cert = stability.certify([r["status"] for r in rows], min_pass_share, inconclusive)
+    cert = stability.certify([r.status for r in rows], min_pass_share, inconclusive)
     kinds = {name: kind for draw in scales for name, (kind, _) in draw.items()}
     spreads = stability.scale_spreads([{n: v for n, (_, v) in draw.items()} for draw in scales])
-    per_kind = {}
-    for kind in ("activation", "weight"):
-        named = {n: s for n, s in spreads.items() if kinds[n] == kind}
-        relative = [s.relative for s in named.values()]
-        worst = max(named, key=lambda n: named[n].relative) if named else None
-        per_kind[kind] = {"quantizers": len(named),
-                          "median_relative": float(np.median(relative)) if relative else None,
-                          "max_relative": max(relative) if relative else None, "worst": worst}
     top = sorted(spreads, key=lambda n: spreads[n].relative, reverse=True)[:10]
-    gate_spreads = {k: (stability.spread_of([r[k] for r in rows]) or stability.Spread(0, 0, 0)).to_json()
-                    for k in STATISTICS}
-    return {"certificate": cert.to_json(), "sampling": draws.sampling, "sampling_note": draws.note,
-            "draw_size": size, "verdict_images": images, "draws": rows, "gate_spread": gate_spreads,
-            "scale_spread": per_kind,
-            "quantizers": [{"tensor": n, "kind": kinds[n], **spreads[n].to_json()} for n in top],
-            "seconds": round(seconds, 2)}
+    return StabilityCertificate(
+        certificate=_outcome(cert), sampling=draws.sampling, sampling_note=draws.note, draw_size=size,
+        verdict_images=images, draws=rows, gate_spread=GateSpread(**{k: _gate_spread(rows, k) for k in STATISTICS}),
+        scale_spread=ScaleSpread(activation=_kind_spread(spreads, kinds, "activation"),
+                                 weight=_kind_spread(spreads, kinds, "weight")),
+        quantizers=[QuantizerSpread(tensor=n, kind=kinds[n], **spreads[n].to_json()) for n in top],
+        seconds=round(seconds, 2))
+
+
+def _outcome(cert: stability.Certificate) -> CertificateOutcome:
+    return CertificateOutcome(draws=cert.draws, passing=cert.passing, pass_share=cert.share,
+                              deployed_draw=cert.deployed, deployed_passed=cert.deployed_passed,
+                              min_pass_share=cert.min_pass_share, status=cert.status, fails_gate=cert.fails_gate,
+                              reasons=list(cert.reasons), line=cert.line())
+
+
+def _gate_spread(rows: list[DrawRow], statistic: str) -> SpreadRow:
+    """One gate statistic across the draws (none finite: every end 0)."""
+    spread = stability.spread_of([getattr(r, statistic) for r in rows])
+    return SpreadRow.model_validate((spread or stability.Spread(0, 0, 0)).to_json())
+
+
+def _kind_spread(spreads: dict[str, stability.Spread], kinds: dict[str, str], kind: str) -> KindSpread:
+    """The scales of the quantizers of one ``kind`` across the draws, and the one that moves most."""
+    named = {n: s for n, s in spreads.items() if kinds[n] == kind}
+    relative = [s.relative for s in named.values()]
+    worst = max(named, key=lambda n: named[n].relative) if named else None
+    return KindSpread(quantizers=len(named), median_relative=float(np.median(relative)) if relative else None,
+                      max_relative=max(relative) if relative else None, worst=worst)

@@ -10,7 +10,8 @@ type's ``to_json`` is the one serialiser of its part: the keys of earlier releas
 :func:`result_of` (a payload already read), typed and bounded here once: a damaged file is one
 :class:`~pipeline.core.errors.InputError`. A mix's gate result keeps every other key it was judged with (the
 candidates' statuses, the greedy fallback's rounds, the confirmation, QAT's details) as it was written; the
-certificate (``stability``) is :mod:`pipeline.evaluation.certificate`'s record, laid out by
+certificate (``stability``) is :mod:`pipeline.evaluation.certificate`'s record
+(:class:`~pipeline.core.stability_record.StabilityCertificate`), laid out by
 :func:`pipeline.reports.tables.stability_sections`.
 """
 
@@ -22,7 +23,9 @@ from typing import Annotated, Any
 from pydantic import Field, StringConstraints, field_validator
 
 from pipeline.core import schema
+from pipeline.core.images_record import VerdictImages
 from pipeline.core.speed_claims import Ratio
+from pipeline.core.stability_record import StabilityCertificate
 
 SCHEMA = "pipeline.tune/2"
 MAX_ROWS = 4096  # mixes, layers, sanity pairs: a network of thousands of layers is not what tune searches
@@ -150,21 +153,6 @@ class Sanity(schema.Open):
                 "attempts": self.attempts}
 
 
-class VerdictImages(schema.Open):
-    """Whether the verdict images are held out (:meth:`pipeline.core.roles.HeldOut.to_json`)."""
-
-    status: Text
-    held_out: bool
-    reasons: Texts = []
-    overlaps: dict[str, int] = {}
-    checked: Texts = []
-    not_run: Texts = []
-    line: Text = ""
-
-    def to_json(self) -> dict[str, Any]:
-        return self.model_dump()
-
-
 class HeldOutConfirmation(schema.Open):
     """The chosen mix judged by the full gate on the verdict images (:func:`pipeline.tune.held_out_confirmation`),
     beside the search's verdict and numbers; or why it did not run."""
@@ -279,7 +267,7 @@ class TuneResult(schema.Open):
     greedy: MixRow | None = None
     summary: Text
     held_out_confirmation: HeldOutConfirmation | None = None
-    stability: dict[str, Any] | None = None  # pipeline.evaluation.certificate's record
+    stability: StabilityCertificate | None = None  # pipeline.evaluation.certificate's record
     ladder: Ladder | None = None
 
     model_config = {**schema.Open.model_config, "populate_by_name": True}
@@ -313,8 +301,9 @@ class TuneResult(schema.Open):
                "sanity": self.sanity.to_json() if self.sanity else {}, "undecided": self.undecided,
                "seconds": dict(self.seconds), "greedy": self.greedy.to_json() if self.greedy else None,
                "summary": self.summary}
-        held, ladder = self.held_out_confirmation, self.ladder
-        tail = {"held_out_confirmation": held.to_json() if held is not None else None, "stability": self.stability,
+        held, cert, ladder = self.held_out_confirmation, self.stability, self.ladder
+        tail = {"held_out_confirmation": held.to_json() if held is not None else None,
+                "stability": cert.to_json() if cert is not None else None,
                 "ladder": ladder.to_json() if ladder is not None else None}  # each only where tune made it
         return {**out, **{k: v for k, v in tail.items() if v is not None}}
 

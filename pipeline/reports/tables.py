@@ -14,9 +14,11 @@ from dataclasses import dataclass
 
 from pipeline.core import records
 from pipeline.core.benchmark_rows import BenchmarkRow, CrossCheck, rows_of
+from pipeline.core.images_record import ImagesRecord, ValidationSplit
 from pipeline.core.manifest import STAGE_ORDER, entries
+from pipeline.core.stability_record import SpreadRow, StabilityCertificate
 from pipeline.core.status import Status
-from pipeline.core.verify_rows import CandidateRow, candidates_of
+from pipeline.core.verify_rows import CandidateRow, report_of
 from pipeline.precision import plugs
 from pipeline.runtime import trtexec
 
@@ -251,7 +253,8 @@ def verify_sections(payload: dict) -> list[Section]:
     text = (f"Model {payload['model']}. Reference: PyTorch FP32. Inputs: {inputs['samples']} real validation "
             f"images ({inputs['source']}).")
     boxes = payload.get("task") == "detection"  # a detector: matched boxes and mAP (docs/detection.md)
-    candidates = candidates_of(payload)
+    report = report_of(payload)
+    candidates = report.candidates
     table = Table(("candidate", "precision", "status", "scaled err (head)" if boxes else "scaled err", "max abs err",
                    "matched boxes" if boxes else "top-1 agreement", "mAP@0.5:0.95 (ref)" if boxes else "accuracy (ref)",
                    "tolerance"), tuple(_candidate_row(c) for c in candidates))
@@ -264,11 +267,10 @@ def verify_sections(payload: dict) -> list[Section]:
                  "only' do not decide the exit code (verify.gate).")
     sections = [Section("Precision gate", status=Status.PASSED if payload["passed"] else Status.FAILED,
                         paragraphs=(text,), tables=(table,))]
-    images = _images_section(payload.get("images"))
+    images = _images_section(report.images)
     if images:
         sections.append(images)
-    stability = stability_sections(payload.get("stability"))
-    sections += stability
+    sections += stability_sections(report.stability)
     batches = _batch_section(candidates, boxes)
     if batches:
         sections.append(batches)
@@ -284,51 +286,53 @@ def verify_sections(payload: dict) -> list[Section]:
     return sections
 
 
-def _images_section(images: dict | None) -> Section | None:
+def _images_section(images: ImagesRecord | None) -> Section | None:
     """Whether the verdict's images are held out from calibration and tune's search (pipeline.core.roles)."""
-    if not isinstance(images, dict) or not isinstance(images.get("held_out"), dict):
+    held = images.held_out if images is not None else None
+    if images is None or held is None:
         return None
-    held = images["held_out"]
-    split = images.get("validation_split") or {}
-    verdict = images.get("verdict") or {}
-    text = (f"Verdict images: {verdict.get('count', '?')} of the validation split's verdict part "
-            f"({split.get('verdict_part', '?')} images; {split.get('search_part', '?')} kept for tune's search"
-            f"{'' if split.get('cut') else ', the same images: the split was not cut'}). {held.get('line', '')}.")
-    return Section("Held-out images", status="held out" if held.get("held_out") else "not held out", paragraphs=(text,),
+    split, verdict = images.validation_split or ValidationSplit(), images.verdict
+    count = verdict.count if verdict is not None and verdict.count is not None else "?"
+    text = (f"Verdict images: {count} of the validation split's verdict part "
+            f"({_or_unknown(split.verdict_part)} images; {_or_unknown(split.search_part)} kept for tune's search"
+            f"{'' if split.cut else ', the same images: the split was not cut'}). {held.line}.")
+    return Section("Held-out images", status="held out" if held.held_out else "not held out", paragraphs=(text,),
                    level=3)
 
 
-def stability_sections(stability: dict | None) -> list[Section]:
+def _or_unknown(value: int | None) -> int | str:
+    return "?" if value is None else value
+
+
+def stability_sections(stability: StabilityCertificate | None) -> list[Section]:
     """The calibration stability certificate (pipeline.precision.stability), where it ran."""
-    if not isinstance(stability, dict) or not stability:
-        return []
-    return _stability_sections(stability)
+    return [] if stability is None else [_stability_section(stability)]
 
 
-def _stability_sections(s: dict) -> list[Section]:
-    cert = s["certificate"]
-    status = cert["status"]
-    gate = {k: {end: fmt(v[end]) for end in ("min", "max")} for k, v in s["gate_spread"].items()}
-    act = s["scale_spread"].get("activation") or {}
-    words = [f"{cert['line']}.",
-             f"{cert['draws']} draws of {s['draw_size']} training images ({s['sampling']}"
-             f"{'; ' + s['sampling_note'] if s.get('sampling_note') else ''}), draw 0 the deployed calibration; each "
-             f"draw's graph executed faithfully (int8_exact) and judged by the gate on the {s['verdict_images']} "
-             f"verdict images ({s['seconds']:g} s).",
-             f"Across the draws: scaled error {gate['scaled_error']['min']} to {gate['scaled_error']['max']}, "
-             f"top-1 agreement {gate['top1_agreement']['min']} to {gate['top1_agreement']['max']}, accuracy "
-             f"drop {gate['accuracy_drop']['min']} to {gate['accuracy_drop']['max']}. Activation scales "
-             f"({act.get('quantizers', 0)} quantizers): median relative spread {percent(act.get('median_relative'))}, "
-             f"largest {percent(act.get('max_relative'))}"
-             + (f" ({act['worst']})" if act.get("worst") else "") + "."]
+def _range(spread: SpreadRow) -> str:
+    return f"{fmt(spread.min)} to {fmt(spread.max)}"
+
+
+def _stability_section(s: StabilityCertificate) -> Section:
+    cert, gate, act = s.certificate, s.gate_spread, s.scale_spread.activation
+    words = [f"{cert.line}.",
+             f"{cert.draws} draws of {s.draw_size} training images ({s.sampling}"
+             f"{'; ' + s.sampling_note if s.sampling_note else ''}), draw 0 the deployed calibration; each "
+             f"draw's graph executed faithfully (int8_exact) and judged by the gate on the {s.verdict_images} "
+             f"verdict images ({s.seconds:g} s).",
+             f"Across the draws: scaled error {_range(gate.scaled_error)}, top-1 agreement "
+             f"{_range(gate.top1_agreement)}, accuracy drop {_range(gate.accuracy_drop)}. Activation scales "
+             f"({act.quantizers if act else 0} quantizers): median relative spread "
+             f"{percent(act.median_relative if act else None)}, largest {percent(act.max_relative if act else None)}"
+             + (f" ({act.worst})" if act and act.worst else "") + "."]
     draws = Table(("draw", "images", "split", "gate", "scaled error", "top-1 agreement", "accuracy drop"), tuple(
-        (Cell(f"{r['draw']}{' (deployed)' if r['deployed'] else ''}"), Cell(str(r["images"])), Cell(r["split"]),
-         Cell(r["status"], status=r["status"]), Cell(fmt(r.get("scaled_error"))), Cell(fmt(r.get("top1_agreement"))),
-         Cell(fmt(r.get("accuracy_drop")))) for r in s["draws"]))
+        (Cell(f"{r.draw}{' (deployed)' if r.deployed else ''}"), Cell(str(r.images)), Cell(r.split),
+         Cell(r.status, status=r.status), Cell(fmt(r.scaled_error)), Cell(fmt(r.top1_agreement)),
+         Cell(fmt(r.accuracy_drop))) for r in s.draws))
     quantizers = Table(("quantized tensor", "kind", "min scale", "max scale", "relative spread"), tuple(
-        (Cell(q["tensor"], code=True), Cell(q["kind"]), Cell(fmt(q["min"])), Cell(fmt(q["max"])),
-         Cell(percent(q["relative"]))) for q in s["quantizers"]))
-    return [Section("Calibration stability certificate (INT8)", status, tuple(words), (draws, quantizers), level=3)]
+        (Cell(q.tensor, code=True), Cell(q.kind), Cell(fmt(q.min)), Cell(fmt(q.max)),
+         Cell(percent(q.relative))) for q in s.quantizers))
+    return Section("Calibration stability certificate (INT8)", cert.status, tuple(words), (draws, quantizers), level=3)
 
 
 # --------------------------------------------------------------------------- benchmark.json

@@ -403,7 +403,7 @@ def write_all(run_dir: RunDir, p: TuneResult) -> list[Path]:
         from pipeline.reports import stability_report
 
         plots.append(stability_report.write_plot(run_dir, p.stability, TUNE_STABILITY_PLOT,
-                                                 p.stability.get("limit"), f"{p.model} tuned INT8 mix"))
+                                                 p.stability.limit, f"{p.model} tuned INT8 mix"))
         with open(run_dir.file(markdown), "a", encoding="utf-8") as f:
             f.write(f"![calibration stability]({TUNE_STABILITY_PLOT})\n")
     return [run_dir.file(report), run_dir.file(markdown), *(run_dir.file(n) for n in plots)]

@@ -21,10 +21,12 @@ from pipeline.core import artifacts, env, verify_rows
 from pipeline.core.check_results import Bound, CandidateResult, Measured, TaskCheck, TensorCheck
 from pipeline.core.checks import Check
 from pipeline.core.errors import InputError, PipelineError, first_line
+from pipeline.core.images_record import ImagesRecord
 from pipeline.core.run import RunDir, atomic_write, now, read_json, sha256_file, write_json
+from pipeline.core.stability_record import StabilityCertificate
 from pipeline.core.status import Status
 from pipeline.core.verdicts import JUDGED, InconclusivePolicy, Verdict, report_standing
-from pipeline.core.verify_rows import CandidateRow, VerifyReport, candidates_of
+from pipeline.core.verify_rows import CandidateRow, VerifyReport, candidates_of, report_of
 from pipeline.precision import plugs
 from pipeline.reports import tables
 from pipeline.reports.tables import fmt, section_keys
@@ -306,8 +308,8 @@ def _clean(value):
 
 
 def build_payload(cfg: Config, card, candidates: Sequence[Check], gated: dict, verdict: Verdict[Check], samples: int,
-                  batch_size: int, *, hashes: dict, reference_nonfinite: int = 0, images: dict | None = None,
-                  stability: dict | None = None) -> dict:
+                  batch_size: int, *, hashes: dict, reference_nonfinite: int = 0, images: ImagesRecord | None = None,
+                  stability: StabilityCertificate | None = None) -> dict:
     """verify.json. ``hashes`` maps each artifact verify read to its sha256: the reference records its
     weights', each candidate that reached a verdict the file it judged (benchmark shows a verdict only
     while those still match the files it times)."""
@@ -414,12 +416,13 @@ def write_all(run_dir: RunDir, payload: dict) -> list[Path]:
     md = markdown(payload)
     plot = []
     run_dir.file(artifacts.STABILITY_PLOT).unlink(missing_ok=True)  # a certificate not run now shows no old plot
-    if payload.get("stability"):
+    report = report_of(payload)
+    if report.stability is not None:
         from pipeline.reports import stability_report
 
-        limit = next((c.tolerance.get("max_scaled_error") for c in candidates_of(payload)
+        limit = next((c.tolerance.get("max_scaled_error") for c in report.candidates
                       if c.name == plugs.INT8.faithful and c.tolerance), None)
-        plot = [run_dir.file(stability_report.write_plot(run_dir, payload["stability"], artifacts.STABILITY_PLOT,
+        plot = [run_dir.file(stability_report.write_plot(run_dir, report.stability, artifacts.STABILITY_PLOT,
                                                          limit, f"{payload['model']} INT8"))]
         md += f"\n![calibration stability]({artifacts.STABILITY_PLOT})\n"
     return [*write_reports(run_dir, payload, md, junit(payload), (JSON, MARKDOWN, JUNIT)), *plot]
