@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, StringConstraints
 
 from pipeline.core import schema
-from pipeline.core.check_results import BatchSizeRow, Conformance, TaskCheck, TensorCheck
+from pipeline.core.check_results import BatchSizeRow, Conformance, Localization, TaskCheck, TensorCheck
 
 MAX_CANDIDATES = 1000
 OPTIONAL = ("log", "log_tail", "workaround", "batch_sizes", "conformance")  # written only where a candidate has them
@@ -76,6 +76,13 @@ class VerifyReport(schema.Open):
 def candidates_of(payload: Any, where: str | Path = "verify.json") -> list[CandidateRow]:
     """The typed candidate rows of a verify payload already read (verify's own before it writes, the report's)."""
     return schema.validate(payload, VerifyReport, where, "verify report").candidates
+
+
+def localization_of(payload: Any, key: str, where: str | Path = "verify.json") -> Localization | None:
+    """A precision's localisation section of a verify payload (``key``: ``localization``, ``int8_localization``, ...;
+    :func:`pipeline.reports.tables.section_keys`), typed and bounded; None where it did not run."""
+    section = payload.get(key) if isinstance(payload, dict) else None
+    return schema.validate(section, Localization, f"{where}: {key}", "localisation") if section else None
 
 
 def read(path: str | Path) -> VerifyReport:

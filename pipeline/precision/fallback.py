@@ -29,6 +29,7 @@ from pydantic import Field, StringConstraints
 
 from pipeline.core import schema
 from pipeline.core.artifacts import QAT_BEST_CHECKPOINT, QAT_CHECKPOINT, fallback_file
+from pipeline.core.check_results import Localization, NodeError
 from pipeline.core.errors import InputError
 from pipeline.core.run import RunDir, write_json
 from pipeline.precision import CALIBRATION_METHODS
@@ -237,8 +238,9 @@ class Round:
 
 
 def run(plug: Plug, cfg: Config, run_dir: RunDir, fp32_model: onnx.ModelProto, model: onnx.ModelProto,
-        localization: dict | None, *, remake: Callable[[Raised, str], dict],
-        recheck: Callable[[onnx.ModelProto], Round], localize: Callable[[onnx.ModelProto, object], dict]) -> dict:
+        localization: Localization | None, *, remake: Callable[[Raised, str], dict],
+        recheck: Callable[[onnx.ModelProto], Round], localize: Callable[[onnx.ModelProto, object], Localization]
+        ) -> dict:
     """Raise, remake, re-check; repeat. ``remake(raised, out_name)`` writes the graph with those raises (export's
     conversion, returning its precision report); ``recheck(graph)`` judges it with the candidates that run it;
     ``localize(graph, failing)`` names the next divergent node. Replaces ``plug.graph`` only when it passes."""
@@ -249,8 +251,8 @@ def run(plug: Plug, cfg: Config, run_dir: RunDir, fp32_model: onnx.ModelProto, m
     iterations, current, loc, passed = [], model, localization, False
     try:
         for i in range(cfg.verify.fallback_iterations):
-            first = (loc or {}).get("first_divergent")
-            moves = next_moves(first["name"], fp32_model, plug.node_precisions(fp32_model, current),
+            first = loc.first_divergent if loc else None
+            moves = next_moves(first.name, fp32_model, plug.node_precisions(fp32_model, current),
                                plug.ladder) if first else {}
             if not moves:
                 iterations.append({"iteration": i + 1, "moved": [], "note": _nothing_to_move(first)})
@@ -260,7 +262,7 @@ def run(plug: Plug, cfg: Config, run_dir: RunDir, fp32_model: onnx.ModelProto, m
             current = onnx.load(str(candidate_path))
             checked = recheck(current)
             passed = checked.passed
-            iterations.append({"iteration": i + 1, "moved": list(moves), "to": moves, "divergent_node": first["name"],
+            iterations.append({"iteration": i + 1, "moved": list(moves), "to": moves, "divergent_node": first.name,
                                fraction: report[fraction], "passed": passed, "results": checked.results,
                                **({"note": checked.note} if checked.note else {})})
             log.info("verify: %s fallback %d: %s -> %s fraction %.1f%%, %s", plug.label, i + 1,
@@ -281,5 +283,5 @@ def run(plug: Plug, cfg: Config, run_dir: RunDir, fp32_model: onnx.ModelProto, m
             "budget": cfg.verify.fallback_iterations, "replaced": [plug.graph] if passed else []}
 
 
-def _nothing_to_move(first: dict | None) -> str:
-    return f"nothing left to move for {first['name']}" if first else "no node over tolerance to move"
+def _nothing_to_move(first: NodeError | None) -> str:
+    return f"nothing left to move for {first.name}" if first else "no node over tolerance to move"

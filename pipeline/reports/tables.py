@@ -14,9 +14,10 @@ from dataclasses import dataclass
 
 from pipeline.core import records
 from pipeline.core.benchmark_rows import BenchmarkRow, CrossCheck, rows_of
+from pipeline.core.check_results import Localization
 from pipeline.core.manifest import STAGE_ORDER
 from pipeline.core.status import Status
-from pipeline.core.verify_rows import CandidateRow, candidates_of
+from pipeline.core.verify_rows import CandidateRow, candidates_of, localization_of
 from pipeline.precision import plugs
 from pipeline.runtime import trtexec
 
@@ -170,15 +171,15 @@ def _candidate_row(c: CandidateRow) -> tuple[Cell, ...]:
                 t and t.max_abs_error, percent(k and k.top1_agreement), accuracy, tolerance)
 
 
-def _localization_section(loc: dict, title: str = "Localisation") -> Section:
-    first = loc.get("first_divergent")
-    where = ((Cell("First node over tolerance: "), Cell(first["name"], code=True), Cell(f" ({first['op_type']}).")
+def _localization_section(loc: Localization, title: str = "Localisation") -> Section:
+    first = loc.first_divergent
+    where = ((Cell("First node over tolerance: "), Cell(first.name, code=True), Cell(f" ({first.op_type}).")
               ) if first else "No single tensor exceeds the tolerance (the error builds up across layers).")
-    rows = tuple(_row(Cell(r["name"], code=True), r["op_type"], r["max_abs_error"], r["max_rel_error"],
-                      f"[{fmt(r['fp32_min'])}, {fmt(r['fp32_max'])}]", str(r["nonfinite"]))
-                 for r in loc.get("worst", []))
+    rows = tuple(_row(Cell(r.name, code=True), r.op_type, r.max_abs_error, r.max_rel_error,
+                      f"[{fmt(r.fp32_min)}, {fmt(r.fp32_max)}]", str(r.nonfinite))
+                 for r in loc.worst)
     table = Table(("node", "op", "max abs err", "max rel err", "FP32 range", "non-finite"), rows)
-    return Section(title, paragraphs=(f"{loc.get('method')}.", where), tables=(table,), level=3)
+    return Section(title, paragraphs=(f"{loc.method}.", where), tables=(table,), level=3)
 
 
 def _names(names: list[str]) -> tuple[Cell, ...]:
@@ -275,7 +276,8 @@ def verify_sections(payload: dict) -> list[Section]:
     if conformance:
         sections.append(conformance)
     for plug in plugs.ORDER:
-        localization, fallback = (payload.get(key) for key in section_keys(plug.name))
+        loc_key, fb_key = section_keys(plug.name)
+        localization, fallback = localization_of(payload, loc_key), payload.get(fb_key)
         if localization:
             sections.append(_localization_section(localization, f"{plug.label} localisation ({plug.faithful})"))
         if fallback:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.core import artifacts, env, verify_rows
-from pipeline.core.check_results import Bound, CandidateResult, Measured, TaskCheck, TensorCheck
+from pipeline.core.check_results import Bound, CandidateResult, Localization, Measured, TaskCheck, TensorCheck
 from pipeline.core.checks import Check
 from pipeline.core.errors import InputError, PipelineError, first_line
 from pipeline.core.run import RunDir, atomic_write, now, read_json, sha256_file, write_json
@@ -187,7 +187,7 @@ def inconclusive_message(undecided: Sequence[Check]) -> str:
         + " (raise verify.max_samples, or add validation images)")
 
 
-def failure_message(verdict: Verdict[Check], localization: dict | None, export_broken: bool,
+def failure_message(verdict: Verdict[Check], localization: Localization | None, export_broken: bool,
                     suggest_fallback: bool) -> str:
     failed = verdict.failed
     first = failed[0]
@@ -196,10 +196,10 @@ def failure_message(verdict: Verdict[Check], localization: dict | None, export_b
     if export_broken:
         text += f"; the FP32 export itself disagrees with PyTorch, so every ONNX candidate inherits the error: " \
                 f"{EXPORT_FIX}"
-    elif localization and localization.get("first_divergent"):
-        node = localization["first_divergent"]
+    elif localization and localization.first_divergent:
+        node = localization.first_divergent
         plug = plugs.by_name(first.backend.graph) if first.backend.graph else None
-        text += f"; {plug.divergent if plug else 'first node'} over tolerance: {node['name']} ({node['op_type']})"
+        text += f"; {plug.divergent if plug else 'first node'} over tolerance: {node.name} ({node.op_type})"
     if first.result.hint and first.backend.graph:
         text += f"; {first.result.hint}"
     if suggest_fallback and not export_broken and first.backend.graph:
@@ -278,12 +278,12 @@ def log_check(chk: Check) -> None:
             log.warning("verify: %s inconclusive: %s; %s", chk.name, ", ".join(describe_task(k)), more_images(k))
 
 
-def log_localization(result: dict) -> None:
-    first = result.get("first_divergent")
+def log_localization(result: Localization) -> None:
+    first = result.first_divergent
     if first:
         log.warning("verify: first node over tolerance: %s (%s): max abs error %.4g, max rel error %.4g, "
-                    "FP32 range [%.4g, %.4g]", first["name"], first["op_type"], first["max_abs_error"],
-                    first["max_rel_error"], first["fp32_min"], first["fp32_max"])
+                    "FP32 range [%.4g, %.4g]", first.name, first.op_type, first.max_abs_error,
+                    first.max_rel_error, first.fp32_min, first.fp32_max)
     else:
         log.warning("verify: no single tensor exceeds the tolerance; the error builds up across layers")
 
