@@ -31,6 +31,7 @@ from pipeline.core import schema
 from pipeline.core.artifacts import QAT_BEST_CHECKPOINT, QAT_CHECKPOINT, fallback_file
 from pipeline.core.check_results import Localization, NodeError
 from pipeline.core.errors import InputError
+from pipeline.core.fallback_result import FallbackResult, RaisedNodes
 from pipeline.core.run import RunDir, write_json
 from pipeline.precision import CALIBRATION_METHODS
 
@@ -240,7 +241,7 @@ class Round:
 def run(plug: Plug, cfg: Config, run_dir: RunDir, fp32_model: onnx.ModelProto, model: onnx.ModelProto,
         localization: Localization | None, *, remake: Callable[[Raised, str], dict],
         recheck: Callable[[onnx.ModelProto], Round], localize: Callable[[onnx.ModelProto, object], Localization]
-        ) -> dict:
+        ) -> FallbackResult:
     """Raise, remake, re-check; repeat. ``remake(raised, out_name)`` writes the graph with those raises (export's
     conversion, returning its precision report); ``recheck(graph)`` judges it with the candidates that run it;
     ``localize(graph, failing)`` names the next divergent node. Replaces ``plug.graph`` only when it passes."""
@@ -278,9 +279,10 @@ def run(plug: Plug, cfg: Config, run_dir: RunDir, fp32_model: onnx.ModelProto, m
     finally:
         candidate_path.unlink(missing_ok=True)
     after = plug.fraction(plug.node_precisions(fp32_model, current)) if passed else before
-    return {"passed": passed, "precision": plug.name, "raised": {"out_of_low": raised.out_of_low, "fp32": raised.fp32},
-            "iterations": iterations, f"{fraction}_before": before, f"{fraction}_after": after,
-            "budget": cfg.verify.fallback_iterations, "replaced": [plug.graph] if passed else []}
+    return FallbackResult(passed=passed, precision=plug.name,
+                          raised=RaisedNodes(out_of_low=list(raised.out_of_low), fp32=list(raised.fp32)),
+                          iterations=iterations, fraction_before=before, fraction_after=after,
+                          budget=cfg.verify.fallback_iterations, replaced=[plug.graph] if passed else [])
 
 
 def _nothing_to_move(first: NodeError | None) -> str:

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from pipeline.core import records
 from pipeline.core.benchmark_rows import BenchmarkRow, CrossCheck, rows_of
 from pipeline.core.check_results import Localization
+from pipeline.core.fallback_result import FallbackResult
 from pipeline.core.manifest import STAGE_ORDER
 from pipeline.core.status import Status
-from pipeline.core.verify_rows import CandidateRow, candidates_of, localization_of
+from pipeline.core.verify_rows import CandidateRow, candidates_of, fallback_of, localization_of
 from pipeline.precision import plugs
 from pipeline.runtime import trtexec
 
@@ -194,19 +195,15 @@ def section_keys(precision: str) -> tuple[str, str]:
     return SECTION_KEYS.get(precision, (f"{precision}_localization", f"{precision}_fallback"))
 
 
-def _fallback_section(fb: dict, plug) -> Section:
+def _fallback_section(fb: FallbackResult, plug) -> Section:
     """One automatic fallback (every precision's: pipeline.precision.fallback): what moved where, and the share left
     low."""
-    raised = fb.get("raised") or {"out_of_low": fb.get(f"excluded_from_{plug.name}", []),
-                                  "fp32": fb.get("kept_in_fp32", fb.get("moved_to_fp32", []))}  # pipeline.verify/2
-    one_step = (Cell(f"{plug.raised_to}: "), *_names(raised.get("out_of_low", [])), Cell("; ")) \
-        if len(plug.ladder) > 2 else ()
-    moved = (*one_step, Cell("kept in FP32: " if one_step else "moved to FP32: "), *_names(raised.get("fp32", [])))
+    one_step = (Cell(f"{plug.raised_to}: "), *_names(fb.raised.out_of_low), Cell("; ")) if len(plug.ladder) > 2 else ()
+    moved = (*one_step, Cell("kept in FP32: " if one_step else "moved to FP32: "), *_names(fb.raised.fp32))
     share = f"{plug.label} share"
-    text = (Cell(f"{len(fb['iterations'])} iteration(s); "), *moved,
-            Cell(f"; {share} {percent(fb[f'{plug.name}_fraction_before'], '.1f')} -> "
-                 f"{percent(fb[f'{plug.name}_fraction_after'], '.1f')}."))
-    return Section(f"Automatic {plug.label} fallback", status=Status.PASSED if fb["passed"] else Status.FAILED,
+    text = (Cell(f"{len(fb.iterations)} iteration(s); "), *moved,
+            Cell(f"; {share} {percent(fb.fraction_before, '.1f')} -> {percent(fb.fraction_after, '.1f')}."))
+    return Section(f"Automatic {plug.label} fallback", status=Status.PASSED if fb.passed else Status.FAILED,
                    paragraphs=(text,), level=3)
 
 
@@ -277,7 +274,7 @@ def verify_sections(payload: dict) -> list[Section]:
         sections.append(conformance)
     for plug in plugs.ORDER:
         loc_key, fb_key = section_keys(plug.name)
-        localization, fallback = localization_of(payload, loc_key), payload.get(fb_key)
+        localization, fallback = localization_of(payload, loc_key), fallback_of(payload, fb_key, plug.name)
         if localization:
             sections.append(_localization_section(localization, f"{plug.label} localisation ({plug.faithful})"))
         if fallback:

@@ -21,10 +21,11 @@ from pipeline.core import artifacts, env, verify_rows
 from pipeline.core.check_results import Bound, CandidateResult, Localization, Measured, TaskCheck, TensorCheck
 from pipeline.core.checks import Check
 from pipeline.core.errors import InputError, PipelineError, first_line
+from pipeline.core.fallback_result import FallbackResult
 from pipeline.core.run import RunDir, atomic_write, now, read_json, sha256_file, write_json
 from pipeline.core.status import Status
 from pipeline.core.verdicts import JUDGED, InconclusivePolicy, Verdict, report_standing
-from pipeline.core.verify_rows import CandidateRow, VerifyReport, candidates_of
+from pipeline.core.verify_rows import CandidateRow, VerifyReport, candidates_of, fallback_of
 from pipeline.precision import plugs
 from pipeline.reports import tables
 from pipeline.reports.tables import fmt, section_keys
@@ -62,13 +63,10 @@ def stale_artifact(plug) -> str:
             "engine or IR")
 
 
-def with_legacy_keys(plug, result: dict) -> dict:
+def with_legacy_keys(plug, result: FallbackResult) -> FallbackResult:
     """verify.json's names for what moved (schemas pipeline.verify/1 and /2), beside the fallback's ``raised``: a
     graph with a step between its precision and FP32 (INT8's FP16 regions) says what left it and what is in FP32."""
-    raised = result["raised"]
-    if len(plug.ladder) > 2:
-        return {**result, f"excluded_from_{plug.name}": raised["out_of_low"], "kept_in_fp32": raised["fp32"]}
-    return {**result, "moved_to_fp32": raised["fp32"]}
+    return result.with_legacy("excluded" if len(plug.ladder) > 2 else "moved")
 
 
 def disabled(name: str) -> str:
@@ -454,11 +452,14 @@ def with_earlier_fallbacks(run_dir: RunDir, hashes: dict, gated: dict) -> dict:
     except PipelineError:  # damaged rows: nothing to carry
         previous, judged = {}, {}
 
-    def carried(plug) -> dict | None:
-        section = previous.get(section_keys(plug.name)[1])
-        if isinstance(section, dict) and section.get("passed") and judged.get(plug.graph) and \
+    def carried(plug) -> FallbackResult | None:
+        try:
+            section = fallback_of(previous, section_keys(plug.name)[1], plug.name)
+        except PipelineError:  # a damaged section: nothing to carry
+            return None
+        if section is not None and section.passed and judged.get(plug.graph) and \
                 judged[plug.graph] == hashes.get(plug.graph):
-            return {**section, "replaced": [], "earlier_run": True}
+            return section.carried()
         return None
 
     out = {}
