@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 
 from pipeline.core import records
-from pipeline.core.benchmark_rows import BenchmarkRow, CrossCheck, rows_of
+from pipeline.core.benchmark_rows import BenchmarkRow, CrossCheck, facts_of, rows_of
 from pipeline.core.check_results import Localization
 from pipeline.core.fallback_result import FallbackResult
 from pipeline.core.manifest import STAGE_ORDER
@@ -364,25 +364,23 @@ def _precision_rows(results: list[BenchmarkRow]) -> tuple[tuple[Cell, ...], ...]
 
 def benchmark_section(payload: dict) -> Section:
     """Every (backend, batch, timing) measured, the method, the machine, and what was skipped."""
-    env, m = payload["environment"], payload["method"]
-    gpu = env.get("gpu") or {}
-    machine = (f"CPU: {env.get('cpu')} ({env.get('cpu_cores')} cores, {env.get('threads')} threads); "
-               f"GPU: {gpu.get('name', 'none')}; torch {env.get('torch')}, ONNX Runtime {env.get('onnxruntime')}, "
-               f"TensorRT {env.get('tensorrt') or 'not installed'}, OpenVINO {env.get('openvino') or 'not installed'}.")
-    how = m.get("described") or (f"{m['trials']} trials of at least {m['min_iterations']} runs and "
-                                 f"{m['min_duration_s']} s each, after {m['warmup_s']} s of warm-up")
-    typed = rows_of(payload)
-    rows = payload.get("rows") or {}
-    left = (f" Left out (they cannot change the answer): {', '.join(rows['left_out'])}; {rows['how']} times them "
-            "too." if rows.get("left_out") else "")
+    typed, facts = rows_of(payload), facts_of(payload)
+    env, m, rows = facts.environment, facts.method, facts.rows
+    machine = (f"CPU: {env.cpu} ({env.cpu_cores} cores, {env.threads} threads); "
+               f"GPU: {env.gpu.name if env.gpu else 'none'}; torch {env.torch}, ONNX Runtime {env.onnxruntime}, "
+               f"TensorRT {env.tensorrt or 'not installed'}, OpenVINO {env.openvino or 'not installed'}.")
+    how = m.described or (f"{m.trials} trials of at least {m.min_iterations} runs and "
+                          f"{m.min_duration_s} s each, after {m.warmup_s} s of warm-up")
+    left = (f" Left out (they cannot change the answer): {', '.join(rows.left_out)}; {rows.how} times them "
+            "too." if rows.left_out else "")
     sizes = {r.batch_size for r in typed.results}
-    if rows.get("throughput_batches") and sizes - set(rows["throughput_batches"]):
-        left += (f" Async-throughput rows (OpenVINO) at batch {', '.join(map(str, rows['throughput_batches']))} "
+    if rows.throughput_batches and sizes - set(rows.throughput_batches):
+        left += (f" Async-throughput rows (OpenVINO) at batch {', '.join(map(str, rows.throughput_batches))} "
                  "only, the batch whose images/s the summary names; benchmark.rows=all times them at every batch.")
-    method = (f"Method: {how}; percentiles by {m.get('percentiles', '-')}; "
+    method = (f"Method: {how}; percentiles by {m.percentiles or '-'}; "
               f"input {payload['input']['shape']} ({payload['input']['data']}). "
               f"A '!' after the cv marks a trial whose coefficient of variation exceeded "
-              f"{percent(m.get('cv_warn'), '.0f')}. 'x eager FP32': images/s over torch_fp32's at the same batch, "
+              f"{percent(m.cv_warn, '.0f')}. 'x eager FP32': images/s over torch_fp32's at the same batch, "
               f"with the 95 % bootstrap interval of the two rows' runs (timed apart: the noise inside them, not "
               f"the drift between them).{left}")
     skipped = tuple(f"Skipped {s.backend}" + (f" at batch {s.batch_size}" if s.batch_size else "")
