@@ -29,7 +29,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from pipeline.core import artifacts, data, env, modeling
-from pipeline.core.benchmark_rows import BenchmarkRow, CrossCheck, SkippedRow, Stop, rows_of, to_json
+from pipeline.core.benchmark_rows import (
+    BenchmarkEnvironment,
+    BenchmarkMethod,
+    BenchmarkRow,
+    CrossCheck,
+    SkippedRow,
+    Stop,
+    rows_of,
+    to_json,
+)
 from pipeline.core.errors import BackendUnavailable, InputError, UsageError
 from pipeline.core.run import RunDir, StageRecord, atomic_path, atomic_write, now, write_json
 from pipeline.core.speed_claims import Ratio
@@ -532,22 +541,21 @@ def _gib(n: int) -> str:
 
 def _payload(cfg: Config, spec: dict, threads: int, results: list[BenchmarkRow], skipped: list[SkippedRow]) -> dict:
     bc = cfg.benchmark
-    environment = env.collect()
-    environment["threads"] = threads
+    environment = BenchmarkEnvironment(**env.collect(), threads=threads)
+    method = BenchmarkMethod(
+        kind=bc.method, warmup_s=bc.warmup_s, min_iterations=bc.min_iterations, min_duration_s=bc.min_duration_s,
+        trials=bc.trials, min_runs=bc.min_runs, target_halfwidth=bc.target_halfwidth, max_row_s=bc.max_row_s,
+        confidence=stopping.CONFIDENCE, cv_warn=bc.cv_warn, described=describe_method(method_of(cfg)),
+        interval="distribution-free order-statistic (binomial) interval of the median",
+        percentiles="linear interpolation over every timed run of every trial")
     return {
         "schema": SCHEMA,
         "created": now(),
         "model": cfg.model.name,
         "input": {"shape": ["batch", *spec.input_size], "dtype": "float32", "data": "real validation images",
                   "dynamic_batch": cfg.export.dynamic_batch},
-        "method": {"kind": bc.method, "warmup_s": bc.warmup_s, "min_iterations": bc.min_iterations,
-                   "min_duration_s": bc.min_duration_s, "trials": bc.trials, "min_runs": bc.min_runs,
-                   "target_halfwidth": bc.target_halfwidth, "max_row_s": bc.max_row_s,
-                   "confidence": stopping.CONFIDENCE, "cv_warn": bc.cv_warn,
-                   "described": describe_method(method_of(cfg)),
-                   "interval": "distribution-free order-statistic (binomial) interval of the median",
-                   "percentiles": "linear interpolation over every timed run of every trial"},
-        "environment": environment,
+        "method": method.to_json(),
+        "environment": environment.to_json(),
         "results": to_json(results),
         "skipped": to_json(skipped),
     }

@@ -240,10 +240,10 @@ def _greedy(t: Tuner, all_low: onnx.ModelProto, method: str, all_low_cand: Candi
         result = fallback.run(plug, cfg, scratch, t.fp32_model, all_low, loc, remake=remake, recheck=t.full,
                               localize=lambda current, chk: candidates.localize_candidate(
                                   cfg, plug, t.fp32_model, current, t.evidence, chk, None))
-    high, fp32 = plug.tune_raises(fallback.Raised(**result["raised"]))
+    high, fp32 = plug.tune_raises(fallback.Raised(list(result.raised.out_of_low), list(result.raised.fp32)))
     fp32 = list(dict.fromkeys([*t.base_fp32, *fp32]))
     cand = t.judge(t.mix(all_low, high, fp32), high, "greedy fallback", method, fp32)
-    cand.greedy = GreedyRun(result["passed"], len(result["iterations"]))
+    cand.greedy = GreedyRun(result.passed, len(result.iterations))
     return cand
 
 

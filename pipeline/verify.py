@@ -29,8 +29,9 @@ import onnx
 
 from pipeline.core import boxes, modeling, onnx_io, provenance, roles, verdicts
 from pipeline.core.artifacts import FP32_ONNX, VERIFY_BOXES, WEIGHTS
-from pipeline.core.check_results import CandidateResult
+from pipeline.core.check_results import CandidateResult, Localization
 from pipeline.core.errors import BackendUnavailable, CheckFailed, Inconclusive, StageFailed
+from pipeline.core.fallback_result import FallbackResult
 from pipeline.core.images_record import ImageSetRecord, ImagesRecord, ValidationSplit, VerdictImages
 from pipeline.core.records import Learning
 from pipeline.core.run import RunDir, StageRecord, sha256_file
@@ -231,9 +232,9 @@ def _details(checks: list[Check], verdict: Verdict, evidence: Evidence, gated: d
         "undecided": verdict.undecided,
         **verify_report.runtime_details(checks),
         "samples": len(evidence.labels),
-        "fallbacks": {name: {"passed": fb["passed"], "raised": fb["raised"]} for name, fb in fallbacks.items()},
+        "fallbacks": {name: {"passed": fb.passed, "raised": fb.raised.to_json()} for name, fb in fallbacks.items()},
         # The stage runner re-runs the stages that produce and consume these (verify runs none itself).
-        "replaced_artifacts": [a for fb in fallbacks.values() for a in fb["replaced"]],
+        "replaced_artifacts": [a for fb in fallbacks.values() for a in fb.replaced],
     }
 
 
@@ -284,7 +285,8 @@ def _raise_for(verdict: Verdict, localization, export_broken: bool, suggest_fall
 
 
 def _precision_gate(plug: Precision, cfg: Config, run_dir: RunDir, card, ctx: Context, fp32_model, evidence: Evidence,
-                    checks: list[Check], hashes: dict, *, auto_fallback: bool) -> tuple[dict | None, dict | None]:
+                    checks: list[Check], hashes: dict, *,
+                    auto_fallback: bool) -> tuple[Localization | None, FallbackResult | None]:
     """A failing gating candidate of ``plug``'s graph: localise it, then (``--auto-fallback``) raise the precision of
     the offending nodes until the graph passes. Returns (localisation, fallback), each None when it did not run."""
     failing = [c for c in checks if c.gates and c.status == Status.FAILED and candidates.runs_graph(c, plug)]
@@ -310,7 +312,7 @@ def _precision_gate(plug: Precision, cfg: Config, run_dir: RunDir, card, ctx: Co
         remake=lambda raised, out_name: plug.write(cfg, run_dir, card, raised, out_name),
         localize=lambda current, chk: candidates.localize_candidate(cfg, plug, fp32_model, current, evidence, chk,
                                                                     None))
-    if result["passed"]:
+    if result.passed:
         _commit(plug, checks, rounds[-1].checks)
         hashes[plug.graph] = sha256_file(run_dir.file(plug.graph))
     return loc, verify_report.with_legacy_keys(plug, result)

@@ -155,4 +155,4 @@ def test_bf16_localisation_names_the_first_rounding_node(x):
     fp32, low = bf16_cancellation_graphs()
     rule = criteria.TensorRule("scaled", 0.1, 0.0, 0.0)
     result = localize.localize_faithful(plugs.BF16, fp32, low, {"x": x}, rule, top=3)
-    assert result["first_divergent"]["name"] == "add" and result["compared_nodes"] == 4
+    assert result.first_divergent.name == "add" and result.compared_nodes == 4

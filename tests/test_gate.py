@@ -217,9 +217,9 @@ def test_int8_localisation_names_the_first_node_over_the_rule_not_the_worst():
     from pipeline.precision import plugs
 
     result = localize.localize_faithful(plugs.INT8, _chain(False), _chain(True), feed, rule, top=5)
-    errors = {row["name"]: row["scaled_error"] for row in result["worst"]}
+    errors = {row.name: row.scaled_error for row in result.worst}
     assert 0.01 < errors["mmA"] < errors["mmB"]  # both over; mmB far worse
-    assert result["first_divergent"]["name"] == "mmA"
+    assert result.first_divergent.name == "mmA"
 
 
 def _check(name: str, status: str, *, gates: bool = True, required: bool = False):

@@ -7,7 +7,7 @@ without building anything (what TensorRT would compute is not checked).
 import numpy as np
 
 from pipeline import config
-from pipeline.core.check_results import CandidateResult
+from pipeline.core.check_results import CandidateResult, Localization
 from pipeline.core.run import RunDir
 from pipeline.evaluation import candidates
 from pipeline.precision import plugs
@@ -62,7 +62,7 @@ def test_verify_passes_the_build_config_and_cache_to_tensorrt_localisation(tmp_p
 
     def fake_localize_tensorrt(*args, **kwargs):
         seen.update(kwargs)
-        return {"first_divergent": None, "worst": [], "compared_nodes": 0}
+        return Localization(first_divergent=None, worst=[], compared_nodes=0)
 
     monkeypatch.setattr(localize, "localize_tensorrt", fake_localize_tensorrt)
     run = RunDir(tmp_path / "runs" / "r")
@@ -71,6 +71,6 @@ def test_verify_passes_the_build_config_and_cache_to_tensorrt_localisation(tmp_p
                                                          "atol": 1e-3, "rtol": 1e-3}))
     evidence = candidates.Evidence([{"input": np.zeros((1, 3, 8, 8), np.float32)}], [], np.zeros(1), "logits")
     result = candidates.localize_candidate(cfg, plugs.FP16, None, None, evidence, chk, run)
-    assert result["candidate"] == "tensorrt_fp16"
+    assert result.candidate == "tensorrt_fp16"
     assert seen["build_cfg"] == cfg.build
     assert seen["timing_cache"] == tmp_path / "runs" / "trt_timing.11.4.0.H200.sm90.cache"

@@ -284,7 +284,7 @@ def test_tensorrt_localisation_of_a_bf16_engine_runs_on_the_engine(fake_trt, clo
     assert fake_trt.violations == []
     marked = [c[1] for c in fake_trt.calls if c[0] == "mark_output"]
     assert len(marked) > 3  # every layer's output
-    assert result["compared_nodes"] >= len([n for n in fp32.graph.node if n.op_type in ("Conv", "Gemm", "MatMul")])
-    assert result["method"].startswith("TensorRT engine rebuilt")
-    worst = result["worst"][0]
-    assert 0 < worst["scaled_error"] < 0.5  # bfloat16's rounding, seen tensor by tensor on the engine
+    assert result.compared_nodes >= len([n for n in fp32.graph.node if n.op_type in ("Conv", "Gemm", "MatMul")])
+    assert result.method.startswith("TensorRT engine rebuilt")
+    worst = result.worst[0]
+    assert 0 < worst.scaled_error < 0.5  # bfloat16's rounding, seen tensor by tensor on the engine

@@ -40,6 +40,7 @@ Millis = Annotated[float, Field(ge=MIN_MS, le=MAX_MS, allow_inf_nan=False)]
 BatchSize = Annotated[int, Field(ge=1, le=MAX_BATCH)]
 Ratio = Annotated[float, Field(gt=0, allow_inf_nan=False)]  # a ratio of two times
 Kind = Annotated[TimingKind, Field(strict=False)]  # its JSON string
+Num = int | float  # a setting as the config gave it (1 stays 1, not 1.0)
 
 
 def kind_from_label(row: Any) -> Any:
@@ -336,6 +337,81 @@ class CrossCheck(schema.Open):
         return self.model_dump(exclude_unset=True)
 
 
+class BenchmarkMethod(schema.Open):
+    """How benchmark timed every row (benchmark.json's ``method``: the config's ``benchmark`` settings, the stopping
+    rule's confidence, the method in words, the interval and the percentiles). Written with the keys it was made
+    with, in this order."""
+
+    kind: Text | None = None  # benchmark.method: adaptive | fixed
+    warmup_s: Num | None = None
+    min_iterations: int | None = None
+    min_duration_s: Num | None = None
+    trials: int | None = None
+    min_runs: int | None = None
+    target_halfwidth: Num | None = None
+    max_row_s: Num | None = None
+    confidence: Num | None = None
+    cv_warn: Num | None = None
+    described: Text | None = None
+    interval: Text | None = None
+    percentiles: Text | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(exclude_unset=True)
+
+
+class Gpu(schema.Open):
+    """The GPU benchmark ran on (:func:`pipeline.core.env.gpu_info`): its name first; its other facts are kept as
+    written."""
+
+    name: Text | None = None
+
+
+class BenchmarkEnvironment(schema.Open):
+    """The machine and software benchmark ran on (benchmark.json's ``environment``: :func:`pipeline.core.env.collect`'s
+    facts in its order, and the threads the CPU backends were given). Written with the keys it was made with."""
+
+    python: Text | None = None
+    platform: Text | None = None
+    cpu: Text | None = None
+    cpu_cores: int | None = None
+    cpu_native_bf16: bool | None = None
+    cpu_flags_simulated: Text | None = None
+    torch: Text | None = None
+    torch_threads: int | None = None
+    onnx: Text | None = None
+    onnxruntime: Text | None = None
+    onnxruntime_providers: Annotated[list[Text], Field(max_length=64)] | None = None
+    polygraphy: Text | None = None
+    modelopt: Text | None = None
+    tensorrt: Text | None = None
+    openvino: Text | None = None
+    gpu: Gpu | None = None
+    threads: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(exclude_unset=True)
+
+
+class RowChoice(schema.Open):
+    """Which backends benchmark timed (benchmark.json's ``rows``: :class:`pipeline.benchmark.Rows` as written)."""
+
+    chosen: Text | None = None
+    timed: Annotated[list[Text], Field(max_length=MAX_ROWS)] = []
+    left_out: Annotated[list[Text], Field(max_length=MAX_ROWS)] = []
+    how: Text = ""
+    throughput_batches: Annotated[list[int], Field(max_length=MAX_ROWS)] = []
+
+
+class Facts(schema.Open):
+    """How benchmark timed its rows and on what: benchmark.json's ``method``, ``environment`` and ``rows`` (the
+    report's benchmark section reads them; its other keys are kept, not read)."""
+
+    method: BenchmarkMethod
+    environment: BenchmarkEnvironment
+    rows: RowChoice = RowChoice()
+
+
 class Rows(schema.Open):
     """benchmark.json's rows, profiles, roofline and cross-check (its other keys are kept, not read)."""
 
@@ -354,6 +430,11 @@ def to_json(rows: list[BenchmarkRow] | list[SkippedRow]) -> list[dict[str, Any]]
 def rows_of(payload: Any, where: str | Path = "benchmark.json") -> Rows:
     """The typed rows of a benchmark payload already read (the report's, benchmark's own before it writes)."""
     return schema.validate(payload, Rows, where, "benchmark report")
+
+
+def facts_of(payload: Any, where: str | Path = "benchmark.json") -> Facts:
+    """The method, environment and row choice of a benchmark payload already read, typed and bounded."""
+    return schema.validate(payload, Facts, where, "benchmark report")
 
 
 def read(path: str | Path) -> Rows:

@@ -15,7 +15,7 @@ same types, typed and bounded once; the reports lay them out by attribute.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -260,3 +260,43 @@ class CandidateResult(schema.Open):
     workaround: str | None = None  # a runtime workaround applied
     batch_sizes: list[BatchSizeRow] | None = None
     conformance: Conformance | None = None
+
+
+class NodeError(Measured):
+    """One node's first float output, FP32 against the candidate (:func:`pipeline.runtime.localize.compare_layers`):
+    the tensor's error statistics (:meth:`pipeline.precision.gate.TensorRule.errors`) and whether it is over the
+    localisation's rule (``exceeds``)."""
+
+    name: str = Field(max_length=1000)
+    op_type: str | None = Field(default=None, max_length=200)
+    tensor: str | None = Field(default=None, max_length=1000)
+    max_abs_error: Number | None = None
+    mean_abs_error: Number | None = None
+    median_abs_error: Number | None = None
+    quantile_abs_error: Number | None = None
+    max_rel_error: Number | None = None
+    mean_rel_error: Number | None = None
+    median_rel_error: Number | None = None
+    quantile_rel_error: Number | None = None
+    scaled_error: Number | None = None
+    nonfinite: int | None = None
+    fp32_min: Number | None = None
+    fp32_max: Number | None = None
+    mismatch_fraction: Number | None = None
+    exceeds: bool = False
+
+
+class Localization(Measured):
+    """Where a failing candidate's error starts (:mod:`pipeline.runtime.localize`): the first node over the rule (None:
+    none alone is; the error builds up across layers), the worst nodes, how many were compared, the rule and how the
+    candidate ran. verify.json holds it per precision (``localization``, ``<precision>_localization``)."""
+
+    first_divergent: NodeError | None = None
+    worst: Annotated[list[NodeError], Field(max_length=100_000)] = []
+    compared_nodes: int | None = None
+    tolerance: dict[str, Any] | None = None
+    method: str | None = Field(default=None, max_length=1000)
+    candidate: str | None = Field(default=None, max_length=200)  # the failing candidate it localises
+
+    def with_method(self, method: str) -> Localization:
+        return self.model_copy(update={"method": method})

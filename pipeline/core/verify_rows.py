@@ -18,8 +18,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, StringConstraints
 
-from pipeline.core import schema
-from pipeline.core.check_results import BatchSizeRow, Conformance, TaskCheck, TensorCheck
+from pipeline.core import fallback_result, schema
+from pipeline.core.check_results import BatchSizeRow, Conformance, Localization, TaskCheck, TensorCheck
+from pipeline.core.fallback_result import FallbackResult
 from pipeline.core.images_record import ImagesRecord
 from pipeline.core.stability_record import StabilityCertificate
 
@@ -85,6 +86,20 @@ def report_of(payload: Any, where: str | Path = "verify.json") -> VerifyReport:
 def candidates_of(payload: Any, where: str | Path = "verify.json") -> list[CandidateRow]:
     """The typed candidate rows of a verify payload already read (verify's own before it writes, the report's)."""
     return report_of(payload, where).candidates
+
+
+def localization_of(payload: Any, key: str, where: str | Path = "verify.json") -> Localization | None:
+    """A precision's localisation section of a verify payload (``key``: ``localization``, ``int8_localization``, ...;
+    :func:`pipeline.reports.tables.section_keys`), typed and bounded; None where it did not run."""
+    section = payload.get(key) if isinstance(payload, dict) else None
+    return schema.validate(section, Localization, f"{where}: {key}", "localisation") if section else None
+
+
+def fallback_of(payload: Any, key: str, precision: str, where: str | Path = "verify.json") -> FallbackResult | None:
+    """``precision``'s fallback section of a verify payload (``key``: ``fallback``, ``int8_fallback``, ...), typed and
+    bounded; None where it did not run."""
+    section = payload.get(key) if isinstance(payload, dict) else None
+    return fallback_result.from_json(section, precision, f"{where}: {key}") if section else None
 
 
 def read(path: str | Path) -> VerifyReport:

@@ -14,7 +14,7 @@ import numpy as np
 
 from pipeline.core import data, precision_config, roles, tasks, verdicts
 from pipeline.core.artifacts import CALIBRATION_IMAGES, SEARCH_IMAGES
-from pipeline.core.check_results import CandidateResult, Judgement
+from pipeline.core.check_results import CandidateResult, Judgement, Localization
 from pipeline.core.checks import Check, Evidence  # noqa: F401  (re-exported: the evaluation's vocabulary)
 from pipeline.core.errors import InputError, disk_full, first_line
 from pipeline.core.run import RunDir, read_json
@@ -254,7 +254,7 @@ def recheck_round(plug: Precision, cfg: Config, ctx: Context, evidence: Evidence
 
 
 def localize_candidate(cfg: Config, plug: Precision, fp32_model, model, evidence: Evidence, chk: Check,
-                       run_dir: RunDir | None) -> dict:
+                       run_dir: RunDir | None) -> Localization:
     """The first node over the gate's own rule (per tensor), on the candidate's worst batch: the precision's faithful
     execution of ``model`` (for a Q/DQ graph, the first lowered node over it), or on a GPU, for an engine of a float
     graph, the engine rebuilt with every tensor marked."""
@@ -265,7 +265,7 @@ def localize_candidate(cfg: Config, plug: Precision, fp32_model, model, evidence
         result = _localize_engine(cfg, fp32_model, run_dir, plug, feed, rule)
     if result is None:
         result = localize.localize_faithful(plug, fp32_model, model, feed, rule, cfg.verify.localize_top)
-    result["candidate"] = chk.name
+    result = result.model_copy(update={"candidate": chk.name})
     verify_report.log_localization(result)
     return result
 
@@ -280,7 +280,8 @@ def localization_rule(chk: Check) -> criteria.TensorRule:
     return dataclasses.replace(rule, max_scaled_error=criteria.localization_limit(rule.max_scaled_error, observed))
 
 
-def _localize_engine(cfg: Config, fp32_model, run_dir: RunDir, plug: Precision, feed: dict, rule) -> dict | None:
+def _localize_engine(cfg: Config, fp32_model, run_dir: RunDir, plug: Precision, feed: dict,
+                     rule) -> Localization | None:
     from pipeline.runtime import tensorrt_engine
 
     spec_input = next(iter(feed))

@@ -29,7 +29,9 @@ from pydantic import Field, StringConstraints
 
 from pipeline.core import schema
 from pipeline.core.artifacts import QAT_BEST_CHECKPOINT, QAT_CHECKPOINT, fallback_file
+from pipeline.core.check_results import Localization, NodeError
 from pipeline.core.errors import InputError
+from pipeline.core.fallback_result import FallbackResult, RaisedNodes
 from pipeline.core.run import RunDir, write_json
 from pipeline.precision import CALIBRATION_METHODS
 
@@ -237,8 +239,9 @@ class Round:
 
 
 def run(plug: Plug, cfg: Config, run_dir: RunDir, fp32_model: onnx.ModelProto, model: onnx.ModelProto,
-        localization: dict | None, *, remake: Callable[[Raised, str], dict],
-        recheck: Callable[[onnx.ModelProto], Round], localize: Callable[[onnx.ModelProto, object], dict]) -> dict:
+        localization: Localization | None, *, remake: Callable[[Raised, str], dict],
+        recheck: Callable[[onnx.ModelProto], Round], localize: Callable[[onnx.ModelProto, object], Localization]
+        ) -> FallbackResult:
     """Raise, remake, re-check; repeat. ``remake(raised, out_name)`` writes the graph with those raises (export's
     conversion, returning its precision report); ``recheck(graph)`` judges it with the candidates that run it;
     ``localize(graph, failing)`` names the next divergent node. Replaces ``plug.graph`` only when it passes."""
@@ -249,8 +252,8 @@ def run(plug: Plug, cfg: Config, run_dir: RunDir, fp32_model: onnx.ModelProto, m
     iterations, current, loc, passed = [], model, localization, False
     try:
         for i in range(cfg.verify.fallback_iterations):
-            first = (loc or {}).get("first_divergent")
-            moves = next_moves(first["name"], fp32_model, plug.node_precisions(fp32_model, current),
+            first = loc.first_divergent if loc else None
+            moves = next_moves(first.name, fp32_model, plug.node_precisions(fp32_model, current),
                                plug.ladder) if first else {}
             if not moves:
                 iterations.append({"iteration": i + 1, "moved": [], "note": _nothing_to_move(first)})
@@ -260,7 +263,7 @@ def run(plug: Plug, cfg: Config, run_dir: RunDir, fp32_model: onnx.ModelProto, m
             current = onnx.load(str(candidate_path))
             checked = recheck(current)
             passed = checked.passed
-            iterations.append({"iteration": i + 1, "moved": list(moves), "to": moves, "divergent_node": first["name"],
+            iterations.append({"iteration": i + 1, "moved": list(moves), "to": moves, "divergent_node": first.name,
                                fraction: report[fraction], "passed": passed, "results": checked.results,
                                **({"note": checked.note} if checked.note else {})})
             log.info("verify: %s fallback %d: %s -> %s fraction %.1f%%, %s", plug.label, i + 1,
@@ -276,10 +279,11 @@ def run(plug: Plug, cfg: Config, run_dir: RunDir, fp32_model: onnx.ModelProto, m
     finally:
         candidate_path.unlink(missing_ok=True)
     after = plug.fraction(plug.node_precisions(fp32_model, current)) if passed else before
-    return {"passed": passed, "precision": plug.name, "raised": {"out_of_low": raised.out_of_low, "fp32": raised.fp32},
-            "iterations": iterations, f"{fraction}_before": before, f"{fraction}_after": after,
-            "budget": cfg.verify.fallback_iterations, "replaced": [plug.graph] if passed else []}
+    return FallbackResult(passed=passed, precision=plug.name,
+                          raised=RaisedNodes(out_of_low=list(raised.out_of_low), fp32=list(raised.fp32)),
+                          iterations=iterations, fraction_before=before, fraction_after=after,
+                          budget=cfg.verify.fallback_iterations, replaced=[plug.graph] if passed else [])
 
 
-def _nothing_to_move(first: dict | None) -> str:
-    return f"nothing left to move for {first['name']}" if first else "no node over tolerance to move"
+def _nothing_to_move(first: NodeError | None) -> str:
+    return f"nothing left to move for {first.name}" if first else "no node over tolerance to move"

@@ -13,12 +13,14 @@ import re
 from dataclasses import dataclass
 
 from pipeline.core import records
-from pipeline.core.benchmark_rows import BenchmarkRow, CrossCheck, rows_of
+from pipeline.core.benchmark_rows import BenchmarkRow, CrossCheck, facts_of, rows_of
+from pipeline.core.check_results import Localization
+from pipeline.core.fallback_result import FallbackResult
 from pipeline.core.images_record import ImagesRecord, ValidationSplit
 from pipeline.core.manifest import STAGE_ORDER, entries
 from pipeline.core.stability_record import SpreadRow, StabilityCertificate
 from pipeline.core.status import Status
-from pipeline.core.verify_rows import CandidateRow, report_of
+from pipeline.core.verify_rows import CandidateRow, fallback_of, localization_of, report_of
 from pipeline.precision import plugs
 from pipeline.runtime import trtexec
 
@@ -173,15 +175,15 @@ def _candidate_row(c: CandidateRow) -> tuple[Cell, ...]:
                 t and t.max_abs_error, percent(k and k.top1_agreement), accuracy, tolerance)
 
 
-def _localization_section(loc: dict, title: str = "Localisation") -> Section:
-    first = loc.get("first_divergent")
-    where = ((Cell("First node over tolerance: "), Cell(first["name"], code=True), Cell(f" ({first['op_type']}).")
+def _localization_section(loc: Localization, title: str = "Localisation") -> Section:
+    first = loc.first_divergent
+    where = ((Cell("First node over tolerance: "), Cell(first.name, code=True), Cell(f" ({first.op_type}).")
               ) if first else "No single tensor exceeds the tolerance (the error builds up across layers).")
-    rows = tuple(_row(Cell(r["name"], code=True), r["op_type"], r["max_abs_error"], r["max_rel_error"],
-                      f"[{fmt(r['fp32_min'])}, {fmt(r['fp32_max'])}]", str(r["nonfinite"]))
-                 for r in loc.get("worst", []))
+    rows = tuple(_row(Cell(r.name, code=True), r.op_type, r.max_abs_error, r.max_rel_error,
+                      f"[{fmt(r.fp32_min)}, {fmt(r.fp32_max)}]", str(r.nonfinite))
+                 for r in loc.worst)
     table = Table(("node", "op", "max abs err", "max rel err", "FP32 range", "non-finite"), rows)
-    return Section(title, paragraphs=(f"{loc.get('method')}.", where), tables=(table,), level=3)
+    return Section(title, paragraphs=(f"{loc.method}.", where), tables=(table,), level=3)
 
 
 def _names(names: list[str]) -> tuple[Cell, ...]:
@@ -196,19 +198,15 @@ def section_keys(precision: str) -> tuple[str, str]:
     return SECTION_KEYS.get(precision, (f"{precision}_localization", f"{precision}_fallback"))
 
 
-def _fallback_section(fb: dict, plug) -> Section:
+def _fallback_section(fb: FallbackResult, plug) -> Section:
     """One automatic fallback (every precision's: pipeline.precision.fallback): what moved where, and the share left
     low."""
-    raised = fb.get("raised") or {"out_of_low": fb.get(f"excluded_from_{plug.name}", []),
-                                  "fp32": fb.get("kept_in_fp32", fb.get("moved_to_fp32", []))}  # pipeline.verify/2
-    one_step = (Cell(f"{plug.raised_to}: "), *_names(raised.get("out_of_low", [])), Cell("; ")) \
-        if len(plug.ladder) > 2 else ()
-    moved = (*one_step, Cell("kept in FP32: " if one_step else "moved to FP32: "), *_names(raised.get("fp32", [])))
+    one_step = (Cell(f"{plug.raised_to}: "), *_names(fb.raised.out_of_low), Cell("; ")) if len(plug.ladder) > 2 else ()
+    moved = (*one_step, Cell("kept in FP32: " if one_step else "moved to FP32: "), *_names(fb.raised.fp32))
     share = f"{plug.label} share"
-    text = (Cell(f"{len(fb['iterations'])} iteration(s); "), *moved,
-            Cell(f"; {share} {percent(fb[f'{plug.name}_fraction_before'], '.1f')} -> "
-                 f"{percent(fb[f'{plug.name}_fraction_after'], '.1f')}."))
-    return Section(f"Automatic {plug.label} fallback", status=Status.PASSED if fb["passed"] else Status.FAILED,
+    text = (Cell(f"{len(fb.iterations)} iteration(s); "), *moved,
+            Cell(f"; {share} {percent(fb.fraction_before, '.1f')} -> {percent(fb.fraction_after, '.1f')}."))
+    return Section(f"Automatic {plug.label} fallback", status=Status.PASSED if fb.passed else Status.FAILED,
                    paragraphs=(text,), level=3)
 
 
@@ -278,7 +276,8 @@ def verify_sections(payload: dict) -> list[Section]:
     if conformance:
         sections.append(conformance)
     for plug in plugs.ORDER:
-        localization, fallback = (payload.get(key) for key in section_keys(plug.name))
+        loc_key, fb_key = section_keys(plug.name)
+        localization, fallback = localization_of(payload, loc_key), fallback_of(payload, fb_key, plug.name)
         if localization:
             sections.append(_localization_section(localization, f"{plug.label} localisation ({plug.faithful})"))
         if fallback:
@@ -370,25 +369,23 @@ def _precision_rows(results: list[BenchmarkRow]) -> tuple[tuple[Cell, ...], ...]
 
 def benchmark_section(payload: dict) -> Section:
     """Every (backend, batch, timing) measured, the method, the machine, and what was skipped."""
-    env, m = payload["environment"], payload["method"]
-    gpu = env.get("gpu") or {}
-    machine = (f"CPU: {env.get('cpu')} ({env.get('cpu_cores')} cores, {env.get('threads')} threads); "
-               f"GPU: {gpu.get('name', 'none')}; torch {env.get('torch')}, ONNX Runtime {env.get('onnxruntime')}, "
-               f"TensorRT {env.get('tensorrt') or 'not installed'}, OpenVINO {env.get('openvino') or 'not installed'}.")
-    how = m.get("described") or (f"{m['trials']} trials of at least {m['min_iterations']} runs and "
-                                 f"{m['min_duration_s']} s each, after {m['warmup_s']} s of warm-up")
-    typed = rows_of(payload)
-    rows = payload.get("rows") or {}
-    left = (f" Left out (they cannot change the answer): {', '.join(rows['left_out'])}; {rows['how']} times them "
-            "too." if rows.get("left_out") else "")
+    typed, facts = rows_of(payload), facts_of(payload)
+    env, m, rows = facts.environment, facts.method, facts.rows
+    machine = (f"CPU: {env.cpu} ({env.cpu_cores} cores, {env.threads} threads); "
+               f"GPU: {env.gpu.name if env.gpu else 'none'}; torch {env.torch}, ONNX Runtime {env.onnxruntime}, "
+               f"TensorRT {env.tensorrt or 'not installed'}, OpenVINO {env.openvino or 'not installed'}.")
+    how = m.described or (f"{m.trials} trials of at least {m.min_iterations} runs and "
+                          f"{m.min_duration_s} s each, after {m.warmup_s} s of warm-up")
+    left = (f" Left out (they cannot change the answer): {', '.join(rows.left_out)}; {rows.how} times them "
+            "too." if rows.left_out else "")
     sizes = {r.batch_size for r in typed.results}
-    if rows.get("throughput_batches") and sizes - set(rows["throughput_batches"]):
-        left += (f" Async-throughput rows (OpenVINO) at batch {', '.join(map(str, rows['throughput_batches']))} "
+    if rows.throughput_batches and sizes - set(rows.throughput_batches):
+        left += (f" Async-throughput rows (OpenVINO) at batch {', '.join(map(str, rows.throughput_batches))} "
                  "only, the batch whose images/s the summary names; benchmark.rows=all times them at every batch.")
-    method = (f"Method: {how}; percentiles by {m.get('percentiles', '-')}; "
+    method = (f"Method: {how}; percentiles by {m.percentiles or '-'}; "
               f"input {payload['input']['shape']} ({payload['input']['data']}). "
               f"A '!' after the cv marks a trial whose coefficient of variation exceeded "
-              f"{percent(m.get('cv_warn'), '.0f')}. 'x eager FP32': images/s over torch_fp32's at the same batch, "
+              f"{percent(m.cv_warn, '.0f')}. 'x eager FP32': images/s over torch_fp32's at the same batch, "
               f"with the 95 % bootstrap interval of the two rows' runs (timed apart: the noise inside them, not "
               f"the drift between them).{left}")
     skipped = tuple(f"Skipped {s.backend}" + (f" at batch {s.batch_size}" if s.batch_size else "")

@@ -18,15 +18,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.core import artifacts, env, verify_rows
-from pipeline.core.check_results import Bound, CandidateResult, Measured, TaskCheck, TensorCheck
+from pipeline.core.check_results import Bound, CandidateResult, Localization, Measured, TaskCheck, TensorCheck
 from pipeline.core.checks import Check
 from pipeline.core.errors import InputError, PipelineError, first_line
+from pipeline.core.fallback_result import FallbackResult
 from pipeline.core.images_record import ImagesRecord
 from pipeline.core.run import RunDir, atomic_write, now, read_json, sha256_file, write_json
 from pipeline.core.stability_record import StabilityCertificate
 from pipeline.core.status import Status
 from pipeline.core.verdicts import JUDGED, InconclusivePolicy, Verdict, report_standing
-from pipeline.core.verify_rows import CandidateRow, VerifyReport, candidates_of, report_of
+from pipeline.core.verify_rows import CandidateRow, VerifyReport, candidates_of, fallback_of, report_of
 from pipeline.precision import plugs
 from pipeline.reports import tables
 from pipeline.reports.tables import fmt, section_keys
@@ -64,13 +65,10 @@ def stale_artifact(plug) -> str:
             "engine or IR")
 
 
-def with_legacy_keys(plug, result: dict) -> dict:
+def with_legacy_keys(plug, result: FallbackResult) -> FallbackResult:
     """verify.json's names for what moved (schemas pipeline.verify/1 and /2), beside the fallback's ``raised``: a
     graph with a step between its precision and FP32 (INT8's FP16 regions) says what left it and what is in FP32."""
-    raised = result["raised"]
-    if len(plug.ladder) > 2:
-        return {**result, f"excluded_from_{plug.name}": raised["out_of_low"], "kept_in_fp32": raised["fp32"]}
-    return {**result, "moved_to_fp32": raised["fp32"]}
+    return result.with_legacy("excluded" if len(plug.ladder) > 2 else "moved")
 
 
 def disabled(name: str) -> str:
@@ -189,7 +187,7 @@ def inconclusive_message(undecided: Sequence[Check]) -> str:
         + " (raise verify.max_samples, or add validation images)")
 
 
-def failure_message(verdict: Verdict[Check], localization: dict | None, export_broken: bool,
+def failure_message(verdict: Verdict[Check], localization: Localization | None, export_broken: bool,
                     suggest_fallback: bool) -> str:
     failed = verdict.failed
     first = failed[0]
@@ -198,10 +196,10 @@ def failure_message(verdict: Verdict[Check], localization: dict | None, export_b
     if export_broken:
         text += f"; the FP32 export itself disagrees with PyTorch, so every ONNX candidate inherits the error: " \
                 f"{EXPORT_FIX}"
-    elif localization and localization.get("first_divergent"):
-        node = localization["first_divergent"]
+    elif localization and localization.first_divergent:
+        node = localization.first_divergent
         plug = plugs.by_name(first.backend.graph) if first.backend.graph else None
-        text += f"; {plug.divergent if plug else 'first node'} over tolerance: {node['name']} ({node['op_type']})"
+        text += f"; {plug.divergent if plug else 'first node'} over tolerance: {node.name} ({node.op_type})"
     if first.result.hint and first.backend.graph:
         text += f"; {first.result.hint}"
     if suggest_fallback and not export_broken and first.backend.graph:
@@ -280,12 +278,12 @@ def log_check(chk: Check) -> None:
             log.warning("verify: %s inconclusive: %s; %s", chk.name, ", ".join(describe_task(k)), more_images(k))
 
 
-def log_localization(result: dict) -> None:
-    first = result.get("first_divergent")
+def log_localization(result: Localization) -> None:
+    first = result.first_divergent
     if first:
         log.warning("verify: first node over tolerance: %s (%s): max abs error %.4g, max rel error %.4g, "
-                    "FP32 range [%.4g, %.4g]", first["name"], first["op_type"], first["max_abs_error"],
-                    first["max_rel_error"], first["fp32_min"], first["fp32_max"])
+                    "FP32 range [%.4g, %.4g]", first.name, first.op_type, first.max_abs_error,
+                    first.max_rel_error, first.fp32_min, first.fp32_max)
     else:
         log.warning("verify: no single tensor exceeds the tolerance; the error builds up across layers")
 
@@ -457,11 +455,14 @@ def with_earlier_fallbacks(run_dir: RunDir, hashes: dict, gated: dict) -> dict:
     except PipelineError:  # damaged rows: nothing to carry
         previous, judged = {}, {}
 
-    def carried(plug) -> dict | None:
-        section = previous.get(section_keys(plug.name)[1])
-        if isinstance(section, dict) and section.get("passed") and judged.get(plug.graph) and \
+    def carried(plug) -> FallbackResult | None:
+        try:
+            section = fallback_of(previous, section_keys(plug.name)[1], plug.name)
+        except PipelineError:  # a damaged section: nothing to carry
+            return None
+        if section is not None and section.passed and judged.get(plug.graph) and \
                 judged[plug.graph] == hashes.get(plug.graph):
-            return {**section, "replaced": [], "earlier_run": True}
+            return section.carried()
         return None
 
     out = {}

@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 
 from pipeline.core import onnx_io
+from pipeline.core.check_results import Localization, NodeError
 from pipeline.precision.gate import TensorRule
 from pipeline.runtime import localize_rules
 from pipeline.runtime.runners import collect, onnxrt_runner
@@ -30,7 +31,7 @@ def _marked_outputs(model: onnx.ModelProto, feed: dict, name: str) -> OrderedDic
     return collect(onnxrt_runner(marked.SerializeToString(), name=name), [feed])[0]
 
 
-def compare_layers(fp32_model: onnx.ModelProto, ref: dict, cand: dict, rule: TensorRule, top: int) -> dict:
+def compare_layers(fp32_model: onnx.ModelProto, ref: dict, cand: dict, rule: TensorRule, top: int) -> Localization:
     """Walk the FP32 graph in topological order; report the first node over ``rule`` and the worst nodes."""
     rows = []
     first = None
@@ -43,13 +44,13 @@ def compare_layers(fp32_model: onnx.ModelProto, ref: dict, cand: dict, rule: Ten
             r, c = np.asarray(ref[out]), np.asarray(cand[out])
             if r.dtype.kind != "f" or r.shape != c.shape or r.size == 0:
                 continue
-            row = {"name": node.name, "op_type": node.op_type, "tensor": out, **rule.errors(r, c)}
+            row = NodeError(name=node.name, op_type=node.op_type, tensor=out, **rule.errors(r, c))
             rows.append(row)
-            if first is None and row["exceeds"]:
+            if first is None and row.exceeds:
                 first = row
             break  # one row per node: its first float output
-    worst = sorted(rows, key=lambda r: (r["nonfinite"] > 0, r["scaled_error"]), reverse=True)[:top]
-    return {"first_divergent": first, "worst": worst, "compared_nodes": len(rows), "tolerance": rule.describe()}
+    worst = sorted(rows, key=lambda r: ((r.nonfinite or 0) > 0, r.scaled_error), reverse=True)[:top]
+    return Localization(first_divergent=first, worst=worst, compared_nodes=len(rows), tolerance=rule.describe())
 
 
 def tensorrt_layers_engine(onnx_path, *, input_name: str, shapes: dict, build_cfg: BuildConfig, timing_cache=None):
@@ -69,7 +70,7 @@ def tensorrt_layers_engine(onnx_path, *, input_name: str, shapes: dict, build_cf
 
 
 def localize_tensorrt(fp32_model: onnx.ModelProto, fp16_path, feed: dict, rule: TensorRule, top: int,
-                      input_name: str, shapes: dict, *, build_cfg: BuildConfig, timing_cache=None) -> dict:
+                      input_name: str, shapes: dict, *, build_cfg: BuildConfig, timing_cache=None) -> Localization:
     """GPU: the FP16 (or BF16, INT8) engine rebuilt with every tensor marked as a network output, against FP32 ONNX
     Runtime.
 
@@ -88,14 +89,13 @@ def localize_tensorrt(fp32_model: onnx.ModelProto, fp16_path, feed: dict, rule: 
     # which Polygraphy's NumPy path cannot hold (its NumPy type map has no bfloat16); runners.to_numpy widens them.
     device_feed = {name: DEVICE_MEMORY.tensor(np.ascontiguousarray(array)) for name, array in feed.items()}
     cand = collect(TrtRunner(engine, name="tensorrt-layers"), [device_feed])[0]
-    result = compare_layers(fp32_model, ref, cand, rule, top)
-    result["method"] = ("TensorRT engine rebuilt with the engine's build config and every tensor marked as output "
-                        "(can change fusions) vs FP32 ONNX Runtime")
-    return result
+    return compare_layers(fp32_model, ref, cand, rule, top).with_method(
+        "TensorRT engine rebuilt with the engine's build config and every tensor marked as output (can change fusions) "
+        "vs FP32 ONNX Runtime")
 
 
 def localize_faithful(plug, fp32_model: onnx.ModelProto, model: onnx.ModelProto, feed: dict, rule: TensorRule,
-                      top: int) -> dict:
+                      top: int) -> Localization:
     """FP32 ONNX Runtime vs ``plug``'s faithful execution of ``model`` (the emulation that rounds every low tensor;
     the Q/DQ graph executed exactly, optimisations off), every tensor marked as an output. With the plug's
     ``exact_localization``, the first node over tolerance is the first one that computes below FP32."""
@@ -107,16 +107,14 @@ def localize_faithful(plug, fp32_model: onnx.ModelProto, model: onnx.ModelProto,
     cand = collect(onnxrt_runner(marked.SerializeToString(), name=f"{plug.faithful}-layers",
                                  optimize=plug.faithful_optimized), [feed])[0]
     if not plug.exact_localization:
-        result = compare_layers(fp32_model, ref, cand, rule, top)
-        result["method"] = f"ONNX Runtime, FP32 graph vs {plug.faithful}, every tensor marked as output"
-        return result
+        return compare_layers(fp32_model, ref, cand, rule, top).with_method(
+            f"ONNX Runtime, FP32 graph vs {plug.faithful}, every tensor marked as output")
     order = {node.name: i for i, node in enumerate(fp32_model.graph.node)}
     result = compare_layers(fp32_model, ref, cand, rule, top=len(order))
-    first = localize_rules.first_lowered_over(result["worst"], localize_rules.lowered(
+    first = localize_rules.first_lowered_over(result.worst, localize_rules.lowered(
         plug.node_precisions(fp32_model, model)), order)
-    if first is not None:  # else: compare_layers' first node over tolerance (the fallback walks upstream from it)
-        result["first_divergent"] = first
-    result["worst"] = result["worst"][:top]
-    result["method"] = (f"ONNX Runtime, FP32 graph vs {plug.faithful} (optimisations off), every tensor marked as "
-                        f"output; the first node below FP32 over tolerance")
-    return result
+    # No lowered node over tolerance: compare_layers' first node over tolerance (the fallback walks upstream from it).
+    return result.model_copy(update={
+        "first_divergent": result.first_divergent if first is None else first, "worst": result.worst[:top],
+        "method": f"ONNX Runtime, FP32 graph vs {plug.faithful} (optimisations off), every tensor marked as output; "
+                  f"the first node below FP32 over tolerance"})

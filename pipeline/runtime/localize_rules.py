@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from pipeline.core.check_results import NodeError
+
 FP32 = "fp32"
 
 
@@ -14,8 +16,9 @@ def lowered(precisions: Mapping[str, tuple[str, str]]) -> set[str]:
     return {name for name, (_, precision) in precisions.items() if precision != FP32}
 
 
-def first_lowered_over(rows: Sequence[dict], lowered_nodes: set[str], order: Mapping[str, int]) -> dict | None:
+def first_lowered_over(rows: Sequence[NodeError], lowered_nodes: set[str],
+                       order: Mapping[str, int]) -> NodeError | None:
     """The row of the first node, in graph order, that computes below FP32 and is over tolerance (``exceeds``);
     None when there is none (then the first node over tolerance stands)."""
-    over = [r for r in rows if r["exceeds"] and r["name"] in lowered_nodes]
-    return min(over, key=lambda r: order[r["name"]]) if over else None
+    over = [r for r in rows if r.exceeds and r.name in lowered_nodes]
+    return min(over, key=lambda r: order[r.name]) if over else None
