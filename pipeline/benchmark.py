@@ -50,7 +50,7 @@ from pipeline.reports import profile_report, verify_report
 from pipeline.runtime import backends, benchmark_app, isolate, layer_profile, stopping, trtexec
 from pipeline.runtime.backends import Backend, Context
 from pipeline.runtime.isolate import Crashed
-from pipeline.runtime.runners import Method, measure, one_line  # noqa: F401  (measure: the timing loop)
+from pipeline.runtime.runners import TimingMethod, measure, one_line  # noqa: F401  (measure: the timing loop)
 from pipeline.runtime.timing import summarize
 
 if TYPE_CHECKING:  # annotations only
@@ -98,7 +98,7 @@ def crashed(backend: Backend, exc: Crashed) -> str:
     return f"crashed: {exc} (log: {exc.log})"
 
 
-def time_backend(backend: Backend, ctx: Context, images, method: Method, verdict: str,
+def time_backend(backend: Backend, ctx: Context, images, method: TimingMethod, verdict: str,
                  accuracy: float | None = None, policy: InconclusivePolicy = "pass",
                  throughput_batches: list[int] | None = None) -> tuple[list[BenchmarkRow], list[SkippedRow]]:
     """Every timing of one backend over the batch sizes: (result rows, skipped rows); an async-throughput timing
@@ -131,7 +131,7 @@ def time_backend(backend: Backend, ctx: Context, images, method: Method, verdict
     return results, skipped
 
 
-def _time_batch(backend: Backend, ctx: Context, runner, batch: int, images, method: Method,
+def _time_batch(backend: Backend, ctx: Context, runner, batch: int, images, method: TimingMethod,
                 verdict: str) -> tuple[list[BenchmarkRow], list[SkippedRow]]:
     """One batch size of one backend: its rows, or a skipped row saying why (Crashed propagates)."""
     try:
@@ -279,7 +279,7 @@ def _run(cfg: Config, run_dir: RunDir, record: StageRecord, threads: int, profil
                            "workarounds": {r.backend: r.workaround for r in results if r.workaround}})
 
 
-def _time_all(ctx: Context, chosen: Rows, images, method: Method) -> tuple[list[BenchmarkRow], list[SkippedRow]]:
+def _time_all(ctx: Context, chosen: Rows, images, method: TimingMethod) -> tuple[list[BenchmarkRow], list[SkippedRow]]:
     """Every chosen backend timed, in order: (result rows, skipped rows)."""
     verdicts = verify_report.read_verdicts(ctx.run_dir) or {}
     policy = verify_report.read_policy(ctx.run_dir)
@@ -320,7 +320,7 @@ class Retimer:
     interleave with their rivals. ``block(row, seconds)``: the row's timing for ``seconds``; its median (ms; ms
     per batch for an async-throughput row)."""
 
-    def __init__(self, ctx: Context, images, method: Method):
+    def __init__(self, ctx: Context, images, method: TimingMethod):
         self.ctx, self.images, self.method, self.runners = ctx, images, method, {}
 
     def __enter__(self):
@@ -339,8 +339,8 @@ class Retimer:
         runner = self.runners[name]
         if runner is None:
             raise RuntimeError(f"{name} could not be started again")
-        timing = Method(warmup_s=0.0, min_iterations=3, min_duration_s=seconds, trials=1, cv_warn=self.method.cv_warn,
-                        throughput=row.is_throughput)
+        timing = TimingMethod(warmup_s=0.0, min_iterations=3, min_duration_s=seconds, trials=1,
+                              cv_warn=self.method.cv_warn, throughput=row.is_throughput)
         measured = runner.measurements({self.ctx.spec["input_name"]: _inputs(self.images, row.batch_size)}, timing)
         got = next((m for t, m in measured if t.kind == row.timing_kind), None)
         if got is None or "error" in got:
@@ -444,14 +444,14 @@ def _rounds(rivals: list[BenchmarkRow], retimer: Retimer) -> list[list[float]]:
 # --------------------------------------------------------------------------- the method and the rows
 
 
-def method_of(cfg: Config) -> Method:
-    """The timing method of ``benchmark.*`` (:class:`pipeline.runtime.runners.Method`)."""
+def method_of(cfg: Config) -> TimingMethod:
+    """The timing method of ``benchmark.*`` (:class:`pipeline.runtime.runners.TimingMethod`)."""
     bc = cfg.benchmark
-    return Method(bc.warmup_s, bc.min_iterations, bc.min_duration_s, bc.trials, bc.cv_warn, kind=bc.method,
-                  min_runs=bc.min_runs, target_halfwidth=bc.target_halfwidth, max_row_s=bc.max_row_s)
+    return TimingMethod(bc.warmup_s, bc.min_iterations, bc.min_duration_s, bc.trials, bc.cv_warn, kind=bc.method,
+                        min_runs=bc.min_runs, target_halfwidth=bc.target_halfwidth, max_row_s=bc.max_row_s)
 
 
-def describe_method(m: Method) -> str:
+def describe_method(m: TimingMethod) -> str:
     """One line for the log and the report: how every row was timed."""
     if m.kind == "adaptive":
         return (f"each row timed after {m.warmup_s:g} s of warm-up until its median's 95% interval is within "
@@ -492,9 +492,9 @@ def decisive(backend: Backend, cfg: Config) -> bool:
     or a deployment whose verify verdict gates (only those can be named the fastest that passed)."""
     if backend.name == backends.REFERENCE:
         return True
-    if not (backend.deploys and backend.candidate):
+    if not (backend.deploys and backend.verify_name):
         return False
-    section = cfg.verify.candidates.get(backend.candidate)
+    section = cfg.verify.candidates.get(backend.verify_name)
     return (section is None or section.enabled) and candidates.gates(cfg, backend)
 
 

@@ -68,11 +68,11 @@ from pipeline.runtime import backends as backend_table
 # One section per verify candidate of the backend table, so a new backend needs no edit here.
 CandidatesConfig = create_model(
     "CandidatesConfig", __base__=Section,
-    **{b.candidate: (CandidateConfig, CandidateConfig()) for b in backend_table.candidates()},
+    **{b.verify_name: (CandidateConfig, CandidateConfig()) for b in backend_table.candidates()},
 )
 
 
-CandidateName = Literal[tuple(b.candidate for b in backend_table.candidates())]
+CandidateName = Literal[tuple(b.verify_name for b in backend_table.candidates())]
 
 
 _TableVerifyConfig = create_model(

@@ -103,7 +103,7 @@ class Planned:
 
     @property
     def name(self) -> str:
-        return self.backend.candidate
+        return self.backend.verify_name
 
 
 # --------------------------------------------------------------------------- the stage
@@ -222,9 +222,9 @@ def plan(run_dir: RunDir) -> list[Planned]:
     for backend in backends.candidates():
         if backend.triton is None or not backend.deploys:
             continue
-        verdict = verdicts.get(backend.candidate)
-        refused = deployment.refusal(backend.candidate, verdict, policy) or deployment.stock_refusal(
-            backend.candidate, backend.triton, backend.precision, backend.device)
+        verdict = verdicts.get(backend.verify_name)
+        refused = deployment.refusal(backend.verify_name, verdict, policy) or deployment.stock_refusal(
+            backend.verify_name, backend.triton, backend.precision, backend.device)
         plans.append(Planned(backend, FORMATS[backend.triton], refused, verdict,
                              verify_report.artifact_sha256(run_dir, backend.artifact)))
     return plans

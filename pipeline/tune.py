@@ -156,11 +156,11 @@ class Tuner:
 
 
 def timing_method(cfg: Config):
-    from pipeline.runtime.runners import Method
+    from pipeline.runtime.runners import TimingMethod
 
     tc = cfg.tune
-    return Method(warmup_s=tc.warmup_s, min_iterations=cfg.benchmark.min_iterations,
-                  min_duration_s=tc.min_duration_s, trials=tc.trials, cv_warn=cfg.benchmark.cv_warn)
+    return TimingMethod(warmup_s=tc.warmup_s, min_iterations=cfg.benchmark.min_iterations,
+                        min_duration_s=tc.min_duration_s, trials=tc.trials, cv_warn=cfg.benchmark.cv_warn)
 
 
 def _first_images(evidence, n: int) -> tuple[list[dict], list[dict]]:

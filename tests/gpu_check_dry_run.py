@@ -80,7 +80,7 @@ def main(work: Path) -> dict:
         measure, run_once = runners.measure, trtexec.run_once
         stage = ["benchmark"]
         patch.setattr(runners, "measure", lambda fn, method: loops[stage[0]].append(method) or measure(
-            fn, runners.Method(**FAST)))
+            fn, runners.TimingMethod(**FAST)))
         patch.setattr(trtexec, "run_once", lambda cmd, log: trtexec_runs.append(stage[0]) or run_once(cmd, log))
         timed("build (fake TensorRT)", "build", "--run-dir", run, "--require", "tensorrt")
         timed("benchmark, TensorRT rows, CUDA graphs", "benchmark", "--run-dir", run,

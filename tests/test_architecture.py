@@ -222,7 +222,7 @@ BACKEND_NAME_HOMES = {
 def backend_names() -> set[str]:
     from pipeline.runtime import backends
 
-    return {b.name for b in backends.TABLE} | {b.candidate for b in backends.TABLE if b.candidate} | \
+    return {b.name for b in backends.TABLE} | {b.verify_name for b in backends.TABLE if b.verify_name} | \
         set(backends.RENAMED)
 
 
@@ -260,7 +260,7 @@ def test_each_plugs_faithful_candidate_is_a_table_emulation_of_its_graph():
     from pipeline.runtime import backends
 
     for plug in plugs.PLUGS.values():
-        entry = next(b for b in backends.TABLE if b.candidate == plug.faithful)
+        entry = next(b for b in backends.TABLE if b.verify_name == plug.faithful)
         assert entry.graph == plug.name and not entry.deploys, plug.name
 
 

@@ -42,7 +42,7 @@ def _offset_runner(ctx):
 
 DUMMY = backends.Backend("torch_offset", precision="fp32", device="cpu", artifact=None,
                          label="PyTorch FP32 with every logit shifted by 0.5", unavailable=lambda ctx: "",
-                         make=_offset_runner, candidate="torch_offset")
+                         make=_offset_runner, verify_name="torch_offset")
 
 
 def test_one_entry_adds_a_backend_to_verify_and_benchmark(clone_run, monkeypatch):
@@ -69,7 +69,7 @@ def test_table_names_match_the_config():
     """Every verify candidate has its verify.candidates section and every timed backend its benchmark.backends name."""
     assert len({b.name for b in backends.TABLE}) == len(backends.TABLE)
     sections = set(config.CandidatesConfig.model_fields)
-    assert {b.candidate for b in backends.candidates()} == sections
+    assert {b.verify_name for b in backends.candidates()} == sections
     timed = {b.name for b in backends.TABLE if b.benchmark != "no"}
     assert timed == set(typing.get_args(config.BenchBackend))
     assert config.TableBenchmarkConfig().backends is None  # null: the table's defaults, narrowed by benchmark.rows
@@ -79,7 +79,7 @@ def test_table_names_match_the_config():
 
 
 def test_verify_candidates_keep_their_order_and_names():
-    assert [b.candidate for b in backends.candidates()] == [
+    assert [b.verify_name for b in backends.candidates()] == [
         "onnxrt_fp32", "fp16_emulation", "onnxrt_fp16_cpu", "bf16_emulation", "int8_exact", "onnxrt_int8_cpu",
         "tensorrt_fp16", "tensorrt_bf16", "tensorrt_int8", "onnxrt_cuda_fp16", "openvino_fp32", "openvino_bf16",
         "openvino_int8"]
@@ -144,7 +144,7 @@ def test_reference_runner_forgets_its_evaluator(tmp_path):
 
 def test_disabled_entry_is_skipped_before_it_is_checked_for_availability(tmp_path):
     calls = []
-    entry = dataclasses.replace(DUMMY, candidate="tensorrt_fp16", unavailable=lambda ctx: calls.append(1) or "")
+    entry = dataclasses.replace(DUMMY, verify_name="tensorrt_fp16", unavailable=lambda ctx: calls.append(1) or "")
     cfg = config.resolve(overrides=["verify.candidates.tensorrt_fp16.enabled=false"])
 
     (chk,) = candidates.plan(cfg, backends.Context(cfg, RunDir(tmp_path), "verify", {}), [entry])
@@ -178,7 +178,7 @@ def test_read_verdicts(tmp_path):
 
 def test_tensorrt_int8_entry():
     entry = backends.by_name("tensorrt_int8")
-    assert (entry.precision, entry.device, entry.artifact, entry.candidate, entry.requires, entry.runtime) == (
+    assert (entry.precision, entry.device, entry.artifact, entry.verify_name, entry.requires, entry.runtime) == (
         "int8", "cuda", "model.int8.engine", "tensorrt_int8", "tensorrt", "TensorRT")
     assert entry.isolated and entry.graph == "int8"
     assert "tensorrt_int8" in backends.default_timed()

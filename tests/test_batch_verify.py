@@ -56,7 +56,7 @@ def test_the_other_batch_sizes_run_on_the_main_checks_runner(clone_run, monkeypa
     starts = []
     real = isolate.runner_for
     monkeypatch.setattr(isolate, "runner_for",
-                        lambda backend, ctx: starts.append(backend.candidate) or real(backend, ctx))
+                        lambda backend, ctx: starts.append(backend.verify_name) or real(backend, ctx))
     run = clone_run()
     assert cli("verify", "--run-dir", run) == 0
     assert len(starts) >= 3 and len(starts) == len(set(starts)), starts

@@ -44,13 +44,13 @@ def test_measure_honours_iterations_duration_trials_and_warmup():
         calls.append(1)
         return 1.0
 
-    method = benchmark.Method(warmup_s=0.0, min_iterations=7, min_duration_s=0.0, trials=3, cv_warn=0.05)
+    method = benchmark.TimingMethod(warmup_s=0.0, min_iterations=7, min_duration_s=0.0, trials=3, cv_warn=0.05)
     m = benchmark.measure(run_once, method)
     assert [t["iterations"] for t in m["trials"]] == [7, 7, 7]
     assert len(m["samples"]) == 21 and len(calls) == 22  # + the untimed first run
     assert m["cv_warning"] is False
 
-    timed = benchmark.measure(lambda: 0.5, benchmark.Method(0.0, 1, 0.05, 1, 0.05))
+    timed = benchmark.measure(lambda: 0.5, benchmark.TimingMethod(0.0, 1, 0.05, 1, 0.05))
     assert timed["trials"][0]["iterations"] > 1  # kept going until min_duration_s
 
 
@@ -61,7 +61,7 @@ def test_adaptive_rows_stop_at_the_floor_when_steady():
         calls.append(1)
         return 2.0
 
-    method = benchmark.Method(0.0, 3, 0.0, 2, 0.05, kind="adaptive", min_runs=12, max_row_s=60.0)
+    method = benchmark.TimingMethod(0.0, 3, 0.0, 2, 0.05, kind="adaptive", min_runs=12, max_row_s=60.0)
     m = benchmark.measure(run_once, method)
     assert len(m["samples"]) == 12 and len(calls) == 13  # the floor, + the untimed first run
     assert m["stop"] == {"runs": 12, "reason": "converged", "median_ms": 2.0, "interval_ms": [2.0, 2.0],
@@ -71,7 +71,7 @@ def test_adaptive_rows_stop_at_the_floor_when_steady():
 
 def test_adaptive_rows_stop_at_the_time_cap_when_noisy_but_never_below_the_floor():
     values = iter([1.0] + [1.0, 3.0] * 10_000)
-    m = benchmark.measure(lambda: next(values), benchmark.Method(0.0, 3, 0.0, 1, 0.05, kind="adaptive",
+    m = benchmark.measure(lambda: next(values), benchmark.TimingMethod(0.0, 3, 0.0, 1, 0.05, kind="adaptive",
                                                                  min_runs=30, max_row_s=1e-9))
     assert m["stop"]["reason"] == "time cap" and m["stop"]["runs"] == 30 == len(m["samples"])
     assert m["stop"]["interval_ms"] == [1.0, 3.0]
@@ -79,13 +79,13 @@ def test_adaptive_rows_stop_at_the_time_cap_when_noisy_but_never_below_the_floor
 
 def test_adaptive_rows_go_on_while_the_interval_is_wide():
     values = iter([5.0] + [1.0, 1.5] * 20 + [1.0] * 10_000)  # wide at first, then the median settles on 1.0
-    m = benchmark.measure(lambda: next(values), benchmark.Method(0.0, 3, 0.0, 1, 0.05, kind="adaptive",
+    m = benchmark.measure(lambda: next(values), benchmark.TimingMethod(0.0, 3, 0.0, 1, 0.05, kind="adaptive",
                                                                  min_runs=20, max_row_s=60.0))
     assert m["stop"]["reason"] == "converged" and m["stop"]["median_ms"] == 1.0 and m["stop"]["runs"] > 40
 
 
 def test_the_fixed_method_records_its_interval_too():
-    m = benchmark.measure(lambda: 1.0, benchmark.Method(0.0, 4, 0.0, 2, 0.05))
+    m = benchmark.measure(lambda: 1.0, benchmark.TimingMethod(0.0, 4, 0.0, 2, 0.05))
     assert m["stop"]["reason"] == "trials done" and m["stop"]["runs"] == 8 and m["stop"]["interval_ms"] == [1.0, 1.0]
 
 
@@ -144,7 +144,7 @@ def test_a_listed_backend_is_timed_whatever_benchmark_rows_says():
 
 def test_noisy_trials_are_flagged():
     values = iter([1.0] + [1.0, 5.0] * 50)
-    m = benchmark.measure(lambda: next(values), benchmark.Method(0.0, 10, 0.0, 1, 0.05))
+    m = benchmark.measure(lambda: next(values), benchmark.TimingMethod(0.0, 10, 0.0, 1, 0.05))
     assert m["cv_warning"] is True
 
 
@@ -276,7 +276,7 @@ def test_a_failing_measurement_is_an_error_row_and_the_rest_go_on(where):
                       unavailable=lambda ctx: "", make=lambda ctx: runner)
     ctx = Context(cfg, None, "benchmark", {"input_name": "x"})
     images = np.zeros((2, 3, 4, 4), np.float32)
-    rows, skipped = benchmark.time_backend(backend, ctx, images, benchmark.Method(0.0, 3, 0.0, 1, 0.5), "n/a")
+    rows, skipped = benchmark.time_backend(backend, ctx, images, benchmark.TimingMethod(0.0, 3, 0.0, 1, 0.5), "n/a")
     measured = sorted((r.batch_size, r.timing) for r in rows)
     errors = [s for s in skipped if s.reason.startswith("error: ")]
     assert len(errors) == 1 and errors[0].batch_size == 4

@@ -41,7 +41,7 @@ def test_a_candidates_own_thresholds_override_its_precisions_and_null_keeps_them
 
 def test_which_candidates_gate():
     auto, named = cfg(), cfg(**{"verify.gate": "[onnxrt_int8_cpu]"})
-    table = {b.candidate: b for b in backends.candidates()}
+    table = {b.verify_name: b for b in backends.candidates()}
     for name, backend in table.items():
         assert candidates.gates(auto, backend) == backend.gates
         assert candidates.gates(named, backend) == (name == "onnxrt_int8_cpu")
@@ -52,14 +52,14 @@ def test_plan_says_why_each_cannot_run_and_a_disabled_one_is_never_asked():
 
     class Entry:
         def __init__(self, name, reason):
-            self.candidate, self.reason, self.gates, self.label = name, reason, True, name
+            self.verify_name, self.reason, self.gates, self.label = name, reason, True, name
 
         def unavailable(self, ctx):
-            asked.append(self.candidate)
+            asked.append(self.verify_name)
             return self.reason
 
         def required(self, cfg):
-            return self.candidate == "onnxrt_fp32"
+            return self.verify_name == "onnxrt_fp32"
 
     off = cfg(**{"verify.candidates.fp16_emulation.enabled": False})
     checks = candidates.plan(off, None, [Entry("onnxrt_fp32", ""), Entry("fp16_emulation", "x"),
@@ -71,10 +71,10 @@ def test_plan_says_why_each_cannot_run_and_a_disabled_one_is_never_asked():
 
 def test_runs_graph_follows_the_table():
     for b in backends.candidates():
-        chk = candidates.Check(b, b.candidate, False)
+        chk = candidates.Check(b, b.verify_name, False)
         for plug in plugs.ORDER:
             assert candidates.runs_graph(chk, plug) == (b.graph == plug.name)
-    assert {b.candidate for b in backends.candidates() if b.graph == "bf16"} == {"bf16_emulation", "tensorrt_bf16"}
+    assert {b.verify_name for b in backends.candidates() if b.graph == "bf16"} == {"bf16_emulation", "tensorrt_bf16"}
 
 
 def test_localisation_limit_and_batch_come_from_the_candidates_own_result():

@@ -250,7 +250,7 @@ def test_precision_result_of_an_emulation_is_its_graph():
     assert unclaimed["status"] == Status.SKIPPED and unclaimed["claimed"] is None and unclaimed["required"] == 0.0
 
 def _check(status=Status.PASSED, runs=None, after_fallback=False, claims=None, deploys=True):
-    backend = SimpleNamespace(claims=claims, deploys=deploys, graph=None, candidate="c")
+    backend = SimpleNamespace(claims=claims, deploys=deploys, graph=None, verify_name="c")
     result = CandidateResult(status=status, passed=status == Status.PASSED, after_fallback=after_fallback)
     return SimpleNamespace(backend=backend, name="c", precision="fp32", result=result, status=status,
                            after_fallback=after_fallback, conformance_runs=runs if runs is not None else {})

@@ -258,8 +258,8 @@ def test_a_child_that_hangs_is_killed_at_its_deadline_and_its_row_says_so(capsys
     (issue 21, §4): killed after isolate.timeout_s plus its work, a "crashed: no answer in N s" row."""
     run = clone_run()
     crashing("stop")
-    others = [f"verify.candidates.{b.candidate}.enabled=false" for b in backends.TABLE
-              if b.candidate and b.candidate != "onnxrt_fp16_cpu"]
+    others = [f"verify.candidates.{b.verify_name}.enabled=false" for b in backends.TABLE
+              if b.verify_name and b.verify_name != "onnxrt_fp16_cpu"]
     start = time.monotonic()
     assert cli("-q", "verify", "--run-dir", run, "isolate.timeout_s=2", GATED, *others) == EXIT_RUNTIME
     elapsed = time.monotonic() - start

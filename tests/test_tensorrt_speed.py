@@ -15,9 +15,9 @@ from pipeline import config
 from pipeline.core import env
 from pipeline.core.errors import StageFailed, UsageError
 from pipeline.runtime import openvino_speed, tensorrt_engine, tensorrt_speed
-from pipeline.runtime.runners import Method
+from pipeline.runtime.runners import TimingMethod
 
-METHOD = Method(warmup_s=0, min_iterations=3, min_duration_s=0, trials=2, cv_warn=1.0)
+METHOD = TimingMethod(warmup_s=0, min_iterations=3, min_duration_s=0, trials=2, cv_warn=1.0)
 BUILD = config.resolve(overrides=["build.min_batch=1", "build.opt_batch=2", "build.max_batch=4",
                          "verify.batch_size=4"]).build
 

@@ -30,7 +30,7 @@ def test_release_0_1_0_candidates_read_and_write_back_in_the_same_shape():
 
 
 def _check(status: Status, **result) -> Check:
-    backend = SimpleNamespace(candidate="onnxrt_fp32", precision="fp32", artifact="model.onnx")
+    backend = SimpleNamespace(verify_name="onnxrt_fp32", precision="fp32", artifact="model.onnx")
     return Check(backend, "ONNX Runtime FP32", required=False, result=CandidateResult(status=status, **result))
 
 

@@ -17,7 +17,7 @@ class CheckedBackend(Protocol):
     """What a check reads of its backend table entry (``pipeline.runtime.backends.Backend``)."""
 
     @property
-    def candidate(self) -> str: ...
+    def verify_name(self) -> str: ...
 
     @property
     def precision(self) -> str: ...
@@ -56,7 +56,7 @@ class Check:
 
     @property
     def name(self) -> str:
-        return self.backend.candidate
+        return self.backend.verify_name
 
     @property
     def precision(self) -> str:

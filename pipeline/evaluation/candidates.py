@@ -52,9 +52,9 @@ def plan(cfg: Config, ctx: Context, entries: list[Backend] | None = None) -> lis
     """The candidates, each with the reason it cannot run; ``enabled=false`` is decided before anything loads."""
     checks = []
     for backend in entries if entries is not None else backends.candidates():
-        section = cfg.verify.candidates.get(backend.candidate)
+        section = cfg.verify.candidates.get(backend.verify_name)
         if section is not None and not section.enabled:
-            reason = verify_report.disabled(backend.candidate)
+            reason = verify_report.disabled(backend.verify_name)
         else:
             reason = backend.unavailable(ctx)
         checks.append(Check(backend, backends.label(backend, cfg), backend.required(cfg), reason,
@@ -66,7 +66,7 @@ def gates(cfg: Config, backend: Backend) -> bool:
     """Whether a candidate's verdict decides the exit code: named in ``verify.gate``, or (``auto``) a deployment
     target or its faithful CPU proxy (the table's ``gates``)."""
     chosen = cfg.verify.gate
-    return backend.gates if chosen == "auto" else backend.candidate in chosen
+    return backend.gates if chosen == "auto" else backend.verify_name in chosen
 
 
 def compare(outputs: list[dict], reference: list[dict], labels: np.ndarray, gate: dict, output_name: str,

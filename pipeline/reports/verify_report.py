@@ -512,7 +512,7 @@ def read_verdicts(run_dir: RunDir) -> dict | None:
     weights = report.reference.weights_sha256
     # The artifact of each candidate comes from the backend table, never from the file's own claim
     # (a candidate without one runs the trained PyTorch model: its artifact is the weights).
-    artifact_of = {b.candidate: b.artifact or artifacts.WEIGHTS for b in backends.candidates()}
+    artifact_of = {b.verify_name: b.artifact or artifacts.WEIGHTS for b in backends.candidates()}
     current = functools.cache(lambda name: artifact_sha256(run_dir, name))
     verdicts = {}
     for case in report.candidates:

@@ -3,7 +3,7 @@
 Each :class:`Backend` names a runtime x precision x device x artifact, says why it cannot run
 here (``unavailable(ctx)``: "" when it can), and makes a runner (``make(ctx)``) that follows
 :mod:`pipeline.runtime.runners`' contract: a context manager with ``infer(feed) -> outputs`` plus the
-timing hook ``timers(feed)``. verify checks every entry with a ``candidate`` name against the
+timing hook ``timers(feed)``. verify checks every entry with a ``verify_name`` against the
 PyTorch FP32 reference; benchmark times the entries named in ``benchmark.backends``. Adding a
 backend (INT8 TensorRT, OpenVINO) is one entry here, its runner, and its tests.
 
@@ -87,7 +87,7 @@ class Backend:
     label: str | Callable[[Config], str]  # one line for the reports (or a function of the config)
     unavailable: Callable[[Context], str]  # why it cannot run here; "" when it can
     make: Callable[[Context], object]  # its runner (see pipeline.runtime.runners)
-    candidate: str | None = None  # verify checks it under this name (verify.candidates.<name>); None: it does not
+    verify_name: str | None = None  # verify checks it under this name (verify.candidates.<name>); None: it does not
     benchmark: str = "default"  # "default": in benchmark.backends' default; "opt-in": timed when named; "no"
     requires: str | None = None  # the `require` entry that makes its absence an error ("tensorrt", "cuda")
     shown_precision: str = ""  # benchmark.json's precision column, when more telling than ``precision``
@@ -376,36 +376,36 @@ TABLE: list[Backend] = [
     Backend("torch_compile", precision="fp32", device="auto", artifact=None, label="torch.compile, FP32",
             unavailable=_always, make=_torch("torch_compile", compile=True), benchmark="opt-in"),
     Backend("onnxrt_fp32", precision="fp32", device="cpu", artifact=FP32_ONNX, label="ONNX Runtime CPU, model.onnx",
-            unavailable=_always, make=_ort("onnxrt_fp32", precision=None), candidate="onnxrt_fp32",
+            unavailable=_always, make=_ort("onnxrt_fp32", precision=None), verify_name="onnxrt_fp32",
             note="ONNX Runtime CPU", runtime=ORT, triton="onnxruntime", checks_export=True),
     Backend("fp16_emulation", precision="fp16", device="cpu", artifact=graph_file("fp16"),
             label=_emulation_label("fp16"), unavailable=_needs("fp16"), make=_faithful("fp16"),
-            candidate="fp16_emulation", benchmark="no", runtime="FP16 emulation", graph="fp16", deploys=False),
+            verify_name="fp16_emulation", benchmark="no", runtime="FP16 emulation", graph="fp16", deploys=False),
     Backend("onnxrt_fp16_cpu", precision="fp16", device="cpu", artifact=graph_file("fp16"),
             label="ONNX Runtime CPU on model.fp16.onnx (a CPU deployment; computes FP16 regions in FP32)",
             unavailable=_needs("fp16"), make=_ort("onnxrt_fp16_cpu", precision="fp16"),
-            candidate="onnxrt_fp16_cpu", shown_precision="fp16 graph",
+            verify_name="onnxrt_fp16_cpu", shown_precision="fp16 graph",
             note="ONNX Runtime CPU runs most FP16 nodes through FP32 kernels", runtime=ORT, gates=False, graph="fp16",
             claims_precision=False, triton="onnxruntime"),
     # ONNX Runtime's CPU provider has no bfloat16 kernels (Conv, Gemm): the BF16 graph runs on a CPU only emulated.
     Backend("bf16_emulation", precision="bf16", device="cpu", artifact=graph_file("bf16"),
             label=_emulation_label("bf16"), unavailable=_needs("bf16"), make=_faithful("bf16"),
-            candidate="bf16_emulation", runtime="BF16 emulation", graph="bf16", deploys=False,
+            verify_name="bf16_emulation", runtime="BF16 emulation", graph="bf16", deploys=False,
             note="the BF16 graph's arithmetic on FP32 kernels (Cast pairs): a check, not a deployment"),
     Backend("int8_exact", precision="int8", device="cpu", artifact=graph_file("int8"),
             label="INT8 Q/DQ graph executed exactly (ONNX Runtime, optimisations off: every Q/DQ as written, FP16 "
                   "regions rounded as the FP16 emulation does), model.int8.onnx",
-            unavailable=_needs("int8"), make=_faithful("int8"), candidate="int8_exact", benchmark="no", runtime=ORT,
+            unavailable=_needs("int8"), make=_faithful("int8"), verify_name="int8_exact", benchmark="no", runtime=ORT,
             graph="int8", deploys=False),
     Backend("onnxrt_int8_cpu", precision="int8", device="cpu", artifact=graph_file("int8"),
             label="ONNX Runtime CPU on model.int8.onnx (a CPU deployment: int8 kernels where it fuses the Q/DQ pairs; "
                   "the precision manifest says where it did)",
             unavailable=_ort_int8_unavailable, make=_ort("onnxrt_int8_cpu", precision="int8"),
-            candidate="onnxrt_int8_cpu", shown_precision="int8 (Q/DQ graph)", note="ONNX Runtime CPU int8 kernels",
+            verify_name="onnxrt_int8_cpu", shown_precision="int8 (Q/DQ graph)", note="ONNX Runtime CPU int8 kernels",
             runtime=ORT, gates=False, graph="int8", triton="onnxruntime"),
     *(Backend(f"tensorrt_{p}", precision=p, device="cuda", artifact=engine_file(p),
               label=f"TensorRT engine (strongly typed from {graph_file(p)}{how})",
-              unavailable=_tensorrt_unavailable(p), make=_tensorrt(p, f"tensorrt_{p}"), candidate=f"tensorrt_{p}",
+              unavailable=_tensorrt_unavailable(p), make=_tensorrt(p, f"tensorrt_{p}"), verify_name=f"tensorrt_{p}",
               requires="tensorrt", shown_precision=f"{p} (strongly typed{kind} engine)", runtime="TensorRT",
               required_if=_engine_wanted(p), graph=p, triton="tensorrt_plan")
       for p, how, kind in (("fp16", "", ""), ("bf16", "", ""),
@@ -415,12 +415,12 @@ TABLE: list[Backend] = [
             make=_ort("onnxrt_cuda_fp32", precision=None, cuda=True), note="ONNX Runtime CUDA", runtime=ORT),
     Backend("onnxrt_cuda_fp16", precision="fp16", device="cuda", artifact=graph_file("fp16"),
             label="ONNX Runtime CUDA provider on model.fp16.onnx", unavailable=_cuda_ort("fp16"),
-            make=_ort("onnxrt_cuda_fp16", precision="fp16", cuda=True), candidate="onnxrt_cuda_fp16", requires="cuda",
+            make=_ort("onnxrt_cuda_fp16", precision="fp16", cuda=True), verify_name="onnxrt_cuda_fp16", requires="cuda",
             shown_precision="fp16 graph", note="ONNX Runtime CUDA", runtime=ORT, graph="fp16",
             triton="onnxruntime"),
     Backend("openvino_fp32", precision="fp32", device="cpu", artifact=xml_name("fp32"),
             label="OpenVINO CPU, openvino/fp32.xml (IR of model.onnx), INFERENCE_PRECISION_HINT=f32" + DEPLOYED,
-            unavailable=_openvino_unavailable("fp32"), make=_openvino("fp32"), candidate="openvino_fp32",
+            unavailable=_openvino_unavailable("fp32"), make=_openvino("fp32"), verify_name="openvino_fp32",
             note="OpenVINO CPU", runtime=OV, triton="openvino"),
     # What OpenVINO 2026.4 allows, measured: a node is kept out of BF16 only by the `precise` runtime attribute
     # (ov::DisablePrecisionConversion; Python's RTMap takes only str/int values, so it can be attached only through the
@@ -428,7 +428,7 @@ TABLE: list[Backend] = [
     Backend("openvino_bf16", precision="bf16", device="cpu", artifact=xml_name("bf16"),
             label="OpenVINO CPU, openvino/bf16.xml (IR of model.onnx), INFERENCE_PRECISION_HINT=bf16" + DEPLOYED,
             unavailable=_openvino_unavailable("bf16", _bf16_units), make=_openvino("bf16"),
-            candidate="openvino_bf16", note="OpenVINO CPU, bf16", runtime=OV, triton="openvino", no_fallback_hint=(
+            verify_name="openvino_bf16", note="OpenVINO CPU, bf16", runtime=OV, triton="openvino", no_fallback_hint=(
                 "OpenVINO's BF16 is a whole-model runtime hint: the automatic fallback cannot keep single layers in "
                 "f32 there (OpenVINO 2026.4's only per-node mark, the `precise` runtime attribute, is ignored by its "
                 "CPU plugin on MatMul/FullyConnected layers); deploy openvino_fp32 (or openvino_int8 where it "
@@ -437,7 +437,7 @@ TABLE: list[Backend] = [
     Backend("openvino_int8", precision="int8", device="cpu", artifact=xml_name("int8"),
             label="OpenVINO CPU, openvino/int8.xml (IR of the Q/DQ model.int8.onnx), int8 kernels" + DEPLOYED,
             unavailable=_openvino_unavailable("int8", _needs("int8"), _int8_units("OpenVINO")),
-            make=_openvino("int8"), candidate="openvino_int8", note="OpenVINO CPU, int8", runtime=OV, graph="int8",
+            make=_openvino("int8"), verify_name="openvino_int8", note="OpenVINO CPU, int8", runtime=OV, graph="int8",
             triton="openvino"),
 ]
 # The old name of onnxrt_fp16_cpu in benchmark.backends: accepted, with a warning (config.BenchmarkConfig).
@@ -458,7 +458,7 @@ def default_timed() -> list[str]:
 
 def candidates() -> list[Backend]:
     """The entries verify checks, in table order."""
-    return [b for b in TABLE if b.candidate]
+    return [b for b in TABLE if b.verify_name]
 
 
 def label(backend: Backend, cfg: Config) -> str:
@@ -470,4 +470,4 @@ def verified_by(backend: Backend) -> str | None:
     """The verify candidate that vouches for a benchmarked backend ("reference" for the FP32 model itself)."""
     if backend.name == REFERENCE:
         return "reference"
-    return backend.candidate
+    return backend.verify_name

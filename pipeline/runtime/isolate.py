@@ -59,7 +59,7 @@ from pipeline.runtime.isolate_messages import (
     RemoteError,
     Request,
 )
-from pipeline.runtime.runners import Method, Timed, measure_or_error, to_numpy
+from pipeline.runtime.runners import Timed, TimingMethod, measure_or_error, to_numpy
 
 JOB = "job.json"
 TAIL_LINES = 15
@@ -292,7 +292,7 @@ class Isolated(Timed, BaseRunner):
         """The child runner's account of the layers it ran on ``feed`` (``[]`` when its runtime gives none)."""
         return self._call(Request(LAYERS), feed).layers
 
-    def measurements(self, feed: dict, method: Method) -> list[tuple[Timing, dict]]:
+    def measurements(self, feed: dict, method: TimingMethod) -> list[tuple[Timing, dict]]:
         info = self._call(Request(TIME, method=method), feed)
         return [(Timing(TimingKind(kind), label), m) for kind, label, m in info.timings]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from pipeline.runtime.runners import Method
+from pipeline.runtime.runners import TimingMethod
 
 STOP, INFER, INFER_EACH, LAYERS, BATCH_REASON, TIME = "stop", "infer", "infer_each", "layers", "batch_reason", "time"
 
@@ -29,7 +29,7 @@ class Request:
     call: int | None = None  # infer, infer_each: the number of the (first) batch, for its phases
     feeds: int | None = None  # infer_each: how many feeds in.npz holds
     batch: int | None = None  # batch_reason
-    method: Method | None = None  # time
+    method: TimingMethod | None = None  # time
 
     def to_json(self) -> dict[str, Any]:
         out = _set(self)
@@ -40,7 +40,7 @@ class Request:
     @classmethod
     def of(cls, data: dict) -> Request:
         method = data.get("method")
-        return cls(**{**data, "method": Method(**method) if method is not None else None})
+        return cls(**{**data, "method": TimingMethod(**method) if method is not None else None})
 
 
 @dataclass(frozen=True)

@@ -161,7 +161,7 @@ def one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[:ONE_LINE_CHARS]}{' ...' if len(text) > ONE_LINE_CHARS else ''}"
 
 
-def measure_or_error(run_once: Callable[[], float], method: Method) -> dict:
+def measure_or_error(run_once: Callable[[], float], method: TimingMethod) -> dict:
     """:func:`measure`, or ``{"error": one line}`` when a run fails (CUDA out of memory, a failed launch)."""
     try:
         return measure(run_once, method)
@@ -170,7 +170,7 @@ def measure_or_error(run_once: Callable[[], float], method: Method) -> dict:
 
 
 @dataclass
-class Method:
+class TimingMethod:
     """How benchmark times one backend (its ``benchmark`` config values).
 
     ``kind="fixed"``: ``trials`` trials, each of at least ``min_iterations`` runs and ``min_duration_s`` seconds (tune
@@ -194,11 +194,11 @@ class Method:
         return StopRule(min_runs=self.min_runs, target_halfwidth=self.target_halfwidth, max_s=self.max_row_s)
 
 
-def measure(run_once: Callable[[], float], method: Method) -> dict:
+def measure(run_once: Callable[[], float], method: TimingMethod) -> dict:
     """Time ``run_once`` (which runs one inference and returns its latency in ms).
 
     One untimed first run (lazy initialisation), warm-up for ``warmup_s``, then the timed runs of the method's kind
-    (:class:`Method`). ``stop`` says how many runs were timed, their median and its 95 % interval, and why timing
+    (:class:`TimingMethod`). ``stop`` says how many runs were timed, their median and its 95 % interval, and why timing
     stopped (``"trials done"`` for the fixed method)."""
     start = time.perf_counter()
     first_ms = run_once()
@@ -219,7 +219,7 @@ def _trial(runs: list[float]) -> dict:
     return {"mean_ms": mean, "p50_ms": float(np.median(runs)), "cv": cv, "iterations": len(runs)}
 
 
-def _fixed(run_once: Callable[[], float], method: Method) -> tuple[list[float], list[dict], dict]:
+def _fixed(run_once: Callable[[], float], method: TimingMethod) -> tuple[list[float], list[dict], dict]:
     samples, trials = [], []
     for _ in range(method.trials):
         trial: list[float] = []
@@ -232,7 +232,7 @@ def _fixed(run_once: Callable[[], float], method: Method) -> tuple[list[float], 
     return samples, trials, stopping.record(stopping.Decision(True, "trials done", len(samples), interval))
 
 
-def _adaptive(run_once: Callable[[], float], method: Method) -> tuple[list[float], list[dict], dict]:
+def _adaptive(run_once: Callable[[], float], method: TimingMethod) -> tuple[list[float], list[dict], dict]:
     """Runs until the stop rule says enough: the time cap is looked at after every run, the interval at the
     checkpoints :func:`pipeline.runtime.stopping.next_check` spaces 10 % apart."""
     rule, samples = method.rule, []
@@ -264,7 +264,7 @@ class Timed:
         ``throughput=False``, no async-throughput timer (a runner that has one: OpenVINO)."""
         return [(CPU_WALL_CLOCK, cpu_timer(self.infer, feed))]  # type: ignore[attr-defined]
 
-    def measurements(self, feed: dict, method: Method) -> list[tuple[Timing, dict]]:
+    def measurements(self, feed: dict, method: TimingMethod) -> list[tuple[Timing, dict]]:
         """Every timing of ``feed``: ``(timing, measure(...))`` per timer. benchmark calls this, so a runner
         in a child process (:class:`pipeline.runtime.isolate.Isolated`) runs the timing loop there."""
         return [(timing, measure_or_error(run_once, method))
