@@ -1,8 +1,8 @@
 """The benchmark stage: latency and throughput of the backends that can change the answer, measured seriously.
 
 Method (docs/benchmark.md): a first run for lazy initialisation, warm-up by time, then timed runs until the stop
-rule (:mod:`pipeline.runtime.stopping`) says the row's median is known within ``benchmark.target_halfwidth`` at 95 %
-confidence, or its time cap; at least ``benchmark.min_runs``. ``benchmark.method: fixed`` keeps the old method:
+rule (:mod:`pipeline.runtime.speed.stopping`) says the row's median is known within ``benchmark.target_halfwidth`` at
+95 % confidence, or its time cap; at least ``benchmark.min_runs``. ``benchmark.method: fixed`` keeps the old method:
 repeated trials of at least ``min_iterations`` runs and ``min_duration_s`` seconds each. Percentiles
 (p50/p90/p95/p99), mean, standard deviation and coefficient of variation over every timed run, with a warning when
 a trial is noisy. Every backend gets the same real validation images, the same warm-up and the same timing method.
@@ -47,11 +47,13 @@ from pipeline.core.timings import Timing, TimingKind
 from pipeline.core.verdicts import InconclusivePolicy, counts_as_passed
 from pipeline.evaluation import candidates
 from pipeline.reports import profile_report, verify_report
-from pipeline.runtime import backends, benchmark_app, isolate, layer_profile, stopping, trtexec
+from pipeline.runtime import backends, isolate
 from pipeline.runtime.backends import Backend, Context
 from pipeline.runtime.isolate import Crashed
+from pipeline.runtime.profiling import layer_profile
 from pipeline.runtime.runners import TimingMethod, measure, one_line  # noqa: F401  (measure: the timing loop)
-from pipeline.runtime.timing import summarize
+from pipeline.runtime.speed import benchmark_app, stopping, trtexec
+from pipeline.runtime.speed.timing import summarize
 
 if TYPE_CHECKING:  # annotations only
     from pipeline.core.config_schema import Config

@@ -1,5 +1,5 @@
 """The build stage: one strongly typed TensorRT engine per precision, each from its ONNX graph (the recipe and
-the loaders are in :mod:`pipeline.runtime.tensorrt_engine`), and the OpenVINO IR for CPUs.
+the loaders are in :mod:`pipeline.runtime.builders.tensorrt_engine`), and the OpenVINO IR for CPUs.
 
 TensorRT 10.12 deprecated weak typing and TensorRT 11 removed it (no ``BuilderFlag.FP16``/``INT8``, no
 layer precisions, no INT8 calibrators). An engine's precisions therefore come from its ONNX graph's
@@ -30,8 +30,8 @@ from pipeline.core.artifacts import FP32_ONNX, MODEL_CARD, build_log
 from pipeline.core.engine_sidecar import BuildFlags, EngineSidecar, Platform, ProfileShapes
 from pipeline.core.errors import BackendUnavailable, InputError, StageFailed
 from pipeline.core.run import RunDir, StageRecord, atomic_write, now, sha256_file, write_json
-from pipeline.runtime import openvino_ir, tensorrt_engine
-from pipeline.runtime.tensorrt_engine import Target
+from pipeline.runtime.builders import openvino_ir, tensorrt_engine
+from pipeline.runtime.builders.tensorrt_engine import Target
 
 if TYPE_CHECKING:  # annotations only
     from pipeline.core.config_schema import Config

@@ -13,7 +13,8 @@ with its sha256. Every ``config.pbtxt`` is parsed back as ``ModelConfig`` and co
 repository is put in place, whole (built beside ``DIR``, then renamed); an existing ``DIR`` is replaced only while it
 holds exactly what deploy wrote there. Engines are checked against ``deploy.triton_release`` first.
 
-``--serve`` (:func:`serve_and_check`): :mod:`pipeline.runtime.triton_stock` loads each model folder from disk with its
+``--serve`` (:func:`serve_and_check`): :mod:`pipeline.runtime.serving.triton_stock` loads each model folder from disk
+with its
 stock backend's behaviour, Triton (PyTriton) serves it, :mod:`pipeline.evaluation.served` judges what comes back.
 
 ``deploy.json`` in the run directory, written once after every check, records what was written, refused, served and
@@ -63,8 +64,9 @@ from pipeline.core.errors import BackendUnavailable, CheckFailed, InputError, Us
 from pipeline.core.run import RunDir, StageRecord, now, sha256_file, write_json
 from pipeline.core.status import Status
 from pipeline.reports import verify_report
-from pipeline.runtime import backends, triton
+from pipeline.runtime import backends
 from pipeline.runtime.backends import Backend
+from pipeline.runtime.serving import triton
 
 if TYPE_CHECKING:  # annotations only
     from pipeline.core.config_schema import Config
@@ -115,7 +117,7 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, target: str | None
         raise UsageError(f"deploy --target {target}: the only target is triton")
     serve = serve or cfg.deploy.serve
     if serve:  # before anything is written
-        from pipeline.runtime import triton_serve
+        from pipeline.runtime.serving import triton_serve
 
         reason = triton_serve.available()
         if reason:
@@ -258,7 +260,7 @@ def _check_release(cfg: Config, run_dir: RunDir, chosen: list[Planned]) -> str |
 
 
 def _engine_tensorrt(run_dir: RunDir, p: Planned) -> str:
-    from pipeline.runtime import tensorrt_engine
+    from pipeline.runtime.builders import tensorrt_engine
 
     _, sidecar = tensorrt_engine.load_engine_bytes(run_dir, engine=p.backend.artifact)
     return str(sidecar.platform.tensorrt)
@@ -353,12 +355,12 @@ def _artifact_files(run_dir: RunDir, p: Planned) -> tuple[dict[str, bytes], trit
     """The model files' bytes (through the loaders that check them) and the signature read from those bytes."""
     artifact = p.backend.artifact
     if p.format is IR:
-        from pipeline.runtime import openvino_ir
+        from pipeline.runtime.builders import openvino_ir
 
         xml, weights, _ = openvino_ir.load(run_dir, p.backend.precision)
         return {"model.xml": xml, "model.bin": weights}, triton.openvino_signature(xml, weights)
     if p.format is PLAN:
-        from pipeline.runtime import tensorrt_engine
+        from pipeline.runtime.builders import tensorrt_engine
 
         data, _ = tensorrt_engine.load_engine_bytes(run_dir, engine=artifact)
         return {"model.plan": data}, triton.engine_signature(data)
@@ -439,7 +441,7 @@ def _runs_in(model: triton.Model, p: Planned, repository: Path) -> str:
     """The precision the stock backend computes this model in on this CPU (OpenVINO: compiled the way the backend
     compiles it, and asked), as conformance records it for verify."""
     if model.backend == "openvino":
-        from pipeline.runtime import triton_stock
+        from pipeline.runtime.serving import triton_stock
 
         try:
             loaded = triton_stock.Model(repository / model.name, cpu_bf16=triton_stock.SIMULATED_CPU_BF16)
@@ -458,13 +460,13 @@ def _runs_in(model: triton.Model, p: Planned, repository: Path) -> str:
 def serve_and_check(cfg: Config, run_dir: RunDir, repository: Path,
                     models: list[tuple[triton.Model, Planned]]) -> Serve:
     """Serve the repository as written: every model folder read back from disk and executed with its stock backend's
-    behaviour (:mod:`pipeline.runtime.triton_stock`) behind Triton; the validation images sent at batch 1, at the
-    largest batch and from 8 clients at once; each arrangement judged by verify's criteria for the model's precision
+    behaviour (:mod:`pipeline.runtime.serving.triton_stock`) behind Triton; the validation images sent at batch 1, at
+    the largest batch and from 8 clients at once; each arrangement judged by verify's criteria for the model's precision
     against the FP32 PyTorch reference (:mod:`pipeline.evaluation.served`). Then one model timed from the client's
     side. The models a GPU runs are listed as not served here."""
     from pipeline.core import data, modeling
     from pipeline.evaluation import candidates, served
-    from pipeline.runtime import triton_serve, triton_stock
+    from pipeline.runtime.serving import triton_serve, triton_stock
 
     reference_model, card = modeling.load_trained(cfg, run_dir, "deploy")
     spec = card.spec
@@ -521,7 +523,7 @@ def triton_front_end(stock, models: list[triton.Model], run_dir: RunDir, log_fil
     """Triton (the ``tritonserver`` of nvidia-pytriton, on the loopback) in front of the stock backends: each model
     bound with the repository's batching, each execution handed to the model's stock backend. Yields ``send(name,
     batch)`` (HTTP, a client per thread), the server's description and ``timed(name, image, method)``."""
-    from pipeline.runtime import triton_serve
+    from pipeline.runtime.serving import triton_serve
 
     bound = [(m, _executor(stock, m.name)) for m in models if m.name in stock.models]
     if not bound:  # nothing loaded: nothing to start
@@ -552,7 +554,7 @@ def triton_front_end(stock, models: list[triton.Model], run_dir: RunDir, log_fil
 
         yield send, ServerInfo(triton=server.version, start_s=server.start_s,
                                binary="tritonserver from nvidia-pytriton; each model's executions by its stock "
-                                      "backend's behaviour (pipeline/runtime/triton_stock.py)"), timed
+                                      "backend's behaviour (pipeline/runtime/serving/triton_stock.py)"), timed
 
 
 def _executor(stock, name: str):
@@ -584,7 +586,7 @@ def _workspace(run_dir: RunDir):
 
 
 def _in_process(infer, image: np.ndarray, method) -> object:
-    from pipeline.runtime import triton_serve
+    from pipeline.runtime.serving import triton_serve
 
     def make():
         return (lambda: infer(image)), (lambda: None)

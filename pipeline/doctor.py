@@ -407,7 +407,7 @@ def _qat_words(facts: MachineFacts) -> str:
 
 
 def _openvino_capabilities() -> list[str]:
-    from pipeline.runtime import openvino_ir
+    from pipeline.runtime.builders import openvino_ir
 
     try:
         return openvino_ir.cpu_capabilities()

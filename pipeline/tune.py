@@ -62,8 +62,9 @@ from pipeline.precision.tune_result import (
     VerdictImages,
 )
 from pipeline.reports import tune_report
-from pipeline.runtime import interleave, openvino_speed, tensorrt_engine
 from pipeline.runtime.backends import Context
+from pipeline.runtime.builders import tensorrt_engine
+from pipeline.runtime.speed import interleave, openvino_speed
 from pipeline.training import qat_recipe
 
 if TYPE_CHECKING:  # annotations only
@@ -263,7 +264,7 @@ def speed_target(t: Tuner) -> SpeedTarget:
     """Where the mixes are timed: a strongly typed TensorRT engine where TensorRT and a GPU are here; else the CPU
     where the plug has a CPU target (INT8: the OpenVINO CPU plugin); a low float graph has no faster CPU target
     (``open`` None, and ``reason``). ``open(model, low)`` is a context manager that yields an open
-    :class:`~pipeline.runtime.openvino_speed.Session` (a timer per batch, the runtime precisions)."""
+    :class:`~pipeline.runtime.speed.openvino_speed.Session` (a timer per batch, the runtime precisions)."""
     trt_ok, trt_reason = tensorrt_engine.availability()
     if trt_ok:
         return SpeedTarget("TensorRT (strongly typed engine)", _tensorrt_session(t))
@@ -279,7 +280,7 @@ def speed_target(t: Tuner) -> SpeedTarget:
 
 
 def _tensorrt_session(t: Tuner):
-    from pipeline.runtime import tensorrt_speed
+    from pipeline.runtime.speed import tensorrt_speed
 
     cache = tensorrt_engine.timing_cache_path(t.cfg, t.run_dir)
     return lambda model, low: tensorrt_speed.tensorrt_session(model, _images(t), t.batches, build_cfg=t.cfg.build,
@@ -326,8 +327,8 @@ def time_candidates(t: Tuner, runs: list[MethodRun]) -> Candidate | None:
 
 def time_in_rounds(t: Tuner, rivals: list[Candidate], sessions: list, seed: int = 0) -> None:
     """``rivals`` (each with its open session) timed in interleaved rounds per batch
-    (:func:`pipeline.runtime.interleave.time_rounds`, with tune's timing settings): each rival's per-round latencies,
-    median, runtime precisions and the session that pairs its rounds with the others'."""
+    (:func:`pipeline.runtime.speed.interleave.time_rounds`, with tune's timing settings): each rival's per-round
+    latencies, median, runtime precisions and the session that pairs its rounds with the others'."""
     t.sessions_timed += 1
     for batch in t.batches:
         got = interleave.time_rounds([s.timers[batch] for s in sessions], warmup_s=t.timing.warmup_s,

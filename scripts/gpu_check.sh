@@ -4,7 +4,7 @@
 # export (FP32, AutoCast FP16 and, where ModelOpt quantizes, Q/DQ INT8 ONNX), one strongly typed TensorRT engine
 # per precision (TF32 off), verify with TensorRT required, benchmark with CUDA events and CUDA graphs, then
 # scripts/gpu_timing_check.py: the questions the tests' virtual CUDA device cannot answer, each with a pass/fail rule
-# (pipeline/runtime/gpu_check.py): GPU compute as the benchmark measures it against CUDA events around K = 100
+# (pipeline/runtime/speed/gpu_check.py): GPU compute as the benchmark measures it against CUDA events around K = 100
 # launches and against trtexec, for the FP16 and the INT8 engine, at batch 1 and 8, with and without CUDA graphs,
 # and for PyTorch eager and graphed; replay outputs against the runner's; the engine inspector's JSON of both engines
 # (dumped) and the matrix layers whose precision it leaves unknown; reported only: the runner path's per-call

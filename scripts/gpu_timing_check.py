@@ -7,7 +7,7 @@ Run by scripts/gpu_check.sh after its pipeline steps (RUN_DIR holds their run). 
 PREFIX.md (default RUN_DIR/gpu_check), PREFIX.inspector.<precision>.json (the engine inspector's JSON of each
 engine), and exits 0 when every check ran and passed, 1 when one failed, 3 when none failed but one did not run
 (no GPU, no TensorRT, no engine, trtexec not on PATH or of another release) or was inconclusive (enqueue-bound).
-The rules are pipeline.runtime.gpu_check's:
+The rules are pipeline.runtime.speed.gpu_check's:
 
 * GPU compute of one inference as the benchmark measures it (its timer and timing loop, one inference queued
   ahead) against (b) CUDA events around K = 100 launches on the timer's stream, one more queued ahead, and (c)
@@ -18,7 +18,7 @@ The rules are pipeline.runtime.gpu_check's:
 * every matrix layer's precision read from the engine inspector (``runtime_precisions``): none ``unknown``;
 * every timing check judged with trtexec's enqueue-bound rule (``sampleReporting.cpp``: the host's enqueue time of
   one launch above 0.8 x the GPU compute time): where the host sets the pace, both timers measure the host and a
-  pass is "inconclusive: enqueue-bound", with both numbers (pipeline.runtime.gpu_check.host_paced);
+  pass is "inconclusive: enqueue-bound", with both numbers (pipeline.runtime.speed.gpu_check.host_paced);
 * reported, not judged: the runner path's host latency and per-call overhead, the TF32-off build log, the
   libcudart copies mapped by a child process that loads what the benchmark's TensorRT child loads
   (``/proc/self/maps``), each section's seconds.
@@ -137,7 +137,7 @@ def check_record(check) -> dict:
 def timing_checks(where: str, timings: dict) -> list:
     """(a) against (b) and (c): one Check each, judged with trtexec's enqueue-bound rule on ``timings["enqueue"]``
     (the host's time for one launch of the same work): where the host sets the pace a pass is inconclusive."""
-    from pipeline.runtime import gpu_check
+    from pipeline.runtime.speed import gpu_check
 
     checks = [gpu_check.agreement(f"{where}: benchmark timer vs events around {REPLAYS} launches",
                                   timings["a_benchmark"], timings["b_events"], gpu_check.EVENTS_TOLERANCE),
@@ -156,7 +156,8 @@ def torch_section(batch: int = 8, size: int = 224) -> dict:
 
     from pipeline import config
     from pipeline.core import modeling
-    from pipeline.runtime import gpu_check, runners
+    from pipeline.runtime import runners
+    from pipeline.runtime.speed import gpu_check
 
     cfg = config.resolve(overrides=["model.name=resnet18", f"data.image_size={size}"])
     model, _ = modeling.build(cfg, 10, size)
@@ -211,7 +212,7 @@ def _by_kind(timers) -> dict:
 def tensorrt_sections(run_dir: Path, out: Path) -> dict:
     """Every engine the run built (FP16, INT8): its timings per batch and what its inspector says."""
     from pipeline.core.run import RunDir
-    from pipeline.runtime import tensorrt_engine
+    from pipeline.runtime.builders import tensorrt_engine
 
     run = RunDir(run_dir, create=False)
     built = [t for t in tensorrt_engine.TARGETS if run.file(t.engine).is_file()]
@@ -223,7 +224,8 @@ def tensorrt_sections(run_dir: Path, out: Path) -> dict:
 def engine_section(run, target, out: Path) -> dict:
     import onnx
 
-    from pipeline.runtime import runners, tensorrt_engine
+    from pipeline.runtime import runners
+    from pipeline.runtime.builders import tensorrt_engine
 
     engine_bytes, sidecar = tensorrt_engine.load_engine_bytes(run, engine=target.engine)
     model = onnx.load(str(run.file(sidecar.onnx or target.onnx)), load_external_data=False)
@@ -256,7 +258,8 @@ def batch_section(runner, run, target, name: str, out_name: str, shape: list[int
     """One batch of one engine: the default rows (no graphs: the runner's timers) and the graphed ones."""
     import numpy as np
 
-    from pipeline.runtime import gpu_check, runners
+    from pipeline.runtime import runners
+    from pipeline.runtime.speed import gpu_check
 
     x = np.random.default_rng(0).standard_normal(shape).astype(dtype)
     plain = _by_kind(runner.timers({name: x}))
@@ -292,7 +295,8 @@ def inspector_section(engine, model, shapes: dict, dump: Path, precision: str) -
     from collections import Counter
 
     from pipeline.precision.int8 import MATRIX_OPS
-    from pipeline.runtime import gpu_check, tensorrt_inspection
+    from pipeline.runtime.profiling import tensorrt_inspection
+    from pipeline.runtime.speed import gpu_check
 
     dump.write_text(json.dumps(tensorrt_inspection.engine_information(engine, shapes), indent=1) + "\n")
     precisions = tensorrt_inspection.runtime_precisions(engine, model, shapes)
@@ -306,7 +310,7 @@ def inspector_section(engine, model, shapes: dict, dump: Path, precision: str) -
 def trtexec_compute(run, target, input_name: str, shape: list[int], graphs: bool, built_by: str | None) -> float | str:
     """(c): trtexec's computeMs p50, or why there is none: "not run: ..." (no trtexec; trtexec of another TensorRT
     release than the engine's, both named) or "error: ..." (it failed)."""
-    from pipeline.runtime import trtexec
+    from pipeline.runtime.speed import trtexec
 
     exe = trtexec.find()
     if exe is None:
@@ -395,7 +399,7 @@ def gather(run_dir: Path, steps: list[str], out: Path) -> dict:
 
 def exit_code(report: dict) -> int:
     from pipeline.core.status import Status
-    from pipeline.runtime import gpu_check
+    from pipeline.runtime.speed import gpu_check
 
     return gpu_check.exit_code([gpu_check.Check(c["name"], Status(c["status"]), c["detail"])
                                 for c in report["checks"]])

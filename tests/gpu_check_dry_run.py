@@ -49,7 +49,8 @@ def floor_s(method) -> float:
 
 def main(work: Path) -> dict:
     from conftest import cli
-    from pipeline.runtime import runners, trtexec
+    from pipeline.runtime import runners
+    from pipeline.runtime.speed import trtexec
 
     run, seconds = work / "run", {}
 

@@ -14,7 +14,8 @@ from pipeline import benchmark, config, stages
 from pipeline.core.errors import CheckFailed
 from pipeline.core.run import RunDir, sha256_file
 from pipeline.evaluation import candidates
-from pipeline.runtime import backends, tensorrt_engine
+from pipeline.runtime import backends
+from pipeline.runtime.builders import tensorrt_engine
 from pipeline.runtime.runners import OrtRunner, ReferenceRunner, TorchRunner
 
 

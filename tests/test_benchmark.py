@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from pipeline import benchmark
 from pipeline.core.timings import Timing, TimingKind
-from pipeline.runtime import timing
+from pipeline.runtime.speed import timing
 
 
 def test_summary_statistics_of_a_known_series():

@@ -149,8 +149,8 @@ def test_the_row_check_covers_the_readers_it_claims_to():
     """The modules that read benchmark rows type them: the check sees rows in each (it would find nothing to follow
     in a module that went back to dicts)."""
     readers = ["benchmark.py", "deploy.py", "baseline.py", "compare.py", "reports/tables.py",
-               "reports/profile_report.py", "runtime/trtexec.py", "runtime/benchmark_app.py",
-               "runtime/layer_profile.py", "runtime/roofline.py", "reports/verify_report.py"]
+               "reports/profile_report.py", "runtime/speed/trtexec.py", "runtime/speed/benchmark_app.py",
+               "runtime/profiling/layer_profile.py", "runtime/profiling/roofline.py", "reports/verify_report.py"]
     for name in readers:
         tree = ast.parse((PACKAGE / name).read_text())
         typed = [fn.name for fn in ast.walk(tree)
@@ -244,7 +244,7 @@ def test_the_report_reads_release_0_1_0s_benchmark(tmp_path):
 def test_a_cross_check_row_is_written_with_the_keys_it_was_made_with():
     """benchmark_app's rows (interleaved, one run beside ours, an error) keep their keys and order through the type."""
     from pipeline.core.benchmark_rows import CrossCheckRow
-    from pipeline.runtime import benchmark_app
+    from pipeline.runtime.speed import benchmark_app
 
     row = benchmark_row("openvino_int8", 1, 0.3)
     def app_run(p50_ms: float) -> benchmark_app.AppRun:

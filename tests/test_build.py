@@ -9,7 +9,7 @@ from pipeline.core import artifacts
 from pipeline.core.artifacts import timing_cache_name
 from pipeline.core.engine_sidecar import BuildFlags
 from pipeline.core.run import RunDir
-from pipeline.runtime import tensorrt_engine
+from pipeline.runtime.builders import tensorrt_engine
 
 
 def pieces_for(tmp_path, **build_overrides):

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from conftest import ROOT, TINY, cli, run_cli
-from pipeline.runtime import tensorrt_engine
+from pipeline.runtime.builders import tensorrt_engine
 from pipeline.stages import ORDER
 
 HEAVY = ("torch", "onnx", "onnxruntime", "tensorrt", "polygraphy", "modelopt", "numpy", "matplotlib")

@@ -17,7 +17,7 @@ from pipeline.core.check_results import CandidateResult
 from pipeline.core.status import Status
 from pipeline.evaluation import conformance, conformance_runs
 from pipeline.evaluation.conformance import RowFinding, judge_claim, judge_rows
-from pipeline.runtime import layer_account
+from pipeline.runtime.profiling import layer_account
 
 finite = st.floats(0, 1e6, allow_nan=False)
 

@@ -47,7 +47,7 @@ def test_every_config_parses_as_model_config_and_matches_its_artifact(clone_run,
     verify = {c["name"]: c for c in json.loads((run / "verify.json").read_text())["candidates"]}
     benchmark = json.loads((run / "benchmark.json").read_text())["results"]
     folders = sorted(p for p in out.iterdir() if p.is_dir())
-    from pipeline.runtime import openvino_ir
+    from pipeline.runtime.builders import openvino_ir
 
     bf16 = {"openvino_bf16"} if not openvino_ir.bf16_reason() else set()  # a CPU with bf16 units runs (and passes) it
     assert {p.name for p in folders} == {"onnxrt_fp32", "onnxrt_fp16_cpu"} | bf16
@@ -192,7 +192,7 @@ def test_the_repository_follows_the_umask(clone_run, tmp_path, umask, want):
 
 def test_serve_without_the_extra_says_how_to_get_it_before_anything_is_written(clone_run, tmp_path, capfd,
                                                                               monkeypatch):
-    from pipeline.runtime import triton_serve
+    from pipeline.runtime.serving import triton_serve
 
     monkeypatch.setattr(triton_serve, "available", lambda: "No module named 'pytriton'; " + triton_serve.INSTALL)
     run = clone_run()
@@ -219,7 +219,7 @@ def test_an_engines_signature_and_max_batch_size_come_from_the_engine(tiny_run, 
     optimisation profile, whose maximum is the model's max_batch_size whatever build.max_batch says now."""
     import fake_tensorrt
     from pipeline.core import deployment
-    from pipeline.runtime import triton
+    from pipeline.runtime.serving import triton
 
     fake_tensorrt.install(monkeypatch)
     blob = fake_tensorrt.serialize((tiny_run / "model.onnx").read_bytes(),

@@ -313,7 +313,7 @@ def test_the_runtime_records_convert_field_for_field():
     from dataclasses import asdict
 
     from pipeline.core.deploy_result import ServedTiming, ServedTimingMethod
-    from pipeline.runtime import triton_serve
+    from pipeline.runtime.serving import triton_serve
 
     measured = triton_serve.Measurement("http", 2, 100, 0.5, 0.6, 0.7, 0.9, 0.55, 2000.0, 3, True)
     assert ServedTiming(**asdict(measured)).to_json() == asdict(measured)
@@ -329,7 +329,7 @@ def test_serve_with_timings_is_written_and_read_back(clone_run, tmp_path, monkey
 
     from pipeline import deploy
     from pipeline.evaluation import served
-    from pipeline.runtime import triton_serve
+    from pipeline.runtime.serving import triton_serve
 
     @contextlib.contextmanager
     def timing_front_end(stock, models, run_dir, log_file):

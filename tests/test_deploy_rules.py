@@ -1,7 +1,7 @@
 """deploy's decisions as pure functions (pipeline/core/deployment.py): which artifact is refused, the batch sizes a
 Triton model takes and prefers, which Triton container runs an engine, the verdict over served checks; and the
-configuration check (pipeline/runtime/triton.py) catching every way a config.pbtxt can disagree with its artifact.
-Milliseconds each, no model."""
+configuration check (pipeline/runtime/serving/triton.py) catching every way a config.pbtxt can disagree with its
+artifact. Milliseconds each, no model."""
 
 from __future__ import annotations
 
@@ -262,7 +262,7 @@ def test_replaced_only_when_every_entry_is_one_deploy_wrote_unchanged(on_disk, w
 
 
 def _model(**changes):
-    from pipeline.runtime import triton
+    from pipeline.runtime.serving import triton
 
     signature = triton.Signature((triton.Tensor("input", "TYPE_FP32", (-1, 3, 16, 16)),),
                                  (triton.Tensor("logits", "TYPE_FP32", (-1, 10)),))
@@ -274,7 +274,7 @@ def _model(**changes):
 
 def test_the_written_config_parses_as_model_config_and_matches():
     pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc] (the deploy extra) is not installed")
-    from pipeline.runtime import triton
+    from pipeline.runtime.serving import triton
 
     model = _model()
     text = triton.to_text(triton.build_config(model))
@@ -289,7 +289,7 @@ def test_the_written_config_parses_as_model_config_and_matches():
     ("data_type: TYPE_FP32", "inputs"), ("preferred_batch_size: 16", "preferred_batch_size")])
 def test_every_disagreement_with_the_artifact_is_named(edit, words):
     pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc] (the deploy extra) is not installed")
-    from pipeline.runtime import triton
+    from pipeline.runtime.serving import triton
 
     model = _model()
     text = triton.to_text(triton.build_config(model))
@@ -303,7 +303,7 @@ def test_every_disagreement_with_the_artifact_is_named(edit, words):
 def test_a_config_that_is_not_model_config_is_one_line():
     pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc] (the deploy extra) is not installed")
     from pipeline.core.errors import InputError
-    from pipeline.runtime import triton
+    from pipeline.runtime.serving import triton
 
     with pytest.raises(InputError, match="not a valid Triton ModelConfig"):
         triton.parse('name: "m"\nmax_batch_sizes: 4\n', "config.pbtxt")
@@ -313,7 +313,7 @@ def test_a_config_that_is_not_model_config_is_one_line():
 
 
 def test_three_windows_within_the_percentage_are_stable():
-    from pipeline.runtime.triton_serve import stable
+    from pipeline.runtime.serving.triton_serve import stable
 
     assert stable([(100, 1.0), (104, 1.02), (97, 0.99)], 0.1)
     assert not stable([(100, 1.0), (104, 1.02)], 0.1)  # fewer than three windows

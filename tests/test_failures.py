@@ -38,7 +38,7 @@ from pipeline.core.errors import (
     ConfigError,
     InputError,
 )
-from pipeline.runtime import tensorrt_engine
+from pipeline.runtime.builders import tensorrt_engine
 
 # --------------------------------------------------------------------------- helpers
 

@@ -150,7 +150,7 @@ def test_bf16_localisation_names_the_first_rounding_node(x):
     """The rounding casts' own outputs are bfloat16, which ONNX Runtime cannot hand to NumPy: localisation asks only
     for the FP32 graph's tensors (a BF16 failure once crashed verify here)."""
     from pipeline.precision import gate as criteria
-    from pipeline.runtime import localize
+    from pipeline.runtime.profiling import localize
 
     fp32, low = bf16_cancellation_graphs()
     rule = criteria.TensorRule("scaled", 0.1, 0.0, 0.0)

@@ -210,7 +210,7 @@ def _chain(int8: bool):
 
 
 def test_int8_localisation_names_the_first_node_over_the_rule_not_the_worst():
-    from pipeline.runtime import localize
+    from pipeline.runtime.profiling import localize
 
     feed = {"x": np.random.default_rng(0).uniform(-1, 1, (8, 4)).astype(np.float32)}
     rule = criteria.TensorRule.of(scaled_gate(max_scaled_error=0.01))

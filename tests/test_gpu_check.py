@@ -89,7 +89,7 @@ def test_gpu_check_on_the_virtual_device(both_engines, fake_trt, fake_trtexec, c
         return self.start.elapsed_time(self.end)
 
     monkeypatch.setattr(runners.QueuedAheadTimer, "__call__", idle_stream)
-    monkeypatch.setattr("pipeline.runtime.trtexec.find", lambda: None)  # trtexec's runs done: the rest is quicker
+    monkeypatch.setattr("pipeline.runtime.speed.trtexec.find", lambda: None)  # trtexec's runs done: the rest is quicker
     assert check.main([str(both_engines), "--out", str(prefix)]) == 1
     failed = {n for n, s in statuses(json.loads(prefix.with_suffix(".json").read_text())).items() if s == "failed"}
     assert failed and all("benchmark timer vs" in n for n in failed)
@@ -131,7 +131,7 @@ def test_an_enqueue_bound_timing_is_inconclusive_not_passed(built_run, fake_trt,
     import virtual_cuda as vc
 
     monkeypatch.setattr(vc, "LAUNCH_NS", 10 * vc.LAYER_NS)
-    monkeypatch.setattr("pipeline.runtime.trtexec.find", lambda: None)
+    monkeypatch.setattr("pipeline.runtime.speed.trtexec.find", lambda: None)
     prefix = tmp_path / "out" / "gpu_check"
     assert check.main([str(built_run), "--out", str(prefix)]) == 3
     report = json.loads(prefix.with_suffix(".json").read_text())
@@ -147,7 +147,7 @@ def _unreadable(section):
     _unreadable.original = section
 
     def unreadable(engine, model, shapes, dump, precision):
-        from pipeline.runtime import tensorrt_inspection
+        from pipeline.runtime.profiling import tensorrt_inspection
 
         real = tensorrt_inspection.engine_information
 

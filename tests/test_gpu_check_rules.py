@@ -1,4 +1,4 @@
-"""The GPU check's pass/fail rules (pipeline.runtime.gpu_check): decisions on plain numbers, in milliseconds."""
+"""The GPU check's pass/fail rules (pipeline.runtime.speed.gpu_check): decisions on plain numbers, in milliseconds."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pipeline.core.status import Status
-from pipeline.runtime import gpu_check
-from pipeline.runtime.gpu_check import EVENTS_TOLERANCE, TRTEXEC_TOLERANCE, Check
+from pipeline.runtime.speed import gpu_check
+from pipeline.runtime.speed.gpu_check import EVENTS_TOLERANCE, TRTEXEC_TOLERANCE, Check
 
 
 @pytest.mark.parametrize("ours, reference, status", [
@@ -28,7 +28,7 @@ def test_the_timer_agrees_with_events_around_k_launches(ours, reference, status)
 
 
 def test_trtexec_s_tolerance_is_the_benchmark_s_flag():
-    from pipeline.runtime import trtexec
+    from pipeline.runtime.speed import trtexec
 
     assert TRTEXEC_TOLERANCE.relative == trtexec.FLAG_RELATIVE
     assert gpu_check.agreement("t", 1.25, 1.0, TRTEXEC_TOLERANCE).status == Status.PASSED

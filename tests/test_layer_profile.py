@@ -1,10 +1,10 @@
-"""The per-layer profile (pipeline/runtime/layer_profile.py) on hand-made layers, and its report sections."""
+"""The per-layer profile (pipeline/runtime/profiling/layer_profile.py) on hand-made layers, and its report sections."""
 
 import pytest
 
 from pipeline.reports import profile_report, tables
-from pipeline.runtime.layer_account import Layer
-from pipeline.runtime.layer_profile import profile_entry, summarise, unfused_class
+from pipeline.runtime.profiling.layer_account import Layer
+from pipeline.runtime.profiling.layer_profile import profile_entry, summarise, unfused_class
 
 # A Q/DQ graph as ONNX Runtime's CPU provider runs it: convolutions in FP32 on dequantized values, plus the Q/DQ and
 # casts it left in place (times in microseconds).
@@ -97,7 +97,7 @@ def test_onnx_runtime_fuses_a_qdq_conv_only_with_a_quantize_after_it(output_q, c
     import numpy as np
     import onnxruntime as ort
 
-    from pipeline.runtime.layer_account import ort_layers
+    from pipeline.runtime.profiling.layer_account import ort_layers
 
     model = conv_graph(output_q).SerializeToString()
     layers = ort_layers(lambda options: ort.InferenceSession(model, options, providers=["CPUExecutionProvider"]),
@@ -108,7 +108,7 @@ def test_onnx_runtime_fuses_a_qdq_conv_only_with_a_quantize_after_it(output_q, c
 
 
 def test_each_layer_keeps_its_fastest_run():
-    from pipeline.runtime.layer_account import ort_profile_layers
+    from pipeline.runtime.profiling.layer_account import ort_profile_layers
 
     def event(dur):
         return {"cat": "Node", "name": "/c/Conv_kernel_time", "dur": dur,

@@ -1,6 +1,6 @@
 """Localisation's and the fallback's records typed (issue 47): :class:`~pipeline.core.check_results.Localization`
 and its :class:`~pipeline.core.check_results.NodeError` rows are made where the graphs are compared
-(:mod:`pipeline.runtime.localize`), :class:`~pipeline.core.fallback_result.FallbackResult` by
+(:mod:`pipeline.runtime.profiling.localize`), :class:`~pipeline.core.fallback_result.FallbackResult` by
 :func:`pipeline.precision.fallback.run`; each is written once by its own serialiser in verify.json's old shape and read
 back typed and bounded (:func:`pipeline.core.verify_rows.localization_of`, ``fallback_of``); no module reads them by
 key."""

@@ -11,7 +11,9 @@ from pipeline.core.check_results import CandidateResult, Localization
 from pipeline.core.run import RunDir
 from pipeline.evaluation import candidates
 from pipeline.precision import plugs
-from pipeline.runtime import backends, localize, tensorrt_engine
+from pipeline.runtime import backends
+from pipeline.runtime.builders import tensorrt_engine
+from pipeline.runtime.profiling import localize
 
 OVERRIDES = ["build.tf32=true", "build.optimization_level=5", "build.min_batch=2", "build.opt_batch=4",
              "build.max_batch=16", "verify.batch_size=4"]

@@ -1,4 +1,5 @@
-"""Localisation's node selection (pipeline/runtime/localize_rules.py) against an oracle that walks the graph in order.
+"""Localisation's node selection (pipeline/runtime/profiling/localize_rules.py) against an oracle that walks the graph
+in order.
 
 Issue 46: a planted defect that took only the INT8 nodes as computing below FP32 (dropping the FP16 regions ModelOpt
 leaves between quantized layers) survived the suite. Fast (no model): the mutation command runs this file.
@@ -10,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.core.check_results import NodeError
-from pipeline.runtime import localize_rules
+from pipeline.runtime.profiling import localize_rules
 
 PRECISIONS = ("fp32", "fp16", "bf16", "int8")
 

@@ -24,9 +24,11 @@ from pipeline.core.errors import InputError, UsageError
 from pipeline.core.run import RunDir, sha256_file
 from pipeline.core.timings import TimingKind
 from pipeline.reports import verify_report
-from pipeline.runtime import backends, benchmark_app, openvino_ir
+from pipeline.runtime import backends
 from pipeline.runtime.backends import Context
+from pipeline.runtime.builders import openvino_ir
 from pipeline.runtime.runners import CPU_WALL_CLOCK
+from pipeline.runtime.speed import benchmark_app
 
 AVX2_ONLY = "sse4_2 avx avx2 fma"
 

@@ -1,5 +1,5 @@
-"""The roofline's pure parts (pipeline/runtime/roofline.py): MACs of a tiny graph counted by hand, the peak table for
-the CPUs this project runs on, and a row's fraction of its peak."""
+"""The roofline's pure parts (pipeline/runtime/profiling/roofline.py): MACs of a tiny graph counted by hand, the peak
+table for the CPUs this project runs on, and a row's fraction of its peak."""
 
 import numpy as np
 import onnx
@@ -7,7 +7,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from conftest import benchmark_row
-from pipeline.runtime import roofline
+from pipeline.runtime.profiling import roofline
 
 
 def tiny_graph() -> onnx.ModelProto:

@@ -21,7 +21,7 @@ from pipeline import config, stages
 from pipeline.core import artifacts, onnx_io
 from pipeline.core.errors import EXIT_USAGE, InputError, UsageError
 from pipeline.core.run import RunDir, atomic_path, atomic_write, open_append
-from pipeline.runtime import tensorrt_engine
+from pipeline.runtime.builders import tensorrt_engine
 
 # --------------------------------------------------------------------------- reads: external data of every tensor
 

@@ -1,7 +1,7 @@
 """`deploy --serve` end to end: a real Triton (the tritonserver binary of the nvidia-pytriton wheel) serves the tiny
 run's repository as written, each model's executions done by its stock backend's behaviour
-(pipeline/runtime/triton_stock.py) from the files on disk; the validation images go through tritonclient at batch 1,
-at the largest batch and from 8 clients at once; the served outputs pass verify's criteria against the FP32
+(pipeline/runtime/serving/triton_stock.py) from the files on disk; the validation images go through tritonclient at
+batch 1, at the largest batch and from 8 clients at once; the served outputs pass verify's criteria against the FP32
 reference; one model is timed over HTTP and gRPC; the numbers reach the report; nothing leaves the loopback; and the
 server is stopped however the command ends (done, a failed check, Ctrl-C).
 
@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, cli
-from pipeline.runtime import triton_serve
+from pipeline.runtime.serving import triton_serve
 
 pytestmark = [pytest.mark.serve, pytest.mark.slow,
               pytest.mark.skipif(bool(triton_serve.available()), reason=f"no local Triton: {triton_serve.available()}")]
@@ -104,7 +104,7 @@ def test_served_outputs_pass_the_gate_over_http_and_grpc_and_stay_on_the_loopbac
 
 def test_a_failed_check_still_stops_the_server(clone_run, tmp_path, monkeypatch, capfd):
     """A server whose answers are off the reference (every execution's outputs shifted) fails the gate, exit 1."""
-    from pipeline.runtime import triton_stock
+    from pipeline.runtime.serving import triton_stock
 
     run = clone_run()
     execute = triton_stock.Model.execute

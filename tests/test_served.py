@@ -1,6 +1,7 @@
 """`deploy --serve` serves the repository as written and gates what comes back against the FP32 reference.
 
-The written folders are loaded from disk with the stock backends' behaviour (pipeline/runtime/triton_stock.py) and
+The written folders are loaded from disk with the stock backends' behaviour (pipeline/runtime/serving/triton_stock.py)
+and
 sent the validation images at batch 1, at the largest batch and from 8 clients at once; verify's criteria judge each.
 Here the serve extra's Triton is replaced by the stock backends' own scheduler (``served.in_process``: the serve
 extra pins numpy<2, so CI does not install it; tests/test_serve.py runs the same through Triton where it is). Each
@@ -29,7 +30,7 @@ def stock_front_end(monkeypatch):
     """--serve without the serve extra's Triton: the stock backends called in this process."""
     from pipeline import deploy
     from pipeline.evaluation import served
-    from pipeline.runtime import triton_serve
+    from pipeline.runtime.serving import triton_serve
 
     monkeypatch.setattr(triton_serve, "available", lambda: "")
     monkeypatch.setattr(deploy, "FRONT_END", served.in_process)
@@ -69,7 +70,7 @@ def test_a_repository_without_dynamic_batch_fails_at_batch_1(clone_run, tmp_path
     """Planted: OpenVINO written with max_batch_size 32 and no ENABLE_BATCH_PADDING (the old repository): the stock
     backend fixes the batch at 32 and refuses every other."""
     from pipeline.core import deployment
-    from pipeline.runtime import openvino_ir
+    from pipeline.runtime.builders import openvino_ir
 
     if openvino_ir.bf16_reason():
         pytest.skip(f"no OpenVINO model is deployed on this CPU: {openvino_ir.bf16_reason()}")
@@ -89,7 +90,7 @@ def test_an_openvino_fp32_model_run_in_bf16_on_a_bf16_cpu_fails(clone_run, tmp_p
     """Planted: openvino_fp32 written although the stock backend cannot keep it in FP32. On a CPU with bf16 units
     OpenVINO computes it in bf16; where this CPU has none, that CPU is simulated (the precision it would run in)."""
     from pipeline.core import deployment
-    from pipeline.runtime import triton_stock
+    from pipeline.runtime.serving import triton_stock
 
     original = deployment.stock_refusal
     monkeypatch.setattr(deployment, "stock_refusal",

@@ -303,7 +303,7 @@ def test_a_speedup_whose_interval_holds_the_minimum_is_undecided_not_passed():
 @FAST
 @given(ratios())
 def test_benchmark_app_agreement_reads_the_interval_against_the_band(r):
-    from pipeline.runtime import benchmark_app
+    from pipeline.runtime.speed import benchmark_app
 
     said = benchmark_app.agreement(r)
     band = (1 / benchmark_app.FLAG_RATIO, benchmark_app.FLAG_RATIO)
@@ -313,7 +313,7 @@ def test_benchmark_app_agreement_reads_the_interval_against_the_band(r):
 
 
 def test_benchmark_app_alternates_with_our_timing_and_pairs_the_rounds():
-    from pipeline.runtime import benchmark_app
+    from pipeline.runtime.speed import benchmark_app
 
     calls, load = [], iter([1.0, 1.0, 2.0, 2.0, 1.0, 1.0])  # the machine's speed, one value per call in order
 

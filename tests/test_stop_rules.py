@@ -1,4 +1,5 @@
-"""The adaptive benchmark's stop rule (pipeline/runtime/stopping.py), a function of plain numbers: the order-statistic
+"""The adaptive benchmark's stop rule (pipeline/runtime/speed/stopping.py), a function of plain numbers: the
+order-statistic
 interval of the median against exact integer arithmetic, and each boundary of the decision (the floor of runs, the
 target half-width, the time cap) pinned exactly. Milliseconds: the mutation command runs these for every mutant.
 """
@@ -13,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipeline.runtime import stopping
-from pipeline.runtime.stopping import Decision, MedianInterval, StopRule
+from pipeline.runtime.speed import stopping
+from pipeline.runtime.speed.stopping import Decision, MedianInterval, StopRule
 
 FAST = settings(max_examples=100, deadline=None)
 

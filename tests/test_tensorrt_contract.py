@@ -20,7 +20,8 @@ import fake_tensorrt
 from conftest import cli
 from pipeline.core import env
 from pipeline.core.engine_sidecar import ProfileShapes
-from pipeline.runtime import backends, runners, tensorrt_engine
+from pipeline.runtime import backends, runners
+from pipeline.runtime.builders import tensorrt_engine
 
 # Every contract test (build, verify, benchmark over the fake bindings) in both modes of the fake: TensorRT 10.13 and
 # TensorRT 11.1, whose bindings have no weak-typing flags (BuilderFlag.FP16/INT8/BF16/FP8/..., EXPLICIT_BATCH).
@@ -269,7 +270,7 @@ def test_tensorrt_localisation_of_a_bf16_engine_runs_on_the_engine(fake_trt, clo
     from conftest import BF16_ON
     from pipeline import config
     from pipeline.precision.gate import TensorRule
-    from pipeline.runtime import localize
+    from pipeline.runtime.profiling import localize
 
     run = clone_run()
     assert cli("export", "--run-dir", run, BF16_ON) == 0

@@ -1,4 +1,5 @@
-"""What the engine inspector says each matrix layer ran in (pipeline.runtime.tensorrt_inspector), on real published
+"""What the engine inspector says each matrix layer ran in (pipeline.runtime.profiling.tensorrt_inspector), on real
+published
 dumps and on the fake inspector built from them (tests/fake_inspector.py): TensorRT 10's and 11's keys, Myelin's
 layer names, ForeignNode regions, NoOp and Reformat copies, and a dynamic-shape engine inspected without a context.
 
@@ -18,8 +19,8 @@ from onnx import TensorProto, helper, numpy_helper
 import fake_inspector
 import fake_tensorrt
 from pipeline.core import env
-from pipeline.runtime import tensorrt_inspection
-from pipeline.runtime import tensorrt_inspector as inspector
+from pipeline.runtime.profiling import tensorrt_inspection
+from pipeline.runtime.profiling import tensorrt_inspector as inspector
 
 # --------------------------------------------------------------------------- data types: TensorRT 10 and 11 keys
 

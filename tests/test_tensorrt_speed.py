@@ -1,4 +1,5 @@
-"""tune's GPU target (pipeline.runtime.tensorrt_speed) through the recording fake of TensorRT (tests/fake_tensorrt.py):
+"""tune's GPU target (pipeline.runtime.speed.tensorrt_speed) through the recording fake of TensorRT
+(tests/fake_tensorrt.py):
 a mix built with the build stage's loaders (strongly typed, DETAILED profiling), timed on the virtual device with
 benchmark's device-side timer, and the precision each matrix layer runs in read from the engine inspector."""
 
@@ -14,8 +15,9 @@ import virtual_cuda as vc
 from pipeline import config
 from pipeline.core import env
 from pipeline.core.errors import StageFailed, UsageError
-from pipeline.runtime import openvino_speed, tensorrt_engine, tensorrt_speed
+from pipeline.runtime.builders import tensorrt_engine
 from pipeline.runtime.runners import TimingMethod
+from pipeline.runtime.speed import openvino_speed, tensorrt_speed
 
 METHOD = TimingMethod(warmup_s=0, min_iterations=3, min_duration_s=0, trials=2, cv_warn=1.0)
 BUILD = config.resolve(overrides=["build.min_batch=1", "build.opt_batch=2", "build.max_batch=4",

@@ -1,5 +1,5 @@
-"""The stock Triton backends as pipeline/runtime/triton_stock.py reproduces them, each behaviour held to the line of
-the source it follows:
+"""The stock Triton backends as pipeline/runtime/serving/triton_stock.py reproduces them, each behaviour held to the
+line of the source it follows:
 
 - OV: triton-inference-server/openvino_backend src/openvino.cc, branch r25.08 (commit 64651dcd5a7e); lines 1-1250 are
   the same in r24.10 (ddda22f31f35), the release of nvidia-pytriton's Triton 2.51.
@@ -19,8 +19,8 @@ import pytest
 pytest.importorskip("tritonclient.grpc", reason="tritonclient[grpc] (the deploy extra, in the test extra) is not "
                     "installed")
 
-from pipeline.runtime import triton_stock as stock  # noqa: E402
-from pipeline.runtime.triton_stock import StockError  # noqa: E402
+from pipeline.runtime.serving import triton_stock as stock  # noqa: E402
+from pipeline.runtime.serving.triton_stock import StockError  # noqa: E402
 
 # --------------------------------------------------------------------------- parameters (OV 235-405)
 
@@ -116,7 +116,7 @@ def test_the_precision_is_what_the_compiled_model_reports_or_the_simulated_cpus(
                                          (1, "ORT_ENABLE_EXTENDED"), (2, "ORT_DISABLE_ALL"), (7, "ORT_ENABLE_ALL")])
 def test_onnxruntime_graph_level(level, want):
     """ORT 217-237: optimization.graph.level -1/1/2, anything else all optimizations."""
-    from pipeline.runtime import triton
+    from pipeline.runtime.serving import triton
 
     config = triton.model_config_pb2().ModelConfig(name="m")
     if level is not None:
@@ -150,9 +150,9 @@ def test_a_request_is_checked_against_dims_and_max_batch_size(shape, dims, max_b
 
 
 def _folder(tmp_path, run, *, backend: str, max_batch: int, parameters=(), count: int = 1, dynamic: bool = True):
-    """A model folder as deploy writes one (config.pbtxt built by pipeline.runtime.triton), with the tiny run's
+    """A model folder as deploy writes one (config.pbtxt built by pipeline.runtime.serving.triton), with the tiny run's
     artifact."""
-    from pipeline.runtime import triton
+    from pipeline.runtime.serving import triton
 
     name = f"m_{backend}_{max_batch}_{len(parameters)}_{count}"
     folder = tmp_path / name
@@ -218,7 +218,7 @@ def test_instances_are_the_configs_count_each_with_its_own_request(tiny_run, tmp
 def test_an_fp32_ir_without_a_hint_runs_in_bf16_on_a_cpu_with_bf16_units(tiny_run, tmp_path):
     """What the stock backend does with openvino_fp32 (why deploy refuses it): compiled with no precision property,
     OpenVINO's CPU plugin reports bf16 on a CPU with bf16 units."""
-    from pipeline.runtime import openvino_ir
+    from pipeline.runtime.builders import openvino_ir
 
     if openvino_ir.bf16_reason():
         pytest.skip(f"this CPU has no bf16 units: {openvino_ir.bf16_reason()}")

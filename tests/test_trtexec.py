@@ -1,4 +1,4 @@
-"""trtexec side by side with benchmark's own TensorRT timings (pipeline/runtime/trtexec.py).
+"""trtexec side by side with benchmark's own TensorRT timings (pipeline/runtime/speed/trtexec.py).
 
 These tests check the PLUMBING, not trtexec: a stand-in ``trtexec`` (tests/fake_trtexec.py) on PATH checks the
 arguments benchmark passes and writes an ``--exportTimes`` JSON in trtexec's format; the engine and its
@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from conftest import ROOT, benchmark_row
 from pipeline.core.benchmark_rows import TrtexecCheck
-from pipeline.runtime import trtexec
+from pipeline.runtime.speed import trtexec
 from test_tensorrt_contract import bench, built_run, fake_trt  # noqa: F401  (fixtures)
 
 

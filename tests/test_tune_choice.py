@@ -18,7 +18,7 @@ from pipeline import tune
 from pipeline.core.status import Status
 from pipeline.precision import sensitivity
 from pipeline.precision.sensitivity import Candidate, MethodRun
-from pipeline.runtime.openvino_speed import Session
+from pipeline.runtime.speed.openvino_speed import Session
 
 
 def _run(method: str, candidates: list[Candidate], graph: object = None) -> MethodRun:
@@ -37,7 +37,7 @@ class FakeTuner(SimpleNamespace):
     The target's ``open(model, low)`` yields a session whose timers return fixed latencies (10 ms for the FP32
     model, 5 ms plus one per raised layer for a mix; four times that at batch 8) and records what it opened in
     ``opened`` (model, low flag) and how many it closed in ``closed``. The timing settings are zero, so
-    :func:`pipeline.runtime.interleave.time_rounds` runs each timer a few times per round and takes what it
+    :func:`pipeline.runtime.speed.interleave.time_rounds` runs each timer a few times per round and takes what it
     returns: the rounds are exact and the same every run (nothing is left to the machine's clock)."""
 
     def __init__(self, sound=(), timed=True):

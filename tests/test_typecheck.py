@@ -19,10 +19,10 @@ import pytest
 
 from conftest import ROOT
 
-TRT_MODULES = ["pipeline/build.py", "pipeline/runtime/tensorrt_engine.py", "pipeline/runtime/runners.py",
-               "pipeline/runtime/tensorrt_speed.py", "pipeline/runtime/triton.py",
-               "pipeline/runtime/tensorrt_inspection.py", "pipeline/runtime/tensorrt_calls.py",
-               "pipeline/runtime/tensorrt_inspector.py", "pipeline/runtime/localize.py"]
+TRT_MODULES = ["pipeline/build.py", "pipeline/runtime/builders/tensorrt_engine.py", "pipeline/runtime/runners.py",
+               "pipeline/runtime/speed/tensorrt_speed.py", "pipeline/runtime/serving/triton.py",
+               "pipeline/runtime/profiling/tensorrt_inspection.py", "pipeline/runtime/tensorrt_calls.py",
+               "pipeline/runtime/profiling/tensorrt_inspector.py", "pipeline/runtime/profiling/localize.py"]
 STUBS = ROOT / ".venv" / "typecheck-stubs"
 # Only TensorRT's stubs are followed; every other import is Any (numpy, torch, polygraphy, the rest of pipeline):
 # the check is the TensorRT API, and following torch's and numpy's types took 40 s of the suite for nothing more.

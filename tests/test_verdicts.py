@@ -73,7 +73,7 @@ def test_fp16_candidates_skip_only_when_the_config_writes_no_fp16_model(clone_ru
 
 def test_missing_engine_where_tensorrt_can_run_is_run_build_first(clone_run, monkeypatch, capsys):
     run = clone_run()
-    monkeypatch.setattr("pipeline.runtime.tensorrt_engine.availability", lambda: (True, ""))
+    monkeypatch.setattr("pipeline.runtime.builders.tensorrt_engine.availability", lambda: (True, ""))
     assert cli("verify", "--run-dir", run) == 2
     err = capsys.readouterr().err
     assert "verify needs model.fp16.engine" in err and "run `python -m pipeline build" in err

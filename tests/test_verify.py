@@ -16,7 +16,7 @@ from pipeline import config, verify
 from pipeline.core import artifacts, engine_sidecar
 from pipeline.evaluation import candidates
 from pipeline.reports import verify_report
-from pipeline.runtime import tensorrt_engine
+from pipeline.runtime.builders import tensorrt_engine
 
 SCHEMA = json.loads((ROOT / "docs" / "verify.schema.json").read_text())
 

@@ -66,7 +66,7 @@ class Latency(schema.Open):
 
 class Stop(schema.Open):
     """Runs taken, the median, its 95 % interval and its coverage, and why timing stopped
-    (:func:`pipeline.runtime.stopping.record`)."""
+    (:func:`pipeline.runtime.speed.stopping.record`)."""
 
     runs: int
     reason: Text
@@ -77,7 +77,7 @@ class Stop(schema.Open):
 
 
 class TrtexecCheck(schema.Open):
-    """trtexec on the same engine beside a TensorRT row (:mod:`pipeline.runtime.trtexec`): its statistics and the
+    """trtexec on the same engine beside a TensorRT row (:mod:`pipeline.runtime.speed.trtexec`): its statistics and the
     relative difference of the p50s with the flag, an ``error``, or why it was ``not_run`` (another TensorRT
     release). Written with the keys it was made with."""
 
@@ -125,7 +125,7 @@ class BenchmarkRow(schema.Open):
     samples_ms: Annotated[list[Millis], Field(max_length=MAX_SAMPLES)]  # every timed run: compare bootstraps them
     accuracy: float | None = None  # verify's, for the artifact timed here
     deployable: bool = False  # may be named "fastest that passed"
-    trtexec: TrtexecCheck | None = None  # trtexec on the same engine (pipeline.runtime.trtexec); absent: not run
+    trtexec: TrtexecCheck | None = None  # trtexec on the same engine (pipeline.runtime.speed.trtexec); absent: not run
     vs_eager: float | None = None
     # vs_eager's 95 % bootstrap interval over the two rows' runs (timed apart); absent where a side has no runs
     vs_eager_interval: Annotated[list[Ratio], Field(min_length=2, max_length=2)] | None = None
@@ -182,7 +182,7 @@ class Group(schema.Open):
 
 
 class ProfiledLayer(schema.Open):
-    """One layer as its runtime ran it (:class:`pipeline.runtime.layer_account.Layer`)."""
+    """One layer as its runtime ran it (:class:`pipeline.runtime.profiling.layer_account.Layer`)."""
 
     name: Text
     kind: Text
@@ -197,7 +197,7 @@ class SlowLayer(ProfiledLayer):
 
 
 class ProfileSummary(schema.Open):
-    """One inference's profile (:func:`pipeline.runtime.layer_profile.summarise`)."""
+    """One inference's profile (:func:`pipeline.runtime.profiling.layer_profile.summarise`)."""
 
     layers: int
     timed_layers: int
@@ -240,7 +240,7 @@ class Machine(schema.Open):
 
 
 class PeakEntry(schema.Open):
-    """One precision's peak (:class:`pipeline.runtime.roofline.Peak`)."""
+    """One precision's peak (:class:`pipeline.runtime.profiling.roofline.Peak`)."""
 
     precision: Text
     flops_per_cycle: int
@@ -270,7 +270,7 @@ class RooflineRow(schema.Open):
 
 
 class Roofline(schema.Open):
-    """benchmark.json's ``roofline`` (:func:`pipeline.runtime.roofline.section`)."""
+    """benchmark.json's ``roofline`` (:func:`pipeline.runtime.profiling.roofline.section`)."""
 
     machine: Machine
     peaks: dict[str, PeakEntry]
@@ -295,8 +295,8 @@ class Interval(schema.Open):
 
 
 class CrossCheckRow(schema.Open):
-    """One OpenVINO row beside benchmark_app's run of the same IR (:mod:`pipeline.runtime.benchmark_app`): an error,
-    one run beside the stage's timing, or both alternated in interleaved rounds (``rounds``, ``interval``,
+    """One OpenVINO row beside benchmark_app's run of the same IR (:mod:`pipeline.runtime.speed.benchmark_app`): an
+    error, one run beside the stage's timing, or both alternated in interleaved rounds (``rounds``, ``interval``,
     ``agreement``). Written with the keys it was made with."""
 
     backend: Name

@@ -221,7 +221,7 @@ class ClaimCheck(Measured):
     shares: dict[str, Number] | None = None
     graph_share: Number | None = None
     required: Number | None = None
-    layers: list[dict[str, Any]] | None = None  # pipeline.runtime.layer_account.Layer records
+    layers: list[dict[str, Any]] | None = None  # pipeline.runtime.profiling.layer_account.Layer records
     reason: str | None = None
 
 
@@ -263,7 +263,8 @@ class CandidateResult(schema.Open):
 
 
 class NodeError(Measured):
-    """One node's first float output, FP32 against the candidate (:func:`pipeline.runtime.localize.compare_layers`):
+    """One node's first float output, FP32 against the candidate
+    (:func:`pipeline.runtime.profiling.localize.compare_layers`):
     the tensor's error statistics (:meth:`pipeline.precision.gate.TensorRule.errors`) and whether it is over the
     localisation's rule (``exceeds``)."""
 
@@ -287,7 +288,8 @@ class NodeError(Measured):
 
 
 class Localization(Measured):
-    """Where a failing candidate's error starts (:mod:`pipeline.runtime.localize`): the first node over the rule (None:
+    """Where a failing candidate's error starts (:mod:`pipeline.runtime.profiling.localize`): the first node over the
+    rule (None:
     none alone is; the error builds up across layers), the worst nodes, how many were compared, the rule and how the
     candidate ran. verify.json holds it per precision (``localization``, ``<precision>_localization``)."""
 

@@ -49,7 +49,8 @@ class _Part(schema.Open):
 
 
 class TensorEntry(_Part):
-    """One input or output of a model as its ``config.pbtxt`` declares it (:class:`pipeline.runtime.triton.Tensor`)."""
+    """One input or output of a model as its ``config.pbtxt`` declares it
+    (:class:`pipeline.runtime.serving.triton.Tensor`)."""
 
     name: Name
     dtype: Name  # a Triton DataType name: "TYPE_FP32"
@@ -141,7 +142,7 @@ class ServerInfo(_Part):
 
 
 class ServedTimingMethod(_Part):
-    """perf_analyzer's method as used (:class:`pipeline.runtime.triton_serve.PerfWindows`)."""
+    """perf_analyzer's method as used (:class:`pipeline.runtime.serving.triton_serve.PerfWindows`)."""
 
     warmup_s: float
     window_s: float
@@ -150,7 +151,7 @@ class ServedTimingMethod(_Part):
 
 
 class ServedTiming(_Part):
-    """One client-side (or in-process) timing row (:class:`pipeline.runtime.triton_serve.Measurement`)."""
+    """One client-side (or in-process) timing row (:class:`pipeline.runtime.serving.triton_serve.Measurement`)."""
 
     where: Name  # "in-process", "http", "grpc"
     concurrency: int

@@ -8,7 +8,7 @@ TensorRT runner's profile, trtexec's version check, build's stale-engine check, 
 
 ``precision`` is the build's prose (``"fp16 (strongly typed from model.fp16.onnx: 3 nodes fp16, ...)"``), for people
 only: :attr:`EngineSidecar.precision_label`. The precision an engine is built in is its target's
-(:func:`pipeline.runtime.tensorrt_engine.target_of` of its ``engine`` name), never parsed from the prose.
+(:func:`pipeline.runtime.builders.tensorrt_engine.target_of` of its ``engine`` name), never parsed from the prose.
 """
 
 from __future__ import annotations

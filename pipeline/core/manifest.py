@@ -23,7 +23,7 @@ from pipeline.core.status import Status
 Sha256 = constr(pattern=r"^[0-9a-f]{64}$")
 
 
-# The run directory's one artifact folder: openvino/<file> (the OpenVINO IR, pipeline/runtime/openvino_ir.py).
+# The run directory's one artifact folder: openvino/<file> (the OpenVINO IR, pipeline/runtime/builders/openvino_ir.py).
 STAGE_ORDER = ("train", "export", "build", "verify", "benchmark")  # the stages `all` runs, in order
 ARTIFACT_FOLDERS = (OPENVINO_DIR,)
 

@@ -25,9 +25,10 @@ from pipeline.precision import detection_gate, fallback
 from pipeline.precision import gate as criteria
 from pipeline.precision.plugs import Precision
 from pipeline.reports import verify_report
-from pipeline.runtime import backends, isolate, localize
+from pipeline.runtime import backends, isolate
 from pipeline.runtime.backends import Backend, Context
 from pipeline.runtime.isolate import Crashed
+from pipeline.runtime.profiling import localize
 from pipeline.runtime.runners import Answered, TorchRunner, collect, infer_all
 
 if TYPE_CHECKING:  # annotations only
@@ -282,7 +283,7 @@ def localization_rule(chk: Check) -> criteria.TensorRule:
 
 def _localize_engine(cfg: Config, fp32_model, run_dir: RunDir, plug: Precision, feed: dict,
                      rule) -> Localization | None:
-    from pipeline.runtime import tensorrt_engine
+    from pipeline.runtime.builders import tensorrt_engine
 
     spec_input = next(iter(feed))
     try:

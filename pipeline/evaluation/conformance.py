@@ -18,7 +18,8 @@ Each image's output in each arrangement is compared with its base output, in uni
 the candidate, and the reason names the arrangement, the batch size and the slot.
 
 **The precision manifest.** Each runtime's own account of the precision each matrix layer ran in
-(:mod:`pipeline.runtime.layer_account`), as shares of the matrix layers. A candidate that claims a lower precision
+(:mod:`pipeline.runtime.profiling.layer_account`), as shares of the matrix layers. A candidate that claims a lower
+precision
 (its table entry's ``claims``) fails when fewer than ``verify.min_precision_share`` of the matrix layers its graph
 puts in that precision ran in it (roboflow/rf-detr#1453: ``fp16=True`` wrote an FP32 engine): an INT8 artifact
 whose convolutions run in FP32 on dequantized values, a "BF16" model with no BF16 layer.
@@ -243,7 +244,7 @@ def precision_result(claimed: str | None, deploys: bool, runs: dict, min_share: 
     """verify.json's ``conformance.precision``: the runtime's account (an emulation: its graph's), the shares of the
     matrix layers per precision, and the claim's verdict. ``runs``: :func:`pipeline.evaluation.conformance_runs.run`'s
     ``layers`` (``{"layers": [...]}`` or ``{"error": ...}``) and ``graph`` (the graph's share and layers)."""
-    from pipeline.runtime.layer_account import Layer, matrix_shares
+    from pipeline.runtime.profiling.layer_account import Layer, matrix_shares
 
     layers, graph = runs.get("layers") or {}, runs.get("graph") or {"share": 1.0, "layers": []}
     if "error" in layers or "error" in graph:

@@ -64,7 +64,7 @@ def graph_account(chk, ctx) -> dict:
     not a graph, sets the precision); ``layers``: the graph's (an emulation's account)."""
     from pipeline.core import onnx_io
     from pipeline.precision import plugs
-    from pipeline.runtime import layer_account
+    from pipeline.runtime.profiling import layer_account
 
     if chk.backend.graph is None or chk.backend.claims is None:
         return {"share": 1.0, "layers": []}

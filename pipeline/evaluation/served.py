@@ -1,7 +1,8 @@
 """What a Triton server returns for the repository deploy wrote, judged by verify's criteria against the FP32 reference.
 
 Every model folder is loaded from disk as it is now (its ``config.pbtxt`` and model file, by
-:mod:`pipeline.runtime.triton_stock`, the stock backends' behaviour) and served; the validation images go through it
+:mod:`pipeline.runtime.serving.triton_stock`, the stock backends' behaviour) and served; the validation images go
+through it
 in three arrangements (:func:`arrangements`): one image per request, ``max batch`` images per request, and one image
 per request from 8 clients at once (the dynamic batcher gathers them). Each arrangement's outputs are judged by the
 gate (:func:`pipeline.precision.gate.judge`) with the artifact's own precision criteria against the PyTorch FP32
@@ -155,7 +156,7 @@ def _check(model: Served, send: Send, images: np.ndarray, labels: np.ndarray, re
 @contextlib.contextmanager
 def in_process(stock, models, run_dir, log_file):
     """The front end without Triton: requests go straight to the stock backends' scheduler
-    (:class:`pipeline.runtime.triton_stock.Repository`), as Triton's core would hand them over. deploy's
+    (:class:`pipeline.runtime.serving.triton_stock.Repository`), as Triton's core would hand them over. deploy's
     ``FRONT_END`` in the tests that run where the serve extra is not installed; nothing is timed."""
     yield stock.infer, ServerInfo(triton=None, binary="none: the stock backends' behaviour called in this process"), \
         (lambda *args: [])

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pipeline.core import artifacts
 from pipeline.core.benchmark_rows import BenchmarkRow, Profile, ProfileSummary, rows_of
 from pipeline.reports.tables import Cell, Section, Table, _row, fmt, percent
-from pipeline.runtime.layer_account import ORT_INTEGER
+from pipeline.runtime.profiling.layer_account import ORT_INTEGER
 
 # Why a Q/DQ graph's convolutions run in FP32 on ONNX Runtime's CPU provider (tests/test_layer_profile.py checks it on
 # the installed version: DQ -> Conv -> Q becomes QLinearConv; Conv -> Relu -> Q, or no Q after the Conv, stays float).

@@ -22,7 +22,7 @@ from pipeline.core.stability_record import SpreadRow, StabilityCertificate
 from pipeline.core.status import Status
 from pipeline.core.verify_rows import CandidateRow, fallback_of, localization_of, report_of
 from pipeline.precision import plugs
-from pipeline.runtime import trtexec
+from pipeline.runtime.speed import trtexec
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,8 @@ from pipeline.precision.tune_result import (
 )
 from pipeline.reports import tables
 from pipeline.reports.tables import Cell, Section, Table, fmt
-from pipeline.runtime import interleave
-from pipeline.runtime.openvino_speed import layers_not_in
+from pipeline.runtime.speed import interleave
+from pipeline.runtime.speed.openvino_speed import layers_not_in
 
 if TYPE_CHECKING:  # annotations only
     from pipeline.core.config_schema import Config

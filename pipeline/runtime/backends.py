@@ -193,7 +193,7 @@ def _tensorrt_unavailable(precision: str) -> Callable[[Context], str]:
 
     def check(ctx: Context) -> str:
         """Cheap checks only: the engine itself is loaded (and checked) when the runner is made."""
-        from pipeline.runtime import tensorrt_engine
+        from pipeline.runtime.builders import tensorrt_engine
 
         if not precision_config.export_section(ctx.cfg, precision).enabled:
             return disabled(precision)  # its graph off: "disabled" everywhere, whatever this machine has
@@ -215,7 +215,7 @@ def _openvino_unavailable(ir: str, *needs: Callable[[Context], str]) -> Callable
     """OpenVINO installed, then each of ``needs`` (bf16 units; the Q/DQ graph and int8 units), then the IR
     ``openvino/<ir>.xml``. Cheap checks only: the IR itself is checked (and loaded) when the runner is made."""
     def check(ctx: Context) -> str:
-        from pipeline.runtime import openvino_ir
+        from pipeline.runtime.builders import openvino_ir
 
         ov, reason = openvino_ir.status()
         if ov is None:
@@ -226,7 +226,7 @@ def _openvino_unavailable(ir: str, *needs: Callable[[Context], str]) -> Callable
 
 
 def _bf16_units(ctx: Context) -> str:
-    from pipeline.runtime import openvino_ir
+    from pipeline.runtime.builders import openvino_ir
 
     return openvino_ir.bf16_reason()
 
@@ -240,7 +240,7 @@ def _int8_units(runtime: str) -> Callable[[Context], str]:
 
 def _no_ir(ctx: Context, precision: str) -> str:
     """Without the IR: "run build first" where the build stage recorded it, else the reason (build has not run)."""
-    from pipeline.runtime import openvino_ir
+    from pipeline.runtime.builders import openvino_ir
 
     name = xml_name(precision)
     if ctx.run_dir.file(name).is_file():
@@ -330,7 +330,7 @@ def _tensorrt(precision: str, name: str) -> Callable[[Context], object]:
     engine = engine_file(precision)
 
     def make(ctx: Context):
-        from pipeline.runtime import tensorrt_engine
+        from pipeline.runtime.builders import tensorrt_engine
         from pipeline.runtime.runners import TensorrtRunner
 
         engine_bytes, sidecar = tensorrt_engine.load_engine_bytes(ctx.run_dir, engine=engine)
@@ -350,7 +350,7 @@ def _tensorrt(precision: str, name: str) -> Callable[[Context], object]:
 
 def _openvino(precision: str) -> Callable[[Context], object]:
     def make(ctx: Context):
-        from pipeline.runtime import openvino_ir
+        from pipeline.runtime.builders import openvino_ir
         from pipeline.runtime.runners import OpenVINORunner
 
         xml, weights, sidecar = openvino_ir.load(ctx.run_dir, precision)  # refused here, before OpenVINO reads it

@@ -14,7 +14,7 @@ strict FP16 emulation get small runners here, because Polygraphy's PyTorch runne
 (it returns a tuple, never sets its timing and hard-codes ``.cuda()``). Which runner serves
 which backend is :mod:`pipeline.runtime.backends`' table.
 
-Engines are only ever deserialized through :func:`pipeline.runtime.tensorrt_engine.load_engine_bytes`, which
+Engines are only ever deserialized through :func:`pipeline.runtime.builders.tensorrt_engine.load_engine_bytes`, which
 checks the sidecar first.
 """
 
@@ -45,8 +45,9 @@ from polygraphy.logger import G_LOGGER
 from pipeline.core import env
 from pipeline.core.errors import first_line
 from pipeline.core.timings import Timing, TimingKind
-from pipeline.runtime import folding, stopping
-from pipeline.runtime.stopping import StopRule
+from pipeline.runtime import folding
+from pipeline.runtime.speed import stopping
+from pipeline.runtime.speed.stopping import StopRule
 from pipeline.runtime.tensorrt_calls import TensorrtCallFailed, checked  # noqa: F401
 
 G_LOGGER.module_severity = G_LOGGER.ERROR
@@ -174,8 +175,8 @@ class TimingMethod:
     """How benchmark times one backend (its ``benchmark`` config values).
 
     ``kind="fixed"``: ``trials`` trials, each of at least ``min_iterations`` runs and ``min_duration_s`` seconds (tune
-    and the speed checks time this way). ``kind="adaptive"``: runs until :mod:`pipeline.runtime.stopping`'s rule stops
-    them: at least ``min_runs``, then until the median's 95 % interval is within ``± target_halfwidth`` or
+    and the speed checks time this way). ``kind="adaptive"``: runs until :mod:`pipeline.runtime.speed.stopping`'s rule
+    stops them: at least ``min_runs``, then until the median's 95 % interval is within ``± target_halfwidth`` or
     ``max_row_s`` timed seconds have passed."""
 
     warmup_s: float
@@ -234,7 +235,7 @@ def _fixed(run_once: Callable[[], float], method: TimingMethod) -> tuple[list[fl
 
 def _adaptive(run_once: Callable[[], float], method: TimingMethod) -> tuple[list[float], list[dict], dict]:
     """Runs until the stop rule says enough: the time cap is looked at after every run, the interval at the
-    checkpoints :func:`pipeline.runtime.stopping.next_check` spaces 10 % apart."""
+    checkpoints :func:`pipeline.runtime.speed.stopping.next_check` spaces 10 % apart."""
     rule, samples = method.rule, []
     check = rule.min_runs
     t0 = time.perf_counter()
@@ -458,8 +459,8 @@ class OrtRunner(Timed, OnnxrtRunner):
 
     def layers(self, feed: dict) -> list[dict]:
         """ONNX Runtime's own account of the nodes it ran on ``feed`` (its profiler, on a second session with this
-        one's options: :func:`pipeline.runtime.layer_account.ort_layers`)."""
-        from pipeline.runtime import layer_account
+        one's options: :func:`pipeline.runtime.profiling.layer_account.ort_layers`)."""
+        from pipeline.runtime.profiling import layer_account
 
         def make(options):
             return _ort_session(*self._settings, options=options)
@@ -665,8 +666,8 @@ class GraphedEngine(BoundEngine):
 
 
 class TensorrtRunner(Timed, TrtRunner):
-    """Polygraphy's ``TrtRunner`` over engine bytes that :func:`pipeline.runtime.tensorrt_engine.load_engine_bytes`
-    checked.
+    """Polygraphy's ``TrtRunner`` over engine bytes that
+    :func:`pipeline.runtime.builders.tensorrt_engine.load_engine_bytes` checked.
 
     Inference (verify) goes through ``TrtRunner.infer`` with device-resident inputs (torch CUDA tensors).
     "GPU compute" times a :class:`BoundEngine` (its own context, both buffers bound with ``set_tensor_address``,
@@ -696,9 +697,9 @@ class TensorrtRunner(Timed, TrtRunner):
 
     def layers(self, feed: dict) -> list[dict]:
         """The engine inspector's account of the precision each matrix node of the source graph ran in, with the
-        inputs at ``feed``'s shape (:func:`pipeline.runtime.tensorrt_inspection.runtime_precisions`)."""
+        inputs at ``feed``'s shape (:func:`pipeline.runtime.profiling.tensorrt_inspection.runtime_precisions`)."""
         from pipeline.core import onnx_io
-        from pipeline.runtime import layer_account, tensorrt_inspection
+        from pipeline.runtime.profiling import layer_account, tensorrt_inspection
 
         if self.onnx_path is None or not Path(self.onnx_path).is_file():
             return []
@@ -797,7 +798,7 @@ class TensorrtRunner(Timed, TrtRunner):
 
 
 class OpenVINORunner(Timed, BaseRunner):
-    """OpenVINO's CPU plugin over IR bytes that :func:`pipeline.runtime.openvino_ir.load` checked.
+    """OpenVINO's CPU plugin over IR bytes that :func:`pipeline.runtime.builders.openvino_ir.load` checked.
 
     One compiled model per batch size (the IR reshaped to a static batch: what a deployment compiles), with
     ``PERFORMANCE_HINT=LATENCY`` and one infer request; ``hint`` is ``INFERENCE_PRECISION_HINT``. A bf16 hint
@@ -848,8 +849,8 @@ class OpenVINORunner(Timed, BaseRunner):
     def layers(self, feed: dict) -> list[dict]:
         """The CPU plugin's own account of the layers it ran on ``feed``: the runtime model of the IR compiled for
         this batch with ``PERF_COUNT`` (each executed layer's type, runtime precision, kernel and time, the fastest
-        of :data:`~pipeline.runtime.layer_account.PROFILED_RUNS` inferences)."""
-        from pipeline.runtime import layer_account
+        of :data:`~pipeline.runtime.profiling.layer_account.PROFILED_RUNS` inferences)."""
+        from pipeline.runtime.profiling import layer_account
 
         x = np.ascontiguousarray(feed[self.input_name], dtype=np.float32)
         model = self.model.clone()
@@ -945,7 +946,7 @@ def check_runs_in(compiled, hint: str) -> None:
     """A precision hint that reached no kernel would be FP32 under a lower label: refuse it (verify's precision
     manifest holds every artifact to its claim; this refuses before anything is timed). A model without a single
     matrix layer (convolution, matrix product) has nothing the hint could reach: not refused."""
-    from pipeline.runtime.layer_account import OPENVINO_MATRIX
+    from pipeline.runtime.profiling.layer_account import OPENVINO_MATRIX
 
     infos = [op.get_rt_info() for op in compiled.get_runtime_model().get_ops()]
     ran = {info["runtimePrecision"].astype(str) for info in infos if "runtimePrecision" in info}

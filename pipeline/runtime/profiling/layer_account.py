@@ -11,7 +11,7 @@ hint; TensorRT picks each layer's tactic. The readers here turn each runtime's a
   element type of its first input (``input_type_shape``), with the kernel's duration in microseconds;
 * OpenVINO: the compiled model's runtime model: each executed node's ``layerType``, ``runtimePrecision`` and
   ``execType`` (and its time, where the request ran with ``PERF_COUNT``);
-* TensorRT: the engine inspector, through :func:`pipeline.runtime.tensorrt_inspection.runtime_precisions`;
+* TensorRT: the engine inspector, through :func:`pipeline.runtime.profiling.tensorrt_inspection.runtime_precisions`;
 * an emulation (FP32 kernels that round every tensor to the low type, or a Q/DQ graph executed exactly): the
   graph's own precision decisions, since the rounding, not the kernel, is the precision it computes.
 """
@@ -150,7 +150,7 @@ def _rt_text(info, key: str) -> str:
 
 def tensorrt_layers(precisions: dict[str, str]) -> list[Layer]:
     """The matrix nodes of the engine's ONNX graph, each with the precision the engine inspector says it ran in
-    (:func:`pipeline.runtime.tensorrt_inspection.runtime_precisions`: ``{node: precision}``)."""
+    (:func:`pipeline.runtime.profiling.tensorrt_inspection.runtime_precisions`: ``{node: precision}``)."""
     return [Layer(name, "matrix layer", precision if precision in _TYPE_NAMES.values() else UNKNOWN, True, "TensorRT")
             for name, precision in precisions.items()]
 

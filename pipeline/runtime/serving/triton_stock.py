@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.core.errors import InputError, first_line
-from pipeline.runtime import triton
+from pipeline.runtime.serving import triton
 
 VERSION_FOLDER = "1"
 # The CPU the stock backends are run as: None, this one; True/False, one with/without bf16 units (a test's simulation

@@ -1,6 +1,6 @@
 """A precision mix on the deployment GPU: the graph built into a strongly typed TensorRT engine with the build
 stage's recipe, timed with the benchmark's method on the device, and the precision each matrix layer really runs in
-(TensorRT's engine inspector). The GPU twin of :mod:`pipeline.runtime.openvino_speed`."""
+(TensorRT's engine inspector). The GPU twin of :mod:`pipeline.runtime.speed.openvino_speed`."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import numpy as np
 import onnx
 
 from pipeline.core.errors import StageFailed, UsageError
-from pipeline.runtime.openvino_speed import Session, timed_alone
-from pipeline.runtime.tensorrt_inspection import engine_information, runtime_precisions  # noqa: F401
+from pipeline.runtime.profiling.tensorrt_inspection import engine_information, runtime_precisions  # noqa: F401
+from pipeline.runtime.speed.openvino_speed import Session, timed_alone
 
 if TYPE_CHECKING:  # type-checked against tensorrt-stubs (tests/test_typecheck.py); never imported at run time
 
@@ -34,7 +34,7 @@ def tensorrt_session(model: onnx.ModelProto, images: np.ndarray, batches: list[i
     :class:`~pipeline.runtime.runners.TensorrtRunner`: a timer per batch, benchmark's device-side timer ("GPU
     compute": CUDA events with one inference queued ahead, over a CUDA graph with ``cuda_graphs``), and what the
     inspector says each matrix layer ran in. The same shape as
-    :func:`pipeline.runtime.openvino_speed.openvino_session`'s; open while timed (interleaved rounds)."""
+    :func:`pipeline.runtime.speed.openvino_speed.openvino_session`'s; open while timed (interleaved rounds)."""
     from pipeline.core import env
     from pipeline.core.engine_sidecar import ProfileShapes
     from pipeline.runtime.runners import BoundEngine, GraphedEngine, TensorrtRunner, check_dtypes
@@ -67,7 +67,7 @@ def tensorrt_timing(model: onnx.ModelProto, images: np.ndarray, batches: list[in
                     timing_cache: Path | None = None, cuda_graphs: bool = False,
                     log_path: Path | None = None) -> dict:
     """:func:`tensorrt_session` timed alone with benchmark's method: the median per batch, and the inspector's
-    precisions (the same shape as :func:`pipeline.runtime.openvino_speed.openvino_timing`'s result)."""
+    precisions (the same shape as :func:`pipeline.runtime.speed.openvino_speed.openvino_timing`'s result)."""
     with tensorrt_session(model, images, batches, build_cfg=build_cfg, timing_cache=timing_cache,
                           cuda_graphs=cuda_graphs, log_path=log_path) as session:
         return timed_alone(session, method)
@@ -75,7 +75,7 @@ def tensorrt_timing(model: onnx.ModelProto, images: np.ndarray, batches: list[in
 
 def _shapes(build_cfg: BuildConfig, batches: list[int], input_size: list[int]) -> dict:
     """The build stage's profile; a batch it does not cover is the config's error, found before any build."""
-    from pipeline.runtime.tensorrt_engine import profile_shapes
+    from pipeline.runtime.builders.tensorrt_engine import profile_shapes
 
     shapes = profile_shapes(build_cfg, input_size)
     outside = [b for b in batches if not shapes["min"][0] <= b <= shapes["max"][0]]
@@ -89,13 +89,14 @@ def _shapes(build_cfg: BuildConfig, batches: list[int], input_size: list[int]) -
 def build_engine(model: onnx.ModelProto, *, input_name: str, shapes: dict, build_cfg: BuildConfig,
                  timing_cache: Path | None, log_path: Path | None = None) -> bytes:
     """The serialized engine of ``model``, built with the build stage's network parser and builder config
-    (:mod:`pipeline.runtime.tensorrt_engine`) plus DETAILED profiling verbosity: without it the engine inspector
+    (:mod:`pipeline.runtime.builders.tensorrt_engine`) plus DETAILED profiling verbosity: without it the engine
+    inspector
     names the layers but not their data types. The timing cache is read and merged into as build does. TensorRT's
     whole log goes to ``log_path`` (a scratch file when None); a failed build raises :class:`StageFailed` with
     TensorRT's errors."""
     from polygraphy.backend.trt import EngineBytesFromNetwork
 
-    from pipeline.runtime import tensorrt_engine
+    from pipeline.runtime.builders import tensorrt_engine
 
     with tempfile.TemporaryDirectory(prefix=".tune-trt.") as tmp:
         onnx_path = Path(tmp) / "candidate.onnx"

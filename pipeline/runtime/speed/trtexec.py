@@ -23,7 +23,7 @@ the engine was built by TensorRT Y"}`` (no error: nothing failed).
 ``startEnqMs, endEnqMs, startH2dMs, endH2dMs, startComputeMs, endComputeMs, startD2hMs, endD2hMs, h2dMs,
 computeMs, d2hMs, latencyMs`` (TensorRT's ``samples/common/sampleReporting.cpp``; TensorRT 7's older form
 named the transfers ``inMs``/``outMs``). Only ``computeMs`` and ``latencyMs`` are read, so both forms work.
-Their percentiles are recomputed with :func:`pipeline.runtime.timing.summarize`, the method of our own rows
+Their percentiles are recomputed with :func:`pipeline.runtime.speed.timing.summarize`, the method of our own rows
 (trtexec's console summary uses another percentile rule).
 
 A difference of the p50s larger than :data:`FLAG_RELATIVE` is flagged in the row, the report and the log.
@@ -46,7 +46,7 @@ from pipeline.core.artifacts import TRTEXEC_DIR as DIR
 from pipeline.core.benchmark_rows import BenchmarkRow, TrtexecCheck
 from pipeline.core.run import make_folder
 from pipeline.core.timings import TimingKind
-from pipeline.runtime import timing
+from pipeline.runtime.speed import timing
 
 log = logging.getLogger("pipeline")
 
@@ -245,7 +245,7 @@ def engine_built_by(run_dir, engine: str) -> str | None:
     """The TensorRT version the engine's sidecar records (None when it cannot be read: then trtexec is not run)."""
     from pipeline.core import engine_sidecar
     from pipeline.core.errors import InputError
-    from pipeline.runtime import tensorrt_engine
+    from pipeline.runtime.builders import tensorrt_engine
 
     try:
         sidecar = engine_sidecar.read(run_dir.file(tensorrt_engine.target_of(engine).sidecar), engine,

@@ -1,7 +1,7 @@
 """A built TensorRT engine's own account of its layers: the engine inspector's JSON, read through an execution
 context with every input shape set, and the precision each matrix node of the source graph ran in (the parsing is
-:mod:`pipeline.runtime.tensorrt_inspector`'s, pure). tune's GPU target and verify's precision manifest both read
-engines this way."""
+:mod:`pipeline.runtime.profiling.tensorrt_inspector`'s, pure). tune's GPU target and verify's precision manifest both
+read engines this way."""
 
 from __future__ import annotations
 
@@ -23,10 +23,11 @@ log = logging.getLogger("pipeline")
 
 def runtime_precisions(engine: trt.ICudaEngine, model: onnx.ModelProto, shapes: dict[str, list[int]]) -> dict[str, str]:
     """``{matrix layer of model: "int8" | "fp16" | "fp32" | ... | "unknown"}``: what the engine inspector says each
-    matrix node ran in (:func:`pipeline.runtime.tensorrt_inspector.read`), inspected through an execution context
+    matrix node ran in (:func:`pipeline.runtime.profiling.tensorrt_inspector.read`), inspected through an execution
+    context
     with every input at ``shapes`` (``{input: shape}``), without which a dynamic-shape engine's layers show no data
     type. The unknown ones are logged: a matrix node the inspector did not tell about is reported, not guessed."""
-    from pipeline.runtime import tensorrt_inspector
+    from pipeline.runtime.profiling import tensorrt_inspector
 
     info = engine_information(engine, shapes)
     matrix = [node.name for node in model.graph.node if node.op_type in MATRIX_OPS]

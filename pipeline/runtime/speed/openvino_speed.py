@@ -20,7 +20,7 @@ def openvino_session(model: onnx.ModelProto, images: np.ndarray, batches: list[i
     compiled by OpenVINO's CPU plugin per batch (f32 hint, LATENCY, one synchronous request with its input set
     once, as benchmark's ``openvino_*`` rows and benchmark_app's ``-hint latency``): a timer per batch (one
     inference, ms) and the precision the CPU plugin runs each matrix layer in. Open while timed, so that several
-    mixes can be timed in interleaved rounds (:mod:`pipeline.runtime.interleave`)."""
+    mixes can be timed in interleaved rounds (:mod:`pipeline.runtime.speed.interleave`)."""
     import openvino as ov
 
     from pipeline.precision.int8 import with_fp32_regions
@@ -122,7 +122,7 @@ def runtime_precisions(compiled, model: onnx.ModelProto) -> dict[str, str]:
 
 
 # How each runtime names a precision a layer ran in: OpenVINO's runtimePrecision ("i8", "f16", "f32") and
-# TensorRT's engine inspector, as pipeline.runtime.tensorrt_speed reports it ("int8", "fp16", "fp32").
+# TensorRT's engine inspector, as pipeline.runtime.speed.tensorrt_speed reports it ("int8", "fp16", "fp32").
 RUNTIME_NAMES = {"int8": ("i8", "u8", "int8"), "fp16": ("f16", "fp16")}
 
 

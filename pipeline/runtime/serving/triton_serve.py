@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.core.errors import BackendUnavailable, StageFailed, check_interrupt, first_line
-from pipeline.runtime.triton import Model, numpy_dtype
+from pipeline.runtime.serving.triton import Model, numpy_dtype
 
 log = logging.getLogger("pipeline")
 

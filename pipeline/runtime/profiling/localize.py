@@ -18,7 +18,7 @@ import onnx
 from pipeline.core import onnx_io
 from pipeline.core.check_results import Localization, NodeError
 from pipeline.precision.gate import TensorRule
-from pipeline.runtime import localize_rules
+from pipeline.runtime.profiling import localize_rules
 from pipeline.runtime.runners import collect, onnxrt_runner
 
 if TYPE_CHECKING:  # annotations only
@@ -61,7 +61,7 @@ def tensorrt_layers_engine(onnx_path, *, input_name: str, shapes: dict, build_cf
     from polygraphy import constants
     from polygraphy.backend.trt import EngineFromNetwork, ModifyNetworkOutputs
 
-    from pipeline.runtime import tensorrt_engine
+    from pipeline.runtime.builders import tensorrt_engine
 
     network = ModifyNetworkOutputs(tensorrt_engine.network_loader(onnx_path), outputs=constants.MARK_ALL)
     config = tensorrt_engine.config_loader(input_name=input_name, shapes=shapes, build_cfg=build_cfg,

@@ -2,7 +2,7 @@
 
 For the OpenVINO rows the summary names (``benchmark.benchmark_app_rows: summary``, the default; ``all``: every
 OpenVINO backend benchmark timed, at every batch size), ``benchmark_app`` runs on the same
-IR file (checked again through :func:`pipeline.runtime.openvino_ir.load` first) with the same shape,
+IR file (checked again through :func:`pipeline.runtime.builders.openvino_ir.load` first) with the same shape,
 inference precision hint and thread count: once with ``-hint latency`` (one synchronous request,
 beside our wall-clock row) and once with ``-hint throughput`` (OpenVINO's number of async requests,
 beside our throughput row). Its JSON report (``-json_stats``) gives the median latency and the
@@ -153,7 +153,8 @@ def _skipped(cfg: Config, results: list[BenchmarkRow], named: list[BenchmarkRow]
 def _checked(cfg: Config, run_dir: RunDir, results: list[BenchmarkRow], input_size: list[int], threads: int,
              named: list[BenchmarkRow], ours_now) -> dict:
     """benchmark.json's ``benchmark_app`` section: each OpenVINO row checked (see :func:`side_by_side`)."""
-    from pipeline.runtime import backends, openvino_ir
+    from pipeline.runtime import backends
+    from pipeline.runtime.builders import openvino_ir
 
     seconds, exe = cfg.benchmark.benchmark_app_s, find()
     ours = [r for r in results if backends.by_name(r.backend).runtime == backends.OV]

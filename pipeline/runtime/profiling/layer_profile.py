@@ -1,8 +1,8 @@
 """The per-layer profile of each CPU artifact benchmark timed: where one inference's time goes, by the runtime's own
-account (:mod:`pipeline.runtime.layer_account`, the same records verify's precision manifest reads).
+account (:mod:`pipeline.runtime.profiling.layer_account`, the same records verify's precision manifest reads).
 
-:func:`summarise` is pure: a list of :class:`~pipeline.runtime.layer_account.Layer` records in, the profile out
-(total, time by layer type and by the precision actually executed, the reorders, converts and Q/DQ left unfused
+:func:`summarise` is pure: a list of :class:`~pipeline.runtime.profiling.layer_account.Layer` records in, the profile
+out (total, time by layer type and by the precision actually executed, the reorders, converts and Q/DQ left unfused
 with their share, the slowest layers). :func:`collect` starts each backend once more after benchmark's timings
 (in its child process, like the timings), runs one warmed-up profiled inference per batch size and summarises it.
 """
@@ -14,7 +14,7 @@ import logging
 import numpy as np
 
 from pipeline.core.benchmark_rows import BenchmarkRow, Profile
-from pipeline.runtime.layer_account import Layer, matrix_shares
+from pipeline.runtime.profiling.layer_account import Layer, matrix_shares
 
 log = logging.getLogger("pipeline")
 
@@ -123,10 +123,11 @@ def collect(ctx, results: list[BenchmarkRow], images: np.ndarray) -> list[Profil
 
 
 def benchmark_keys(ctx, results: list[BenchmarkRow], images: np.ndarray, threads: int) -> dict:
-    """benchmark.json's ``profiles`` (:func:`collect`) and ``roofline`` (:func:`pipeline.runtime.roofline.section`
+    """benchmark.json's ``profiles`` (:func:`collect`) and ``roofline``
+    (:func:`pipeline.runtime.profiling.roofline.section`
     over the run's FP32 ONNX graph, for ``threads`` cores; None without CPU rows or without model.onnx)."""
     from pipeline.core import artifacts, env
-    from pipeline.runtime import roofline
+    from pipeline.runtime.profiling import roofline
 
     onnx_path = ctx.run_dir.file(artifacts.FP32_ONNX)
     cpu_rows = [r for r in results if r.device == "cpu"]

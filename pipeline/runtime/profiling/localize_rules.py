@@ -1,5 +1,5 @@
-"""Which node localisation names (pure: rows and precisions in, a row out; :mod:`pipeline.runtime.localize` runs the
-graphs). In the mutation command's scope (scripts/mutation.sh), with tests/test_localize_rules.py."""
+"""Which node localisation names (pure: rows and precisions in, a row out; :mod:`pipeline.runtime.profiling.localize`
+runs the graphs). In the mutation command's scope (scripts/mutation.sh), with tests/test_localize_rules.py."""
 
 from __future__ import annotations
 

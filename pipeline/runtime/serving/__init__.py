@@ -1,0 +1,1 @@
+"""Triton: a model's signature and config, the stock backends reproduced, and a real local server."""
