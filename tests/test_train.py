@@ -29,6 +29,7 @@ from pipeline.train import BEST_CHECKPOINT, CHECKPOINT, CURVE, METRICS, TRACE
 from pipeline.training import checkpoint, device, distributed, optim, rng
 from pipeline.training import metrics as metrics_log
 from pipeline.training.distributed import Dist
+from pipeline.training.records import EpochLine, StepLine
 
 # 10 classes x 12 images at 16x16: 100 train / 20 val images, batch 16 -> 6 steps per epoch.
 TINY_TRAIN = [
@@ -100,7 +101,8 @@ def manifest(run_dir: Path) -> dict:
 
 
 def metrics(run_dir: Path) -> list[dict]:
-    return metrics_log.read_metrics(run_dir / METRICS)
+    """metrics.jsonl's lines as written (the file's contents; the tool reads them typed: ``read_metrics``)."""
+    return [json.loads(line) for line in (run_dir / METRICS).read_text().splitlines()]
 
 
 def assert_same_tensors(a: dict, b: dict, exact: bool = True) -> None:
@@ -254,17 +256,17 @@ def test_metrics_go_to_tensorboard_when_it_is_installed(tmp_path, monkeypatch):
 
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=SummaryWriter))
     log = metrics_log.MetricsLog(tmp_path / "m.jsonl", True, tmp_path / "tb")
-    log.write({"event": "step", "epoch": 0, "step": 3, "loss": 1.5, "loss_scale": None, "lr": 0.1})
-    log.write({"event": "epoch", "epoch": 0, "step": 3, "val_acc": 0.5, "amp": "off"})
+    log.write(StepLine(epoch=0, step=3, loss=1.5, loss_scale=None, lr=0.1))
+    log.write(EpochLine(epoch=0, step=3, val_acc=0.5, amp="off"))
     log.close()
     assert scalars == [("step/loss", 1.5, 3), ("step/lr", 0.1, 3), ("epoch/val_acc", 0.5, 3), "closed"]
-    assert [r["event"] for r in metrics_log.read_metrics(tmp_path / "m.jsonl")] == ["step", "epoch"]
+    assert [r.event for r in metrics_log.read_metrics(tmp_path / "m.jsonl")] == ["step", "epoch"]
     # a line torn by a killed process is skipped
     with open(tmp_path / "m.jsonl", "a") as f:
         f.write('{"event": "st')
     assert len(metrics_log.read_metrics(tmp_path / "m.jsonl")) == 2
     silent = metrics_log.MetricsLog(tmp_path / "rank1.jsonl", False, tmp_path / "tb1")
-    silent.write({"event": "step", "step": 1})
+    silent.write(StepLine(step=1))
     silent.close()
     assert not (tmp_path / "rank1.jsonl").exists()
 
@@ -881,3 +883,43 @@ def test_a_checkpoint_without_cuda_state_restores_nothing_on_a_gpu(cuda_machine)
     restored, messages = cuda_machine(2)
     rng.set_rng_state(state)
     assert restored == [] and not any("CUDA RNG" in m for m in messages)
+
+
+def test_metrics_lines_are_read_typed_and_a_damaged_line_is_one_input_error(tmp_path):
+    """metrics.jsonl's reader (issue 47): typed lines; a line of the wrong type or an unknown event is an
+    InputError naming the line, not a KeyError later."""
+    from pipeline.training.records import RunLine, read_lines
+
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"event": "start", "epoch": 0, "step": 0, "time": 1.5}\n'
+                    '{"event": "epoch", "epoch": 0, "step": 3, "val_loss": 0.5, "val_acc": 0.25}\n')
+    start, epoch = read_lines(path)
+    assert start == RunLine(event="start", epoch=0, step=0, time=1.5) and (epoch.val_acc, epoch.step) == (0.25, 3)
+    for bad in ('{"event": "step", "step": "3"}', '{"event": "restart", "step": 3}', '[1, 2]'):
+        path.write_text(bad + "\n")
+        with pytest.raises(InputError, match="line 1"):
+            read_lines(path)
+
+
+def test_train_results_write_the_manifests_shape():
+    """The manifest's details keep their keys and order; absent keys stay absent (issue 47)."""
+    from pipeline.training.records import EpochRecord, PreciseBnDetails, TrainResult
+
+    history = (EpochRecord(1, 0.5, 0.75), EpochRecord(2, 0.25, 0.875, val_acc_before_precise_bn=0.5))
+    assert [h.to_json() for h in history] == [{"epoch": 1, "val_loss": 0.5, "val_acc": 0.75},
+                                             {"epoch": 2, "val_loss": 0.25, "val_acc": 0.875,
+                                              "val_acc_before_precise_bn": 0.5}]
+    result = TrainResult(epochs=2, steps=8, skipped_steps=0, final_val_acc=0.875, final_val_loss=0.25,
+                         best_val_acc=0.875, best_epoch=2, train_seconds=1.5, images_per_s=10.0, history=history,
+                         final_weights_sha256="ab", replica_sha256=None,
+                         precise_bn=PreciseBnDetails(True, 3, 2, 0.5, 0.875))
+    keys = ["epochs", "steps", "skipped_steps", "final_val_acc", "final_val_loss", "best_val_acc", "best_epoch",
+            "train_seconds", "images_per_s", "history", "final_weights_sha256", "precise_bn"]
+    assert list(result.to_json()) == keys
+    assert result.to_json()["precise_bn"] == {"enabled": True, "batchnorm_layers": 3, "batches": 2,
+                                              "best_epoch_val_acc_before": 0.5, "best_epoch_val_acc_after": 0.875}
+    import dataclasses
+
+    ddp = dataclasses.replace(result, replica_sha256=("ab", "ab")).to_json()
+    assert list(ddp) == [*keys[:-1], "replica_sha256", "replicas_identical", "precise_bn"]
+    assert ddp["replica_sha256"] == ["ab", "ab"] and ddp["replicas_identical"] is True

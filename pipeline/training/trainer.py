@@ -55,6 +55,15 @@ from pipeline.training.optim import (
     snapshot_buffers,
 )
 from pipeline.training.profiler import StepProfiler
+from pipeline.training.records import (
+    EpochLine,
+    EpochRecord,
+    PreciseBnDetails,
+    QatTrainResult,
+    RunLine,
+    StepLine,
+    TrainResult,
+)
 from pipeline.training.rng import EpochBatches, batch_generator, rng_state, set_rng_state
 
 if TYPE_CHECKING:  # annotations only
@@ -185,7 +194,7 @@ class Trainer:
     state: TrainState
     ckpt_path: Path
     best_path: Path
-    history: list[dict]  # per-epoch results, for the manifest
+    history: list[EpochRecord]  # per-epoch results, for the manifest
     nonfinite_run: int  # consecutive non-finite steps (train.max_nonfinite stops the run)
     images_seen: int
     amp_now: torch.dtype | None  # the autocast dtype of this epoch (None during train.fp32_warmup_epochs)
@@ -224,11 +233,11 @@ class Trainer:
         self.profiler = StepProfiler(device, 0, None)
         self.amp_now = None
         self.window = Window()
-        self.history: list[dict] = []
+        self.history: list[EpochRecord] = []
         self.nonfinite_run = 0
         self.images_seen = 0
 
-    def train(self, *, resume: bool, profile: bool) -> dict:
+    def train(self, *, resume: bool, profile: bool) -> TrainResult | QatTrainResult:
         """Run the remaining epochs; returns the facts recorded in the manifest."""
         self.resume() if resume else self.start_fresh()
         self.train_model = wrap_for_training(self.model, self.tc, self.world, self.device)
@@ -242,8 +251,8 @@ class Trainer:
                 self.run_dir.file(TENSORBOARD) if self.tc.tensorboard else None))
             self.profiler = StepProfiler(self.device, self.cfg.train.profile_steps, trace)
             stack.callback(self.profiler.close)
-            self.metrics.write({"event": "resume" if resume else "start", "epoch": self.state.epoch,
-                                "step": self.state.step, "time": time.time()})
+            self.metrics.write(RunLine(event="resume" if resume else "start", epoch=self.state.epoch,
+                                       step=self.state.step, time=time.time()))
             for epoch in range(self.state.epoch, self.tc.epochs):
                 self.train_epoch(epoch)
                 self.end_epoch(epoch)
@@ -405,13 +414,13 @@ class Trainer:
         step_loss = all_reduce_sum([group_loss], self.world, self.device)[0] / self.world.world_size
         now = time.perf_counter()
         elapsed = max(now - self.window.start, 1e-9)
-        self.metrics.write({  # rank 0 only
-            "event": "step", "epoch": epoch, "step": self.state.step, "loss": step_loss, "lr": step_lr,
-            "loss_scale": self.scaler.get_scale() if self.scaler.is_enabled() else None,
-            "skipped_steps": self.state.skipped_steps, "grad_norm": grad_norm,
-            "images_per_s": self.window.images * self.world.world_size / elapsed,
-            "data_time_share": self.window.data_s / elapsed,
-        })
+        self.metrics.write(StepLine(  # rank 0 only
+            epoch=epoch, step=self.state.step, loss=step_loss, lr=step_lr,
+            loss_scale=self.scaler.get_scale() if self.scaler.is_enabled() else None,
+            skipped_steps=self.state.skipped_steps, grad_norm=grad_norm,
+            images_per_s=self.window.images * self.world.world_size / elapsed,
+            data_time_share=self.window.data_s / elapsed,
+        ))
         self.window = Window(start=now)
 
     def end_epoch(self, epoch: int) -> None:
@@ -421,11 +430,11 @@ class Trainer:
         before = self.precise_bn(epoch)
         val_loss, val_acc = self.validate()
         st = self.state
-        self.history.append({"epoch": epoch + 1, "val_loss": val_loss, "val_acc": val_acc,
-                             **({"val_acc_before_precise_bn": before} if before is not None else {})})
-        self.metrics.write({"event": "epoch", "epoch": epoch, "step": st.step, "val_loss": val_loss,
-                            "val_acc": val_acc, "val_acc_before_precise_bn": before, "amp": AMP_NAMES[self.amp_now],
-                            "skipped_steps": st.skipped_steps})
+        self.history.append(EpochRecord(epoch=epoch + 1, val_loss=val_loss, val_acc=val_acc,
+                                        val_acc_before_precise_bn=before))
+        self.metrics.write(EpochLine(epoch=epoch, step=st.step, val_loss=val_loss, val_acc=val_acc,
+                                     val_acc_before_precise_bn=before, amp=AMP_NAMES[self.amp_now],
+                                     skipped_steps=st.skipped_steps))
         log.info("train: epoch %d/%d  val loss %.4f  %s %.2f%%%s  (%d skipped steps)", epoch + 1, self.tc.epochs,
                  val_loss, "val mAP@0.5:0.95" if self.detection else "val acc", 100 * val_acc,
                  "" if before is None else f" ({100 * before:.2f}% before precise BN)", st.skipped_steps)
@@ -472,7 +481,7 @@ class Trainer:
             x = x.to(self.device)
             yield x.contiguous(memory_format=torch.channels_last) if self.tc.channels_last else x
 
-    def finish(self, seconds: float) -> dict:
+    def finish(self, seconds: float) -> TrainResult:
         """Check the replicas agree, write the deployable weights and the curve; the facts for the manifest."""
         world, st = self.world, self.state
         checksums = replica_checksums(self.model, world)
@@ -489,37 +498,33 @@ class Trainer:
             _write_outputs(self.run_dir, source, self.cfg, self.spec, self.splits)
             plot_curves(self.run_dir.file(METRICS), self.run_dir.file(CURVE))
             best_state = load_checkpoint(self.best_path) if self.best_path.exists() else None
-        last = self.history[-1] if self.history else {"val_loss": float("nan"), "val_acc": float("nan")}
-        return {
-            "epochs": self.tc.epochs,
-            "steps": st.step,
-            "skipped_steps": st.skipped_steps,
-            "final_val_acc": last["val_acc"],
-            "final_val_loss": last["val_loss"],
-            "best_val_acc": st.best_acc,
-            "best_epoch": best_state["epoch"] if best_state else None,
-            "train_seconds": round(seconds, 2),
-            "images_per_s": round(self.images_seen * world.world_size / max(seconds, 1e-9), 1),
-            "history": self.history,
-            "final_weights_sha256": checksums[0],  # the final (not the best) weights, see state_checksum
-            **({"replica_sha256": checksums, "replicas_identical": len(set(checksums)) == 1}
-               if world.enabled else {}),
-            "precise_bn": self.precise_bn_details(best_state["epoch"] if best_state else None),
-        }
+        last = self.history[-1] if self.history else EpochRecord(0, float("nan"), float("nan"))
+        best_epoch = best_state["epoch"] if best_state else None
+        return TrainResult(
+            epochs=self.tc.epochs, steps=st.step, skipped_steps=st.skipped_steps,
+            final_val_acc=last.val_acc, final_val_loss=last.val_loss, best_val_acc=st.best_acc, best_epoch=best_epoch,
+            train_seconds=round(seconds, 2),
+            images_per_s=round(self.images_seen * world.world_size / max(seconds, 1e-9), 1),
+            history=tuple(self.history),
+            final_weights_sha256=checksums[0],  # the final (not the best) weights, see state_checksum
+            replica_sha256=tuple(checksums) if world.enabled else None,
+            precise_bn=self.precise_bn_details(best_epoch),
+        )
 
-    def precise_bn_details(self, best_epoch: int | None) -> dict:
+    def precise_bn_details(self, best_epoch: int | None) -> PreciseBnDetails:
         """What ``train.precise_bn`` did, and its effect on the exported (best) epoch's validation accuracy."""
         done = self.tc.precise_bn.enabled and self.bn_layers > 0
-        best = next((h for h in self.history if h["epoch"] == best_epoch), {})
-        details = {"enabled": self.tc.precise_bn.enabled, "batchnorm_layers": self.bn_layers,
-                   "batches": min(self.tc.precise_bn.batches, self.batches_per_epoch) if done else 0,
-                   "best_epoch_val_acc_before": best.get("val_acc_before_precise_bn"),
-                   "best_epoch_val_acc_after": best.get("val_acc") if done else None}
-        if done and best.get("val_acc_before_precise_bn") is not None:
+        best = next((h for h in self.history if h.epoch == best_epoch), None)
+        details = PreciseBnDetails(
+            enabled=self.tc.precise_bn.enabled, batchnorm_layers=self.bn_layers,
+            batches=min(self.tc.precise_bn.batches, self.batches_per_epoch) if done else 0,
+            best_epoch_val_acc_before=best.val_acc_before_precise_bn if best else None,
+            best_epoch_val_acc_after=best.val_acc if best and done else None)
+        if done and details.best_epoch_val_acc_before is not None:
             log.info("train: precise BatchNorm statistics (%d layers, %d batches per epoch): %s of the exported "
-                     "weights (epoch %d) %.2f%% -> %.2f%%", self.bn_layers, details["batches"],
+                     "weights (epoch %d) %.2f%% -> %.2f%%", self.bn_layers, details.batches,
                      "val mAP@0.5:0.95" if self.detection else "val acc", best_epoch,
-                     100 * details["best_epoch_val_acc_before"], 100 * details["best_epoch_val_acc_after"])
+                     100 * details.best_epoch_val_acc_before, 100 * details.best_epoch_val_acc_after)
         return details
 
     def check_learning(self) -> tuple[learning.LearningEvidence, learning.LearningVerdict, learning.LearningPolicy]:
