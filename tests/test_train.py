@@ -794,6 +794,24 @@ def test_bench_train_prints_both_precisions_and_the_ratio(tmp_path, capsys):
     assert "speed-up bf16 / fp32:" in out and out.strip().splitlines()[-1].split(":")[1].split()[0].endswith("x")
 
 
+def test_bench_train_report_keeps_its_shape():
+    """bench-train's result typed (issue 47): ``to_json`` keeps the report's keys, ``results`` keyed by precision."""
+    from pipeline.bench_train import PrecisionRun, TrainBench, format_result
+
+    fp32, bf16 = PrecisionRun(100.0, 10.0, (2.0, 1.0), 1.0), PrecisionRun(150.0, 6.5, (2.0, 1.25), 1.25)
+    r = TrainBench(model="tiny_cnn", device="cpu", cpu="X", cpu_native_bf16=False, gpu=None, threads=2, image_size=16,
+                   batch_size=16, channels_last=False, steps=2, amp="bf16", fp32=fp32, amp_run=bf16)
+    assert list(r.to_json()) == ["model", "device", "cpu", "cpu_native_bf16", "gpu", "threads", "image_size",
+                                 "batch_size", "channels_last", "steps", "amp", "results", "speedup"]
+    assert r.to_json()["results"] == {"fp32": {"images_per_s": 100.0, "step_ms_median": 10.0, "losses": [2.0, 1.0],
+                                               "final_loss": 1.0},
+                                      "bf16": {"images_per_s": 150.0, "step_ms_median": 6.5, "losses": [2.0, 1.25],
+                                               "final_loss": 1.25}}
+    lines = format_result(r).splitlines()
+    assert lines[2].split() == ["fp32", "100.0", "10.0", "1.0000"] and lines[3].split()[0] == "bf16"
+    assert lines[-1] == "  speed-up bf16 / fp32: 1.50x (same batches, same initial weights)"
+
+
 # --------------------------------------------------------------------------- small pieces
 
 
