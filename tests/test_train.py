@@ -941,3 +941,25 @@ def test_train_results_write_the_manifests_shape():
     ddp = dataclasses.replace(result, replica_sha256=("ab", "ab")).to_json()
     assert list(ddp) == [*keys[:-1], "replica_sha256", "replicas_identical", "precise_bn"]
     assert ddp["replica_sha256"] == ["ab", "ab"] and ddp["replicas_identical"] is True
+
+
+def test_checkpoint_keeps_its_file_shape_and_refuses_a_damaged_one(tmp_path):
+    """The checkpoint typed (issue 47): ``to_state`` writes the keys torch.save always wrote, in order; a key missing
+    or of the wrong type is one InputError naming it (after the weights-only load, which stays the same)."""
+    state = {"format": checkpoint.CHECKPOINT_FORMAT, "model": {"w": torch.zeros(2)}, "optimizer": {}, "scheduler": {},
+             "scaler": {}, "epoch": 1, "batch": 0, "step": 6, "best_acc": 0.5, "skipped_steps": 0, "rng": {},
+             "config": {"train": {"epochs": 3}}, "spec": {}, "classes": ["a", "b"]}
+    path = tmp_path / "c.pt"
+    torch.save(state, path)
+    saved = checkpoint.load_checkpoint(path)
+    assert (saved.epoch, saved.step, saved.made_for_epochs, saved.source_weights_sha256) == (1, 6, 3, None)
+    assert list(saved.to_state()) == list(state)
+    checkpoint.save_checkpoint(tmp_path / "again.pt", saved)
+    assert list(torch.load(tmp_path / "again.pt", weights_only=True)) == list(state)
+    for key, value in (("step", "6"), ("model", [1]), ("epoch", True), ("rng", None)):
+        torch.save({**state, key: value}, path)
+        with pytest.raises(InputError, match=f"damaged: its '{key}'"):
+            checkpoint.load_checkpoint(path)
+    torch.save({**state, "model": {"w": 1}}, path)
+    with pytest.raises(InputError, match="other than named tensors"):
+        checkpoint.load_checkpoint(path)

@@ -19,6 +19,7 @@ fine-tuning"):
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -38,7 +39,7 @@ from pipeline.core.torch_onnx import export_onnx
 from pipeline.precision import fallback, int8, plugs, qat
 from pipeline.precision.fallback import QATSource, Raised
 from pipeline.training import batchnorm
-from pipeline.training.checkpoint import load_checkpoint
+from pipeline.training.checkpoint import Checkpoint, load_checkpoint
 from pipeline.training.device import AMP_NAMES, resolve_amp, resolve_device
 from pipeline.training.distributed import Dist
 from pipeline.training.metrics import plot_curves
@@ -88,14 +89,14 @@ class QATTrainer(Trainer):
         qat.sync_weight_ranges(self.model)
         return super().validate()
 
-    def checkpoint_state(self) -> dict:
+    def checkpoint_state(self) -> Checkpoint:
         import modelopt.torch.opt as mto
 
-        return {**super().checkpoint_state(), "modelopt_state": mto.modelopt_state(self.model),
-                "source_weights_sha256": self.source}
+        return dataclasses.replace(super().checkpoint_state(), modelopt_state=mto.modelopt_state(self.model),
+                                   source_weights_sha256=self.source)
 
     def resume(self) -> None:
-        if self.ckpt_path.exists() and load_checkpoint(self.ckpt_path).get("source_weights_sha256") != self.source:
+        if self.ckpt_path.exists() and load_checkpoint(self.ckpt_path).source_weights_sha256 != self.source:
             raise InputError(f"{self.ckpt_path.name} was fine-tuned from other trained weights than {a.WEIGHTS}; "
                              "run qat without --resume")
         super().resume()
@@ -105,12 +106,12 @@ class QATTrainer(Trainer):
         plot_curves(self.run_dir.file(a.QAT_METRICS), self.run_dir.file(a.QAT_CURVE))
         source = self.best_path if self.best_path.exists() else self.ckpt_path
         best = load_checkpoint(source)
-        self.model.load_state_dict(best["model"])
+        self.model.load_state_dict(best.model)
         qat.sync_weight_ranges(self.model)
         epochs_run = max(1, len(self.history))
         return QatTrainResult(
             epochs=self.tc.epochs, steps=self.state.step, skipped_steps=self.state.skipped_steps,
-            best_val_acc=self.state.best_acc, best_epoch=best["epoch"], history=tuple(self.history),
+            best_val_acc=self.state.best_acc, best_epoch=best.epoch, history=tuple(self.history),
             train_seconds=round(seconds, 2), seconds_per_epoch=round(seconds / epochs_run, 2),
             images_per_s=round(self.images_seen / max(seconds, 1e-9), 1))
 
@@ -224,7 +225,7 @@ def rebuild(cfg: Config, run_dir: RunDir, card: ModelCard, source: QATSource, ou
     model, _, card, _, template, _, fp32_nodes = _prepare(cfg, run_dir, with_data=False)
     _quantize(cfg, card, model, template)
     try:
-        model.load_state_dict(load_checkpoint(path)["model"])
+        model.load_state_dict(load_checkpoint(path).model)
     except (RuntimeError, KeyError, TypeError) as exc:  # not QAT's weights and quantizer state (train's, another's)
         raise InputError(f"{source.checkpoint} does not hold QAT's fine-tuned weights and quantizer state for this "
                          f"model ({first_line(exc)[:160]}); run python -m pipeline qat (or tune) again") from None

@@ -19,7 +19,7 @@ import math
 import signal
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,7 +35,7 @@ from pipeline.core.model_card import ModelCard
 from pipeline.core.run import RunDir, atomic_path
 from pipeline.training import batchnorm, learning
 from pipeline.training import detection as detection_training
-from pipeline.training.checkpoint import CHECKPOINT_FORMAT, load_checkpoint, save_checkpoint
+from pipeline.training.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from pipeline.training.device import AMP_NAMES
 from pipeline.training.distributed import (
     Dist,
@@ -87,12 +87,9 @@ class TrainState:
     best_acc: float = -1.0
     skipped_steps: int = 0
 
-    def state_dict(self) -> dict:
-        return asdict(self)
-
-    def load_state_dict(self, state: dict) -> None:
-        for key in asdict(self):
-            setattr(self, key, state[key])
+    def restore(self, checkpoint: Checkpoint) -> None:
+        self.epoch, self.batch, self.step = checkpoint.epoch, checkpoint.batch, checkpoint.step
+        self.best_acc, self.skipped_steps = checkpoint.best_acc, checkpoint.skipped_steps
 
 
 # --------------------------------------------------------------------------- the recipe
@@ -267,42 +264,36 @@ class Trainer:
     def resume(self) -> None:
         if not self.ckpt_path.exists():
             raise InputError(f"nothing to resume: {self.ckpt_path} does not exist; run train without --resume")
-        state = load_checkpoint(self.ckpt_path)
+        saved = load_checkpoint(self.ckpt_path)
         try:
-            unwrap(self.model).load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
-            self.scheduler.load_state_dict(state["scheduler"])
-            self.scaler.load_state_dict(state["scaler"])
-            self.state.load_state_dict(state)
+            unwrap(self.model).load_state_dict(saved.model)
+            self.optimizer.load_state_dict(saved.optimizer)
+            self.scheduler.load_state_dict(saved.scheduler)
+            self.scaler.load_state_dict(saved.scaler)
+            self.state.restore(saved)
         except (KeyError, RuntimeError, ValueError) as exc:
             raise InputError(f"{self.ckpt_path} does not fit this model/config ({first_line(exc)}); "
                              "train without --resume") from None
-        set_rng_state(state["rng"])
+        set_rng_state(saved.rng)
         ran = self.state.epoch + (1 if self.state.batch else 0)  # epochs the checkpoint has begun or finished
         if ran > self.tc.epochs:  # more than asked for already: resuming would record epochs that never ran
             raise InputError(f"{self.ckpt_path.name} has already trained {ran} epochs, more than "
                              f"{self.epochs_setting}={self.tc.epochs}: set {self.epochs_setting} to {ran} or more to "
                              f"resume it, or run {self.stage_name} without --resume")
-        made_for = state["config"].get("train", {}).get("epochs")
+        made_for = saved.made_for_epochs
         if made_for != self.tc.epochs:
             log.warning("%s: resuming with %s=%d (checkpoint was made for %s): the LR schedule changes",
                         self.stage_name, self.epochs_setting, self.tc.epochs, made_for)
         log.info("%s: resuming from %s at epoch %d, batch %d (step %d)", self.stage_name, self.ckpt_path.name,
                  self.state.epoch + 1, self.state.batch, self.state.step)
 
-    def checkpoint_state(self) -> dict:
-        return {
-            "format": CHECKPOINT_FORMAT,
-            "model": unwrap(self.model).state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict(),
-            **self.state.state_dict(),
-            "rng": rng_state(),
-            "config": self.cfg.to_dict(),
-            "spec": self.spec.to_dict(),
-            "classes": self.splits.classes,
-        }
+    def checkpoint_state(self) -> Checkpoint:
+        st = self.state
+        return Checkpoint(
+            model=unwrap(self.model).state_dict(), optimizer=self.optimizer.state_dict(),
+            scheduler=self.scheduler.state_dict(), scaler=self.scaler.state_dict(),
+            epoch=st.epoch, batch=st.batch, step=st.step, best_acc=st.best_acc, skipped_steps=st.skipped_steps,
+            rng=rng_state(), config=self.cfg.to_dict(), spec=self.spec.to_dict(), classes=self.splits.classes)
 
     def train_epoch(self, epoch: int) -> None:
         from tqdm import tqdm
@@ -499,7 +490,7 @@ class Trainer:
             plot_curves(self.run_dir.file(METRICS), self.run_dir.file(CURVE))
             best_state = load_checkpoint(self.best_path) if self.best_path.exists() else None
         last = self.history[-1] if self.history else EpochRecord(0, float("nan"), float("nan"))
-        best_epoch = best_state["epoch"] if best_state else None
+        best_epoch = best_state.epoch if best_state else None
         return TrainResult(
             epochs=self.tc.epochs, steps=st.step, skipped_steps=st.skipped_steps,
             final_val_acc=last.val_acc, final_val_loss=last.val_loss, best_val_acc=st.best_acc, best_epoch=best_epoch,
@@ -532,7 +523,7 @@ class Trainer:
         verdict and the policy it was judged under, logged; the caller records it and raises on a failed one."""
         source = self.best_path if self.best_path.exists() else self.ckpt_path
         model = unwrap(self.model)
-        model.load_state_dict(load_checkpoint(source)["model"])
+        model.load_state_dict(load_checkpoint(source).model)
         evidence = self.learning_evidence(model)
         policy = learning.LearningPolicy(confidence=self.cfg.verify.confidence,
                                          require_learning=self.tc.require_learning,
@@ -553,7 +544,7 @@ class Trainer:
         architecture, freshly initialised with ``train.seed``), with a bootstrap bound over the validation images."""
         source = self.best_path if self.best_path.exists() else self.ckpt_path
         model = unwrap(self.model)
-        model.load_state_dict(load_checkpoint(source)["model"])
+        model.load_state_dict(load_checkpoint(source).model)
         with torch.random.fork_rng():
             torch.manual_seed(self.tc.seed)
             untrained, _ = modeling.build(self.cfg, self.splits.num_classes, self.spec.input_size[1])
@@ -593,13 +584,13 @@ def _write_outputs(run_dir: RunDir, source: Path, cfg: Config, spec, splits) -> 
     from safetensors.torch import save_file
 
     state = load_checkpoint(source)
-    weights = {k: v.contiguous() for k, v in state["model"].items()}
+    weights = {k: v.contiguous() for k, v in state.model.items()}
     with atomic_path(run_dir.file(modeling.WEIGHTS)) as tmp:
         # One metadata key: safetensors writes a metadata map in a per-process random order, so two keys would
         # give the same weights a different sha256 in every run (and every graph stamped with it, downstream).
-        about = json.dumps({"epoch": state["epoch"], "model": cfg.model.name}, sort_keys=True)
+        about = json.dumps({"epoch": state.epoch, "model": cfg.model.name}, sort_keys=True)
         save_file(weights, str(tmp), metadata={"pipeline": about})
     modeling.write_card(run_dir, ModelCard.trained(cfg.model.name, spec, splits.classes, modeling.WEIGHTS,
-                                                   state["epoch"], state["best_acc"]))
+                                                   state.epoch, state.best_acc))
 
 
