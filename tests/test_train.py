@@ -874,10 +874,13 @@ def cuda_machine(monkeypatch):
     logger.setLevel(level)
 
 
-def checkpoint_rng(saved_gpus: int) -> dict:
+def checkpoint_rng(saved_gpus: int) -> rng.RngState:
+    import dataclasses
+
     import torch
 
-    return {**rng.rng_state(), "cuda": [torch.full((8,), i, dtype=torch.uint8) for i in range(saved_gpus)]}
+    return dataclasses.replace(rng.rng_state(),
+                               cuda=tuple(torch.full((8,), i, dtype=torch.uint8) for i in range(saved_gpus)))
 
 
 @pytest.mark.parametrize("saved, here, restored_devices, said", [
@@ -897,7 +900,9 @@ def test_resume_restores_the_cuda_rng_of_the_gpus_that_exist(cuda_machine, saved
 
 
 def test_a_checkpoint_without_cuda_state_restores_nothing_on_a_gpu(cuda_machine):
-    state = rng.rng_state() | {"cuda": []}
+    import dataclasses
+
+    state = dataclasses.replace(rng.rng_state(), cuda=())
     restored, messages = cuda_machine(2)
     rng.set_rng_state(state)
     assert restored == [] and not any("CUDA RNG" in m for m in messages)
@@ -947,7 +952,8 @@ def test_checkpoint_keeps_its_file_shape_and_refuses_a_damaged_one(tmp_path):
     """The checkpoint typed (issue 47): ``to_state`` writes the keys torch.save always wrote, in order; a key missing
     or of the wrong type is one InputError naming it (after the weights-only load, which stays the same)."""
     state = {"format": checkpoint.CHECKPOINT_FORMAT, "model": {"w": torch.zeros(2)}, "optimizer": {}, "scheduler": {},
-             "scaler": {}, "epoch": 1, "batch": 0, "step": 6, "best_acc": 0.5, "skipped_steps": 0, "rng": {},
+             "scaler": {}, "epoch": 1, "batch": 0, "step": 6, "best_acc": 0.5, "skipped_steps": 0,
+             "rng": rng.rng_state().to_state(),
              "config": {"train": {"epochs": 3}}, "spec": {}, "classes": ["a", "b"]}
     path = tmp_path / "c.pt"
     torch.save(state, path)
@@ -956,10 +962,13 @@ def test_checkpoint_keeps_its_file_shape_and_refuses_a_damaged_one(tmp_path):
     assert list(saved.to_state()) == list(state)
     checkpoint.save_checkpoint(tmp_path / "again.pt", saved)
     assert list(torch.load(tmp_path / "again.pt", weights_only=True)) == list(state)
-    for key, value in (("step", "6"), ("model", [1]), ("epoch", True), ("rng", None)):
+    for key, value in (("step", "6"), ("model", [1]), ("epoch", True), ("rng", None)):  # the type checks
         torch.save({**state, key: value}, path)
         with pytest.raises(InputError, match=f"damaged: its '{key}'"):
             checkpoint.load_checkpoint(path)
     torch.save({**state, "model": {"w": 1}}, path)
     with pytest.raises(InputError, match="other than named tensors"):
+        checkpoint.load_checkpoint(path)
+    torch.save({**state, "rng": {**state["rng"], "torch": [1, 2]}}, path)
+    with pytest.raises(InputError, match="its 'rng' is not"):
         checkpoint.load_checkpoint(path)

@@ -24,14 +24,14 @@ TYPES = {
     **{name: "training/records.py" for name in ("EpochRecord", "PreciseBnDetails", "TrainResult", "QatTrainResult",
                                                 "RunLine", "StepLine", "EpochLine", "MetricsLine")},
     "PrecisionRun": "bench_train.py", "TrainBench": "bench_train.py",
-    "Checkpoint": "training/checkpoint.py",
+    "Checkpoint": "training/checkpoint.py", "RngState": "training/rng.py", "NumpyRng": "training/rng.py",
 }
 # Calls that return one of the types (besides a function annotated to return one, and the types themselves), as
 # ``module.function``; a bare call matches the function's name.
 MAKERS = {"doctor.gather", "doctor.onnxruntime_facts", "doctor.nvml_driver",
           "stage_entry", "stages.run_stage", "manifest.entries",
           "modeling.read_card", "modeling.load_trained", "model_card.read",
-          "read_metrics", "read_lines", "trainer.train", "bench_train.run", "load_checkpoint"}
+          "read_metrics", "read_lines", "trainer.train", "bench_train.run", "load_checkpoint", "rng_state"}
 
 
 def _maker(f: ast.AST, makers: set[str]) -> bool:

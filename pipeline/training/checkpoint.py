@@ -19,6 +19,7 @@ import torch
 from pipeline.core import modeling
 from pipeline.core.errors import InputError
 from pipeline.core.run import atomic_path
+from pipeline.training.rng import RngState
 
 log = logging.getLogger("pipeline")
 
@@ -40,7 +41,7 @@ class Checkpoint:
     step: int  # optimizer steps taken
     best_acc: float
     skipped_steps: int
-    rng: dict[str, Any]  # pipeline.training.rng.rng_state()
+    rng: RngState
     config: dict[str, Any]  # Config.to_dict()
     spec: dict[str, Any]
     classes: list[str]
@@ -57,7 +58,8 @@ class Checkpoint:
     def to_state(self) -> dict[str, Any]:
         state = {"format": CHECKPOINT_FORMAT, "model": self.model, "optimizer": self.optimizer,
                  "scheduler": self.scheduler, "scaler": self.scaler, "epoch": self.epoch, "batch": self.batch,
-                 "step": self.step, "best_acc": self.best_acc, "skipped_steps": self.skipped_steps, "rng": self.rng,
+                 "step": self.step, "best_acc": self.best_acc, "skipped_steps": self.skipped_steps,
+                 "rng": self.rng.to_state(),
                  "config": self.config, "spec": self.spec, "classes": self.classes}
         if self.modelopt_state is not None:
             state["modelopt_state"] = self.modelopt_state
@@ -80,7 +82,8 @@ class Checkpoint:
                              "train without --resume")
         return cls(model=state["model"], optimizer=state["optimizer"], scheduler=state["scheduler"],
                    scaler=state["scaler"], epoch=state["epoch"], batch=state["batch"], step=state["step"],
-                   best_acc=float(state["best_acc"]), skipped_steps=state["skipped_steps"], rng=state["rng"],
+                   best_acc=float(state["best_acc"]), skipped_steps=state["skipped_steps"],
+                   rng=RngState.from_state(state["rng"], path),
                    config=state["config"], spec=state["spec"], classes=state["classes"],
                    modelopt_state=state.get("modelopt_state"),
                    source_weights_sha256=state.get("source_weights_sha256"),
