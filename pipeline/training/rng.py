@@ -60,20 +60,20 @@ class RngState:
     @classmethod
     def from_state(cls, state: Any, path: Path) -> RngState:
         """A checkpoint's ``rng``, checked; anything else is one :class:`InputError`."""
-        py = state.get("python") if isinstance(state, dict) else None
-        npst = state.get("numpy") if isinstance(state, dict) else None
+        state = state if isinstance(state, dict) else {}
+        py, npst, cpu, cuda = state.get("python"), state.get("numpy"), state.get("torch"), state.get("cuda")
+        npst = npst if isinstance(npst, dict) else {}
+        numpy = NumpyRng(keys=npst.get("keys"), pos=npst.get("pos"), has_gauss=npst.get("has_gauss"),
+                         cached=npst.get("cached"))
         ok = (isinstance(py, (tuple, list)) and len(py) == 3 and isinstance(py[1], (tuple, list))
-              and isinstance(npst, dict) and isinstance(npst.get("keys"), torch.Tensor)
-              and all(isinstance(npst.get(k), int) for k in ("pos", "has_gauss"))
-              and isinstance(npst.get("cached"), float) and isinstance(state.get("torch"), torch.Tensor)
-              and (state.get("cuda") is None or (isinstance(state.get("cuda"), (list, tuple))
-                                                 and all(isinstance(t, torch.Tensor) for t in state.get("cuda")))))
+              and isinstance(numpy.keys, torch.Tensor) and isinstance(numpy.cached, float)
+              and all(isinstance(n, int) and not isinstance(n, bool) for n in (numpy.pos, numpy.has_gauss))
+              and isinstance(cpu, torch.Tensor) and (cuda is None or (
+                  isinstance(cuda, (list, tuple)) and all(isinstance(t, torch.Tensor) for t in cuda))))
         if not ok:
             raise InputError(f"{path} is damaged: its 'rng' is not the RNG states this tool saves; re-run train "
                              "without --resume")
-        return cls(python=tuple(py), numpy=NumpyRng(keys=npst["keys"], pos=npst["pos"], has_gauss=npst["has_gauss"],
-                                                    cached=npst["cached"]),
-                   torch=state["torch"], cuda=None if state.get("cuda") is None else tuple(state["cuda"]))
+        return cls(python=tuple(py), numpy=numpy, torch=cpu, cuda=None if cuda is None else tuple(cuda))
 
 
 def rng_state() -> RngState:
