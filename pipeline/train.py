@@ -58,7 +58,7 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, resume: bool = Fal
         "init_weights": init_info,
     })
     trainer = Trainer(cfg, run_dir, model, spec, splits, device, world, amp_dtype)
-    record.details.update(trainer.train(resume=resume, profile=profile))
+    record.details.update(trainer.train(resume=resume, profile=profile).to_json())
     failure = None
     if world.is_main:
         for name in (CHECKPOINT, BEST_CHECKPOINT, modeling.WEIGHTS, modeling.MODEL_CARD, METRICS, CURVE):

@@ -779,20 +779,20 @@ def test_resume_after_sigkill_at_a_random_moment(capsys, tmp_path):
     from pipeline.training.metrics import read_metrics
 
     state = load_checkpoint(run / "checkpoint.pt")
-    resumed_from = f"killed {delay}; resumed at epoch {state['epoch']}, " \
-                   f"batch {state['batch']}, step {state['step']}"
-    assert 0 < state["step"] < epochs * steps_per_epoch, resumed_from
+    resumed_from = f"killed {delay}; resumed at epoch {state.epoch}, " \
+                   f"batch {state.batch}, step {state.step}"
+    assert 0 < state.step < epochs * steps_per_epoch, resumed_from
 
     code, err = run_main(capsys, "train", "--resume", "--run-dir", run)
     assert code == EXIT_OK, err
     entry = stage(run, "train")
     assert entry["status"] == "ok", resumed_from
     assert entry["details"]["steps"] == epochs * steps_per_epoch, resumed_from  # every step made, none twice
-    assert [h["epoch"] for h in entry["details"]["history"]] == list(range(state["epoch"] + 1, epochs + 1))
+    assert [h["epoch"] for h in entry["details"]["history"]] == list(range(state.epoch + 1, epochs + 1))
     assert '"event": "resume"' in (run / "metrics.jsonl").read_text()
-    assert read_metrics(run / "metrics.jsonl")[0]["event"] == "start"
+    assert read_metrics(run / "metrics.jsonl")[0].event == "start"
     assert temporaries(run) == [], resumed_from  # a temporary file the kill left behind is gone
-    assert load_checkpoint(run / "checkpoint.pt")["step"] == epochs * steps_per_epoch
+    assert load_checkpoint(run / "checkpoint.pt").step == epochs * steps_per_epoch
     assert (run / "model.safetensors").is_file() and (run / "model.json").is_file()
 
 

@@ -137,7 +137,7 @@ def test_qat_writes_ptqs_form_records_it_and_export_rebuilds_it(trained, tmp_pat
     fallback = json.loads((run / "int8_fallback.json").read_text())
     assert fallback["method"] == "qat" and fallback["qat"]["checkpoint"] == artifacts.QAT_BEST_CHECKPOINT
     state = load_checkpoint(run / artifacts.QAT_BEST_CHECKPOINT)
-    assert "modelopt_state" in state and any(k.endswith("input_quantizer._amax") for k in state["model"])
+    assert state.modelopt_state is not None and any(k.endswith("input_quantizer._amax") for k in state.model)
 
     before = sha256_file(run / "model.int8.onnx")
     assert cli("export", "--run-dir", run) == 0  # rebuilt from the checkpoint, not PTQ
@@ -183,7 +183,7 @@ def test_interrupted_and_resumed_qat_ends_with_the_uninterrupted_weights(trained
     monkeypatch.setattr(qat_recipe.QATTrainer, "end_epoch", real_end)
     assert cli("qat", "--resume", "--run-dir", cut, *TRAINED) == 0
 
-    a, b = (load_checkpoint(r / artifacts.QAT_CHECKPOINT)["model"] for r in (whole, cut))
+    a, b = (load_checkpoint(r / artifacts.QAT_CHECKPOINT).model for r in (whole, cut))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert sha256_file(whole / "model.int8.onnx") == sha256_file(cut / "model.int8.onnx")
     events = [json.loads(line)["event"] for line in (cut / artifacts.QAT_METRICS).read_text().splitlines()]

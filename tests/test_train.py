@@ -29,6 +29,7 @@ from pipeline.train import BEST_CHECKPOINT, CHECKPOINT, CURVE, METRICS, TRACE
 from pipeline.training import checkpoint, device, distributed, optim, rng
 from pipeline.training import metrics as metrics_log
 from pipeline.training.distributed import Dist
+from pipeline.training.records import EpochLine, StepLine
 
 # 10 classes x 12 images at 16x16: 100 train / 20 val images, batch 16 -> 6 steps per epoch.
 TINY_TRAIN = [
@@ -100,7 +101,8 @@ def manifest(run_dir: Path) -> dict:
 
 
 def metrics(run_dir: Path) -> list[dict]:
-    return metrics_log.read_metrics(run_dir / METRICS)
+    """metrics.jsonl's lines as written (the file's contents; the tool reads them typed: ``read_metrics``)."""
+    return [json.loads(line) for line in (run_dir / METRICS).read_text().splitlines()]
 
 
 def assert_same_tensors(a: dict, b: dict, exact: bool = True) -> None:
@@ -254,17 +256,17 @@ def test_metrics_go_to_tensorboard_when_it_is_installed(tmp_path, monkeypatch):
 
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", types.SimpleNamespace(SummaryWriter=SummaryWriter))
     log = metrics_log.MetricsLog(tmp_path / "m.jsonl", True, tmp_path / "tb")
-    log.write({"event": "step", "epoch": 0, "step": 3, "loss": 1.5, "loss_scale": None, "lr": 0.1})
-    log.write({"event": "epoch", "epoch": 0, "step": 3, "val_acc": 0.5, "amp": "off"})
+    log.write(StepLine(epoch=0, step=3, loss=1.5, loss_scale=None, lr=0.1))
+    log.write(EpochLine(epoch=0, step=3, val_acc=0.5, amp="off"))
     log.close()
     assert scalars == [("step/loss", 1.5, 3), ("step/lr", 0.1, 3), ("epoch/val_acc", 0.5, 3), "closed"]
-    assert [r["event"] for r in metrics_log.read_metrics(tmp_path / "m.jsonl")] == ["step", "epoch"]
+    assert [r.event for r in metrics_log.read_metrics(tmp_path / "m.jsonl")] == ["step", "epoch"]
     # a line torn by a killed process is skipped
     with open(tmp_path / "m.jsonl", "a") as f:
         f.write('{"event": "st')
     assert len(metrics_log.read_metrics(tmp_path / "m.jsonl")) == 2
     silent = metrics_log.MetricsLog(tmp_path / "rank1.jsonl", False, tmp_path / "tb1")
-    silent.write({"event": "step", "step": 1})
+    silent.write(StepLine(step=1))
     silent.close()
     assert not (tmp_path / "rank1.jsonl").exists()
 
@@ -792,6 +794,24 @@ def test_bench_train_prints_both_precisions_and_the_ratio(tmp_path, capsys):
     assert "speed-up bf16 / fp32:" in out and out.strip().splitlines()[-1].split(":")[1].split()[0].endswith("x")
 
 
+def test_bench_train_report_keeps_its_shape():
+    """bench-train's result typed (issue 47): ``to_json`` keeps the report's keys, ``results`` keyed by precision."""
+    from pipeline.bench_train import PrecisionRun, TrainBench, format_result
+
+    fp32, bf16 = PrecisionRun(100.0, 10.0, (2.0, 1.0), 1.0), PrecisionRun(150.0, 6.5, (2.0, 1.25), 1.25)
+    r = TrainBench(model="tiny_cnn", device="cpu", cpu="X", cpu_native_bf16=False, gpu=None, threads=2, image_size=16,
+                   batch_size=16, channels_last=False, steps=2, amp="bf16", fp32=fp32, amp_run=bf16)
+    assert list(r.to_json()) == ["model", "device", "cpu", "cpu_native_bf16", "gpu", "threads", "image_size",
+                                 "batch_size", "channels_last", "steps", "amp", "results", "speedup"]
+    assert r.to_json()["results"] == {"fp32": {"images_per_s": 100.0, "step_ms_median": 10.0, "losses": [2.0, 1.0],
+                                               "final_loss": 1.0},
+                                      "bf16": {"images_per_s": 150.0, "step_ms_median": 6.5, "losses": [2.0, 1.25],
+                                               "final_loss": 1.25}}
+    lines = format_result(r).splitlines()
+    assert lines[2].split() == ["fp32", "100.0", "10.0", "1.0000"] and lines[3].split()[0] == "bf16"
+    assert lines[-1] == "  speed-up bf16 / fp32: 1.50x (same batches, same initial weights)"
+
+
 # --------------------------------------------------------------------------- small pieces
 
 
@@ -854,10 +874,13 @@ def cuda_machine(monkeypatch):
     logger.setLevel(level)
 
 
-def checkpoint_rng(saved_gpus: int) -> dict:
+def checkpoint_rng(saved_gpus: int) -> rng.RngState:
+    import dataclasses
+
     import torch
 
-    return {**rng.rng_state(), "cuda": [torch.full((8,), i, dtype=torch.uint8) for i in range(saved_gpus)]}
+    return dataclasses.replace(rng.rng_state(),
+                               cuda=tuple(torch.full((8,), i, dtype=torch.uint8) for i in range(saved_gpus)))
 
 
 @pytest.mark.parametrize("saved, here, restored_devices, said", [
@@ -877,7 +900,75 @@ def test_resume_restores_the_cuda_rng_of_the_gpus_that_exist(cuda_machine, saved
 
 
 def test_a_checkpoint_without_cuda_state_restores_nothing_on_a_gpu(cuda_machine):
-    state = rng.rng_state() | {"cuda": []}
+    import dataclasses
+
+    state = dataclasses.replace(rng.rng_state(), cuda=())
     restored, messages = cuda_machine(2)
     rng.set_rng_state(state)
     assert restored == [] and not any("CUDA RNG" in m for m in messages)
+
+
+def test_metrics_lines_are_read_typed_and_a_damaged_line_is_one_input_error(tmp_path):
+    """metrics.jsonl's reader (issue 47): typed lines; a line of the wrong type or an unknown event is an
+    InputError naming the line, not a KeyError later."""
+    from pipeline.training.records import RunLine, read_lines
+
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"event": "start", "epoch": 0, "step": 0, "time": 1.5}\n'
+                    '{"event": "epoch", "epoch": 0, "step": 3, "val_loss": 0.5, "val_acc": 0.25}\n')
+    start, epoch = read_lines(path)
+    assert start == RunLine(event="start", epoch=0, step=0, time=1.5) and (epoch.val_acc, epoch.step) == (0.25, 3)
+    for bad in ('{"event": "step", "step": "3"}', '{"event": "restart", "step": 3}', '[1, 2]'):
+        path.write_text(bad + "\n")
+        with pytest.raises(InputError, match="line 1"):
+            read_lines(path)
+
+
+def test_train_results_write_the_manifests_shape():
+    """The manifest's details keep their keys and order; absent keys stay absent (issue 47)."""
+    from pipeline.training.records import EpochRecord, PreciseBnDetails, TrainResult
+
+    history = (EpochRecord(1, 0.5, 0.75), EpochRecord(2, 0.25, 0.875, val_acc_before_precise_bn=0.5))
+    assert [h.to_json() for h in history] == [{"epoch": 1, "val_loss": 0.5, "val_acc": 0.75},
+                                             {"epoch": 2, "val_loss": 0.25, "val_acc": 0.875,
+                                              "val_acc_before_precise_bn": 0.5}]
+    result = TrainResult(epochs=2, steps=8, skipped_steps=0, final_val_acc=0.875, final_val_loss=0.25,
+                         best_val_acc=0.875, best_epoch=2, train_seconds=1.5, images_per_s=10.0, history=history,
+                         final_weights_sha256="ab", replica_sha256=None,
+                         precise_bn=PreciseBnDetails(True, 3, 2, 0.5, 0.875))
+    keys = ["epochs", "steps", "skipped_steps", "final_val_acc", "final_val_loss", "best_val_acc", "best_epoch",
+            "train_seconds", "images_per_s", "history", "final_weights_sha256", "precise_bn"]
+    assert list(result.to_json()) == keys
+    assert result.to_json()["precise_bn"] == {"enabled": True, "batchnorm_layers": 3, "batches": 2,
+                                              "best_epoch_val_acc_before": 0.5, "best_epoch_val_acc_after": 0.875}
+    import dataclasses
+
+    ddp = dataclasses.replace(result, replica_sha256=("ab", "ab")).to_json()
+    assert list(ddp) == [*keys[:-1], "replica_sha256", "replicas_identical", "precise_bn"]
+    assert ddp["replica_sha256"] == ["ab", "ab"] and ddp["replicas_identical"] is True
+
+
+def test_checkpoint_keeps_its_file_shape_and_refuses_a_damaged_one(tmp_path):
+    """The checkpoint typed (issue 47): ``to_state`` writes the keys torch.save always wrote, in order; a key missing
+    or of the wrong type is one InputError naming it (after the weights-only load, which stays the same)."""
+    state = {"format": checkpoint.CHECKPOINT_FORMAT, "model": {"w": torch.zeros(2)}, "optimizer": {}, "scheduler": {},
+             "scaler": {}, "epoch": 1, "batch": 0, "step": 6, "best_acc": 0.5, "skipped_steps": 0,
+             "rng": rng.rng_state().to_state(),
+             "config": {"train": {"epochs": 3}}, "spec": {}, "classes": ["a", "b"]}
+    path = tmp_path / "c.pt"
+    torch.save(state, path)
+    saved = checkpoint.load_checkpoint(path)
+    assert (saved.epoch, saved.step, saved.made_for_epochs, saved.source_weights_sha256) == (1, 6, 3, None)
+    assert list(saved.to_state()) == list(state)
+    checkpoint.save_checkpoint(tmp_path / "again.pt", saved)
+    assert list(torch.load(tmp_path / "again.pt", weights_only=True)) == list(state)
+    for key, value in (("step", "6"), ("model", [1]), ("epoch", True), ("rng", None)):  # the type checks
+        torch.save({**state, key: value}, path)
+        with pytest.raises(InputError, match=f"damaged: its '{key}'"):
+            checkpoint.load_checkpoint(path)
+    torch.save({**state, "model": {"w": 1}}, path)
+    with pytest.raises(InputError, match="other than named tensors"):
+        checkpoint.load_checkpoint(path)
+    torch.save({**state, "rng": {**state["rng"], "torch": [1, 2]}}, path)
+    with pytest.raises(InputError, match="its 'rng' is not"):
+        checkpoint.load_checkpoint(path)

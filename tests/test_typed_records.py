@@ -21,12 +21,17 @@ TYPES = {
     "ModelCard": "core/model_card.py", "CardSpec": "core/model_card.py",
     **{name: "runtime/isolate_messages.py" for name in ("Job", "BackendRef", "Request", "Message", "Answer",
                                                         "RemoteError")},
+    **{name: "training/records.py" for name in ("EpochRecord", "PreciseBnDetails", "TrainResult", "QatTrainResult",
+                                                "RunLine", "StepLine", "EpochLine", "MetricsLine")},
+    "PrecisionRun": "bench_train.py", "TrainBench": "bench_train.py",
+    "Checkpoint": "training/checkpoint.py", "RngState": "training/rng.py", "NumpyRng": "training/rng.py",
 }
 # Calls that return one of the types (besides a function annotated to return one, and the types themselves), as
 # ``module.function``; a bare call matches the function's name.
 MAKERS = {"doctor.gather", "doctor.onnxruntime_facts", "doctor.nvml_driver",
           "stage_entry", "stages.run_stage", "manifest.entries",
-          "modeling.read_card", "modeling.load_trained", "model_card.read"}
+          "modeling.read_card", "modeling.load_trained", "model_card.read",
+          "read_metrics", "read_lines", "trainer.train", "bench_train.run", "load_checkpoint", "rng_state"}
 
 
 def _maker(f: ast.AST, makers: set[str]) -> bool:
@@ -147,8 +152,27 @@ def test_the_check_sees_the_records_in_the_modules_that_use_them():
     for name in ("doctor.py", "stages.py", "core/run.py", "reports/tables.py", "cli.py", "core/data.py",
                  "core/modeling.py", "export.py", "verify.py", "benchmark.py", "tune.py", "build.py", "compare.py",
                  "baseline.py", "deploy.py", "evaluation/candidates.py", "training/qat_recipe.py",
-                 "precision/convert.py", "core/onnx_io.py", "reports/verify_report.py", "runtime/isolate.py"):
+                 "precision/convert.py", "core/onnx_io.py", "reports/verify_report.py", "runtime/isolate.py",
+                 "training/trainer.py", "training/metrics.py", "bench_train.py",
+                 "training/checkpoint.py"):
         tree = ast.parse((PACKAGE / name).read_text())
         makers = MAKERS | {fn.name for fn in ast.walk(tree) if isinstance(fn, ast.FunctionDef)
                            and _names_a_type(fn.returns)}
         assert any(_typed_names(fn, makers) for fn in ast.walk(tree) if isinstance(fn, ast.FunctionDef)), name
+
+
+def test_the_check_finds_a_key_read_on_trainings_records(tmp_path):
+    """Training's records (:mod:`pipeline.training.records`): the result, an epoch, metrics.jsonl's lines."""
+    path = tmp_path / "t.py"
+    path.write_text(
+        "def a(result: TrainResult):\n    return result['history'], result.precise_bn.get('batches')\n"
+        "def b(path):\n    return [line['event'] for line in metrics.read_metrics(path)]\n"
+        "def c(trainer):\n    facts = trainer.train(resume=False, profile=False)\n    return facts['best_val_acc']\n"
+        "def d(h: EpochRecord, raw: dict):\n    return h.get('val_acc'), raw['val_acc'], h.val_acc\n"
+        "def e(cfg):\n    r = bench_train.run(cfg)\n    return r['results'], r.fp32['final_loss']\n"
+        "def f(path):\n    return load_checkpoint(path)['model'], load_checkpoint(path).config.get('train')\n")
+    assert key_reads(path) == sorted(["t.py:2: result['history']", "t.py:2: result.precise_bn.get('batches')",
+                                      "t.py:4: line['event']", "t.py:7: facts['best_val_acc']",
+                                      "t.py:9: h.get('val_acc')", "t.py:12: r['results']",
+                                      "t.py:12: r.fp32['final_loss']", "t.py:14: load_checkpoint(path)['model']",
+                                      "t.py:14: load_checkpoint(path).config.get('train')"])

@@ -12,6 +12,7 @@ from torch import nn
 from pipeline.core import data as data_mod
 from pipeline.core.run import atomic_path
 from pipeline.training.distributed import Dist, all_reduce_sum
+from pipeline.training.records import EpochLine, MetricsLine, StepLine, read_lines
 
 log = logging.getLogger("pipeline")
 
@@ -33,16 +34,15 @@ class MetricsLog:
             except ImportError:
                 self.tb = None
 
-    def write(self, record: dict) -> None:
+    def write(self, line: MetricsLine) -> None:
         if not self.enabled:
             return
-        self.f.write(json.dumps(record) + "\n")
+        self.f.write(json.dumps(line.to_json()) + "\n")
         self.f.flush()
         if self.tb is not None:
-            step = record.get("step", 0)
-            for key, value in record.items():
-                if isinstance(value, (int, float)) and key not in ("step", "epoch"):
-                    self.tb.add_scalar(f"{record['event']}/{key}", value, step)
+            for key, value in line.to_json().items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and key not in ("step", "epoch"):
+                    self.tb.add_scalar(f"{line.event}/{key}", value, line.step)
 
     def close(self) -> None:
         if self.f:
@@ -59,17 +59,10 @@ class MetricsLog:
         self.close()
 
 
-def read_metrics(path: Path) -> list[dict]:
-    """Parse metrics.jsonl, tolerating a torn last line left by a killed process."""
-    records = []
-    if not path.exists():
-        return records
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            continue
-    return records
+def read_metrics(path: Path) -> list[MetricsLine]:
+    """metrics.jsonl's lines, typed (:func:`pipeline.training.records.read_lines`: a torn last line left by a
+    killed process is skipped)."""
+    return read_lines(path)
 
 
 def plot_curves(metrics_path: Path, out: Path) -> None:
@@ -80,16 +73,17 @@ def plot_curves(metrics_path: Path, out: Path) -> None:
 
     records = read_metrics(metrics_path)
     # After a resume the log holds the replayed steps again: keep the last record of each step.
-    steps = {r["step"]: r for r in records if r.get("event") == "step"}
-    epochs = {r["epoch"]: r for r in records if r.get("event") == "epoch"}
+    steps = {r.step: r for r in records if isinstance(r, StepLine) and r.loss is not None}
+    epochs = {r.epoch: r for r in records if isinstance(r, EpochLine) and r.val_loss is not None
+              and r.val_acc is not None}
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
     if steps:
         xs = sorted(steps)
-        ax1.plot(xs, [steps[s]["loss"] for s in xs], lw=1, label="train loss")
+        ax1.plot(xs, [steps[s].loss for s in xs], lw=1, label="train loss")
     if epochs:
         es = sorted(epochs)
-        ax1.plot([epochs[e]["step"] for e in es], [epochs[e]["val_loss"] for e in es], "o-", label="val loss")
-        ax2.plot([e + 1 for e in es], [100 * epochs[e]["val_acc"] for e in es], "o-", color="tab:green")
+        ax1.plot([epochs[e].step for e in es], [epochs[e].val_loss for e in es], "o-", label="val loss")
+        ax2.plot([e + 1 for e in es], [100 * epochs[e].val_acc for e in es], "o-", color="tab:green")
     ax1.set_xlabel("optimizer step")
     ax1.set_ylabel("loss")
     ax1.legend()

@@ -19,6 +19,7 @@ fine-tuning"):
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -38,10 +39,11 @@ from pipeline.core.torch_onnx import export_onnx
 from pipeline.precision import fallback, int8, plugs, qat
 from pipeline.precision.fallback import QATSource, Raised
 from pipeline.training import batchnorm
-from pipeline.training.checkpoint import load_checkpoint
+from pipeline.training.checkpoint import Checkpoint, load_checkpoint
 from pipeline.training.device import AMP_NAMES, resolve_amp, resolve_device
 from pipeline.training.distributed import Dist
 from pipeline.training.metrics import plot_curves
+from pipeline.training.records import QatTrainResult
 from pipeline.training.rng import seed_everything
 from pipeline.training.trainer import Trainer
 
@@ -87,30 +89,31 @@ class QATTrainer(Trainer):
         qat.sync_weight_ranges(self.model)
         return super().validate()
 
-    def checkpoint_state(self) -> dict:
+    def checkpoint_state(self) -> Checkpoint:
         import modelopt.torch.opt as mto
 
-        return {**super().checkpoint_state(), "modelopt_state": mto.modelopt_state(self.model),
-                "source_weights_sha256": self.source}
+        return dataclasses.replace(super().checkpoint_state(), modelopt_state=mto.modelopt_state(self.model),
+                                   source_weights_sha256=self.source)
 
     def resume(self) -> None:
-        if self.ckpt_path.exists() and load_checkpoint(self.ckpt_path).get("source_weights_sha256") != self.source:
+        if self.ckpt_path.exists() and load_checkpoint(self.ckpt_path).source_weights_sha256 != self.source:
             raise InputError(f"{self.ckpt_path.name} was fine-tuned from other trained weights than {a.WEIGHTS}; "
                              "run qat without --resume")
         super().resume()
 
-    def finish(self, seconds: float) -> dict:
+    def finish(self, seconds: float) -> QatTrainResult:
         """The facts for the manifest, the curve; the best epoch's weights loaded into the model (what is exported)."""
         plot_curves(self.run_dir.file(a.QAT_METRICS), self.run_dir.file(a.QAT_CURVE))
         source = self.best_path if self.best_path.exists() else self.ckpt_path
         best = load_checkpoint(source)
-        self.model.load_state_dict(best["model"])
+        self.model.load_state_dict(best.model)
         qat.sync_weight_ranges(self.model)
         epochs_run = max(1, len(self.history))
-        return {"epochs": self.tc.epochs, "steps": self.state.step, "skipped_steps": self.state.skipped_steps,
-                "best_val_acc": self.state.best_acc, "best_epoch": best["epoch"], "history": self.history,
-                "train_seconds": round(seconds, 2), "seconds_per_epoch": round(seconds / epochs_run, 2),
-                "images_per_s": round(self.images_seen / max(seconds, 1e-9), 1)}
+        return QatTrainResult(
+            epochs=self.tc.epochs, steps=self.state.step, skipped_steps=self.state.skipped_steps,
+            best_val_acc=self.state.best_acc, best_epoch=best.epoch, history=tuple(self.history),
+            train_seconds=round(seconds, 2), seconds_per_epoch=round(seconds / epochs_run, 2),
+            images_per_s=round(self.images_seen / max(seconds, 1e-9), 1))
 
 
 def qat_config(cfg: Config) -> Config:
@@ -197,7 +200,7 @@ def fine_tune(cfg: Config, run_dir: RunDir, *, resume: bool = False, out_name: s
                          "source_weights_sha256": source, "checkpoint_sha256": sha256_file(trainer.best_path),
                          "data": f"{splits.source}, {len(splits.train)} training images (train's augmentation)"}
     log.info("qat: %s: best val acc %.2f%% (fake-quantized), %.1f s per epoch; %s", out_name,
-             100 * facts["best_val_acc"], facts["seconds_per_epoch"], _layers_line(report, ptq_report))
+             100 * facts.best_val_acc, facts.seconds_per_epoch, _layers_line(report, ptq_report))
     return details
 
 
@@ -222,7 +225,7 @@ def rebuild(cfg: Config, run_dir: RunDir, card: ModelCard, source: QATSource, ou
     model, _, card, _, template, _, fp32_nodes = _prepare(cfg, run_dir, with_data=False)
     _quantize(cfg, card, model, template)
     try:
-        model.load_state_dict(load_checkpoint(path)["model"])
+        model.load_state_dict(load_checkpoint(path).model)
     except (RuntimeError, KeyError, TypeError) as exc:  # not QAT's weights and quantizer state (train's, another's)
         raise InputError(f"{source.checkpoint} does not hold QAT's fine-tuned weights and quantizer state for this "
                          f"model ({first_line(exc)[:160]}); run python -m pipeline qat (or tune) again") from None
@@ -273,11 +276,11 @@ def _layers_line(report: dict, ptq: dict) -> str:
             f"placement: {ptq['int8_nodes']})")
 
 
-def _details(cfg: Config, splits, facts: dict, simulated: dict, report: dict, ptq: dict, source: str,
+def _details(cfg: Config, splits, facts: QatTrainResult, simulated: dict, report: dict, ptq: dict, source: str,
              amp: str) -> dict:
     qc = cfg.qat
     return {
-        "method": "qat", **facts, "source_weights_sha256": source, "amp": amp,
+        "method": "qat", **facts.to_json(), "source_weights_sha256": source, "amp": amp,
         "recipe": {"lr": qc.lr, "temperature": qc.temperature, "label_weight": qc.label_weight,
                    "freeze_batchnorm": qc.freeze_batchnorm, "optimizer": cfg.train.optimizer,
                    "batch_size": cfg.data.batch_size, "augment": cfg.data.augment},

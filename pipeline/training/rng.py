@@ -6,10 +6,15 @@ from __future__ import annotations
 import logging
 import os
 import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import DistributedSampler, Sampler
+
+from pipeline.core.errors import InputError
 
 log = logging.getLogger("pipeline")
 
@@ -24,27 +29,70 @@ def seed_everything(seed: int, deterministic: bool) -> None:
         torch.backends.cudnn.benchmark = False
 
 
-def rng_state() -> dict:
+@dataclass(frozen=True)
+class NumpyRng:
+    """NumPy's global MT19937 state (its keys as an int64 tensor: a checkpoint holds tensors, not arrays)."""
+
+    keys: torch.Tensor
+    pos: int
+    has_gauss: int
+    cached: float
+
+
+@dataclass(frozen=True)
+class RngState:
+    """Every RNG state a checkpoint carries (issue 47); ``to_state``/``from_state`` are the checkpoint's ``rng``."""
+
+    python: tuple  # random.getstate(): (version, 625 ints, gauss_next)
+    numpy: NumpyRng
+    torch: torch.Tensor
+    cuda: tuple[torch.Tensor, ...] | None = None  # per GPU; None: saved without CUDA (the key is then absent)
+
+    def to_state(self) -> dict[str, Any]:
+        n = self.numpy
+        state: dict[str, Any] = {"python": self.python, "numpy": {"keys": n.keys, "pos": n.pos,
+                                                                 "has_gauss": n.has_gauss, "cached": n.cached},
+                                 "torch": self.torch}
+        if self.cuda is not None:
+            state["cuda"] = list(self.cuda)
+        return state
+
+    @classmethod
+    def from_state(cls, state: Any, path: Path) -> RngState:
+        """A checkpoint's ``rng``, checked; anything else is one :class:`InputError`."""
+        state = state if isinstance(state, dict) else {}
+        py, npst, cpu, cuda = state.get("python"), state.get("numpy"), state.get("torch"), state.get("cuda")
+        npst = npst if isinstance(npst, dict) else {}
+        numpy = NumpyRng(keys=npst.get("keys"), pos=npst.get("pos"), has_gauss=npst.get("has_gauss"),
+                         cached=npst.get("cached"))
+        ok = (isinstance(py, (tuple, list)) and len(py) == 3 and isinstance(py[1], (tuple, list))
+              and isinstance(numpy.keys, torch.Tensor) and isinstance(numpy.cached, float)
+              and all(isinstance(n, int) and not isinstance(n, bool) for n in (numpy.pos, numpy.has_gauss))
+              and isinstance(cpu, torch.Tensor) and (cuda is None or (
+                  isinstance(cuda, (list, tuple)) and all(isinstance(t, torch.Tensor) for t in cuda))))
+        if not ok:
+            raise InputError(f"{path} is damaged: its 'rng' is not the RNG states this tool saves; re-run train "
+                             "without --resume")
+        return cls(python=tuple(py), numpy=numpy, torch=cpu, cuda=None if cuda is None else tuple(cuda))
+
+
+def rng_state() -> RngState:
     np_state = np.random.get_state()
-    state = {
-        "python": random.getstate(),
-        "numpy": {"keys": torch.from_numpy(np_state[1].astype(np.int64)), "pos": int(np_state[2]),
-                  "has_gauss": int(np_state[3]), "cached": float(np_state[4])},
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
+    return RngState(
+        python=random.getstate(),
+        numpy=NumpyRng(keys=torch.from_numpy(np_state[1].astype(np.int64)), pos=int(np_state[2]),
+                       has_gauss=int(np_state[3]), cached=float(np_state[4])),
+        torch=torch.get_rng_state(),
+        cuda=tuple(torch.cuda.get_rng_state_all()) if torch.cuda.is_available() else None)
 
 
-def set_rng_state(state: dict) -> None:
-    py = state["python"]
+def set_rng_state(state: RngState) -> None:
+    py = state.python
     random.setstate((py[0], tuple(py[1]), py[2]))
-    npst = state["numpy"]
-    np.random.set_state(("MT19937", npst["keys"].numpy().astype(np.uint32), npst["pos"], npst["has_gauss"],
-                         npst["cached"]))
-    torch.set_rng_state(state["torch"])
-    restore_cuda_rng(state.get("cuda") or [])
+    n = state.numpy
+    np.random.set_state(("MT19937", n.keys.numpy().astype(np.uint32), n.pos, n.has_gauss, n.cached))
+    torch.set_rng_state(state.torch)
+    restore_cuda_rng(list(state.cuda or ()))
 
 
 def restore_cuda_rng(saved: list) -> None:

@@ -19,7 +19,7 @@ import math
 import signal
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,7 +35,7 @@ from pipeline.core.model_card import ModelCard
 from pipeline.core.run import RunDir, atomic_path
 from pipeline.training import batchnorm, learning
 from pipeline.training import detection as detection_training
-from pipeline.training.checkpoint import CHECKPOINT_FORMAT, load_checkpoint, save_checkpoint
+from pipeline.training.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from pipeline.training.device import AMP_NAMES
 from pipeline.training.distributed import (
     Dist,
@@ -55,6 +55,15 @@ from pipeline.training.optim import (
     snapshot_buffers,
 )
 from pipeline.training.profiler import StepProfiler
+from pipeline.training.records import (
+    EpochLine,
+    EpochRecord,
+    PreciseBnDetails,
+    QatTrainResult,
+    RunLine,
+    StepLine,
+    TrainResult,
+)
 from pipeline.training.rng import EpochBatches, batch_generator, rng_state, set_rng_state
 
 if TYPE_CHECKING:  # annotations only
@@ -78,12 +87,9 @@ class TrainState:
     best_acc: float = -1.0
     skipped_steps: int = 0
 
-    def state_dict(self) -> dict:
-        return asdict(self)
-
-    def load_state_dict(self, state: dict) -> None:
-        for key in asdict(self):
-            setattr(self, key, state[key])
+    def restore(self, checkpoint: Checkpoint) -> None:
+        self.epoch, self.batch, self.step = checkpoint.epoch, checkpoint.batch, checkpoint.step
+        self.best_acc, self.skipped_steps = checkpoint.best_acc, checkpoint.skipped_steps
 
 
 # --------------------------------------------------------------------------- the recipe
@@ -185,7 +191,7 @@ class Trainer:
     state: TrainState
     ckpt_path: Path
     best_path: Path
-    history: list[dict]  # per-epoch results, for the manifest
+    history: list[EpochRecord]  # per-epoch results, for the manifest
     nonfinite_run: int  # consecutive non-finite steps (train.max_nonfinite stops the run)
     images_seen: int
     amp_now: torch.dtype | None  # the autocast dtype of this epoch (None during train.fp32_warmup_epochs)
@@ -224,11 +230,11 @@ class Trainer:
         self.profiler = StepProfiler(device, 0, None)
         self.amp_now = None
         self.window = Window()
-        self.history: list[dict] = []
+        self.history: list[EpochRecord] = []
         self.nonfinite_run = 0
         self.images_seen = 0
 
-    def train(self, *, resume: bool, profile: bool) -> dict:
+    def train(self, *, resume: bool, profile: bool) -> TrainResult | QatTrainResult:
         """Run the remaining epochs; returns the facts recorded in the manifest."""
         self.resume() if resume else self.start_fresh()
         self.train_model = wrap_for_training(self.model, self.tc, self.world, self.device)
@@ -242,8 +248,8 @@ class Trainer:
                 self.run_dir.file(TENSORBOARD) if self.tc.tensorboard else None))
             self.profiler = StepProfiler(self.device, self.cfg.train.profile_steps, trace)
             stack.callback(self.profiler.close)
-            self.metrics.write({"event": "resume" if resume else "start", "epoch": self.state.epoch,
-                                "step": self.state.step, "time": time.time()})
+            self.metrics.write(RunLine(event="resume" if resume else "start", epoch=self.state.epoch,
+                                       step=self.state.step, time=time.time()))
             for epoch in range(self.state.epoch, self.tc.epochs):
                 self.train_epoch(epoch)
                 self.end_epoch(epoch)
@@ -258,42 +264,36 @@ class Trainer:
     def resume(self) -> None:
         if not self.ckpt_path.exists():
             raise InputError(f"nothing to resume: {self.ckpt_path} does not exist; run train without --resume")
-        state = load_checkpoint(self.ckpt_path)
+        saved = load_checkpoint(self.ckpt_path)
         try:
-            unwrap(self.model).load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
-            self.scheduler.load_state_dict(state["scheduler"])
-            self.scaler.load_state_dict(state["scaler"])
-            self.state.load_state_dict(state)
+            unwrap(self.model).load_state_dict(saved.model)
+            self.optimizer.load_state_dict(saved.optimizer)
+            self.scheduler.load_state_dict(saved.scheduler)
+            self.scaler.load_state_dict(saved.scaler)
+            self.state.restore(saved)
         except (KeyError, RuntimeError, ValueError) as exc:
             raise InputError(f"{self.ckpt_path} does not fit this model/config ({first_line(exc)}); "
                              "train without --resume") from None
-        set_rng_state(state["rng"])
+        set_rng_state(saved.rng)
         ran = self.state.epoch + (1 if self.state.batch else 0)  # epochs the checkpoint has begun or finished
         if ran > self.tc.epochs:  # more than asked for already: resuming would record epochs that never ran
             raise InputError(f"{self.ckpt_path.name} has already trained {ran} epochs, more than "
                              f"{self.epochs_setting}={self.tc.epochs}: set {self.epochs_setting} to {ran} or more to "
                              f"resume it, or run {self.stage_name} without --resume")
-        made_for = state["config"].get("train", {}).get("epochs")
+        made_for = saved.made_for_epochs
         if made_for != self.tc.epochs:
             log.warning("%s: resuming with %s=%d (checkpoint was made for %s): the LR schedule changes",
                         self.stage_name, self.epochs_setting, self.tc.epochs, made_for)
         log.info("%s: resuming from %s at epoch %d, batch %d (step %d)", self.stage_name, self.ckpt_path.name,
                  self.state.epoch + 1, self.state.batch, self.state.step)
 
-    def checkpoint_state(self) -> dict:
-        return {
-            "format": CHECKPOINT_FORMAT,
-            "model": unwrap(self.model).state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict(),
-            **self.state.state_dict(),
-            "rng": rng_state(),
-            "config": self.cfg.to_dict(),
-            "spec": self.spec.to_dict(),
-            "classes": self.splits.classes,
-        }
+    def checkpoint_state(self) -> Checkpoint:
+        st = self.state
+        return Checkpoint(
+            model=unwrap(self.model).state_dict(), optimizer=self.optimizer.state_dict(),
+            scheduler=self.scheduler.state_dict(), scaler=self.scaler.state_dict(),
+            epoch=st.epoch, batch=st.batch, step=st.step, best_acc=st.best_acc, skipped_steps=st.skipped_steps,
+            rng=rng_state(), config=self.cfg.to_dict(), spec=self.spec.to_dict(), classes=self.splits.classes)
 
     def train_epoch(self, epoch: int) -> None:
         from tqdm import tqdm
@@ -405,13 +405,13 @@ class Trainer:
         step_loss = all_reduce_sum([group_loss], self.world, self.device)[0] / self.world.world_size
         now = time.perf_counter()
         elapsed = max(now - self.window.start, 1e-9)
-        self.metrics.write({  # rank 0 only
-            "event": "step", "epoch": epoch, "step": self.state.step, "loss": step_loss, "lr": step_lr,
-            "loss_scale": self.scaler.get_scale() if self.scaler.is_enabled() else None,
-            "skipped_steps": self.state.skipped_steps, "grad_norm": grad_norm,
-            "images_per_s": self.window.images * self.world.world_size / elapsed,
-            "data_time_share": self.window.data_s / elapsed,
-        })
+        self.metrics.write(StepLine(  # rank 0 only
+            epoch=epoch, step=self.state.step, loss=step_loss, lr=step_lr,
+            loss_scale=self.scaler.get_scale() if self.scaler.is_enabled() else None,
+            skipped_steps=self.state.skipped_steps, grad_norm=grad_norm,
+            images_per_s=self.window.images * self.world.world_size / elapsed,
+            data_time_share=self.window.data_s / elapsed,
+        ))
         self.window = Window(start=now)
 
     def end_epoch(self, epoch: int) -> None:
@@ -421,11 +421,11 @@ class Trainer:
         before = self.precise_bn(epoch)
         val_loss, val_acc = self.validate()
         st = self.state
-        self.history.append({"epoch": epoch + 1, "val_loss": val_loss, "val_acc": val_acc,
-                             **({"val_acc_before_precise_bn": before} if before is not None else {})})
-        self.metrics.write({"event": "epoch", "epoch": epoch, "step": st.step, "val_loss": val_loss,
-                            "val_acc": val_acc, "val_acc_before_precise_bn": before, "amp": AMP_NAMES[self.amp_now],
-                            "skipped_steps": st.skipped_steps})
+        self.history.append(EpochRecord(epoch=epoch + 1, val_loss=val_loss, val_acc=val_acc,
+                                        val_acc_before_precise_bn=before))
+        self.metrics.write(EpochLine(epoch=epoch, step=st.step, val_loss=val_loss, val_acc=val_acc,
+                                     val_acc_before_precise_bn=before, amp=AMP_NAMES[self.amp_now],
+                                     skipped_steps=st.skipped_steps))
         log.info("train: epoch %d/%d  val loss %.4f  %s %.2f%%%s  (%d skipped steps)", epoch + 1, self.tc.epochs,
                  val_loss, "val mAP@0.5:0.95" if self.detection else "val acc", 100 * val_acc,
                  "" if before is None else f" ({100 * before:.2f}% before precise BN)", st.skipped_steps)
@@ -472,7 +472,7 @@ class Trainer:
             x = x.to(self.device)
             yield x.contiguous(memory_format=torch.channels_last) if self.tc.channels_last else x
 
-    def finish(self, seconds: float) -> dict:
+    def finish(self, seconds: float) -> TrainResult:
         """Check the replicas agree, write the deployable weights and the curve; the facts for the manifest."""
         world, st = self.world, self.state
         checksums = replica_checksums(self.model, world)
@@ -489,37 +489,33 @@ class Trainer:
             _write_outputs(self.run_dir, source, self.cfg, self.spec, self.splits)
             plot_curves(self.run_dir.file(METRICS), self.run_dir.file(CURVE))
             best_state = load_checkpoint(self.best_path) if self.best_path.exists() else None
-        last = self.history[-1] if self.history else {"val_loss": float("nan"), "val_acc": float("nan")}
-        return {
-            "epochs": self.tc.epochs,
-            "steps": st.step,
-            "skipped_steps": st.skipped_steps,
-            "final_val_acc": last["val_acc"],
-            "final_val_loss": last["val_loss"],
-            "best_val_acc": st.best_acc,
-            "best_epoch": best_state["epoch"] if best_state else None,
-            "train_seconds": round(seconds, 2),
-            "images_per_s": round(self.images_seen * world.world_size / max(seconds, 1e-9), 1),
-            "history": self.history,
-            "final_weights_sha256": checksums[0],  # the final (not the best) weights, see state_checksum
-            **({"replica_sha256": checksums, "replicas_identical": len(set(checksums)) == 1}
-               if world.enabled else {}),
-            "precise_bn": self.precise_bn_details(best_state["epoch"] if best_state else None),
-        }
+        last = self.history[-1] if self.history else EpochRecord(0, float("nan"), float("nan"))
+        best_epoch = best_state.epoch if best_state else None
+        return TrainResult(
+            epochs=self.tc.epochs, steps=st.step, skipped_steps=st.skipped_steps,
+            final_val_acc=last.val_acc, final_val_loss=last.val_loss, best_val_acc=st.best_acc, best_epoch=best_epoch,
+            train_seconds=round(seconds, 2),
+            images_per_s=round(self.images_seen * world.world_size / max(seconds, 1e-9), 1),
+            history=tuple(self.history),
+            final_weights_sha256=checksums[0],  # the final (not the best) weights, see state_checksum
+            replica_sha256=tuple(checksums) if world.enabled else None,
+            precise_bn=self.precise_bn_details(best_epoch),
+        )
 
-    def precise_bn_details(self, best_epoch: int | None) -> dict:
+    def precise_bn_details(self, best_epoch: int | None) -> PreciseBnDetails:
         """What ``train.precise_bn`` did, and its effect on the exported (best) epoch's validation accuracy."""
         done = self.tc.precise_bn.enabled and self.bn_layers > 0
-        best = next((h for h in self.history if h["epoch"] == best_epoch), {})
-        details = {"enabled": self.tc.precise_bn.enabled, "batchnorm_layers": self.bn_layers,
-                   "batches": min(self.tc.precise_bn.batches, self.batches_per_epoch) if done else 0,
-                   "best_epoch_val_acc_before": best.get("val_acc_before_precise_bn"),
-                   "best_epoch_val_acc_after": best.get("val_acc") if done else None}
-        if done and best.get("val_acc_before_precise_bn") is not None:
+        best = next((h for h in self.history if h.epoch == best_epoch), None)
+        details = PreciseBnDetails(
+            enabled=self.tc.precise_bn.enabled, batchnorm_layers=self.bn_layers,
+            batches=min(self.tc.precise_bn.batches, self.batches_per_epoch) if done else 0,
+            best_epoch_val_acc_before=best.val_acc_before_precise_bn if best else None,
+            best_epoch_val_acc_after=best.val_acc if best and done else None)
+        if done and details.best_epoch_val_acc_before is not None:
             log.info("train: precise BatchNorm statistics (%d layers, %d batches per epoch): %s of the exported "
-                     "weights (epoch %d) %.2f%% -> %.2f%%", self.bn_layers, details["batches"],
+                     "weights (epoch %d) %.2f%% -> %.2f%%", self.bn_layers, details.batches,
                      "val mAP@0.5:0.95" if self.detection else "val acc", best_epoch,
-                     100 * details["best_epoch_val_acc_before"], 100 * details["best_epoch_val_acc_after"])
+                     100 * details.best_epoch_val_acc_before, 100 * details.best_epoch_val_acc_after)
         return details
 
     def check_learning(self) -> tuple[learning.LearningEvidence, learning.LearningVerdict, learning.LearningPolicy]:
@@ -527,7 +523,7 @@ class Trainer:
         verdict and the policy it was judged under, logged; the caller records it and raises on a failed one."""
         source = self.best_path if self.best_path.exists() else self.ckpt_path
         model = unwrap(self.model)
-        model.load_state_dict(load_checkpoint(source)["model"])
+        model.load_state_dict(load_checkpoint(source).model)
         evidence = self.learning_evidence(model)
         policy = learning.LearningPolicy(confidence=self.cfg.verify.confidence,
                                          require_learning=self.tc.require_learning,
@@ -548,7 +544,7 @@ class Trainer:
         architecture, freshly initialised with ``train.seed``), with a bootstrap bound over the validation images."""
         source = self.best_path if self.best_path.exists() else self.ckpt_path
         model = unwrap(self.model)
-        model.load_state_dict(load_checkpoint(source)["model"])
+        model.load_state_dict(load_checkpoint(source).model)
         with torch.random.fork_rng():
             torch.manual_seed(self.tc.seed)
             untrained, _ = modeling.build(self.cfg, self.splits.num_classes, self.spec.input_size[1])
@@ -588,13 +584,13 @@ def _write_outputs(run_dir: RunDir, source: Path, cfg: Config, spec, splits) -> 
     from safetensors.torch import save_file
 
     state = load_checkpoint(source)
-    weights = {k: v.contiguous() for k, v in state["model"].items()}
+    weights = {k: v.contiguous() for k, v in state.model.items()}
     with atomic_path(run_dir.file(modeling.WEIGHTS)) as tmp:
         # One metadata key: safetensors writes a metadata map in a per-process random order, so two keys would
         # give the same weights a different sha256 in every run (and every graph stamped with it, downstream).
-        about = json.dumps({"epoch": state["epoch"], "model": cfg.model.name}, sort_keys=True)
+        about = json.dumps({"epoch": state.epoch, "model": cfg.model.name}, sort_keys=True)
         save_file(weights, str(tmp), metadata={"pipeline": about})
     modeling.write_card(run_dir, ModelCard.trained(cfg.model.name, spec, splits.classes, modeling.WEIGHTS,
-                                                   state["epoch"], state["best_acc"]))
+                                                   state.epoch, state.best_acc))
 
 
