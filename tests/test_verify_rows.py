@@ -15,7 +15,6 @@ from pipeline.core.check_results import CandidateResult, TensorCheck
 from pipeline.core.checks import Check
 from pipeline.core.errors import InputError
 from pipeline.core.status import Status
-from pipeline.reports import verify_report
 
 RELEASE = ROOT / "tests" / "data" / "release_0.1.0" / "run" / "verify.json"
 
@@ -39,14 +38,14 @@ def test_verify_writes_a_row_with_the_keys_it_always_wrote():
     NaN written as a string (JSON has none)."""
     sha = "a" * 64
     tensor = TensorCheck(passed=True, criterion="scaled", statistic="q1", max_abs_error=float("nan"))
-    passed = verify_report.candidate_row(_check(Status.PASSED, tensor_check=tensor, workaround="set KMP_AFFINITY"),
+    passed = verify_rows.CandidateRow.of(_check(Status.PASSED, tensor_check=tensor, workaround="set KMP_AFFINITY"),
                                          {"model.onnx": sha}).to_json()
     assert list(passed) == ["name", "label", "precision", "artifact", "artifact_sha256", "required", "status",
                             "reason", "hint", "tolerance", "tensor_check", "task_check", "after_fallback", "gates",
                             "workaround"]
     assert passed["artifact_sha256"] == sha and passed["tensor_check"] == {
         "passed": True, "criterion": "scaled", "statistic": "q1", "max_abs_error": "nan"}
-    skipped = verify_report.candidate_row(_check(Status.SKIPPED, reason="no GPU"), {"model.onnx": sha}).to_json()
+    skipped = verify_rows.CandidateRow.of(_check(Status.SKIPPED, reason="no GPU"), {"model.onnx": sha}).to_json()
     assert skipped["artifact_sha256"] is None and skipped["reason"] == "no GPU" and "workaround" not in skipped
 
 

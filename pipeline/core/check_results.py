@@ -22,7 +22,7 @@ from pydantic import Field
 from pipeline.core import schema
 from pipeline.core.status import Status
 
-NonFinite = Literal["inf", "-inf", "nan"]  # a non-finite number as verify.json writes it (verify_report._clean)
+NonFinite = Literal["inf", "-inf", "nan"]  # a non-finite number as verify.json writes it (verify_rows.clean)
 Number = int | float | NonFinite
 
 
@@ -245,7 +245,7 @@ class CandidateResult(schema.Open):
     """What verify found of one candidate (:func:`pipeline.evaluation.candidates.check`): its status and why, the
     gate's checks and thresholds, how it ran (a child's log, a runtime workaround), and the checks after it (batch
     sizes, conformance). A later finding replaces it with a copy (``model_copy(update=...)``); verify.json's row is
-    made from it (:func:`pipeline.reports.verify_report.candidate_row`)."""
+    made from it (:meth:`pipeline.core.verify_rows.CandidateRow.of`)."""
 
     status: str = Field(default="", max_length=40)  # "": not run yet
     passed: bool | None = None

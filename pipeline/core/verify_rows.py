@@ -13,22 +13,41 @@ its own serialiser; the report lays them out by attribute.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field, StringConstraints
 
-from pipeline.core import fallback_result, schema
-from pipeline.core.check_results import BatchSizeRow, Conformance, Localization, TaskCheck, TensorCheck
+from pipeline.core import artifacts, fallback_result, schema
+from pipeline.core.check_results import BatchSizeRow, Conformance, Localization, Measured, TaskCheck, TensorCheck
 from pipeline.core.fallback_result import FallbackResult
 from pipeline.core.images_record import ImagesRecord
 from pipeline.core.stability_record import StabilityCertificate
+from pipeline.core.verdicts import JUDGED
+
+if TYPE_CHECKING:
+    from pipeline.core.checks import Check
 
 MAX_CANDIDATES = 1000
 OPTIONAL = ("log", "log_tail", "workaround", "batch_sizes", "conformance")  # written only where a candidate has them
 Name = Annotated[str, StringConstraints(max_length=200)]
 Sha256 = Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
 Text = Annotated[str, StringConstraints(max_length=1 << 16)]
+
+
+def clean(value):
+    """JSON has no NaN/Inf: write them as strings so the report stays valid JSON; a check's typed numbers through
+    their own serialiser."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, Measured):
+        return clean(value.to_json())
+    if isinstance(value, dict):
+        return {k: clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [clean(v) for v in value]
+    return value
 
 
 class CandidateRow(schema.Open):
@@ -54,6 +73,20 @@ class CandidateRow(schema.Open):
     workaround: Text | None = None  # a runtime workaround applied
     batch_sizes: Annotated[list[BatchSizeRow], Field(max_length=64)] | None = None  # at each batch size it serves
     conformance: Conformance | None = None  # row independence and the precisions its layers ran in
+
+    @classmethod
+    def of(cls, c: Check, hashes: dict) -> CandidateRow:
+        """The row of one judged candidate (``hashes``: the sha256 of each file verify read); validated leniently:
+        the check's own values, NaN/Inf written as strings (:func:`clean`)."""
+        r = c.result
+        return cls.model_validate(clean({
+            "reason": r.reason, "hint": r.hint, "tolerance": r.tolerance, "tensor_check": r.tensor_check,
+            "task_check": r.task_check, "log": r.log, "log_tail": r.log_tail, "workaround": r.workaround,
+            "batch_sizes": r.batch_sizes, "conformance": r.conformance, "name": c.name, "label": c.label,
+            "precision": c.precision, "artifact": c.artifact,
+            "artifact_sha256": hashes.get(c.artifact or artifacts.WEIGHTS) if c.status in JUDGED else None,
+            "required": c.required, "status": c.status, "after_fallback": r.after_fallback, "gates": c.gates}),
+            strict=False)
 
     def to_json(self) -> dict[str, Any]:
         """The row as verify.json holds it: the optional facts only where the candidate has them."""

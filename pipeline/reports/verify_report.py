@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
-import math
 import os
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.core import artifacts, env, verify_rows
-from pipeline.core.check_results import Bound, CandidateResult, Localization, Measured, TaskCheck, TensorCheck
+from pipeline.core.check_results import Bound, CandidateResult, Localization, TaskCheck, TensorCheck
 from pipeline.core.checks import Check
 from pipeline.core.errors import InputError, PipelineError, first_line
 from pipeline.core.fallback_result import FallbackResult
@@ -27,7 +26,7 @@ from pipeline.core.run import RunDir, atomic_write, now, read_json, sha256_file,
 from pipeline.core.stability_record import StabilityCertificate
 from pipeline.core.status import Status
 from pipeline.core.verdicts import JUDGED, InconclusivePolicy, Verdict, report_standing
-from pipeline.core.verify_rows import CandidateRow, VerifyReport, candidates_of, fallback_of, report_of
+from pipeline.core.verify_rows import CandidateRow, VerifyReport, candidates_of, clean, fallback_of, report_of
 from pipeline.precision import plugs
 from pipeline.reports import tables
 from pipeline.reports.tables import fmt, section_keys
@@ -291,20 +290,6 @@ def log_localization(result: Localization) -> None:
 # --------------------------------------------------------------------------- reports
 
 
-def _clean(value):
-    """JSON has no NaN/Inf: write them as strings so the report stays valid JSON; a check's typed numbers through
-    their own serialiser."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, Measured):
-        return _clean(value.to_json())
-    if isinstance(value, dict):
-        return {k: _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    return value
-
-
 def build_payload(cfg: Config, card, candidates: Sequence[Check], gated: dict, verdict: Verdict[Check], samples: int,
                   batch_size: int, *, hashes: dict, reference_nonfinite: int = 0, images: ImagesRecord | None = None,
                   stability: StabilityCertificate | None = None) -> dict:
@@ -314,7 +299,7 @@ def build_payload(cfg: Config, card, candidates: Sequence[Check], gated: dict, v
     reference = {"name": backends.REFERENCE, "precision": "fp32", "device": "cpu",
                  "what": "the trained PyTorch model in FP32 (eval mode)", "weights": artifacts.WEIGHTS,
                  "weights_sha256": hashes.get(artifacts.WEIGHTS), "nonfinite": reference_nonfinite}
-    return _clean({
+    return clean({
         "schema": SCHEMA,
         "created": now(),
         "passed": verdict.passed,
@@ -327,7 +312,7 @@ def build_payload(cfg: Config, card, candidates: Sequence[Check], gated: dict, v
         "reference": reference,
         "inputs": {"what": "real validation images", "source": cfg.data.source, "samples": samples,
                    "batch_size": batch_size, "input_shape": ["batch", *card.spec.input_size]},
-        "candidates": [candidate_row(c, hashes).to_json() for c in candidates],
+        "candidates": [CandidateRow.of(c, hashes).to_json() for c in candidates],
         **{key: section for name in plugs.PLUGS
            for key, section in zip(section_keys(name), gated.get(name) or (None, None), strict=True)},
         "images": images,  # which images the verdict is on, and whether they are held out (pipeline.core.roles)
@@ -336,20 +321,6 @@ def build_payload(cfg: Config, card, candidates: Sequence[Check], gated: dict, v
                                                                           "polygraphy", "modelopt", "tensorrt",
                                                                           "openvino")},
     })
-
-
-def candidate_row(c: Check, hashes: dict) -> CandidateRow:
-    """verify.json's row of one judged candidate (``hashes``: the sha256 of each file verify read); validated
-    leniently: the check's own values, NaN/Inf written as strings (:func:`_clean`)."""
-    r = c.result
-    return CandidateRow.model_validate(_clean({
-        "reason": r.reason, "hint": r.hint, "tolerance": r.tolerance, "tensor_check": r.tensor_check,
-        "task_check": r.task_check, "log": r.log, "log_tail": r.log_tail, "workaround": r.workaround,
-        "batch_sizes": r.batch_sizes, "conformance": r.conformance, "name": c.name, "label": c.label,
-        "precision": c.precision, "artifact": c.artifact,
-        "artifact_sha256": hashes.get(c.artifact or artifacts.WEIGHTS) if c.status in JUDGED else None,
-        "required": c.required, "status": c.status, "after_fallback": r.after_fallback, "gates": c.gates}),
-        strict=False)
 
 
 def markdown(payload: dict) -> str:
@@ -430,7 +401,7 @@ def write_reports(run_dir: RunDir, payload: dict, md: str, junit_xml: str, names
     """A gate's three reports (JSON, Markdown, JUnit; verify's and compare's), and the Markdown appended to
     ``GITHUB_STEP_SUMMARY`` when that is set."""
     json_name, md_name, junit_name = names
-    write_json(run_dir.file(json_name), _clean(payload))
+    write_json(run_dir.file(json_name), clean(payload))
     atomic_write(run_dir.file(md_name), md)
     atomic_write(run_dir.file(junit_name), junit_xml)
     summary = os.environ.get("GITHUB_STEP_SUMMARY")
