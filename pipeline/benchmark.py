@@ -140,7 +140,7 @@ def _time_batch(backend: Backend, ctx: Context, runner, batch: int, images, meth
         why = runner.batch_reason(batch)
         if why:
             return [], [SkippedRow(backend=backend.name, batch_size=batch, reason=why)]
-        timings = runner.measurements({ctx.spec["input_name"]: _inputs(images, batch)}, method)
+        timings = runner.measurements({ctx.spec.input_name: _inputs(images, batch)}, method)
     except (Crashed, BackendUnavailable, InputError):
         raise
     except Exception as exc:
@@ -253,7 +253,7 @@ def _run(cfg: Config, run_dir: RunDir, record: StageRecord, threads: int, profil
     _log_unused(cfg)
     rows = choose_rows(cfg)
     _log_rows(rows)
-    ctx = Context(cfg, run_dir, "benchmark", spec.to_json(), model=model, threads=threads, gpu=env.cuda_status()[0])
+    ctx = Context(cfg, run_dir, "benchmark", spec, model=model, threads=threads, gpu=env.cuda_status()[0])
     results, skipped = _time_all(ctx, rows, images, method)
     results = trtexec.side_by_side(run_dir, results, backends.by_name, spec.input_name, spec.input_size, method)
     results = add_ratios(results)
@@ -343,7 +343,7 @@ class Retimer:
             raise RuntimeError(f"{name} could not be started again")
         timing = TimingMethod(warmup_s=0.0, min_iterations=3, min_duration_s=seconds, trials=1,
                               cv_warn=self.method.cv_warn, throughput=row.is_throughput)
-        measured = runner.measurements({self.ctx.spec["input_name"]: _inputs(self.images, row.batch_size)}, timing)
+        measured = runner.measurements({self.ctx.spec.input_name: _inputs(self.images, row.batch_size)}, timing)
         got = next((m for t, m in measured if t.kind == row.timing_kind), None)
         if got is None or "error" in got:
             raise RuntimeError((got or {}).get("error") or f"{name} has no timing {str(row.timing_kind)!r} now")

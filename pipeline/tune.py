@@ -109,7 +109,7 @@ class Tuner:
         self.gate = candidates.gate_for(cfg, plug.faithful, plug.name)
         # What other precisions' fallbacks keep in FP32 stays in FP32 in every mix (export applies it here too).
         self.base_fp32 = fallback.inherited_fp32(run_dir, plug, self.fp32_model)
-        self.ctx = Context(cfg, run_dir, "tune", self.spec.to_json(), model=self.model, isolate=False)
+        self.ctx = Context(cfg, run_dir, "tune", self.spec, model=self.model, isolate=False)
         n = min(cfg.tune.sensitivity_samples, len(self.evidence.labels))
         self.sens_feeds, self.sens_ref = _first_images(self.evidence, n)
         self.sens_labels = self.evidence.labels[:n]

@@ -88,7 +88,7 @@ def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, auto_fallback: boo
     provenance.check_graphs(hashes[WEIGHTS], {FP32_ONNX: fp32_model, **{plugs.by_name(name).graph: graph
                                                                           for name, graph in graphs.items()}})
     evidence = candidates.evidence(cfg, card, model)
-    ctx = Context(cfg, run_dir, "verify", spec.to_json(), model=model, under_test=graphs)
+    ctx = Context(cfg, run_dir, "verify", spec, model=model, under_test=graphs)
     checks = candidates.plan(cfg, ctx)
     nonfinite = _nonfinite(evidence)
     if nonfinite:

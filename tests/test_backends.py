@@ -37,8 +37,8 @@ class Offset:
 
 
 def _offset_runner(ctx):
-    return TorchRunner(Offset(ctx.model), name="torch_offset", input_name=ctx.spec["input_name"],
-                       output_name=ctx.spec["output_name"], input_shape=tuple(ctx.spec["input_size"]))
+    return TorchRunner(Offset(ctx.model), name="torch_offset", input_name=ctx.spec.input_name,
+                       output_name=ctx.spec.output_name, input_shape=tuple(ctx.spec.input_size))
 
 
 DUMMY = backends.Backend("torch_offset", precision="fp32", device="cpu", artifact=None,
@@ -148,7 +148,7 @@ def test_disabled_entry_is_skipped_before_it_is_checked_for_availability(tmp_pat
     entry = dataclasses.replace(DUMMY, verify_name="tensorrt_fp16", unavailable=lambda ctx: calls.append(1) or "")
     cfg = config.resolve(overrides=["verify.candidates.tensorrt_fp16.enabled=false"])
 
-    (chk,) = candidates.plan(cfg, backends.Context(cfg, RunDir(tmp_path), "verify", {}), [entry])
+    (chk,) = candidates.plan(cfg, backends.Context(cfg, RunDir(tmp_path), "verify", None), [entry])
     assert chk.reason == "disabled (verify.candidates.tensorrt_fp16.enabled=false)" and not calls
 
 
@@ -188,7 +188,8 @@ def test_tensorrt_int8_entry():
 
 def int8_context(tmp_path, *overrides):
     cfg = config.resolve(overrides=list(overrides))
-    return backends.Context(cfg, RunDir(tmp_path), "verify", {"input_name": "input", "output_name": "logits"})
+    spec = types.SimpleNamespace(input_name="input", output_name="logits")
+    return backends.Context(cfg, RunDir(tmp_path), "verify", spec)
 
 
 def test_tensorrt_int8_unavailable_reasons(tmp_path, monkeypatch):
@@ -299,7 +300,7 @@ def test_the_torch_backends_pass_build_tf32_to_the_runner(monkeypatch, tf32):
     made = []
     monkeypatch.setattr(runners, "TorchRunner", lambda model, **kw: made.append(kw) or kw)
     cfg = config.resolve(overrides=[f"build.tf32={str(tf32).lower()}"])
-    ctx = types.SimpleNamespace(gpu=True, cfg=cfg, model=None, spec={"input_name": "x", "output_name": "y",
-                                                                     "input_size": [3, 8, 8]})
+    ctx = types.SimpleNamespace(gpu=True, cfg=cfg, model=None, spec=types.SimpleNamespace(
+        input_name="x", output_name="y", input_size=[3, 8, 8]))
     backends.by_name("torch_fp32").make(ctx)
     assert made[0]["tf32"] is tf32 and made[0]["device"] == "cuda"

@@ -2,6 +2,7 @@
 
 import json
 import struct
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -274,7 +275,7 @@ def test_a_failing_measurement_is_an_error_row_and_the_rest_go_on(where):
     runner = _FailsAtBatch(4, where)
     backend = Backend("fails_at_4", precision="fp32", device="cpu", artifact=None, label="test",
                       unavailable=lambda ctx: "", make=lambda ctx: runner)
-    ctx = Context(cfg, None, "benchmark", {"input_name": "x"})
+    ctx = Context(cfg, None, "benchmark", SimpleNamespace(input_name="x"))
     images = np.zeros((2, 3, 4, 4), np.float32)
     rows, skipped = benchmark.time_backend(backend, ctx, images, benchmark.TimingMethod(0.0, 3, 0.0, 1, 0.5), "n/a")
     measured = sorted((r.batch_size, r.timing) for r in rows)

@@ -105,8 +105,8 @@ def _slow_runner(ctx):
             time.sleep(0.003)  # the planted regression, inside the timed call
             return self.inner(x)
 
-    return TorchRunner(Slowed(ctx.model), name="torch_fp32", input_name=ctx.spec["input_name"],
-                       output_name=ctx.spec["output_name"], input_shape=tuple(ctx.spec["input_size"]))
+    return TorchRunner(Slowed(ctx.model), name="torch_fp32", input_name=ctx.spec.input_name,
+                       output_name=ctx.spec.output_name, input_shape=tuple(ctx.spec.input_size))
 
 
 def test_a_slowed_benchmark_is_flagged(benched, monkeypatch, capsys):

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from conftest import TINY, cli
 from pipeline import stages
+from pipeline.core.manifest import StageEntry
 from pipeline.core.torch_onnx import GRAPH_MAY_DIFFER, LIBRARY_SOURCES, graph_may_differ
 
 BRANCHY = textwrap.dedent("""
@@ -67,7 +68,7 @@ def test_the_setting_accepts_it_and_the_summary_says_so(branchy_run, tmp_path, c
     entry = json.loads((run / "manifest.json").read_text())["stages"]["export"]
     accepted = entry["details"]["accepted_trace_warnings"]
     assert len(accepted) == 1 and "TracerWarning" in accepted[0] and "if f.mean() > 0.5:" in accepted[0]
-    line = stages.STAGES["export"].line(entry)
+    line = stages.STAGES["export"].line(StageEntry.of(entry))
     assert "accepted 1 exporter warning(s) that the graph may differ from the model" in line, line
 
 

@@ -59,7 +59,7 @@ FAST = SimpleNamespace(verify=SimpleNamespace(emulation="fast"))  # what the fai
 
 
 def _exact(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
-    ctx = Context(cfg=FAST, run_dir=None, stage="verify", spec={}, under_test={"int8": model})
+    ctx = Context(cfg=FAST, run_dir=None, stage="verify", spec=None, under_test={"int8": model})
     runner = backends.by_name("int8_exact").make(ctx)  # the table entry's own runner
     with runner:
         return runner.infer({"x": x})["y"]
@@ -120,7 +120,7 @@ def test_onnxrt_int8_cpu_computes_the_graph_with_fp16_biases():
     loses the whole bias); onnxrt_int8_cpu leaves that pass out and matches the exact Q/DQ execution."""
     model = _qdq_conv_fp16_bias(5.0)
     feed = {"x": np.random.default_rng(1).normal(0, 2, (1, 4, 6, 6)).astype(np.float32)}
-    ctx = Context(cfg=FAST, run_dir=None, stage="verify", spec={}, under_test={"int8": model}, isolate=False)
+    ctx = Context(cfg=FAST, run_dir=None, stage="verify", spec=None, under_test={"int8": model}, isolate=False)
     with runners.faithful_runner(plugs.INT8, model) as exact:
         expected = exact.infer(feed)["y"]
     with backends.by_name("onnxrt_int8_cpu").make(ctx) as runner:
@@ -160,7 +160,7 @@ def test_int8_exact_is_the_graph_as_written_where_fused_kernels_differ():
     model = _qdq_conv_half_bias()
     feed = {"x": (np.arange(16, dtype=np.float32) - 8).reshape(1, 4, 2, 2)}
     expected = ReferenceEvaluator(model).run(None, feed)[0]
-    ctx = Context(cfg=FAST, run_dir=None, stage="verify", spec={}, under_test={"int8": model}, isolate=False)
+    ctx = Context(cfg=FAST, run_dir=None, stage="verify", spec=None, under_test={"int8": model}, isolate=False)
     with backends.by_name("int8_exact").make(ctx) as runner:
         np.testing.assert_array_equal(runner.infer(feed)["y"], expected)
     from pipeline.runtime.runners import onnxrt_runner

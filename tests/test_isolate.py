@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 import crash_backends
 from conftest import FAULTS, ROOT, TINY, cli, run_cli
 from pipeline import config
+from pipeline.core import model_card
 from pipeline.core.errors import EXIT_INTERRUPTED, EXIT_RUNTIME
 from pipeline.core.run import RunDir
 from pipeline.runtime import backends, isolate, runners
@@ -97,20 +98,20 @@ def test_no_isolated_child_imports_torch(clone_run, name):
     of the whole suite's time): what a child imports is what every verify candidate pays."""
     run = clone_run()
     cfg = config.resolve(overrides=["model.name=tiny_cnn", *TINY])
-    card = json.loads((run / "model.json").read_text())
-    ctx = backends.Context(cfg, RunDir(run), "verify", card["spec"])
+    spec = model_card.read(run / "model.json").spec
+    ctx = backends.Context(cfg, RunDir(run), "verify", spec)
     runner = isolate.runner_for(backends.by_name(name), ctx)
     with runner:
-        runner.infer({card["spec"]["input_name"]: np.zeros((1, 3, 16, 16), np.float32)})
+        runner.infer({spec.input_name: np.zeros((1, 3, 16, 16), np.float32)})
     assert runner.torch_imported is False
 
 
 def test_isolated_runner_gives_the_same_outputs_without_torch_in_the_child(clone_run):
     run = clone_run()
     cfg = config.resolve(overrides=["model.name=tiny_cnn", *TINY])
-    card = json.loads((run / "model.json").read_text())
-    ctx = backends.Context(cfg, RunDir(run), "verify", card["spec"])
-    feed = {card["spec"]["input_name"]: np.random.default_rng(0).normal(size=(4, 3, 16, 16)).astype(np.float32)}
+    spec = model_card.read(run / "model.json").spec
+    ctx = backends.Context(cfg, RunDir(run), "verify", spec)
+    feed = {spec.input_name: np.random.default_rng(0).normal(size=(4, 3, 16, 16)).astype(np.float32)}
     entry = backends.by_name("onnxrt_fp32")
     assert entry.isolated and not backends.by_name("torch_fp32").isolated
 
@@ -121,7 +122,7 @@ def test_isolated_runner_gives_the_same_outputs_without_torch_in_the_child(clone
         assert list(run.glob(".isolate.*")), "inputs travel through a folder in the run directory"
     with entry.make(ctx) as local:
         expected = local.infer(feed)
-    np.testing.assert_array_equal(isolated[card["spec"]["output_name"]], expected[card["spec"]["output_name"]])
+    np.testing.assert_array_equal(isolated[spec.output_name], expected[spec.output_name])
     assert runner.torch_imported is False  # the child's start-up stays small
     assert not list(run.glob(".isolate.*"))
 
@@ -150,8 +151,8 @@ def test_child_errors_keep_their_type_and_message(clone_run, monkeypatch):
     run = clone_run()
     (run / "model.onnx").write_bytes(b"not an onnx file")
     cfg = config.resolve(overrides=["model.name=tiny_cnn", *TINY])
-    card = json.loads((run / "model.json").read_text())
-    ctx = backends.Context(cfg, RunDir(run), "benchmark", card["spec"])
+    spec = model_card.read(run / "model.json").spec
+    ctx = backends.Context(cfg, RunDir(run), "benchmark", spec)
     from pipeline.core.errors import InputError
 
     with pytest.raises(InputError, match="model.onnx"):  # the child's InputError is the parent's InputError
@@ -282,7 +283,7 @@ def _parent_of(pid: int) -> int:
 
 def _tiny_ctx(run: Path, *overrides: str) -> backends.Context:
     cfg = config.resolve(overrides=["model.name=tiny_cnn", *TINY, *overrides])
-    return backends.Context(cfg, RunDir(run), "verify", json.loads((run / "model.json").read_text())["spec"])
+    return backends.Context(cfg, RunDir(run), "verify", model_card.read(run / "model.json").spec)
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads a process's parent from /proc")

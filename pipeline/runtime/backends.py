@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # only for the annotations: this module imports nothing heavy
     import torch
 
     from pipeline.core.config_schema import Config
+    from pipeline.core.model_card import CardSpec
 
 log = logging.getLogger("pipeline")
 
@@ -49,7 +50,7 @@ class Context:
     cfg: Config  # the validated config (pipeline.config.resolve; in a child process, the same keys as attributes)
     run_dir: RunDir
     stage: str  # "verify" or "benchmark", for messages
-    spec: dict  # the model card's spec: input/output names, input size
+    spec: CardSpec  # the model card's spec: input/output names, input size (in a child, its fields as attributes)
     model: torch.nn.Module | None = None  # the trained FP32 model (verify's reference; the torch backends)
     threads: int | None = None  # ONNX Runtime intra-op threads; None: its defaults (verify)
     gpu: bool = False  # whether "auto" backends run on CUDA (benchmark on a GPU machine)
@@ -264,9 +265,9 @@ def _torch(name: str, *, autocast: bool = False, compile: bool = False) -> Calla
 
         device = "cuda" if ctx.gpu else "cpu"
         dtype = (torch.float16 if device == "cuda" else torch.bfloat16) if autocast else None
-        runner = TorchRunner(ctx.model, name=name, input_name=ctx.spec["input_name"],
-                             output_name=ctx.spec["output_name"],
-                             input_shape=tuple(ctx.spec["input_size"]), device=device, autocast_dtype=dtype,
+        runner = TorchRunner(ctx.model, name=name, input_name=ctx.spec.input_name,
+                             output_name=ctx.spec.output_name,
+                             input_shape=tuple(ctx.spec.input_size), device=device, autocast_dtype=dtype,
                              channels_last=ctx.cfg.train.channels_last, compile=compile,
                              cuda_graphs=ctx.cfg.benchmark.cuda_graphs, tf32=ctx.cfg.build.tf32)
         if autocast and device == "cpu" and not env.cpu_has_native_bf16():
@@ -341,8 +342,8 @@ def _tensorrt(precision: str, name: str) -> Callable[[Context], object]:
         if sidecar.profile is None:
             raise InputError(f"{engine}'s sidecar records no optimization profile; re-run build")
         return TensorrtRunner(engine_bytes, sidecar.profile, note=sidecar.precision_label or "", name=name,
-                              input_name=ctx.spec["input_name"],
-                              output_name=ctx.spec["output_name"], cuda_graphs=ctx.cfg.benchmark.cuda_graphs,
+                              input_name=ctx.spec.input_name,
+                              output_name=ctx.spec.output_name, cuda_graphs=ctx.cfg.benchmark.cuda_graphs,
                               onnx_path=source)
 
     return make
@@ -354,8 +355,8 @@ def _openvino(precision: str) -> Callable[[Context], object]:
         from pipeline.runtime.runners import OpenVINORunner
 
         xml, weights, sidecar = openvino_ir.load(ctx.run_dir, precision)  # refused here, before OpenVINO reads it
-        return OpenVINORunner(xml, weights, sidecar, name=f"openvino_{precision}", input_name=ctx.spec["input_name"],
-                              output_name=ctx.spec["output_name"], threads=ctx.threads)
+        return OpenVINORunner(xml, weights, sidecar, name=f"openvino_{precision}", input_name=ctx.spec.input_name,
+                              output_name=ctx.spec.output_name, threads=ctx.threads)
 
     return make
 

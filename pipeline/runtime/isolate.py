@@ -191,8 +191,8 @@ class Isolated(Timed, BaseRunner):
             under_test[graph] = f"{graph}.onnx"
             (self.folder / under_test[graph]).write_bytes(ctx.under_test[graph].SerializeToString())
         job = Job(BackendRef(self.backend.name, make.__module__, getattr(module, "__file__", None)),
-                  str(Path(ctx.run_dir.path).resolve()), ctx.stage, ctx.spec, ctx.threads, ctx.gpu, ctx.cfg.to_dict(),
-                  under_test)
+                  str(Path(ctx.run_dir.path).resolve()), ctx.stage, ctx.spec.to_json(), ctx.threads, ctx.gpu,
+                  ctx.cfg.to_dict(), under_test)
         (self.folder / JOB).write_text(json.dumps(job.to_json()), encoding="utf-8")
 
     # ------------------------------------------------------------------ requests
@@ -472,7 +472,8 @@ def _context(job: Job, folder: Path):
     # The parent validated the config; read-only attribute access is all a runner needs, and skipping
     # pydantic (import and validation) saves a tenth of a second of every child's start.
     cfg = json.loads(json.dumps(job.config), object_hook=lambda d: SimpleNamespace(**d))
-    return Context(cfg, RunDir(job.run_dir, create=False), job.stage, job.spec,
+    spec = SimpleNamespace(**job.spec)  # the parent's CardSpec, its fields as attributes, the same way
+    return Context(cfg, RunDir(job.run_dir, create=False), job.stage, spec,
                    threads=job.threads, gpu=job.gpu, under_test=under_test, isolate=False)
 
 

@@ -90,7 +90,7 @@ def profile_entry(backend: str, precision: str, batch: int, layers: list[dict]) 
 
 def _feed(ctx, images: np.ndarray, batch: int) -> dict:
     reps = -(-batch // len(images))
-    return {ctx.spec["input_name"]: np.ascontiguousarray(np.concatenate([images] * reps)[:batch])}
+    return {ctx.spec.input_name: np.ascontiguousarray(np.concatenate([images] * reps)[:batch])}
 
 
 def collect(ctx, results: list[BenchmarkRow], images: np.ndarray) -> list[Profile]:
