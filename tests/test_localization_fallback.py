@@ -19,7 +19,6 @@ from pipeline.core.check_results import Localization, NodeError
 from pipeline.core.errors import InputError
 from pipeline.core.fallback_result import FallbackResult, RaisedNodes
 from pipeline.precision import gate as criteria
-from pipeline.reports import verify_report
 
 PACKAGE = ROOT / "pipeline"
 HOMES = {PACKAGE / "core" / name for name in ("check_results.py", "verify_rows.py", "fallback_result.py")}
@@ -105,7 +104,7 @@ def test_verify_json_holds_it_and_reads_it_back_typed():
     rule = criteria.TensorRule("scaled", 0.1, 0.0, 0.0)
     row = _row("/Add", rule).model_copy(update={"scaled_error": float("inf")})
     loc = Localization(first_divergent=row, worst=[row], compared_nodes=1, tolerance=rule.describe(), method="m")
-    written = verify_report._clean({"int8_localization": loc})
+    written = verify_rows.clean({"int8_localization": loc})
     assert written["int8_localization"]["worst"][0]["scaled_error"] == "inf"  # JSON has no inf
     back = verify_rows.localization_of(written, "int8_localization")
     assert back.first_divergent.name == "/Add" and back.worst[0].scaled_error == "inf"
