@@ -105,6 +105,18 @@ def test_absolute_criterion_keeps_polygraphy_semantics_and_its_rtol():
     assert not rtol_as_atol.tensor_check.passed
 
 
+def test_absolute_criterion_reports_every_elements_error_statistics():
+    """The absolute tensor check carries the same error statistics as the scaled one (max abs error, its quantile,
+    the scale): verify.md's "max abs err" column and tune's tables read them whatever the criterion."""
+    ref = np.array([[8.0, 0.5, 0.001], [1.0, -2.0, 3.0]], np.float32)
+    cand = ref + np.array([[0.1, 0.0, 0.004], [0.0, 0.3, 0.0]], np.float32)
+    gate = scaled_gate(criterion="absolute", atol=0.02, rtol=0.02)
+    got = criteria.judge([{"y": cand}], [{"y": ref}], np.array([0, 2]), gate, "y", 0.95).tensor_check
+    want = criteria.error_statistics(ref.astype(np.float64), cand.astype(np.float64), gate["error_quantile"])
+    assert want and all(getattr(got, key) == pytest.approx(value) for key, value in want.items())
+    assert got.max_abs_error == pytest.approx(0.3, rel=1e-5)
+
+
 # --------------------------------------------------------------------------- task check: confidence bounds
 
 
