@@ -386,6 +386,8 @@ def _kernel_difference(a: tuple | None, b: tuple | None) -> str:
 # --------------------------------------------------------------------------- the stage
 
 
+# Over 60 lines on purpose: the stage's steps in the order they run (search, choice, held-out confirmation,
+# certificate, files), each a call; split, the order would be spread over helpers that only one caller has.
 def run(cfg: Config, run_dir: RunDir, record: StageRecord, *, tune: bool = False, no_speed_gate: bool = False,
         precision: str | None = None) -> None:
     """``tune`` is ``all``'s flag (it runs this stage); ``no_speed_gate``: ``tune.min_speedup`` is reported only;
